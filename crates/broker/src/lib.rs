@@ -1,0 +1,137 @@
+//! The store contract every Herald broker fulfils, and the embedded memory broker.
+//!
+//! # The contract
+//!
+//! A broker keeps, per channel, a **stream**: an epoch, the offset of the newest
+//! publication, and a bounded window of recent publications (history). It promises:
+//!
+//! 1. **Append and fan-out are one step per channel.** [`Broker::publish`] assigns the next
+//!    offset (previous + 1, starting at 1), stores the publication in history, and hands it
+//!    to the [`PublicationSink`] of every node that [subscribed](Broker::subscribe) to the
+//!    channel. Publications of one channel reach each sink in offset order, with no offset
+//!    skipped, even when many publishers race. A publication is handed to sinks only once
+//!    it is stored as durably as the broker promises, so nothing a client saw can vanish.
+//! 2. **History is read since a position.** [`Broker::history`] returns the publications
+//!    after a [`Since`] position, oldest first, or [`BrokerError::Unrecoverable`] when the
+//!    epoch differs or history no longer reaches back that far: never a partial answer
+//!    that looks complete.
+//! 3. **The top position is always known.** A history query with `limit: 0` returns the
+//!    stream position without publications, also for channels never published to
+//!    (offset 0).
+//! 4. **Epochs change when history is lost.** Whenever a stream's history is reset (removed
+//!    through the API, lost on restart by a memory store, not fully restored from disk),
+//!    the stream gets a new epoch and counts offsets from 1 again.
+//!
+//! Retention (how many publications, how old) is given per publish by the caller's
+//! [`StreamPolicy`], so that namespaces can differ without the broker knowing them.
+//!
+//! Delivery to sinks is at most once; a node that notices a missing offset tells its
+//! clients to resume from history (the `insufficient state` disconnect).
+
+mod memory;
+
+use std::{sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use herald_protocol::{ChannelName, Epoch, Publication, Since, StreamPosition};
+
+pub use memory::MemoryBroker;
+
+/// Receives the publications of the channels a node subscribed to.
+///
+/// Called by the broker in offset order per channel, possibly from several threads for
+/// different channels. Must not block: it runs inside the broker's per-channel ordering.
+pub trait PublicationSink: Send + Sync + 'static {
+    /// A publication was appended to `channel`'s stream of epoch `epoch`.
+    fn on_publication(&self, channel: &ChannelName, epoch: &Epoch, publication: &Publication);
+}
+
+/// How long a channel's history is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamPolicy {
+    /// Most publications kept (0 = none: offsets still count, history stays empty).
+    pub history_size: usize,
+    /// Publications older than this are dropped.
+    pub history_ttl: Duration,
+    /// How long an idle stream's epoch and offset are remembered after its last
+    /// publication, so clients can still resume with nothing to replay.
+    pub meta_ttl: Duration,
+}
+
+impl Default for StreamPolicy {
+    fn default() -> Self {
+        Self {
+            history_size: 1000,
+            history_ttl: Duration::from_secs(300),
+            meta_ttl: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// What to read from history.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HistoryQuery {
+    /// Only publications after this position; `None` means the newest ones.
+    pub since: Option<Since>,
+    /// At most this many publications (0 = only the position).
+    pub limit: usize,
+}
+
+/// A history answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct History {
+    /// The stream's position when it was read.
+    pub position: StreamPosition,
+    /// Publications, oldest first.
+    pub publications: Vec<Publication>,
+}
+
+/// Why a broker call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BrokerError {
+    /// History does not cover the requested position; `current` is where the stream is now.
+    #[error("history does not cover the requested position (stream is at {} in epoch {})", current.offset, current.epoch)]
+    Unrecoverable {
+        /// The stream's position now.
+        current: StreamPosition,
+    },
+    /// The backing store cannot be reached or refused the operation.
+    #[error("broker unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// A store of channel streams shared by every node that uses it. See the crate docs for
+/// the contract.
+#[async_trait]
+pub trait Broker: Send + Sync + 'static {
+    /// Appends `data` (one JSON value) to `channel` and fans it out; returns its position.
+    async fn publish(
+        &self,
+        channel: &ChannelName,
+        data: Bytes,
+        policy: StreamPolicy,
+    ) -> Result<StreamPosition, BrokerError>;
+
+    /// Reads history; see [`HistoryQuery`].
+    async fn history(
+        &self,
+        channel: &ChannelName,
+        query: HistoryQuery,
+    ) -> Result<History, BrokerError>;
+
+    /// Forgets `channel`'s history; the stream gets a new epoch.
+    async fn remove_history(&self, channel: &ChannelName) -> Result<(), BrokerError>;
+
+    /// Starts handing `channel`'s publications to this node's sink.
+    async fn subscribe(&self, channel: &ChannelName) -> Result<(), BrokerError>;
+
+    /// Stops handing `channel`'s publications to this node's sink.
+    async fn unsubscribe(&self, channel: &ChannelName) -> Result<(), BrokerError>;
+
+    /// How many channels have a stream, for stats.
+    fn channel_count(&self) -> usize;
+}
+
+/// A broker behind a shared handle.
+pub type SharedBroker = Arc<dyn Broker>;

@@ -1,0 +1,247 @@
+//! The embedded memory broker: per-channel rings, lost on restart (new epochs after).
+
+use std::{
+    collections::{HashMap, VecDeque},
+    hash::{BuildHasher, Hash, Hasher},
+    sync::{Arc, Weak},
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use herald_protocol::{ChannelName, Epoch, Publication, StreamPosition};
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use crate::{Broker, BrokerError, History, HistoryQuery, PublicationSink, StreamPolicy};
+
+const SHARDS: usize = 64;
+
+/// A single-node broker keeping streams in memory.
+///
+/// Publish holds only its channel's lock while it appends and hands the publication to the
+/// sink, so channels never wait for each other and one channel's order is the lock's order.
+pub struct MemoryBroker {
+    shards: Box<[Mutex<HashMap<ChannelName, Arc<Mutex<Stream>>>>]>,
+    hasher: std::collections::hash_map::RandomState,
+    sink: Arc<dyn PublicationSink>,
+}
+
+impl std::fmt::Debug for MemoryBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBroker")
+            .field("channels", &self.channel_count())
+            .finish()
+    }
+}
+
+struct Stream {
+    epoch: Epoch,
+    top: u64,
+    history: VecDeque<(Instant, Publication)>,
+    policy: StreamPolicy,
+    last_publish: Instant,
+    /// This node has subscribers: keep the stream (and its epoch) however idle it is.
+    subscribed: bool,
+}
+
+impl Stream {
+    fn new(policy: StreamPolicy) -> Self {
+        Self {
+            epoch: Epoch::random(|| fastrand::u64(..)),
+            top: 0,
+            history: VecDeque::new(),
+            policy,
+            last_publish: Instant::now(),
+            subscribed: false,
+        }
+    }
+
+    fn position(&self) -> StreamPosition {
+        StreamPosition {
+            offset: self.top,
+            epoch: self.epoch.clone(),
+        }
+    }
+
+    fn trim(&mut self, now: Instant) {
+        while self.history.len() > self.policy.history_size {
+            self.history.pop_front();
+        }
+        while let Some((at, _)) = self.history.front() {
+            if now.saturating_duration_since(*at) < self.policy.history_ttl {
+                break;
+            }
+            self.history.pop_front();
+        }
+    }
+
+    fn expired(&self, now: Instant) -> bool {
+        // A stream nobody ever published to is only remembered as long as history would be.
+        let keep = if self.top == 0 {
+            self.policy.history_ttl
+        } else {
+            self.policy.meta_ttl
+        };
+        !self.subscribed
+            && self.history.is_empty()
+            && now.saturating_duration_since(self.last_publish) >= keep
+    }
+
+    fn read(&mut self, query: &HistoryQuery) -> Result<History, BrokerError> {
+        self.trim(Instant::now());
+        let position = self.position();
+        let window = self.history.iter().map(|(_, p)| p);
+        let publications = match &query.since {
+            None => {
+                let skip = self.history.len().saturating_sub(query.limit);
+                window.skip(skip).cloned().collect()
+            }
+            Some(since) => {
+                let epoch_ok = since.epoch.as_ref().is_none_or(|e| *e == self.epoch);
+                let first = self.history.front().map_or(self.top + 1, |(_, p)| p.offset);
+                // `since.offset + 1` must be in history, or be the next offset to come.
+                if !epoch_ok || since.offset > self.top || since.offset + 1 < first {
+                    return Err(BrokerError::Unrecoverable { current: position });
+                }
+                let skip = (since.offset + 1 - first) as usize;
+                window.skip(skip).take(query.limit).cloned().collect()
+            }
+        };
+        Ok(History {
+            position,
+            publications,
+        })
+    }
+}
+
+impl MemoryBroker {
+    /// A broker handing publications to `sink`. Inside a Tokio runtime it also starts a
+    /// task that drops expired history every second (it stops when the broker is dropped).
+    pub fn new(sink: Arc<dyn PublicationSink>) -> Arc<Self> {
+        let broker = Arc::new(Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: Default::default(),
+            sink,
+        });
+        if tokio::runtime::Handle::try_current().is_ok() {
+            tokio::spawn(sweep_forever(
+                Arc::downgrade(&broker),
+                Duration::from_secs(1),
+            ));
+        }
+        broker
+    }
+
+    fn shard(&self, channel: &ChannelName) -> &Mutex<HashMap<ChannelName, Arc<Mutex<Stream>>>> {
+        let mut h = self.hasher.build_hasher();
+        channel.hash(&mut h);
+        &self.shards[(h.finish() as usize) % SHARDS]
+    }
+
+    fn stream(&self, channel: &ChannelName, policy: StreamPolicy) -> Arc<Mutex<Stream>> {
+        self.shard(channel)
+            .lock()
+            .entry(channel.clone())
+            .or_insert_with(|| Arc::new(Mutex::new(Stream::new(policy))))
+            .clone()
+    }
+
+    fn existing(&self, channel: &ChannelName) -> Option<Arc<Mutex<Stream>>> {
+        self.shard(channel).lock().get(channel).cloned()
+    }
+
+    /// Drops expired publications everywhere and forgets streams idle past their meta TTL.
+    /// One shard at a time, so publishers never wait for the whole sweep.
+    pub fn sweep(&self) {
+        let now = Instant::now();
+        for shard in self.shards.iter() {
+            shard.lock().retain(|_, stream| {
+                let mut stream = stream.lock();
+                stream.trim(now);
+                !stream.expired(now)
+            });
+        }
+    }
+}
+
+async fn sweep_forever(broker: Weak<MemoryBroker>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match broker.upgrade() {
+            Some(broker) => broker.sweep(),
+            None => return,
+        }
+    }
+}
+
+#[async_trait]
+impl Broker for MemoryBroker {
+    async fn publish(
+        &self,
+        channel: &ChannelName,
+        data: Bytes,
+        policy: StreamPolicy,
+    ) -> Result<StreamPosition, BrokerError> {
+        let stream = self.stream(channel, policy);
+        let mut stream = stream.lock();
+        let now = Instant::now();
+        stream.policy = policy;
+        stream.top += 1;
+        stream.last_publish = now;
+        let publication = Publication {
+            offset: stream.top,
+            data,
+        };
+        if policy.history_size > 0 {
+            stream.history.push_back((now, publication.clone()));
+        }
+        stream.trim(now);
+        // Still under the channel lock: this is what keeps fan-out in offset order.
+        self.sink
+            .on_publication(channel, &stream.epoch, &publication);
+        Ok(stream.position())
+    }
+
+    async fn history(
+        &self,
+        channel: &ChannelName,
+        query: HistoryQuery,
+    ) -> Result<History, BrokerError> {
+        // Reading creates the stream (with default policy) so the epoch a reader sees is the
+        // one later publications will carry.
+        let stream = self.stream(channel, StreamPolicy::default());
+        let mut stream = stream.lock();
+        stream.read(&query)
+    }
+
+    async fn remove_history(&self, channel: &ChannelName) -> Result<(), BrokerError> {
+        self.shard(channel).lock().remove(channel);
+        Ok(())
+    }
+
+    async fn subscribe(&self, channel: &ChannelName) -> Result<(), BrokerError> {
+        // One node: the sink already receives every publication; this only keeps the
+        // stream's epoch alive while someone listens.
+        self.stream(channel, StreamPolicy::default())
+            .lock()
+            .subscribed = true;
+        Ok(())
+    }
+
+    async fn unsubscribe(&self, channel: &ChannelName) -> Result<(), BrokerError> {
+        if let Some(stream) = self.existing(channel) {
+            stream.lock().subscribed = false;
+        }
+        Ok(())
+    }
+
+    fn channel_count(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,316 @@
+use std::sync::Arc;
+
+use herald_protocol::Since;
+use parking_lot::Mutex;
+
+use super::*;
+
+#[derive(Default)]
+struct Recorder(Mutex<Vec<(String, String, u64)>>);
+
+impl PublicationSink for Recorder {
+    fn on_publication(&self, channel: &ChannelName, epoch: &Epoch, p: &Publication) {
+        self.0
+            .lock()
+            .push((channel.to_string(), epoch.to_string(), p.offset));
+    }
+}
+
+fn ch(name: &str) -> ChannelName {
+    ChannelName::new(name).unwrap()
+}
+
+fn data(i: u64) -> Bytes {
+    Bytes::from(i.to_string())
+}
+
+fn since(offset: u64, epoch: &Epoch) -> Option<Since> {
+    Some(Since {
+        offset,
+        epoch: Some(epoch.clone()),
+    })
+}
+
+#[tokio::test]
+async fn offsets_count_from_one_and_history_reads_since_a_position() {
+    let sink = Arc::new(Recorder::default());
+    let broker = MemoryBroker::new(sink.clone());
+    let c = ch("a");
+    let empty = broker.history(&c, HistoryQuery::default()).await.unwrap();
+    assert_eq!(empty.position.offset, 0);
+    for i in 1..=5 {
+        let pos = broker
+            .publish(&c, data(i), StreamPolicy::default())
+            .await
+            .unwrap();
+        assert_eq!(pos.offset, i);
+        assert_eq!(
+            pos.epoch, empty.position.epoch,
+            "epoch stays while history lives"
+        );
+    }
+    let epoch = empty.position.epoch;
+    let h = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(2, &epoch),
+                limit: 100,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        h.publications.iter().map(|p| p.offset).collect::<Vec<_>>(),
+        [3, 4, 5]
+    );
+    let h = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(2, &epoch),
+                limit: 2,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        h.publications.iter().map(|p| p.offset).collect::<Vec<_>>(),
+        [3, 4]
+    );
+    let h = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(5, &epoch),
+                limit: 100,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(h.publications.is_empty());
+    let newest = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: None,
+                limit: 2,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        newest
+            .publications
+            .iter()
+            .map(|p| p.offset)
+            .collect::<Vec<_>>(),
+        [4, 5]
+    );
+    assert_eq!(newest.publications[0].data, data(4));
+    let seen: Vec<u64> = sink.0.lock().iter().map(|r| r.2).collect();
+    assert_eq!(seen, [1, 2, 3, 4, 5]);
+}
+
+#[tokio::test]
+async fn gaps_history_cannot_cover_are_unrecoverable() {
+    let broker = MemoryBroker::new(Arc::new(Recorder::default()));
+    let c = ch("a");
+    let policy = StreamPolicy {
+        history_size: 3,
+        ..Default::default()
+    };
+    let mut epoch = None;
+    for i in 1..=10 {
+        epoch = Some(broker.publish(&c, data(i), policy).await.unwrap().epoch);
+    }
+    let epoch = epoch.unwrap();
+    // History holds 8, 9, 10: resuming after 7 works, after 6 would skip 7.
+    let ok = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(7, &epoch),
+                limit: 10,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(ok.publications.len(), 3);
+    let gap = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(6, &epoch),
+                limit: 10,
+            },
+        )
+        .await;
+    assert!(matches!(gap, Err(BrokerError::Unrecoverable { current }) if current.offset == 10));
+    let other = Epoch::new("other");
+    let wrong = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(9, &other),
+                limit: 10,
+            },
+        )
+        .await;
+    assert!(matches!(wrong, Err(BrokerError::Unrecoverable { .. })));
+    let future = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(11, &epoch),
+                limit: 10,
+            },
+        )
+        .await;
+    assert!(matches!(future, Err(BrokerError::Unrecoverable { .. })));
+    let any_epoch = Some(Since {
+        offset: 8,
+        epoch: None,
+    });
+    let h = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: any_epoch,
+                limit: 10,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(h.publications.len(), 2);
+}
+
+#[tokio::test]
+async fn removing_history_changes_the_epoch() {
+    let broker = MemoryBroker::new(Arc::new(Recorder::default()));
+    let c = ch("a");
+    let before = broker
+        .publish(&c, data(1), StreamPolicy::default())
+        .await
+        .unwrap();
+    broker.remove_history(&c).await.unwrap();
+    let after = broker
+        .publish(&c, data(2), StreamPolicy::default())
+        .await
+        .unwrap();
+    assert_eq!(after.offset, 1);
+    assert_ne!(after.epoch, before.epoch);
+}
+
+#[tokio::test(start_paused = true)]
+async fn history_expires_by_age_but_the_position_is_remembered() {
+    let broker = MemoryBroker::new(Arc::new(Recorder::default()));
+    let c = ch("a");
+    let policy = StreamPolicy {
+        history_ttl: Duration::from_secs(10),
+        meta_ttl: Duration::from_secs(100),
+        ..Default::default()
+    };
+    let pos = broker.publish(&c, data(1), policy).await.unwrap();
+    tokio::time::advance(Duration::from_secs(11)).await;
+    broker.sweep();
+    let h = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: None,
+                limit: 10,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(h.publications.is_empty());
+    assert_eq!(h.position, pos, "epoch and offset outlive the history");
+    // A client that had offset 1 is up to date; one that had 0 lost a publication.
+    let at_top = HistoryQuery {
+        since: since(1, &pos.epoch),
+        limit: 10,
+    };
+    assert!(broker.history(&c, at_top).await.is_ok());
+    let behind = HistoryQuery {
+        since: since(0, &pos.epoch),
+        limit: 10,
+    };
+    assert!(broker.history(&c, behind).await.is_err());
+    tokio::time::advance(Duration::from_secs(100)).await;
+    broker.sweep();
+    assert_eq!(broker.channel_count(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn subscribed_streams_keep_their_epoch() {
+    let broker = MemoryBroker::new(Arc::new(Recorder::default()));
+    let c = ch("a");
+    broker.subscribe(&c).await.unwrap();
+    let before = broker
+        .history(&c, HistoryQuery::default())
+        .await
+        .unwrap()
+        .position;
+    tokio::time::advance(Duration::from_secs(48 * 3600)).await;
+    broker.sweep();
+    let after = broker
+        .history(&c, HistoryQuery::default())
+        .await
+        .unwrap()
+        .position;
+    assert_eq!(before, after);
+    broker.unsubscribe(&c).await.unwrap();
+    tokio::time::advance(Duration::from_secs(400)).await;
+    broker.sweep();
+    assert_eq!(broker.channel_count(), 0);
+}
+
+mod concurrency {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        /// However publishers interleave, offsets are 1..=n without gaps or repeats, the sink
+        /// sees them in that order, and each publisher's own publications keep its order.
+        #[test]
+        fn concurrent_publishers_share_one_order(publishers in 1usize..8, each in 1usize..60) {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).build().unwrap();
+            rt.block_on(async {
+                let sink = Arc::new(Recorder::default());
+                let broker = MemoryBroker::new(sink.clone());
+                let c = ch("race");
+                let tasks: Vec<_> = (0..publishers).map(|p| {
+                    let broker = broker.clone();
+                    let c = c.clone();
+                    tokio::spawn(async move {
+                        let mut mine = Vec::new();
+                        for i in 0..each {
+                            let payload = Bytes::from(format!("[{p},{i}]"));
+                            mine.push(broker.publish(&c, payload, StreamPolicy::default()).await.unwrap().offset);
+                        }
+                        mine
+                    })
+                }).collect();
+                let mut all = Vec::new();
+                for t in tasks {
+                    let mine = t.await.unwrap();
+                    prop_assert!(mine.windows(2).all(|w| w[0] < w[1]));
+                    all.extend(mine);
+                }
+                all.sort_unstable();
+                let n = (publishers * each) as u64;
+                prop_assert_eq!(all, (1..=n).collect::<Vec<_>>());
+                let seen: Vec<u64> = sink.0.lock().iter().map(|r| r.2).collect();
+                prop_assert_eq!(seen, (1..=n).collect::<Vec<_>>());
+                let h = broker.history(&c, HistoryQuery { since: None, limit: usize::MAX }).await.unwrap();
+                let offsets: Vec<u64> = h.publications.iter().map(|p| p.offset).collect();
+                let keep = (n as usize).min(StreamPolicy::default().history_size) as u64;
+                prop_assert_eq!(offsets, ((n - keep + 1)..=n).collect::<Vec<_>>());
+                Ok(())
+            })?;
+        }
+    }
+}

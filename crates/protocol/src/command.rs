@@ -1,0 +1,90 @@
+//! Client → server commands.
+
+use bytes::Bytes;
+
+use crate::{ChannelName, Since};
+
+/// One command from a client. With an `id` it gets exactly one reply carrying that id;
+/// without one it is fire-and-forget (its errors are still reported, without an id).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Command {
+    /// Chosen by the client; echoed in the reply.
+    pub id: Option<u64>,
+    /// What the client asks for.
+    pub method: Method,
+}
+
+/// The command's method and its parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Method {
+    /// Opens the session; the token (if any) says who the client is.
+    Connect(ConnectRequest),
+    /// Starts delivery of a channel's publications, optionally resuming after a position.
+    Subscribe(SubscribeRequest),
+    /// Stops delivery of a channel's publications.
+    Unsubscribe {
+        /// The channel.
+        channel: ChannelName,
+    },
+    /// Publishes data to a channel (where the namespace allows client publishing).
+    Publish {
+        /// The channel.
+        channel: ChannelName,
+        /// One JSON value, as text.
+        data: Bytes,
+    },
+    /// Reads a channel's history.
+    History(HistoryRequest),
+    /// Asks for an empty reply; keeps the connection alive and measures round trips.
+    Ping,
+}
+
+impl Method {
+    /// The method's name as it appears on the wire.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Method::Connect(_) => "connect",
+            Method::Subscribe(_) => "subscribe",
+            Method::Unsubscribe { .. } => "unsubscribe",
+            Method::Publish { .. } => "publish",
+            Method::History(_) => "history",
+            Method::Ping => "ping",
+        }
+    }
+}
+
+/// Parameters of `connect`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectRequest {
+    /// Connection token (validated once authentication is configured).
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Client library name, for logs.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Client library version, for logs.
+    #[serde(default)]
+    pub version: Option<String>,
+}
+
+/// Parameters of `subscribe`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscribeRequest {
+    /// The channel.
+    pub channel: ChannelName,
+    /// Resume after this position: the reply replays what was missed, or says
+    /// `recovered: false` when history cannot cover the gap.
+    pub since: Option<Since>,
+}
+
+/// Parameters of `history`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoryRequest {
+    /// The channel.
+    pub channel: ChannelName,
+    /// Only publications after this position; without it, the newest ones.
+    pub since: Option<Since>,
+    /// At most this many publications (0 = only the stream position).
+    pub limit: Option<u32>,
+}

@@ -1,0 +1,448 @@
+//! The JSON codec: one JSON object per line, several lines per frame.
+//!
+//! Decoding is strict and total: every input gives either commands or an error that says
+//! what is wrong, never a panic (the decoder is fuzzed). Encoding of publications writes
+//! bytes directly, because it runs once per publication on the fan-out path.
+
+use std::{collections::HashMap, io::Write};
+
+use bytes::Bytes;
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::{
+    command::{ConnectRequest, HistoryRequest, SubscribeRequest},
+    ChannelName, Command, DisconnectCode, ErrorCode, Method, Publication, Since,
+};
+
+/// Why a line is not a command.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Not a JSON object: nothing in it can be trusted, not even an id.
+    #[error("malformed command: {0}")]
+    Malformed(String),
+    /// A JSON object that is not a valid command; the error can be answered with its id.
+    #[error("{message}")]
+    Invalid {
+        /// The command's id, when it could be read.
+        id: Option<u64>,
+        /// The error code for the reply.
+        code: ErrorCode,
+        /// What is wrong, for people.
+        message: String,
+    },
+}
+
+/// Splits a frame into its non-empty lines and decodes each.
+pub fn decode_frame(frame: &[u8]) -> impl Iterator<Item = Result<Command, DecodeError>> + '_ {
+    frame
+        .split(|b| *b == b'\n')
+        .filter(|line| line.iter().any(|b| !b.is_ascii_whitespace()))
+        .map(decode_command)
+}
+
+/// Decodes one command from one JSON object.
+pub fn decode_command(line: &[u8]) -> Result<Command, DecodeError> {
+    let fields: HashMap<String, Box<RawValue>> =
+        serde_json::from_slice(line).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    let id = match fields.get("id") {
+        None => None,
+        Some(raw) => match serde_json::from_str::<Option<u64>>(raw.get()) {
+            Ok(id) => id,
+            Err(_) => {
+                return Err(invalid(
+                    None,
+                    ErrorCode::BadRequest,
+                    "id must be an unsigned integer",
+                ))
+            }
+        },
+    };
+    let mut methods = fields.iter().filter(|(k, _)| k.as_str() != "id");
+    let (name, params) = match (methods.next(), methods.next()) {
+        (Some(m), None) => m,
+        (None, _) => return Err(invalid(id, ErrorCode::BadRequest, "command has no method")),
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                id,
+                ErrorCode::BadRequest,
+                "command has more than one method",
+            ))
+        }
+    };
+    let params = params.get();
+    let method = match name.as_str() {
+        "connect" => Method::Connect(parse::<ConnectRequest>(id, params)?),
+        "subscribe" => {
+            let p: SinceParams = parse(id, params)?;
+            Method::Subscribe(SubscribeRequest { channel: channel(id, &p.channel)?, since: p.since })
+        }
+        "unsubscribe" => {
+            let p: ChannelParams = parse(id, params)?;
+            Method::Unsubscribe { channel: channel(id, &p.channel)? }
+        }
+        "publish" => {
+            let p: PublishParams = parse(id, params)?;
+            let data = Bytes::copy_from_slice(p.data.get().as_bytes());
+            Method::Publish { channel: channel(id, &p.channel)?, data }
+        }
+        "history" => {
+            let p: HistoryParams = parse(id, params)?;
+            Method::History(HistoryRequest {
+                channel: channel(id, &p.channel)?,
+                since: p.since,
+                limit: p.limit,
+            })
+        }
+        "ping" => {
+            let _: Empty = parse(id, params)?;
+            Method::Ping
+        }
+        other => {
+            return Err(invalid(
+                id,
+                ErrorCode::MethodNotFound,
+                format!("unknown method {other:?}; expected one of connect, subscribe, unsubscribe, publish, history, ping"),
+            ))
+        }
+    };
+    Ok(Command { id, method })
+}
+
+fn invalid(id: Option<u64>, code: ErrorCode, message: impl Into<String>) -> DecodeError {
+    DecodeError::Invalid {
+        id,
+        code,
+        message: message.into(),
+    }
+}
+
+fn parse<T: DeserializeOwned>(id: Option<u64>, params: &str) -> Result<T, DecodeError> {
+    serde_json::from_str(params).map_err(|e| {
+        invalid(
+            id,
+            ErrorCode::BadRequest,
+            format!("invalid parameters: {e}"),
+        )
+    })
+}
+
+fn channel(id: Option<u64>, name: &str) -> Result<ChannelName, DecodeError> {
+    ChannelName::new(name).map_err(|e| invalid(id, ErrorCode::InvalidChannel, e.to_string()))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Empty {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChannelParams {
+    channel: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SinceParams {
+    channel: String,
+    #[serde(default)]
+    since: Option<Since>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PublishParams {
+    channel: String,
+    data: Box<RawValue>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryParams {
+    channel: String,
+    #[serde(default)]
+    since: Option<Since>,
+    #[serde(default)]
+    limit: Option<u32>,
+}
+
+/// Serialises a publication's stored JSON text as raw JSON (never as a string).
+pub struct RawJson<'a>(pub &'a [u8]);
+
+impl Serialize for RawJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let text = std::str::from_utf8(self.0).map_err(serde::ser::Error::custom)?;
+        let raw: &RawValue = serde_json::from_str(text).map_err(serde::ser::Error::custom)?;
+        raw.serialize(s)
+    }
+}
+
+impl Serialize for Publication {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("Publication", 2)?;
+        st.serialize_field("offset", &self.offset)?;
+        st.serialize_field("data", &RawJson(&self.data))?;
+        st.end()
+    }
+}
+
+/// Encodes a successful reply: `{"id":ID,"METHOD":RESULT}`.
+pub fn encode_reply(id: u64, method: &str, result: &impl Serialize) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Reply<'a, T> {
+        id: u64,
+        #[serde(flatten)]
+        body: HashMap<&'a str, &'a T>,
+    }
+    let body = HashMap::from([(method, result)]);
+    serde_json::to_vec(&Reply { id, body }).expect("reply types always serialise")
+}
+
+/// Encodes an error reply: `{"id":ID,"error":{"code":N,"message":"…"}}` (no id when the
+/// command had none or it could not be read).
+pub fn encode_error(id: Option<u64>, code: ErrorCode, message: &str) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct ErrorReply<'a> {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        id: Option<u64>,
+        error: ErrorBody<'a>,
+    }
+    serde_json::to_vec(&ErrorReply {
+        id,
+        error: ErrorBody { code, message },
+    })
+    .expect("error replies always serialise")
+}
+
+/// The `error` object of error replies and HTTP error bodies.
+#[derive(Debug, Serialize)]
+pub struct ErrorBody<'a> {
+    /// One of [`ErrorCode`].
+    pub code: ErrorCode,
+    /// What went wrong, for people.
+    pub message: &'a str,
+}
+
+/// Encodes a publication push: `{"pub":{"channel":"…","offset":N,"data":…}}`.
+///
+/// Written by hand: it runs once per publication and its output is shared by every
+/// subscriber. Channel names need no escaping (see [`ChannelName`]) and `data` is stored
+/// as validated JSON text.
+pub fn encode_pub(channel: &ChannelName, publication: &Publication) -> Bytes {
+    let mut out = Vec::with_capacity(48 + channel.as_str().len() + publication.data.len());
+    out.extend_from_slice(b"{\"pub\":{\"channel\":\"");
+    out.extend_from_slice(channel.as_str().as_bytes());
+    out.extend_from_slice(b"\",\"offset\":");
+    write!(out, "{}", publication.offset).expect("writing to a Vec cannot fail");
+    out.extend_from_slice(b",\"data\":");
+    out.extend_from_slice(&publication.data);
+    out.extend_from_slice(b"}}");
+    Bytes::from(out)
+}
+
+/// Encodes a disconnect push: `{"disconnect":{"code":N,"reason":"…","reconnect":BOOL}}`.
+/// Sent before closing on transports that have no close code of their own.
+pub fn encode_disconnect(code: DisconnectCode, reason: &str) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Push<'a> {
+        disconnect: Body<'a>,
+    }
+    #[derive(Serialize)]
+    struct Body<'a> {
+        code: DisconnectCode,
+        reason: &'a str,
+        reconnect: bool,
+    }
+    let body = Body {
+        code,
+        reason,
+        reconnect: code.reconnect(),
+    };
+    serde_json::to_vec(&Push { disconnect: body }).expect("disconnect pushes always serialise")
+}
+
+/// Parses a JSON document into a validated payload, for APIs that take `data` as JSON.
+pub fn payload(data: &RawValue) -> Bytes {
+    Bytes::copy_from_slice(data.get().as_bytes())
+}
+
+/// Results of commands, serialised into replies.
+pub mod results {
+    use serde::Serialize;
+
+    use crate::{Epoch, Publication};
+
+    /// Result of `connect`.
+    #[derive(Debug, Serialize)]
+    pub struct Connect<'a> {
+        /// This session's id.
+        pub client: &'a str,
+        /// Server version.
+        pub version: &'a str,
+        /// Seconds between server pings; the client may consider the connection dead after
+        /// about twice this long without hearing anything.
+        pub ping: u64,
+    }
+
+    /// Result of `subscribe` and `history`.
+    #[derive(Debug, Serialize)]
+    pub struct Stream<'a> {
+        /// Stream epoch.
+        pub epoch: &'a Epoch,
+        /// Offset of the newest publication in the stream (or of the last one replayed).
+        pub offset: u64,
+        /// For subscribe with `since`: whether every missed publication is in `publications`.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub recovered: Option<bool>,
+        /// Replayed or requested publications, oldest first.
+        #[serde(skip_serializing_if = "<[_]>::is_empty")]
+        pub publications: &'a [Publication],
+    }
+
+    /// Result of `publish`.
+    #[derive(Debug, Serialize)]
+    pub struct Published<'a> {
+        /// The publication's offset.
+        pub offset: u64,
+        /// The stream's epoch.
+        pub epoch: &'a Epoch,
+    }
+
+    /// A result with no fields (`unsubscribe`, `ping`).
+    #[derive(Debug, Serialize)]
+    pub struct Empty {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Epoch;
+
+    fn one(line: &str) -> Result<Command, DecodeError> {
+        decode_command(line.as_bytes())
+    }
+
+    #[test]
+    fn decodes_every_method() {
+        let c = one(r#"{"id":1,"subscribe":{"channel":"a:b","since":{"offset":3,"epoch":"e"}}}"#)
+            .unwrap();
+        assert_eq!(c.id, Some(1));
+        let Method::Subscribe(s) = c.method else {
+            panic!("{c:?}")
+        };
+        assert_eq!(s.channel.as_str(), "a:b");
+        assert_eq!(
+            s.since,
+            Some(Since {
+                offset: 3,
+                epoch: Some(Epoch::new("e"))
+            })
+        );
+
+        let c = one(r#"{"id":2,"publish":{"channel":"x","data":{"k":[1,2]}}}"#).unwrap();
+        assert_eq!(
+            c.method,
+            Method::Publish {
+                channel: ChannelName::new("x").unwrap(),
+                data: Bytes::from(r#"{"k":[1,2]}"#)
+            }
+        );
+        assert_eq!(
+            one(r#"{"ping":{}}"#).unwrap(),
+            Command {
+                id: None,
+                method: Method::Ping
+            }
+        );
+        assert!(matches!(
+            one(r#"{"id":3,"connect":{"token":"t"}}"#).unwrap().method,
+            Method::Connect(_)
+        ));
+        assert!(matches!(
+            one(r#"{"id":4,"unsubscribe":{"channel":"x"}}"#)
+                .unwrap()
+                .method,
+            Method::Unsubscribe { .. }
+        ));
+        let c = one(r#"{"id":5,"history":{"channel":"x","limit":10}}"#).unwrap();
+        assert!(matches!(
+            c.method,
+            Method::History(HistoryRequest {
+                limit: Some(10),
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn errors_name_the_problem_and_keep_the_id() {
+        assert!(matches!(one("{nope"), Err(DecodeError::Malformed(_))));
+        assert!(matches!(one("[1,2]"), Err(DecodeError::Malformed(_))));
+        let err = |l: &str| match one(l) {
+            Err(DecodeError::Invalid { id, code, message }) => (id, code, message),
+            other => panic!("{other:?}"),
+        };
+        let (id, code, msg) = err(r#"{"id":7,"fly":{}}"#);
+        assert_eq!((id, code), (Some(7), ErrorCode::MethodNotFound));
+        assert!(msg.contains("fly"));
+        assert_eq!(err(r#"{"id":8}"#).1, ErrorCode::BadRequest);
+        assert_eq!(
+            err(r#"{"id":9,"ping":{},"connect":{}}"#).1,
+            ErrorCode::BadRequest
+        );
+        let (id, code, _) = err(r#"{"id":10,"subscribe":{"channel":"a b"}}"#);
+        assert_eq!((id, code), (Some(10), ErrorCode::InvalidChannel));
+        let (_, code, msg) = err(r#"{"id":11,"subscribe":{"chanel":"a"}}"#);
+        assert_eq!(code, ErrorCode::BadRequest);
+        assert!(msg.contains("chanel"), "{msg}");
+        assert_eq!(err(r#"{"id":-1,"ping":{}}"#).1, ErrorCode::BadRequest);
+    }
+
+    #[test]
+    fn frames_hold_several_commands() {
+        let frame = b"{\"id\":1,\"ping\":{}}\n\n{\"id\":2,\"ping\":{}}\n";
+        let ids: Vec<_> = decode_frame(frame).map(|c| c.unwrap().id).collect();
+        assert_eq!(ids, vec![Some(1), Some(2)]);
+    }
+
+    #[test]
+    fn pub_encoding_is_valid_json_with_raw_data() {
+        let ch = ChannelName::new("news").unwrap();
+        let p = Publication {
+            offset: 42,
+            data: Bytes::from(r#"{"t":"</script>"}"#),
+        };
+        let v: serde_json::Value = serde_json::from_slice(&encode_pub(&ch, &p)).unwrap();
+        assert_eq!(v["pub"]["channel"], "news");
+        assert_eq!(v["pub"]["offset"], 42);
+        assert_eq!(v["pub"]["data"]["t"], "</script>");
+    }
+
+    #[test]
+    fn replies_serialise_publications_as_raw_json() {
+        let pubs = [Publication {
+            offset: 1,
+            data: Bytes::from("[1]"),
+        }];
+        let epoch = Epoch::new("e");
+        let r = results::Stream {
+            epoch: &epoch,
+            offset: 1,
+            recovered: Some(true),
+            publications: &pubs,
+        };
+        let v: serde_json::Value =
+            serde_json::from_slice(&encode_reply(3, "subscribe", &r)).unwrap();
+        assert_eq!(v["id"], 3);
+        assert_eq!(v["subscribe"]["publications"][0]["data"][0], 1);
+        assert_eq!(v["subscribe"]["recovered"], true);
+        let e: serde_json::Value =
+            serde_json::from_slice(&encode_error(Some(4), ErrorCode::PermissionDenied, "no"))
+                .unwrap();
+        assert_eq!(e["error"]["code"], 103);
+        let d: serde_json::Value =
+            serde_json::from_slice(&encode_disconnect(DisconnectCode::Slow, "slow")).unwrap();
+        assert_eq!(d["disconnect"]["reconnect"], true);
+    }
+}

@@ -1,0 +1,97 @@
+use std::{fmt, sync::Arc};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// Identifies one life of a channel's stream.
+///
+/// Offsets only mean something within an epoch. Whenever a store loses or resets a
+/// channel's history (a memory store restarted, history removed through the API, data that
+/// could not be restored), the channel gets a new epoch, so a client holding an old
+/// position can tell that the gap cannot be filled.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Epoch(Arc<str>);
+
+impl Epoch {
+    /// Wraps an epoch string as read from a store or a client.
+    pub fn new(epoch: &str) -> Self {
+        Self(Arc::from(epoch))
+    }
+
+    /// A fresh random epoch: 12 characters of `[0-9a-z]`.
+    pub fn random(mut next_u64: impl FnMut() -> u64) -> Self {
+        const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+        let (mut a, mut b) = (next_u64(), next_u64());
+        let s: String = (0..12)
+            .map(|i| {
+                let v = if i < 6 { &mut a } else { &mut b };
+                let c = ALPHABET[(*v % 36) as usize] as char;
+                *v /= 36;
+                c
+            })
+            .collect();
+        Self(Arc::from(s))
+    }
+
+    /// The epoch as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Epoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for Epoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Serialize for Epoch {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Epoch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Ok(Self::new(&s))
+    }
+}
+
+/// Where a channel's stream stands: the offset of its newest publication (0 when it has
+/// none yet) within an epoch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamPosition {
+    /// Offset of the newest publication; publications are numbered 1, 2, 3, …
+    pub offset: u64,
+    /// The stream's epoch.
+    pub epoch: Epoch,
+}
+
+/// A client's resume point: "I have everything up to and including `offset`".
+///
+/// Without an epoch the client accepts whatever epoch the stream has now (for scripts
+/// that only know an offset); with one, a different epoch means the gap is unrecoverable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Since {
+    /// Last offset the client has.
+    pub offset: u64,
+    /// Epoch that offset belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<Epoch>,
+}
+
+/// One publication in a channel, as stored and as delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Publication {
+    /// Position in the channel's stream (1-based, +1 each).
+    pub offset: u64,
+    /// The payload: one complete JSON value, kept as its text so it is never re-parsed.
+    pub data: Bytes,
+}
