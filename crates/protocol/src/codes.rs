@@ -127,11 +127,7 @@ impl DisconnectCode {
 /// Whether a client should reconnect after a close with this numeric code, by the ranges in
 /// the module docs. Unknown codes outside the ranges are treated as "reconnect".
 pub fn reconnect_allowed(code: u16) -> bool {
-    match code {
-        1002 | 1003 | 1007 | 1008 | 1009 | 1010 => false,
-        3500..=3999 | 4500..=4999 => false,
-        _ => true,
-    }
+    !matches!(code, 1002 | 1003 | 1007 | 1008 | 1009 | 1010 | 3500..=3999 | 4500..=4999)
 }
 
 #[cfg(test)]

@@ -1,1 +1,79 @@
+//! # Herald server
+//!
+//! ## How a publication reaches a browser
+//!
+//! 1. [`publish`] checks a publication (from the HTTP API or a client's `publish` command)
+//!    and hands it to the [`Broker`](herald_broker::Broker), which assigns the next offset,
+//!    stores it, and passes it to the node's hub: one step per channel, so order holds.
+//! 2. The [`hub`] encodes the publication once and pushes the same bytes into the
+//!    [`queue`] of every local subscriber. It never waits: a full queue marks its
+//!    connection as slow.
+//! 3. A [`transport`] wakes on its queue, lets the [`session`] drop duplicates and catch
+//!    gaps, batches what is ready into one frame, and writes it to the socket.
+//!
+//! Commands travel the other way: transport → session → broker / hub.
 
+pub mod config;
+pub mod error;
+pub mod history;
+pub mod hub;
+pub mod node;
+pub mod publish;
+pub mod queue;
+pub mod router;
+pub mod session;
+pub mod transport;
+
+use std::{
+    future::{Future, IntoFuture},
+    sync::Arc,
+};
+
+use tokio::net::TcpListener;
+
+pub use config::{Config, Settings};
+pub use node::Node;
+
+/// Serves `node` on `listener` until `shutdown` resolves, then shuts down gracefully:
+/// stops accepting, tells every client to reconnect (close code 3001), lets in-flight
+/// requests finish, and returns within `shutdown_timeout`.
+pub async fn serve(
+    listener: TcpListener,
+    node: Arc<Node>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let token = node.shutdown.clone();
+    tokio::spawn({
+        let token = token.clone();
+        async move {
+            tokio::select! {
+                _ = shutdown => token.cancel(),
+                _ = token.cancelled() => {}
+            }
+        }
+    });
+    let app = router::router(node.clone());
+    let server = axum::serve(listener, app).with_graceful_shutdown(token.clone().cancelled_owned());
+    let mut server = std::pin::pin!(server.into_future());
+    tokio::select! {
+        result = &mut server => return result,
+        _ = token.cancelled() => {}
+    }
+    tracing::info!(connections = node.connection_count(), "shutting down");
+    let drain = async {
+        let result = server.await;
+        node.tasks.close();
+        node.tasks.wait().await;
+        result
+    };
+    match tokio::time::timeout(node.settings.config.shutdown_timeout, drain).await {
+        Ok(result) => result,
+        Err(_) => {
+            tracing::warn!(
+                connections = node.connection_count(),
+                "shutdown timeout reached; closing anyway"
+            );
+            Ok(())
+        }
+    }
+}

@@ -2,7 +2,7 @@
 
 use std::{
     collections::{HashMap, VecDeque},
-    hash::{BuildHasher, Hash, Hasher},
+    hash::BuildHasher,
     sync::{Arc, Weak},
     time::Duration,
 };
@@ -17,12 +17,14 @@ use crate::{Broker, BrokerError, History, HistoryQuery, PublicationSink, StreamP
 
 const SHARDS: usize = 64;
 
+type Streams = HashMap<ChannelName, Arc<Mutex<Stream>>>;
+
 /// A single-node broker keeping streams in memory.
 ///
 /// Publish holds only its channel's lock while it appends and hands the publication to the
 /// sink, so channels never wait for each other and one channel's order is the lock's order.
 pub struct MemoryBroker {
-    shards: Box<[Mutex<HashMap<ChannelName, Arc<Mutex<Stream>>>>]>,
+    shards: Box<[Mutex<Streams>]>,
     hasher: std::collections::hash_map::RandomState,
     sink: Arc<dyn PublicationSink>,
 }
@@ -133,10 +135,8 @@ impl MemoryBroker {
         broker
     }
 
-    fn shard(&self, channel: &ChannelName) -> &Mutex<HashMap<ChannelName, Arc<Mutex<Stream>>>> {
-        let mut h = self.hasher.build_hasher();
-        channel.hash(&mut h);
-        &self.shards[(h.finish() as usize) % SHARDS]
+    fn shard(&self, channel: &ChannelName) -> &Mutex<Streams> {
+        &self.shards[(self.hasher.hash_one(channel) as usize) % SHARDS]
     }
 
     fn stream(&self, channel: &ChannelName, policy: StreamPolicy) -> Arc<Mutex<Stream>> {

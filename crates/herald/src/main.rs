@@ -1,0 +1,86 @@
+//! `herald`: the server and its command-line clients.
+
+mod cli;
+mod settings;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    let result = match args.command {
+        cli::Command::Serve(a) => serve(a),
+        cli::Command::Pub(a) => runtime(1).and_then(|rt| rt.block_on(cli::publish(a))),
+        cli::Command::Sub(a) => runtime(1).and_then(|rt| rt.block_on(cli::subscribe(a))),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("herald: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn runtime(workers: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut b = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    if workers > 1 {
+        b.worker_threads(workers);
+    }
+    Ok(b.enable_all().build()?)
+}
+
+fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
+    let config = settings::load(&args)?;
+    if args.print_config {
+        print!("{}", toml::to_string_pretty(&config)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let settings = config.validate()?;
+    settings::init_logging(&settings.config)?;
+    let workers = match settings.config.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers.max(1))
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let listen = settings.config.listen;
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
+        let node = herald_server::Node::with_memory_broker(settings);
+        tracing::info!(
+            address = %listener.local_addr()?,
+            workers,
+            version = env!("CARGO_PKG_VERSION"),
+            api = if node.settings.api_keys().next().is_some() { "enabled" } else { "disabled (no api_key)" },
+            "herald is listening"
+        );
+        herald_server::serve(listener, node, shutdown_signal()).await?;
+        tracing::info!("stopped");
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing a SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

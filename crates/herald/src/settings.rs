@@ -1,0 +1,71 @@
+//! Where `herald serve` gets its configuration: defaults, then the TOML file, then
+//! `HERALD_*` environment variables, then flags; later sources win.
+
+use figment::{
+    providers::{Env, Format, Serialized, Toml},
+    Figment,
+};
+use herald_server::{config::LogFormat, Config};
+use serde::Serialize;
+
+use crate::cli::ServeArgs;
+
+/// Environment variables starting with `HERALD_` that are not configuration keys.
+const NOT_CONFIG: &[&str] = &["url", "config"];
+
+#[derive(Serialize)]
+struct Flags<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    listen: Option<std::net::SocketAddr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    api_key: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    workers: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    log_level: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    log_format: Option<&'a str>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    allowed_origins: &'a [String],
+}
+
+/// Reads every source into one [`Config`]; errors name the key and the source.
+pub fn load(args: &ServeArgs) -> anyhow::Result<Config> {
+    let mut figment = Figment::from(Serialized::defaults(Config::default()));
+    if let Some(path) = &args.config {
+        figment = figment.merge(Toml::file_exact(path));
+    }
+    figment = figment
+        .merge(Env::prefixed("HERALD_").split("__").ignore(NOT_CONFIG))
+        .merge(Serialized::defaults(Flags {
+            listen: args.listen,
+            api_key: args.api_key.as_deref(),
+            workers: args.workers,
+            log_level: args.log_level.as_deref(),
+            log_format: args.log_format.as_deref(),
+            allowed_origins: &args.allowed_origin,
+        }));
+    figment.extract::<Config>().map_err(|e| {
+        let mut message = String::from("invalid configuration:");
+        for e in e {
+            message.push_str(&format!("\n  {e}"));
+        }
+        anyhow::anyhow!(message)
+    })
+}
+
+/// Starts structured logging at the configured level.
+pub fn init_logging(config: &Config) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&config.log_level)
+        .map_err(|e| anyhow::anyhow!("invalid configuration: `log_level`: {e}"))?;
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    match config.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    Ok(())
+}

@@ -1,0 +1,363 @@
+//! Server configuration: one typed struct, read from TOML / environment / flags by the
+//! binary, checked once at start by [`Config::validate`].
+//!
+//! Every field's default is stated in its doc comment and in `docs/configuration.md`.
+
+use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
+
+use herald_broker::StreamPolicy;
+use serde::{Deserialize, Serialize};
+
+/// Everything `herald serve` can be told.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address to listen on. Default `127.0.0.1:8080`.
+    pub listen: SocketAddr,
+    /// Worker threads; 0 means one per core. Default 0.
+    pub workers: usize,
+    /// Log filter: `error`, `warn`, `info`, `debug`, `trace`, or a tracing directive such as
+    /// `herald_server=debug`. Default `info`.
+    pub log_level: String,
+    /// `text` or `json`. Default `text`.
+    pub log_format: LogFormat,
+    /// An API key for the HTTP publish API (`Authorization: apikey KEY`). Default none:
+    /// the API then refuses every request and says how to set a key.
+    pub api_key: Option<String>,
+    /// More API keys, any of which is accepted. Default none.
+    pub api_keys: Vec<String>,
+    /// Origins browsers may connect from (`https://example.com`), or `*` for any. Requests
+    /// without an `Origin` header (non-browser clients) are always allowed; a browser's
+    /// same-origin request is always allowed. Default empty: same origin only.
+    pub allowed_origins: Vec<String>,
+    /// Longest wait for connections to close and requests to finish on shutdown.
+    /// Default `10s`.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+    /// Per-connection settings.
+    pub client: ClientConfig,
+    /// Rules for channels whose namespace has no entry in `namespaces`.
+    pub channels: NamespaceConfig,
+    /// Rules per namespace (the part of a channel name before `:`). Fields left out take
+    /// the value from `channels`. Default: a `chat` namespace that clients may publish to,
+    /// keeping 1000 messages for 7 days.
+    pub namespaces: BTreeMap<String, NamespaceOverride>,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Limits and timers of each client connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientConfig {
+    /// How often the server pings an idle connection. Default `25s`.
+    #[serde(with = "humantime_serde")]
+    pub ping_interval: Duration,
+    /// A connection that sends nothing (not even a pong) for this long is closed with
+    /// code 3005. Must exceed `ping_interval`. Default `60s`.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// A write to a client that takes longer than this closes it as slow (3003).
+    /// Default `10s`.
+    #[serde(with = "humantime_serde")]
+    pub write_timeout: Duration,
+    /// Bytes of publications waiting for one client before it is closed as slow (3003).
+    /// Default 1 MiB.
+    pub queue_max_bytes: usize,
+    /// Largest frame or request body a client may send, in bytes; larger ones close a
+    /// WebSocket with 1009. Default 65536.
+    pub max_frame_size: usize,
+    /// Most channels one connection may subscribe to. Default 512.
+    pub max_subscriptions: usize,
+    /// Most publications returned by one history read or one resume. A resume that
+    /// would need more answers `recovered: false`. Default 1000.
+    pub max_history_limit: usize,
+}
+
+/// Rules for the channels of a namespace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NamespaceConfig {
+    /// Publications kept per channel. Default 100.
+    pub history_size: usize,
+    /// Age after which publications leave history. Default `5m`.
+    #[serde(with = "humantime_serde")]
+    pub history_ttl: Duration,
+    /// How long an idle channel's epoch and offset are remembered. Default `24h`.
+    #[serde(with = "humantime_serde")]
+    pub history_meta_ttl: Duration,
+    /// Whether clients may publish (the HTTP API always may). Default false.
+    pub client_publish: bool,
+    /// Whether clients may subscribe. Default true.
+    pub client_subscribe: bool,
+    /// Whether clients may read history with the `history` command. Default true.
+    pub client_history: bool,
+    /// Largest publication, in bytes of JSON. Default 65536.
+    pub max_message_size: usize,
+}
+
+/// A namespace's rules; every field left out falls back to `[channels]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct NamespaceOverride {
+    pub history_size: Option<usize>,
+    #[serde(with = "humantime_serde")]
+    pub history_ttl: Option<Duration>,
+    #[serde(with = "humantime_serde")]
+    pub history_meta_ttl: Option<Duration>,
+    pub client_publish: Option<bool>,
+    pub client_subscribe: Option<bool>,
+    pub client_history: Option<bool>,
+    pub max_message_size: Option<usize>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            workers: 0,
+            log_level: "info".into(),
+            log_format: LogFormat::Text,
+            api_key: None,
+            api_keys: Vec::new(),
+            allowed_origins: Vec::new(),
+            shutdown_timeout: Duration::from_secs(10),
+            client: ClientConfig::default(),
+            channels: NamespaceConfig::default(),
+            namespaces: BTreeMap::from([(
+                "chat".to_string(),
+                NamespaceOverride {
+                    history_size: Some(1000),
+                    history_ttl: Some(Duration::from_secs(7 * 24 * 3600)),
+                    history_meta_ttl: Some(Duration::from_secs(30 * 24 * 3600)),
+                    client_publish: Some(true),
+                    ..Default::default()
+                },
+            )]),
+        }
+    }
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            ping_interval: Duration::from_secs(25),
+            idle_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(10),
+            queue_max_bytes: 1 << 20,
+            max_frame_size: 65536,
+            max_subscriptions: 512,
+            max_history_limit: 1000,
+        }
+    }
+}
+
+impl Default for NamespaceConfig {
+    fn default() -> Self {
+        Self {
+            history_size: 100,
+            history_ttl: Duration::from_secs(300),
+            history_meta_ttl: Duration::from_secs(24 * 3600),
+            client_publish: false,
+            client_subscribe: true,
+            client_history: true,
+            max_message_size: 65536,
+        }
+    }
+}
+
+impl NamespaceConfig {
+    /// The broker retention policy these rules imply.
+    pub fn stream_policy(&self) -> StreamPolicy {
+        StreamPolicy {
+            history_size: self.history_size,
+            history_ttl: self.history_ttl,
+            meta_ttl: self.history_meta_ttl.max(self.history_ttl),
+        }
+    }
+
+    fn apply(&self, o: &NamespaceOverride) -> Self {
+        Self {
+            history_size: o.history_size.unwrap_or(self.history_size),
+            history_ttl: o.history_ttl.unwrap_or(self.history_ttl),
+            history_meta_ttl: o.history_meta_ttl.unwrap_or(self.history_meta_ttl),
+            client_publish: o.client_publish.unwrap_or(self.client_publish),
+            client_subscribe: o.client_subscribe.unwrap_or(self.client_subscribe),
+            client_history: o.client_history.unwrap_or(self.client_history),
+            max_message_size: o.max_message_size.unwrap_or(self.max_message_size),
+        }
+    }
+}
+
+/// A configuration value that cannot work, named by its key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid configuration: `{key}`: {problem}")]
+pub struct ConfigError {
+    /// Dotted key, as in the TOML file.
+    pub key: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+fn bad(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError {
+        key: key.into(),
+        problem: problem.into(),
+    }
+}
+
+/// A checked configuration with namespace rules resolved.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The configuration as given.
+    pub config: Config,
+    default_namespace: NamespaceConfig,
+    namespaces: BTreeMap<String, NamespaceConfig>,
+}
+
+impl Config {
+    /// Checks every value and resolves namespace rules.
+    pub fn validate(self) -> Result<Settings, ConfigError> {
+        let c = &self.client;
+        if c.ping_interval.is_zero() {
+            return Err(bad("client.ping_interval", "must be greater than 0"));
+        }
+        if c.idle_timeout <= c.ping_interval {
+            return Err(bad(
+                "client.idle_timeout",
+                "must be longer than client.ping_interval",
+            ));
+        }
+        if c.write_timeout.is_zero() {
+            return Err(bad("client.write_timeout", "must be greater than 0"));
+        }
+        if c.max_frame_size < 1024 {
+            return Err(bad("client.max_frame_size", "must be at least 1024 bytes"));
+        }
+        if c.queue_max_bytes < c.max_frame_size {
+            return Err(bad(
+                "client.queue_max_bytes",
+                "must be at least client.max_frame_size",
+            ));
+        }
+        if c.max_subscriptions == 0 {
+            return Err(bad("client.max_subscriptions", "must be at least 1"));
+        }
+        for (i, key) in self.api_keys.iter().chain(&self.api_key).enumerate() {
+            if key.trim().is_empty() {
+                let name = if i < self.api_keys.len() {
+                    "api_keys"
+                } else {
+                    "api_key"
+                };
+                return Err(bad(name, "an API key must not be empty"));
+            }
+        }
+        for origin in &self.allowed_origins {
+            if origin != "*" && !(origin.starts_with("http://") || origin.starts_with("https://")) {
+                return Err(bad(
+                    "allowed_origins",
+                    format!("{origin:?} is not `*` or an origin such as https://example.com"),
+                ));
+            }
+        }
+        check_namespace("channels", &self.channels)?;
+        let mut namespaces = BTreeMap::new();
+        for (name, o) in &self.namespaces {
+            let key = format!("namespaces.{name}");
+            if name.is_empty()
+                || herald_protocol::ChannelName::new(name).is_err()
+                || name.contains(':')
+            {
+                return Err(bad(
+                    key,
+                    "a namespace name uses the channel-name characters and no `:`",
+                ));
+            }
+            let ns = self.channels.apply(o);
+            check_namespace(&key, &ns)?;
+            namespaces.insert(name.clone(), ns);
+        }
+        Ok(Settings {
+            default_namespace: self.channels.clone(),
+            namespaces,
+            config: self,
+        })
+    }
+}
+
+fn check_namespace(key: &str, ns: &NamespaceConfig) -> Result<(), ConfigError> {
+    if ns.history_size > 0 && ns.history_ttl.is_zero() {
+        return Err(bad(
+            format!("{key}.history_ttl"),
+            "must be greater than 0 when history_size is",
+        ));
+    }
+    if ns.max_message_size == 0 {
+        return Err(bad(format!("{key}.max_message_size"), "must be at least 1"));
+    }
+    Ok(())
+}
+
+impl Settings {
+    /// The rules for a channel's namespace (or the `[channels]` defaults).
+    pub fn namespace(&self, namespace: &str) -> &NamespaceConfig {
+        self.namespaces
+            .get(namespace)
+            .unwrap_or(&self.default_namespace)
+    }
+
+    /// Every accepted API key.
+    pub fn api_keys(&self) -> impl Iterator<Item = &str> {
+        self.config
+            .api_keys
+            .iter()
+            .chain(&self.config.api_key)
+            .map(String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_chat_allows_publishing() {
+        let s = Config::default().validate().unwrap();
+        assert!(s.namespace("chat").client_publish);
+        assert!(!s.namespace("").client_publish);
+        assert!(!s.namespace("unknown").client_publish);
+        assert_eq!(
+            s.namespace("chat").max_message_size,
+            65536,
+            "inherited from [channels]"
+        );
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let mut c = Config::default();
+        c.client.idle_timeout = Duration::from_secs(1);
+        assert_eq!(c.validate().unwrap_err().key, "client.idle_timeout");
+        let mut c = Config::default();
+        c.namespaces
+            .insert("a:b".into(), NamespaceOverride::default());
+        assert_eq!(c.validate().unwrap_err().key, "namespaces.a:b");
+        let mut c = Config::default();
+        c.allowed_origins = vec!["example.com".into()];
+        assert_eq!(c.validate().unwrap_err().key, "allowed_origins");
+        let mut c = Config::default();
+        c.api_key = Some(" ".into());
+        assert_eq!(c.validate().unwrap_err().key, "api_key");
+    }
+}

@@ -1,0 +1,101 @@
+//! Failures of commands and API calls, mapped to wire codes and HTTP statuses here only.
+
+use axum::http::StatusCode;
+use herald_broker::BrokerError;
+use herald_protocol::{DisconnectCode, ErrorCode};
+
+/// A command or request that failed; the connection (if any) stays open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// Wire code.
+    pub code: ErrorCode,
+    /// What went wrong, for people.
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure with a message.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The HTTP status for this failure on the HTTP API.
+    pub fn status(&self) -> StatusCode {
+        match self.code {
+            ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorCode::PermissionDenied => StatusCode::FORBIDDEN,
+            ErrorCode::MethodNotFound => StatusCode::NOT_FOUND,
+            ErrorCode::AlreadySubscribed | ErrorCode::BadConnectState => StatusCode::CONFLICT,
+            ErrorCode::LimitExceeded | ErrorCode::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::BadRequest | ErrorCode::InvalidChannel | ErrorCode::NotSubscribed => {
+                StatusCode::BAD_REQUEST
+            }
+            ErrorCode::NotAvailable | ErrorCode::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::UnrecoverablePosition => StatusCode::CONFLICT,
+            ErrorCode::MessageTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        }
+    }
+}
+
+impl From<BrokerError> for Failure {
+    fn from(e: BrokerError) -> Self {
+        match e {
+            BrokerError::Unrecoverable { .. } => {
+                Self::new(ErrorCode::UnrecoverablePosition, e.to_string())
+            }
+            BrokerError::Unavailable(_) => Self::new(ErrorCode::Internal, e.to_string()),
+        }
+    }
+}
+
+/// Why a connection is being closed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disconnect {
+    /// Close code.
+    pub code: DisconnectCode,
+    /// Close reason, for people (WebSocket allows at most 123 bytes; longer ones are cut).
+    pub reason: String,
+}
+
+impl Disconnect {
+    /// A disconnect with the code's own text as reason.
+    pub fn new(code: DisconnectCode) -> Self {
+        Self {
+            code,
+            reason: code.text().to_string(),
+        }
+    }
+
+    /// A disconnect with its own reason.
+    pub fn because(code: DisconnectCode, reason: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason: reason.into(),
+        }
+    }
+
+    /// The reason cut to fit a WebSocket close frame (123 bytes) on a character boundary.
+    pub fn short_reason(&self) -> &str {
+        let mut end = self.reason.len().min(123);
+        while !self.reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        &self.reason[..end]
+    }
+}
+
+impl axum::response::IntoResponse for Failure {
+    fn into_response(self) -> axum::response::Response {
+        let body = herald_protocol::json::encode_error(None, self.code, &self.message);
+        (
+            self.status(),
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response()
+    }
+}

@@ -1,0 +1,106 @@
+//! The node: what every connection and request shares.
+
+use std::{
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Instant,
+};
+
+use herald_broker::{MemoryBroker, PublicationSink, SharedBroker};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+use crate::{config::Settings, hub::Hub};
+
+/// Shared state of one Herald process.
+pub struct Node {
+    /// Checked configuration.
+    pub settings: Settings,
+    /// Where publications are stored and ordered.
+    pub broker: SharedBroker,
+    /// Local subscribers.
+    pub hub: Arc<Hub>,
+    /// Cancelled when the server starts shutting down; connections close with 3001.
+    pub shutdown: CancellationToken,
+    /// Connection tasks, awaited (with a bound) on shutdown.
+    pub tasks: TaskTracker,
+    connections: AtomicUsize,
+    next_session: AtomicU64,
+    started: Instant,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("connections", &self.connection_count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Node {
+    /// A node whose broker is built by `make_broker` around the node's hub.
+    pub fn new(
+        settings: Settings,
+        make_broker: impl FnOnce(Arc<dyn PublicationSink>) -> SharedBroker,
+    ) -> Arc<Self> {
+        let hub = Arc::new(Hub::default());
+        let broker = make_broker(hub.clone());
+        Arc::new(Self {
+            settings,
+            broker,
+            hub,
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            connections: AtomicUsize::new(0),
+            next_session: AtomicU64::new(1),
+            started: Instant::now(),
+        })
+    }
+
+    /// A node with the embedded memory broker.
+    pub fn with_memory_broker(settings: Settings) -> Arc<Self> {
+        Self::new(settings, |sink| MemoryBroker::new(sink))
+    }
+
+    /// Registers a new connection; the guard unregisters it when dropped.
+    pub fn connection(self: &Arc<Self>) -> ConnectionGuard {
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_session.fetch_add(1, Ordering::Relaxed);
+        ConnectionGuard {
+            node: self.clone(),
+            id,
+        }
+    }
+
+    /// Open connections.
+    pub fn connection_count(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
+    }
+
+    /// Time since start.
+    pub fn uptime(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+}
+
+/// Counts a connection while it lives and gives it a process-unique id.
+#[derive(Debug)]
+pub struct ConnectionGuard {
+    node: Arc<Node>,
+    /// The connection's id.
+    pub id: u64,
+}
+
+impl ConnectionGuard {
+    /// The node this connection belongs to.
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.node.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}

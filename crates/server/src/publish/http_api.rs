@@ -1,0 +1,237 @@
+//! The HTTP API for backends: publish, broadcast, history, info. Every route needs an API
+//! key (`Authorization: apikey KEY`); with no key configured the API is closed and says
+//! how to open it.
+
+use std::sync::Arc;
+
+use axum::{
+    body::Bytes,
+    extract::{rejection::BytesRejection, Query, Request, State},
+    http::header,
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+    Json, Router,
+};
+use herald_protocol::{json, ChannelName, Epoch, ErrorCode, Publication, Since};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::{error::Failure, history, node::Node};
+
+/// The API's routes, behind the key check.
+pub fn routes(node: Arc<Node>) -> Router<Arc<Node>> {
+    Router::new()
+        .route("/api/publish", post(publish))
+        .route("/api/broadcast", post(broadcast))
+        .route("/api/history", get(read_history).delete(remove_history))
+        .route("/api/info", get(info))
+        .layer(middleware::from_fn_with_state(node, require_key))
+}
+
+async fn require_key(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
+    let mut keys = node.settings.api_keys().peekable();
+    if keys.peek().is_none() {
+        return Failure::new(
+            ErrorCode::NotAvailable,
+            "the HTTP API is disabled because no API key is configured; set api_key in the config file, \
+             HERALD_API_KEY in the environment, or pass --api-key to herald serve",
+        )
+        .into_response();
+    }
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("apikey "))
+        .map(str::trim);
+    match given {
+        None => Failure::new(
+            ErrorCode::Unauthorized,
+            "missing header `Authorization: apikey KEY`",
+        )
+        .into_response(),
+        Some(given) if keys.any(|k| constant_time_eq(k.as_bytes(), given.as_bytes())) => {
+            next.run(request).await
+        }
+        Some(_) => Failure::new(ErrorCode::Unauthorized, "wrong API key").into_response(),
+    }
+}
+
+/// Compares without stopping at the first difference, so timing does not reveal a key.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, Failure> {
+    let body = body.map_err(|e| {
+        Failure::new(
+            ErrorCode::MessageTooLarge,
+            format!("cannot read request body: {e}"),
+        )
+    })?;
+    serde_json::from_slice(&body)
+        .map_err(|e| Failure::new(ErrorCode::BadRequest, format!("invalid JSON body: {e}")))
+}
+
+fn channel(name: &str) -> Result<ChannelName, Failure> {
+    ChannelName::new(name).map_err(|e| Failure::new(ErrorCode::InvalidChannel, e.to_string()))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PublishRequest {
+    channel: String,
+    data: Box<RawValue>,
+}
+
+#[derive(Serialize)]
+struct Position {
+    offset: u64,
+    epoch: Epoch,
+}
+
+/// `POST /api/publish {"channel": "...", "data": ...}` → `{"offset": N, "epoch": "..."}`.
+async fn publish(
+    State(node): State<Arc<Node>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<Position>, Failure> {
+    let req: PublishRequest = body(raw)?;
+    let channel = channel(&req.channel)?;
+    let p = crate::publish::publish(&node, &channel, json::payload(&req.data)).await?;
+    Ok(Json(Position {
+        offset: p.offset,
+        epoch: p.epoch,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BroadcastRequest {
+    channels: Vec<String>,
+    data: Box<RawValue>,
+}
+
+#[derive(Serialize)]
+struct BroadcastResult {
+    channel: String,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    position: Option<Position>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<ErrorJson>,
+}
+
+#[derive(Serialize)]
+struct ErrorJson {
+    code: ErrorCode,
+    message: String,
+}
+
+/// `POST /api/broadcast {"channels": [...], "data": ...}` → one result per channel, in order.
+async fn broadcast(
+    State(node): State<Arc<Node>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, Failure> {
+    let req: BroadcastRequest = body(raw)?;
+    if req.channels.is_empty() {
+        return Err(Failure::new(ErrorCode::BadRequest, "channels is empty"));
+    }
+    let data = json::payload(&req.data);
+    let mut results = Vec::with_capacity(req.channels.len());
+    for name in req.channels {
+        let published = match channel(&name) {
+            Ok(c) => crate::publish::publish(&node, &c, data.clone()).await,
+            Err(f) => Err(f),
+        };
+        results.push(match published {
+            Ok(p) => BroadcastResult {
+                channel: name,
+                position: Some(Position {
+                    offset: p.offset,
+                    epoch: p.epoch,
+                }),
+                error: None,
+            },
+            Err(f) => BroadcastResult {
+                channel: name,
+                position: None,
+                error: Some(ErrorJson {
+                    code: f.code,
+                    message: f.message,
+                }),
+            },
+        });
+    }
+    Ok(Json(serde_json::json!({ "results": results })).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryParams {
+    channel: String,
+    since: Option<u64>,
+    epoch: Option<String>,
+    limit: Option<usize>,
+}
+
+#[derive(Serialize)]
+struct HistoryResponse {
+    offset: u64,
+    epoch: Epoch,
+    publications: Vec<Publication>,
+}
+
+/// `GET /api/history?channel=C[&since=OFFSET[&epoch=E]][&limit=N]`.
+async fn read_history(
+    State(node): State<Arc<Node>>,
+    params: Result<Query<HistoryParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<HistoryResponse>, Failure> {
+    let Query(p) = params.map_err(|e| Failure::new(ErrorCode::BadRequest, e.body_text()))?;
+    let channel = channel(&p.channel)?;
+    if p.epoch.is_some() && p.since.is_none() {
+        return Err(Failure::new(
+            ErrorCode::BadRequest,
+            "epoch is given without since",
+        ));
+    }
+    let since = p.since.map(|offset| Since {
+        offset,
+        epoch: p.epoch.as_deref().map(Epoch::new),
+    });
+    let h = history::read(&node, &channel, since, p.limit).await?;
+    Ok(Json(HistoryResponse {
+        offset: h.position.offset,
+        epoch: h.position.epoch,
+        publications: h.publications,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChannelParam {
+    channel: String,
+}
+
+/// `DELETE /api/history?channel=C`: forgets the history; the channel gets a new epoch.
+async fn remove_history(
+    State(node): State<Arc<Node>>,
+    params: Result<Query<ChannelParam>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<serde_json::Value>, Failure> {
+    let Query(p) = params.map_err(|e| Failure::new(ErrorCode::BadRequest, e.body_text()))?;
+    node.broker.remove_history(&channel(&p.channel)?).await?;
+    Ok(Json(serde_json::json!({})))
+}
+
+/// `GET /api/info`.
+async fn info(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {
+    let (publications, deliveries) = node.hub.counters();
+    Json(serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_seconds": node.uptime().as_secs(),
+        "connections": node.connection_count(),
+        "channels": node.broker.channel_count(),
+        "subscribed_channels": node.hub.channel_count(),
+        "publications_fanned_out": publications,
+        "deliveries": deliveries,
+    }))
+}

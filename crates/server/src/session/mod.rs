@@ -1,0 +1,356 @@
+//! The session: one client's state, whatever transport carries it.
+//!
+//! A transport feeds the session the frames it reads ([`Session::handle_frame`]) and asks
+//! it for what to write ([`Session::write_deliveries`]). The session answers commands,
+//! tracks each subscription's position, and filters the queue so that every publication
+//! reaches the client exactly once and in order: a delivery at or below the position is a
+//! duplicate (already replayed from history) and is skipped; one beyond the next offset,
+//! or from another epoch, means something was lost, and the session ends with
+//! "insufficient state" so the client resumes from history rather than skip silently.
+
+mod subscribe;
+
+use std::{collections::HashMap, sync::Arc};
+
+use herald_protocol::{
+    json::{self, results, DecodeError},
+    ChannelName, Command, DisconnectCode, Epoch, ErrorCode, Method,
+};
+
+use crate::{
+    error::{Disconnect, Failure},
+    node::{ConnectionGuard, Node},
+    publish,
+    queue::{Delivery, Queue},
+};
+
+/// A subscription's position: the last offset the client has been sent.
+#[derive(Debug, Clone)]
+struct Position {
+    epoch: Epoch,
+    offset: u64,
+}
+
+/// One client's state.
+#[derive(Debug)]
+pub struct Session {
+    guard: ConnectionGuard,
+    queue: Arc<Queue>,
+    subscriptions: HashMap<ChannelName, Position>,
+    connected: bool,
+    scratch: Vec<Arc<Delivery>>,
+}
+
+impl Session {
+    /// A new session on `node`.
+    pub fn new(node: &Arc<Node>) -> Self {
+        let queue = Arc::new(Queue::new(node.settings.config.client.queue_max_bytes));
+        Self {
+            guard: node.connection(),
+            queue,
+            subscriptions: HashMap::new(),
+            connected: false,
+            scratch: Vec::new(),
+        }
+    }
+
+    fn node(&self) -> &Arc<Node> {
+        self.guard.node()
+    }
+
+    /// The session's id, unique within the process.
+    pub fn id(&self) -> u64 {
+        self.guard.id
+    }
+
+    /// Where the hub puts this session's publications.
+    pub fn queue(&self) -> &Arc<Queue> {
+        &self.queue
+    }
+
+    /// Handles every command in `frame`, appending replies to `out` (one JSON line each).
+    /// Fails only when the frame cannot be trusted at all (malformed JSON).
+    pub async fn handle_frame(
+        &mut self,
+        frame: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), Disconnect> {
+        for decoded in json::decode_frame(frame) {
+            match decoded {
+                Ok(command) => self.handle(command, out).await,
+                Err(DecodeError::Invalid { id, code, message }) => {
+                    line(out, &json::encode_error(id, code, &message));
+                }
+                Err(e @ DecodeError::Malformed(_)) => {
+                    return Err(Disconnect::because(
+                        DisconnectCode::BadRequest,
+                        e.to_string(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle(&mut self, command: Command, out: &mut Vec<u8>) {
+        let reply = Reply {
+            id: command.id,
+            method: command.method.name(),
+        };
+        match self.dispatch(reply, command.method).await {
+            Ok(Some(bytes)) => line(out, &bytes),
+            Ok(None) => {}
+            Err(f) => line(out, &json::encode_error(command.id, f.code, &f.message)),
+        }
+    }
+
+    async fn dispatch(&mut self, reply: Reply, method: Method) -> Result<Option<Vec<u8>>, Failure> {
+        if !self.connected {
+            if let Method::Connect(_) = method {
+            } else {
+                // Commands before `connect` open an anonymous session implicitly.
+                self.connected = true;
+            }
+        }
+        match method {
+            Method::Connect(_) => {
+                if self.connected {
+                    return Err(Failure::new(
+                        ErrorCode::BadConnectState,
+                        "already connected",
+                    ));
+                }
+                self.connected = true;
+                let ping = self
+                    .node()
+                    .settings
+                    .config
+                    .client
+                    .ping_interval
+                    .as_secs()
+                    .max(1);
+                let client = self.id().to_string();
+                Ok(reply.with(&results::Connect {
+                    client: &client,
+                    version: env!("CARGO_PKG_VERSION"),
+                    ping,
+                }))
+            }
+            Method::Subscribe(req) => self.subscribe(reply, req).await,
+            Method::Unsubscribe { channel } => {
+                if self.subscriptions.remove(&channel).is_none() {
+                    return Err(Failure::new(
+                        ErrorCode::NotSubscribed,
+                        format!("not subscribed to {channel}"),
+                    ));
+                }
+                let node = self.node().clone();
+                node.hub
+                    .unsubscribe(&node.broker, &channel, self.id())
+                    .await;
+                Ok(reply.empty())
+            }
+            Method::Publish { channel, data } => {
+                if !self
+                    .node()
+                    .settings
+                    .namespace(channel.namespace())
+                    .client_publish
+                {
+                    return Err(Failure::new(
+                        ErrorCode::PermissionDenied,
+                        format!("clients may not publish to {channel}: its namespace does not allow client_publish"),
+                    ));
+                }
+                let position = publish::publish(self.node(), &channel, data).await?;
+                Ok(reply.with(&results::Published {
+                    offset: position.offset,
+                    epoch: &position.epoch,
+                }))
+            }
+            Method::History(req) => self.history(reply, req).await,
+            Method::Ping => Ok(reply.empty()),
+        }
+    }
+
+    /// Moves queued publications into `out` (one JSON line each, about `max_bytes` at
+    /// most), skipping duplicates. Fails when the queue overflowed or a gap appeared.
+    pub fn write_deliveries(
+        &mut self,
+        out: &mut Vec<u8>,
+        max_bytes: usize,
+    ) -> Result<(), Disconnect> {
+        let mut batch = std::mem::take(&mut self.scratch);
+        let taken = self.queue.take(max_bytes, &mut batch);
+        let result = match taken {
+            Err(_) => Err(Disconnect::because(
+                DisconnectCode::Slow,
+                "client did not read fast enough; reconnect and resume",
+            )),
+            Ok(()) => batch.drain(..).try_for_each(|d| self.deliver(&d, out)),
+        };
+        batch.clear();
+        self.scratch = batch;
+        result
+    }
+
+    fn deliver(&mut self, d: &Delivery, out: &mut Vec<u8>) -> Result<(), Disconnect> {
+        // Publications of channels unsubscribed meanwhile are simply not for us any more.
+        let Some(position) = self.subscriptions.get_mut(&d.channel) else {
+            return Ok(());
+        };
+        if d.epoch != position.epoch {
+            return Err(insufficient(&d.channel, "its stream epoch changed"));
+        }
+        if d.offset <= position.offset {
+            return Ok(());
+        }
+        if d.offset != position.offset + 1 {
+            return Err(insufficient(&d.channel, "a publication is missing"));
+        }
+        position.offset = d.offset;
+        line(out, &d.json);
+        Ok(())
+    }
+}
+
+fn insufficient(channel: &ChannelName, why: &str) -> Disconnect {
+    Disconnect::because(
+        DisconnectCode::InsufficientState,
+        format!("{channel}: {why}; reconnect and resume"),
+    )
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if self.subscriptions.is_empty() {
+            return;
+        }
+        let node = self.node().clone();
+        let id = self.id();
+        let channels: Vec<_> = self.subscriptions.drain().map(|(c, _)| c).collect();
+        // Leaving the hub is async (the broker may need a round trip); it must not wait for
+        // the transport, which is already gone.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                for channel in channels {
+                    node.hub.unsubscribe(&node.broker, &channel, id).await;
+                }
+            });
+        }
+    }
+}
+
+/// How to answer the command being handled: commands without an id get no reply.
+#[derive(Debug, Clone, Copy)]
+struct Reply {
+    id: Option<u64>,
+    method: &'static str,
+}
+
+impl Reply {
+    fn with(self, result: &impl serde::Serialize) -> Option<Vec<u8>> {
+        self.id
+            .map(|id| json::encode_reply(id, self.method, result))
+    }
+
+    fn empty(self) -> Option<Vec<u8>> {
+        self.with(&results::Empty {})
+    }
+}
+
+/// Appends one JSON line to a frame being built.
+pub(crate) fn line(out: &mut Vec<u8>, json: &[u8]) {
+    if !out.is_empty() {
+        out.push(b'\n');
+    }
+    out.extend_from_slice(json);
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use herald_protocol::ChannelName;
+
+    use super::*;
+    use crate::config::Config;
+
+    fn node() -> Arc<Node> {
+        Node::with_memory_broker(Config::default().validate().unwrap())
+    }
+
+    #[tokio::test]
+    async fn one_encoding_is_shared_by_every_subscriber() {
+        let node = node();
+        let (mut a, mut b) = (Session::new(&node), Session::new(&node));
+        let mut out = Vec::new();
+        a.handle_frame(br#"{"id":1,"subscribe":{"channel":"c"}}"#, &mut out)
+            .await
+            .unwrap();
+        b.handle_frame(br#"{"id":1,"subscribe":{"channel":"c"}}"#, &mut out)
+            .await
+            .unwrap();
+        let channel = ChannelName::new("c").unwrap();
+        publish::publish(&node, &channel, Bytes::from("1"))
+            .await
+            .unwrap();
+        let (mut da, mut db) = (Vec::new(), Vec::new());
+        a.queue().take(usize::MAX, &mut da).unwrap();
+        b.queue().take(usize::MAX, &mut db).unwrap();
+        assert!(
+            Arc::ptr_eq(&da[0], &db[0]),
+            "both queues hold the same encoded publication"
+        );
+    }
+
+    #[tokio::test]
+    async fn queued_publications_leave_as_one_batch() {
+        let node = node();
+        let mut s = Session::new(&node);
+        let mut out = Vec::new();
+        s.handle_frame(br#"{"id":1,"subscribe":{"channel":"c"}}"#, &mut out)
+            .await
+            .unwrap();
+        let channel = ChannelName::new("c").unwrap();
+        for i in 0..10 {
+            publish::publish(&node, &channel, Bytes::from(i.to_string()))
+                .await
+                .unwrap();
+        }
+        let mut frame = Vec::new();
+        s.write_deliveries(&mut frame, usize::MAX).unwrap();
+        let lines: Vec<serde_json::Value> = frame
+            .split(|b| *b == b'\n')
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 10);
+        assert_eq!(lines[9]["pub"]["offset"], 10);
+    }
+
+    #[tokio::test]
+    async fn a_missing_offset_ends_the_session_instead_of_skipping() {
+        let node = node();
+        let mut s = Session::new(&node);
+        let mut out = Vec::new();
+        s.handle_frame(br#"{"id":1,"subscribe":{"channel":"c"}}"#, &mut out)
+            .await
+            .unwrap();
+        let channel = ChannelName::new("c").unwrap();
+        let epoch = node
+            .broker
+            .history(&channel, Default::default())
+            .await
+            .unwrap()
+            .position
+            .epoch;
+        let skipped = Delivery {
+            channel: channel.clone(),
+            epoch,
+            offset: 2,
+            json: Bytes::from("{}"),
+        };
+        s.queue().push(Arc::new(skipped));
+        let err = s.write_deliveries(&mut Vec::new(), usize::MAX).unwrap_err();
+        assert_eq!(err.code, DisconnectCode::InsufficientState);
+    }
+}

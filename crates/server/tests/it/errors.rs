@@ -1,0 +1,130 @@
+//! Bad input gets a clear error and leaves other connections alone.
+
+use serde_json::json;
+
+use crate::support::*;
+
+/// A bystander subscribed to `calm` must keep receiving while another client misbehaves.
+async fn bystander(server: &TestServer) -> Client {
+    let mut c = server.client().await;
+    c.subscribe("calm", None).await;
+    c
+}
+
+async fn bystander_still_served(server: &TestServer, c: &mut Client) {
+    let (offset, _) = server.publish("calm", json!("still here")).await;
+    assert_eq!(c.next_pub().await.1, offset);
+}
+
+#[tokio::test]
+async fn malformed_json_closes_only_that_connection_with_a_reason() {
+    let server = start(config()).await;
+    let mut calm = bystander(&server).await;
+    let mut bad = server.client().await;
+    bad.send_text("{\"id\":1,\"subscribe\":").await;
+    let closed = bad.closed().await;
+    assert_eq!(closed.code, 3501);
+    assert!(closed.reason.contains("malformed"), "{closed:?}");
+    bystander_still_served(&server, &mut calm).await;
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn unknown_methods_and_bad_parameters_get_error_replies_and_the_connection_lives() {
+    let server = start(config()).await;
+    let mut c = server.client().await;
+    let r = c.call("teleport", json!({})).await;
+    assert_eq!(r["error"]["code"], 104);
+    assert!(r["error"]["message"].as_str().unwrap().contains("teleport"));
+    let r = c
+        .call("subscribe", json!({ "channel": "no spaces please" }))
+        .await;
+    assert_eq!(r["error"]["code"], 114);
+    let r = c.call("subscribe", json!({ "chanel": "typo" })).await;
+    assert_eq!(r["error"]["code"], 107);
+    assert!(r["error"]["message"].as_str().unwrap().contains("chanel"));
+    let r = c.call("unsubscribe", json!({ "channel": "never" })).await;
+    assert_eq!(r["error"]["code"], 115);
+    c.subscribe("twice", None).await;
+    let r = c.call("subscribe", json!({ "channel": "twice" })).await;
+    assert_eq!(r["error"]["code"], 105);
+    let r = c.call("ping", json!({})).await;
+    assert!(r.get("error").is_none(), "connection still works: {r}");
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn oversized_frames_close_with_message_too_large() {
+    let mut cfg = config();
+    cfg.client.max_frame_size = 4096;
+    cfg.client.queue_max_bytes = 4096;
+    let server = start(cfg).await;
+    let mut calm = bystander(&server).await;
+    let mut big = server.client().await;
+    let huge = json!({ "id": 1, "publish": { "channel": "open:x", "data": "x".repeat(10_000) } });
+    big.send_text(huge.to_string()).await;
+    let closed = big.closed().await;
+    assert_eq!(closed.code, 3503, "{closed:?}");
+    assert!(closed.reason.contains("4096"), "{closed:?}");
+    bystander_still_served(&server, &mut calm).await;
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn publications_over_the_namespace_limit_are_refused() {
+    let mut cfg = config();
+    cfg.channels.max_message_size = 100;
+    let server = start(cfg).await;
+    let mut c = server.client().await;
+    let r = c
+        .call(
+            "publish",
+            json!({ "channel": "open:x", "data": "y".repeat(200) }),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], 113, "{r}");
+    let (status, body) = server
+        .api_post(
+            "/api/publish",
+            json!({ "channel": "x", "data": "y".repeat(200) }),
+        )
+        .await;
+    assert_eq!((status, body["error"]["code"].as_u64()), (413, Some(113)));
+    server.stop().await.unwrap();
+}
+
+/// A subscriber that stops reading is cut off with "slow" once its queue fills; the others
+/// keep receiving everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_consumer_is_disconnected_and_others_keep_receiving() {
+    let mut cfg = config();
+    cfg.client.queue_max_bytes = 64 * 1024;
+    cfg.client.write_timeout = std::time::Duration::from_millis(500);
+    let server = start(cfg).await;
+    let mut fast = server.client().await;
+    fast.subscribe("flood", None).await;
+    let mut slow = server.client().await;
+    slow.subscribe("flood", None).await;
+    assert_eq!(server.node.connection_count(), 2);
+
+    let payload = "z".repeat(8 * 1024);
+    let mut offset = 0;
+    // Enough to fill the slow client's socket buffers and then its queue. The fast client
+    // reads as we go, so only the slow one falls behind.
+    for _ in 0..4000 {
+        offset = server.publish("flood", json!(payload)).await.0;
+        assert_eq!(fast.next_pub().await.1, offset);
+        if server.node.connection_count() == 1 {
+            break;
+        }
+    }
+    eventually("the slow client is dropped", || async {
+        server.node.connection_count() == 1
+    })
+    .await;
+    let (after, _) = server.publish("flood", json!("after")).await;
+    while fast.next_pub().await.1 != after {}
+    assert!(after > offset);
+    drop(slow);
+    server.stop().await.unwrap();
+}

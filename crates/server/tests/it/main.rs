@@ -1,0 +1,10 @@
+//! Integration tests: a real server on 127.0.0.1 and a free port, real clients.
+
+mod support;
+
+mod api;
+mod errors;
+mod lifecycle;
+mod ordering;
+mod resume;
+mod websocket;

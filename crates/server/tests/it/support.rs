@@ -1,0 +1,259 @@
+//! Starting servers and talking to them.
+
+use std::{collections::VecDeque, future::Future, net::SocketAddr, sync::Arc, time::Duration};
+
+use futures_util::{SinkExt, StreamExt};
+use herald_server::{config::NamespaceOverride, Config, Node};
+use serde_json::{json, Value};
+use tokio::{net::TcpStream, task::JoinHandle};
+use tokio_tungstenite::{tungstenite::Message, MaybeTlsStream, WebSocketStream};
+
+pub const KEY: &str = "test-key";
+/// Upper bound for any single wait in these tests; reaching it is a failure.
+pub const PATIENCE: Duration = Duration::from_secs(15);
+
+/// Test configuration: an API key, and an `open` namespace clients may publish to.
+pub fn config() -> Config {
+    let mut c = Config::default();
+    c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    c.api_key = Some(KEY.into());
+    c.namespaces.insert(
+        "open".into(),
+        NamespaceOverride {
+            client_publish: Some(true),
+            ..Default::default()
+        },
+    );
+    c
+}
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub node: Arc<Node>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    handle: JoinHandle<std::io::Result<()>>,
+    http: reqwest::Client,
+}
+
+pub async fn start(config: Config) -> TestServer {
+    let listener = tokio::net::TcpListener::bind(config.listen).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let node = Node::with_memory_broker(config.validate().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(herald_server::serve(listener, node.clone(), async move {
+        let _ = stopped.await;
+    }));
+    TestServer {
+        addr,
+        node,
+        stop: Some(stop),
+        handle,
+        http: reqwest::Client::new(),
+    }
+}
+
+impl TestServer {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub async fn client(&self) -> Client {
+        let (ws, _) =
+            tokio_tungstenite::connect_async(format!("ws://{}/connection/websocket", self.addr))
+                .await
+                .expect("websocket connects");
+        Client {
+            ws,
+            lines: VecDeque::new(),
+            set_aside: VecDeque::new(),
+            next_id: 1,
+        }
+    }
+
+    /// Publishes through the HTTP API; returns (offset, epoch).
+    pub async fn publish(&self, channel: &str, data: Value) -> (u64, String) {
+        let r = self
+            .api_post("/api/publish", json!({ "channel": channel, "data": data }))
+            .await;
+        assert_eq!(r.0, 200, "publish failed: {}", r.1);
+        (
+            r.1["offset"].as_u64().unwrap(),
+            r.1["epoch"].as_str().unwrap().to_string(),
+        )
+    }
+
+    pub async fn api_post(&self, path: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .http
+            .post(self.url(path))
+            .header("Authorization", format!("apikey {KEY}"))
+            .json(&body);
+        response(r.send().await.unwrap()).await
+    }
+
+    pub async fn api_get(&self, path: &str) -> (u16, Value) {
+        let r = self
+            .http
+            .get(self.url(path))
+            .header("Authorization", format!("apikey {KEY}"));
+        response(r.send().await.unwrap()).await
+    }
+
+    pub async fn stop(mut self) -> std::io::Result<()> {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(PATIENCE, &mut self.handle)
+            .await
+            .expect("server stops in time")
+            .unwrap()
+    }
+}
+
+pub async fn response(r: reqwest::Response) -> (u16, Value) {
+    let status = r.status().as_u16();
+    let body = r.json().await.unwrap_or(Value::Null);
+    (status, body)
+}
+
+/// Waits until `condition` holds, checking on every scheduler turn; fails after PATIENCE.
+pub async fn eventually<F: Future<Output = bool>>(what: &str, mut condition: impl FnMut() -> F) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !condition().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A WebSocket client speaking Herald's JSON protocol.
+pub struct Client {
+    pub ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    /// Lines of frames already read, not yet examined.
+    lines: VecDeque<Value>,
+    /// Pushes that arrived while `call` waited for a reply.
+    set_aside: VecDeque<Value>,
+    next_id: u64,
+}
+
+/// How a connection ended.
+#[derive(Debug, PartialEq)]
+pub struct Closed {
+    pub code: u16,
+    pub reason: String,
+}
+
+impl Client {
+    pub async fn send_text(&mut self, text: impl Into<String>) {
+        self.ws
+            .send(Message::Text(text.into().into()))
+            .await
+            .unwrap();
+    }
+
+    /// Sends a command and returns its reply (a result or an error object). Pushes that
+    /// arrive first are kept for [`Client::next_line`].
+    pub async fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send_text(json!({ "id": id, method: params }).to_string())
+            .await;
+        loop {
+            let line = self.unread_line().await;
+            if line["id"] == id {
+                return line;
+            }
+            assert!(
+                line.get("id").is_none(),
+                "reply to another command while waiting for {id}: {line}"
+            );
+            self.set_aside.push_back(line);
+        }
+    }
+
+    pub async fn subscribe(&mut self, channel: &str, since: Option<(u64, &str)>) -> Value {
+        let mut params = json!({ "channel": channel });
+        if let Some((offset, epoch)) = since {
+            params["since"] = json!({ "offset": offset, "epoch": epoch });
+        }
+        let reply = self.call("subscribe", params).await;
+        assert!(reply.get("error").is_none(), "subscribe failed: {reply}");
+        reply["subscribe"].clone()
+    }
+
+    /// The next line the server sent (lines set aside by `call` first).
+    pub async fn next_line(&mut self) -> Value {
+        match self.set_aside.pop_front() {
+            Some(line) => line,
+            None => self.unread_line().await,
+        }
+    }
+
+    async fn unread_line(&mut self) -> Value {
+        if let Some(line) = self.lines.pop_front() {
+            return line;
+        }
+        loop {
+            let message = tokio::time::timeout(PATIENCE, self.ws.next())
+                .await
+                .expect("server sent something in time")
+                .expect("connection open")
+                .expect("read ok");
+            if let Message::Text(text) = message {
+                let mut lines = text
+                    .lines()
+                    .map(|l| serde_json::from_str::<Value>(l).expect("valid JSON line"));
+                let first = lines.next().expect("frame has a line");
+                self.lines.extend(lines);
+                return first;
+            }
+            if let Message::Close(frame) = message {
+                panic!("connection closed while waiting for a line: {frame:?}");
+            }
+        }
+    }
+
+    /// The next publication push: (channel, offset, data).
+    pub async fn next_pub(&mut self) -> (String, u64, Value) {
+        loop {
+            let line = self.next_line().await;
+            if let Some(p) = line.get("pub") {
+                return (
+                    p["channel"].as_str().unwrap().into(),
+                    p["offset"].as_u64().unwrap(),
+                    p["data"].clone(),
+                );
+            }
+        }
+    }
+
+    /// Reads until the server closes; returns the close code and reason.
+    pub async fn closed(&mut self) -> Closed {
+        loop {
+            match tokio::time::timeout(PATIENCE, self.ws.next())
+                .await
+                .expect("closed in time")
+            {
+                Some(Ok(Message::Close(Some(f)))) => {
+                    return Closed {
+                        code: f.code.into(),
+                        reason: f.reason.to_string(),
+                    }
+                }
+                Some(Ok(Message::Close(None))) | None => {
+                    return Closed {
+                        code: 1005,
+                        reason: String::new(),
+                    }
+                }
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => {
+                    return Closed {
+                        code: 1006,
+                        reason: e.to_string(),
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! Delivery over WebSocket: fan-out, client publish, batching of commands.
+
+use serde_json::json;
+
+use crate::support::*;
+
+#[tokio::test]
+async fn every_subscriber_receives_every_publication_in_order() {
+    let server = start(config()).await;
+    let mut clients = Vec::new();
+    for _ in 0..40 {
+        let mut c = server.client().await;
+        let r = c.subscribe("news", None).await;
+        assert_eq!(r["offset"], 0);
+        clients.push(c);
+    }
+    for i in 1..=25 {
+        let (offset, _) = server.publish("news", json!({ "n": i })).await;
+        assert_eq!(offset, i);
+    }
+    for c in &mut clients {
+        for i in 1..=25u64 {
+            assert_eq!(
+                c.next_pub().await,
+                ("news".to_string(), i, json!({ "n": i }))
+            );
+        }
+    }
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn clients_publish_where_the_namespace_allows_it() {
+    let server = start(config()).await;
+    let mut a = server.client().await;
+    let mut b = server.client().await;
+    b.subscribe("open:room", None).await;
+    let r = a
+        .call(
+            "publish",
+            json!({ "channel": "open:room", "data": { "text": "hi" } }),
+        )
+        .await;
+    assert_eq!(r["publish"]["offset"], 1, "{r}");
+    assert_eq!(
+        b.next_pub().await,
+        ("open:room".into(), 1, json!({ "text": "hi" }))
+    );
+
+    let denied = a
+        .call("publish", json!({ "channel": "closed", "data": 1 }))
+        .await;
+    assert_eq!(denied["error"]["code"], 103, "{denied}");
+    assert!(denied["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("client_publish"));
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn several_commands_in_one_frame_each_get_a_reply() {
+    let server = start(config()).await;
+    let mut c = server.client().await;
+    c.send_text(
+        "{\"id\":1,\"connect\":{}}\n{\"id\":2,\"subscribe\":{\"channel\":\"a\"}}\n{\"id\":3,\"ping\":{}}\n{\"id\":4,\"history\":{\"channel\":\"a\"}}",
+    )
+    .await;
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        let line = c.next_line().await;
+        assert!(line.get("error").is_none(), "{line}");
+        ids.push(line["id"].as_u64().unwrap());
+    }
+    assert_eq!(ids, [1, 2, 3, 4]);
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn history_command_reads_since_a_position() {
+    let server = start(config()).await;
+    let mut epoch = String::new();
+    for i in 1..=5 {
+        epoch = server.publish("h", json!(i)).await.1;
+    }
+    let mut c = server.client().await;
+    let r = c
+        .call(
+            "history",
+            json!({ "channel": "h", "since": { "offset": 2, "epoch": epoch }, "limit": 2 }),
+        )
+        .await;
+    let offsets: Vec<_> = r["history"]["publications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["offset"].as_u64().unwrap())
+        .collect();
+    assert_eq!(offsets, [3, 4]);
+    assert_eq!(r["history"]["offset"], 5);
+    let gone = c
+        .call(
+            "history",
+            json!({ "channel": "h", "since": { "offset": 2, "epoch": "other" } }),
+        )
+        .await;
+    assert_eq!(gone["error"]["code"], 112, "{gone}");
+    server.stop().await.unwrap();
+}
