@@ -48,7 +48,8 @@ pub fn load(args: &ServeArgs) -> anyhow::Result<Config> {
     figment.extract::<Config>().map_err(|e| {
         let mut message = String::from("invalid configuration:");
         for e in e {
-            message.push_str(&format!("\n  {e}"));
+            // Figment names keys by profile ("default.client.x"); users write "client.x".
+            message.push_str(&format!("\n  {}", e.to_string().replace("key \"default.", "key \"")));
         }
         anyhow::anyhow!(message)
     })
