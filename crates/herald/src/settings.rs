@@ -49,7 +49,10 @@ pub fn load(args: &ServeArgs) -> anyhow::Result<Config> {
         let mut message = String::from("invalid configuration:");
         for e in e {
             // Figment names keys by profile ("default.client.x"); users write "client.x".
-            message.push_str(&format!("\n  {}", e.to_string().replace("key \"default.", "key \"")));
+            message.push_str(&format!(
+                "\n  {}",
+                e.to_string().replace("key \"default.", "key \"")
+            ));
         }
         anyhow::anyhow!(message)
     })

@@ -30,7 +30,15 @@ struct Server {
 impl Server {
     fn start(extra: &[&str]) -> Self {
         let mut child = herald()
-            .args(["serve", "--listen", "127.0.0.1:0", "--api-key", "k", "--log-format", "json"])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--api-key",
+                "k",
+                "--log-format",
+                "json",
+            ])
             .args(extra)
             .stderr(Stdio::piped())
             .spawn()
@@ -45,7 +53,10 @@ impl Server {
         };
         // Keep draining stderr so the server never blocks on a full pipe.
         std::thread::spawn(move || lines.for_each(drop));
-        Self { child, url: format!("http://{address}") }
+        Self {
+            child,
+            url: format!("http://{address}"),
+        }
     }
 }
 
@@ -57,9 +68,20 @@ impl Drop for Server {
 }
 
 fn publish(server: &Server, channel: &str, data: &str) -> u64 {
-    let out = herald().args(["pub", "--url", &server.url, "--api-key", "k", channel, data]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap().trim().parse().unwrap()
+    let out = herald()
+        .args(["pub", "--url", &server.url, "--api-key", "k", channel, data])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 #[test]
@@ -77,19 +99,29 @@ fn pub_prints_offsets_and_sub_prints_json_lines_then_exits_after_count() {
     assert_eq!(publish(&server, "chat:cli", "[3]"), 3);
     let out = sub.wait_with_output().unwrap();
     assert!(out.status.success());
-    let lines: Vec<Value> = String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len(), 3);
     assert_eq!(lines[0]["channel"], "chat:cli");
     assert_eq!(lines[0]["data"]["text"], "one");
     assert_eq!(lines[1]["data"], "two");
     assert_eq!(lines[2]["data"][0], 3);
-    let offsets: Vec<_> = lines.iter().map(|l| l["offset"].as_u64().unwrap()).collect();
+    let offsets: Vec<_> = lines
+        .iter()
+        .map(|l| l["offset"].as_u64().unwrap())
+        .collect();
     assert_eq!(offsets, [1, 2, 3]);
 }
 
 #[test]
 fn pub_without_a_key_explains_what_is_missing() {
-    let out = herald().args(["pub", "--url", "http://127.0.0.1:9", "x", "1"]).output().unwrap();
+    let out = herald()
+        .args(["pub", "--url", "http://127.0.0.1:9", "x", "1"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("HERALD_API_KEY"));
 }
@@ -98,25 +130,45 @@ fn pub_without_a_key_explains_what_is_missing() {
 fn flags_beat_environment_which_beats_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("herald.toml");
-    std::fs::write(&file, "listen = \"127.0.0.1:1111\"\nlog_level = \"debug\"\nworkers = 3\n").unwrap();
+    std::fs::write(
+        &file,
+        "listen = \"127.0.0.1:1111\"\nlog_level = \"debug\"\nworkers = 3\n",
+    )
+    .unwrap();
     let effective = |env: &[(&str, &str)], flags: &[&str]| -> toml::Table {
         let out = herald()
-            .args(["serve", "--print-config", "--config", file.to_str().unwrap()])
+            .args([
+                "serve",
+                "--print-config",
+                "--config",
+                file.to_str().unwrap(),
+            ])
             .args(flags)
             .envs(env.iter().copied())
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap().parse().unwrap()
     };
     let file_only = effective(&[], &[]);
     assert_eq!(file_only["listen"].as_str(), Some("127.0.0.1:1111"));
     assert_eq!(file_only["log_level"].as_str(), Some("debug"));
-    let env = [("HERALD_LISTEN", "127.0.0.1:2222"), ("HERALD_CLIENT__PING_INTERVAL", "7s")];
+    let env = [
+        ("HERALD_LISTEN", "127.0.0.1:2222"),
+        ("HERALD_CLIENT__PING_INTERVAL", "7s"),
+    ];
     let with_env = effective(&env, &[]);
     assert_eq!(with_env["listen"].as_str(), Some("127.0.0.1:2222"));
     assert_eq!(with_env["client"]["ping_interval"].as_str(), Some("7s"));
-    assert_eq!(with_env["workers"].as_integer(), Some(3), "untouched keys keep the file's value");
+    assert_eq!(
+        with_env["workers"].as_integer(),
+        Some(3),
+        "untouched keys keep the file's value"
+    );
     let with_flag = effective(&env, &["--listen", "127.0.0.1:3333"]);
     assert_eq!(with_flag["listen"].as_str(), Some("127.0.0.1:3333"));
 }
@@ -126,19 +178,38 @@ fn invalid_configuration_is_refused_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let cases = [
         ("[client]\nping_intervl = \"5s\"\n", "client.ping_intervl"),
-        ("[client]\nping_interval = \"soon\"\n", "client.ping_interval"),
-        ("[client]\nping_interval = \"30s\"\nidle_timeout = \"10s\"\n", "client.idle_timeout"),
-        ("[namespaces.chat]\nhistory_ttl = \"0s\"\n", "namespaces.chat.history_ttl"),
+        (
+            "[client]\nping_interval = \"soon\"\n",
+            "client.ping_interval",
+        ),
+        (
+            "[client]\nping_interval = \"30s\"\nidle_timeout = \"10s\"\n",
+            "client.idle_timeout",
+        ),
+        (
+            "[namespaces.chat]\nhistory_ttl = \"0s\"\n",
+            "namespaces.chat.history_ttl",
+        ),
     ];
     for (text, key) in cases {
         let file = dir.path().join("bad.toml");
         std::fs::write(&file, text).unwrap();
-        let out = herald().args(["serve", "--config", file.to_str().unwrap()]).output().unwrap();
+        let out = herald()
+            .args(["serve", "--config", file.to_str().unwrap()])
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(2), "{text}");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(key), "error for {text:?} should name {key}: {err}");
+        assert!(
+            err.contains(key),
+            "error for {text:?} should name {key}: {err}"
+        );
     }
-    let out = herald().args(["serve"]).env("HERALD_WORKERS", "many").output().unwrap();
+    let out = herald()
+        .args(["serve"])
+        .env("HERALD_WORKERS", "many")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("WORKERS"));
 }
@@ -147,14 +218,21 @@ fn invalid_configuration_is_refused_naming_the_key() {
 fn sigterm_stops_the_server_promptly() {
     let mut server = Server::start(&[]);
     let pid = server.child.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
     let started = std::time::Instant::now();
     loop {
         if let Some(status) = server.child.try_wait().unwrap() {
             assert!(status.success(), "{status}");
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(15), "server did not stop");
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "server did not stop"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
