@@ -83,7 +83,7 @@ pub fn decode_command(line: &[u8]) -> Result<Command, DecodeError> {
         }
         "publish" => {
             let p: PublishParams = parse(id, params)?;
-            let data = Bytes::copy_from_slice(p.data.get().as_bytes());
+            let data = payload(&p.data);
             Method::Publish { channel: channel(id, &p.channel)?, data }
         }
         "history" => {
@@ -262,9 +262,16 @@ pub fn encode_disconnect(code: DisconnectCode, reason: &str) -> Vec<u8> {
     serde_json::to_vec(&Push { disconnect: body }).expect("disconnect pushes always serialise")
 }
 
-/// Parses a JSON document into a validated payload, for APIs that take `data` as JSON.
+/// A validated JSON value as a stored payload. Raw line breaks (legal JSON whitespace)
+/// are removed by re-serialising, because every framing puts one push per line.
 pub fn payload(data: &RawValue) -> Bytes {
-    Bytes::copy_from_slice(data.get().as_bytes())
+    let text = data.get().as_bytes();
+    if text.iter().any(|b| *b == b'\n' || *b == b'\r') {
+        let value: serde_json::Value =
+            serde_json::from_str(data.get()).expect("RawValue holds valid JSON");
+        return Bytes::from(serde_json::to_vec(&value).expect("values serialise"));
+    }
+    Bytes::copy_from_slice(text)
 }
 
 /// Results of commands, serialised into replies.
@@ -397,6 +404,19 @@ mod tests {
         assert_eq!(code, ErrorCode::BadRequest);
         assert!(msg.contains("chanel"), "{msg}");
         assert_eq!(err(r#"{"id":-1,"ping":{}}"#).1, ErrorCode::BadRequest);
+    }
+
+    #[test]
+    fn payloads_never_hold_line_breaks() {
+        let c =
+            one("{\"publish\":{\"channel\":\"x\",\"data\":{\"a\":\n[1,\r\n2],\"s\":\"l1\\nl2\"}}}")
+                .unwrap();
+        let Method::Publish { data, .. } = c.method else {
+            panic!()
+        };
+        assert!(!data.contains(&b'\n') && !data.contains(&b'\r'));
+        let v: serde_json::Value = serde_json::from_slice(&data).unwrap();
+        assert_eq!(v["s"], "l1\nl2");
     }
 
     #[test]

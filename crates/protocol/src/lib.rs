@@ -16,10 +16,12 @@
 mod channel;
 pub mod codes;
 pub mod command;
+pub mod cursor;
 pub mod json;
 mod position;
 
 pub use channel::{ChannelError, ChannelName, MAX_CHANNEL_LEN};
 pub use codes::{DisconnectCode, ErrorCode};
 pub use command::{Command, Method};
+pub use cursor::Cursor;
 pub use position::{Epoch, Publication, Since, StreamPosition};

@@ -36,6 +36,8 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// Per-connection settings.
     pub client: ClientConfig,
+    /// Settings of the HTTP transports (SSE, streaming, forever frame, polling).
+    pub http: HttpConfig,
     /// Rules for channels whose namespace has no entry in `namespaces`.
     pub channels: NamespaceConfig,
     /// Rules per namespace (the part of a channel name before `:`). Fields left out take
@@ -81,6 +83,39 @@ pub struct ClientConfig {
     /// Most publications returned by one history read or one resume. A resume that
     /// would need more answers `recovered: false`. Default 1000.
     pub max_history_limit: usize,
+}
+
+/// Settings of the HTTP transports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// How long a long-poll request is held when nothing is new. Default `25s`.
+    #[serde(with = "humantime_serde")]
+    pub longpoll_timeout: Duration,
+    /// Longest hold a client may ask for with `timeout=`. Default `120s`.
+    #[serde(with = "humantime_serde")]
+    pub longpoll_max_timeout: Duration,
+    /// Reconnect delay suggested to EventSource clients (`retry:`). Default `2s`.
+    #[serde(with = "humantime_serde")]
+    pub sse_retry: Duration,
+    /// A forever-frame response ends after this many bytes, so the page reopens it and the
+    /// browser frees the old document. Default 1 MiB.
+    pub iframe_max_bytes: usize,
+    /// A forever-frame response ends after this long. Default `5m`.
+    #[serde(with = "humantime_serde")]
+    pub iframe_max_lifetime: Duration,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            longpoll_timeout: Duration::from_secs(25),
+            longpoll_max_timeout: Duration::from_secs(120),
+            sse_retry: Duration::from_secs(2),
+            iframe_max_bytes: 1 << 20,
+            iframe_max_lifetime: Duration::from_secs(300),
+        }
+    }
 }
 
 /// Rules for the channels of a namespace.
@@ -133,6 +168,7 @@ impl Default for Config {
             allowed_origins: Vec::new(),
             shutdown_timeout: Duration::from_secs(10),
             client: ClientConfig::default(),
+            http: HttpConfig::default(),
             channels: NamespaceConfig::default(),
             namespaces: BTreeMap::from([(
                 "chat".to_string(),
@@ -252,6 +288,19 @@ impl Config {
         }
         if c.max_subscriptions == 0 {
             return Err(bad("client.max_subscriptions", "must be at least 1"));
+        }
+        let h = &self.http;
+        if h.longpoll_timeout.is_zero() || h.longpoll_timeout > h.longpoll_max_timeout {
+            return Err(bad(
+                "http.longpoll_timeout",
+                "must be greater than 0 and at most http.longpoll_max_timeout",
+            ));
+        }
+        if h.iframe_max_bytes < 4096 {
+            return Err(bad("http.iframe_max_bytes", "must be at least 4096"));
+        }
+        if h.iframe_max_lifetime.is_zero() {
+            return Err(bad("http.iframe_max_lifetime", "must be greater than 0"));
         }
         for (i, key) in self.api_keys.iter().chain(&self.api_key).enumerate() {
             if key.trim().is_empty() {

@@ -8,10 +8,25 @@ use std::{
     time::Instant,
 };
 
+use bytes::Bytes;
 use herald_broker::{MemoryBroker, PublicationSink, SharedBroker};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
-use crate::{config::Settings, hub::Hub};
+use crate::{config::Settings, error::Disconnect, hub::Hub};
+
+/// A frame of commands sent over HTTP to a session that lives in a stream. The stream's
+/// task answers through `done` once the commands are handled (their replies travel in the
+/// stream, in order with publications).
+#[derive(Debug)]
+pub struct Inbound {
+    /// Commands, one JSON object per line.
+    pub frame: Bytes,
+    /// Ok once handled; the disconnect if the frame ended the session.
+    pub done: oneshot::Sender<Result<(), Disconnect>>,
+}
 
 /// Shared state of one Herald process.
 pub struct Node {
@@ -25,6 +40,9 @@ pub struct Node {
     pub shutdown: CancellationToken,
     /// Connection tasks, awaited (with a bound) on shutdown.
     pub tasks: TaskTracker,
+    /// Sessions that live in a stream (SSE, HTTP streaming, forever frame), by client id:
+    /// `POST /connection/send?session=ID` hands their commands over here.
+    pub inboxes: Mutex<HashMap<Box<str>, mpsc::Sender<Inbound>>>,
     connections: AtomicUsize,
     next_session: AtomicU64,
     started: Instant,
@@ -52,6 +70,7 @@ impl Node {
             hub,
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            inboxes: Mutex::default(),
             connections: AtomicUsize::new(0),
             next_session: AtomicU64::new(1),
             started: Instant::now(),

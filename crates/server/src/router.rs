@@ -2,15 +2,38 @@
 
 use std::sync::Arc;
 
-use axum::{routing::get, Router};
+use axum::{
+    extract::DefaultBodyLimit,
+    http::{header, HeaderName, HeaderValue, Method},
+    routing::{get, post},
+    Router,
+};
 use herald_protocol::ErrorCode;
+use tower_http::cors::{AllowOrigin, CorsLayer};
 
-use crate::{error::Failure, node::Node, publish::http_api, transport::websocket};
+use crate::{
+    error::Failure,
+    node::Node,
+    publish::http_api,
+    transport::{poll, send, stream, websocket},
+};
 
 /// The whole HTTP surface of a node.
 pub fn router(node: Arc<Node>) -> Router {
-    Router::new()
+    let connection = Router::new()
         .route("/connection/websocket", get(websocket::upgrade))
+        .route("/connection/sse", get(stream::sse))
+        .route("/connection/stream", get(stream::ndjson))
+        .route("/connection/iframe", get(stream::iframe))
+        .route("/connection/longpoll", get(poll::longpoll))
+        .route("/connection/poll", get(poll::poll))
+        .route("/connection/send", post(send::send))
+        .layer(DefaultBodyLimit::max(
+            node.settings.config.client.max_frame_size,
+        ))
+        .layer(cors(&node.settings.config.allowed_origins));
+    Router::new()
+        .merge(connection)
         .route("/healthz", get(|| async { "ok\n" }))
         .merge(http_api::routes(node.clone()))
         .fallback(|| async {
@@ -20,4 +43,21 @@ pub fn router(node: Arc<Node>) -> Router {
             )
         })
         .with_state(node)
+}
+
+/// Cross-origin browsers may use the HTTP transports from the origins in
+/// `allowed_origins` (the same list the origin check enforces).
+fn cors(allowed: &[String]) -> CorsLayer {
+    let origins = if allowed.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(allowed.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
+    };
+    CorsLayer::new()
+        .allow_origin(origins)
+        .allow_methods([Method::GET, Method::POST])
+        .allow_headers([
+            header::CONTENT_TYPE,
+            HeaderName::from_static("last-event-id"),
+        ])
 }

@@ -38,6 +38,8 @@ pub struct Session {
     queue: Arc<Queue>,
     subscriptions: HashMap<ChannelName, Position>,
     connected: bool,
+    stateless: bool,
+    client: Box<str>,
     scratch: Vec<Arc<Delivery>>,
 }
 
@@ -45,11 +47,15 @@ impl Session {
     /// A new session on `node`.
     pub fn new(node: &Arc<Node>) -> Self {
         let queue = Arc::new(Queue::new(node.settings.config.client.queue_max_bytes));
+        let guard = node.connection();
+        let client = format!("{:x}-{:016x}", guard.id, fastrand::u64(..)).into_boxed_str();
         Self {
-            guard: node.connection(),
+            guard,
             queue,
             subscriptions: HashMap::new(),
             connected: false,
+            stateless: false,
+            client,
             scratch: Vec::new(),
         }
     }
@@ -136,6 +142,11 @@ impl Session {
                     ping,
                 }))
             }
+            Method::Subscribe(_) | Method::Unsubscribe { .. } if self.stateless => Err(Failure::new(
+                ErrorCode::BadRequest,
+                "subscribe and unsubscribe need a session: send them with ?session=ID of an open stream, \
+                 or name channels in the poll request",
+            )),
             Method::Subscribe(req) => self.subscribe(reply, req).await,
             Method::Unsubscribe { channel } => {
                 if self.subscriptions.remove(&channel).is_none() {
@@ -180,37 +191,109 @@ impl Session {
         out: &mut Vec<u8>,
         max_bytes: usize,
     ) -> Result<(), Disconnect> {
+        self.drain(max_bytes, |json, _| line(out, json))
+    }
+
+    /// Takes queued publications (about `max_bytes`), skips duplicates, and calls `emit`
+    /// with each publication's encoded push and the session's positions right after it.
+    /// Fails when the queue overflowed or a publication is missing.
+    pub fn drain(
+        &mut self,
+        max_bytes: usize,
+        mut emit: impl FnMut(&[u8], Positions<'_>),
+    ) -> Result<(), Disconnect> {
         let mut batch = std::mem::take(&mut self.scratch);
-        let taken = self.queue.take(max_bytes, &mut batch);
-        let result = match taken {
+        let result = match self.queue.take(max_bytes, &mut batch) {
             Err(_) => Err(Disconnect::because(
                 DisconnectCode::Slow,
                 "client did not read fast enough; reconnect and resume",
             )),
-            Ok(()) => batch.drain(..).try_for_each(|d| self.deliver(&d, out)),
+            Ok(()) => batch.drain(..).try_for_each(|d| {
+                if self.advance(&d)? {
+                    emit(&d.json, Positions(&self.subscriptions));
+                }
+                Ok(())
+            }),
         };
         batch.clear();
         self.scratch = batch;
         result
     }
 
-    fn deliver(&mut self, d: &Delivery, out: &mut Vec<u8>) -> Result<(), Disconnect> {
-        // Publications of channels unsubscribed meanwhile are simply not for us any more.
+    /// Moves a subscription's position over a delivery; false for duplicates and
+    /// publications of channels no longer subscribed.
+    fn advance(&mut self, d: &Delivery) -> Result<bool, Disconnect> {
         let Some(position) = self.subscriptions.get_mut(&d.channel) else {
-            return Ok(());
+            return Ok(false);
         };
         if d.epoch != position.epoch {
             return Err(insufficient(&d.channel, "its stream epoch changed"));
         }
         if d.offset <= position.offset {
-            return Ok(());
+            return Ok(false);
         }
         if d.offset != position.offset + 1 {
             return Err(insufficient(&d.channel, "a publication is missing"));
         }
         position.offset = d.offset;
-        line(out, &d.json);
-        Ok(())
+        Ok(true)
+    }
+
+    /// Every subscription's position.
+    pub fn positions(&self) -> Positions<'_> {
+        Positions(&self.subscriptions)
+    }
+
+    fn set_offset(&mut self, channel: &ChannelName, offset: u64) {
+        if let Some(p) = self.subscriptions.get_mut(channel) {
+            p.offset = offset;
+        }
+    }
+
+    /// The id clients use to address this session (`client` in the connect result);
+    /// unguessable, so that only the client that opened a stream can send into it.
+    pub fn client(&self) -> &str {
+        &self.client
+    }
+
+    /// The `connect` push that opens streams whose client sent no `connect` command.
+    pub fn connect_push(&self) -> Vec<u8> {
+        let ping = self
+            .node()
+            .settings
+            .config
+            .client
+            .ping_interval
+            .as_secs()
+            .max(1);
+        let result = results::Connect {
+            client: &self.client,
+            version: env!("CARGO_PKG_VERSION"),
+            ping,
+        };
+        serde_json::to_vec(&serde_json::json!({ "connect": result })).expect("serialises")
+    }
+
+    /// Makes `subscribe` and `unsubscribe` fail: for sessions that live for one request
+    /// (polling, sending without a stream), where a subscription would outlive nothing.
+    pub fn stateless(mut self) -> Self {
+        self.stateless = true;
+        self
+    }
+}
+
+/// A view of a session's positions, encodable as a [`Cursor`](herald_protocol::Cursor).
+#[derive(Debug, Clone, Copy)]
+pub struct Positions<'a>(&'a HashMap<ChannelName, Position>);
+
+impl Positions<'_> {
+    /// The cursor string: `CHANNEL;EPOCH;OFFSET|…`.
+    pub fn cursor(&self) -> String {
+        let mut out = String::new();
+        for (channel, p) in self.0 {
+            herald_protocol::cursor::write_entry(&mut out, channel, &p.epoch, p.offset);
+        }
+        out
     }
 }
 

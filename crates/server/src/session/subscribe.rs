@@ -3,24 +3,78 @@
 use herald_broker::{BrokerError, History, HistoryQuery};
 use herald_protocol::{
     command::{HistoryRequest, SubscribeRequest},
-    json::results,
-    ErrorCode,
+    json::{self, results},
+    ChannelName, Epoch, ErrorCode, Publication, Since, StreamPosition,
 };
 
-use super::{Position, Reply, Session};
+use super::{Position, Positions, Reply, Session};
 use crate::{error::Failure, history};
 
 impl Session {
-    /// Joins the hub first, then reads history: publications that race with the read
-    /// arrive through the queue as well, and [`Session::write_deliveries`] drops the
-    /// ones already replayed. Nothing falls between the two.
     pub(super) async fn subscribe(
         &mut self,
         reply: Reply,
         req: SubscribeRequest,
     ) -> Result<Option<Vec<u8>>, Failure> {
+        let (position, recovered, history) = self.join(req.channel, req.since).await?;
+        Ok(reply.with(&results::Stream {
+            epoch: &position.epoch,
+            offset: position.offset,
+            recovered,
+            publications: &history,
+        }))
+    }
+
+    /// Subscribes for a transport that names its channels in the request (SSE,
+    /// streaming, polling). Emits a `subscribe` push (unless the resume was complete), then
+    /// each replayed publication as a `pub` push, each with the positions right after it,
+    /// exactly as if they had arrived live.
+    pub async fn open_channel(
+        &mut self,
+        channel: ChannelName,
+        since: Option<Since>,
+        mut emit: impl FnMut(&[u8], Positions<'_>),
+    ) -> Result<(), Failure> {
+        let (position, recovered, history) = self.join(channel.clone(), since).await?;
+        if let Some(first) = history.first() {
+            // Walk the position forward through the replay so each event's cursor is exact.
+            self.set_offset(&channel, first.offset - 1);
+        }
+        if recovered != Some(true) {
+            #[derive(serde::Serialize)]
+            struct Opened<'a> {
+                channel: &'a ChannelName,
+                epoch: &'a Epoch,
+                offset: u64,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                recovered: Option<bool>,
+            }
+            let opened = Opened {
+                channel: &channel,
+                epoch: &position.epoch,
+                offset: position.offset,
+                recovered,
+            };
+            let push = serde_json::to_vec(&serde_json::json!({ "subscribe": opened }))
+                .expect("serialises");
+            emit(&push, self.positions());
+        }
+        for p in &history {
+            self.set_offset(&channel, p.offset);
+            emit(&json::encode_pub(&channel, p), self.positions());
+        }
+        Ok(())
+    }
+
+    /// Joins the hub first, then reads history: publications that race with the read
+    /// arrive through the queue as well, and [`Session::drain`] drops the ones already
+    /// replayed. Nothing falls between the two.
+    async fn join(
+        &mut self,
+        channel: ChannelName,
+        since: Option<Since>,
+    ) -> Result<(StreamPosition, Option<bool>, Vec<Publication>), Failure> {
         let node = self.node().clone();
-        let channel = req.channel;
         if !node
             .settings
             .namespace(channel.namespace())
@@ -49,7 +103,7 @@ impl Session {
             .await?;
 
         let max = node.settings.config.client.max_history_limit;
-        let read = match req.since {
+        let read = match since {
             None => node
                 .broker
                 .history(
@@ -104,12 +158,7 @@ impl Session {
                 offset: position.offset,
             },
         );
-        Ok(reply.with(&results::Stream {
-            epoch: &position.epoch,
-            offset: position.offset,
-            recovered,
-            publications: &history.publications,
-        }))
+        Ok((position, recovered, history.publications))
     }
 
     pub(super) async fn history(

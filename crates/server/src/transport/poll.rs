@@ -1,0 +1,140 @@
+//! Long-polling and interval polling: one request, one answer, no server-side state
+//! between requests. The cursor in the answer is the position to ask from next time, so
+//! any node of a cluster can answer any request.
+//!
+//! Answer: `{"cursor": "…", "messages": [PUSH, …]}`, where pushes are the same objects as
+//! on every other transport (`pub`, `subscribe`, `disconnect`).
+
+use std::{
+    hash::{DefaultHasher, Hash, Hasher},
+    sync::Arc,
+};
+
+use axum::{
+    extract::{RawQuery, State},
+    http::{header, HeaderMap, HeaderValue, StatusCode},
+    response::{IntoResponse, Response},
+};
+use herald_protocol::{json, ErrorCode};
+
+use super::{origin, request::OpenRequest, MAX_BATCH_BYTES};
+use crate::{error::Failure, node::Node, session::Session};
+
+/// Most bytes of publications in one answer; the rest comes with the next request.
+const MAX_ANSWER_BYTES: usize = 1 << 20;
+
+/// `GET /connection/poll`: answers at once with what is new (possibly nothing).
+pub async fn poll(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    answer(node, headers, query, false)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `GET /connection/longpoll`: answers at once if anything is new, otherwise holds the
+/// request until something is or the timeout passes.
+pub async fn longpoll(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    answer(node, headers, query, true)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+fn item(messages: &mut Vec<u8>, json: &[u8]) {
+    if !messages.is_empty() {
+        messages.push(b',');
+    }
+    messages.extend_from_slice(json);
+}
+
+async fn answer(
+    node: Arc<Node>,
+    headers: HeaderMap,
+    query: Option<String>,
+    hold: bool,
+) -> Result<Response, Failure> {
+    origin::check(&node.settings, &headers)?;
+    if node.shutdown.is_cancelled() {
+        return Err(Failure::new(
+            ErrorCode::ShuttingDown,
+            "server is shutting down",
+        ));
+    }
+    let request = OpenRequest::parse(query.as_deref(), &headers)?;
+    let mut session = Session::new(&node);
+    let mut messages = Vec::new();
+    for (channel, since) in request.channels {
+        session
+            .open_channel(channel, since, |json, _| item(&mut messages, json))
+            .await?;
+    }
+    if hold && messages.is_empty() {
+        let http = &node.settings.config.http;
+        let wait = request
+            .timeout
+            .unwrap_or(http.longpoll_timeout)
+            .min(http.longpoll_max_timeout);
+        tokio::select! {
+            _ = session.queue().ready() => {}
+            _ = tokio::time::sleep(wait) => {}
+            _ = node.shutdown.cancelled() => {}
+        }
+    }
+    // Everything that arrived meanwhile goes out in this one answer.
+    while messages.len() < MAX_ANSWER_BYTES {
+        let before = messages.len();
+        if let Err(d) = session.drain(MAX_BATCH_BYTES, |json, _| item(&mut messages, json)) {
+            item(
+                &mut messages,
+                &json::encode_disconnect(d.code, d.short_reason()),
+            );
+            break;
+        }
+        if messages.len() == before {
+            break;
+        }
+    }
+    let cursor = session.positions().cursor();
+    let etag = {
+        let mut h = DefaultHasher::new();
+        cursor.hash(&mut h);
+        format!("\"{:016x}\"", h.finish())
+    };
+    let unchanged = !hold
+        && messages.is_empty()
+        && headers
+            .get(header::IF_NONE_MATCH)
+            .is_some_and(|v| v.as_bytes() == etag.as_bytes());
+    let mut response = if unchanged {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        let mut body = Vec::with_capacity(messages.len() + cursor.len() + 32);
+        body.extend_from_slice(b"{\"cursor\":");
+        body.extend_from_slice(&serde_json::to_vec(&cursor).expect("strings serialise"));
+        body.extend_from_slice(b",\"messages\":[");
+        body.extend_from_slice(&messages);
+        body.extend_from_slice(b"]}");
+        ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+    };
+    let h = response.headers_mut();
+    if hold {
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    } else {
+        // The same cursor gives the same answer until something is published: revalidate.
+        h.insert(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("private, no-cache"),
+        );
+        h.insert(
+            header::ETAG,
+            HeaderValue::from_str(&etag).expect("hex is a valid header"),
+        );
+    }
+    Ok(response)
+}

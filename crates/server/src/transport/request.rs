@@ -1,0 +1,82 @@
+//! What HTTP transports read from a request: channels, cursor, callback, timeout.
+
+use std::time::Duration;
+
+use axum::http::HeaderMap;
+use herald_protocol::{ChannelName, Cursor, ErrorCode, Since};
+
+use crate::error::Failure;
+
+/// The channels an HTTP transport opens, and where each one resumes.
+#[derive(Debug, Default)]
+pub struct OpenRequest {
+    /// Channels with their resume positions (`None`: start now).
+    pub channels: Vec<(ChannelName, Option<Since>)>,
+    /// `callback=` (forever frame).
+    pub callback: Option<String>,
+    /// `timeout=` (long-poll), seconds or a duration such as `10s`.
+    pub timeout: Option<Duration>,
+}
+
+fn bad(message: impl Into<String>) -> Failure {
+    Failure::new(ErrorCode::BadRequest, message)
+}
+
+impl OpenRequest {
+    /// Reads `channel=` (repeatable) and `cursor=` from the query; a `Last-Event-ID`
+    /// header (EventSource's own reconnect) takes the place of `cursor=`. Channels named
+    /// only in the cursor are opened too, so a cursor alone resumes a whole connection.
+    pub fn parse(query: Option<&str>, headers: &HeaderMap) -> Result<Self, Failure> {
+        let mut names = Vec::new();
+        let mut cursor = None;
+        let mut request = Self::default();
+        for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+            match &*key {
+                "channel" => names.push(
+                    ChannelName::new(&value)
+                        .map_err(|e| Failure::new(ErrorCode::InvalidChannel, e.to_string()))?,
+                ),
+                "cursor" => cursor = Some(value.into_owned()),
+                "callback" => request.callback = Some(value.into_owned()),
+                "timeout" => request.timeout = Some(parse_timeout(&value)?),
+                // Cache busters and the like.
+                "_" | "t" => {}
+                other => return Err(bad(format!("unknown query parameter {other:?}"))),
+            }
+        }
+        if let Some(id) = headers.get("last-event-id") {
+            cursor = Some(
+                id.to_str()
+                    .map_err(|_| bad("Last-Event-ID is not ASCII"))?
+                    .to_string(),
+            );
+        }
+        let cursor =
+            Cursor::parse(cursor.as_deref().unwrap_or_default()).map_err(|e| bad(e.to_string()))?;
+        for name in names {
+            if !request.channels.iter().any(|(c, _)| *c == name) {
+                let since = cursor.get(&name).cloned();
+                request.channels.push((name, since));
+            }
+        }
+        for (name, since) in cursor.entries {
+            if !request.channels.iter().any(|(c, _)| *c == name) {
+                request.channels.push((name, Some(since)));
+            }
+        }
+        if request.channels.is_empty() {
+            return Err(bad(
+                "name at least one channel (channel=NAME) or give a cursor",
+            ));
+        }
+        Ok(request)
+    }
+}
+
+fn parse_timeout(value: &str) -> Result<Duration, Failure> {
+    if let Ok(secs) = value.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    humantime_serde::re::humantime::parse_duration(value)
+        .map_err(|e| bad(format!("timeout {value:?}: {e}")))
+}
