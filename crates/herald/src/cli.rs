@@ -90,6 +90,12 @@ pub struct SubArgs {
     /// Exit after printing this many publications.
     #[arg(long)]
     pub count: Option<u64>,
+    /// Transport to receive with.
+    #[arg(long, default_value = "ws", value_parser = ["ws", "sse", "stream", "longpoll", "poll"])]
+    pub transport: String,
+    /// Time between requests with --transport poll.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub interval: Duration,
     #[command(flatten)]
     pub server: ServerArgs,
 }
@@ -143,8 +149,18 @@ struct Cursor {
     printed: u64,
 }
 
+impl Cursor {
+    /// The position as a transport cursor (`CHANNEL;EPOCH;OFFSET`, `*` for any epoch).
+    fn encode(&self, channel: &str) -> Option<String> {
+        let offset = self.offset?;
+        Some(format!(
+            "{channel};{};{offset}",
+            self.epoch.as_deref().unwrap_or("*")
+        ))
+    }
+}
+
 pub async fn subscribe(a: SubArgs) -> anyhow::Result<ExitCode> {
-    let url = websocket_url(&a.server.url)?;
     let mut cursor = Cursor {
         offset: a.since,
         epoch: a.epoch.clone(),
@@ -152,9 +168,17 @@ pub async fn subscribe(a: SubArgs) -> anyhow::Result<ExitCode> {
     };
     let mut failures = 0u32;
     loop {
-        match session(&url, &a, &mut cursor).await? {
-            Ended::Done => return Ok(ExitCode::SUCCESS),
-            Ended::Reconnect(why) => {
+        let first = cursor.printed == 0 && cursor.offset == a.since;
+        let ended = match a.transport.as_str() {
+            "ws" => websocket_session(&a, &mut cursor).await,
+            "longpoll" | "poll" => polling_session(&a, &mut cursor).await,
+            _ => stream_session(&a, &mut cursor).await,
+        };
+        match ended {
+            Ok(Ended::Done) => return Ok(ExitCode::SUCCESS),
+            Err(e) if first => return Err(e),
+            Err(e) => return Err(e).context("giving up"),
+            Ok(Ended::Reconnect(why)) => {
                 failures += 1;
                 if failures > 20 {
                     bail!("giving up after {failures} reconnects ({why})");
@@ -172,11 +196,144 @@ enum Ended {
     Reconnect(String),
 }
 
-async fn session(url: &str, a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<Ended> {
-    let first = cursor.printed == 0 && cursor.offset == a.since;
-    let (mut ws, _) = match tokio_tungstenite::connect_async(url).await {
+/// Handles one push (any transport); true once `--count` publications are printed.
+fn on_push(v: &Value, a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<bool> {
+    let publications: Vec<Value> = if let Some(r) = v.get("subscribe") {
+        if r["recovered"] == false {
+            eprintln!(
+                "herald sub: history does not cover offset {} any more; continuing from offset {}",
+                cursor.offset.unwrap_or(0),
+                r["offset"]
+            );
+        }
+        cursor.epoch = r["epoch"]
+            .as_str()
+            .map(String::from)
+            .or(cursor.epoch.take());
+        cursor.offset = r["offset"].as_u64().or(cursor.offset);
+        r["publications"].as_array().cloned().unwrap_or_default()
+    } else if let Some(p) = v.get("pub") {
+        vec![p.clone()]
+    } else if let Some(d) = v.get("disconnect") {
+        if d["reconnect"] == false {
+            bail!(
+                "server closed the connection: {} {}",
+                d["code"],
+                d["reason"]
+            );
+        }
+        Vec::new()
+    } else if let Some(err) = v.get("error") {
+        bail!(
+            "server error {}: {}",
+            err["code"],
+            err["message"].as_str().unwrap_or("")
+        );
+    } else {
+        Vec::new()
+    };
+    let mut out = std::io::stdout().lock();
+    for p in publications {
+        let line = json!({ "channel": a.channel, "offset": p["offset"], "epoch": cursor.epoch, "data": p["data"] });
+        writeln!(out, "{line}")?;
+        out.flush()?;
+        cursor.offset = p["offset"].as_u64();
+        cursor.printed += 1;
+        if a.count.is_some_and(|n| cursor.printed >= n) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+fn http_url(a: &SubArgs, path: &str, cursor: &Cursor) -> String {
+    let mut url = format!(
+        "{}/connection/{path}?channel={}",
+        a.server.url.trim_end_matches('/'),
+        a.channel
+    );
+    if let Some(c) = cursor.encode(&a.channel) {
+        url.push_str("&cursor=");
+        url.extend(form_urlencoded::byte_serialize(c.as_bytes()));
+    }
+    url
+}
+
+async fn stream_session(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<Ended> {
+    let url = http_url(
+        a,
+        if a.transport == "sse" {
+            "sse"
+        } else {
+            "stream"
+        },
+        cursor,
+    );
+    let response = match reqwest::get(&url).await {
+        Ok(r) => r,
+        Err(e) => return Ok(Ended::Reconnect(e.to_string())),
+    };
+    if !response.status().is_success() {
+        let status = response.status();
+        bail!("{status}: {}", response.text().await.unwrap_or_default());
+    }
+    let mut body = response.bytes_stream();
+    let mut pending = Vec::new();
+    while let Some(chunk) = body.next().await {
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => return Ok(Ended::Reconnect(e.to_string())),
+        };
+        pending.extend_from_slice(&chunk);
+        while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            let line = std::str::from_utf8(&line)?.trim_end();
+            let json = if a.transport == "sse" {
+                line.strip_prefix("data: ")
+            } else {
+                Some(line)
+            };
+            let Some(json) = json.filter(|j| !j.is_empty()) else {
+                continue;
+            };
+            if on_push(&serde_json::from_str(json)?, a, cursor)? {
+                return Ok(Ended::Done);
+            }
+        }
+    }
+    Ok(Ended::Reconnect("stream ended".into()))
+}
+
+async fn polling_session(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<Ended> {
+    let client = reqwest::Client::new();
+    loop {
+        let url = http_url(a, &a.transport, cursor);
+        let answer: Value = match client.get(&url).send().await {
+            Ok(r) if r.status().is_success() => r.json().await?,
+            Ok(r) => bail!("{}: {}", r.status(), r.text().await.unwrap_or_default()),
+            Err(e) => return Ok(Ended::Reconnect(e.to_string())),
+        };
+        for m in answer["messages"].as_array().into_iter().flatten() {
+            if on_push(m, a, cursor)? {
+                return Ok(Ended::Done);
+            }
+        }
+        if let Some(c) = answer["cursor"].as_str().and_then(|c| c.split(';').nth(1)) {
+            cursor.epoch = Some(c.to_string());
+        }
+        if a.transport == "poll" {
+            tokio::time::sleep(a.interval).await;
+        }
+    }
+}
+
+async fn websocket_session(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<Ended> {
+    let url = websocket_url(&a.server.url)?;
+    let (mut ws, _) = match tokio_tungstenite::connect_async(&url).await {
         Ok(ws) => ws,
-        Err(e) if first => return Err(e).with_context(|| format!("cannot connect to {url}")),
+        Err(e) if cursor.printed == 0 => {
+            return Err(e).with_context(|| format!("cannot connect to {url}"))
+        }
         Err(e) => return Ok(Ended::Reconnect(e.to_string())),
     };
     let mut subscribe = json!({ "channel": a.channel });
@@ -185,7 +342,6 @@ async fn session(url: &str, a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<
     }
     let command = json!({ "id": 1, "subscribe": subscribe }).to_string();
     ws.send(Message::Text(command.into())).await?;
-    let mut out = std::io::stdout().lock();
     while let Some(message) = ws.next().await {
         let text = match message {
             Ok(Message::Text(t)) => t,
@@ -205,40 +361,10 @@ async fn session(url: &str, a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<
         };
         for line in text.lines() {
             let v: Value = serde_json::from_str(line).context("server sent invalid JSON")?;
-            let publications: Vec<Value> = if v["id"] == 1 {
-                if let Some(err) = v.get("error") {
-                    bail!(
-                        "subscribe failed: {} {}",
-                        err["code"],
-                        err["message"].as_str().unwrap_or("")
-                    );
-                }
-                let r = &v["subscribe"];
-                if r["recovered"] == false {
-                    eprintln!(
-                        "herald sub: history does not cover offset {} any more; continuing from offset {}",
-                        cursor.offset.unwrap_or(0),
-                        r["offset"]
-                    );
-                }
-                cursor.epoch = r["epoch"].as_str().map(String::from);
-                cursor.offset = r["offset"].as_u64();
-                r["publications"].as_array().cloned().unwrap_or_default()
-            } else if let Some(p) = v.get("pub") {
-                vec![p.clone()]
-            } else {
-                Vec::new()
-            };
-            for p in publications {
-                let line = json!({ "channel": a.channel, "offset": p["offset"], "epoch": cursor.epoch, "data": p["data"] });
-                writeln!(out, "{line}")?;
-                out.flush()?;
-                cursor.offset = p["offset"].as_u64();
-                cursor.printed += 1;
-                if a.count.is_some_and(|n| cursor.printed >= n) {
-                    let _ = ws.close(None).await;
-                    return Ok(Ended::Done);
-                }
+            // The reply to our subscribe has the same shape as the streams' `subscribe` push.
+            if on_push(&v, a, cursor)? {
+                let _ = ws.close(None).await;
+                return Ok(Ended::Done);
             }
         }
     }

@@ -4,7 +4,8 @@
 //!
 //! Grammar: entries separated by `|`, each `CHANNEL;EPOCH;OFFSET`, e.g.
 //! `chat:lobby;k3x9ab2c;42|news;zz81;7`. Neither `|` nor `;` can occur in a channel
-//! name or an epoch, and every character is safe in an SSE `id:` line.
+//! name or an epoch, and every character is safe in an SSE `id:` line. The epoch `*`
+//! accepts whatever epoch the channel has (for clients that only know an offset).
 
 use std::fmt::Write;
 
@@ -52,13 +53,8 @@ impl Cursor {
             {
                 return Err(CursorError(format!("epoch {epoch:?} is not valid")));
             }
-            entries.push((
-                channel,
-                Since {
-                    offset,
-                    epoch: Some(Epoch::new(epoch)),
-                },
-            ));
+            let epoch = (epoch != "*").then(|| Epoch::new(epoch));
+            entries.push((channel, Since { offset, epoch }));
         }
         Ok(Self { entries })
     }
@@ -104,6 +100,13 @@ mod tests {
         assert_eq!(c.entries.len(), 2);
         assert_eq!(c.get(&ChannelName::new("n").unwrap()).unwrap().offset, 0);
         assert_eq!(Cursor::parse("").unwrap(), Cursor::default());
+        assert_eq!(
+            Cursor::parse("x;*;3").unwrap().entries[0].1,
+            Since {
+                offset: 3,
+                epoch: None
+            }
+        );
     }
 
     #[test]

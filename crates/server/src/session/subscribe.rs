@@ -26,7 +26,8 @@ impl Session {
     }
 
     /// Subscribes for a transport that names its channels in the request (SSE,
-    /// streaming, polling). Emits a `subscribe` push (unless the resume was complete), then
+    /// streaming, polling). Emits a `subscribe` push (unless a resume with a known epoch
+    /// was complete), then
     /// each replayed publication as a `pub` push, each with the positions right after it,
     /// exactly as if they had arrived live.
     pub async fn open_channel(
@@ -35,12 +36,14 @@ impl Session {
         since: Option<Since>,
         mut emit: impl FnMut(&[u8], Positions<'_>),
     ) -> Result<(), Failure> {
+        let knew_epoch = since.as_ref().is_some_and(|s| s.epoch.is_some());
         let (position, recovered, history) = self.join(channel.clone(), since).await?;
         if let Some(first) = history.first() {
             // Walk the position forward through the replay so each event's cursor is exact.
             self.set_offset(&channel, first.offset - 1);
         }
-        if recovered != Some(true) {
+        // A complete resume by a client that knows the epoch needs no announcement.
+        if recovered != Some(true) || !knew_epoch {
             #[derive(serde::Serialize)]
             struct Opened<'a> {
                 channel: &'a ChannelName,

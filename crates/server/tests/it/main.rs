@@ -4,6 +4,7 @@ mod support;
 
 mod api;
 mod errors;
+mod http;
 mod lifecycle;
 mod ordering;
 mod resume;

@@ -1,0 +1,342 @@
+//! The HTTP transports: SSE, NDJSON streaming, forever frame, long-poll, poll, send.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+/// Reads a streaming response one line at a time.
+pub struct Lines {
+    body: std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
+    pending: Vec<u8>,
+}
+
+impl Lines {
+    pub fn new(r: reqwest::Response) -> Self {
+        Self {
+            body: Box::pin(r.bytes_stream()),
+            pending: Vec::new(),
+        }
+    }
+
+    /// The next line, or None when the response ended.
+    pub async fn next(&mut self) -> Option<String> {
+        loop {
+            if let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.pending.drain(..=end).collect();
+                return Some(
+                    String::from_utf8(line)
+                        .unwrap()
+                        .trim_end_matches('\n')
+                        .to_string(),
+                );
+            }
+            match tokio::time::timeout(PATIENCE, self.body.next())
+                .await
+                .expect("line in time")
+            {
+                Some(Ok(chunk)) => self.pending.extend_from_slice(&chunk),
+                _ => return None,
+            }
+        }
+    }
+
+    /// The next SSE event: (id, data), skipping comments and `retry:`.
+    pub async fn next_event(&mut self) -> Option<(Option<String>, Value)> {
+        let mut id = None;
+        loop {
+            let line = self.next().await?;
+            if let Some(v) = line.strip_prefix("id: ") {
+                id = Some(v.to_string());
+            } else if let Some(data) = line.strip_prefix("data: ") {
+                return Some((id, serde_json::from_str(data).unwrap()));
+            }
+        }
+    }
+}
+
+fn offsets_of(messages: &Value) -> Vec<u64> {
+    messages
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["pub"]["offset"].as_u64())
+        .collect()
+}
+
+#[tokio::test]
+async fn sse_delivers_and_the_browser_style_reconnect_resumes_with_last_event_id() {
+    let mut cfg = config();
+    cfg.client.ping_interval = Duration::from_millis(200);
+    cfg.client.idle_timeout = Duration::from_secs(5);
+    let server = start(cfg).await;
+    let http = reqwest::Client::new();
+    let r = http
+        .get(server.url("/connection/sse?channel=news"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    assert!(r.headers()["cache-control"]
+        .to_str()
+        .unwrap()
+        .contains("no-cache"));
+    assert_eq!(r.headers()["x-accel-buffering"], "no");
+    let mut sse = Lines::new(r);
+    assert!(sse.next().await.unwrap().starts_with("retry: "));
+    let (_, connect) = sse.next_event().await.unwrap();
+    assert!(connect["connect"]["client"].is_string());
+    let (_, sub) = sse.next_event().await.unwrap();
+    assert_eq!(sub["subscribe"]["offset"], 0);
+    for i in 1..=3 {
+        server.publish("news", json!(i)).await;
+    }
+    let mut last_id = None;
+    for i in 1..=3u64 {
+        let (id, e) = sse.next_event().await.unwrap();
+        assert_eq!(e["pub"]["offset"], i);
+        last_id = id;
+    }
+    // Keepalive comments arrive on a quiet stream.
+    while sse.next().await.unwrap() != ": ping" {}
+    drop(sse);
+    for i in 4..=5 {
+        server.publish("news", json!(i)).await;
+    }
+    let r = http
+        .get(server.url("/connection/sse?channel=news"))
+        .header("Last-Event-ID", last_id.unwrap())
+        .send()
+        .await
+        .unwrap();
+    let mut sse = Lines::new(r);
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        let (_, e) = sse.next_event().await.unwrap();
+        assert!(
+            e.get("subscribe").is_none(),
+            "a complete resume needs no announcement: {e}"
+        );
+        if let Some(o) = e["pub"]["offset"].as_u64() {
+            got.push(o);
+        }
+    }
+    assert_eq!(got, [4, 5]);
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn http_streaming_sends_commands_through_the_session_and_replies_in_order() {
+    let server = start(config()).await;
+    let http = reqwest::Client::new();
+    let mut s = Lines::new(
+        http.get(server.url("/connection/stream?channel=open:a"))
+            .send()
+            .await
+            .unwrap(),
+    );
+    let connect: Value = serde_json::from_str(&s.next().await.unwrap()).unwrap();
+    let session = connect["connect"]["client"].as_str().unwrap().to_string();
+    let _subscribed = s.next().await.unwrap();
+
+    let send = |body: &'static str| {
+        http.post(server.url(&format!("/connection/send?session={session}")))
+            .body(body)
+            .send()
+    };
+    let r = send("{\"id\":1,\"publish\":{\"channel\":\"open:a\",\"data\":\"hi\"}}\n{\"id\":2,\"subscribe\":{\"channel\":\"open:b\"}}").await.unwrap();
+    assert_eq!(r.status(), 200);
+    let mut lines = Vec::new();
+    for _ in 0..3 {
+        lines.push(serde_json::from_str::<Value>(&s.next().await.unwrap()).unwrap());
+    }
+    // The frame's replies first, then what was published meanwhile.
+    assert_eq!(lines[0]["id"], 1, "{lines:?}");
+    assert_eq!(lines[0]["publish"]["offset"], 1);
+    assert_eq!(lines[1]["id"], 2);
+    assert_eq!(lines[2]["pub"]["data"], "hi");
+    server.publish("open:b", json!("b1")).await;
+    let b: Value = serde_json::from_str(&s.next().await.unwrap()).unwrap();
+    assert_eq!(b["pub"]["channel"], "open:b");
+
+    let unknown = http
+        .post(server.url("/connection/send?session=nope"))
+        .body("{\"ping\":{}}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 409);
+    // Without a session, stateless commands are answered in the response.
+    let r = http
+        .post(server.url("/connection/send"))
+        .body("{\"id\":7,\"history\":{\"channel\":\"open:a\"}}")
+        .send()
+        .await
+        .unwrap();
+    let reply: Value = serde_json::from_str(r.text().await.unwrap().trim()).unwrap();
+    assert_eq!(reply["history"]["offset"], 1);
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn long_poll_batches_what_is_new_holds_when_nothing_is_and_times_out() {
+    let server = start(config()).await;
+    let http = reqwest::Client::new();
+    let (_, epoch) = server.publish("lp", json!(0)).await;
+    for i in 1..=4 {
+        server.publish("lp", json!(i)).await;
+    }
+    let poll = |cursor: String, timeout: &str| {
+        let url = server.url(&format!(
+            "/connection/longpoll?channel=lp&cursor={}&timeout={timeout}",
+            urlencode(&cursor)
+        ));
+        let http = http.clone();
+        async move { response(http.get(url).send().await.unwrap()).await }
+    };
+    let (status, answer) = poll(format!("lp;{epoch};1"), "10").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        offsets_of(&answer["messages"]),
+        [2, 3, 4, 5],
+        "everything new in one answer"
+    );
+    let cursor = answer["cursor"].as_str().unwrap().to_string();
+    assert_eq!(cursor, format!("lp;{epoch};5"));
+
+    let started = Instant::now();
+    let (_, empty) = poll(cursor.clone(), "300ms").await;
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(empty["messages"], json!([]));
+    assert_eq!(empty["cursor"], cursor.as_str());
+
+    let held = tokio::spawn(poll(cursor, "10"));
+    eventually("the long-poll is waiting", || async {
+        server.node.hub.channel_count() == 1
+    })
+    .await;
+    server.publish("lp", json!(6)).await;
+    let (_, woke) = held.await.unwrap();
+    assert_eq!(offsets_of(&woke["messages"]), [6]);
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn polling_answers_at_once_with_nothing_then_something() {
+    let server = start(config()).await;
+    let http = reqwest::Client::new();
+    let (status, first) = response(
+        http.get(server.url("/connection/poll?channel=p"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(first["messages"][0]["subscribe"]["offset"], 0);
+    let cursor = urlencode(first["cursor"].as_str().unwrap());
+    let url = server.url(&format!("/connection/poll?cursor={cursor}"));
+    let r = http.get(&url).send().await.unwrap();
+    assert_eq!(r.headers()["cache-control"], "private, no-cache");
+    let etag = r.headers()["etag"].clone();
+    assert_eq!(response(r).await.1["messages"], json!([]));
+    let r = http
+        .get(&url)
+        .header("If-None-Match", etag.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        304,
+        "nothing new: the cached answer is still good"
+    );
+    server.publish("p", json!("x")).await;
+    let r = http
+        .get(&url)
+        .header("If-None-Match", etag)
+        .send()
+        .await
+        .unwrap();
+    let (status, answer) = response(r).await;
+    assert_eq!(status, 200);
+    assert_eq!(offsets_of(&answer["messages"]), [1]);
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_forever_frame_is_html_that_no_payload_can_break_out_of() {
+    let mut cfg = config();
+    cfg.http.iframe_max_lifetime = Duration::from_millis(300);
+    let server = start(cfg).await;
+    let hostile = "</script><script>alert(1)</script><!-- \u{2028}";
+    let (_, epoch) = server.publish("f", json!({ "t": hostile })).await;
+    let url = server.url(&format!(
+        "/connection/iframe?callback=onHerald&cursor={}",
+        urlencode(&format!("f;{epoch};0"))
+    ));
+    let r = reqwest::get(url).await.unwrap();
+    assert_eq!(r.headers()["content-type"], "text/html; charset=utf-8");
+    // The response ends by itself at its maximum lifetime.
+    let page = r.text().await.unwrap();
+    assert!(page.starts_with("<!DOCTYPE html>"));
+    assert!(page.len() > 2048, "padding for incremental rendering");
+    assert!(page.trim_end().ends_with("</body></html>"));
+    let mut calls = Vec::new();
+    for line in page.lines().filter(|l| l.starts_with("<script>")) {
+        let inner = line
+            .strip_prefix("<script>parent.onHerald(")
+            .unwrap()
+            .strip_suffix(");</script>")
+            .unwrap();
+        assert!(!inner.contains('<'), "no markup inside a script: {inner}");
+        calls.push(serde_json::from_str::<Value>(inner).unwrap());
+    }
+    assert_eq!(calls.len(), page.matches("<script").count());
+    let publication = calls.iter().find(|c| c.get("pub").is_some()).unwrap();
+    assert_eq!(publication["pub"]["data"]["t"], hostile);
+    assert_eq!(
+        calls.last().unwrap()["disconnect"]["code"],
+        3007,
+        "tells the page to reopen"
+    );
+
+    for bad in ["alert(1)", "a.b", ""] {
+        let r = reqwest::get(server.url(&format!(
+            "/connection/iframe?channel=f&callback={}",
+            urlencode(bad)
+        )))
+        .await
+        .unwrap();
+        assert_eq!(r.status(), 400, "{bad:?}");
+    }
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn http_transports_refuse_bad_requests_clearly() {
+    let server = start(config()).await;
+    for (path, code) in [
+        ("/connection/sse", 107),
+        ("/connection/sse?channel=a%20b", 114),
+        ("/connection/poll?channel=a&cursor=garbage", 107),
+        ("/connection/longpoll?channel=a&bogus=1", 107),
+    ] {
+        let (status, body) = response(reqwest::get(server.url(path)).await.unwrap()).await;
+        assert_eq!(body["error"]["code"], code, "{path}: {status} {body}");
+    }
+    let forbidden = reqwest::Client::new()
+        .get(server.url("/connection/sse?channel=a"))
+        .header("Origin", "https://elsewhere.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forbidden.status(), 403);
+    server.stop().await.unwrap();
+}
+
+pub fn urlencode(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
