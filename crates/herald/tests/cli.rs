@@ -117,6 +117,56 @@ fn pub_prints_offsets_and_sub_prints_json_lines_then_exits_after_count() {
 }
 
 #[test]
+fn sub_resumes_over_every_transport() {
+    let server = Server::start(&[]);
+    for i in 1..=3 {
+        publish(&server, "chat:t", &format!("[{i}]"));
+    }
+    for transport in ["ws", "sse", "stream", "longpoll", "poll"] {
+        let out = herald()
+            .args([
+                "sub",
+                "chat:t",
+                "--since",
+                "1",
+                "--count",
+                "2",
+                "--transport",
+                transport,
+                "--interval",
+                "50ms",
+            ])
+            .args(["--url", &server.url])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{transport}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines: Vec<Value> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let got: Vec<_> = lines
+            .iter()
+            .map(|l| {
+                (
+                    l["offset"].as_u64().unwrap(),
+                    l["data"][0].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(got, [(2, 2), (3, 3)], "{transport}");
+        assert!(
+            lines.iter().all(|l| l["epoch"].is_string()),
+            "{transport}: {lines:?}"
+        );
+    }
+}
+
+#[test]
 fn pub_without_a_key_explains_what_is_missing() {
     let out = herald()
         .args(["pub", "--url", "http://127.0.0.1:9", "x", "1"])
