@@ -15,9 +15,12 @@ use axum::{
     http::{header, HeaderMap, HeaderValue, StatusCode},
     response::{IntoResponse, Response},
 };
-use herald_protocol::{json, ErrorCode};
+use herald_protocol::json;
 
-use super::{origin, request::OpenRequest, MAX_BATCH_BYTES};
+use super::{
+    request::{self, OpenRequest},
+    MAX_BATCH_BYTES,
+};
 use crate::{error::Failure, node::Node, session::Session};
 
 /// Most bytes of publications in one answer; the rest comes with the next request.
@@ -59,13 +62,7 @@ async fn answer(
     query: Option<String>,
     hold: bool,
 ) -> Result<Response, Failure> {
-    origin::check(&node.settings, &headers)?;
-    if node.shutdown.is_cancelled() {
-        return Err(Failure::new(
-            ErrorCode::ShuttingDown,
-            "server is shutting down",
-        ));
-    }
+    request::admit(&node, &headers)?;
     let request = OpenRequest::parse(query.as_deref(), &headers)?;
     let mut session = Session::new(&node);
     let mut messages = Vec::new();

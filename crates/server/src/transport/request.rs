@@ -5,7 +5,20 @@ use std::time::Duration;
 use axum::http::HeaderMap;
 use herald_protocol::{ChannelName, Cursor, ErrorCode, Since};
 
-use crate::error::Failure;
+use crate::{error::Failure, node::Node};
+
+/// Whether a new connection or poll may start: the origin is allowed and the server is
+/// not shutting down. Every transport asks this first.
+pub fn admit(node: &Node, headers: &HeaderMap) -> Result<(), Failure> {
+    super::origin::check(&node.settings, headers)?;
+    if node.shutdown.is_cancelled() {
+        return Err(Failure::new(
+            ErrorCode::ShuttingDown,
+            "server is shutting down",
+        ));
+    }
+    Ok(())
+}
 
 /// The channels an HTTP transport opens, and where each one resumes.
 #[derive(Debug, Default)]

@@ -15,7 +15,10 @@ use herald_protocol::{json, DisconnectCode, ErrorCode};
 use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::{origin, request::OpenRequest, MAX_BATCH_BYTES};
+use super::{
+    request::{self, OpenRequest},
+    MAX_BATCH_BYTES,
+};
 use crate::{
     error::{Disconnect, Failure},
     node::{Inbound, Node},
@@ -198,13 +201,7 @@ async fn start(
     query: Option<String>,
     framing: impl FnOnce(&OpenRequest) -> Result<Framing, Failure>,
 ) -> Result<Response, Failure> {
-    origin::check(&node.settings, &headers)?;
-    if node.shutdown.is_cancelled() {
-        return Err(Failure::new(
-            ErrorCode::ShuttingDown,
-            "server is shutting down",
-        ));
-    }
+    request::admit(&node, &headers)?;
     let request = OpenRequest::parse(query.as_deref(), &headers)?;
     let framing = framing(&request)?;
     let mut session = Session::new(&node);

@@ -12,15 +12,11 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use futures_util::{SinkExt, StreamExt};
-use herald_protocol::{DisconnectCode, ErrorCode};
+use herald_protocol::DisconnectCode;
 use tokio::time::Instant;
 
-use super::{origin, MAX_BATCH_BYTES};
-use crate::{
-    error::{Disconnect, Failure},
-    node::Node,
-    session::Session,
-};
+use super::{request, MAX_BATCH_BYTES};
+use crate::{error::Disconnect, node::Node, session::Session};
 
 /// The subprotocol of the JSON codec. Clients may also offer no subprotocol at all.
 pub const JSON_SUBPROTOCOL: &str = "herald.json";
@@ -31,11 +27,8 @@ pub async fn upgrade(
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
-    if let Err(f) = origin::check(&node.settings, &headers) {
+    if let Err(f) = request::admit(&node, &headers) {
         return f.into_response();
-    }
-    if node.shutdown.is_cancelled() {
-        return Failure::new(ErrorCode::ShuttingDown, "server is shutting down").into_response();
     }
     let limit = node.settings.config.client.max_frame_size;
     ws.protocols([JSON_SUBPROTOCOL])
