@@ -23,9 +23,24 @@ enum Kind {
     Poll,
 }
 
-/// Follows the channel over one transport, reconnecting after a random number of
-/// publications; returns every offset received, in arrival order.
-async fn follow(server: Arc<TestServer>, kind: Kind, epoch: String, seed: u64) -> Vec<u64> {
+const KINDS: [Kind; 6] = [
+    Kind::WebSocket,
+    Kind::Sse,
+    Kind::Stream,
+    Kind::Iframe,
+    Kind::LongPoll,
+    Kind::Poll,
+];
+
+/// Follows the channel, reconnecting after a random number of publications, over one
+/// transport (`Some`) or a randomly chosen one each time (`None`); returns every offset
+/// received, in arrival order.
+async fn follow(
+    server: Arc<TestServer>,
+    fixed: Option<Kind>,
+    epoch: String,
+    seed: u64,
+) -> Vec<u64> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut seen: Vec<u64> = Vec::new();
     let last = |seen: &Vec<u64>| seen.last().copied().unwrap_or(0);
@@ -39,11 +54,12 @@ async fn follow(server: Arc<TestServer>, kind: Kind, epoch: String, seed: u64) -
     // A publication push's offset; anything else must not be a failed resume.
     let offset_of = |push: &Value| -> Option<u64> {
         if let Some(s) = push.get("subscribe") {
-            assert_ne!(s["recovered"], false, "{kind:?} lost its place: {push}");
+            assert_ne!(s["recovered"], false, "{fixed:?} lost its place: {push}");
         }
         push["pub"]["offset"].as_u64()
     };
     while last(&seen) < TOTAL {
+        let kind = fixed.unwrap_or_else(|| KINDS[rng.usize(..KINDS.len())]);
         let budget = rng.usize(1..80);
         match kind {
             Kind::WebSocket => {
@@ -133,26 +149,17 @@ async fn every_transport_receives_every_offset_once_in_order_despite_random_reco
     let seed = fastrand::u64(..);
     println!("seed {seed}");
 
-    let kinds = [
-        Kind::WebSocket,
-        Kind::Sse,
-        Kind::Stream,
-        Kind::Iframe,
-        Kind::LongPoll,
-        Kind::Poll,
-    ];
-    let followers: Vec<_> = kinds
+    // One follower per transport, and one that switches transport on every reconnect.
+    let followers: Vec<_> = KINDS
         .iter()
+        .copied()
+        .map(Some)
+        .chain([None])
         .enumerate()
         .map(|(i, kind)| {
             (
-                *kind,
-                tokio::spawn(follow(
-                    server.clone(),
-                    *kind,
-                    epoch.clone(),
-                    seed + i as u64,
-                )),
+                kind,
+                tokio::spawn(follow(server.clone(), kind, epoch.clone(), seed + i as u64)),
             )
         })
         .collect();
@@ -171,7 +178,10 @@ async fn every_transport_receives_every_offset_once_in_order_despite_random_reco
         assert_eq!(
             seen,
             (1..=TOTAL).collect::<Vec<_>>(),
-            "{kind:?} (seed {seed})"
+            "{} (seed {seed})",
+            kind.map_or("the transport-switching client".to_string(), |k| format!(
+                "{k:?}"
+            ))
         );
     }
     Arc::into_inner(server).unwrap().stop().await.unwrap();
