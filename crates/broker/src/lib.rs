@@ -28,7 +28,9 @@
 //! Delivery to sinks is at most once; a node that notices a missing offset tells its
 //! clients to resume from history (the `insufficient state` disconnect).
 
+mod durable;
 mod memory;
+mod routed;
 
 use std::{sync::Arc, time::Duration};
 
@@ -36,7 +38,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use herald_protocol::{ChannelName, Epoch, Publication, Since, StreamPosition};
 
+pub use durable::{DurableBroker, OpenError, SyncPolicy};
 pub use memory::MemoryBroker;
+pub use routed::Routed;
 
 /// Receives the publications of the channels a node subscribed to.
 ///

@@ -39,6 +39,9 @@ pub struct ServeArgs {
     /// Key for the HTTP API (`Authorization: apikey KEY`) [env: HERALD_API_KEY]
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Directory for durable history [env: HERALD_DATA_DIR] [default: herald-data]
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
     /// Worker threads, 0 = one per core [env: HERALD_WORKERS] [default: 0]
     #[arg(long)]
     pub workers: Option<usize>,

@@ -56,15 +56,19 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
-        let node = herald_server::Node::with_memory_broker(settings);
+        let node = herald_server::Node::embedded(settings)?;
         tracing::info!(
             address = %listener.local_addr()?,
             workers,
             version = env!("CARGO_PKG_VERSION"),
             api = if node.settings.api_keys().next().is_some() { "enabled" } else { "disabled (no api_key)" },
+            storage = ?node.settings.config.storage,
+            data_dir = %node.settings.config.data_dir.display(),
             "herald is listening"
         );
-        herald_server::serve(listener, node, shutdown_signal()).await?;
+        herald_server::serve(listener, node.clone(), shutdown_signal()).await?;
+        // Dropping the last handle closes the data file cleanly.
+        drop(node);
         tracing::info!("stopped");
         Ok(ExitCode::SUCCESS)
     })

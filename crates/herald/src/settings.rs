@@ -22,6 +22,8 @@ struct Flags<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     workers: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    data_dir: Option<&'a std::path::Path>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     log_level: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     log_format: Option<&'a str>,
@@ -41,6 +43,7 @@ pub fn load(args: &ServeArgs) -> anyhow::Result<Config> {
             listen: args.listen,
             api_key: args.api_key.as_deref(),
             workers: args.workers,
+            data_dir: args.data_dir.as_deref(),
             log_level: args.log_level.as_deref(),
             log_format: args.log_format.as_deref(),
             allowed_origins: &args.allowed_origin,

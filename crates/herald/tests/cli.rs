@@ -1,71 +1,15 @@
 //! The `herald` binary as scripts use it: `serve`, `pub`, `sub`, configuration sources.
 
 use std::{
-    io::{BufRead, BufReader},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_herald");
+mod support;
 
-fn herald() -> Command {
-    let mut c = Command::new(BIN);
-    // Nothing from the developer's environment may leak into these tests.
-    for (k, _) in std::env::vars() {
-        if k.starts_with("HERALD_") {
-            c.env_remove(k);
-        }
-    }
-    c
-}
-
-/// A `herald serve` process on a free port; killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Server {
-    fn start(extra: &[&str]) -> Self {
-        let mut child = herald()
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--api-key",
-                "k",
-                "--log-format",
-                "json",
-            ])
-            .args(extra)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let address = loop {
-            let line = lines.next().expect("server logs its address").unwrap();
-            let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
-            if v["fields"]["message"] == "herald is listening" {
-                break v["fields"]["address"].as_str().unwrap().to_string();
-            }
-        };
-        // Keep draining stderr so the server never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
-        Self {
-            child,
-            url: format!("http://{address}"),
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use support::{herald, Server};
 
 fn publish(server: &Server, channel: &str, data: &str) -> u64 {
     let out = herald()

@@ -30,6 +30,16 @@ pub struct Config {
     /// without an `Origin` header (non-browser clients) are always allowed; a browser's
     /// same-origin request is always allowed. Default empty: same origin only.
     pub allowed_origins: Vec<String>,
+    /// Where durable history is kept (the file `herald.redb` inside). Default `herald-data`,
+    /// relative to the working directory.
+    pub data_dir: std::path::PathBuf,
+    /// `durable` (default): namespaces with `durable = true` keep history in `data_dir`,
+    /// surviving restarts; `memory`: everything in memory, nothing written to disk.
+    pub storage: StorageEngine,
+    /// When durable writes reach the disk: `group` (default: concurrent publications share
+    /// one fsync; an acknowledged publication is on disk), `always` (one fsync each), or
+    /// `none` (no fsync; a machine crash may lose recent publications).
+    pub sync: SyncMode,
     /// Longest wait for connections to close and requests to finish on shutdown.
     /// Default `10s`.
     #[serde(with = "humantime_serde")]
@@ -44,6 +54,40 @@ pub struct Config {
     /// the value from `channels`. Default: a `chat` namespace that clients may publish to,
     /// keeping 1000 messages for 7 days.
     pub namespaces: BTreeMap<String, NamespaceOverride>,
+}
+
+/// Where history is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageEngine {
+    /// In `data_dir`, for namespaces with `durable = true`.
+    #[default]
+    Durable,
+    /// In memory only.
+    Memory,
+}
+
+/// When durable writes reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncMode {
+    /// Concurrent publications share one fsync.
+    #[default]
+    Group,
+    /// One fsync per publication.
+    Always,
+    /// No fsync.
+    None,
+}
+
+impl From<SyncMode> for herald_broker::SyncPolicy {
+    fn from(m: SyncMode) -> Self {
+        match m {
+            SyncMode::Group => Self::Group,
+            SyncMode::Always => Self::Always,
+            SyncMode::None => Self::None,
+        }
+    }
 }
 
 /// Log output format.
@@ -138,6 +182,9 @@ pub struct NamespaceConfig {
     pub client_history: bool,
     /// Largest publication, in bytes of JSON. Default 65536.
     pub max_message_size: usize,
+    /// Whether history is kept in the durable store (when `storage = "durable"`) or only in
+    /// memory (lost on restart: clients then see a new epoch). Default true.
+    pub durable: bool,
 }
 
 /// A namespace's rules; every field left out falls back to `[channels]`.
@@ -154,6 +201,7 @@ pub struct NamespaceOverride {
     pub client_subscribe: Option<bool>,
     pub client_history: Option<bool>,
     pub max_message_size: Option<usize>,
+    pub durable: Option<bool>,
 }
 
 impl Default for Config {
@@ -166,6 +214,9 @@ impl Default for Config {
             api_key: None,
             api_keys: Vec::new(),
             allowed_origins: Vec::new(),
+            data_dir: "herald-data".into(),
+            storage: StorageEngine::Durable,
+            sync: SyncMode::Group,
             shutdown_timeout: Duration::from_secs(10),
             client: ClientConfig::default(),
             http: HttpConfig::default(),
@@ -208,6 +259,7 @@ impl Default for NamespaceConfig {
             client_subscribe: true,
             client_history: true,
             max_message_size: 65536,
+            durable: true,
         }
     }
 }
@@ -231,6 +283,7 @@ impl NamespaceConfig {
             client_subscribe: o.client_subscribe.unwrap_or(self.client_subscribe),
             client_history: o.client_history.unwrap_or(self.client_history),
             max_message_size: o.max_message_size.unwrap_or(self.max_message_size),
+            durable: o.durable.unwrap_or(self.durable),
         }
     }
 }

@@ -9,13 +9,19 @@ use std::{
 };
 
 use bytes::Bytes;
-use herald_broker::{MemoryBroker, PublicationSink, SharedBroker};
+use herald_broker::{
+    DurableBroker, MemoryBroker, OpenError, PublicationSink, Routed, SharedBroker,
+};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
-use crate::{config::Settings, error::Disconnect, hub::Hub};
+use crate::{
+    config::{Settings, StorageEngine},
+    error::Disconnect,
+    hub::Hub,
+};
 
 /// A frame of commands sent over HTTP to a session that lives in a stream. The stream's
 /// task answers through `done` once the commands are handled (their replies travel in the
@@ -80,6 +86,38 @@ impl Node {
     /// A node with the embedded memory broker.
     pub fn with_memory_broker(settings: Settings) -> Arc<Self> {
         Self::new(settings, |sink| MemoryBroker::new(sink))
+    }
+
+    /// A node with the embedded brokers the configuration asks for: with
+    /// `storage = "durable"`, durable namespaces in `data_dir` and the rest in memory.
+    pub fn embedded(settings: Settings) -> Result<Arc<Self>, OpenError> {
+        if settings.config.storage == StorageEngine::Memory {
+            return Ok(Self::with_memory_broker(settings));
+        }
+        let (dir, sync) = (
+            settings.config.data_dir.clone(),
+            settings.config.sync.into(),
+        );
+        let rules = settings.clone();
+        let mut failed = None;
+        let node = Self::new(settings, |sink| {
+            let memory: SharedBroker = MemoryBroker::new(sink.clone());
+            match DurableBroker::open(&dir, sync, sink) {
+                Ok(durable) => Arc::new(Routed::new(
+                    durable,
+                    memory,
+                    move |c: &herald_protocol::ChannelName| rules.namespace(c.namespace()).durable,
+                )),
+                Err(e) => {
+                    failed = Some(e);
+                    memory
+                }
+            }
+        });
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(node),
+        }
     }
 
     /// Registers a new connection; the guard unregisters it when dropped.

@@ -9,4 +9,6 @@ mod http;
 mod lifecycle;
 mod ordering;
 mod resume;
+mod rules;
+mod storage;
 mod websocket;

@@ -36,9 +36,19 @@ pub struct TestServer {
 }
 
 pub async fn start(config: Config) -> TestServer {
-    let listener = tokio::net::TcpListener::bind(config.listen).await.unwrap();
+    serve(Node::with_memory_broker(config.validate().unwrap())).await
+}
+
+/// A server with the embedded stores of its configuration (durable in `config.data_dir`).
+pub async fn start_embedded(config: Config) -> TestServer {
+    serve(Node::embedded(config.validate().unwrap()).unwrap()).await
+}
+
+async fn serve(node: Arc<Node>) -> TestServer {
+    let listener = tokio::net::TcpListener::bind(node.settings.config.listen)
+        .await
+        .unwrap();
     let addr = listener.local_addr().unwrap();
-    let node = Node::with_memory_broker(config.validate().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let handle = tokio::spawn(herald_server::serve(listener, node.clone(), async move {
         let _ = stopped.await;

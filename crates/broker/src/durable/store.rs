@@ -1,0 +1,387 @@
+//! The database file and the one thread that writes it.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc, Arc,
+    },
+};
+
+use bytes::Bytes;
+use herald_protocol::{ChannelName, Epoch, Publication, StreamPosition};
+use parking_lot::Mutex;
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, TableError};
+use tokio::sync::oneshot;
+
+use super::{now_ms, Meta, SyncPolicy};
+use crate::{BrokerError, History, HistoryQuery, PublicationSink, StreamPolicy};
+
+/// (channel, offset) → (published at, ms since the Unix epoch; JSON payload).
+const PUBLICATIONS: TableDefinition<(&str, u64), (u64, &[u8])> =
+    TableDefinition::new("publications");
+/// channel → (epoch, newest offset, last publish in ms since the Unix epoch).
+const STREAMS: TableDefinition<&str, (&str, u64, u64)> = TableDefinition::new("streams");
+
+/// The file name inside the data directory.
+pub const FILE_NAME: &str = "herald.redb";
+
+/// Why the data directory cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The directory cannot be created or written.
+    #[error("cannot use data directory {path}: {source}")]
+    Directory {
+        /// The directory.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The file exists but is not a readable Herald database.
+    #[error(
+        "data file {path} is damaged or is not a Herald database ({reason}). Herald will not serve \
+         offsets it cannot trust: restore a backup, or move the file away to start with empty history \
+         (every channel then gets a new epoch and resuming clients are told recovered: false)"
+    )]
+    Damaged {
+        /// The file.
+        path: PathBuf,
+        /// What the storage engine said.
+        reason: String,
+    },
+}
+
+/// The streams found in the file when it was opened.
+pub(crate) type Streams = Vec<(ChannelName, Meta)>;
+
+pub(crate) struct Record {
+    pub(crate) channel: ChannelName,
+    pub(crate) meta: Arc<Mutex<Meta>>,
+    pub(crate) epoch: Epoch,
+    pub(crate) offset: u64,
+    pub(crate) at_ms: u64,
+    pub(crate) data: Bytes,
+    pub(crate) done: oneshot::Sender<Result<StreamPosition, BrokerError>>,
+}
+
+pub(crate) enum Job {
+    Publish(Record),
+    /// Delete a channel's history and start a new epoch.
+    Reset {
+        channel: ChannelName,
+        epoch: Epoch,
+        done: oneshot::Sender<Result<(), BrokerError>>,
+    },
+    /// Delete publications older than a time.
+    Trim {
+        channel: ChannelName,
+        older_than_ms: u64,
+    },
+    /// Delete a channel entirely (idle past its meta TTL).
+    Forget {
+        channel: ChannelName,
+    },
+}
+
+pub(crate) struct Store {
+    pub(crate) path: PathBuf,
+    db: Arc<Database>,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    committer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    failed: Arc<AtomicBool>,
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        // Let the committer finish what it was given, so the file is closed cleanly.
+        self.jobs.lock().take();
+        if let Some(thread) = self.committer.lock().take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn damaged(path: &Path, e: impl std::fmt::Display) -> OpenError {
+    OpenError::Damaged {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    }
+}
+
+fn unavailable(e: impl std::fmt::Display) -> BrokerError {
+    BrokerError::Unavailable(format!("storage: {e}"))
+}
+
+impl Store {
+    pub(crate) fn open(
+        dir: &Path,
+        sync: SyncPolicy,
+        sink: Arc<dyn PublicationSink>,
+    ) -> Result<(Arc<Self>, Streams), OpenError> {
+        std::fs::create_dir_all(dir).map_err(|source| OpenError::Directory {
+            path: dir.to_owned(),
+            source,
+        })?;
+        let path = dir.join(FILE_NAME);
+        let db = Database::create(&path).map_err(|e| damaged(&path, e))?;
+        let mut streams = Vec::new();
+        {
+            let read = db.begin_read().map_err(|e| damaged(&path, e))?;
+            match read.open_table(STREAMS) {
+                Ok(table) => {
+                    for entry in table.iter().map_err(|e| damaged(&path, e))? {
+                        let (k, v) = entry.map_err(|e| damaged(&path, e))?;
+                        let (epoch, top, last) = v.value();
+                        let channel = ChannelName::new(k.value()).map_err(|e| damaged(&path, e))?;
+                        if epoch.is_empty() {
+                            return Err(damaged(&path, format!("channel {channel} has no epoch")));
+                        }
+                        let meta = Meta {
+                            epoch: Epoch::new(epoch),
+                            assigned: top,
+                            committed: top,
+                            policy: StreamPolicy::default(),
+                            last_publish_ms: last,
+                            subscribed: false,
+                        };
+                        streams.push((channel, meta));
+                    }
+                }
+                Err(TableError::TableDoesNotExist(_)) => {}
+                Err(e) => return Err(damaged(&path, e)),
+            }
+        }
+        let db = Arc::new(db);
+        let (jobs, rx) = mpsc::channel();
+        let failed = Arc::new(AtomicBool::new(false));
+        let committer = Committer {
+            db: db.clone(),
+            sync,
+            sink,
+            failed: failed.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("herald-store".into())
+            .spawn(move || committer.run(rx))
+            .map_err(|source| OpenError::Directory {
+                path: dir.to_owned(),
+                source,
+            })?;
+        let store = Self {
+            path,
+            db,
+            jobs: Mutex::new(Some(jobs)),
+            committer: Mutex::new(Some(thread)),
+            failed,
+        };
+        Ok((Arc::new(store), streams))
+    }
+
+    /// Queues a job for the committer. Jobs dropped here (storage failed) answer their
+    /// waiters with an error when their reply channel closes.
+    pub(crate) fn submit(&self, job: Job) {
+        if self.failed.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(jobs) = &*self.jobs.lock() {
+            let _ = jobs.send(job);
+        }
+    }
+
+    /// Reads committed history. `position` is the committed top, read under the channel's
+    /// lock, so publications past it (committed but not yet fanned out) stay invisible.
+    pub(crate) fn read(
+        &self,
+        channel: &ChannelName,
+        position: &StreamPosition,
+        expired_before_ms: u64,
+        history_size: usize,
+        query: &HistoryQuery,
+    ) -> Result<History, BrokerError> {
+        let txn = self.db.begin_read().map_err(unavailable)?;
+        let top = position.offset;
+        let ch = channel.as_str();
+        let table = match txn.open_table(PUBLICATIONS) {
+            Ok(t) => Some(t),
+            Err(TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(unavailable(e)),
+        };
+        // The oldest publication still readable: within the size bound and not expired.
+        let mut first = top + 1;
+        let lowest = top.saturating_sub(history_size as u64) + 1;
+        if let Some(table) = &table {
+            for entry in table.range((ch, lowest)..=(ch, top)).map_err(unavailable)? {
+                let (k, v) = entry.map_err(unavailable)?;
+                if v.value().0 >= expired_before_ms {
+                    first = k.value().1;
+                    break;
+                }
+            }
+        }
+        let from = match &query.since {
+            None => first.max((top + 1).saturating_sub(query.limit as u64)),
+            Some(since) => {
+                let epoch_ok = since.epoch.as_ref().is_none_or(|e| *e == position.epoch);
+                if !epoch_ok || since.offset > top || since.offset + 1 < first {
+                    return Err(BrokerError::Unrecoverable {
+                        current: position.clone(),
+                    });
+                }
+                since.offset + 1
+            }
+        };
+        let mut publications = Vec::new();
+        if let (Some(table), true) = (&table, query.limit > 0 && from <= top) {
+            for entry in table
+                .range((ch, from)..=(ch, top))
+                .map_err(unavailable)?
+                .take(query.limit)
+            {
+                let (k, v) = entry.map_err(unavailable)?;
+                publications.push(Publication {
+                    offset: k.value().1,
+                    data: Bytes::copy_from_slice(v.value().1),
+                });
+            }
+        }
+        Ok(History {
+            position: position.clone(),
+            publications,
+        })
+    }
+}
+
+struct Committer {
+    db: Arc<Database>,
+    sync: SyncPolicy,
+    sink: Arc<dyn PublicationSink>,
+    failed: Arc<AtomicBool>,
+}
+
+impl Committer {
+    fn run(self, jobs: mpsc::Receiver<Job>) {
+        while let Ok(first) = jobs.recv() {
+            let mut batch = vec![first];
+            if self.sync != SyncPolicy::Always {
+                // Whatever queued up during the last commit shares this one.
+                while batch.len() < 8192 {
+                    match jobs.try_recv() {
+                        Ok(job) => batch.push(job),
+                        Err(_) => break,
+                    }
+                }
+            }
+            match self.write(&batch) {
+                Ok(()) => self.complete(batch),
+                Err(e) => {
+                    tracing::error!(error = %e, "storage write failed; refusing further writes");
+                    self.failed.store(true, Ordering::Relaxed);
+                    for job in batch {
+                        match job {
+                            Job::Publish(r) => drop(r.done.send(Err(unavailable(&e)))),
+                            Job::Reset { done, .. } => drop(done.send(Err(unavailable(&e)))),
+                            _ => {}
+                        }
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    fn write(&self, batch: &[Job]) -> Result<(), redb::Error> {
+        let mut txn = self.db.begin_write()?;
+        let durability = if self.sync == SyncPolicy::None {
+            Durability::None
+        } else {
+            Durability::Immediate
+        };
+        txn.set_durability(durability)
+            .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
+        {
+            let mut pubs = txn.open_table(PUBLICATIONS)?;
+            let mut streams = txn.open_table(STREAMS)?;
+            let mut tops: HashMap<&str, (u64, usize)> = HashMap::new();
+            for job in batch {
+                match job {
+                    Job::Publish(r) => {
+                        let ch = r.channel.as_str();
+                        pubs.insert((ch, r.offset), (r.at_ms, &r.data[..]))?;
+                        streams.insert(ch, (r.epoch.as_str(), r.offset, r.at_ms))?;
+                        tops.insert(ch, (r.offset, r.meta.lock().policy.history_size));
+                    }
+                    Job::Reset { channel, epoch, .. } => {
+                        let ch = channel.as_str();
+                        pubs.retain_in((ch, 0)..=(ch, u64::MAX), |_, _| false)?;
+                        streams.insert(ch, (epoch.as_str(), 0, now_ms()))?;
+                        tops.remove(ch);
+                    }
+                    Job::Forget { channel } => {
+                        let ch = channel.as_str();
+                        pubs.retain_in((ch, 0)..=(ch, u64::MAX), |_, _| false)?;
+                        streams.remove(ch)?;
+                        tops.remove(ch);
+                    }
+                    Job::Trim {
+                        channel,
+                        older_than_ms,
+                    } => {
+                        let ch = channel.as_str();
+                        // Expired publications are the oldest ones: find where they end.
+                        let mut end = None;
+                        for entry in pubs.range((ch, 0)..=(ch, u64::MAX))? {
+                            let (k, v) = entry?;
+                            if v.value().0 >= *older_than_ms {
+                                end = Some(k.value().1);
+                                break;
+                            }
+                            end = Some(k.value().1 + 1);
+                        }
+                        if let Some(end) = end {
+                            pubs.retain_in((ch, 0)..(ch, end), |_, (at, _)| at >= *older_than_ms)?;
+                        }
+                    }
+                }
+            }
+            for (ch, (top, size)) in tops {
+                let keep_from = top.saturating_sub(size as u64) + 1;
+                pubs.retain_in((ch, 0)..(ch, keep_from), |_, _| false)?;
+            }
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// After the commit: publications become readable, are fanned out in order, and are
+    /// acknowledged.
+    fn complete(&self, batch: Vec<Job>) {
+        for job in batch {
+            match job {
+                Job::Publish(r) => {
+                    let position = StreamPosition {
+                        offset: r.offset,
+                        epoch: r.epoch.clone(),
+                    };
+                    {
+                        let mut m = r.meta.lock();
+                        // A record of an epoch removed meanwhile is acknowledged, not shown.
+                        if m.epoch == r.epoch {
+                            m.committed = r.offset;
+                            let publication = Publication {
+                                offset: r.offset,
+                                data: r.data,
+                            };
+                            self.sink.on_publication(&r.channel, &r.epoch, &publication);
+                        }
+                    }
+                    let _ = r.done.send(Ok(position));
+                }
+                Job::Reset { done, .. } => {
+                    let _ = done.send(Ok(()));
+                }
+                Job::Trim { .. } | Job::Forget { .. } => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,263 @@
+use std::sync::Arc;
+
+use herald_protocol::{Publication, Since};
+
+use super::*;
+
+#[derive(Default)]
+struct Recorder(Mutex<Vec<u64>>);
+
+impl PublicationSink for Recorder {
+    fn on_publication(&self, _: &ChannelName, _: &Epoch, p: &Publication) {
+        self.0.lock().push(p.offset);
+    }
+}
+
+fn ch(name: &str) -> ChannelName {
+    ChannelName::new(name).unwrap()
+}
+
+fn open(dir: &Path) -> (Arc<DurableBroker>, Arc<Recorder>) {
+    let sink = Arc::new(Recorder::default());
+    (
+        DurableBroker::open(dir, SyncPolicy::Group, sink.clone()).unwrap(),
+        sink,
+    )
+}
+
+fn offsets(h: &History) -> Vec<u64> {
+    h.publications.iter().map(|p| p.offset).collect()
+}
+
+fn since(offset: u64, epoch: &Epoch) -> Option<Since> {
+    Some(Since {
+        offset,
+        epoch: Some(epoch.clone()),
+    })
+}
+
+#[tokio::test]
+async fn offsets_epochs_and_history_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = ch("chat:a");
+    let epoch = {
+        let (broker, sink) = open(dir.path());
+        let mut epoch = None;
+        for i in 1..=5u64 {
+            let p = broker
+                .publish(&c, Bytes::from(i.to_string()), StreamPolicy::default())
+                .await
+                .unwrap();
+            assert_eq!(p.offset, i);
+            epoch = Some(p.epoch);
+        }
+        assert_eq!(
+            *sink.0.lock(),
+            [1, 2, 3, 4, 5],
+            "fanned out in order, after commit"
+        );
+        epoch.unwrap()
+    };
+    let (broker, _) = open(dir.path());
+    let h = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(2, &epoch),
+                limit: 10,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(offsets(&h), [3, 4, 5]);
+    assert_eq!(h.publications[0].data, Bytes::from("3"));
+    assert_eq!(
+        h.position,
+        StreamPosition {
+            offset: 5,
+            epoch: epoch.clone()
+        }
+    );
+    let next = broker
+        .publish(&c, Bytes::from("6"), StreamPolicy::default())
+        .await
+        .unwrap();
+    assert_eq!(next, StreamPosition { offset: 6, epoch });
+}
+
+#[tokio::test]
+async fn history_is_bounded_by_size_and_gaps_it_cannot_cover_are_unrecoverable() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = ch("a");
+    let policy = StreamPolicy {
+        history_size: 3,
+        ..Default::default()
+    };
+    let (broker, _) = open(dir.path());
+    let mut epoch = None;
+    for i in 1..=10u64 {
+        epoch = Some(
+            broker
+                .publish(&c, Bytes::from(i.to_string()), policy)
+                .await
+                .unwrap()
+                .epoch,
+        );
+    }
+    let epoch = epoch.unwrap();
+    drop(broker);
+    let (broker, _) = open(dir.path());
+    broker.publish(&c, Bytes::from("11"), policy).await.unwrap();
+    let ok = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(8, &epoch),
+                limit: 10,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(offsets(&ok), [9, 10, 11]);
+    let gap = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(7, &epoch),
+                limit: 10,
+            },
+        )
+        .await;
+    assert!(matches!(gap, Err(BrokerError::Unrecoverable { current }) if current.offset == 11));
+    let newest = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: None,
+                limit: 2,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(offsets(&newest), [10, 11]);
+    let wrong = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(10, &Epoch::new("x")),
+                limit: 10,
+            },
+        )
+        .await;
+    assert!(wrong.is_err());
+}
+
+#[tokio::test]
+async fn removed_history_gets_a_new_epoch_that_is_remembered() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = ch("a");
+    let (broker, _) = open(dir.path());
+    let before = broker
+        .publish(&c, Bytes::from("1"), StreamPolicy::default())
+        .await
+        .unwrap();
+    broker.remove_history(&c).await.unwrap();
+    let after = broker
+        .publish(&c, Bytes::from("2"), StreamPolicy::default())
+        .await
+        .unwrap();
+    assert_eq!(after.offset, 1);
+    assert_ne!(after.epoch, before.epoch);
+    drop(broker);
+    let (broker, _) = open(dir.path());
+    let h = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: None,
+                limit: 10,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(h.position, after);
+    assert_eq!(offsets(&h), [1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_publishers_share_commits_and_one_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, sink) = open(dir.path());
+    let c = ch("race");
+    let tasks: Vec<_> = (0..8)
+        .map(|p| {
+            let (broker, c) = (broker.clone(), c.clone());
+            tokio::spawn(async move {
+                let mut mine = Vec::new();
+                for i in 0..50 {
+                    let data = Bytes::from(format!("[{p},{i}]"));
+                    mine.push(
+                        broker
+                            .publish(&c, data, StreamPolicy::default())
+                            .await
+                            .unwrap()
+                            .offset,
+                    );
+                }
+                mine
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        let mine = t.await.unwrap();
+        assert!(mine.windows(2).all(|w| w[0] < w[1]));
+        all.extend(mine);
+    }
+    all.sort_unstable();
+    assert_eq!(all, (1..=400).collect::<Vec<_>>());
+    assert_eq!(*sink.0.lock(), (1..=400).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn a_damaged_file_is_refused_with_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (broker, _) = open(dir.path());
+        for i in 0..200 {
+            broker
+                .publish(
+                    &ch("a"),
+                    Bytes::from(format!("\"{}\"", "x".repeat(i))),
+                    StreamPolicy::default(),
+                )
+                .await
+                .unwrap();
+        }
+    }
+    let file = dir.path().join(store::FILE_NAME);
+    let len = std::fs::metadata(&file).unwrap().len();
+    // Truncated.
+    let truncated = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(
+        truncated.path().join(store::FILE_NAME),
+        &bytes[..(len / 3) as usize],
+    )
+    .unwrap();
+    // Overwritten header.
+    let scribbled = tempfile::tempdir().unwrap();
+    let mut bad = bytes.clone();
+    bad[..512].fill(0x5a);
+    std::fs::write(scribbled.path().join(store::FILE_NAME), &bad).unwrap();
+    for dir in [truncated.path(), scribbled.path()] {
+        let err =
+            DurableBroker::open(dir, SyncPolicy::Group, Arc::new(Recorder::default())).unwrap_err();
+        let message = err.to_string();
+        assert!(matches!(err, OpenError::Damaged { .. }), "{message}");
+        assert!(
+            message.contains(store::FILE_NAME) && message.contains("new epoch"),
+            "{message}"
+        );
+    }
+}

@@ -1,0 +1,83 @@
+//! Running the `herald` binary in tests.
+
+#![allow(dead_code)]
+
+use std::{
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Child, Command, Stdio},
+};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_herald");
+
+/// The binary, with no `HERALD_*` variable from the developer's environment.
+pub fn herald() -> Command {
+    let mut c = Command::new(BIN);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("HERALD_") {
+            c.env_remove(k);
+        }
+    }
+    c
+}
+
+/// A `herald serve` process on a free port; killed when dropped.
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+    _data: Option<tempfile::TempDir>,
+}
+
+impl Server {
+    /// Starts with a fresh temporary data directory.
+    pub fn start(extra: &[&str]) -> Self {
+        let data = tempfile::tempdir().unwrap();
+        let mut server = Self::start_in(data.path(), extra);
+        server._data = Some(data);
+        server
+    }
+
+    /// Starts on a data directory that outlives the process.
+    pub fn start_in(data_dir: &Path, extra: &[&str]) -> Self {
+        let mut child = herald()
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--api-key",
+                "k",
+                "--log-format",
+                "json",
+                "--data-dir",
+            ])
+            .arg(data_dir)
+            .args(extra)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let address = loop {
+            let line = lines.next().expect("server logs its address").unwrap();
+            let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+            if v["fields"]["message"] == "herald is listening" {
+                break v["fields"]["address"].as_str().unwrap().to_string();
+            }
+        };
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Self {
+            child,
+            url: format!("http://{address}"),
+            _data: None,
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
