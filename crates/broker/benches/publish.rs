@@ -10,7 +10,7 @@ use std::{
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use herald_broker::{
-    Broker, DurableBroker, MemoryBroker, PublicationSink, SharedBroker, StreamPolicy, SyncPolicy,
+    DurableBroker, MemoryBroker, PublicationSink, SharedBroker, StreamPolicy, SyncPolicy,
 };
 use herald_protocol::{ChannelName, Epoch, Publication};
 
