@@ -18,11 +18,33 @@ use tokio::sync::oneshot;
 use super::{now_ms, Meta, SyncPolicy};
 use crate::{BrokerError, History, HistoryQuery, PublicationSink, StreamPolicy};
 
-/// (channel, offset) → (published at, ms since the Unix epoch; JSON payload).
-const PUBLICATIONS: TableDefinition<(&str, u64), (u64, &[u8])> =
+/// (channel, offset) → (published at in ms since the Unix epoch, CRC-32, JSON payload).
+const PUBLICATIONS: TableDefinition<(&str, u64), (u64, u32, &[u8])> =
     TableDefinition::new("publications");
-/// channel → (epoch, newest offset, last publish in ms since the Unix epoch).
-const STREAMS: TableDefinition<&str, (&str, u64, u64)> = TableDefinition::new("streams");
+/// channel → (epoch, newest offset, last publish in ms since the Unix epoch, CRC-32).
+const STREAMS: TableDefinition<&str, (&str, u64, u64, u32)> = TableDefinition::new("streams");
+
+/// Herald's own checksum of a record, key included, so a damaged page cannot pass for a
+/// publication at another offset. (redb checks its pages only when it recovers from a
+/// crash, not on every read.)
+fn record_crc(channel: &str, offset: u64, at_ms: u64, data: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(channel.as_bytes());
+    h.update(&offset.to_le_bytes());
+    h.update(&at_ms.to_le_bytes());
+    h.update(data);
+    h.finalize()
+}
+
+fn stream_crc(channel: &str, epoch: &str, top: u64, last_ms: u64) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(channel.as_bytes());
+    h.update(&[0]);
+    h.update(epoch.as_bytes());
+    h.update(&top.to_le_bytes());
+    h.update(&last_ms.to_le_bytes());
+    h.finalize()
+}
 
 /// The file name inside the data directory.
 pub const FILE_NAME: &str = "herald.redb";
@@ -109,6 +131,86 @@ fn damaged(path: &Path, e: impl std::fmt::Display) -> OpenError {
     }
 }
 
+/// Reads every stream and publication and checks it. A channel with any record that fails
+/// its checksum (or lies outside its stream) is reset: its history is deleted and it gets a
+/// new epoch, so clients resuming in it are told `recovered: false` instead of being served
+/// damaged data. A file that cannot be read at all is refused.
+fn verify(db: &Database, path: &Path) -> Result<Streams, OpenError> {
+    let mut metas: HashMap<String, Meta> = HashMap::new();
+    let mut bad: std::collections::BTreeSet<String> = Default::default();
+    {
+        let read = db.begin_read().map_err(|e| damaged(path, e))?;
+        match read.open_table(STREAMS) {
+            Ok(table) => {
+                for entry in table.iter().map_err(|e| damaged(path, e))? {
+                    let (k, v) = entry.map_err(|e| damaged(path, e))?;
+                    let channel = k.value().to_string();
+                    let (epoch, top, last, crc) = v.value();
+                    let valid = ChannelName::new(&channel).is_ok() && !epoch.is_empty();
+                    if !valid || crc != stream_crc(&channel, epoch, top, last) {
+                        bad.insert(channel);
+                        continue;
+                    }
+                    metas.insert(
+                        channel,
+                        Meta {
+                            epoch: Epoch::new(epoch),
+                            assigned: top,
+                            committed: top,
+                            policy: StreamPolicy::default(),
+                            last_publish_ms: last,
+                            subscribed: false,
+                        },
+                    );
+                }
+            }
+            Err(TableError::TableDoesNotExist(_)) => {}
+            Err(e) => return Err(damaged(path, e)),
+        }
+        match read.open_table(PUBLICATIONS) {
+            Ok(table) => {
+                for entry in table.iter().map_err(|e| damaged(path, e))? {
+                    let (k, v) = entry.map_err(|e| damaged(path, e))?;
+                    let (channel, offset) = k.value();
+                    let (at, crc, data) = v.value();
+                    let fits = metas.get(channel).is_some_and(|m| offset <= m.committed);
+                    if !fits || crc != record_crc(channel, offset, at, data) {
+                        bad.insert(channel.to_string());
+                    }
+                }
+            }
+            Err(TableError::TableDoesNotExist(_)) => {}
+            Err(e) => return Err(damaged(path, e)),
+        }
+    }
+    if !bad.is_empty() {
+        let write = db.begin_write().map_err(|e| damaged(path, e))?;
+        {
+            let mut pubs = write
+                .open_table(PUBLICATIONS)
+                .map_err(|e| damaged(path, e))?;
+            let mut streams = write.open_table(STREAMS).map_err(|e| damaged(path, e))?;
+            for channel in &bad {
+                let ch = channel.as_str();
+                pubs.retain_in((ch, 0)..=(ch, u64::MAX), |_, _| false)
+                    .map_err(|e| damaged(path, e))?;
+                streams.remove(ch).map_err(|e| damaged(path, e))?;
+                metas.remove(channel);
+                tracing::warn!(
+                    channel = ch,
+                    file = %path.display(),
+                    "damaged history dropped; the channel starts a new epoch (resuming clients get recovered: false)"
+                );
+            }
+        }
+        write.commit().map_err(|e| damaged(path, e))?;
+    }
+    Ok(metas
+        .into_iter()
+        .filter_map(|(c, m)| Some((ChannelName::new(&c).ok()?, m)))
+        .collect())
+}
+
 fn unavailable(e: impl std::fmt::Display) -> BrokerError {
     BrokerError::Unavailable(format!("storage: {e}"))
 }
@@ -125,33 +227,7 @@ impl Store {
         })?;
         let path = dir.join(FILE_NAME);
         let db = Database::create(&path).map_err(|e| damaged(&path, e))?;
-        let mut streams = Vec::new();
-        {
-            let read = db.begin_read().map_err(|e| damaged(&path, e))?;
-            match read.open_table(STREAMS) {
-                Ok(table) => {
-                    for entry in table.iter().map_err(|e| damaged(&path, e))? {
-                        let (k, v) = entry.map_err(|e| damaged(&path, e))?;
-                        let (epoch, top, last) = v.value();
-                        let channel = ChannelName::new(k.value()).map_err(|e| damaged(&path, e))?;
-                        if epoch.is_empty() {
-                            return Err(damaged(&path, format!("channel {channel} has no epoch")));
-                        }
-                        let meta = Meta {
-                            epoch: Epoch::new(epoch),
-                            assigned: top,
-                            committed: top,
-                            policy: StreamPolicy::default(),
-                            last_publish_ms: last,
-                            subscribed: false,
-                        };
-                        streams.push((channel, meta));
-                    }
-                }
-                Err(TableError::TableDoesNotExist(_)) => {}
-                Err(e) => return Err(damaged(&path, e)),
-            }
-        }
+        let streams = verify(&db, &path)?;
         let db = Arc::new(db);
         let (jobs, rx) = mpsc::channel();
         let failed = Arc::new(AtomicBool::new(false));
@@ -239,9 +315,15 @@ impl Store {
                 .take(query.limit)
             {
                 let (k, v) = entry.map_err(unavailable)?;
+                let offset = k.value().1;
+                let (at, crc, data) = v.value();
+                if crc != record_crc(ch, offset, at, data) {
+                    tracing::error!(channel = ch, offset, file = %self.path.display(), "damaged record; restart to drop it");
+                    return Err(unavailable(format!("record {offset} of {ch} is damaged")));
+                }
                 publications.push(Publication {
-                    offset: k.value().1,
-                    data: Bytes::copy_from_slice(v.value().1),
+                    offset,
+                    data: Bytes::copy_from_slice(data),
                 });
             }
         }
@@ -307,14 +389,33 @@ impl Committer {
                 match job {
                     Job::Publish(r) => {
                         let ch = r.channel.as_str();
-                        pubs.insert((ch, r.offset), (r.at_ms, &r.data[..]))?;
-                        streams.insert(ch, (r.epoch.as_str(), r.offset, r.at_ms))?;
+                        let crc = record_crc(ch, r.offset, r.at_ms, &r.data);
+                        pubs.insert((ch, r.offset), (r.at_ms, crc, &r.data[..]))?;
+                        let epoch = r.epoch.as_str();
+                        streams.insert(
+                            ch,
+                            (
+                                epoch,
+                                r.offset,
+                                r.at_ms,
+                                stream_crc(ch, epoch, r.offset, r.at_ms),
+                            ),
+                        )?;
                         tops.insert(ch, (r.offset, r.meta.lock().policy.history_size));
                     }
                     Job::Reset { channel, epoch, .. } => {
                         let ch = channel.as_str();
                         pubs.retain_in((ch, 0)..=(ch, u64::MAX), |_, _| false)?;
-                        streams.insert(ch, (epoch.as_str(), 0, now_ms()))?;
+                        let now = now_ms();
+                        streams.insert(
+                            ch,
+                            (
+                                epoch.as_str(),
+                                0,
+                                now,
+                                stream_crc(ch, epoch.as_str(), 0, now),
+                            ),
+                        )?;
                         tops.remove(ch);
                     }
                     Job::Forget { channel } => {
@@ -339,7 +440,9 @@ impl Committer {
                             end = Some(k.value().1 + 1);
                         }
                         if let Some(end) = end {
-                            pubs.retain_in((ch, 0)..(ch, end), |_, (at, _)| at >= *older_than_ms)?;
+                            pubs.retain_in((ch, 0)..(ch, end), |_, (at, _, _)| {
+                                at >= *older_than_ms
+                            })?;
                         }
                     }
                 }

@@ -261,3 +261,86 @@ async fn a_damaged_file_is_refused_with_its_path() {
         );
     }
 }
+
+/// Damage that leaves the file readable (payload bytes changed on disk) is caught by
+/// Herald's own checksums: the damaged channel starts a new epoch, an intact one keeps
+/// everything, and nothing altered is ever served.
+#[tokio::test]
+async fn damaged_records_reset_their_channel_instead_of_being_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let (damaged_epoch, intact_epoch) = {
+        let (broker, _) = open(dir.path());
+        let mut epochs = (None, None);
+        for i in 0..300 {
+            let p = broker
+                .publish(
+                    &ch("hit"),
+                    Bytes::from(format!("\"{:Q>200}\"", i)),
+                    StreamPolicy::default(),
+                )
+                .await
+                .unwrap();
+            epochs.0 = Some(p.epoch);
+        }
+        epochs.1 = Some(
+            broker
+                .publish(&ch("intact"), Bytes::from("1"), StreamPolicy::default())
+                .await
+                .unwrap()
+                .epoch,
+        );
+        (epochs.0.unwrap(), epochs.1.unwrap())
+    };
+    let file = dir.path().join(store::FILE_NAME);
+    let mut bytes = std::fs::read(&file).unwrap();
+    let flipped = bytes
+        .iter_mut()
+        .filter(|b| **b == b'Q')
+        .take(5000)
+        .map(|b| *b = b'R')
+        .count();
+    assert!(flipped > 0);
+    std::fs::write(&file, &bytes).unwrap();
+
+    let (broker, _) = open(dir.path());
+    let hit = broker
+        .history(
+            &ch("hit"),
+            HistoryQuery {
+                since: None,
+                limit: 1000,
+            },
+        )
+        .await
+        .unwrap();
+    assert_ne!(
+        hit.position.epoch, damaged_epoch,
+        "a damaged channel gets a new epoch"
+    );
+    assert!(hit.publications.is_empty());
+    let resume = broker
+        .history(
+            &ch("hit"),
+            HistoryQuery {
+                since: since(10, &damaged_epoch),
+                limit: 10,
+            },
+        )
+        .await;
+    assert!(
+        matches!(resume, Err(BrokerError::Unrecoverable { .. })),
+        "resuming clients are told"
+    );
+    let intact = broker
+        .history(
+            &ch("intact"),
+            HistoryQuery {
+                since: None,
+                limit: 10,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(intact.position.epoch, intact_epoch);
+    assert_eq!(offsets(&intact), [1]);
+}
