@@ -35,7 +35,7 @@ pub async fn upgrade(
         .max_message_size(limit)
         .max_frame_size(limit)
         // Small buffers: most connections are idle most of the time.
-        .read_buffer_size(4096)
+        .read_buffer_size(1024)
         .write_buffer_size(0)
         .on_upgrade(move |socket| {
             let tasks = node.tasks.clone();
