@@ -42,6 +42,12 @@ pub struct ServeArgs {
     /// Directory for durable history [env: HERALD_DATA_DIR] [default: herald-data]
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Where history is kept: durable (in --data-dir) or memory [env: HERALD_STORAGE] [default: durable]
+    #[arg(long, value_parser = ["durable", "memory"])]
+    pub storage: Option<String>,
+    /// When durable writes reach the disk: group, always or none [env: HERALD_SYNC] [default: group]
+    #[arg(long, value_parser = ["group", "always", "none"])]
+    pub sync: Option<String>,
     /// Worker threads, 0 = one per core [env: HERALD_WORKERS] [default: 0]
     #[arg(long)]
     pub workers: Option<usize>,

@@ -24,6 +24,10 @@ struct Flags<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     data_dir: Option<&'a std::path::Path>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    storage: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sync: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     log_level: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     log_format: Option<&'a str>,
@@ -44,6 +48,8 @@ pub fn load(args: &ServeArgs) -> anyhow::Result<Config> {
             api_key: args.api_key.as_deref(),
             workers: args.workers,
             data_dir: args.data_dir.as_deref(),
+            storage: args.storage.as_deref(),
+            sync: args.sync.as_deref(),
             log_level: args.log_level.as_deref(),
             log_format: args.log_format.as_deref(),
             allowed_origins: &args.allowed_origin,

@@ -163,8 +163,20 @@ fn flags_beat_environment_which_beats_the_file() {
         Some(3),
         "untouched keys keep the file's value"
     );
-    let with_flag = effective(&env, &["--listen", "127.0.0.1:3333"]);
+    let with_flag = effective(
+        &env,
+        &[
+            "--listen",
+            "127.0.0.1:3333",
+            "--storage",
+            "memory",
+            "--sync",
+            "always",
+        ],
+    );
     assert_eq!(with_flag["listen"].as_str(), Some("127.0.0.1:3333"));
+    assert_eq!(with_flag["storage"].as_str(), Some("memory"));
+    assert_eq!(with_flag["sync"].as_str(), Some("always"));
 }
 
 #[test]
