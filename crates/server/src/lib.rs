@@ -24,10 +24,7 @@ pub mod router;
 pub mod session;
 pub mod transport;
 
-use std::{
-    future::{Future, IntoFuture},
-    sync::Arc,
-};
+use std::{future::Future, sync::Arc};
 
 use tokio::net::TcpListener;
 
@@ -53,18 +50,52 @@ pub async fn serve(
         }
     });
     let app = router::router(node.clone());
-    let server = axum::serve(listener, app).with_graceful_shutdown(token.clone().cancelled_owned());
-    let mut server = std::pin::pin!(server.into_future());
-    tokio::select! {
-        result = &mut server => return result,
-        _ = token.cancelled() => {}
+    // HTTP connections (upgraded WebSockets live on in `node.tasks`).
+    let connections = tokio_util::task::TaskTracker::new();
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Out of descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = token.cancelled() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        let service =
+            hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                tower::ServiceExt::oneshot(app.clone(), request)
+            });
+        // HTTP/1.1 only: browsers speak HTTP/2 only over TLS, which Herald leaves to a proxy.
+        let connection = hyper::server::conn::http1::Builder::new()
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+            .with_upgrades();
+        let token = token.clone();
+        connections.spawn(async move {
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = token.cancelled() => {
+                    // Finish the request in flight, then close.
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+        });
     }
     tracing::info!(connections = node.connection_count(), "shutting down");
+    drop(listener);
     let drain = async {
-        let result = server.await;
+        connections.close();
+        connections.wait().await;
         node.tasks.close();
         node.tasks.wait().await;
-        result
+        Ok(())
     };
     match tokio::time::timeout(node.settings.config.shutdown_timeout, drain).await {
         Ok(result) => result,
