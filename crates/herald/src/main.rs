@@ -57,6 +57,7 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
         let node = herald_server::Node::embedded(settings)?;
+        let shutdown = shutdown_signal()?;
         tracing::info!(
             address = %listener.local_addr()?,
             workers,
@@ -66,7 +67,7 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
             data_dir = %node.settings.config.data_dir.display(),
             "herald is listening"
         );
-        herald_server::serve(listener, node.clone(), shutdown_signal()).await?;
+        herald_server::serve(listener, node.clone(), shutdown).await?;
         // Dropping the last handle closes the data file cleanly.
         drop(node);
         tracing::info!("stopped");
@@ -74,17 +75,23 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Registers for SIGTERM and SIGINT now (before the server says it is ready), so a signal
+/// that arrives early still shuts down gracefully instead of killing the process.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("installing a SIGTERM handler");
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        Ok(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+        })
     }
     #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
 }
