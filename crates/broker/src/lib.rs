@@ -139,3 +139,42 @@ pub trait Broker: Send + Sync + 'static {
 
 /// A broker behind a shared handle.
 pub type SharedBroker = Arc<dyn Broker>;
+
+/// Whether a resume from `since` can be served when the stream is at `current` and its
+/// oldest readable publication is `first` (top + 1 when history is empty): the epoch must
+/// match (or not be given), and `since + 1` must still be in history or be the next offset.
+pub(crate) fn check_since(
+    since: &Since,
+    current: &StreamPosition,
+    first: u64,
+) -> Result<(), BrokerError> {
+    let epoch_ok = since.epoch.as_ref().is_none_or(|e| *e == current.epoch);
+    if !epoch_ok || since.offset > current.offset || since.offset + 1 < first {
+        return Err(BrokerError::Unrecoverable {
+            current: current.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Inside a Tokio runtime, calls `sweep` on the broker every second until it is dropped.
+pub(crate) fn spawn_sweeper<B: Send + Sync + 'static>(broker: &Arc<B>, sweep: fn(&B)) {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return;
+    }
+    let broker = Arc::downgrade(broker);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match broker.upgrade() {
+                Some(broker) => sweep(&broker),
+                None => return,
+            }
+        }
+    });
+}
+
+#[cfg(any(test, feature = "testkit"))]
+pub mod conformance;

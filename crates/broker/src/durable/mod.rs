@@ -14,8 +14,8 @@ use std::{
     collections::HashMap,
     hash::BuildHasher,
     path::Path,
-    sync::{Arc, Weak},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    sync::Arc,
+    time::{SystemTime, UNIX_EPOCH},
 };
 
 use async_trait::async_trait;
@@ -100,12 +100,7 @@ impl DurableBroker {
                 .lock()
                 .insert(channel, Arc::new(Mutex::new(meta)));
         }
-        if tokio::runtime::Handle::try_current().is_ok() {
-            tokio::spawn(sweep_forever(
-                Arc::downgrade(&broker),
-                Duration::from_secs(1),
-            ));
-        }
+        crate::spawn_sweeper(&broker, Self::sweep);
         Ok(broker)
     }
 
@@ -159,18 +154,6 @@ impl DurableBroker {
         }
         for job in jobs {
             self.store.submit(job);
-        }
-    }
-}
-
-async fn sweep_forever(broker: Weak<DurableBroker>, every: Duration) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        match broker.upgrade() {
-            Some(broker) => broker.sweep(),
-            None => return,
         }
     }
 }

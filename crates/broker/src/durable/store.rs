@@ -298,12 +298,7 @@ impl Store {
         let from = match &query.since {
             None => first.max((top + 1).saturating_sub(query.limit as u64)),
             Some(since) => {
-                let epoch_ok = since.epoch.as_ref().is_none_or(|e| *e == position.epoch);
-                if !epoch_ok || since.offset > top || since.offset + 1 < first {
-                    return Err(BrokerError::Unrecoverable {
-                        current: position.clone(),
-                    });
-                }
+                crate::check_since(since, position, first)?;
                 since.offset + 1
             }
         };

@@ -3,8 +3,7 @@
 use std::{
     collections::{HashMap, VecDeque},
     hash::BuildHasher,
-    sync::{Arc, Weak},
-    time::Duration,
+    sync::Arc,
 };
 
 use async_trait::async_trait;
@@ -100,12 +99,8 @@ impl Stream {
                 window.skip(skip).cloned().collect()
             }
             Some(since) => {
-                let epoch_ok = since.epoch.as_ref().is_none_or(|e| *e == self.epoch);
                 let first = self.history.front().map_or(self.top + 1, |(_, p)| p.offset);
-                // `since.offset + 1` must be in history, or be the next offset to come.
-                if !epoch_ok || since.offset > self.top || since.offset + 1 < first {
-                    return Err(BrokerError::Unrecoverable { current: position });
-                }
+                crate::check_since(since, &position, first)?;
                 let skip = (since.offset + 1 - first) as usize;
                 window.skip(skip).take(query.limit).cloned().collect()
             }
@@ -126,12 +121,7 @@ impl MemoryBroker {
             hasher: Default::default(),
             sink,
         });
-        if tokio::runtime::Handle::try_current().is_ok() {
-            tokio::spawn(sweep_forever(
-                Arc::downgrade(&broker),
-                Duration::from_secs(1),
-            ));
-        }
+        crate::spawn_sweeper(&broker, Self::sweep);
         broker
     }
 
@@ -161,18 +151,6 @@ impl MemoryBroker {
                 stream.trim(now);
                 !stream.expired(now)
             });
-        }
-    }
-}
-
-async fn sweep_forever(broker: Weak<MemoryBroker>, every: Duration) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        match broker.upgrade() {
-            Some(broker) => broker.sweep(),
-            None => return,
         }
     }
 }

@@ -1,0 +1,268 @@
+//! The contract as tests: every broker runs this same suite (the memory and durable ones
+//! here; Redis and NATS brokers from their own crates with the `testkit` feature).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use herald_protocol::{ChannelName, Epoch, Publication, Since};
+use parking_lot::Mutex;
+
+use crate::{BrokerError, HistoryQuery, PublicationSink, SharedBroker, StreamPolicy};
+
+/// A sink that remembers what it was handed: (channel, epoch, offset).
+#[derive(Debug, Default)]
+pub struct Recorder(pub Mutex<Vec<(String, String, u64)>>);
+
+impl PublicationSink for Recorder {
+    fn on_publication(&self, channel: &ChannelName, epoch: &Epoch, p: &Publication) {
+        self.0
+            .lock()
+            .push((channel.to_string(), epoch.to_string(), p.offset));
+    }
+}
+
+impl Recorder {
+    /// Offsets handed over for one channel, in order.
+    pub fn offsets(&self, channel: &str) -> Vec<u64> {
+        self.0
+            .lock()
+            .iter()
+            .filter(|r| r.0 == channel)
+            .map(|r| r.2)
+            .collect()
+    }
+}
+
+/// Runs every check; `make` builds a fresh, empty broker around a sink.
+pub async fn run_all(make: impl Fn(Arc<dyn PublicationSink>) -> SharedBroker) {
+    offsets_count_from_one_and_history_reads_since_a_position(&make).await;
+    gaps_history_cannot_cover_are_unrecoverable(&make).await;
+    removing_history_changes_the_epoch(&make).await;
+    concurrent_publishers_share_one_order(&make).await;
+}
+
+fn ch(name: &str) -> ChannelName {
+    ChannelName::new(name).expect("test channel names are valid")
+}
+
+fn since(offset: u64, epoch: &Epoch) -> Option<Since> {
+    Some(Since {
+        offset,
+        epoch: Some(epoch.clone()),
+    })
+}
+
+fn offsets(publications: &[Publication]) -> Vec<u64> {
+    publications.iter().map(|p| p.offset).collect()
+}
+
+async fn offsets_count_from_one_and_history_reads_since_a_position(
+    make: &impl Fn(Arc<dyn PublicationSink>) -> SharedBroker,
+) {
+    let sink = Arc::new(Recorder::default());
+    let broker = make(sink.clone());
+    let c = ch("conformance:a");
+    let empty = broker.history(&c, HistoryQuery::default()).await.unwrap();
+    assert_eq!(empty.position.offset, 0, "an unused channel is at offset 0");
+    for i in 1..=5 {
+        let pos = broker
+            .publish(&c, Bytes::from(i.to_string()), StreamPolicy::default())
+            .await
+            .unwrap();
+        assert_eq!(pos.offset, i);
+        assert_eq!(
+            pos.epoch, empty.position.epoch,
+            "the epoch a reader saw is the one publications get"
+        );
+    }
+    let epoch = empty.position.epoch;
+    let h = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(2, &epoch),
+                limit: 100,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(offsets(&h.publications), [3, 4, 5]);
+    assert_eq!(h.publications[0].data, Bytes::from("3"));
+    let paged = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(2, &epoch),
+                limit: 2,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(offsets(&paged.publications), [3, 4]);
+    let at_top = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(5, &epoch),
+                limit: 100,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(at_top.publications.is_empty());
+    let newest = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: None,
+                limit: 2,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(offsets(&newest.publications), [4, 5]);
+    assert_eq!(sink.offsets("conformance:a"), [1, 2, 3, 4, 5]);
+}
+
+async fn gaps_history_cannot_cover_are_unrecoverable(
+    make: &impl Fn(Arc<dyn PublicationSink>) -> SharedBroker,
+) {
+    let broker = make(Arc::new(Recorder::default()));
+    let c = ch("conformance:b");
+    let policy = StreamPolicy {
+        history_size: 3,
+        ..Default::default()
+    };
+    let mut epoch = None;
+    for i in 1..=10 {
+        epoch = Some(
+            broker
+                .publish(&c, Bytes::from(i.to_string()), policy)
+                .await
+                .unwrap()
+                .epoch,
+        );
+    }
+    let epoch = epoch.unwrap();
+    // History holds 8, 9, 10: resuming after 7 works, after 6 would skip 7.
+    let ok = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(7, &epoch),
+                limit: 10,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(offsets(&ok.publications), [8, 9, 10]);
+    let gap = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(6, &epoch),
+                limit: 10,
+            },
+        )
+        .await;
+    assert!(matches!(gap, Err(BrokerError::Unrecoverable { current }) if current.offset == 10));
+    let wrong = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(9, &Epoch::new("other")),
+                limit: 10,
+            },
+        )
+        .await;
+    assert!(
+        matches!(wrong, Err(BrokerError::Unrecoverable { .. })),
+        "another epoch is never trusted"
+    );
+    let future = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(11, &epoch),
+                limit: 10,
+            },
+        )
+        .await;
+    assert!(matches!(future, Err(BrokerError::Unrecoverable { .. })));
+    let any_epoch = Some(Since {
+        offset: 8,
+        epoch: None,
+    });
+    let h = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: any_epoch,
+                limit: 10,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(offsets(&h.publications), [9, 10]);
+}
+
+async fn removing_history_changes_the_epoch(
+    make: &impl Fn(Arc<dyn PublicationSink>) -> SharedBroker,
+) {
+    let broker = make(Arc::new(Recorder::default()));
+    let c = ch("conformance:c");
+    let before = broker
+        .publish(&c, Bytes::from("1"), StreamPolicy::default())
+        .await
+        .unwrap();
+    broker.remove_history(&c).await.unwrap();
+    let after = broker
+        .publish(&c, Bytes::from("2"), StreamPolicy::default())
+        .await
+        .unwrap();
+    assert_eq!(after.offset, 1, "offsets restart with the new epoch");
+    assert_ne!(after.epoch, before.epoch);
+}
+
+async fn concurrent_publishers_share_one_order(
+    make: &impl Fn(Arc<dyn PublicationSink>) -> SharedBroker,
+) {
+    let sink = Arc::new(Recorder::default());
+    let broker = make(sink.clone());
+    let c = ch("conformance:race");
+    let tasks: Vec<_> = (0..8)
+        .map(|p| {
+            let (broker, c) = (broker.clone(), c.clone());
+            tokio::spawn(async move {
+                let mut mine = Vec::new();
+                for i in 0..50 {
+                    let data = Bytes::from(format!("[{p},{i}]"));
+                    mine.push(
+                        broker
+                            .publish(&c, data, StreamPolicy::default())
+                            .await
+                            .unwrap()
+                            .offset,
+                    );
+                }
+                mine
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        let mine = t.await.unwrap();
+        assert!(
+            mine.windows(2).all(|w| w[0] < w[1]),
+            "one publisher's offsets only grow"
+        );
+        all.extend(mine);
+    }
+    all.sort_unstable();
+    assert_eq!(all, (1..=400).collect::<Vec<_>>());
+    assert_eq!(
+        sink.offsets("conformance:race"),
+        (1..=400).collect::<Vec<_>>(),
+        "sinks see offset order"
+    );
+}
