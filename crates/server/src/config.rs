@@ -40,6 +40,9 @@ pub struct Config {
     /// one fsync; an acknowledged publication is on disk), `always` (one fsync each), or
     /// `none` (no fsync; a machine crash may lose recent publications).
     pub sync: SyncMode,
+    /// Most connections (of every transport, long-polls included) at once; more are refused
+    /// with 503 and error 106. 0 = no limit. Default 100000.
+    pub max_connections: usize,
     /// Longest wait for connections to close and requests to finish on shutdown.
     /// Default `10s`.
     #[serde(with = "humantime_serde")]
@@ -127,6 +130,9 @@ pub struct ClientConfig {
     /// Most publications returned by one history read or one resume. A resume that
     /// would need more answers `recovered: false`. Default 1000.
     pub max_history_limit: usize,
+    /// Commands one connection may send per second, on average; bursts of twice this pass.
+    /// Commands over the rate get error 111 and are not executed. 0 = no limit. Default 200.
+    pub max_commands_per_second: u32,
 }
 
 /// Settings of the HTTP transports.
@@ -217,6 +223,7 @@ impl Default for Config {
             data_dir: "herald-data".into(),
             storage: StorageEngine::Durable,
             sync: SyncMode::Group,
+            max_connections: 100_000,
             shutdown_timeout: Duration::from_secs(10),
             client: ClientConfig::default(),
             http: HttpConfig::default(),
@@ -245,6 +252,7 @@ impl Default for ClientConfig {
             max_frame_size: 65536,
             max_subscriptions: 512,
             max_history_limit: 1000,
+            max_commands_per_second: 200,
         }
     }
 }

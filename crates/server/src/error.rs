@@ -30,7 +30,10 @@ impl Failure {
             ErrorCode::PermissionDenied => StatusCode::FORBIDDEN,
             ErrorCode::MethodNotFound => StatusCode::NOT_FOUND,
             ErrorCode::AlreadySubscribed | ErrorCode::BadConnectState => StatusCode::CONFLICT,
-            ErrorCode::LimitExceeded | ErrorCode::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
+            // Per-connection limits answer 429; the server-wide connection limit is the
+            // only one a transport sees before a session exists, and says 503 there.
+            ErrorCode::LimitExceeded => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::BadRequest | ErrorCode::InvalidChannel | ErrorCode::NotSubscribed => {
                 StatusCode::BAD_REQUEST
             }

@@ -40,7 +40,43 @@ pub struct Session {
     connected: bool,
     stateless: bool,
     client: Box<str>,
+    rate: Rate,
     scratch: Vec<Arc<Delivery>>,
+}
+
+/// A token bucket: `per_second` commands on average, bursts of twice that.
+#[derive(Debug)]
+struct Rate {
+    per_second: f64,
+    tokens: f64,
+    refilled: std::time::Instant,
+}
+
+impl Rate {
+    fn new(per_second: u32) -> Self {
+        let per_second = f64::from(per_second);
+        Self {
+            per_second,
+            tokens: per_second * 2.0,
+            refilled: std::time::Instant::now(),
+        }
+    }
+
+    fn allow(&mut self) -> bool {
+        if self.per_second == 0.0 {
+            return true;
+        }
+        let now = std::time::Instant::now();
+        let earned = now.duration_since(self.refilled).as_secs_f64() * self.per_second;
+        self.tokens = (self.tokens + earned).min(self.per_second * 2.0);
+        self.refilled = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 impl Session {
@@ -56,6 +92,7 @@ impl Session {
             connected: false,
             stateless: false,
             client,
+            rate: Rate::new(node.settings.config.client.max_commands_per_second),
             scratch: Vec::new(),
         }
     }
@@ -99,6 +136,16 @@ impl Session {
     }
 
     async fn handle(&mut self, command: Command, out: &mut Vec<u8>) {
+        if !self.rate.allow() {
+            let limit = self.node().settings.config.client.max_commands_per_second;
+            let message =
+                format!("more than {limit} commands per second; this one was not executed");
+            line(
+                out,
+                &json::encode_error(command.id, ErrorCode::TooManyRequests, &message),
+            );
+            return;
+        }
         let reply = Reply {
             id: command.id,
             method: command.method.name(),

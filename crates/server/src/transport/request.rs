@@ -7,14 +7,21 @@ use herald_protocol::{ChannelName, Cursor, ErrorCode, Since};
 
 use crate::{error::Failure, node::Node};
 
-/// Whether a new connection or poll may start: the origin is allowed and the server is
-/// not shutting down. Every transport asks this first.
+/// Whether a new connection or poll may start: the origin is allowed, the server is not
+/// shutting down, and it holds fewer than `max_connections`. Every transport asks this first.
 pub fn admit(node: &Node, headers: &HeaderMap) -> Result<(), Failure> {
     super::origin::check(&node.settings, headers)?;
     if node.shutdown.is_cancelled() {
         return Err(Failure::new(
             ErrorCode::ShuttingDown,
             "server is shutting down",
+        ));
+    }
+    let limit = node.settings.config.max_connections;
+    if limit > 0 && node.connection_count() >= limit {
+        return Err(Failure::new(
+            ErrorCode::LimitExceeded,
+            format!("the server holds its maximum of {limit} connections; retry later"),
         ));
     }
     Ok(())

@@ -128,3 +128,58 @@ async fn a_slow_consumer_is_disconnected_and_others_keep_receiving() {
     drop(slow);
     server.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_command_flood_is_rate_limited_without_closing_or_disturbing_others() {
+    let mut cfg = config();
+    cfg.client.max_commands_per_second = 50;
+    let server = start(cfg).await;
+    let mut calm = bystander(&server).await;
+    let mut flooder = server.client().await;
+    let frame: Vec<String> = (1..=300)
+        .map(|id| format!("{{\"id\":{id},\"ping\":{{}}}}"))
+        .collect();
+    flooder.send_text(frame.join("\n")).await;
+    let (mut ok, mut limited) = (0, 0);
+    for _ in 0..300 {
+        let line = flooder.next_line().await;
+        match line["error"]["code"].as_u64() {
+            Some(111) => limited += 1,
+            None => ok += 1,
+            other => panic!("unexpected {other:?}: {line}"),
+        }
+    }
+    // A burst of twice the rate passes (plus what refills while the frame is handled).
+    assert!((100..150).contains(&ok), "{ok} passed, {limited} limited");
+    assert_eq!(ok + limited, 300);
+    bystander_still_served(&server, &mut calm).await;
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn connections_beyond_the_limit_are_refused_clearly() {
+    let mut cfg = config();
+    cfg.max_connections = 2;
+    let server = start(cfg).await;
+    let _a = server.client().await;
+    let _b = server.client().await;
+    eventually("both connections are established", || async {
+        server.node.connection_count() == 2
+    })
+    .await;
+    let refused =
+        tokio_tungstenite::connect_async(format!("ws://{}/connection/websocket", server.addr))
+            .await;
+    match refused {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status(), 503),
+        other => panic!("expected 503, got {other:?}"),
+    }
+    let (status, body) = response(
+        reqwest::get(server.url("/connection/poll?channel=x"))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((status, body["error"]["code"].as_u64()), (503, Some(106)));
+    server.stop().await.unwrap();
+}
