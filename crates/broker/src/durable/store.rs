@@ -60,6 +60,12 @@ pub enum OpenError {
         /// What the OS said.
         source: std::io::Error,
     },
+    /// Another process (or another broker in this one) has the file open.
+    #[error("data file {path} is in use by another process: is another herald running with the same data directory?")]
+    InUse {
+        /// The file.
+        path: PathBuf,
+    },
     /// The file exists but is not a readable Herald database.
     #[error(
         "data file {path} is damaged or is not a Herald database ({reason}). Herald will not serve \
@@ -226,7 +232,14 @@ impl Store {
             source,
         })?;
         let path = dir.join(FILE_NAME);
-        let db = Database::create(&path).map_err(|e| damaged(&path, e))?;
+        let db = match Database::create(&path) {
+            Ok(db) => db,
+            Err(
+                redb::DatabaseError::DatabaseAlreadyOpen
+                | redb::DatabaseError::LockProtocolMismatch,
+            ) => return Err(OpenError::InUse { path }),
+            Err(e) => return Err(damaged(&path, e)),
+        };
         let streams = verify(&db, &path)?;
         let db = Arc::new(db);
         let (jobs, rx) = mpsc::channel();

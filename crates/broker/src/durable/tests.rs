@@ -262,3 +262,13 @@ async fn damaged_records_reset_their_channel_instead_of_being_served() {
     assert_eq!(intact.position.epoch, intact_epoch);
     assert_eq!(offsets(&intact), [1]);
 }
+
+#[tokio::test]
+async fn a_file_in_use_is_reported_as_such_not_as_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_first, _) = open(dir.path());
+    let err = DurableBroker::open(dir.path(), SyncPolicy::Group, Arc::new(Recorder::default()))
+        .unwrap_err();
+    assert!(matches!(err, OpenError::InUse { .. }), "{err}");
+    assert!(err.to_string().contains("another herald"), "{err}");
+}
