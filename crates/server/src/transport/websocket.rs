@@ -11,7 +11,7 @@ use axum::{
     http::HeaderMap,
     response::{IntoResponse, Response},
 };
-use futures_util::{SinkExt, StreamExt};
+use futures_util::SinkExt;
 use herald_protocol::DisconnectCode;
 use tokio::time::Instant;
 
@@ -45,7 +45,9 @@ pub async fn upgrade(
 
 async fn run(socket: WebSocket, node: Arc<Node>) {
     let mut session = Session::new(&node);
-    let (mut tx, mut rx) = socket.split();
+    // One socket, not split halves: the task never reads and writes at the same time, and
+    // split() costs a lock on every poll.
+    let mut socket = socket;
     let client = &node.settings.config.client;
     let (ping_every, idle_timeout, write_timeout) = (
         client.ping_interval,
@@ -60,7 +62,7 @@ async fn run(socket: WebSocket, node: Arc<Node>) {
         let step: Result<(), Disconnect> = tokio::select! {
             biased;
             _ = node.shutdown.cancelled() => Err(Disconnect::new(DisconnectCode::Shutdown)),
-            message = rx.next() => {
+            message = socket.recv() => {
                 last_heard = Instant::now();
                 match message {
                     None | Some(Ok(Message::Close(_))) => break None,
@@ -78,13 +80,13 @@ async fn run(socket: WebSocket, node: Arc<Node>) {
                 if last_heard.elapsed() >= idle_timeout {
                     Err(Disconnect::because(DisconnectCode::Stale, format!("nothing received for {idle_timeout:?}")))
                 } else {
-                    send(&mut tx, Message::Ping(Default::default()), write_timeout).await
+                    send(&mut socket, Message::Ping(Default::default()), write_timeout).await
                 }
             }
         };
         // Replies first, then whatever publications are queued, in frames of bounded size.
         let flushed = match step {
-            Ok(()) => flush(&mut session, &mut tx, &mut out, write_timeout).await,
+            Ok(()) => flush(&mut session, &mut socket, &mut out, write_timeout).await,
             Err(d) => Err(d),
         };
         if let Err(d) = flushed {
@@ -102,14 +104,14 @@ async fn run(socket: WebSocket, node: Arc<Node>) {
                 code: d.code.code(),
                 reason: Utf8Bytes::from(d.short_reason()),
             };
-            if send(&mut tx, Message::Close(Some(frame)), CLOSE_GRACE)
+            if send(&mut socket, Message::Close(Some(frame)), CLOSE_GRACE)
                 .await
                 .is_ok()
             {
                 // RFC 6455 §7.1.1: wait (briefly) for the peer's Close before dropping TCP,
                 // so the peer reads our code instead of a reset.
                 let _ = tokio::time::timeout(CLOSE_GRACE, async {
-                    while let Some(Ok(m)) = rx.next().await {
+                    while let Some(Ok(m)) = socket.recv().await {
                         if let Message::Close(_) = m {
                             break;
                         }
