@@ -57,7 +57,7 @@ pub struct ServeArgs {
     /// Log format [env: HERALD_LOG_FORMAT] [default: text]
     #[arg(long, value_parser = ["text", "json"])]
     pub log_format: Option<String>,
-    /// Browser origin allowed to connect (repeatable; `*` for any) [env: HERALD_ALLOWED_ORIGINS]
+    /// Browser origin allowed to connect (repeatable; `*` for any) [env: HERALD_ALLOWED_ORIGINS='["https://a.example"]']
     #[arg(long)]
     pub allowed_origin: Vec<String>,
     /// Print the effective configuration as TOML and exit.

@@ -242,3 +242,22 @@ fn sigterm_stops_the_server_promptly() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn lists_in_the_environment_use_toml_array_syntax_as_documented() {
+    let out = herald()
+        .args(["serve", "--print-config"])
+        .env(
+            "HERALD_ALLOWED_ORIGINS",
+            r#"["https://a.example","https://b.example"]"#,
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let config: toml::Table = String::from_utf8(out.stdout).unwrap().parse().unwrap();
+    assert_eq!(config["allowed_origins"].as_array().unwrap().len(), 2);
+}

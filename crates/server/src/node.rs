@@ -68,9 +68,20 @@ impl Node {
         settings: Settings,
         make_broker: impl FnOnce(Arc<dyn PublicationSink>) -> SharedBroker,
     ) -> Arc<Self> {
+        let built: Result<_, std::convert::Infallible> =
+            Self::try_new(settings, |sink| Ok(make_broker(sink)));
+        let Ok(node) = built;
+        node
+    }
+
+    /// Like [`Node::new`], for brokers whose construction can fail (opening a file).
+    pub fn try_new<E>(
+        settings: Settings,
+        make_broker: impl FnOnce(Arc<dyn PublicationSink>) -> Result<SharedBroker, E>,
+    ) -> Result<Arc<Self>, E> {
         let hub = Arc::new(Hub::default());
-        let broker = make_broker(hub.clone());
-        Arc::new(Self {
+        let broker = make_broker(hub.clone())?;
+        Ok(Arc::new(Self {
             settings,
             broker,
             hub,
@@ -80,7 +91,7 @@ impl Node {
             connections: AtomicUsize::new(0),
             next_session: AtomicU64::new(1),
             started: Instant::now(),
-        })
+        }))
     }
 
     /// A node with the embedded memory broker.
@@ -99,25 +110,13 @@ impl Node {
             settings.config.sync.into(),
         );
         let rules = settings.clone();
-        let mut failed = None;
-        let node = Self::new(settings, |sink| {
+        Self::try_new(settings, |sink| {
             let memory: SharedBroker = MemoryBroker::new(sink.clone());
-            match DurableBroker::open(&dir, sync, sink) {
-                Ok(durable) => Arc::new(Routed::new(
-                    durable,
-                    memory,
-                    move |c: &herald_protocol::ChannelName| rules.namespace(c.namespace()).durable,
-                )),
-                Err(e) => {
-                    failed = Some(e);
-                    memory
-                }
-            }
-        });
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(node),
-        }
+            let durable = DurableBroker::open(&dir, sync, sink)?;
+            let is_durable =
+                move |c: &herald_protocol::ChannelName| rules.namespace(c.namespace()).durable;
+            Ok(Arc::new(Routed::new(durable, memory, is_durable)))
+        })
     }
 
     /// Registers a new connection; the guard unregisters it when dropped.

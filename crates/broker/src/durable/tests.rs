@@ -1,17 +1,10 @@
 use std::sync::Arc;
 
-use herald_protocol::{Publication, Since};
+use herald_protocol::Since;
 
 use super::*;
 
-#[derive(Default)]
-struct Recorder(Mutex<Vec<u64>>);
-
-impl PublicationSink for Recorder {
-    fn on_publication(&self, _: &ChannelName, _: &Epoch, p: &Publication) {
-        self.0.lock().push(p.offset);
-    }
-}
+use crate::conformance::Recorder;
 
 fn ch(name: &str) -> ChannelName {
     ChannelName::new(name).unwrap()
@@ -66,7 +59,7 @@ async fn offsets_epochs_and_history_survive_a_restart() {
             epoch = Some(p.epoch);
         }
         assert_eq!(
-            *sink.0.lock(),
+            sink.offsets("chat:a"),
             [1, 2, 3, 4, 5],
             "fanned out in order, after commit"
         );

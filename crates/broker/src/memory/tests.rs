@@ -1,20 +1,10 @@
 use std::{sync::Arc, time::Duration};
 
 use herald_protocol::Since;
-use parking_lot::Mutex;
 
 use super::*;
 
-#[derive(Default)]
-struct Recorder(Mutex<Vec<(String, String, u64)>>);
-
-impl PublicationSink for Recorder {
-    fn on_publication(&self, channel: &ChannelName, epoch: &Epoch, p: &Publication) {
-        self.0
-            .lock()
-            .push((channel.to_string(), epoch.to_string(), p.offset));
-    }
-}
+use crate::conformance::Recorder;
 
 fn ch(name: &str) -> ChannelName {
     ChannelName::new(name).unwrap()

@@ -158,12 +158,9 @@ impl Session {
     }
 
     async fn dispatch(&mut self, reply: Reply, method: Method) -> Result<Option<Vec<u8>>, Failure> {
-        if !self.connected {
-            if let Method::Connect(_) = method {
-            } else {
-                // Commands before `connect` open an anonymous session implicitly.
-                self.connected = true;
-            }
+        if !matches!(method, Method::Connect(_)) {
+            // Commands before `connect` open an anonymous session implicitly.
+            self.connected = true;
         }
         match method {
             Method::Connect(_) => {

@@ -161,6 +161,21 @@ async fn http_streaming_sends_commands_through_the_session_and_replies_in_order(
     let b: Value = serde_json::from_str(&s.next().await.unwrap()).unwrap();
     assert_eq!(b["pub"]["channel"], "open:b");
 
+    // A frame the session cannot trust ends the stream with a reason, and the sender is told.
+    let (status, body) = response(send("{\"id\":3,\"publish\":").await.unwrap()).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_u64()),
+        (400, Some(107)),
+        "{body}"
+    );
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("malformed"));
+    let end: Value = serde_json::from_str(&s.next().await.unwrap()).unwrap();
+    assert_eq!(end["disconnect"]["code"], 3501, "{end}");
+    assert_eq!(s.next().await, None, "the stream ends");
+
     let unknown = http
         .post(server.url("/connection/send?session=nope"))
         .body("{\"ping\":{}}")
