@@ -22,7 +22,7 @@ use super::{
 use crate::{
     error::{Disconnect, Failure},
     node::{Inbound, Node},
-    session::Session,
+    session::{Positions, Session},
 };
 
 /// How pushes are wrapped on the wire.
@@ -91,6 +91,15 @@ impl Framing {
                 script_safe(json, out);
                 out.extend_from_slice(b");</script>\n");
             }
+        }
+    }
+
+    /// One push with the session's positions right after it. Only SSE carries them (as the
+    /// event id), so the cursor string is built only there: this runs once per delivery.
+    pub fn push_at(&self, json: &[u8], at: Positions<'_>, out: &mut Vec<u8>) {
+        match self {
+            Framing::Sse => self.push(json, Some(&at.cursor()), out),
+            _ => self.push(json, None, out),
         }
     }
 
@@ -211,7 +220,7 @@ async fn start(
     for (channel, since) in request.channels {
         session
             .open_channel(channel, since, |json, at| {
-                framing.push(json, Some(&at.cursor()), &mut first)
+                framing.push_at(json, at, &mut first)
             })
             .await?;
     }
@@ -284,9 +293,8 @@ async fn pump(
             Some(Inbound { frame, done }) = inbox.recv() => {
                 let mut replies = Vec::new();
                 let handled = session.handle_frame(&frame, &mut replies).await;
-                let cursor = session.positions().cursor();
                 for reply in replies.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-                    framing.push(reply, Some(&cursor), &mut out);
+                    framing.push_at(reply, session.positions(), &mut out);
                 }
                 let _ = done.send(handled.clone());
                 handled
@@ -300,7 +308,7 @@ async fn pump(
         };
         let step = step.and_then(|()| {
             session.drain(MAX_BATCH_BYTES, |json, at| {
-                framing.push(json, Some(&at.cursor()), &mut out)
+                framing.push_at(json, at, &mut out)
             })
         });
         if !out.is_empty() {
