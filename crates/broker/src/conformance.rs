@@ -222,6 +222,20 @@ async fn removing_history_changes_the_epoch(
         .unwrap();
     assert_eq!(after.offset, 1, "offsets restart with the new epoch");
     assert_ne!(after.epoch, before.epoch);
+    // A reader that had nothing of the old epoch (offset 0) loses nothing: the new stream
+    // replays from its start. (An empty channel's epoch is not stored, so a restart changes it.)
+    let h = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(0, &before.epoch),
+                limit: 10,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(offsets(&h.publications), [1]);
+    assert_eq!(h.position.epoch, after.epoch);
 }
 
 async fn concurrent_publishers_share_one_order(

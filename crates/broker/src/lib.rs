@@ -148,7 +148,9 @@ pub(crate) fn check_since(
     current: &StreamPosition,
     first: u64,
 ) -> Result<(), BrokerError> {
-    let epoch_ok = since.epoch.as_ref().is_none_or(|e| *e == current.epoch);
+    // Offset 0 holds nothing of its epoch, so any epoch's stream, replayed from its start,
+    // is exactly what such a reader lacks.
+    let epoch_ok = since.offset == 0 || since.epoch.as_ref().is_none_or(|e| *e == current.epoch);
     if !epoch_ok || since.offset > current.offset || since.offset + 1 < first {
         return Err(BrokerError::Unrecoverable {
             current: current.clone(),

@@ -36,14 +36,15 @@ impl Session {
         since: Option<Since>,
         mut emit: impl FnMut(&[u8], Positions<'_>),
     ) -> Result<(), Failure> {
-        let knew_epoch = since.as_ref().is_some_and(|s| s.epoch.is_some());
+        let known_epoch = since.as_ref().and_then(|s| s.epoch.clone());
         let (position, recovered, history) = self.join(channel.clone(), since).await?;
         if let Some(first) = history.first() {
             // Walk the position forward through the replay so each event's cursor is exact.
             self.set_offset(&channel, first.offset - 1);
         }
-        // A complete resume by a client that knows the epoch needs no announcement.
-        if recovered != Some(true) || !knew_epoch {
+        // A complete resume in the epoch the client named needs no announcement. (Offset 0
+        // resumes in any epoch; the client must then learn the new one.)
+        if recovered != Some(true) || known_epoch.as_ref() != Some(&position.epoch) {
             #[derive(serde::Serialize)]
             struct Opened<'a> {
                 channel: &'a ChannelName,

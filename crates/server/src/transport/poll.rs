@@ -63,7 +63,7 @@ async fn answer(
     hold: bool,
 ) -> Result<Response, Failure> {
     request::admit(&node, &headers)?;
-    let request = OpenRequest::parse(query.as_deref(), &headers)?;
+    let request = OpenRequest::parse(query.as_deref(), &headers)?.require_channels()?;
     let mut session = Session::new(&node);
     let mut messages = Vec::new();
     for (channel, since) in request.channels {

@@ -52,10 +52,9 @@ impl OpenRequest {
         let mut request = Self::default();
         for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
             match &*key {
-                "channel" => names.push(
-                    ChannelName::new(&value)
-                        .map_err(|e| Failure::new(ErrorCode::InvalidChannel, e.to_string()))?,
-                ),
+                "channel" => names.push(ChannelName::new(&value).map_err(|e| {
+                    Failure::new(ErrorCode::InvalidChannel, format!("channel {value:?}: {e}"))
+                })?),
                 "cursor" => cursor = Some(value.into_owned()),
                 "callback" => request.callback = Some(value.into_owned()),
                 "timeout" => request.timeout = Some(parse_timeout(&value)?),
@@ -84,12 +83,18 @@ impl OpenRequest {
                 request.channels.push((name, Some(since)));
             }
         }
-        if request.channels.is_empty() {
+        Ok(request)
+    }
+
+    /// Polling requests carry their whole subscription, so one without channels asks for
+    /// nothing. (A stream may open empty: its channels then come through `/connection/send`.)
+    pub fn require_channels(self) -> Result<Self, Failure> {
+        if self.channels.is_empty() {
             return Err(bad(
                 "name at least one channel (channel=NAME) or give a cursor",
             ));
         }
-        Ok(request)
+        Ok(self)
     }
 }
 

@@ -70,9 +70,15 @@ async fn publish_broadcast_history_and_info() {
     assert_eq!(h["offset"], 2);
     assert_eq!(h["publications"], json!([{ "offset": 2, "data": 2 }]));
     let (status, h) = server
-        .api_get("/api/history?channel=b1&since=0&epoch=stale")
+        .api_get("/api/history?channel=b1&since=1&epoch=stale")
         .await;
     assert_eq!((status, h["error"]["code"].as_u64()), (409, Some(112)));
+    // Offset 0 holds nothing of the stale epoch: the whole stream is what it lacks.
+    let (status, h) = server
+        .api_get("/api/history?channel=b1&since=0&epoch=stale")
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(h["publications"].as_array().unwrap().len(), 2);
 
     let (status, info) = server.api_get("/api/info").await;
     assert_eq!(status, 200);

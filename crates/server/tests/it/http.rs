@@ -196,6 +196,42 @@ async fn http_streaming_sends_commands_through_the_session_and_replies_in_order(
 }
 
 #[tokio::test]
+async fn a_stream_may_open_empty_and_take_its_channels_through_send() {
+    let server = start(config()).await;
+    server.publish("open:later", json!("old")).await;
+    let http = reqwest::Client::new();
+    let mut s = Lines::new(
+        http.get(server.url("/connection/stream"))
+            .send()
+            .await
+            .unwrap(),
+    );
+    let connect: Value = serde_json::from_str(&s.next().await.unwrap()).unwrap();
+    let session = connect["connect"]["client"].as_str().unwrap().to_string();
+    let r = http
+        .post(server.url(&format!("/connection/send?session={session}")))
+        .body("{\"id\":1,\"subscribe\":{\"channel\":\"open:later\",\"since\":{\"offset\":0}}}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let reply: Value = serde_json::from_str(&s.next().await.unwrap()).unwrap();
+    assert_eq!(reply["id"], 1, "{reply}");
+    assert_eq!(reply["subscribe"]["recovered"], true, "{reply}");
+    assert_eq!(
+        reply["subscribe"]["publications"][0]["data"], "old",
+        "{reply}"
+    );
+    server.publish("open:later", json!("new")).await;
+    let live: Value = serde_json::from_str(&s.next().await.unwrap()).unwrap();
+    assert_eq!(
+        (live["pub"]["offset"].as_u64(), &live["pub"]["data"]),
+        (Some(2), &json!("new"))
+    );
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn long_poll_batches_what_is_new_holds_when_nothing_is_and_times_out() {
     let server = start(config()).await;
     let http = reqwest::Client::new();
@@ -334,7 +370,8 @@ async fn the_forever_frame_is_html_that_no_payload_can_break_out_of() {
 async fn http_transports_refuse_bad_requests_clearly() {
     let server = start(config()).await;
     for (path, code) in [
-        ("/connection/sse", 107),
+        ("/connection/poll", 107),
+        ("/connection/longpoll", 107),
         ("/connection/sse?channel=a%20b", 114),
         ("/connection/poll?channel=a&cursor=garbage", 107),
         ("/connection/longpoll?channel=a&bogus=1", 107),
