@@ -40,6 +40,8 @@ pub struct Config {
     /// one fsync; an acknowledged publication is on disk), `always` (one fsync each), or
     /// `none` (no fsync; a machine crash may lose recent publications).
     pub sync: SyncMode,
+    /// Serve the browser SDK at `/herald.js` and the chat demo at `/chat`. Default true.
+    pub web: bool,
     /// Most connections (of every transport, long-polls included) at once; more are refused
     /// with 503 and error 106. 0 = no limit. Default 100000.
     pub max_connections: usize,
@@ -220,6 +222,7 @@ impl Default for Config {
             api_key: None,
             api_keys: Vec::new(),
             allowed_origins: Vec::new(),
+            web: true,
             data_dir: "herald-data".into(),
             storage: StorageEngine::Durable,
             sync: SyncMode::Group,

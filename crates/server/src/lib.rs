@@ -23,6 +23,7 @@ pub mod queue;
 pub mod router;
 pub mod session;
 pub mod transport;
+pub mod web;
 
 use std::{future::Future, sync::Arc};
 

@@ -32,10 +32,13 @@ pub fn router(node: Arc<Node>) -> Router {
             node.settings.config.client.max_frame_size,
         ))
         .layer(cors(&node.settings.config.allowed_origins));
-    Router::new()
+    let mut all = Router::new()
         .merge(connection)
-        .route("/healthz", get(|| async { "ok\n" }))
-        .merge(http_api::routes(node.clone()))
+        .route("/healthz", get(|| async { "ok\n" }));
+    if node.settings.config.web {
+        all = all.merge(crate::web::routes());
+    }
+    all.merge(http_api::routes(node.clone()))
         .fallback(|| async {
             Failure::new(
                 ErrorCode::MethodNotFound,

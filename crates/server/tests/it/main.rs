@@ -11,4 +11,5 @@ mod ordering;
 mod resume;
 mod rules;
 mod storage;
+mod web;
 mod websocket;

@@ -1,0 +1,1029 @@
+// Generated from sdk/src/index.ts by `npm run build` in sdk/; do not edit.
+"use strict";
+var Herald = (() => {
+  var __defProp = Object.defineProperty;
+  var __getOwnPropDesc = Object.getOwnPropertyDescriptor;
+  var __getOwnPropNames = Object.getOwnPropertyNames;
+  var __hasOwnProp = Object.prototype.hasOwnProperty;
+  var __export = (target, all) => {
+    for (var name in all)
+      __defProp(target, name, { get: all[name], enumerable: true });
+  };
+  var __copyProps = (to, from, except, desc) => {
+    if (from && typeof from === "object" || typeof from === "function") {
+      for (let key of __getOwnPropNames(from))
+        if (!__hasOwnProp.call(to, key) && key !== except)
+          __defProp(to, key, { get: () => from[key], enumerable: !(desc = __getOwnPropDesc(from, key)) || desc.enumerable });
+    }
+    return to;
+  };
+  var __toCommonJS = (mod) => __copyProps(__defProp({}, "__esModule", { value: true }), mod);
+
+  // src/index.ts
+  var index_exports = {};
+  __export(index_exports, {
+    AUTO_TRANSPORTS: () => AUTO_TRANSPORTS,
+    Client: () => Client,
+    ClientCode: () => ClientCode,
+    HeraldError: () => HeraldError,
+    Subscription: () => Subscription,
+    VERSION: () => VERSION,
+    backoffDelay: () => backoffDelay,
+    decodeCursor: () => decodeCursor,
+    encodeCursor: () => encodeCursor,
+    shouldReconnect: () => shouldReconnect
+  });
+
+  // src/backoff.ts
+  function backoffDelay(attempt, options, random = Math.random) {
+    const exponent = Math.min(Math.max(attempt, 0), 30);
+    const ceiling = Math.min(options.maxDelay, options.minDelay * 2 ** exponent);
+    const half = ceiling / 2;
+    return Math.round(half + random() * half);
+  }
+
+  // src/codes.ts
+  var ClientCode = {
+    /** `disconnect()` was called. */
+    Disconnected: 0,
+    /** The transport closed without a code (network drop, refused connection). */
+    TransportClosed: 1006,
+    /** The transport opened but no `connect` arrived in time: a proxy may be buffering it. */
+    ConnectTimeout: 3401,
+    /** A ping command got no reply in time. */
+    NoPong: 3402,
+    /** A publication arrived out of order; the client resubscribes to resume cleanly. */
+    OutOfOrder: 3403
+  };
+  var FATAL_WEBSOCKET = /* @__PURE__ */ new Set([1002, 1003, 1007, 1008, 1009, 1010]);
+  function shouldReconnect(code) {
+    if (code >= 3e3 && code < 5e3) {
+      const inRange = code % 1e3;
+      return inRange < 500;
+    }
+    return !FATAL_WEBSOCKET.has(code);
+  }
+  function isTemporaryError(code) {
+    return code === 100 || code === 106 || code === 111 || code === 117;
+  }
+
+  // src/emitter.ts
+  var Emitter = class {
+    constructor() {
+      this.listeners = /* @__PURE__ */ new Map();
+    }
+    on(event, listener) {
+      let set = this.listeners.get(event);
+      if (set === void 0) {
+        set = /* @__PURE__ */ new Set();
+        this.listeners.set(event, set);
+      }
+      set.add(listener);
+      return () => this.off(event, listener);
+    }
+    once(event, listener) {
+      const off = this.on(event, (ctx) => {
+        off();
+        listener(ctx);
+      });
+      return off;
+    }
+    off(event, listener) {
+      this.listeners.get(event)?.delete(listener);
+    }
+    /** Listeners' exceptions are reported, never allowed to break the client's own state. */
+    emit(event, ctx) {
+      const set = this.listeners.get(event);
+      if (set === void 0) return;
+      for (const listener of [...set]) {
+        try {
+          listener(ctx);
+        } catch (error) {
+          setTimeout(() => {
+            throw error;
+          });
+        }
+      }
+    }
+  };
+
+  // src/protocol.ts
+  function encodeCommands(commands) {
+    return commands.map((c) => {
+      const wire = {};
+      if (c.id !== void 0) wire["id"] = c.id;
+      wire[c.method] = c.params;
+      return JSON.stringify(wire);
+    }).join("\n");
+  }
+  function decodeMessages(frame) {
+    const out = [];
+    for (const line of frame.split("\n")) {
+      const trimmed = line.trim();
+      if (trimmed === "") continue;
+      const value = JSON.parse(trimmed);
+      if (typeof value !== "object" || value === null || Array.isArray(value)) {
+        throw new Error(`server sent ${trimmed.slice(0, 80)}, not a JSON object`);
+      }
+      out.push(value);
+    }
+    return out;
+  }
+  var LineSplitter = class {
+    constructor() {
+      this.tail = "";
+    }
+    push(chunk) {
+      const text = this.tail + chunk;
+      const lines = text.split("\n");
+      this.tail = lines.pop() ?? "";
+      return lines.filter((l) => l.trim() !== "");
+    }
+  };
+  function sinceParam(position) {
+    if (position === void 0) return void 0;
+    return position.epoch === void 0 ? { offset: position.offset } : { offset: position.offset, epoch: position.epoch };
+  }
+
+  // src/subscription.ts
+  var Subscription = class extends Emitter {
+    constructor(channel, host, options = {}) {
+      super();
+      this.channel = channel;
+      this.host = host;
+      this.current = "unsubscribed";
+      /** Whether the subscription has been confirmed since it was last (re)subscribed. */
+      this.confirmedOnce = false;
+      this.at = options.since === void 0 ? void 0 : { ...options.since };
+    }
+    get state() {
+      return this.current;
+    }
+    /** The last position delivered, or undefined before the first subscribe. */
+    get position() {
+      return this.at === void 0 ? void 0 : { ...this.at };
+    }
+    subscribe(options = {}) {
+      if (options.since !== void 0) this.at = { ...options.since };
+      if (this.current !== "unsubscribed") return;
+      this.confirmedOnce = false;
+      this.setState("subscribing");
+      this.emit("subscribing", { channel: this.channel, code: 0, reason: "subscribe called" });
+      this.host.subscribeChannel(this);
+    }
+    unsubscribe() {
+      if (this.current === "unsubscribed") return;
+      this.host.unsubscribeChannel(this);
+      this.end(0, "unsubscribe called");
+    }
+    publish(data) {
+      return this.host.publish(this.channel, data);
+    }
+    history(options) {
+      return this.host.history(this.channel, options);
+    }
+    /** The connection dropped: wait to be resubscribed. */
+    interrupted(code, reason) {
+      if (this.current !== "subscribed") return;
+      this.setState("subscribing");
+      this.emit("subscribing", { channel: this.channel, code, reason });
+    }
+    /**
+     * The server confirmed the subscription (a reply, or a `subscribe` push on HTTP
+     * transports). `publicationsFollow`: the replayed publications arrive as separate
+     * pushes after this, so the position must not jump ahead of them.
+     */
+    confirmed(result, publicationsFollow) {
+      if (this.current === "unsubscribed") return;
+      const resumed = this.at !== void 0;
+      if (result.recovered === true) {
+        this.at = { epoch: result.epoch, offset: this.at?.offset ?? 0 };
+      } else {
+        this.at = { epoch: result.epoch, offset: result.offset };
+      }
+      this.confirmedOnce = true;
+      this.setState("subscribed");
+      this.emit("subscribed", {
+        channel: this.channel,
+        epoch: result.epoch,
+        offset: publicationsFollow ? this.at.offset : result.offset,
+        resumed,
+        recovered: resumed ? result.recovered === true : void 0
+      });
+      for (const p of result.publications ?? []) this.deliver(p.offset, p.data);
+      if (!publicationsFollow && result.recovered !== false && this.at.offset < result.offset) {
+        this.at.offset = result.offset;
+      }
+    }
+    /** A publication for this channel; at or below the position it is a repeat and dropped. */
+    deliver(offset, data) {
+      if (this.current !== "subscribed" || this.at === void 0) return;
+      if (offset <= this.at.offset) return;
+      if (this.at.epoch !== void 0 && this.at.offset > 0 && offset !== this.at.offset + 1) {
+        this.host.resync(`${this.channel}: offset ${offset} after ${this.at.offset}`);
+        return;
+      }
+      this.at.offset = offset;
+      this.emit("publication", { channel: this.channel, offset, epoch: this.at.epoch, data });
+    }
+    /** The server refused the subscription for good. */
+    failed(code, message) {
+      this.emit("error", { channel: this.channel, code, message });
+      this.end(code, message);
+    }
+    /** Reports an error that did not end the subscription. */
+    warn(code, message) {
+      this.emit("error", { channel: this.channel, code, message });
+    }
+    end(code, reason) {
+      if (this.current === "unsubscribed") return;
+      this.setState("unsubscribed");
+      this.emit("unsubscribed", { channel: this.channel, code, reason });
+    }
+    setState(state) {
+      if (state === this.current) return;
+      const previous = this.current;
+      this.current = state;
+      this.emit("state", { state, previous });
+    }
+  };
+
+  // src/transport/types.ts
+  async function httpFailure(response) {
+    let code = 0;
+    let reason = `HTTP ${response.status}`;
+    try {
+      const body = await response.json();
+      if (body.error?.code !== void 0) code = body.error.code;
+      if (body.error?.message !== void 0) reason = `${reason}: ${body.error.message}`;
+    } catch {
+    }
+    return { code, reason };
+  }
+
+  // src/transport/session.ts
+  var HttpSessionTransport = class {
+    constructor(ctx) {
+      this.ctx = ctx;
+      this.closed = false;
+      this.sending = Promise.resolve();
+    }
+    /** The stream's URL; it opens without channels, which follow as `subscribe` commands. */
+    streamUrl(path, query = "") {
+      return `${this.ctx.baseUrl}/connection/${path}${query === "" ? "" : "?" + query}`;
+    }
+    deliver(message) {
+      if (this.closed) return;
+      if (message.connect !== void 0 && message.id === void 0) this.session = message.connect.client;
+      this.ctx.events.message(message);
+    }
+    send(commands) {
+      if (this.closed) return;
+      const body = encodeCommands(commands);
+      this.sending = this.sending.then(async () => {
+        if (this.closed || this.session === void 0) return;
+        const url = `${this.ctx.baseUrl}/connection/send?session=${encodeURIComponent(this.session)}`;
+        try {
+          const response = await this.ctx.fetch(url, {
+            method: "POST",
+            body,
+            headers: { "Content-Type": "application/x-ndjson" }
+          });
+          if (!response.ok) {
+            const { code, reason } = await httpFailure(response);
+            this.fail(response.status === 409 ? ClientCode.TransportClosed : code || ClientCode.TransportClosed, reason);
+          }
+        } catch (error) {
+          this.fail(ClientCode.TransportClosed, `sending failed: ${String(error)}`);
+        }
+      });
+    }
+    close() {
+      this.closed = true;
+      this.stop();
+    }
+    /** Ends the transport and reports it, once. */
+    fail(code, reason) {
+      if (this.closed) return;
+      this.close();
+      this.ctx.events.close(code, reason);
+    }
+  };
+
+  // src/transport/iframe.ts
+  var serial = 0;
+  var IframeTransport = class extends HttpSessionTransport {
+    constructor(ctx) {
+      super(ctx);
+      this.name = "iframe";
+      if (globalThis.document === void 0) throw new Error("the forever frame needs a browser document");
+      serial += 1;
+      this.callback = `__herald_frame_${serial}`;
+      globalThis[this.callback] = (m) => this.deliver(m);
+      this.frame = document.createElement("iframe");
+      this.frame.style.display = "none";
+      this.frame.setAttribute("aria-hidden", "true");
+      this.frame.onload = () => this.fail(ClientCode.TransportClosed, "forever frame ended");
+      this.frame.src = this.streamUrl("iframe", `callback=${this.callback}`);
+      document.body.appendChild(this.frame);
+    }
+    stop() {
+      delete globalThis[this.callback];
+      this.frame.onload = null;
+      this.frame.src = "about:blank";
+      this.frame.remove();
+    }
+  };
+
+  // src/cursor.ts
+  function encodeCursor(positions) {
+    const parts = [];
+    for (const [channel, p] of positions) {
+      parts.push(`${channel};${p.epoch ?? "*"};${p.offset}`);
+    }
+    return parts.join("|");
+  }
+  function decodeCursor(cursor) {
+    const out = /* @__PURE__ */ new Map();
+    if (cursor === "") return out;
+    for (const entry of cursor.split("|")) {
+      const fields = entry.split(";");
+      if (fields.length !== 3) throw new Error(`cursor entry ${JSON.stringify(entry)} is not CHANNEL;EPOCH;OFFSET`);
+      const [channel, epoch, offsetText] = fields;
+      const offset = Number(offsetText);
+      if (channel === "" || epoch === "" || !/^\d+$/.test(offsetText) || !Number.isSafeInteger(offset)) {
+        throw new Error(`cursor entry ${JSON.stringify(entry)} is not CHANNEL;EPOCH;OFFSET`);
+      }
+      out.set(channel, epoch === "*" ? { offset } : { offset, epoch });
+    }
+    return out;
+  }
+
+  // src/transport/poll.ts
+  var PollTransport = class {
+    constructor(name, ctx, source, options) {
+      this.name = name;
+      this.ctx = ctx;
+      this.source = source;
+      this.options = options;
+      this.closed = false;
+      this.fresh = true;
+      /** A refresh came while no pause was waiting for it. */
+      this.refreshed = false;
+      this.sending = Promise.resolve();
+      void this.run();
+    }
+    /** The channels changed: ask again now, without waiting for a held request to end. */
+    refresh() {
+      this.fresh = true;
+      this.refreshed = true;
+      this.etag = void 0;
+      this.inFlight?.abort();
+      this.wake?.();
+    }
+    send(commands) {
+      if (this.closed) return;
+      const body = encodeCommands(commands);
+      this.sending = this.sending.then(async () => {
+        if (this.closed) return;
+        try {
+          const response = await this.ctx.fetch(`${this.ctx.baseUrl}/connection/send`, {
+            method: "POST",
+            body,
+            headers: { "Content-Type": "application/x-ndjson" }
+          });
+          const text = await response.text();
+          for (const m of decodeMessages(text)) this.emit(m);
+        } catch (error) {
+          this.fail(ClientCode.TransportClosed, `sending failed: ${String(error)}`);
+        }
+      });
+    }
+    close() {
+      this.closed = true;
+      this.inFlight?.abort();
+      this.wake?.();
+    }
+    emit(message) {
+      if (!this.closed) this.ctx.events.message(message);
+    }
+    fail(code, reason) {
+      if (this.closed) return;
+      this.close();
+      this.ctx.events.close(code, reason);
+    }
+    async run() {
+      try {
+        const response = await this.ctx.fetch(`${this.ctx.baseUrl}/connection/send`, {
+          method: "POST",
+          body: '{"id":0,"ping":{}}',
+          headers: { "Content-Type": "application/x-ndjson" }
+        });
+        if (!response.ok) {
+          const { code, reason } = await httpFailure(response);
+          this.fail(code || ClientCode.TransportClosed, reason);
+          return;
+        }
+        await response.text();
+      } catch (error) {
+        this.fail(ClientCode.TransportClosed, `server unreachable: ${String(error)}`);
+        return;
+      }
+      this.emit({ connect: { client: "", version: "", ping: this.options.longpollTimeout } });
+      while (!this.closed) {
+        const channels = this.source.channels();
+        if (channels.size === 0) {
+          await this.pause(Infinity);
+          continue;
+        }
+        await this.poll(channels);
+        if (this.name === "poll" && !this.fresh) await this.pause(this.options.pollInterval);
+      }
+    }
+    async poll(channels) {
+      const held = this.name === "longpoll" && !this.fresh;
+      this.fresh = false;
+      this.refreshed = false;
+      const params = new URLSearchParams();
+      const positioned = [];
+      for (const [channel, position] of channels) {
+        if (position === void 0) params.append("channel", channel);
+        else positioned.push([channel, position]);
+      }
+      if (positioned.length > 0) params.set("cursor", encodeCursor(positioned));
+      if (held) params.set("timeout", String(this.options.longpollTimeout));
+      const abort = new AbortController();
+      this.inFlight = abort;
+      const limit = setTimeout(() => abort.abort(), (held ? this.options.longpollTimeout + 10 : 10) * 1e3);
+      const headers = {};
+      if (this.name === "poll" && this.etag !== void 0) headers["If-None-Match"] = this.etag;
+      try {
+        const response = await this.ctx.fetch(
+          `${this.ctx.baseUrl}/connection/${held ? "longpoll" : "poll"}?${params.toString()}`,
+          { signal: abort.signal, headers, cache: "no-store" }
+        );
+        if (response.status === 304) return;
+        if (!response.ok) {
+          const { code, reason } = await httpFailure(response);
+          if (!this.source.refused(code, reason)) this.fail(code || ClientCode.TransportClosed, reason);
+          this.fresh = true;
+          return;
+        }
+        this.etag = response.headers.get("ETag") ?? void 0;
+        const answer = await response.json();
+        const announced = /* @__PURE__ */ new Set();
+        for (const m of answer.messages ?? []) {
+          if (m.subscribe?.channel !== void 0) announced.add(m.subscribe.channel);
+          this.emit(m);
+          if (this.closed) return;
+        }
+        this.source.answered([...channels.keys()], announced);
+      } catch (error) {
+        if (abort.signal.aborted && (this.closed || this.fresh)) return;
+        this.fail(ClientCode.TransportClosed, `poll failed: ${String(error)}`);
+      } finally {
+        clearTimeout(limit);
+        if (this.inFlight === abort) this.inFlight = void 0;
+      }
+    }
+    pause(ms) {
+      return new Promise((resolve) => {
+        const timer = ms === Infinity ? void 0 : setTimeout(done, ms);
+        const self = this;
+        function done() {
+          if (timer !== void 0) clearTimeout(timer);
+          self.wake = void 0;
+          resolve();
+        }
+        this.wake = done;
+        if (this.closed || this.refreshed) done();
+        this.refreshed = false;
+      });
+    }
+  };
+
+  // src/transport/sse.ts
+  var SseTransport = class extends HttpSessionTransport {
+    constructor(ctx) {
+      super(ctx);
+      this.name = "sse";
+      if (globalThis.EventSource === void 0) throw new Error("EventSource is not available here");
+      this.source = new EventSource(this.streamUrl("sse"));
+      this.source.onmessage = (event) => {
+        try {
+          for (const m of decodeMessages(String(event.data))) this.deliver(m);
+        } catch {
+          this.fail(3501, "the server sent an event that is not JSON");
+        }
+      };
+      this.source.onerror = () => this.fail(ClientCode.TransportClosed, "event stream closed");
+    }
+    stop() {
+      this.source.close();
+    }
+  };
+
+  // src/transport/stream.ts
+  var StreamTransport = class extends HttpSessionTransport {
+    constructor(ctx) {
+      super(ctx);
+      this.name = "stream";
+      this.abort = new AbortController();
+      void this.read();
+    }
+    async read() {
+      try {
+        const response = await this.ctx.fetch(this.streamUrl("stream"), { signal: this.abort.signal, cache: "no-store" });
+        if (!response.ok || response.body === null) {
+          const { code, reason } = await httpFailure(response);
+          this.fail(code || ClientCode.TransportClosed, reason);
+          return;
+        }
+        const reader = response.body.getReader();
+        const decoder = new TextDecoder();
+        const lines = new LineSplitter();
+        for (; ; ) {
+          const { done, value } = await reader.read();
+          if (done) break;
+          for (const line of lines.push(decoder.decode(value, { stream: true }))) {
+            for (const m of decodeMessages(line)) this.deliver(m);
+          }
+        }
+        this.fail(ClientCode.TransportClosed, "stream ended");
+      } catch (error) {
+        this.fail(ClientCode.TransportClosed, `stream failed: ${String(error)}`);
+      }
+    }
+    stop() {
+      this.abort.abort();
+    }
+  };
+
+  // src/transport/websocket.ts
+  var WebSocketTransport = class {
+    constructor(ctx) {
+      this.ctx = ctx;
+      this.name = "websocket";
+      this.closed = false;
+      const Impl = ctx.websocket ?? globalThis.WebSocket;
+      if (Impl === void 0) throw new Error("WebSocket is not available here");
+      this.socket = new Impl(ctx.baseUrl.replace(/^http/, "ws") + "/connection/websocket", "herald.json");
+      this.socket.onmessage = (event) => {
+        if (this.closed) return;
+        let messages;
+        try {
+          messages = decodeMessages(String(event.data));
+        } catch {
+          this.fail(3501, "the server sent a frame that is not JSON");
+          return;
+        }
+        for (const m of messages) {
+          if (this.closed) return;
+          this.ctx.events.message(m);
+        }
+      };
+      this.socket.onerror = () => void 0;
+      this.socket.onclose = (event) => {
+        if (this.closed) return;
+        this.closed = true;
+        this.ctx.events.close(event.code || ClientCode.TransportClosed, event.reason || "connection closed");
+      };
+    }
+    /** The socket's own `open` is when commands may be sent; the client sends `connect` then. */
+    onOpen(callback) {
+      this.socket.onopen = () => {
+        if (!this.closed) callback();
+      };
+    }
+    send(commands) {
+      if (this.closed || this.socket.readyState !== 1) return;
+      this.socket.send(encodeCommands(commands));
+    }
+    close() {
+      this.closed = true;
+      try {
+        this.socket.close(1e3);
+      } catch {
+      }
+    }
+    fail(code, reason) {
+      this.close();
+      this.ctx.events.close(code, reason);
+    }
+  };
+
+  // src/client.ts
+  var VERSION = "0.1.0";
+  var AUTO_TRANSPORTS = ["websocket", "sse", "stream", "longpoll", "poll"];
+  var HeraldError = class extends Error {
+    constructor(code, message) {
+      super(message);
+      this.code = code;
+      this.name = "HeraldError";
+    }
+  };
+  var Client = class extends Emitter {
+    /** `url`: the server's HTTP(S) base URL; in a browser it defaults to the page's origin. */
+    constructor(url, options = {}) {
+      super();
+      this.current = "disconnected";
+      this.transportIndex = 0;
+      this.lastWorking = -1;
+      this.failuresOfWorking = 0;
+      this.attempt = 0;
+      this.lastReceived = 0;
+      this.pingPending = false;
+      this.clientId = "";
+      this.nextId = 0;
+      this.pending = /* @__PURE__ */ new Map();
+      this.outbox = [];
+      this.flushScheduled = false;
+      this.readyWaiters = [];
+      this.subs = /* @__PURE__ */ new Map();
+      const base = url ?? globalThis.location?.origin;
+      if (base === void 0) throw new Error("give the server's URL, e.g. new Client('http://127.0.0.1:8080')");
+      this.baseUrl = base.replace(/\/+$/, "");
+      const transports = options.transports ?? "auto";
+      this.order = transports === "auto" ? AUTO_TRANSPORTS : typeof transports === "string" ? [transports] : [...transports];
+      if (this.order.length === 0) throw new Error("transports: name at least one");
+      this.doFetch = options.fetch ?? globalThis.fetch.bind(globalThis);
+      this.options = {
+        minReconnectDelay: options.minReconnectDelay ?? 500,
+        maxReconnectDelay: options.maxReconnectDelay ?? 2e4,
+        timeout: options.timeout ?? 5e3,
+        longpollTimeout: options.longpollTimeout ?? 25,
+        pollInterval: options.pollInterval ?? 1e3,
+        batchDelay: options.batchDelay ?? 0,
+        retriesBeforeFallback: options.retriesBeforeFallback ?? 3,
+        token: options.token,
+        name: options.name,
+        pingInterval: options.pingInterval,
+        websocket: options.websocket
+      };
+    }
+    get state() {
+      return this.current;
+    }
+    /** The transport in use (or being tried). */
+    get transportName() {
+      return this.transport?.name;
+    }
+    connect() {
+      if (this.current !== "disconnected") return;
+      this.attempt = 0;
+      this.setState("connecting");
+      this.emit("connecting", { code: 0, reason: "connect called", transport: this.order[this.transportIndex] });
+      this.open();
+    }
+    disconnect() {
+      if (this.current === "disconnected") return;
+      this.teardown(new HeraldError(ClientCode.Disconnected, "disconnect called"));
+      this.setState("disconnected");
+      for (const sub of this.subs.values()) sub.interrupted(ClientCode.Disconnected, "disconnect called");
+      this.emit("disconnected", { code: ClientCode.Disconnected, reason: "disconnect called" });
+    }
+    newSubscription(channel, options) {
+      if (this.subs.has(channel)) throw new Error(`already a subscription to ${channel}; use getSubscription`);
+      const sub = new Subscription(channel, this, options);
+      this.subs.set(channel, sub);
+      return sub;
+    }
+    /** Shorthand: a new subscription, subscribed at once. */
+    subscribe(channel, options) {
+      const sub = this.newSubscription(channel, options);
+      sub.subscribe();
+      return sub;
+    }
+    getSubscription(channel) {
+      return this.subs.get(channel);
+    }
+    removeSubscription(sub) {
+      sub.unsubscribe();
+      this.subs.delete(sub.channel);
+    }
+    publish(channel, data) {
+      return this.call("publish", { channel, data });
+    }
+    history(channel, options = {}) {
+      const params = { channel };
+      if (options.limit !== void 0) params["limit"] = options.limit;
+      const since = sinceParam(options.since);
+      if (since !== void 0) params["since"] = since;
+      return this.call("history", params);
+    }
+    // --- SubscriptionHost ---
+    subscribeChannel(sub) {
+      if (this.current !== "connected" || this.transport === void 0) return;
+      if (this.transport instanceof PollTransport) {
+        this.transport.refresh();
+        return;
+      }
+      const params = { channel: sub.channel };
+      const since = sinceParam(sub.position);
+      if (since !== void 0) params["since"] = since;
+      this.request("subscribe", params).then(
+        (result) => {
+          if (this.subs.get(sub.channel) === sub && sub.state === "subscribing") sub.confirmed(result, false);
+        },
+        (error) => {
+          if (sub.state !== "subscribing") return;
+          if (isTemporaryError(error.code)) {
+            sub.warn(error.code, error.message);
+            this.retrySubscribe(sub);
+          } else if (error.code >= 100 && error.code < 1e3) {
+            sub.failed(error.code, error.message);
+          }
+        }
+      );
+    }
+    unsubscribeChannel(sub) {
+      if (this.current !== "connected" || this.transport === void 0) return;
+      if (this.transport instanceof PollTransport) {
+        queueMicrotask(() => this.transport?.refresh?.());
+        return;
+      }
+      this.request("unsubscribe", { channel: sub.channel }).catch(() => {
+      });
+    }
+    resync(reason) {
+      this.emit("error", { type: "server", code: ClientCode.OutOfOrder, message: reason });
+      this.dropTransport(ClientCode.OutOfOrder, `out of order: ${reason}`);
+    }
+    // --- PollSource ---
+    channels() {
+      const out = /* @__PURE__ */ new Map();
+      for (const sub of this.subs.values()) {
+        if (sub.state !== "unsubscribed") out.set(sub.channel, sub.position);
+      }
+      return out;
+    }
+    answered(requested, announced) {
+      for (const channel of requested) {
+        const sub = this.subs.get(channel);
+        if (sub === void 0 || sub.state !== "subscribing" || announced.has(channel)) continue;
+        const position = sub.position;
+        if (position?.epoch !== void 0) sub.confirmed({ epoch: position.epoch, offset: position.offset, recovered: true }, true);
+      }
+    }
+    refused(code, reason) {
+      const unconfirmed = [...this.subs.values()].filter((s) => s.state === "subscribing" && !s.confirmedOnce);
+      const named = unconfirmed.filter((s) => reason.includes(s.channel));
+      const culprits = named.length > 0 ? named : unconfirmed;
+      if (culprits.length === 0 || code < 100 || code >= 1e3 || isTemporaryError(code)) return false;
+      for (const sub of culprits) sub.failed(code, reason);
+      return true;
+    }
+    // --- connection ---
+    open() {
+      const name = this.order[this.transportIndex];
+      const ctx = {
+        baseUrl: this.baseUrl,
+        fetch: this.doFetch,
+        websocket: this.options.websocket,
+        events: {
+          message: (m) => this.onMessage(m),
+          close: (code, reason) => this.onTransportClose(code, reason)
+        }
+      };
+      let transport;
+      try {
+        transport = this.makeTransport(name, ctx);
+      } catch (error) {
+        this.transport = void 0;
+        queueMicrotask(() => this.onTransportClose(ClientCode.TransportClosed, `${name}: ${String(error)}`));
+        return;
+      }
+      this.transport = transport;
+      this.connectTimer = setTimeout(() => {
+        if (this.current === "connecting" && this.transport === transport) {
+          this.dropTransport(ClientCode.ConnectTimeout, `${name}: no connect within ${this.options.timeout} ms`);
+        }
+      }, this.options.timeout);
+    }
+    makeTransport(name, ctx) {
+      switch (name) {
+        case "websocket": {
+          const ws = new WebSocketTransport(ctx);
+          ws.onOpen(() => {
+            const params = { version: VERSION };
+            if (this.options.token !== void 0) params["token"] = this.options.token;
+            if (this.options.name !== void 0) params["name"] = this.options.name;
+            this.nextId += 1;
+            const id = this.nextId;
+            this.expect(id, (r) => this.onConnected(r), (e) => this.dropTransport(e.code >= 3e3 ? e.code : 3500, e.message));
+            ws.send([{ id, method: "connect", params }]);
+          });
+          return ws;
+        }
+        case "sse":
+          return new SseTransport(ctx);
+        case "stream":
+          return new StreamTransport(ctx);
+        case "iframe":
+          return new IframeTransport(ctx);
+        case "longpoll":
+        case "poll":
+          return new PollTransport(name, ctx, this, {
+            longpollTimeout: this.options.longpollTimeout,
+            pollInterval: this.options.pollInterval
+          });
+      }
+    }
+    onMessage(m) {
+      this.lastReceived = Date.now();
+      if (m.id !== void 0 && m.id !== 0) {
+        const pending = this.pending.get(m.id);
+        if (pending === void 0) return;
+        this.pending.delete(m.id);
+        clearTimeout(pending.timer);
+        if (m.error !== void 0) pending.reject(new HeraldError(m.error.code, m.error.message));
+        else pending.resolve(firstResult(m));
+        return;
+      }
+      if (m.pub !== void 0) {
+        const sub = this.subs.get(m.pub.channel);
+        if (sub === void 0) return;
+        if (sub.state === "subscribing" && this.transport instanceof PollTransport && sub.position?.epoch !== void 0) {
+          sub.confirmed({ epoch: sub.position.epoch, offset: sub.position.offset, recovered: true }, true);
+        }
+        sub.deliver(m.pub.offset, m.pub.data);
+      } else if (m.subscribe?.channel !== void 0) {
+        this.subs.get(m.subscribe.channel)?.confirmed(m.subscribe, true);
+      } else if (m.connect !== void 0) {
+        this.onConnected(m.connect);
+      } else if (m.disconnect !== void 0) {
+        this.dropTransport(m.disconnect.code, m.disconnect.reason);
+      } else if (m.error !== void 0) {
+        this.emit("error", { type: "server", code: m.error.code, message: m.error.message });
+      }
+    }
+    onConnected(result) {
+      if (this.current !== "connecting" || this.transport === void 0) return;
+      clearTimeout(this.connectTimer);
+      this.clientId = result.client;
+      this.attempt = 0;
+      this.lastWorking = this.transportIndex;
+      this.failuresOfWorking = 0;
+      this.setState("connected");
+      const transport = this.transport.name;
+      this.startHeartbeat(result.ping);
+      this.emit("connected", { transport, client: this.clientId });
+      for (const w of this.readyWaiters.splice(0)) w.resolve();
+      for (const sub of this.subs.values()) {
+        if (sub.state === "subscribing") this.subscribeChannel(sub);
+      }
+      this.scheduleFlush();
+    }
+    onTransportClose(code, reason) {
+      const failed = this.transport?.name ?? this.order[this.transportIndex];
+      const wasConnected = this.current === "connected";
+      if (this.current === "disconnected") return;
+      this.teardown(new HeraldError(code, `disconnected: ${reason}`), false);
+      for (const sub of this.subs.values()) sub.interrupted(code, reason);
+      if (!shouldReconnect(code)) {
+        for (const w of this.readyWaiters.splice(0)) w.reject(new HeraldError(code, reason));
+        this.setState("disconnected");
+        this.emit("disconnected", { code, reason });
+        return;
+      }
+      this.emit("error", { type: "transport", code, message: reason, transport: failed });
+      let delay;
+      if (wasConnected) {
+        delay = backoffDelay(this.attempt++, this.backoff());
+      } else if (this.transportIndex === this.lastWorking && ++this.failuresOfWorking < this.options.retriesBeforeFallback) {
+        delay = backoffDelay(this.attempt++, this.backoff());
+      } else {
+        this.transportIndex = (this.transportIndex + 1) % this.order.length;
+        delay = this.transportIndex === 0 || this.order.length === 1 ? backoffDelay(this.attempt++, this.backoff()) : 0;
+      }
+      this.setState("connecting");
+      this.emit("connecting", { code, reason, transport: this.order[this.transportIndex] });
+      this.reconnectTimer = setTimeout(() => {
+        this.reconnectTimer = void 0;
+        if (this.current === "connecting" && this.transport === void 0) this.open();
+      }, delay);
+    }
+    /** Closes the transport ourselves and handles it like any other close. */
+    dropTransport(code, reason) {
+      const transport = this.transport;
+      if (transport === void 0) return;
+      transport.close();
+      this.onTransportClose(code, reason);
+    }
+    teardown(error, rejectWaiters = true) {
+      clearTimeout(this.connectTimer);
+      clearTimeout(this.reconnectTimer);
+      clearInterval(this.pingTimer);
+      this.reconnectTimer = void 0;
+      this.pingTimer = void 0;
+      this.pingPending = false;
+      this.transport?.close();
+      this.transport = void 0;
+      this.outbox = [];
+      for (const [id, p] of this.pending) {
+        clearTimeout(p.timer);
+        this.pending.delete(id);
+        p.reject(error);
+      }
+      if (rejectWaiters) for (const w of this.readyWaiters.splice(0)) w.reject(error);
+    }
+    backoff() {
+      return { minDelay: this.options.minReconnectDelay, maxDelay: this.options.maxReconnectDelay };
+    }
+    /** Session transports: a `ping` command whenever the line has been quiet for a period;
+     * no reply within `timeout` means the connection is dead even if the socket says not. */
+    startHeartbeat(serverPingSeconds) {
+      if (this.transport instanceof PollTransport) return;
+      const period = this.options.pingInterval ?? Math.max(1, serverPingSeconds) * 1e3;
+      this.lastReceived = Date.now();
+      this.pingTimer = setInterval(() => {
+        if (this.current !== "connected" || this.pingPending) return;
+        if (Date.now() - this.lastReceived < period) return;
+        this.pingPending = true;
+        this.request("ping", {}).then(
+          () => this.pingPending = false,
+          (error) => {
+            this.pingPending = false;
+            if (error.code === ClientCode.NoPong) this.dropTransport(ClientCode.NoPong, "no reply to ping");
+          }
+        );
+      }, Math.max(250, Math.floor(period / 2)));
+    }
+    setState(state) {
+      if (state === this.current) return;
+      const previous = this.current;
+      this.current = state;
+      this.emit("state", { state, previous });
+    }
+    // --- commands ---
+    /** Waits for the connection (up to `timeout`), then sends and awaits the reply. */
+    async call(method, params) {
+      await this.ready();
+      return this.request(method, params);
+    }
+    ready() {
+      if (this.current === "connected") return Promise.resolve();
+      if (this.current === "disconnected") {
+        return Promise.reject(new HeraldError(ClientCode.Disconnected, "the client is disconnected; call connect()"));
+      }
+      return new Promise((resolve, reject) => {
+        const waiter = {
+          resolve: () => {
+            clearTimeout(timer);
+            resolve();
+          },
+          reject: (e) => {
+            clearTimeout(timer);
+            reject(e);
+          }
+        };
+        const timer = setTimeout(() => {
+          this.readyWaiters = this.readyWaiters.filter((w) => w !== waiter);
+          reject(new HeraldError(ClientCode.ConnectTimeout, `not connected within ${this.options.timeout} ms`));
+        }, this.options.timeout);
+        this.readyWaiters.push(waiter);
+      });
+    }
+    /** Queues a command on the open connection; commands queued in one tick share a frame. */
+    request(method, params) {
+      this.nextId += 1;
+      const id = this.nextId;
+      const promise = new Promise((resolve, reject) => {
+        this.expect(id, resolve, reject);
+      });
+      this.outbox.push({ id, method, params });
+      this.scheduleFlush();
+      return promise;
+    }
+    expect(id, resolve, reject) {
+      const timer = setTimeout(() => {
+        this.pending.delete(id);
+        reject(new HeraldError(ClientCode.NoPong, `no reply within ${this.options.timeout} ms`));
+      }, this.options.timeout);
+      this.pending.set(id, { resolve, reject, timer });
+    }
+    retrySubscribe(sub) {
+      setTimeout(() => {
+        if (sub.state === "subscribing") this.subscribeChannel(sub);
+      }, backoffDelay(1, this.backoff()));
+    }
+    scheduleFlush() {
+      if (this.flushScheduled) return;
+      this.flushScheduled = true;
+      const flush = () => {
+        this.flushScheduled = false;
+        if (this.current !== "connected" || this.transport === void 0 || this.outbox.length === 0) return;
+        this.transport.send(this.outbox.splice(0));
+      };
+      if (this.options.batchDelay > 0) setTimeout(flush, this.options.batchDelay);
+      else queueMicrotask(flush);
+    }
+  };
+  function firstResult(m) {
+    for (const key of ["connect", "subscribe", "unsubscribe", "publish", "history", "ping"]) {
+      if (m[key] !== void 0) return m[key];
+    }
+    return {};
+  }
+  return __toCommonJS(index_exports);
+})();

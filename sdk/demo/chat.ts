@@ -1,0 +1,151 @@
+/**
+ * The chat demo served at /chat. It uses the SDK exactly as a page would: the global
+ * `Herald` from /herald.js. User text is only ever set as text, never parsed as HTML.
+ */
+import type * as HeraldSdk from "../src/index.js";
+
+declare const Herald: typeof HeraldSdk;
+
+interface ChatMessage {
+  nick?: unknown;
+  text?: unknown;
+}
+
+const TRANSPORT_ALIASES: Record<string, HeraldSdk.TransportName> = {
+  ws: "websocket",
+  websocket: "websocket",
+  sse: "sse",
+  stream: "stream",
+  iframe: "iframe",
+  longpoll: "longpoll",
+  poll: "poll",
+};
+
+const HISTORY_SHOWN = 100;
+
+function element<T extends HTMLElement>(id: string): T {
+  const found = document.getElementById(id);
+  if (found === null) throw new Error(`the page has no #${id}`);
+  return found as T;
+}
+
+const params = new URLSearchParams(location.search);
+const room = /^[A-Za-z0-9_.-]{1,64}$/.test(params.get("room") ?? "") ? params.get("room")! : "lobby";
+const channel = `chat:${room}`;
+const forced = params.get("transport");
+const transport = forced === null ? undefined : TRANSPORT_ALIASES[forced];
+
+const list = element<HTMLOListElement>("messages");
+const notice = element<HTMLParagraphElement>("notice");
+const stateLabel = element<HTMLSpanElement>("state");
+const transportLabel = element<HTMLSpanElement>("transport");
+const nickField = element<HTMLInputElement>("nick");
+const textField = element<HTMLInputElement>("text");
+const form = element<HTMLFormElement>("composer");
+
+element<HTMLHeadingElement>("title").textContent = `Herald chat: #${room}`;
+document.title = `#${room} · Herald chat`;
+nickField.value = localStorage.getItem("herald-chat-nick") ?? `guest-${Math.floor(Math.random() * 9000 + 1000)}`;
+
+const client = new Herald.Client(undefined, { transports: transport ?? "auto" });
+const sub = client.newSubscription(channel);
+const shown = new Set<number>();
+
+function say(text: string): void {
+  notice.textContent = text;
+  notice.hidden = text === "";
+}
+
+if (forced !== null && transport === undefined) {
+  say(`Unknown transport "${forced}"; using the automatic choice. Known: ws, sse, stream, iframe, longpoll, poll.`);
+}
+
+function render(offset: number, data: unknown): void {
+  if (shown.has(offset)) return;
+  shown.add(offset);
+  const message: ChatMessage = typeof data === "object" && data !== null ? (data as ChatMessage) : { text: data };
+  const item = document.createElement("li");
+  item.dataset["offset"] = String(offset);
+  const nick = document.createElement("span");
+  nick.className = "nick";
+  nick.textContent = typeof message.nick === "string" && message.nick !== "" ? message.nick : "anonymous";
+  const text = document.createElement("span");
+  text.className = "text";
+  text.textContent = typeof message.text === "string" ? message.text : JSON.stringify(message.text ?? data);
+  item.append(nick, text);
+  // Keep offset order even when a reload and live messages interleave.
+  let before: Element | null = null;
+  for (const existing of Array.from(list.children)) {
+    if (Number((existing as HTMLElement).dataset["offset"]) > offset) {
+      before = existing;
+      break;
+    }
+  }
+  list.insertBefore(item, before);
+  if (before === null) item.scrollIntoView({ block: "end" });
+}
+
+async function loadHistory(): Promise<HeraldSdk.HistoryResult> {
+  const history = await client.history(channel, { limit: HISTORY_SHOWN });
+  for (const p of history.publications ?? []) render(p.offset, p.data);
+  return history;
+}
+
+sub.on("publication", (p) => render(p.offset, p.data));
+sub.on("subscribed", (ctx) => {
+  if (ctx.resumed && ctx.recovered === false) {
+    say("Some messages could not be recovered after the connection dropped; the conversation was reloaded.");
+    list.replaceChildren();
+    shown.clear();
+    void loadHistory();
+  }
+});
+sub.on("error", (e) => say(`Subscription error ${e.code}: ${e.message}`));
+
+function showState(): void {
+  stateLabel.textContent = client.state;
+  stateLabel.dataset["state"] = client.state;
+  transportLabel.textContent = client.transportName ?? "-";
+  document.body.dataset["state"] = client.state;
+  document.body.dataset["transport"] = client.transportName ?? "";
+}
+client.on("state", showState);
+client.on("connecting", showState);
+client.on("connected", () => {
+  showState();
+  if (notice.textContent?.startsWith("Not connected")) say("");
+});
+client.on("disconnected", (ctx) => {
+  showState();
+  say(`Disconnected (${ctx.code}): ${ctx.reason}`);
+});
+
+client.once("connected", () => {
+  loadHistory().then(
+    (history) => sub.subscribe({ since: { epoch: history.epoch, offset: history.offset } }),
+    (error: Error) => {
+      say(`Could not load the conversation: ${error.message}`);
+      sub.subscribe();
+    },
+  );
+});
+client.connect();
+showState();
+
+form.addEventListener("submit", (event) => {
+  event.preventDefault();
+  const text = textField.value.trim();
+  if (text === "") return;
+  const nick = nickField.value.trim().slice(0, 32) || "anonymous";
+  localStorage.setItem("herald-chat-nick", nick);
+  textField.value = "";
+  sub.publish({ nick, text }).then(
+    () => say(""),
+    (error: Error) => {
+      textField.value = text;
+      say(`Not sent: ${error.message}`);
+    },
+  );
+});
+
+(globalThis as unknown as Record<string, unknown>)["heraldChat"] = { client, sub };

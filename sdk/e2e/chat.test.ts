@@ -1,0 +1,173 @@
+/**
+ * The chat demo in headless Chromium (Debian's /usr/bin/chromium, driven by playwright-core):
+ * every transport both ways, recovery after a server restart with nothing lost or doubled,
+ * and the automatic fallback when WebSocket is blocked.
+ */
+import { existsSync, mkdirSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { chromium, type Browser, type BrowserContext, type Page } from "playwright-core";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { Herald } from "../test/herald.js";
+
+const CHROMIUM = process.env["CHROMIUM"] ?? "/usr/bin/chromium";
+const ARTIFACTS = join(dirname(fileURLToPath(import.meta.url)), "..", "test-artifacts");
+const TRANSPORTS = ["ws", "sse", "stream", "iframe", "longpoll", "poll"] as const;
+const SHOWN: Record<string, string> = { ws: "websocket" };
+
+let browser: Browser;
+let server: Herald;
+const pageErrors: string[] = [];
+
+beforeAll(async () => {
+  if (!existsSync(CHROMIUM)) {
+    throw new Error(`no Chromium at ${CHROMIUM}: install Debian's (apt-get install --no-install-recommends chromium) or set CHROMIUM`);
+  }
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+  });
+  server = await Herald.start();
+});
+
+afterAll(async () => {
+  await browser?.close();
+  await server?.dispose();
+  expect(pageErrors).toEqual([]);
+});
+
+async function openChat(url: string, query: string, context?: BrowserContext): Promise<Page> {
+  const ctx = context ?? (await browser.newContext({ viewport: { width: 900, height: 560 } }));
+  const page = await ctx.newPage();
+  page.on("pageerror", (e) => pageErrors.push(`${query}: ${e.message}`));
+  // The forever frame never finishes loading, so the page is ready at DOMContentLoaded.
+  await page.goto(`${url}/chat?${query}`, { waitUntil: "domcontentloaded" });
+  await page.waitForSelector('body[data-state="connected"]');
+  return page;
+}
+
+async function speak(page: Page, nick: string, text: string): Promise<void> {
+  await page.fill("#nick", nick);
+  await page.fill("#text", text);
+  await page.click("#speak");
+}
+
+/** The texts shown, in page order. */
+async function texts(page: Page): Promise<string[]> {
+  return page.$$eval("#messages li .text", (items) => items.map((i) => i.textContent ?? ""));
+}
+
+async function waitForText(page: Page, text: string): Promise<void> {
+  await page.waitForFunction(
+    (t) => Array.from(document.querySelectorAll("#messages li .text")).some((i) => i.textContent === t),
+    text,
+  );
+}
+
+describe.each(TRANSPORTS)("transport=%s", (transport) => {
+  it("two pages chat both ways; the page shows its transport and state", async () => {
+    const room = `e2e-${transport}`;
+    const alice = await openChat(server.url, `transport=${transport}&room=${room}`);
+    const bob = await openChat(server.url, `transport=${transport}&room=${room}`);
+    for (const page of [alice, bob]) {
+      expect(await page.textContent("#transport")).toBe(SHOWN[transport] ?? transport);
+      expect(await page.textContent("#state")).toBe("connected");
+      expect(await page.textContent("#title")).toBe(`Herald chat: #${room}`);
+    }
+    const hostile = `hi bob <img src=x onerror="window.__pwned=1"> <b>bold</b> via ${transport}`;
+    await speak(alice, "alice", hostile);
+    await waitForText(bob, hostile);
+    await speak(bob, "bob", `hello alice via ${transport}`);
+    await waitForText(alice, `hello alice via ${transport}`);
+    // Shown as text: no element was made from it and nothing ran.
+    expect(await bob.$$eval("#messages img, #messages b", (n) => n.length)).toBe(0);
+    expect(await bob.evaluate(() => (window as unknown as { __pwned?: number }).__pwned)).toBeUndefined();
+    expect(await alice.$eval("#messages li:first-child .nick", (n) => n.textContent)).toBe("alice");
+    // A newcomer sees the conversation from history.
+    const carol = await openChat(server.url, `transport=${transport}&room=${room}`);
+    await waitForText(carol, `hello alice via ${transport}`);
+    expect(await texts(carol)).toEqual([hostile, `hello alice via ${transport}`]);
+    for (const page of [alice, bob, carol]) await page.context().close();
+  });
+});
+
+describe("recovery", () => {
+  it.each(TRANSPORTS)("transport=%s: after a server restart every message shows exactly once", async (transport) => {
+    const first = await Herald.start();
+    const dataDir = first.dataDir;
+    let live = first;
+    const room = `restart-${transport}`;
+    try {
+      const page = await openChat(live.url, `transport=${transport}&room=${room}`);
+      await live.publish(`chat:${room}`, { nick: "api", text: "before" });
+      await waitForText(page, "before");
+      const port = live.port;
+      await live.stop();
+      await page.waitForSelector('body[data-state="connecting"]');
+      // Published while the page cannot reach any server: only history can bring these.
+      const aside = await Herald.start({ dataDir });
+      for (const n of [1, 2, 3]) await aside.publish(`chat:${room}`, { nick: "api", text: `missed ${n}` });
+      await aside.stop();
+      live = await Herald.start({ dataDir, listen: `127.0.0.1:${port}` });
+      await page.waitForSelector('body[data-state="connected"]', { timeout: 30_000 });
+      await live.publish(`chat:${room}`, { nick: "api", text: "after" });
+      await waitForText(page, "after");
+      expect(await texts(page)).toEqual(["before", "missed 1", "missed 2", "missed 3", "after"]);
+      const offsets = await page.$$eval("#messages li", (items) => items.map((i) => Number((i as HTMLElement).dataset["offset"])));
+      expect(offsets).toEqual([1, 2, 3, 4, 5]);
+      expect(await page.isHidden("#notice")).toBe(true);
+      await page.context().close();
+    } finally {
+      await live.dispose();
+    }
+  });
+});
+
+describe("automatic transport", () => {
+  it("uses WebSocket when it can", async () => {
+    const page = await openChat(server.url, "room=auto");
+    expect(await page.textContent("#transport")).toBe("websocket");
+    await page.context().close();
+  });
+
+  it("with WebSocket blocked, falls back and still chats both ways", async () => {
+    const blocked = await browser.newContext({ viewport: { width: 900, height: 560 } });
+    // As a network that refuses the upgrade: every WebSocket fails at once.
+    await blocked.addInitScript(() => {
+      class Refused extends EventTarget {
+        readyState = 3;
+        onopen: ((e: Event) => void) | null = null;
+        onerror: ((e: Event) => void) | null = null;
+        onclose: ((e: CloseEvent) => void) | null = null;
+        onmessage: ((e: MessageEvent) => void) | null = null;
+        constructor() {
+          super();
+          setTimeout(() => {
+            this.onerror?.(new Event("error"));
+            this.onclose?.(new CloseEvent("close", { code: 1006 }));
+          });
+        }
+        send(): void {}
+        close(): void {}
+      }
+      (window as unknown as { WebSocket: unknown }).WebSocket = Refused;
+    });
+    const fallback = await openChat(server.url, "room=fallback", blocked);
+    const fallbackTransport = await fallback.textContent("#transport");
+    expect(fallbackTransport).toBe("sse");
+    const normal = await openChat(server.url, "room=fallback");
+    expect(await normal.textContent("#transport")).toBe("websocket");
+    await speak(fallback, "blocked", "hello from behind the firewall");
+    await waitForText(normal, "hello from behind the firewall");
+    await speak(normal, "open", "hello back");
+    await waitForText(fallback, "hello back");
+
+    mkdirSync(ARTIFACTS, { recursive: true });
+    const screenshot = join(ARTIFACTS, "chat.png");
+    await normal.screenshot({ path: screenshot });
+    console.log(`chat page screenshot: ${screenshot}`);
+    await blocked.close();
+    await normal.context().close();
+  });
+});

@@ -1,0 +1,563 @@
+import { backoffDelay } from "./backoff.js";
+import { ClientCode, isTemporaryError, shouldReconnect } from "./codes.js";
+import type { Position } from "./cursor.js";
+import { Emitter } from "./emitter.js";
+import {
+  sinceParam,
+  type Command,
+  type ConnectResult,
+  type ErrorBody,
+  type HistoryResult,
+  type Method,
+  type PublishResult,
+  type ServerMessage,
+  type SubscribeResult,
+} from "./protocol.js";
+import { Subscription, type SubscriptionHost, type SubscriptionOptions } from "./subscription.js";
+import { IframeTransport } from "./transport/iframe.js";
+import { PollTransport, type PollSource } from "./transport/poll.js";
+import { SseTransport } from "./transport/sse.js";
+import { StreamTransport } from "./transport/stream.js";
+import type { Transport, TransportContext, TransportName, WebSocketConstructor } from "./transport/types.js";
+import { WebSocketTransport } from "./transport/websocket.js";
+
+export const VERSION = "0.1.0";
+
+/** The order `transports: "auto"` tries: the best first, each next one works in more places. */
+export const AUTO_TRANSPORTS: readonly TransportName[] = ["websocket", "sse", "stream", "longpoll", "poll"];
+
+export type ClientState = "disconnected" | "connecting" | "connected";
+
+export interface ClientOptions {
+  /** One transport to use only, a list to try in order, or "auto" (the default). */
+  transports?: TransportName | readonly TransportName[] | "auto";
+  /** Sent in `connect` (WebSocket). */
+  token?: string;
+  /** A name for this client, sent in `connect` (WebSocket). */
+  name?: string;
+  /** First reconnect delay, ms (default 500). */
+  minReconnectDelay?: number;
+  /** Largest reconnect delay, ms (default 20000). */
+  maxReconnectDelay?: number;
+  /** How long to wait for a connection to open and for a command's reply, ms (default 5000). */
+  timeout?: number;
+  /** Liveness check period, ms. Default: the server's ping interval. */
+  pingInterval?: number;
+  /** Long-poll hold time asked of the server, seconds (default 25). */
+  longpollTimeout?: number;
+  /** Interval polling period, ms (default 1000). */
+  pollInterval?: number;
+  /** Commands issued within this many ms travel in one frame (default 0: the same tick). */
+  batchDelay?: number;
+  /** Failed opens of a transport that has worked before it is given up for the next (default 3). */
+  retriesBeforeFallback?: number;
+  /** A WebSocket implementation where there is no global one (Node 20: the `ws` package). */
+  websocket?: WebSocketConstructor;
+  /** A fetch implementation (default: the global one). */
+  fetch?: typeof fetch;
+}
+
+export interface HistoryOptions {
+  /** At most this many publications (newest ones, or the first after `since`). */
+  limit?: number;
+  /** Publications after this position. */
+  since?: Position;
+}
+
+export interface ClientEvents {
+  state: { state: ClientState; previous: ClientState };
+  connecting: { code: number; reason: string; transport: TransportName };
+  connected: { transport: TransportName; client: string };
+  disconnected: { code: number; reason: string };
+  error: { type: "transport" | "command" | "server"; code: number; message: string; transport?: TransportName };
+}
+
+/** A failed command: `code` is the server's error code (docs/protocol.md), or a client one. */
+export class HeraldError extends Error {
+  constructor(
+    readonly code: number,
+    message: string,
+  ) {
+    super(message);
+    this.name = "HeraldError";
+  }
+}
+
+interface Pending {
+  resolve(result: unknown): void;
+  reject(error: HeraldError): void;
+  timer: ReturnType<typeof setTimeout>;
+}
+
+const SESSION_TRANSPORTS = new Set<TransportName>(["websocket", "sse", "stream", "iframe"]);
+
+/**
+ * A connection to Herald over the best transport that works here, with subscriptions that
+ * survive every reconnect.
+ *
+ * ```ts
+ * const client = new Client("https://rt.example.com");
+ * const sub = client.newSubscription("chat:lobby");
+ * sub.on("publication", (p) => console.log(p.offset, p.data));
+ * sub.subscribe();
+ * client.connect();
+ * ```
+ */
+export class Client extends Emitter<ClientEvents> implements SubscriptionHost, PollSource {
+  readonly baseUrl: string;
+  private readonly options: Required<Omit<ClientOptions, "token" | "name" | "pingInterval" | "websocket" | "fetch" | "transports">> &
+    Pick<ClientOptions, "token" | "name" | "pingInterval" | "websocket">;
+  private readonly order: readonly TransportName[];
+  private readonly doFetch: typeof fetch;
+  private current: ClientState = "disconnected";
+  private transport: Transport | undefined;
+  private transportIndex = 0;
+  private lastWorking = -1;
+  private failuresOfWorking = 0;
+  private attempt = 0;
+  private reconnectTimer: ReturnType<typeof setTimeout> | undefined;
+  private connectTimer: ReturnType<typeof setTimeout> | undefined;
+  private pingTimer: ReturnType<typeof setInterval> | undefined;
+  private lastReceived = 0;
+  private pingPending = false;
+  private clientId = "";
+  private nextId = 0;
+  private readonly pending = new Map<number, Pending>();
+  private outbox: Command[] = [];
+  private flushScheduled = false;
+  private readyWaiters: { resolve(): void; reject(e: HeraldError): void }[] = [];
+  private readonly subs = new Map<string, Subscription>();
+
+  /** `url`: the server's HTTP(S) base URL; in a browser it defaults to the page's origin. */
+  constructor(url?: string, options: ClientOptions = {}) {
+    super();
+    const base = url ?? globalThis.location?.origin;
+    if (base === undefined) throw new Error("give the server's URL, e.g. new Client('http://127.0.0.1:8080')");
+    this.baseUrl = base.replace(/\/+$/, "");
+    const transports = options.transports ?? "auto";
+    this.order = transports === "auto" ? AUTO_TRANSPORTS : typeof transports === "string" ? [transports] : [...transports];
+    if (this.order.length === 0) throw new Error("transports: name at least one");
+    this.doFetch = options.fetch ?? globalThis.fetch.bind(globalThis);
+    this.options = {
+      minReconnectDelay: options.minReconnectDelay ?? 500,
+      maxReconnectDelay: options.maxReconnectDelay ?? 20_000,
+      timeout: options.timeout ?? 5_000,
+      longpollTimeout: options.longpollTimeout ?? 25,
+      pollInterval: options.pollInterval ?? 1_000,
+      batchDelay: options.batchDelay ?? 0,
+      retriesBeforeFallback: options.retriesBeforeFallback ?? 3,
+      token: options.token,
+      name: options.name,
+      pingInterval: options.pingInterval,
+      websocket: options.websocket,
+    };
+  }
+
+  get state(): ClientState {
+    return this.current;
+  }
+
+  /** The transport in use (or being tried). */
+  get transportName(): TransportName | undefined {
+    return this.transport?.name;
+  }
+
+  connect(): void {
+    if (this.current !== "disconnected") return;
+    this.attempt = 0;
+    this.setState("connecting");
+    this.emit("connecting", { code: 0, reason: "connect called", transport: this.order[this.transportIndex]! });
+    this.open();
+  }
+
+  disconnect(): void {
+    if (this.current === "disconnected") return;
+    this.teardown(new HeraldError(ClientCode.Disconnected, "disconnect called"));
+    this.setState("disconnected");
+    for (const sub of this.subs.values()) sub.interrupted(ClientCode.Disconnected, "disconnect called");
+    this.emit("disconnected", { code: ClientCode.Disconnected, reason: "disconnect called" });
+  }
+
+  newSubscription(channel: string, options?: SubscriptionOptions): Subscription {
+    if (this.subs.has(channel)) throw new Error(`already a subscription to ${channel}; use getSubscription`);
+    const sub = new Subscription(channel, this, options);
+    this.subs.set(channel, sub);
+    return sub;
+  }
+
+  /** Shorthand: a new subscription, subscribed at once. */
+  subscribe(channel: string, options?: SubscriptionOptions): Subscription {
+    const sub = this.newSubscription(channel, options);
+    sub.subscribe();
+    return sub;
+  }
+
+  getSubscription(channel: string): Subscription | undefined {
+    return this.subs.get(channel);
+  }
+
+  removeSubscription(sub: Subscription): void {
+    sub.unsubscribe();
+    this.subs.delete(sub.channel);
+  }
+
+  publish(channel: string, data: unknown): Promise<PublishResult> {
+    return this.call<PublishResult>("publish", { channel, data });
+  }
+
+  history(channel: string, options: HistoryOptions = {}): Promise<HistoryResult> {
+    const params: Record<string, unknown> = { channel };
+    if (options.limit !== undefined) params["limit"] = options.limit;
+    const since = sinceParam(options.since);
+    if (since !== undefined) params["since"] = since;
+    return this.call<HistoryResult>("history", params);
+  }
+
+  // --- SubscriptionHost ---
+
+  subscribeChannel(sub: Subscription): void {
+    if (this.current !== "connected" || this.transport === undefined) return;
+    if (this.transport instanceof PollTransport) {
+      this.transport.refresh();
+      return;
+    }
+    const params: Record<string, unknown> = { channel: sub.channel };
+    const since = sinceParam(sub.position);
+    if (since !== undefined) params["since"] = since;
+    this.request<SubscribeResult>("subscribe", params).then(
+      (result) => {
+        if (this.subs.get(sub.channel) === sub && sub.state === "subscribing") sub.confirmed(result, false);
+      },
+      (error: HeraldError) => {
+        if (sub.state !== "subscribing") return;
+        if (isTemporaryError(error.code)) {
+          sub.warn(error.code, error.message);
+          this.retrySubscribe(sub);
+        } else if (error.code >= 100 && error.code < 1000) {
+          sub.failed(error.code, error.message);
+        }
+        // Otherwise the connection dropped: the subscription is resubscribed on reconnect.
+      },
+    );
+  }
+
+  unsubscribeChannel(sub: Subscription): void {
+    if (this.current !== "connected" || this.transport === undefined) return;
+    if (this.transport instanceof PollTransport) {
+      queueMicrotask(() => (this.transport as PollTransport | undefined)?.refresh?.());
+      return;
+    }
+    this.request("unsubscribe", { channel: sub.channel }).catch(() => {
+      // Unsubscribing from a channel the server no longer has for us is fine.
+    });
+  }
+
+  resync(reason: string): void {
+    this.emit("error", { type: "server", code: ClientCode.OutOfOrder, message: reason });
+    this.dropTransport(ClientCode.OutOfOrder, `out of order: ${reason}`);
+  }
+
+  // --- PollSource ---
+
+  channels(): Map<string, Position | undefined> {
+    const out = new Map<string, Position | undefined>();
+    for (const sub of this.subs.values()) {
+      if (sub.state !== "unsubscribed") out.set(sub.channel, sub.position);
+    }
+    return out;
+  }
+
+  answered(requested: string[], announced: Set<string>): void {
+    for (const channel of requested) {
+      const sub = this.subs.get(channel);
+      if (sub === undefined || sub.state !== "subscribing" || announced.has(channel)) continue;
+      const position = sub.position;
+      if (position?.epoch !== undefined) sub.confirmed({ epoch: position.epoch, offset: position.offset, recovered: true }, true);
+    }
+  }
+
+  refused(code: number, reason: string): boolean {
+    const unconfirmed = [...this.subs.values()].filter((s) => s.state === "subscribing" && !s.confirmedOnce);
+    const named = unconfirmed.filter((s) => reason.includes(s.channel));
+    const culprits = named.length > 0 ? named : unconfirmed;
+    if (culprits.length === 0 || code < 100 || code >= 1000 || isTemporaryError(code)) return false;
+    for (const sub of culprits) sub.failed(code, reason);
+    return true;
+  }
+
+  // --- connection ---
+
+  private open(): void {
+    const name = this.order[this.transportIndex]!;
+    const ctx: TransportContext = {
+      baseUrl: this.baseUrl,
+      fetch: this.doFetch,
+      websocket: this.options.websocket,
+      events: {
+        message: (m) => this.onMessage(m),
+        close: (code, reason) => this.onTransportClose(code, reason),
+      },
+    };
+    let transport: Transport;
+    try {
+      transport = this.makeTransport(name, ctx);
+    } catch (error) {
+      // Not available in this environment: the same as blocked.
+      this.transport = undefined;
+      queueMicrotask(() => this.onTransportClose(ClientCode.TransportClosed, `${name}: ${String(error)}`));
+      return;
+    }
+    this.transport = transport;
+    this.connectTimer = setTimeout(() => {
+      if (this.current === "connecting" && this.transport === transport) {
+        this.dropTransport(ClientCode.ConnectTimeout, `${name}: no connect within ${this.options.timeout} ms`);
+      }
+    }, this.options.timeout);
+  }
+
+  private makeTransport(name: TransportName, ctx: TransportContext): Transport {
+    switch (name) {
+      case "websocket": {
+        const ws = new WebSocketTransport(ctx);
+        ws.onOpen(() => {
+          const params: Record<string, unknown> = { version: VERSION };
+          if (this.options.token !== undefined) params["token"] = this.options.token;
+          if (this.options.name !== undefined) params["name"] = this.options.name;
+          this.nextId += 1;
+          const id = this.nextId;
+          this.expect(id, (r) => this.onConnected(r as ConnectResult), (e) => this.dropTransport(e.code >= 3000 ? e.code : 3500, e.message));
+          ws.send([{ id, method: "connect", params }]);
+        });
+        return ws;
+      }
+      case "sse":
+        return new SseTransport(ctx);
+      case "stream":
+        return new StreamTransport(ctx);
+      case "iframe":
+        return new IframeTransport(ctx);
+      case "longpoll":
+      case "poll":
+        return new PollTransport(name, ctx, this, {
+          longpollTimeout: this.options.longpollTimeout,
+          pollInterval: this.options.pollInterval,
+        });
+    }
+  }
+
+  private onMessage(m: ServerMessage): void {
+    this.lastReceived = Date.now();
+    if (m.id !== undefined && m.id !== 0) {
+      const pending = this.pending.get(m.id);
+      if (pending === undefined) return;
+      this.pending.delete(m.id);
+      clearTimeout(pending.timer);
+      if (m.error !== undefined) pending.reject(new HeraldError(m.error.code, m.error.message));
+      else pending.resolve(firstResult(m));
+      return;
+    }
+    if (m.pub !== undefined) {
+      const sub = this.subs.get(m.pub.channel);
+      if (sub === undefined) return;
+      // On polling transports a complete resume is not announced: its first publication is.
+      if (sub.state === "subscribing" && this.transport instanceof PollTransport && sub.position?.epoch !== undefined) {
+        sub.confirmed({ epoch: sub.position.epoch, offset: sub.position.offset, recovered: true }, true);
+      }
+      sub.deliver(m.pub.offset, m.pub.data);
+    } else if (m.subscribe?.channel !== undefined) {
+      this.subs.get(m.subscribe.channel)?.confirmed(m.subscribe, true);
+    } else if (m.connect !== undefined) {
+      this.onConnected(m.connect);
+    } else if (m.disconnect !== undefined) {
+      this.dropTransport(m.disconnect.code, m.disconnect.reason);
+    } else if (m.error !== undefined) {
+      this.emit("error", { type: "server", code: m.error.code, message: m.error.message });
+    }
+  }
+
+  private onConnected(result: ConnectResult): void {
+    if (this.current !== "connecting" || this.transport === undefined) return;
+    clearTimeout(this.connectTimer);
+    this.clientId = result.client;
+    this.attempt = 0;
+    this.lastWorking = this.transportIndex;
+    this.failuresOfWorking = 0;
+    this.setState("connected");
+    const transport = this.transport.name;
+    this.startHeartbeat(result.ping);
+    this.emit("connected", { transport, client: this.clientId });
+    for (const w of this.readyWaiters.splice(0)) w.resolve();
+    for (const sub of this.subs.values()) {
+      if (sub.state === "subscribing") this.subscribeChannel(sub);
+    }
+    this.scheduleFlush();
+  }
+
+  private onTransportClose(code: number, reason: string): void {
+    const failed = this.transport?.name ?? this.order[this.transportIndex]!;
+    const wasConnected = this.current === "connected";
+    if (this.current === "disconnected") return;
+    this.teardown(new HeraldError(code, `disconnected: ${reason}`), false);
+    for (const sub of this.subs.values()) sub.interrupted(code, reason);
+    if (!shouldReconnect(code)) {
+      for (const w of this.readyWaiters.splice(0)) w.reject(new HeraldError(code, reason));
+      this.setState("disconnected");
+      this.emit("disconnected", { code, reason });
+      return;
+    }
+    this.emit("error", { type: "transport", code, message: reason, transport: failed });
+    let delay: number;
+    if (wasConnected) {
+      delay = backoffDelay(this.attempt++, this.backoff());
+    } else if (this.transportIndex === this.lastWorking && ++this.failuresOfWorking < this.options.retriesBeforeFallback) {
+      // It worked before: the server is more likely restarting than the transport blocked.
+      delay = backoffDelay(this.attempt++, this.backoff());
+    } else {
+      this.transportIndex = (this.transportIndex + 1) % this.order.length;
+      // Falling back along the list is immediate; a full round of failures backs off.
+      delay = this.transportIndex === 0 || this.order.length === 1 ? backoffDelay(this.attempt++, this.backoff()) : 0;
+    }
+    this.setState("connecting");
+    this.emit("connecting", { code, reason, transport: this.order[this.transportIndex]! });
+    this.reconnectTimer = setTimeout(() => {
+      this.reconnectTimer = undefined;
+      if (this.current === "connecting" && this.transport === undefined) this.open();
+    }, delay);
+  }
+
+  /** Closes the transport ourselves and handles it like any other close. */
+  private dropTransport(code: number, reason: string): void {
+    const transport = this.transport;
+    if (transport === undefined) return;
+    transport.close();
+    this.onTransportClose(code, reason);
+  }
+
+  private teardown(error: HeraldError, rejectWaiters = true): void {
+    clearTimeout(this.connectTimer);
+    clearTimeout(this.reconnectTimer);
+    clearInterval(this.pingTimer);
+    this.reconnectTimer = undefined;
+    this.pingTimer = undefined;
+    this.pingPending = false;
+    this.transport?.close();
+    this.transport = undefined;
+    this.outbox = [];
+    for (const [id, p] of this.pending) {
+      clearTimeout(p.timer);
+      this.pending.delete(id);
+      p.reject(error);
+    }
+    if (rejectWaiters) for (const w of this.readyWaiters.splice(0)) w.reject(error);
+  }
+
+  private backoff() {
+    return { minDelay: this.options.minReconnectDelay, maxDelay: this.options.maxReconnectDelay };
+  }
+
+  /** Session transports: a `ping` command whenever the line has been quiet for a period;
+   * no reply within `timeout` means the connection is dead even if the socket says not. */
+  private startHeartbeat(serverPingSeconds: number): void {
+    if (this.transport instanceof PollTransport) return;
+    const period = this.options.pingInterval ?? Math.max(1, serverPingSeconds) * 1000;
+    this.lastReceived = Date.now();
+    this.pingTimer = setInterval(() => {
+      if (this.current !== "connected" || this.pingPending) return;
+      if (Date.now() - this.lastReceived < period) return;
+      this.pingPending = true;
+      this.request("ping", {}).then(
+        () => (this.pingPending = false),
+        (error: HeraldError) => {
+          this.pingPending = false;
+          if (error.code === ClientCode.NoPong) this.dropTransport(ClientCode.NoPong, "no reply to ping");
+        },
+      );
+    }, Math.max(250, Math.floor(period / 2)));
+  }
+
+  private setState(state: ClientState): void {
+    if (state === this.current) return;
+    const previous = this.current;
+    this.current = state;
+    this.emit("state", { state, previous });
+  }
+
+  // --- commands ---
+
+  /** Waits for the connection (up to `timeout`), then sends and awaits the reply. */
+  private async call<T>(method: Method, params: Record<string, unknown>): Promise<T> {
+    await this.ready();
+    return this.request<T>(method, params);
+  }
+
+  private ready(): Promise<void> {
+    if (this.current === "connected") return Promise.resolve();
+    if (this.current === "disconnected") {
+      return Promise.reject(new HeraldError(ClientCode.Disconnected, "the client is disconnected; call connect()"));
+    }
+    return new Promise((resolve, reject) => {
+      const waiter = {
+        resolve: () => {
+          clearTimeout(timer);
+          resolve();
+        },
+        reject: (e: HeraldError) => {
+          clearTimeout(timer);
+          reject(e);
+        },
+      };
+      const timer = setTimeout(() => {
+        this.readyWaiters = this.readyWaiters.filter((w) => w !== waiter);
+        reject(new HeraldError(ClientCode.ConnectTimeout, `not connected within ${this.options.timeout} ms`));
+      }, this.options.timeout);
+      this.readyWaiters.push(waiter);
+    });
+  }
+
+  /** Queues a command on the open connection; commands queued in one tick share a frame. */
+  private request<T>(method: Method, params: Record<string, unknown>): Promise<T> {
+    this.nextId += 1;
+    const id = this.nextId;
+    const promise = new Promise<T>((resolve, reject) => {
+      this.expect(id, resolve as (r: unknown) => void, reject);
+    });
+    this.outbox.push({ id, method, params });
+    this.scheduleFlush();
+    return promise;
+  }
+
+  private expect(id: number, resolve: (r: unknown) => void, reject: (e: HeraldError) => void): void {
+    const timer = setTimeout(() => {
+      this.pending.delete(id);
+      reject(new HeraldError(ClientCode.NoPong, `no reply within ${this.options.timeout} ms`));
+    }, this.options.timeout);
+    this.pending.set(id, { resolve, reject, timer });
+  }
+
+  private retrySubscribe(sub: Subscription): void {
+    setTimeout(() => {
+      if (sub.state === "subscribing") this.subscribeChannel(sub);
+    }, backoffDelay(1, this.backoff()));
+  }
+
+  private scheduleFlush(): void {
+    if (this.flushScheduled) return;
+    this.flushScheduled = true;
+    const flush = () => {
+      this.flushScheduled = false;
+      if (this.current !== "connected" || this.transport === undefined || this.outbox.length === 0) return;
+      this.transport.send(this.outbox.splice(0));
+    };
+    if (this.options.batchDelay > 0) setTimeout(flush, this.options.batchDelay);
+    else queueMicrotask(flush);
+  }
+}
+
+function firstResult(m: ServerMessage): unknown {
+  for (const key of ["connect", "subscribe", "unsubscribe", "publish", "history", "ping"] as const) {
+    if (m[key] !== undefined) return m[key];
+  }
+  return {};
+}
+
+export type { ErrorBody };

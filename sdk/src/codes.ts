@@ -1,0 +1,38 @@
+/**
+ * What a close or `disconnect` code tells the client to do. The server groups its codes by
+ * range so that a client needs no table of them (docs/protocol.md, "Close codes").
+ */
+
+/** Disconnect codes the client itself uses (they never come from the server). */
+export const ClientCode = {
+  /** `disconnect()` was called. */
+  Disconnected: 0,
+  /** The transport closed without a code (network drop, refused connection). */
+  TransportClosed: 1006,
+  /** The transport opened but no `connect` arrived in time: a proxy may be buffering it. */
+  ConnectTimeout: 3401,
+  /** A ping command got no reply in time. */
+  NoPong: 3402,
+  /** A publication arrived out of order; the client resubscribes to resume cleanly. */
+  OutOfOrder: 3403,
+} as const;
+
+/** WebSocket close codes (RFC 6455) after which reconnecting cannot help. */
+const FATAL_WEBSOCKET = new Set([1002, 1003, 1007, 1008, 1009, 1010]);
+
+/** True when a client disconnected with `code` should reconnect (with backoff). */
+export function shouldReconnect(code: number): boolean {
+  if (code >= 3000 && code < 5000) {
+    const inRange = code % 1000;
+    return inRange < 500;
+  }
+  return !FATAL_WEBSOCKET.has(code);
+}
+
+/**
+ * Error codes in command replies after which the same command may succeed later
+ * (internal, limit, rate, shutting down).
+ */
+export function isTemporaryError(code: number): boolean {
+  return code === 100 || code === 106 || code === 111 || code === 117;
+}

@@ -1,0 +1,10 @@
+export { Client, HeraldError, AUTO_TRANSPORTS, VERSION } from "./client.js";
+export type { ClientEvents, ClientOptions, ClientState, HistoryOptions } from "./client.js";
+export { Subscription } from "./subscription.js";
+export type { Publication, SubscribedContext, SubscriptionEvents, SubscriptionOptions, SubscriptionState } from "./subscription.js";
+export type { TransportName } from "./transport/types.js";
+export type { Position } from "./cursor.js";
+export { encodeCursor, decodeCursor } from "./cursor.js";
+export { backoffDelay } from "./backoff.js";
+export { shouldReconnect, ClientCode } from "./codes.js";
+export type { HistoryResult, PublishResult, PublicationData } from "./protocol.js";

@@ -1,0 +1,115 @@
+/** The JSON messages of docs/protocol.md, and the newline-delimited framing they travel in. */
+
+import type { Position } from "./cursor.js";
+
+export type Method = "connect" | "subscribe" | "unsubscribe" | "publish" | "history" | "ping";
+
+/** One command: `{"id": N, "METHOD": {PARAMS}}`. */
+export interface Command {
+  id?: number;
+  method: Method;
+  params: Record<string, unknown>;
+}
+
+export interface ErrorBody {
+  code: number;
+  message: string;
+}
+
+export interface PublicationData {
+  offset: number;
+  data: unknown;
+}
+
+export interface ConnectResult {
+  client: string;
+  version: string;
+  /** The server's ping interval, seconds. */
+  ping: number;
+}
+
+export interface SubscribeResult {
+  channel?: string;
+  epoch: string;
+  offset: number;
+  recovered?: boolean;
+  publications?: PublicationData[];
+}
+
+export interface PublishResult {
+  offset: number;
+  epoch: string;
+}
+
+export interface HistoryResult {
+  epoch: string;
+  offset: number;
+  publications?: PublicationData[];
+}
+
+export interface DisconnectBody {
+  code: number;
+  reason: string;
+  reconnect?: boolean;
+}
+
+/** Anything the server sends: replies carry `id` (or `error`); pushes do not. */
+export interface ServerMessage {
+  id?: number;
+  error?: ErrorBody;
+  connect?: ConnectResult;
+  subscribe?: SubscribeResult;
+  unsubscribe?: Record<string, never>;
+  publish?: PublishResult;
+  history?: HistoryResult;
+  ping?: Record<string, never>;
+  pub?: { channel: string; offset: number; data: unknown };
+  disconnect?: DisconnectBody;
+}
+
+/** Commands as one frame: one JSON object per line. */
+export function encodeCommands(commands: readonly Command[]): string {
+  return commands
+    .map((c) => {
+      const wire: Record<string, unknown> = {};
+      if (c.id !== undefined) wire["id"] = c.id;
+      wire[c.method] = c.params;
+      return JSON.stringify(wire);
+    })
+    .join("\n");
+}
+
+/** A frame (or a chunk of lines) from the server: one JSON object per non-empty line. */
+export function decodeMessages(frame: string): ServerMessage[] {
+  const out: ServerMessage[] = [];
+  for (const line of frame.split("\n")) {
+    const trimmed = line.trim();
+    if (trimmed === "") continue;
+    const value: unknown = JSON.parse(trimmed);
+    if (typeof value !== "object" || value === null || Array.isArray(value)) {
+      throw new Error(`server sent ${trimmed.slice(0, 80)}, not a JSON object`);
+    }
+    out.push(value as ServerMessage);
+  }
+  return out;
+}
+
+/**
+ * Splits a growing text stream into complete lines: feed chunks as they come, get back
+ * the lines that are complete; the unfinished tail waits for the next chunk.
+ */
+export class LineSplitter {
+  private tail = "";
+
+  push(chunk: string): string[] {
+    const text = this.tail + chunk;
+    const lines = text.split("\n");
+    this.tail = lines.pop() ?? "";
+    return lines.filter((l) => l.trim() !== "");
+  }
+}
+
+export function sinceParam(position: Position | undefined): Record<string, unknown> | undefined {
+  if (position === undefined) return undefined;
+  return position.epoch === undefined ? { offset: position.offset } : { offset: position.offset, epoch: position.epoch };
+}

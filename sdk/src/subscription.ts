@@ -1,0 +1,178 @@
+import { Emitter } from "./emitter.js";
+import type { Position } from "./cursor.js";
+import type { HistoryResult, PublishResult, SubscribeResult } from "./protocol.js";
+import type { HistoryOptions } from "./client.js";
+
+export type SubscriptionState = "unsubscribed" | "subscribing" | "subscribed";
+
+export interface Publication {
+  channel: string;
+  offset: number;
+  epoch: string | undefined;
+  data: unknown;
+}
+
+export interface SubscribedContext {
+  channel: string;
+  epoch: string;
+  /** The newest offset the subscription has now. */
+  offset: number;
+  /** True when the subscription resumed from a position it already had. */
+  resumed: boolean;
+  /**
+   * Only when `resumed`: true when every publication since the position followed (nothing
+   * missed); false when history could not cover the gap, so the application must reload
+   * its state (for example with `history()`) because publications were missed.
+   */
+  recovered: boolean | undefined;
+}
+
+export interface SubscriptionEvents {
+  state: { state: SubscriptionState; previous: SubscriptionState };
+  subscribing: { channel: string; code: number; reason: string };
+  subscribed: SubscribedContext;
+  unsubscribed: { channel: string; code: number; reason: string };
+  publication: Publication;
+  error: { channel: string; code: number; message: string };
+}
+
+/** What a subscription needs from its client. */
+export interface SubscriptionHost {
+  subscribeChannel(sub: Subscription): void;
+  unsubscribeChannel(sub: Subscription): void;
+  publish(channel: string, data: unknown): Promise<PublishResult>;
+  history(channel: string, options?: HistoryOptions): Promise<HistoryResult>;
+  /** A publication arrived out of order: resubscribe every channel from its position. */
+  resync(reason: string): void;
+}
+
+export interface SubscriptionOptions {
+  /** Resume after this position instead of starting at the newest publication. */
+  since?: Position;
+}
+
+/**
+ * One channel's subscription. It keeps the channel's position (epoch and the last offset
+ * delivered), resumes from it after every reconnect on any transport, drops anything at or
+ * below it (so nothing is delivered twice), and says so when a gap could not be recovered.
+ */
+export class Subscription extends Emitter<SubscriptionEvents> {
+  private current: SubscriptionState = "unsubscribed";
+  private at: Position | undefined;
+  /** Whether the subscription has been confirmed since it was last (re)subscribed. */
+  confirmedOnce = false;
+
+  constructor(
+    readonly channel: string,
+    private readonly host: SubscriptionHost,
+    options: SubscriptionOptions = {},
+  ) {
+    super();
+    this.at = options.since === undefined ? undefined : { ...options.since };
+  }
+
+  get state(): SubscriptionState {
+    return this.current;
+  }
+
+  /** The last position delivered, or undefined before the first subscribe. */
+  get position(): Position | undefined {
+    return this.at === undefined ? undefined : { ...this.at };
+  }
+
+  subscribe(options: SubscriptionOptions = {}): void {
+    if (options.since !== undefined) this.at = { ...options.since };
+    if (this.current !== "unsubscribed") return;
+    this.confirmedOnce = false;
+    this.setState("subscribing");
+    this.emit("subscribing", { channel: this.channel, code: 0, reason: "subscribe called" });
+    this.host.subscribeChannel(this);
+  }
+
+  unsubscribe(): void {
+    if (this.current === "unsubscribed") return;
+    this.host.unsubscribeChannel(this);
+    this.end(0, "unsubscribe called");
+  }
+
+  publish(data: unknown): Promise<PublishResult> {
+    return this.host.publish(this.channel, data);
+  }
+
+  history(options?: HistoryOptions): Promise<HistoryResult> {
+    return this.host.history(this.channel, options);
+  }
+
+  /** The connection dropped: wait to be resubscribed. */
+  interrupted(code: number, reason: string): void {
+    if (this.current !== "subscribed") return;
+    this.setState("subscribing");
+    this.emit("subscribing", { channel: this.channel, code, reason });
+  }
+
+  /**
+   * The server confirmed the subscription (a reply, or a `subscribe` push on HTTP
+   * transports). `publicationsFollow`: the replayed publications arrive as separate
+   * pushes after this, so the position must not jump ahead of them.
+   */
+  confirmed(result: SubscribeResult, publicationsFollow: boolean): void {
+    if (this.current === "unsubscribed") return;
+    const resumed = this.at !== undefined;
+    // The server says `recovered: true` only after checking the epoch (a position at offset 0
+    // resumes in any epoch: it holds nothing of its own).
+    if (result.recovered === true) {
+      this.at = { epoch: result.epoch, offset: this.at?.offset ?? 0 };
+    } else {
+      this.at = { epoch: result.epoch, offset: result.offset };
+    }
+    this.confirmedOnce = true;
+    this.setState("subscribed");
+    this.emit("subscribed", {
+      channel: this.channel,
+      epoch: result.epoch,
+      offset: publicationsFollow ? this.at.offset : result.offset,
+      resumed,
+      recovered: resumed ? result.recovered === true : undefined,
+    });
+    for (const p of result.publications ?? []) this.deliver(p.offset, p.data);
+    if (!publicationsFollow && result.recovered !== false && this.at.offset < result.offset) {
+      this.at.offset = result.offset;
+    }
+  }
+
+  /** A publication for this channel; at or below the position it is a repeat and dropped. */
+  deliver(offset: number, data: unknown): void {
+    if (this.current !== "subscribed" || this.at === undefined) return;
+    if (offset <= this.at.offset) return;
+    if (this.at.epoch !== undefined && this.at.offset > 0 && offset !== this.at.offset + 1) {
+      this.host.resync(`${this.channel}: offset ${offset} after ${this.at.offset}`);
+      return;
+    }
+    this.at.offset = offset;
+    this.emit("publication", { channel: this.channel, offset, epoch: this.at.epoch, data });
+  }
+
+  /** The server refused the subscription for good. */
+  failed(code: number, message: string): void {
+    this.emit("error", { channel: this.channel, code, message });
+    this.end(code, message);
+  }
+
+  /** Reports an error that did not end the subscription. */
+  warn(code: number, message: string): void {
+    this.emit("error", { channel: this.channel, code, message });
+  }
+
+  private end(code: number, reason: string): void {
+    if (this.current === "unsubscribed") return;
+    this.setState("unsubscribed");
+    this.emit("unsubscribed", { channel: this.channel, code, reason });
+  }
+
+  private setState(state: SubscriptionState): void {
+    if (state === this.current) return;
+    const previous = this.current;
+    this.current = state;
+    this.emit("state", { state, previous });
+  }
+}

@@ -1,0 +1,184 @@
+import { ClientCode } from "../codes.js";
+import { encodeCursor, type Position } from "../cursor.js";
+import { decodeMessages, encodeCommands, type Command, type ServerMessage } from "../protocol.js";
+import { httpFailure, type Transport, type TransportContext } from "./types.js";
+
+/** What a polling transport needs from the client: each request carries the whole
+ * subscription, so the client's channels and positions are read afresh every time. */
+export interface PollSource {
+  /** The channels to poll, with the position to resume after (undefined: start now). */
+  channels(): Map<string, Position | undefined>;
+  /** An answer covered `requested`; `announced` got a `subscribe` push in it. */
+  answered(requested: string[], announced: Set<string>): void;
+  /** The server refused the request (a channel it will not open, say). True if the client
+   * dealt with it (dropped the channels that had not been confirmed yet). */
+  refused(code: number, reason: string): boolean;
+}
+
+export interface PollOptions {
+  /** Long-poll: how long the server may hold a request, seconds. */
+  longpollTimeout: number;
+  /** Interval polling: the pause between requests, milliseconds. */
+  pollInterval: number;
+}
+
+/**
+ * Long-polling and interval polling. Nothing lives on the server between requests, so
+ * "connected" means the server answered; the first request after any change of channels
+ * is a plain poll (answered at once, with every `subscribe` push), then long-polls are held.
+ */
+export class PollTransport implements Transport {
+  private closed = false;
+  private inFlight: AbortController | undefined;
+  private wake: (() => void) | undefined;
+  private fresh = true;
+  /** A refresh came while no pause was waiting for it. */
+  private refreshed = false;
+  private etag: string | undefined;
+  private sending: Promise<void> = Promise.resolve();
+
+  constructor(
+    readonly name: "longpoll" | "poll",
+    private readonly ctx: TransportContext,
+    private readonly source: PollSource,
+    private readonly options: PollOptions,
+  ) {
+    void this.run();
+  }
+
+  /** The channels changed: ask again now, without waiting for a held request to end. */
+  refresh(): void {
+    this.fresh = true;
+    this.refreshed = true;
+    this.etag = undefined;
+    this.inFlight?.abort();
+    this.wake?.();
+  }
+
+  send(commands: Command[]): void {
+    if (this.closed) return;
+    const body = encodeCommands(commands);
+    this.sending = this.sending.then(async () => {
+      if (this.closed) return;
+      try {
+        const response = await this.ctx.fetch(`${this.ctx.baseUrl}/connection/send`, {
+          method: "POST",
+          body,
+          headers: { "Content-Type": "application/x-ndjson" },
+        });
+        const text = await response.text();
+        for (const m of decodeMessages(text)) this.emit(m);
+      } catch (error) {
+        this.fail(ClientCode.TransportClosed, `sending failed: ${String(error)}`);
+      }
+    });
+  }
+
+  close(): void {
+    this.closed = true;
+    this.inFlight?.abort();
+    this.wake?.();
+  }
+
+  private emit(message: ServerMessage): void {
+    if (!this.closed) this.ctx.events.message(message);
+  }
+
+  private fail(code: number, reason: string): void {
+    if (this.closed) return;
+    this.close();
+    this.ctx.events.close(code, reason);
+  }
+
+  private async run(): Promise<void> {
+    // Reachability first, so that "connected" means something even with no channels yet.
+    try {
+      const response = await this.ctx.fetch(`${this.ctx.baseUrl}/connection/send`, {
+        method: "POST",
+        body: '{"id":0,"ping":{}}',
+        headers: { "Content-Type": "application/x-ndjson" },
+      });
+      if (!response.ok) {
+        const { code, reason } = await httpFailure(response);
+        this.fail(code || ClientCode.TransportClosed, reason);
+        return;
+      }
+      await response.text();
+    } catch (error) {
+      this.fail(ClientCode.TransportClosed, `server unreachable: ${String(error)}`);
+      return;
+    }
+    this.emit({ connect: { client: "", version: "", ping: this.options.longpollTimeout } });
+    while (!this.closed) {
+      const channels = this.source.channels();
+      if (channels.size === 0) {
+        await this.pause(Infinity);
+        continue;
+      }
+      await this.poll(channels);
+      if (this.name === "poll" && !this.fresh) await this.pause(this.options.pollInterval);
+    }
+  }
+
+  private async poll(channels: Map<string, Position | undefined>): Promise<void> {
+    const held = this.name === "longpoll" && !this.fresh;
+    this.fresh = false;
+    this.refreshed = false;
+    const params = new URLSearchParams();
+    const positioned: [string, Position][] = [];
+    for (const [channel, position] of channels) {
+      if (position === undefined) params.append("channel", channel);
+      else positioned.push([channel, position]);
+    }
+    if (positioned.length > 0) params.set("cursor", encodeCursor(positioned));
+    if (held) params.set("timeout", String(this.options.longpollTimeout));
+    const abort = new AbortController();
+    this.inFlight = abort;
+    const limit = setTimeout(() => abort.abort(), (held ? this.options.longpollTimeout + 10 : 10) * 1000);
+    const headers: Record<string, string> = {};
+    if (this.name === "poll" && this.etag !== undefined) headers["If-None-Match"] = this.etag;
+    try {
+      const response = await this.ctx.fetch(
+        `${this.ctx.baseUrl}/connection/${held ? "longpoll" : "poll"}?${params.toString()}`,
+        { signal: abort.signal, headers, cache: "no-store" },
+      );
+      if (response.status === 304) return;
+      if (!response.ok) {
+        const { code, reason } = await httpFailure(response);
+        if (!this.source.refused(code, reason)) this.fail(code || ClientCode.TransportClosed, reason);
+        this.fresh = true;
+        return;
+      }
+      this.etag = response.headers.get("ETag") ?? undefined;
+      const answer = (await response.json()) as { messages?: ServerMessage[] };
+      const announced = new Set<string>();
+      for (const m of answer.messages ?? []) {
+        if (m.subscribe?.channel !== undefined) announced.add(m.subscribe.channel);
+        this.emit(m);
+        if (this.closed) return;
+      }
+      this.source.answered([...channels.keys()], announced);
+    } catch (error) {
+      if (abort.signal.aborted && (this.closed || this.fresh)) return;
+      this.fail(ClientCode.TransportClosed, `poll failed: ${String(error)}`);
+    } finally {
+      clearTimeout(limit);
+      if (this.inFlight === abort) this.inFlight = undefined;
+    }
+  }
+
+  private pause(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const timer = ms === Infinity ? undefined : setTimeout(done, ms);
+      const self = this;
+      function done(): void {
+        if (timer !== undefined) clearTimeout(timer);
+        self.wake = undefined;
+        resolve();
+      }
+      this.wake = done;
+      if (this.closed || this.refreshed) done();
+      this.refreshed = false;
+    });
+  }
+}

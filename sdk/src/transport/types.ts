@@ -1,0 +1,49 @@
+import type { Command, ServerMessage } from "../protocol.js";
+
+export type TransportName = "websocket" | "sse" | "stream" | "iframe" | "longpoll" | "poll";
+
+/** What a transport tells the client. */
+export interface TransportEvents {
+  /** Server messages, in the order they arrived. */
+  message(message: ServerMessage): void;
+  /** The transport is gone; called once. `code`/`reason` come from the server when it said. */
+  close(code: number, reason: string): void;
+}
+
+/**
+ * One attempt to talk to the server over one transport. Session transports (WebSocket and
+ * the streams) carry commands and replies like a socket; polling transports carry the
+ * subscription in each request and answer commands over plain HTTP.
+ */
+export interface Transport {
+  readonly name: TransportName;
+  /** Commands in one frame (WebSocket) or one request (`POST /connection/send`). */
+  send(commands: Command[]): void;
+  /** Stops without reporting `close`. */
+  close(): void;
+}
+
+export interface TransportContext {
+  /** The server's HTTP base URL, without a trailing slash. */
+  baseUrl: string;
+  events: TransportEvents;
+  /** Hooks for environments without the browser's globals (Node, tests). */
+  websocket?: WebSocketConstructor;
+  fetch: typeof fetch;
+}
+
+export type WebSocketConstructor = new (url: string, protocols?: string | string[]) => WebSocket;
+
+/** Reads an HTTP error answer (`{"error": {code, message}}`) into a code and reason. */
+export async function httpFailure(response: Response): Promise<{ code: number; reason: string }> {
+  let code = 0;
+  let reason = `HTTP ${response.status}`;
+  try {
+    const body = (await response.json()) as { error?: { code?: number; message?: string } };
+    if (body.error?.code !== undefined) code = body.error.code;
+    if (body.error?.message !== undefined) reason = `${reason}: ${body.error.message}`;
+  } catch {
+    // A proxy's HTML error page, say: the status is all there is.
+  }
+  return { code, reason };
+}

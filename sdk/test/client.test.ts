@@ -1,0 +1,233 @@
+/** The SDK against a real Herald, in Node: every transport Node has, resume across a
+ * restart, gaps reported, fallback past a blocking proxy, dead connections noticed. */
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import WebSocket from "ws";
+import { Client, type ClientOptions, type Publication, type Subscription, type TransportName } from "../src/index.js";
+import type { Emitter } from "../src/emitter.js";
+import { Herald, until } from "./herald.js";
+import { BufferingProxy, SilenceableRelay } from "./proxy.js";
+
+const NodeWebSocket = WebSocket as unknown as NonNullable<ClientOptions["websocket"]>;
+const clients: Client[] = [];
+let server: Herald;
+
+function client(url: string, options: ClientOptions = {}): Client {
+  const c = new Client(url, { websocket: NodeWebSocket, minReconnectDelay: 50, maxReconnectDelay: 500, timeout: 3000, pollInterval: 100, ...options });
+  clients.push(c);
+  return c;
+}
+
+function collect(sub: Subscription): Publication[] {
+  const got: Publication[] = [];
+  sub.on("publication", (p) => got.push(p));
+  return got;
+}
+
+/** The next `event` from `emitter` (that `accept` takes). */
+function next<E extends { [K in keyof E]: unknown }, K extends keyof E>(
+  emitter: Emitter<E>,
+  event: K,
+  accept: (ctx: E[K]) => boolean = () => true,
+): Promise<E[K]> {
+  return new Promise((resolve) => {
+    const off = emitter.on(event, (ctx) => {
+      if (accept(ctx)) {
+        off();
+        resolve(ctx);
+      }
+    });
+  });
+}
+
+beforeAll(async () => {
+  server = await Herald.start();
+});
+afterEach(() => {
+  for (const c of clients.splice(0)) c.disconnect();
+});
+afterAll(async () => {
+  await server.dispose();
+});
+
+const NODE_TRANSPORTS: TransportName[] = ["websocket", "stream", "longpoll", "poll"];
+
+describe.each(NODE_TRANSPORTS)("over %s", (transport) => {
+  it("receives, publishes and reads history", async () => {
+    const channel = `chat:basic-${transport}`;
+    await server.publish(channel, { text: "before" });
+    const c = client(server.url, { transports: transport });
+    const sub = c.newSubscription(channel);
+    const got = collect(sub);
+    const subscribed = next(sub, "subscribed");
+    sub.subscribe();
+    c.connect();
+    const connected = await next(c, "connected");
+    expect(connected.transport).toBe(transport);
+    expect((await subscribed).offset).toBe(1);
+
+    await server.publish(channel, { text: "from the api" });
+    const own = await c.publish(channel, { text: "from the client" });
+    expect(own.offset).toBe(3);
+    await until("two publications", () => got.length === 2);
+    expect(got.map((p) => [p.offset, p.data])).toEqual([
+      [2, { text: "from the api" }],
+      [3, { text: "from the client" }],
+    ]);
+    const history = await c.history(channel, { limit: 10 });
+    expect(history.publications?.map((p) => p.offset)).toEqual([1, 2, 3]);
+    expect(history.epoch).toBe(got[0]!.epoch);
+  });
+
+  it("reports recovered=false when history cannot cover the position", async () => {
+    const channel = `chat:gap-${transport}`;
+    await server.publish(channel, "x");
+    const c = client(server.url, { transports: transport });
+    const sub = c.newSubscription(channel, { since: { epoch: "not-this-epoch", offset: 40 } });
+    const subscribed = next(sub, "subscribed");
+    sub.subscribe();
+    c.connect();
+    const ctx = await subscribed;
+    expect([ctx.resumed, ctx.recovered, ctx.offset]).toEqual([true, false, 1]);
+    const got = collect(sub);
+    await server.publish(channel, "y");
+    await until("the live publication", () => got.length === 1);
+    expect(got[0]?.offset).toBe(2);
+  });
+});
+
+it("a refused subscription ends with the server's error and leaves the others alone", async () => {
+  for (const transport of ["websocket", "longpoll"] as const) {
+    const c = client(server.url, { transports: transport });
+    const good = c.subscribe(`chat:fine-${transport}`);
+    const bad = c.subscribe("bad name with spaces");
+    const failed = next(bad, "unsubscribed");
+    c.connect();
+    expect((await failed).code).toBe(114);
+    await until("the good one subscribed", () => good.state === "subscribed");
+  }
+});
+
+it("batches the commands of one tick into one frame", async () => {
+  const frames: string[] = [];
+  class Counting extends WebSocket {
+    override send(data: unknown, ...rest: unknown[]): void {
+      frames.push(String(data));
+      (super.send as (...a: unknown[]) => void)(data, ...rest);
+    }
+  }
+  const c = client(server.url, { transports: "websocket", websocket: Counting as unknown as NonNullable<ClientOptions["websocket"]> });
+  c.connect();
+  await next(c, "connected");
+  frames.length = 0;
+  const results = await Promise.all([1, 2, 3].map((n) => c.publish("chat:batch", n)));
+  expect(results.map((r) => r.offset)).toEqual([1, 2, 3]);
+  expect(frames).toHaveLength(1);
+  expect(frames[0]!.split("\n")).toHaveLength(3);
+});
+
+it("stops, without reconnecting, when the server says the client is at fault", async () => {
+  const c = client(server.url, { transports: "websocket" });
+  c.connect();
+  await next(c, "connected");
+  const disconnected = next(c, "disconnected");
+  const tooBig = c.publish("chat:big", "x".repeat(70_000)).catch((e: Error) => e);
+  const ctx = await disconnected;
+  expect(ctx.code).toBe(3503);
+  expect(c.state).toBe("disconnected");
+  expect(await tooBig).toBeInstanceOf(Error);
+});
+
+describe("fallback", () => {
+  it("past a proxy that refuses WebSocket and buffers streams, polling still delivers", async () => {
+    const proxy = await BufferingProxy.start(server.url);
+    try {
+      const c = client(proxy.url, { timeout: 1500 });
+      const tried: string[] = [];
+      c.on("error", (e) => tried.push(`${e.transport}:${e.code}`));
+      const sub = c.subscribe("chat:fallback");
+      const got = collect(sub);
+      c.connect();
+      const connected = await next(c, "connected");
+      expect(connected.transport).toBe("longpoll");
+      // WebSocket refused, SSE absent in Node, the stream held back until the timeout.
+      expect(tried.map((t) => t.split(":")[0])).toEqual(["websocket", "sse", "stream"]);
+      expect(tried[2]).toBe("stream:3401");
+      await until("subscribed", () => sub.state === "subscribed");
+      await server.publish("chat:fallback", "through the proxy");
+      await c.publish("chat:fallback", "and back");
+      await until("both", () => got.length === 2);
+      expect(got.map((p) => p.data)).toEqual(["through the proxy", "and back"]);
+    } finally {
+      proxy.close();
+    }
+  });
+
+  it("a transport that is not available here is skipped", async () => {
+    const c = client(server.url, { transports: ["sse", "stream"] });
+    c.connect();
+    expect((await next(c, "connected")).transport).toBe("stream");
+  });
+});
+
+describe("dead connections", () => {
+  it("a silent connection is noticed by ping, and the subscription resumes with nothing lost", async () => {
+    const relay = await SilenceableRelay.start(server.url);
+    try {
+      const c = client(relay.url, { transports: "websocket", pingInterval: 200, timeout: 600 });
+      const sub = c.subscribe("chat:silent");
+      const got = collect(sub);
+      c.connect();
+      await until("subscribed", () => sub.state === "subscribed");
+      await server.publish("chat:silent", 1);
+      await until("first", () => got.length === 1);
+      relay.silence();
+      await server.publish("chat:silent", 2);
+      const dropped = await next(c, "connecting", (e) => e.code !== 0);
+      expect(dropped.code).toBe(3402);
+      await server.publish("chat:silent", 3);
+      await until("all three", () => got.length === 3);
+      expect(got.map((p) => p.offset)).toEqual([1, 2, 3]);
+    } finally {
+      relay.close();
+    }
+  });
+});
+
+describe("restart", () => {
+  it.each(NODE_TRANSPORTS)("over %s, resumes every subscription after a restart, each message once", async (transport) => {
+    const data = await Herald.start();
+    const dataDir = data.dataDir;
+    let live = data;
+    try {
+      const c = client(live.url, { transports: transport });
+      const subs = ["chat:r1", "chat:r2"].map((ch) => c.subscribe(ch));
+      const got = subs.map(collect);
+      const resumed: boolean[] = [];
+      for (const s of subs) s.on("subscribed", (ctx) => ctx.resumed && resumed.push(ctx.recovered === true));
+      c.connect();
+      await until("subscribed", () => subs.every((s) => s.state === "subscribed"));
+      await live.publish("chat:r1", "a1");
+      await until("a1", () => got[0]!.length === 1);
+
+      const port = live.port;
+      await live.stop();
+      // Publications while the client cannot reach the server: another process on the same
+      // data, on a port the client does not know.
+      const aside = await Herald.start({ dataDir });
+      await aside.publish("chat:r1", "a2");
+      await aside.publish("chat:r2", "b1");
+      await aside.stop();
+      live = await Herald.start({ dataDir, listen: `127.0.0.1:${port}` });
+      await live.publish("chat:r2", "b2");
+      await until("everything", () => got[0]!.length === 2 && got[1]!.length === 2, 20_000);
+      expect(got[0]!.map((p) => [p.offset, p.data])).toEqual([[1, "a1"], [2, "a2"]]);
+      expect(got[1]!.map((p) => [p.offset, p.data])).toEqual([[1, "b1"], [2, "b2"]]);
+      // Polling may not even notice the restart (nothing lives between requests); whatever
+      // resumed, resumed without a gap.
+      expect(resumed.every((r) => r), String(resumed)).toBe(true);
+      if (transport !== "poll") expect(resumed.length).toBeGreaterThanOrEqual(2);
+    } finally {
+      await live.dispose();
+    }
+  });
+});

@@ -1,0 +1,94 @@
+/** Runs a real `herald serve` for tests: random port on 127.0.0.1, its own data directory. */
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+
+const workspace = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
+export const API_KEY = "sdk-test-key";
+
+let built: string | undefined;
+
+/** The herald binary: `HERALD_BIN`, or the workspace's debug build (built if missing). */
+export function heraldBinary(): string {
+  if (process.env["HERALD_BIN"]) return process.env["HERALD_BIN"];
+  if (built === undefined) {
+    const result = spawnSync("cargo", ["build", "--quiet", "-p", "herald"], { cwd: workspace, stdio: "inherit" });
+    if (result.status !== 0) throw new Error("cargo build -p herald failed");
+    built = join(workspace, "target", "debug", "herald");
+  }
+  return built;
+}
+
+export class Herald {
+  private constructor(
+    private child: ChildProcess,
+    readonly url: string,
+    readonly dataDir: string,
+    private readonly ownsData: boolean,
+  ) {}
+
+  /** Starts a server. `listen` defaults to a random port; `dataDir` to a fresh directory. */
+  static async start(options: { listen?: string; dataDir?: string; args?: string[] } = {}): Promise<Herald> {
+    const dataDir = options.dataDir ?? mkdtempSync(join(tmpdir(), "herald-sdk-"));
+    const child = spawn(
+      heraldBinary(),
+      ["serve", "--listen", options.listen ?? "127.0.0.1:0", "--api-key", API_KEY, "--log-format", "json", "--data-dir", dataDir, ...(options.args ?? [])],
+      { stdio: ["ignore", "ignore", "pipe"], env: Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith("HERALD_"))) },
+    );
+    const address = await new Promise<string>((resolve, reject) => {
+      const lines = createInterface({ input: child.stderr! });
+      const seen: string[] = [];
+      lines.on("line", (line) => {
+        seen.push(line);
+        try {
+          const v = JSON.parse(line) as { fields?: { message?: string; address?: string } };
+          if (v.fields?.message === "herald is listening" && v.fields.address) resolve(v.fields.address);
+        } catch {
+          // Not JSON: ignore.
+        }
+      });
+      child.on("exit", (code) => reject(new Error(`herald exited with ${code}:\n${seen.join("\n")}`)));
+    });
+    return new Herald(child, `http://${address}`, dataDir, options.dataDir === undefined);
+  }
+
+  get port(): number {
+    return Number(new URL(this.url).port);
+  }
+
+  /** Stops the process (SIGTERM: a graceful shutdown that tells clients to reconnect). */
+  async stop(signal: NodeJS.Signals = "SIGTERM"): Promise<void> {
+    if (this.child.exitCode !== null || this.child.signalCode !== null) return;
+    const exited = new Promise<void>((resolve) => this.child.once("exit", () => resolve()));
+    this.child.kill(signal);
+    await exited;
+  }
+
+  /** Stops and deletes the data directory it made. */
+  async dispose(): Promise<void> {
+    await this.stop("SIGKILL");
+    if (this.ownsData) rmSync(this.dataDir, { recursive: true, force: true });
+  }
+
+  async publish(channel: string, data: unknown): Promise<{ offset: number; epoch: string }> {
+    const response = await fetch(`${this.url}/api/publish`, {
+      method: "POST",
+      headers: { Authorization: `apikey ${API_KEY}`, "Content-Type": "application/json" },
+      body: JSON.stringify({ channel, data }),
+    });
+    if (!response.ok) throw new Error(`publish: HTTP ${response.status} ${await response.text()}`);
+    return (await response.json()) as { offset: number; epoch: string };
+  }
+}
+
+/** Resolves when `condition` holds, checking on every event loop turn up to `ms`. */
+export async function until(what: string, condition: () => boolean, ms = 10_000): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!condition()) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for: ${what}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}

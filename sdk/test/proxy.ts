@@ -1,0 +1,97 @@
+/**
+ * Things between the client and the server that tests control: a TCP relay that can go
+ * silent (a dead connection whose socket never says so), and an HTTP proxy that does not
+ * speak WebSocket and buffers streamed responses (the kind that breaks real-time).
+ */
+import { createServer as createHttpServer, request, type Server as HttpServer } from "node:http";
+import { createServer, connect, type Server, type Socket } from "node:net";
+
+export class SilenceableRelay {
+  private sockets = new Set<Socket>();
+  private constructor(
+    private server: Server,
+    readonly url: string,
+  ) {}
+
+  static async start(target: string): Promise<SilenceableRelay> {
+    const { hostname, port } = new URL(target);
+    let relay: SilenceableRelay | undefined;
+    const server = createServer((inbound) => {
+      const outbound = connect(Number(port), hostname);
+      relay!.sockets.add(inbound).add(outbound);
+      inbound.pipe(outbound);
+      outbound.pipe(inbound);
+      const end = () => {
+        inbound.destroy();
+        outbound.destroy();
+      };
+      inbound.on("error", end).on("close", end);
+      outbound.on("error", end).on("close", end);
+    });
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+    const address = server.address() as { port: number };
+    relay = new SilenceableRelay(server, `http://127.0.0.1:${address.port}`);
+    return relay;
+  }
+
+  /** Every open connection stops carrying bytes, in both directions, without closing. */
+  silence(): void {
+    for (const s of this.sockets) {
+      s.unpipe();
+      s.pause();
+      s.removeAllListeners("data");
+    }
+    this.sockets.clear();
+  }
+
+  get connections(): number {
+    return this.sockets.size / 2;
+  }
+
+  close(): void {
+    this.server.close();
+  }
+}
+
+/** An HTTP/1.1 proxy that refuses WebSocket upgrades and holds streamed answers back until
+ * they end, as some corporate proxies and misconfigured reverse proxies do. */
+export class BufferingProxy {
+  private constructor(
+    private server: HttpServer,
+    readonly url: string,
+  ) {}
+
+  static async start(target: string): Promise<BufferingProxy> {
+    const { hostname, port } = new URL(target);
+    const server = createHttpServer((req, res) => {
+      const upstream = request(
+        { hostname, port, path: req.url, method: req.method, headers: req.headers },
+        (answer) => {
+          const chunks: Buffer[] = [];
+          answer.on("data", (c: Buffer) => chunks.push(c));
+          answer.on("end", () => {
+            res.writeHead(answer.statusCode ?? 502, answer.headers);
+            res.end(Buffer.concat(chunks));
+          });
+        },
+      );
+      upstream.on("error", () => {
+        res.writeHead(502);
+        res.end();
+      });
+      req.pipe(upstream);
+      res.on("close", () => upstream.destroy());
+    });
+    server.on("upgrade", (_req, socket) => {
+      socket.end("HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n");
+    });
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+    const address = server.address() as { port: number };
+    return new BufferingProxy(server, `http://127.0.0.1:${address.port}`);
+  }
+
+  close(): void {
+    this.server.closeAllConnections();
+    this.server.close();
+  }
+}
