@@ -26,6 +26,11 @@ pub enum Command {
     Pub(PubArgs),
     /// Subscribe to a channel and print each publication as one JSON line.
     Sub(SubArgs),
+    /// Measure Herald (or another server): the studies' experiments and the performance goals.
+    Bench(herald_bench::BenchArgs),
+    /// A load-generating process of `herald bench` (started by it, not by hand).
+    #[command(hide = true)]
+    BenchWorker { spec: String },
 }
 
 #[derive(Debug, Args)]

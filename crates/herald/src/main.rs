@@ -13,6 +13,10 @@ fn main() -> ExitCode {
         cli::Command::Serve(a) => serve(a),
         cli::Command::Pub(a) => runtime(1).and_then(|rt| rt.block_on(cli::publish(a))),
         cli::Command::Sub(a) => runtime(1).and_then(|rt| rt.block_on(cli::subscribe(a))),
+        cli::Command::Bench(a) => herald_bench::run(a).map(|()| ExitCode::SUCCESS),
+        cli::Command::BenchWorker { spec } => {
+            herald_bench::worker::main(&spec).map(|()| ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,580 @@
+//! One simulated user: connects over one transport from a given source address, subscribes,
+//! reads until told to stop, optionally speaks, and records what it receives.
+
+use std::{
+    collections::HashMap,
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{anyhow, bail, Context};
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http_body_util::{BodyExt, Full};
+use hyper::{body::Incoming, Request};
+use hyper_util::rt::TokioIo;
+use serde::{Deserialize, Serialize};
+use tokio::{net::TcpSocket, sync::watch};
+use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
+
+use crate::{
+    netinfo::Counted,
+    worker::{Recorder, Speak, Tracker},
+};
+
+/// How a client reaches the server and what it says.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Transport {
+    Ws,
+    Sse,
+    Stream,
+    Longpoll,
+    /// Interval polling, every `ms`.
+    Poll {
+        ms: u64,
+    },
+}
+
+impl Transport {
+    pub fn parse(s: &str) -> anyhow::Result<Self> {
+        Ok(match s {
+            "ws" | "websocket" => Self::Ws,
+            "sse" => Self::Sse,
+            "stream" => Self::Stream,
+            "longpoll" => Self::Longpoll,
+            "poll" => Self::Poll { ms: 1000 },
+            other => match other.strip_prefix("poll@") {
+                Some(interval) => Self::Poll {
+                    ms: humantime::parse_duration(interval)
+                        .with_context(|| format!("transport {other}"))?
+                        .as_millis() as u64,
+                },
+                None => {
+                    bail!("unknown transport {other:?}: ws, sse, stream, longpoll, poll, poll@5s")
+                }
+            },
+        })
+    }
+
+    pub fn label(&self) -> String {
+        match self {
+            Self::Ws => "ws".into(),
+            Self::Sse => "sse".into(),
+            Self::Stream => "stream".into(),
+            Self::Longpoll => "longpoll".into(),
+            Self::Poll { ms } => format!(
+                "poll@{}",
+                humantime::format_duration(Duration::from_millis(*ms))
+            ),
+        }
+    }
+}
+
+/// A server that is not Herald: its WebSocket or SSE endpoint and what to send to subscribe.
+/// `{channel}` in any of them is replaced by the channel name.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct Generic {
+    /// `ws://host:port/path` or `http://host:port/path` (SSE).
+    pub url: String,
+    /// Frames sent after a WebSocket opens, in order.
+    pub subscribe: Vec<String>,
+    /// A frame sent every `heartbeat_ms` (Phoenix-style client heartbeats).
+    pub heartbeat: Option<String>,
+    pub heartbeat_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClientSpec {
+    /// Herald's base URL, `http://host:port`.
+    pub url: String,
+    pub transport: Transport,
+    pub channel: String,
+    pub source: IpAddr,
+    pub generic: Option<Generic>,
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// The `"t"` (publish time, ns) and `"seq"` of a publication's data, wherever it sits in
+/// the text: works for any server's framing.
+pub fn stamp(text: &str) -> Option<(u64, Option<u64>)> {
+    let number_after = |key: &str| -> Option<u64> {
+        let at = text.find(key)? + key.len();
+        let digits: String = text[at..]
+            .chars()
+            .skip_while(|c| *c == ' ')
+            .take_while(|c| c.is_ascii_digit())
+            .collect();
+        digits.parse().ok()
+    };
+    Some((number_after("\"t\":")?, number_after("\"seq\":")))
+}
+
+/// What one client knows of its channel: the last offset, to count repeats and gaps.
+#[derive(Default)]
+struct Positions {
+    last: HashMap<String, u64>,
+}
+
+#[derive(Deserialize)]
+struct PushLine {
+    #[serde(rename = "pub")]
+    publication: Option<PubBody>,
+}
+
+#[derive(Deserialize)]
+struct PubBody {
+    channel: String,
+    offset: u64,
+}
+
+impl Positions {
+    /// Records a Herald push line; returns true when it was a publication.
+    fn push(&mut self, line: &str, rec: &Recorder) -> bool {
+        let Ok(PushLine {
+            publication: Some(p),
+        }) = serde_json::from_str::<PushLine>(line)
+        else {
+            return false;
+        };
+        let last = self.last.entry(p.channel).or_insert(0);
+        if *last != 0 && p.offset <= *last {
+            rec.duplicate();
+            return true;
+        }
+        if *last != 0 && p.offset > *last + 1 {
+            rec.gap(p.offset - *last - 1);
+        }
+        *last = p.offset;
+        if let Some((t, seq)) = stamp(line) {
+            rec.received(now_ns().saturating_sub(t), seq);
+        } else {
+            rec.received_unstamped();
+        }
+        true
+    }
+
+    fn cursor(&self, epochs: &HashMap<String, String>) -> String {
+        self.last
+            .iter()
+            .filter_map(|(c, o)| epochs.get(c).map(|e| format!("{c};{e};{o}")))
+            .collect::<Vec<_>>()
+            .join("|")
+    }
+}
+
+async fn connect_tcp(
+    spec: &ClientSpec,
+    target: SocketAddr,
+    rec: &Tracker,
+) -> anyhow::Result<Counted<tokio::net::TcpStream>> {
+    let socket = if target.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket
+        .bind(SocketAddr::new(spec.source, 0))
+        .context("bind")?;
+    let stream = socket.connect(target).await.context("connect")?;
+    stream.set_nodelay(true)?;
+    Ok(Counted::new(stream, rec.wire.clone()))
+}
+
+fn address(url: &str) -> anyhow::Result<SocketAddr> {
+    let rest = url
+        .split("://")
+        .nth(1)
+        .ok_or_else(|| anyhow!("no scheme in {url}"))?;
+    let host = rest.split('/').next().unwrap_or(rest);
+    host.parse()
+        .with_context(|| format!("{url}: the bench connects to IP:PORT addresses"))
+}
+
+fn path_of(url: &str) -> String {
+    let rest = url.split("://").nth(1).unwrap_or(url);
+    rest.find('/').map_or("/".into(), |i| rest[i..].to_string())
+}
+
+/// Runs one client until `stop` turns true. Errors before the subscription is confirmed are
+/// connection failures; later ones are drops. Both are recorded by kind.
+pub async fn run(
+    spec: ClientSpec,
+    speak: Option<Speak>,
+    rec: Arc<Recorder>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let tracker = Tracker::new(rec);
+    let result = tokio::select! {
+        r = session(&spec, speak.as_ref(), &tracker) => r,
+        _ = stop.wait_for(|s| *s) => Ok(()),
+    };
+    tracker.ended(result.err());
+}
+
+async fn session(spec: &ClientSpec, speak: Option<&Speak>, rec: &Tracker) -> anyhow::Result<()> {
+    if let Some(generic) = &spec.generic {
+        return generic_session(spec, generic, rec).await;
+    }
+    match spec.transport {
+        Transport::Ws => ws_session(spec, speak, rec).await,
+        Transport::Sse | Transport::Stream => stream_session(spec, speak, rec).await,
+        Transport::Longpoll | Transport::Poll { .. } => poll_session(spec, speak, rec).await,
+    }
+}
+
+fn speak_body(speak: &Speak, channel: &str, n: u64) -> String {
+    serde_json::json!({
+        "publish": {"channel": channel, "data": {"t": now_ns(), "seq": n, "text": speak.text}}
+    })
+    .to_string()
+}
+
+async fn ws_session(spec: &ClientSpec, speak: Option<&Speak>, rec: &Tracker) -> anyhow::Result<()> {
+    let target = address(&spec.url)?;
+    let tcp = connect_tcp(spec, target, rec).await?;
+    let url = format!(
+        "{}/connection/websocket",
+        spec.url.replacen("http", "ws", 1)
+    );
+    let (mut ws, _) = tokio_tungstenite::client_async(url.into_client_request()?, tcp)
+        .await
+        .context("websocket handshake")?;
+    ws.send(Message::text(format!(
+        "{{\"id\":1,\"subscribe\":{{\"channel\":\"{}\"}}}}",
+        spec.channel
+    )))
+    .await?;
+    let mut positions = Positions::default();
+    let mut subscribed = false;
+    let mut ticker = speaker(speak);
+    let mut said = 0;
+    loop {
+        tokio::select! {
+            frame = ws.next() => {
+                let frame = frame.ok_or_else(|| anyhow!("closed by server"))??;
+                match frame {
+                    Message::Text(text) => {
+                        for line in text.as_str().lines() {
+                            if !subscribed && line.contains("\"id\":1") {
+                                if line.contains("\"error\"") {
+                                    bail!("subscribe refused: {line}");
+                                }
+                                subscribed = true;
+                                rec.connected();
+                            } else {
+                                positions.push(line, rec);
+                            }
+                        }
+                    }
+                    Message::Close(c) => bail!("closed by server: {c:?}"),
+                    _ => {}
+                }
+            }
+            _ = tick(&mut ticker) => {
+                said += 1;
+                ws.send(Message::text(speak_body(speak.unwrap(), &spec.channel, said))).await?;
+            }
+        }
+    }
+}
+
+fn speaker(speak: Option<&Speak>) -> Option<tokio::time::Interval> {
+    speak.map(|s| {
+        let mut i = tokio::time::interval_at(
+            tokio::time::Instant::now() + Duration::from_millis(s.offset_ms),
+            Duration::from_millis(s.every_ms),
+        );
+        i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        i
+    })
+}
+
+async fn tick(t: &mut Option<tokio::time::Interval>) {
+    match t {
+        Some(t) => {
+            t.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+async fn http_connection(spec: &ClientSpec, rec: &Tracker) -> anyhow::Result<Sender> {
+    let target = address(&spec.url)?;
+    let tcp = connect_tcp(spec, target, rec).await?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
+fn get(spec: &ClientSpec, path_and_query: &str) -> anyhow::Result<Request<Full<Bytes>>> {
+    Ok(Request::get(path_and_query)
+        .header("host", address(&spec.url)?.to_string())
+        .body(Full::new(Bytes::new()))?)
+}
+
+async fn send_commands(sender: &mut Sender, spec: &ClientSpec, body: String) -> anyhow::Result<()> {
+    sender.ready().await?;
+    let req = Request::post("/connection/send")
+        .header("host", address(&spec.url)?.to_string())
+        .header("content-type", "application/x-ndjson")
+        .body(Full::new(Bytes::from(body)))?;
+    let res = sender.send_request(req).await?;
+    let status = res.status();
+    res.into_body().collect().await?;
+    if !status.is_success() {
+        bail!("send: HTTP {status}");
+    }
+    Ok(())
+}
+
+async fn stream_session(
+    spec: &ClientSpec,
+    speak: Option<&Speak>,
+    rec: &Tracker,
+) -> anyhow::Result<()> {
+    let mut sender = http_connection(spec, rec).await?;
+    let path = if spec.transport == Transport::Sse {
+        "sse"
+    } else {
+        "stream"
+    };
+    let res = sender
+        .send_request(get(
+            spec,
+            &format!("/connection/{path}?channel={}", spec.channel),
+        )?)
+        .await?;
+    if !res.status().is_success() {
+        bail!("HTTP {}", res.status());
+    }
+    let mut body: Incoming = res.into_body();
+    let _speaker = http_speaker(spec, speak, rec).await?;
+    let mut positions = Positions::default();
+    let mut pending = String::new();
+    let mut subscribed = false;
+    loop {
+        let frame = body
+            .frame()
+            .await
+            .ok_or_else(|| anyhow!("stream ended"))??;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        pending.push_str(&String::from_utf8_lossy(&data));
+        while let Some(end) = pending.find('\n') {
+            let line: String = pending.drain(..=end).collect();
+            let line = line.trim_end();
+            let line = line.strip_prefix("data: ").unwrap_or(line);
+            if !subscribed && line.contains("\"subscribe\"") {
+                subscribed = true;
+                rec.connected();
+            } else if line.contains("\"disconnect\"") {
+                bail!("disconnected by server: {line}");
+            } else {
+                positions.push(line, rec);
+            }
+        }
+    }
+}
+
+/// Aborts a task when dropped: a client's helper ends with the client.
+struct Abort(tokio::task::JoinHandle<()>);
+
+impl Drop for Abort {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// HTTP transports speak through `POST /connection/send` on a connection of their own, so
+/// that a held or streaming response never waits for it.
+async fn http_speaker(
+    spec: &ClientSpec,
+    speak: Option<&Speak>,
+    rec: &Tracker,
+) -> anyhow::Result<Option<Abort>> {
+    let Some(speak) = speak.cloned() else {
+        return Ok(None);
+    };
+    let mut sender = http_connection(spec, rec).await?;
+    let spec = spec.clone();
+    let mut ticker = speaker(Some(&speak));
+    Ok(Some(Abort(tokio::spawn(async move {
+        let mut said = 0;
+        loop {
+            tick(&mut ticker).await;
+            said += 1;
+            let body = speak_body(&speak, &spec.channel, said);
+            if send_commands(&mut sender, &spec, body).await.is_err() {
+                return;
+            }
+        }
+    }))))
+}
+
+#[derive(Deserialize)]
+struct PollAnswer {
+    cursor: String,
+    messages: Vec<serde_json::Value>,
+}
+
+async fn poll_session(
+    spec: &ClientSpec,
+    speak: Option<&Speak>,
+    rec: &Tracker,
+) -> anyhow::Result<()> {
+    let mut sender = http_connection(spec, rec).await?;
+    let _speaker = http_speaker(spec, speak, rec).await?;
+    let mut positions = Positions::default();
+    let mut epochs = HashMap::new();
+    let mut cursor = String::new();
+    let mut first = true;
+    let interval = match spec.transport {
+        Transport::Poll { ms } => Some(Duration::from_millis(ms)),
+        _ => None,
+    };
+    loop {
+        let held = interval.is_none() && !first;
+        let query: String = form_urlencoded::Serializer::new(String::new())
+            .append_pair("channel", &spec.channel)
+            .append_pair("cursor", &cursor)
+            .finish();
+        let path = if held { "longpoll" } else { "poll" };
+        sender.ready().await?;
+        let res = sender
+            .send_request(get(spec, &format!("/connection/{path}?{query}"))?)
+            .await?;
+        let status = res.status();
+        let body = res.into_body().collect().await?.to_bytes();
+        if !status.is_success() {
+            bail!("HTTP {status}: {}", String::from_utf8_lossy(&body));
+        }
+        let answer: PollAnswer = serde_json::from_slice(&body)?;
+        for m in &answer.messages {
+            if let Some(s) = m.get("subscribe") {
+                if let (Some(c), Some(e)) = (s["channel"].as_str(), s["epoch"].as_str()) {
+                    epochs.insert(c.to_string(), e.to_string());
+                    positions
+                        .last
+                        .entry(c.to_string())
+                        .or_insert(s["offset"].as_u64().unwrap_or(0));
+                }
+            } else {
+                positions.push(&m.to_string(), rec);
+            }
+        }
+        if first {
+            rec.connected();
+            first = false;
+        }
+        cursor = if answer.cursor.is_empty() {
+            positions.cursor(&epochs)
+        } else {
+            answer.cursor
+        };
+        if let Some(every) = interval {
+            tokio::time::sleep(every).await;
+        }
+    }
+}
+
+async fn generic_session(spec: &ClientSpec, g: &Generic, rec: &Tracker) -> anyhow::Result<()> {
+    let url = g.url.replace("{channel}", &spec.channel);
+    let target = address(&url)?;
+    let tcp = connect_tcp(spec, target, rec).await?;
+    if url.starts_with("ws") {
+        let (mut ws, _) = tokio_tungstenite::client_async(url.as_str().into_client_request()?, tcp)
+            .await
+            .context("websocket handshake")?;
+        for frame in &g.subscribe {
+            ws.send(Message::text(frame.replace("{channel}", &spec.channel)))
+                .await?;
+        }
+        rec.connected();
+        let mut beat = (g.heartbeat.is_some() && g.heartbeat_ms > 0)
+            .then(|| tokio::time::interval(Duration::from_millis(g.heartbeat_ms)));
+        loop {
+            tokio::select! {
+                frame = ws.next() => {
+                    match frame.ok_or_else(|| anyhow!("closed by server"))?? {
+                        Message::Text(text) => {
+                            if let Some((t, seq)) = stamp(text.as_str()) {
+                                rec.received(now_ns().saturating_sub(t), seq);
+                            }
+                        }
+                        Message::Close(c) => bail!("closed by server: {c:?}"),
+                        _ => {}
+                    }
+                }
+                _ = tick(&mut beat) => {
+                    ws.send(Message::text(g.heartbeat.clone().unwrap_or_default())).await?;
+                }
+            }
+        }
+    } else {
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+        tokio::spawn(conn);
+        let res = sender
+            .send_request(
+                Request::get(path_of(&url))
+                    .header("host", target.to_string())
+                    .header("accept", "text/event-stream")
+                    .body(Full::new(Bytes::new()))?,
+            )
+            .await?;
+        if !res.status().is_success() {
+            bail!("HTTP {}", res.status());
+        }
+        rec.connected();
+        let mut body = res.into_body();
+        let mut pending = String::new();
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame?.into_data() else {
+                continue;
+            };
+            pending.push_str(&String::from_utf8_lossy(&data));
+            while let Some(end) = pending.find('\n') {
+                let line: String = pending.drain(..=end).collect();
+                if let Some((t, seq)) = stamp(&line) {
+                    rec.received(now_ns().saturating_sub(t), seq);
+                }
+            }
+        }
+        bail!("stream ended")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_stamp_in_any_framing() {
+        assert_eq!(
+            stamp(r#"{"pub":{"data":{"t":123,"seq":4}}}"#),
+            Some((123, Some(4)))
+        );
+        assert_eq!(stamp(r#"data: {"x":{"t": 9}}"#), Some((9, None)));
+        assert_eq!(stamp(r#"{"t":"text"}"#), None);
+    }
+
+    #[test]
+    fn transports_parse_with_poll_intervals() {
+        assert_eq!(
+            Transport::parse("poll@5s").unwrap(),
+            Transport::Poll { ms: 5000 }
+        );
+        assert_eq!(Transport::parse("websocket").unwrap(), Transport::Ws);
+        assert!(Transport::parse("carrier-pigeon").is_err());
+        assert_eq!(Transport::Poll { ms: 15000 }.label(), "poll@15s");
+    }
+}

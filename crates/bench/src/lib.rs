@@ -1,0 +1,138 @@
+//! `herald bench`: reproduces the studies' experiments (`shared/reference/seed-experiments.md`)
+//! against Herald or any other server, with load spread over worker processes and loopback
+//! source addresses, server CPU and memory read from /proc, and results as tables, JSON
+//! lines, Markdown and SVG charts.
+
+pub mod client;
+pub mod fleet;
+pub mod netinfo;
+pub mod procstat;
+pub mod report;
+pub mod scenarios;
+pub mod target;
+pub mod worker;
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::{Args, Subcommand};
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub scenario: Scenario,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Scenario {
+    /// N subscribers, M publications at rate R: latency, loss, deliveries/s, CPU per 1,000 deliveries.
+    Fanout(scenarios::fanout::FanoutArgs),
+    /// Idle connections of one transport until a target or the first failure: memory per connection.
+    Capacity(scenarios::capacity::CapacityArgs),
+    /// Study 1's load test: users arrive at a fixed rate and stay; full-load broadcast time, errors, MTBF.
+    Ramp(scenarios::ramp::RampArgs),
+    /// Study 1's client experiment: two clients speak every 2.5 s over each transport; bytes and packets.
+    Transports(scenarios::transports::TransportsArgs),
+    /// Study 2: publish interval x clients x transport; messages received, unique, trip time, CPU, packets.
+    Pushpull(scenarios::pushpull::PushpullArgs),
+    /// Fan-out over a range of publication sizes (studies 4 and 5).
+    Payload(scenarios::payload::PayloadArgs),
+    /// Study 5: bursts of connections at once, repeated.
+    Burst(scenarios::burst::BurstArgs),
+    /// Study 5: clients that connect, stay a while, leave and come back.
+    Churn(scenarios::churn::ChurnArgs),
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct Common {
+    /// A running server to measure (`http://IP:PORT`); default: start a Herald for the run.
+    #[arg(long, global = true)]
+    pub url: Option<String>,
+    /// The server's process id, for its CPU and memory (default: the Herald this tool starts).
+    #[arg(long, global = true)]
+    pub pid: Option<u32>,
+    /// API key of the target Herald's publish API (default: the key of the Herald started here).
+    #[arg(long, global = true)]
+    pub api_key: Option<String>,
+    /// Extra argument for the Herald this tool starts (repeatable), e.g. `--server-arg=--storage=memory`.
+    #[arg(long = "server-arg", global = true, allow_hyphen_values = true)]
+    pub server_args: Vec<String>,
+    /// Load-generating worker processes, at least (more when there are too many clients for one).
+    #[arg(long, global = true, default_value_t = 2)]
+    pub workers: usize,
+    /// Print JSON lines instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Also write the results as Markdown to this file.
+    #[arg(long, global = true)]
+    pub markdown: Option<PathBuf>,
+    /// Also write SVG charts (latency, connections, CPU, memory over time) into this directory.
+    #[arg(long, global = true)]
+    pub charts: Option<PathBuf>,
+    /// Repeat each measurement this many times and report the median run (by its main figure).
+    #[arg(long, global = true, default_value_t = 1)]
+    pub repeat: usize,
+    #[command(flatten)]
+    pub generic: GenericArgs,
+}
+
+/// Any other server: where its clients connect and how they subscribe; how to publish to it.
+#[derive(Debug, Args, Clone, Default)]
+pub struct GenericArgs {
+    /// A non-Herald WebSocket (`ws://…`) or SSE (`http://…`) endpoint; `{channel}` is replaced.
+    #[arg(long, global = true)]
+    pub client_url: Option<String>,
+    /// Frame a WebSocket client sends after connecting (repeatable); `{channel}` is replaced.
+    #[arg(long, global = true)]
+    pub subscribe_frame: Vec<String>,
+    /// A frame WebSocket clients send every --heartbeat-interval (client heartbeats).
+    #[arg(long, global = true)]
+    pub heartbeat_frame: Option<String>,
+    #[arg(long, global = true, value_parser = humantime::parse_duration, default_value = "25s")]
+    pub heartbeat_interval: Duration,
+    /// URL to POST publications to (default: Herald's /api/publish).
+    #[arg(long, global = true)]
+    pub publish_url: Option<String>,
+    /// Body of a publication with `{channel}` and `{data}` (a JSON object holding "t" and "seq").
+    #[arg(
+        long,
+        global = true,
+        default_value = r#"{"channel":"{channel}","data":{data}}"#
+    )]
+    pub publish_body: String,
+    /// Header of the publish request, `Name: value` (repeatable).
+    #[arg(long, global = true)]
+    pub publish_header: Vec<String>,
+}
+
+/// Runs one scenario and prints its results.
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let (soft, hard) = procstat::raise_fd_limit();
+    if soft < 20_000 {
+        eprintln!(
+            "note: open-file limit is {soft} (hard {hard}) and cannot be raised further here; \
+             each worker process holds at most that many connections"
+        );
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let outcome = rt.block_on(scenarios::run(args.scenario, &args.common))?;
+    if args.common.json {
+        print!("{}", report::json_lines(&outcome));
+    } else {
+        print!("{}", report::text(&outcome));
+    }
+    if let Some(path) = &args.common.markdown {
+        std::fs::write(path, report::markdown(&outcome))?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(dir) = &args.common.charts {
+        for f in report::charts(&outcome, dir)? {
+            eprintln!("wrote {}", f.display());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,199 @@
+//! N subscribers, M publications at rate R: latency from publish to receipt, loss,
+//! duplicates, deliveries per second and the server's CPU per 1,000 deliveries.
+
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde_json::json;
+
+use super::{median_of, percentiles, round, Monitor, Target};
+use crate::{
+    client::Transport,
+    fleet::Fleet,
+    report::{Outcome, Table},
+    Common,
+};
+
+#[derive(Debug, Args, Clone)]
+pub struct FanoutArgs {
+    /// Subscribers.
+    #[arg(long, default_value_t = 1000)]
+    pub subscribers: usize,
+    /// Channels the subscribers are spread over (publications go round-robin too).
+    #[arg(long, default_value_t = 1)]
+    pub channels: usize,
+    /// Publications.
+    #[arg(long, default_value_t = 200)]
+    pub publications: u64,
+    /// Publications per second; 0 = as fast as the API answers (8 in flight).
+    #[arg(long, default_value_t = 10.0)]
+    pub rate: f64,
+    /// Bytes of each publication's data.
+    #[arg(long, default_value_t = 64)]
+    pub payload: usize,
+    /// ws, sse, stream, longpoll, poll or poll@INTERVAL.
+    #[arg(long, default_value = "ws", value_parser = Transport::parse)]
+    pub transport: Transport,
+    /// New connections per second while subscribers join; 0 = as fast as they connect.
+    #[arg(long, default_value_t = 0.0)]
+    pub connect_rate: f64,
+}
+
+pub async fn run(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> {
+    median_of(
+        common.repeat,
+        |o| o.tables[0].rows[0][12].as_f64().unwrap_or(f64::MAX),
+        || once(args.clone(), common),
+    )
+    .await
+}
+
+pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> {
+    let target = Target::start(common).await?;
+    let channels: Vec<String> = (0..args.channels.max(1))
+        .map(|c| format!("bench:fanout-{c}"))
+        .collect();
+    let mut monitor = Monitor::new(&target, "fanout");
+    let fleet = Fleet::launch(
+        target.clients(
+            &args.transport,
+            channels.clone(),
+            args.subscribers,
+            args.connect_rate,
+        ),
+        common.workers,
+    )
+    .await?;
+    let join_limit = Duration::from_secs(30 + args.subscribers as u64 / 500);
+    let joined = fleet
+        .wait_for(
+            "subscribers",
+            join_limit,
+            |t| {
+                t.connected as usize >= args.subscribers
+                    || t.accepted + t.error_count >= args.subscribers as u64
+            },
+            |t| monitor.observe(t),
+        )
+        .await?;
+    let subscribed = joined.connected as usize;
+    // Subscribers per channel: client i is on channel i % len.
+    let per_channel: Vec<u64> = (0..channels.len())
+        .map(|c| (0..subscribed).filter(|i| i % channels.len() == c).count() as u64)
+        .collect();
+    let cpu0 = target.server.sample();
+    let received0 = joined.received;
+    let publish_start = Instant::now();
+    let mut expected = 0u64;
+    let mut in_flight = tokio::task::JoinSet::new();
+    for seq in 0..args.publications {
+        let c = (seq as usize) % channels.len();
+        expected += per_channel[c];
+        if args.rate > 0.0 {
+            let due = publish_start + Duration::from_secs_f64(seq as f64 / args.rate);
+            tokio::time::sleep_until(due.into()).await;
+        } else if in_flight.len() >= 8 {
+            in_flight.join_next().await.transpose()?.transpose()?;
+        }
+        let (p, ch, size) = (target.publisher.clone(), channels[c].clone(), args.payload);
+        in_flight.spawn(async move { p.publish(&ch, seq, size).await });
+        monitor.observe(&fleet.totals());
+    }
+    while let Some(r) = in_flight.join_next().await {
+        r??;
+    }
+    let published_in = publish_start.elapsed();
+    let drained = fleet
+        .wait_for(
+            "deliveries",
+            Duration::from_secs(30),
+            |t| t.received - received0 + t.gaps >= expected,
+            |t| monitor.observe(t),
+        )
+        .await
+        .unwrap_or_else(|_| fleet.totals());
+    let delivered_in = publish_start.elapsed();
+    let cpu1 = target.server.sample();
+    let info = target.info().await;
+    let mut last_subscriber_max = 0u64;
+    for seq in 0..args.publications {
+        if let Some((_, last)) = fleet.seq_latency(seq) {
+            last_subscriber_max = last_subscriber_max.max(last);
+        }
+    }
+    monitor.say("stopping clients");
+    let (totals, hist) = fleet.stop().await?;
+    monitor.finish();
+    let deliveries = drained.received - received0;
+    let cpu_ms_per_1000 = match (cpu0, cpu1) {
+        (Some(a), Some(b)) if deliveries > 0 => {
+            Some((b.cpu_seconds - a.cpu_seconds) * 1e6 / deliveries as f64)
+        }
+        _ => None,
+    };
+    let [p50, p90, p99, max] = percentiles(&hist);
+    let mut t = Table::new(
+        format!(
+            "fan-out: {} subscribers, {} publications at {}/s",
+            subscribed, args.publications, args.rate
+        ),
+        &[
+            "transport",
+            "subscribers",
+            "publications",
+            "payload B",
+            "deliveries",
+            "loss",
+            "duplicates",
+            "p50 ms",
+            "p90 ms",
+            "p99 ms",
+            "max ms",
+            "last subscriber ms",
+            "CPU ms / 1000 deliveries",
+            "deliveries/s",
+            "server RSS MB",
+        ],
+    );
+    t.push(vec![
+        json!(args.transport.label()),
+        json!(subscribed),
+        json!(args.publications),
+        json!(args.payload),
+        json!(deliveries),
+        json!(expected.saturating_sub(deliveries)),
+        json!(totals.duplicates),
+        p50,
+        p90,
+        p99,
+        max,
+        super::ms(last_subscriber_max),
+        cpu_ms_per_1000.map_or(serde_json::Value::Null, |v| round(v, 2)),
+        round(deliveries as f64 / delivered_in.as_secs_f64().max(1e-3), 0),
+        cpu1.map_or(serde_json::Value::Null, |s| {
+            round(s.rss_bytes as f64 / 1e6, 1)
+        }),
+    ]);
+    let mut notes = vec![format!(
+        "publishing took {:.2} s; deliveries counted until every expected one arrived (or 30 s); CPU is the server's user+system time over that window (/proc/PID/stat)",
+        published_in.as_secs_f64()
+    )];
+    if subscribed < args.subscribers {
+        notes.push(format!(
+            "only {subscribed} of {} subscribers connected; errors: {:?}",
+            args.subscribers, joined.errors
+        ));
+    }
+    if let Some(info) = info {
+        notes.push(format!(
+            "server counters: {} publications fanned out, {} deliveries",
+            info["publications_fanned_out"], info["deliveries"]
+        ));
+    }
+    Ok(Outcome {
+        scenario: "fanout".into(),
+        tables: vec![t],
+        notes,
+        series: vec![(args.transport.label(), monitor.points)],
+    })
+}

@@ -1,0 +1,259 @@
+//! The scenarios, and what they share: the target, the publisher, the monitor that samples
+//! the server while load runs, and the progress bar.
+
+pub mod burst;
+pub mod capacity;
+pub mod churn;
+pub mod fanout;
+pub mod payload;
+pub mod pushpull;
+pub mod ramp;
+pub mod transports;
+
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{json, Value};
+
+use crate::{
+    client::{Generic, Transport},
+    fleet::Totals,
+    procstat::ProcSample,
+    report::{Outcome, Point},
+    target::{Publisher, Server, BENCH_API_KEY},
+    worker::WorkerSpec,
+    Common, Scenario,
+};
+
+pub async fn run(scenario: Scenario, common: &Common) -> anyhow::Result<Outcome> {
+    match scenario {
+        Scenario::Fanout(a) => fanout::run(a, common).await,
+        Scenario::Capacity(a) => capacity::run(a, common).await,
+        Scenario::Ramp(a) => ramp::run(a, common).await,
+        Scenario::Transports(a) => transports::run(a, common).await,
+        Scenario::Pushpull(a) => pushpull::run(a, common).await,
+        Scenario::Payload(a) => payload::run(a, common).await,
+        Scenario::Burst(a) => burst::run(a, common).await,
+        Scenario::Churn(a) => churn::run(a, common).await,
+    }
+}
+
+/// The server under test and how to publish to it.
+pub struct Target {
+    pub server: Server,
+    pub publisher: Publisher,
+    pub generic: Option<Generic>,
+    pub is_herald: bool,
+    api_key: String,
+}
+
+impl Target {
+    pub async fn start(common: &Common) -> anyhow::Result<Self> {
+        let server = match &common.url {
+            Some(url) => Server::external(url, common.pid),
+            None => Server::spawn(&common.server_args)?,
+        };
+        let api_key = common
+            .api_key
+            .clone()
+            .unwrap_or_else(|| BENCH_API_KEY.into());
+        let g = &common.generic;
+        let publisher = match &g.publish_url {
+            Some(url) => Publisher::generic(url, &g.publish_body, &g.publish_header)?,
+            None => Publisher::herald(&server.url, &api_key),
+        };
+        let generic = g.client_url.as_ref().map(|url| Generic {
+            url: url.clone(),
+            subscribe: g.subscribe_frame.clone(),
+            heartbeat: g.heartbeat_frame.clone(),
+            heartbeat_ms: g.heartbeat_interval.as_millis() as u64,
+        });
+        Ok(Self {
+            is_herald: generic.is_none(),
+            server,
+            publisher,
+            generic,
+            api_key,
+        })
+    }
+
+    /// A worker template: `clients` clients of `transport`, round-robin over `channels`.
+    pub fn clients(
+        &self,
+        transport: &Transport,
+        channels: Vec<String>,
+        clients: usize,
+        rate: f64,
+    ) -> WorkerSpec {
+        WorkerSpec {
+            url: self.server.url.clone(),
+            transport: transport.clone(),
+            channels,
+            clients,
+            sources: Vec::new(),
+            rate,
+            speak: None,
+            speakers: 0,
+            generic: self.generic.clone(),
+            histogram: Default::default(),
+            lifetime_ms: None,
+        }
+    }
+
+    /// Herald's own counters, when the target is Herald.
+    pub async fn info(&self) -> Option<Value> {
+        if !self.is_herald {
+            return None;
+        }
+        self.server.info(&self.api_key).await
+    }
+}
+
+/// Samples the server and the load every half second for the charts, and drives the progress bar.
+pub struct Monitor {
+    started: Instant,
+    last: Option<ProcSample>,
+    last_received: u64,
+    pub points: Vec<Point>,
+    bar: ProgressBar,
+    pid: Option<u32>,
+}
+
+impl Monitor {
+    pub fn new(target: &Target, what: &str) -> Self {
+        let bar = ProgressBar::new_spinner();
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} {elapsed_precise} {prefix}: {msg}")
+                .expect("valid template"),
+        );
+        bar.set_prefix(what.to_string());
+        bar.enable_steady_tick(Duration::from_millis(200));
+        Self {
+            started: Instant::now(),
+            last: target.server.sample(),
+            last_received: 0,
+            points: Vec::new(),
+            bar,
+            pid: target.server.pid,
+        }
+    }
+
+    /// Called often; records a point at most every 500 ms.
+    pub fn observe(&mut self, t: &Totals) {
+        let now = self.sample_due();
+        let Some(now) = now else { return };
+        let (cpu, rss) = match (self.last, now.1) {
+            (Some(a), Some(b)) => {
+                let secs = b.at.duration_since(a.at).as_secs_f64().max(1e-3);
+                (
+                    (b.cpu_seconds - a.cpu_seconds) / secs * 100.0,
+                    b.rss_bytes as f64 / 1e6,
+                )
+            }
+            (_, Some(b)) => (0.0, b.rss_bytes as f64 / 1e6),
+            _ => (0.0, 0.0),
+        };
+        let dt = self.points.last().map_or(now.0, |p| now.0 - p.t).max(1e-3);
+        let point = Point {
+            t: now.0,
+            cpu_percent: cpu,
+            rss_mb: rss,
+            connections: t.connected,
+            received_per_s: (t.received.saturating_sub(self.last_received)) as f64 / dt,
+            p99_ms: t.interval_p99_us as f64 / 1000.0,
+        };
+        self.last_received = t.received;
+        if now.1.is_some() {
+            self.last = now.1;
+        }
+        self.bar.set_message(format!(
+            "{} connected, {} errors, {:.0} msg/s, p99 {:.1} ms, server {:.0}% CPU {:.0} MB",
+            t.connected,
+            t.error_count,
+            point.received_per_s,
+            point.p99_ms,
+            point.cpu_percent,
+            point.rss_mb
+        ));
+        self.points.push(point);
+    }
+
+    fn sample_due(&self) -> Option<(f64, Option<ProcSample>)> {
+        let t = self.started.elapsed().as_secs_f64();
+        if self.points.last().is_some_and(|p| t - p.t < 0.5) {
+            return None;
+        }
+        Some((t, self.pid.and_then(|p| crate::procstat::sample(p).ok())))
+    }
+
+    pub fn say(&self, message: &str) {
+        self.bar.set_message(message.to_string());
+    }
+
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+pub fn ms(us: u64) -> Value {
+    json!((us as f64 / 10.0).round() / 100.0)
+}
+
+pub fn percentiles(h: &Histogram<u64>) -> [Value; 4] {
+    if h.is_empty() {
+        return [Value::Null, Value::Null, Value::Null, Value::Null];
+    }
+    [
+        ms(h.value_at_quantile(0.5)),
+        ms(h.value_at_quantile(0.9)),
+        ms(h.value_at_quantile(0.99)),
+        ms(h.max()),
+    ]
+}
+
+pub fn round(v: f64, places: i32) -> Value {
+    let f = 10f64.powi(places);
+    json!((v * f).round() / f)
+}
+
+/// Runs `once` `repeat` times and keeps the run whose `key` is the median (a whole run, so
+/// its figures stay consistent with each other); says so in the notes.
+pub async fn median_of<F, Fut>(
+    repeat: usize,
+    key: impl Fn(&Outcome) -> f64,
+    mut once: F,
+) -> anyhow::Result<Outcome>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Outcome>>,
+{
+    let mut runs = Vec::new();
+    for _ in 0..repeat.max(1) {
+        runs.push(once().await?);
+    }
+    let keys: Vec<f64> = runs.iter().map(&key).collect();
+    let mut order: Vec<usize> = (0..runs.len()).collect();
+    order.sort_by(|a, b| keys[*a].total_cmp(&keys[*b]));
+    let mid = order[order.len() / 2];
+    let mut chosen = runs.swap_remove(mid);
+    if repeat > 1 {
+        let mut sorted = keys.clone();
+        sorted.sort_by(f64::total_cmp);
+        chosen.notes.push(format!(
+            "median of {repeat} runs by its main figure; all runs: {}",
+            sorted
+                .iter()
+                .map(|k| format!("{k:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    Ok(chosen)
+}
+
+pub fn transport_list(list: &str) -> anyhow::Result<Vec<Transport>> {
+    list.split(',')
+        .map(|t| Transport::parse(t.trim()))
+        .collect()
+}

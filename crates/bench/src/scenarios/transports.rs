@@ -1,0 +1,138 @@
+//! Study 1's client experiment: two clients each say "this is a chat message!" every 2.5 s for
+//! 60 s over each transport in turn. Bytes are counted at the client sockets; packets by the
+//! kernel's per-socket TCP segment counters (TCP_INFO), which need no capture.
+
+use std::time::Duration;
+
+use clap::Args;
+use serde_json::json;
+
+use super::{percentiles, round, transport_list, Monitor, Target};
+use crate::{
+    fleet::Fleet,
+    report::{Outcome, Table},
+    worker::Speak,
+    Common,
+};
+
+/// TCP/IP headers a capture would add per packet on loopback: IPv4 20 + TCP 32 (timestamps)
+/// + a 14-byte link header.
+const HEADERS_PER_PACKET: u64 = 66;
+
+#[derive(Debug, Args, Clone)]
+pub struct TransportsArgs {
+    /// Transports, in order.
+    #[arg(long, default_value = "poll@1s,longpoll,sse,stream,ws")]
+    pub transports: String,
+    /// Clients speaking.
+    #[arg(long, default_value_t = 2)]
+    pub clients: usize,
+    /// Each client speaks this often.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2.5s")]
+    pub every: Duration,
+    /// For how long.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub duration: Duration,
+    #[arg(long, default_value = "this is a chat message!")]
+    pub text: String,
+}
+
+pub async fn run(args: TransportsArgs, common: &Common) -> anyhow::Result<Outcome> {
+    let mut t = Table::new(
+        format!(
+            "transports: {} clients speaking every {:?} for {:?}",
+            args.clients, args.every, args.duration
+        ),
+        &[
+            "transport",
+            "packets",
+            "bytes",
+            "bytes/s",
+            "bytes/packet",
+            "payload bytes",
+            "client→server packets",
+            "server→client packets",
+            "client→server bytes",
+            "server→client bytes",
+            "messages received",
+            "p50 ms",
+            "p99 ms",
+        ],
+    );
+    let mut series = Vec::new();
+    for transport in transport_list(&args.transports)? {
+        // A fresh server for each transport, so nothing carries over.
+        let target = Target::start(common).await?;
+        let mut monitor = Monitor::new(&target, &format!("transports {}", transport.label()));
+        let mut spec = target.clients(
+            &transport,
+            vec!["chat:bench-room".into()],
+            args.clients,
+            0.0,
+        );
+        spec.speakers = args.clients;
+        spec.speak = Some(Speak {
+            every_ms: args.every.as_millis() as u64,
+            // Spread the speakers over the period, as two people typing would be.
+            offset_ms: 0,
+            text: args.text.clone(),
+        });
+        // One worker: the speakers' offsets are relative to its start.
+        let fleet = Fleet::launch(spec, 1).await?;
+        let deadline = tokio::time::Instant::now() + args.duration;
+        while tokio::time::Instant::now() < deadline {
+            monitor.observe(&fleet.totals());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (totals, hist) = fleet.stop().await?;
+        monitor.finish();
+        let packets = totals.packets_in + totals.packets_out;
+        let payload = totals.bytes_in + totals.bytes_out;
+        let wire = payload + packets * HEADERS_PER_PACKET;
+        let [p50, _, p99, _] = percentiles(&hist);
+        t.push(vec![
+            json!(transport.label()),
+            json!(packets),
+            json!(wire),
+            round(wire as f64 / args.duration.as_secs_f64(), 0),
+            round(wire as f64 / packets.max(1) as f64, 1),
+            json!(payload),
+            json!(totals.packets_out),
+            json!(totals.packets_in),
+            json!(totals.bytes_out),
+            json!(totals.bytes_in),
+            json!(totals.received),
+            p50,
+            p99,
+        ]);
+        series.push((transport.label(), monitor.points));
+    }
+    let mut study = Table::new(
+        "published (study 1: two browsers, 60 s, packet sniffer)",
+        &["transport", "packets", "bytes", "bytes/s", "bytes/packet"],
+    );
+    for (name, packets, bytes, per_s, per_packet) in [
+        ("polling", 918, 302_211, 5037, 329.2),
+        ("long polling", 555, 245_338, 4088, 442.2),
+        ("streaming (SSE)", 1396, 186_046, 3100, 133.3),
+        ("WebSocket", 568, 138_492, 2300, 243.8),
+    ] {
+        study.push(vec![
+            json!(name),
+            json!(packets),
+            json!(bytes),
+            json!(per_s),
+            json!(per_packet),
+        ]);
+    }
+    Ok(Outcome {
+        scenario: "transports".into(),
+        tables: vec![t, study],
+        notes: vec![
+            "packets: the kernel's per-socket TCP segment counters (TCP_INFO tcpi_segs_in/out) on every client socket, pure ACKs included, read as each socket closes (no capture needed)".into(),
+            format!("bytes: TCP payload counted at the client sockets, plus {HEADERS_PER_PACKET} bytes of link/IP/TCP headers per packet, as a capture on loopback would count them; 'payload bytes' is without headers"),
+            "speaking: WebSocket clients publish over the socket; the others POST /connection/send; polling asks every 1 s with a cursor, so nothing is fetched twice".into(),
+        ],
+        series,
+    })
+}

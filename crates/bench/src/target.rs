@@ -1,0 +1,171 @@
+//! What is measured: a Herald this tool starts (the default), or any running server given by
+//! URL (and PID, for its CPU and memory), with a publisher for each.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Child, Command, Stdio},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+
+use crate::procstat::{self, ProcSample};
+
+pub const BENCH_API_KEY: &str = "herald-bench";
+
+pub struct Server {
+    /// `http://IP:PORT`.
+    pub url: String,
+    pub pid: Option<u32>,
+    child: Option<Child>,
+    _data: Option<tempfile::TempDir>,
+}
+
+impl Server {
+    /// Starts `herald serve` (this same binary) on a free loopback port, with a fresh data
+    /// directory and `extra` arguments (e.g. `--storage memory`).
+    pub fn spawn(extra: &[String]) -> anyhow::Result<Self> {
+        let data = tempfile::tempdir()?;
+        let mut child = Command::new(std::env::current_exe()?)
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--api-key",
+                BENCH_API_KEY,
+            ])
+            .args(["--log-format", "json", "--log-level", "warn,herald=info"])
+            .arg("--data-dir")
+            .arg(data.path())
+            .args(extra)
+            .env_remove("HERALD_CONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting herald serve")?;
+        let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
+        let address = loop {
+            let Some(line) = lines.next() else {
+                bail!("herald serve exited before listening");
+            };
+            let v: Value = serde_json::from_str(&line?).unwrap_or(Value::Null);
+            if v["fields"]["message"] == "herald is listening" {
+                break v["fields"]["address"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+            }
+        };
+        std::thread::spawn(move || lines.for_each(drop));
+        Ok(Self {
+            url: format!("http://{address}"),
+            pid: Some(child.id()),
+            child: Some(child),
+            _data: Some(data),
+        })
+    }
+
+    pub fn external(url: &str, pid: Option<u32>) -> Self {
+        Self {
+            url: url.trim_end_matches('/').to_string(),
+            pid,
+            child: None,
+            _data: None,
+        }
+    }
+
+    pub fn sample(&self) -> Option<ProcSample> {
+        self.pid.and_then(|p| procstat::sample(p).ok())
+    }
+
+    /// Herald's own counters (`/api/info`), when the target is Herald.
+    pub async fn info(&self, api_key: &str) -> Option<Value> {
+        let r = reqwest::Client::new()
+            .get(format!("{}/api/info", self.url))
+            .header("authorization", format!("apikey {api_key}"))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .ok()?;
+        r.json().await.ok()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Publishes through an HTTP API: Herald's, or any server's through a template.
+#[derive(Clone)]
+pub struct Publisher {
+    http: reqwest::Client,
+    url: String,
+    /// Body with `{channel}` and `{data}` (JSON) in it; None = Herald's `/api/publish`.
+    template: Option<String>,
+    headers: Vec<(String, String)>,
+}
+
+pub fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+impl Publisher {
+    pub fn herald(server_url: &str, api_key: &str) -> Self {
+        Self {
+            http: reqwest::Client::new(),
+            url: format!("{server_url}/api/publish"),
+            template: None,
+            headers: vec![("authorization".into(), format!("apikey {api_key}"))],
+        }
+    }
+
+    pub fn generic(url: &str, template: &str, headers: &[String]) -> anyhow::Result<Self> {
+        let headers = headers
+            .iter()
+            .map(|h| {
+                h.split_once(':')
+                    .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                    .with_context(|| format!("header {h:?} is not NAME: VALUE"))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Self {
+            http: reqwest::Client::new(),
+            url: url.to_string(),
+            template: Some(template.to_string()),
+            headers,
+        })
+    }
+
+    /// Publishes `{"t": now, "seq": seq, "pad": …}` padded to about `payload` bytes.
+    pub async fn publish(&self, channel: &str, seq: u64, payload: usize) -> anyhow::Result<()> {
+        let pad = "x".repeat(payload.saturating_sub(48));
+        let data = json!({"t": now_ns(), "seq": seq, "pad": pad});
+        let body = match &self.template {
+            None => json!({"channel": channel, "data": data}).to_string(),
+            Some(t) => t
+                .replace("{channel}", channel)
+                .replace("{data}", &data.to_string()),
+        };
+        let mut req = self.http.post(&self.url).body(body);
+        for (k, v) in &self.headers {
+            req = req.header(k, v);
+        }
+        let r = req.send().await?;
+        if !r.status().is_success() {
+            bail!(
+                "publish: HTTP {} {}",
+                r.status(),
+                r.text().await.unwrap_or_default()
+            );
+        }
+        Ok(())
+    }
+}

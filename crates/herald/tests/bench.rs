@@ -1,0 +1,101 @@
+//! `herald bench` end to end: it starts its own Herald and worker processes, and what it
+//! reports adds up.
+
+mod support;
+
+use serde_json::Value;
+use support::herald;
+
+fn rows(stdout: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v.get("table").is_some())
+        .collect()
+}
+
+#[test]
+fn fanout_delivers_everything_once_across_worker_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let markdown = dir.path().join("fanout.md");
+    let out = herald()
+        .args([
+            "bench",
+            "fanout",
+            "--subscribers",
+            "30",
+            "--publications",
+            "5",
+            "--rate",
+            "50",
+        ])
+        .args(["--channels", "2", "--workers", "2", "--json", "--charts"])
+        .arg(dir.path())
+        .arg("--markdown")
+        .arg(&markdown)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = rows(&out.stdout);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let r = &rows[0];
+    // 30 subscribers over 2 channels, 5 publications round-robin: 3 to one, 2 to the other.
+    assert_eq!(r["deliveries"], 15 * 3 + 15 * 2, "{r}");
+    assert_eq!(
+        (r["loss"].as_u64(), r["duplicates"].as_u64()),
+        (Some(0), Some(0)),
+        "{r}"
+    );
+    assert!(r["p99 ms"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(std::fs::read_to_string(&markdown)
+        .unwrap()
+        .contains("| transport |"));
+    assert!(dir.path().join("fanout-ws-latency.svg").exists());
+}
+
+#[test]
+fn transports_counts_bytes_and_packets_both_ways() {
+    let out = herald()
+        .args([
+            "bench",
+            "transports",
+            "--duration",
+            "2s",
+            "--every",
+            "500ms",
+        ])
+        .args(["--transports", "ws,sse,longpoll,poll@200ms", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = rows(&out.stdout);
+    let ours: Vec<&Value> = rows
+        .iter()
+        .filter(|r| r["table"].as_str().unwrap().starts_with("transports"))
+        .collect();
+    assert_eq!(ours.len(), 4, "{rows:?}");
+    for r in ours {
+        for key in [
+            "client→server packets",
+            "server→client packets",
+            "client→server bytes",
+            "server→client bytes",
+        ] {
+            assert!(r[key].as_u64().unwrap() > 0, "{key}: {r}");
+        }
+        // Two clients, each hearing both: at least the first round of messages arrived.
+        assert!(r["messages received"].as_u64().unwrap() >= 4, "{r}");
+    }
+    assert!(
+        rows.iter().any(|r| r["transport"] == "WebSocket"),
+        "the study's figures are printed beside"
+    );
+}
