@@ -179,6 +179,8 @@ async fn connect_tcp(
     } else {
         TcpSocket::new_v6()?
     };
+    // A port in TIME_WAIT from an earlier run may be taken again.
+    socket.set_reuseaddr(true)?;
     socket
         .bind(SocketAddr::new(spec.source, 0))
         .context("bind")?;
@@ -307,12 +309,16 @@ async fn tick(t: &mut Option<tokio::time::Interval>) {
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
-async fn http_connection(spec: &ClientSpec, rec: &Tracker) -> anyhow::Result<Sender> {
+/// An HTTP/1.1 connection; it closes (and its socket reports its packets) when the
+/// returned guard is dropped with the client.
+async fn http_connection(spec: &ClientSpec, rec: &Tracker) -> anyhow::Result<(Sender, Abort)> {
     let target = address(&spec.url)?;
     let tcp = connect_tcp(spec, target, rec).await?;
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
-    tokio::spawn(conn);
-    Ok(sender)
+    let task = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok((sender, Abort(task)))
 }
 
 fn get(spec: &ClientSpec, path_and_query: &str) -> anyhow::Result<Request<Full<Bytes>>> {
@@ -341,7 +347,7 @@ async fn stream_session(
     speak: Option<&Speak>,
     rec: &Tracker,
 ) -> anyhow::Result<()> {
-    let mut sender = http_connection(spec, rec).await?;
+    let (mut sender, _conn) = http_connection(spec, rec).await?;
     let path = if spec.transport == Transport::Sse {
         "sse"
     } else {
@@ -405,10 +411,11 @@ async fn http_speaker(
     let Some(speak) = speak.cloned() else {
         return Ok(None);
     };
-    let mut sender = http_connection(spec, rec).await?;
+    let (mut sender, conn) = http_connection(spec, rec).await?;
     let spec = spec.clone();
     let mut ticker = speaker(Some(&speak));
     Ok(Some(Abort(tokio::spawn(async move {
+        let _conn = conn;
         let mut said = 0;
         loop {
             tick(&mut ticker).await;
@@ -432,7 +439,7 @@ async fn poll_session(
     speak: Option<&Speak>,
     rec: &Tracker,
 ) -> anyhow::Result<()> {
-    let mut sender = http_connection(spec, rec).await?;
+    let (mut sender, _conn) = http_connection(spec, rec).await?;
     let _speaker = http_speaker(spec, speak, rec).await?;
     let mut positions = Positions::default();
     let mut epochs = HashMap::new();
@@ -522,7 +529,9 @@ async fn generic_session(spec: &ClientSpec, g: &Generic, rec: &Tracker) -> anyho
         }
     } else {
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
-        tokio::spawn(conn);
+        let _conn = Abort(tokio::spawn(async move {
+            let _ = conn.await;
+        }));
         let res = sender
             .send_request(
                 Request::get(path_of(&url))

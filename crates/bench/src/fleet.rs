@@ -20,8 +20,9 @@ use crate::worker::{Report, WorkerSpec};
 
 /// Clients per worker process at most: under the ~20,000 open files one process may hold.
 pub const CLIENTS_PER_WORKER: usize = 15_000;
-/// Clients per source address at most: under the ~28,000 ephemeral ports of one address.
-pub const CLIENTS_PER_SOURCE: usize = 20_000;
+/// Clients per source address at most: well under the ~28,000 ephemeral ports of one
+/// address, which sockets closed by an earlier run still hold for a minute (TIME_WAIT).
+pub const CLIENTS_PER_SOURCE: usize = 5_000;
 
 /// Per publication `seq`: (first, last) delivery latency over every client, µs.
 type SeqSpread = HashMap<u64, (u64, u64)>;
@@ -55,11 +56,15 @@ pub struct Totals {
     pub interval_max_us: u64,
 }
 
-/// Source addresses 127.0.0.1 ... so that `clients` never need more than
-/// [`CLIENTS_PER_SOURCE`] ports from one of them.
-pub fn loopback_sources(clients: usize) -> Vec<IpAddr> {
-    let n = clients.div_ceil(CLIENTS_PER_SOURCE).clamp(1, 250);
-    (1..=n as u8)
+/// Source addresses 127.0.0.2 ... so that `clients` never need more than
+/// [`CLIENTS_PER_SOURCE`] ports from one of them, and each of `workers` has its own.
+/// 127.0.0.1 is left to the publisher and everything else on the machine.
+pub fn loopback_sources(clients: usize, workers: usize) -> Vec<IpAddr> {
+    let n = clients
+        .div_ceil(CLIENTS_PER_SOURCE)
+        .max(workers)
+        .clamp(1, 250);
+    (2..n as u8 + 2)
         .map(|i| IpAddr::V4(Ipv4Addr::new(127, 0, 0, i)))
         .collect()
 }
@@ -71,7 +76,7 @@ impl Fleet {
         let count = total.div_ceil(CLIENTS_PER_WORKER).max(min_workers).max(1);
         let exe = std::env::current_exe()?;
         let sources = if template.sources.is_empty() {
-            loopback_sources(total)
+            loopback_sources(total, count)
         } else {
             template.sources.clone()
         };

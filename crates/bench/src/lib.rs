@@ -91,7 +91,7 @@ pub struct GenericArgs {
     pub heartbeat_frame: Option<String>,
     #[arg(long, global = true, value_parser = humantime::parse_duration, default_value = "25s")]
     pub heartbeat_interval: Duration,
-    /// URL to POST publications to (default: Herald's /api/publish).
+    /// URL to POST publications to, `{channel}` replaced (default: Herald's /api/publish).
     #[arg(long, global = true)]
     pub publish_url: Option<String>,
     /// Body of a publication with `{channel}` and `{data}` (a JSON object holding "t" and "seq").

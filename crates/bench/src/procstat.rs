@@ -10,6 +10,9 @@ const PAGE: u64 = 4096;
 pub struct ProcSample {
     /// User plus system CPU time used so far, seconds.
     pub cpu_seconds: f64,
+    /// The system (kernel) part of it: on loopback, sending also runs the receiver's TCP
+    /// path, and it is charged here.
+    pub system_seconds: f64,
     pub rss_bytes: u64,
     pub threads: u64,
     /// Kernel memory held by all TCP sockets (system-wide), bytes.
@@ -33,6 +36,7 @@ pub fn sample(pid: u32) -> io::Result<ProcSample> {
     let cpu_ticks = field(11)? + field(12)?;
     Ok(ProcSample {
         cpu_seconds: cpu_ticks as f64 / TICKS_PER_SECOND,
+        system_seconds: field(12)? as f64 / TICKS_PER_SECOND,
         threads: field(17)?,
         rss_bytes: field(21)? * PAGE,
         tcp_kernel_bytes: tcp_kernel_bytes().unwrap_or(0),

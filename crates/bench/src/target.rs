@@ -106,7 +106,8 @@ impl Drop for Server {
 pub struct Publisher {
     http: reqwest::Client,
     url: String,
-    /// Body with `{channel}` and `{data}` (JSON) in it; None = Herald's `/api/publish`.
+    /// Body with `{channel}` and `{data}` (JSON) in it (the URL may hold `{channel}` too);
+    /// None = Herald's `/api/publish`.
     template: Option<String>,
     headers: Vec<(String, String)>,
 }
@@ -154,7 +155,10 @@ impl Publisher {
                 .replace("{channel}", channel)
                 .replace("{data}", &data.to_string()),
         };
-        let mut req = self.http.post(&self.url).body(body);
+        let mut req = self
+            .http
+            .post(self.url.replace("{channel}", channel))
+            .body(body);
         for (k, v) in &self.headers {
             req = req.header(k, v);
         }

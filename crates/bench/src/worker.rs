@@ -390,6 +390,9 @@ async fn run(spec: WorkerSpec) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     // Clients end at once when told; their sockets report TCP segment counts as they drop.
     let _ = tokio::time::timeout(Duration::from_secs(10), launcher).await;
+    // Connection tasks aborted with their clients are dropped on the scheduler's next turns;
+    // their sockets add their packet counts then.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     std::fs::write(&spec.histogram, rec.histogram_bytes())?;
     let line = serde_json::to_string(&rec.report(started.load(Relaxed), true))?;
     let mut out = stdout.lock();

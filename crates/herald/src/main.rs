@@ -45,8 +45,9 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
         print!("{}", toml::to_string_pretty(&config)?);
         return Ok(ExitCode::SUCCESS);
     }
-    let settings = config.validate()?;
+    let mut settings = config.validate()?;
     settings::init_logging(&settings.config)?;
+    fit_connections_to_descriptors(&mut settings.config);
     let workers = match settings.config.workers {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
@@ -77,6 +78,29 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
         tracing::info!("stopped");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Descriptors kept for the data file, logs, API clients and connections being refused.
+const SPARE_DESCRIPTORS: u64 = 256;
+
+/// Raises the open-file limit as far as allowed, and keeps `max_connections` under it: a
+/// server out of descriptors can neither accept nor refuse, so clients would hang in the
+/// kernel's backlog; under the cap they get 503 with code 106 instead.
+fn fit_connections_to_descriptors(config: &mut herald_server::Config) {
+    let _ = rlimit::increase_nofile_limit(u64::MAX);
+    let Ok((soft, _)) = rlimit::getrlimit(rlimit::Resource::NOFILE) else {
+        return;
+    };
+    let room = soft.saturating_sub(SPARE_DESCRIPTORS) as usize;
+    if config.max_connections == 0 || config.max_connections > room {
+        tracing::warn!(
+            open_files = soft,
+            configured = config.max_connections,
+            max_connections = room,
+            "the open-file limit is lower than max_connections; holding at most {room} connections (raise `ulimit -n` for more)"
+        );
+        config.max_connections = room;
+    }
 }
 
 /// Registers for SIGTERM and SIGINT now (before the server says it is ready), so a signal

@@ -99,3 +99,48 @@ fn transports_counts_bytes_and_packets_both_ways() {
         "the study's figures are printed beside"
     );
 }
+
+#[test]
+fn the_generic_adapter_measures_a_server_through_its_own_endpoints() {
+    // Herald stands in for "any server": the bench knows it only by the URLs and frames given.
+    let server = support::Server::start(&[]);
+    let ws = server.url.replacen("http", "ws", 1) + "/connection/websocket";
+    let out = herald()
+        .args([
+            "bench",
+            "fanout",
+            "--subscribers",
+            "10",
+            "--publications",
+            "4",
+            "--rate",
+            "40",
+            "--json",
+        ])
+        .args([
+            "--url",
+            &server.url,
+            "--pid",
+            &server.child.id().to_string(),
+        ])
+        .args(["--client-url", &ws])
+        .args([
+            "--subscribe-frame",
+            r#"{"id":1,"subscribe":{"channel":"{channel}"}}"#,
+        ])
+        .args(["--publish-url", &format!("{}/api/publish", server.url)])
+        .args(["--publish-header", "Authorization: apikey k"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = rows(&out.stdout);
+    assert_eq!(rows[0]["deliveries"], 40, "{rows:?}");
+    assert!(
+        rows[0]["server RSS MB"].as_f64().unwrap() > 0.0,
+        "measured by --pid"
+    );
+}

@@ -261,3 +261,42 @@ fn lists_in_the_environment_use_toml_array_syntax_as_documented() {
     let config: toml::Table = String::from_utf8(out.stdout).unwrap().parse().unwrap();
     assert_eq!(config["allowed_origins"].as_array().unwrap().len(), 2);
 }
+
+#[test]
+fn max_connections_is_kept_under_the_open_file_limit() {
+    let data = tempfile::tempdir().unwrap();
+    let mut child = herald()
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--data-dir",
+        ])
+        .arg(data.path())
+        .env("HERALD_MAX_CONNECTIONS", "0")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
+    let mut capped = None;
+    for line in lines {
+        let v: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap_or_default();
+        if v["fields"]["max_connections"].is_u64() {
+            capped = Some(v["fields"].clone());
+        }
+        if v["fields"]["message"] == "herald is listening" {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    // No limit asked, but a process has only so many descriptors: the cap leaves 256 spare.
+    let f = capped.expect("a warning names the cap");
+    assert_eq!(
+        f["max_connections"].as_u64().unwrap() + 256,
+        f["open_files"].as_u64().unwrap(),
+        "{f}"
+    );
+}

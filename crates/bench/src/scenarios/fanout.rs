@@ -77,6 +77,11 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
         )
         .await?;
     let subscribed = joined.connected as usize;
+    if !target.is_herald {
+        // Another server's subscribe is not acknowledged in a way the bench knows: give the
+        // last subscriptions a moment to land before publishing.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     // Subscribers per channel: client i is on channel i % len.
     let per_channel: Vec<u64> = (0..channels.len())
         .map(|c| (0..subscribed).filter(|i| i % channels.len() == c).count() as u64)
@@ -178,6 +183,17 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
         "publishing took {:.2} s; deliveries counted until every expected one arrived (or 30 s); CPU is the server's user+system time over that window (/proc/PID/stat)",
         published_in.as_secs_f64()
     )];
+    if let (Some(a), Some(b)) = (cpu0, cpu1) {
+        let total = b.cpu_seconds - a.cpu_seconds;
+        let system = b.system_seconds - a.system_seconds;
+        if total > 0.0 {
+            notes.push(format!(
+                "server CPU {:.2} s, {:.0} % of it in the kernel (system time)",
+                total,
+                system / total * 100.0
+            ));
+        }
+    }
     if subscribed < args.subscribers {
         notes.push(format!(
             "only {subscribed} of {} subscribers connected; errors: {:?}",

@@ -34,8 +34,9 @@ pub async fn upgrade(
     ws.protocols([JSON_SUBPROTOCOL])
         .max_message_size(limit)
         .max_frame_size(limit)
-        // Small buffers: most connections are idle most of the time.
-        .read_buffer_size(1024)
+        // Small buffers: most connections are idle most of the time, and client frames are
+        // small commands (the buffer grows for a larger frame when its header announces it).
+        .read_buffer_size(256)
         .write_buffer_size(0)
         .on_upgrade(move |socket| {
             let tasks = node.tasks.clone();
@@ -66,8 +67,10 @@ async fn run(socket: WebSocket, node: Arc<Node>) {
                 last_heard = Instant::now();
                 match message {
                     None | Some(Ok(Message::Close(_))) => break None,
-                    Some(Ok(Message::Text(text))) => session.handle_frame(text.as_bytes(), &mut out).await,
-                    Some(Ok(Message::Binary(bytes))) => session.handle_frame(&bytes, &mut out).await,
+                    // Boxed: commands are rare next to idle time, and the command future is
+                    // large; inline, every idle connection would carry its space.
+                    Some(Ok(Message::Text(text))) => Box::pin(session.handle_frame(text.as_bytes(), &mut out)).await,
+                    Some(Ok(Message::Binary(bytes))) => Box::pin(session.handle_frame(&bytes, &mut out)).await,
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => Ok(()),
                     Some(Err(e)) => match read_error(e) {
                         Some(d) => Err(d),
@@ -97,6 +100,12 @@ async fn run(socket: WebSocket, node: Arc<Node>) {
     let id = session.id();
     // Free the session (and its subscriptions) now; the closing handshake is only manners.
     drop(session);
+    // Boxed for the same reason as commands: only a closing connection needs its space.
+    Box::pin(close(socket, id, ended)).await;
+}
+
+/// Says why (unless the socket is broken) and waits briefly for the peer's Close.
+async fn close(mut socket: WebSocket, id: u64, ended: Option<Disconnect>) {
     if let Some(d) = ended {
         tracing::debug!(session = id, code = d.code.code(), reason = %d.reason, "websocket closed by server");
         if d.code != DisconnectCode::WriteError {
