@@ -74,11 +74,9 @@ async fn once(args: CapacityArgs, common: &Common) -> anyhow::Result<Outcome> {
     let first_failure = reached.first_error_s;
     monitor.say("holding");
     let hold_start = target.server.sample();
-    let deadline = tokio::time::Instant::now() + args.hold;
-    while tokio::time::Instant::now() < deadline {
-        monitor.observe(&fleet.totals());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    monitor
+        .watch_until(&fleet, std::time::Instant::now() + args.hold)
+        .await;
     let held = target.server.sample();
     let connected = fleet.totals().connected;
     monitor.say("closing");

@@ -47,10 +47,7 @@ pub async fn run(args: ChurnArgs, common: &Common) -> anyhow::Result<Outcome> {
         target.publisher.publish("bench:churn", seq, 64).await?;
         seq += 1;
         let next = start + Duration::from_secs(seq);
-        while Instant::now() < next {
-            monitor.observe(&fleet.totals());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        monitor.watch_until(&fleet, next).await;
     }
     let cpu1 = target.server.sample();
     let (totals, hist) = fleet.stop().await?;

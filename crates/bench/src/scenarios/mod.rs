@@ -187,6 +187,14 @@ impl Monitor {
         Some((t, self.pid.and_then(|p| crate::procstat::sample(p).ok())))
     }
 
+    /// Keeps observing `fleet` until `deadline`.
+    pub async fn watch_until(&mut self, fleet: &crate::fleet::Fleet, deadline: Instant) {
+        while Instant::now() < deadline {
+            self.observe(&fleet.totals());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub fn say(&self, message: &str) {
         self.bar.set_message(message.to_string());
     }

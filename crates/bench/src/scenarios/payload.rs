@@ -8,8 +8,10 @@ use crate::{client::Transport, report::Outcome, Common};
 
 #[derive(Debug, Args, Clone)]
 pub struct PayloadArgs {
-    /// Publication sizes in bytes, comma-separated.
-    #[arg(long, default_value = "64,2048,16384,131072")]
+    /// Publication sizes in bytes, comma-separated. Herald refuses publications over the
+    /// namespace's `max_message_size` (64 KiB by default); for larger ones start it with e.g.
+    /// `HERALD_CHANNELS__MAX_MESSAGE_SIZE=1048576` in the environment.
+    #[arg(long, default_value = "64,2048,16384,60000")]
     pub sizes: String,
     #[arg(long, default_value_t = 100)]
     pub subscribers: usize,

@@ -64,10 +64,7 @@ async fn once(args: RampArgs, common: &Common) -> anyhow::Result<Outcome> {
     let end = args.duration + args.probe_every * 2;
     while start.elapsed() < end {
         let due = start + args.probe_every * (seq as u32 + 1);
-        while Instant::now() < due {
-            monitor.observe(&fleet.totals());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        monitor.watch_until(&fleet, due).await;
         let connected = fleet.totals().connected;
         target.publisher.publish(&args.channel, seq, 64).await?;
         probes.push((start.elapsed().as_secs_f64(), connected));

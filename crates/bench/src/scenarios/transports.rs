@@ -79,11 +79,8 @@ pub async fn run(args: TransportsArgs, common: &Common) -> anyhow::Result<Outcom
         });
         // One worker: the speakers' offsets are relative to its start.
         let fleet = Fleet::launch(spec, 1).await?;
-        let deadline = tokio::time::Instant::now() + args.duration;
-        while tokio::time::Instant::now() < deadline {
-            monitor.observe(&fleet.totals());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let deadline = std::time::Instant::now() + args.duration;
+        monitor.watch_until(&fleet, deadline).await;
         let (totals, hist) = fleet.stop().await?;
         monitor.finish();
         let packets = totals.packets_in + totals.packets_out;
