@@ -80,6 +80,10 @@ pub struct Generic {
     pub url: String,
     /// Frames sent after a WebSocket opens, in order.
     pub subscribe: Vec<String>,
+    /// For each frame of `subscribe` (by position), text the server must have sent first
+    /// (protocols with a handshake: Socket.IO's `0{`, then `40{`). Empty: no wait.
+    #[serde(default)]
+    pub wait_for: Vec<String>,
     /// A frame sent every `heartbeat_ms` (Phoenix-style client heartbeats).
     pub heartbeat: Option<String>,
     pub heartbeat_ms: u64,
@@ -502,7 +506,20 @@ async fn generic_session(spec: &ClientSpec, g: &Generic, rec: &Tracker) -> anyho
         let (mut ws, _) = tokio_tungstenite::client_async(url.as_str().into_client_request()?, tcp)
             .await
             .context("websocket handshake")?;
-        for frame in &g.subscribe {
+        for (i, frame) in g.subscribe.iter().enumerate() {
+            if let Some(wanted) = g.wait_for.get(i).filter(|w| !w.is_empty()) {
+                loop {
+                    match ws
+                        .next()
+                        .await
+                        .ok_or_else(|| anyhow!("closed by server"))??
+                    {
+                        Message::Text(t) if t.as_str().contains(wanted.as_str()) => break,
+                        Message::Close(c) => bail!("closed by server: {c:?}"),
+                        _ => {}
+                    }
+                }
+            }
             ws.send(Message::text(frame.replace("{channel}", &spec.channel)))
                 .await?;
         }

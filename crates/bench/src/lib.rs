@@ -86,6 +86,10 @@ pub struct GenericArgs {
     /// Frame a WebSocket client sends after connecting (repeatable); `{channel}` is replaced.
     #[arg(long, global = true)]
     pub subscribe_frame: Vec<String>,
+    /// Text the server must send before the frame of the same position is sent (repeatable;
+    /// an empty one means no wait), for protocols with a handshake.
+    #[arg(long, global = true)]
+    pub wait_for: Vec<String>,
     /// A frame WebSocket clients send every --heartbeat-interval (client heartbeats).
     #[arg(long, global = true)]
     pub heartbeat_frame: Option<String>,

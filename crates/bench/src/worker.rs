@@ -244,6 +244,12 @@ impl Tracker {
             self.rec.connected.fetch_sub(1, Relaxed);
         }
         if let Some(e) = error {
+            if std::env::var_os("HERALD_BENCH_DEBUG").is_some() {
+                eprintln!(
+                    "client {}: {e:#}",
+                    if was_up { "dropped" } else { "failed" }
+                );
+            }
             if was_up {
                 self.rec.dropped.fetch_add(1, Relaxed);
             }

@@ -124,9 +124,12 @@ fn the_generic_adapter_measures_a_server_through_its_own_endpoints() {
             &server.child.id().to_string(),
         ])
         .args(["--client-url", &ws])
+        // A handshake first; the subscription goes only once it is answered.
+        .args(["--subscribe-frame", r#"{"id":1,"connect":{}}"#])
+        .args(["--wait-for", "", "--wait-for", r#""id":1"#])
         .args([
             "--subscribe-frame",
-            r#"{"id":1,"subscribe":{"channel":"{channel}"}}"#,
+            r#"{"id":2,"subscribe":{"channel":"{channel}"}}"#,
         ])
         .args(["--publish-url", &format!("{}/api/publish", server.url)])
         .args(["--publish-header", "Authorization: apikey k"])

@@ -55,7 +55,7 @@ pub async fn run(args: BurstArgs, common: &Common) -> anyhow::Result<Outcome> {
         let fleet = Fleet::launch(
             target.clients(
                 &args.transport,
-                vec![format!("bench:burst-{b}")],
+                vec![super::fresh_channel(&format!("bench:burst-{b}"))],
                 args.size,
                 0.0,
             ),

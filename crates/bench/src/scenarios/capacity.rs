@@ -45,7 +45,9 @@ async fn once(args: CapacityArgs, common: &Common) -> anyhow::Result<Outcome> {
     // The server's own footprint before any connection, after it has settled.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let base = target.server.sample();
-    let channels: Vec<String> = (0..100).map(|c| format!("bench:capacity-{c}")).collect();
+    let channels: Vec<String> = (0..100)
+        .map(|c| super::fresh_channel(&format!("bench:capacity-{c}")))
+        .collect();
     let fleet = Fleet::launch(
         target.clients(
             &args.transport,

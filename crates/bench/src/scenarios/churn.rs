@@ -32,19 +32,15 @@ pub struct ChurnArgs {
 pub async fn run(args: ChurnArgs, common: &Common) -> anyhow::Result<Outcome> {
     let target = Target::start(common).await?;
     let mut monitor = Monitor::new(&target, "churn");
-    let mut spec = target.clients(
-        &args.transport,
-        vec!["bench:churn".into()],
-        args.clients,
-        0.0,
-    );
+    let channel = super::fresh_channel("bench:churn");
+    let mut spec = target.clients(&args.transport, vec![channel.clone()], args.clients, 0.0);
     spec.lifetime_ms = Some(args.lifetime.as_millis() as u64);
     let fleet = Fleet::launch(spec, common.workers).await?;
     let start = Instant::now();
     let cpu0 = target.server.sample();
     let mut seq = 0;
     while start.elapsed() < args.duration {
-        target.publisher.publish("bench:churn", seq, 64).await?;
+        target.publisher.publish(&channel, seq, 64).await?;
         seq += 1;
         let next = start + Duration::from_secs(seq);
         monitor.watch_until(&fleet, next).await;

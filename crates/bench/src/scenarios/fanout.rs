@@ -51,7 +51,7 @@ pub async fn run(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> {
 pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> {
     let target = Target::start(common).await?;
     let channels: Vec<String> = (0..args.channels.max(1))
-        .map(|c| format!("bench:fanout-{c}"))
+        .map(|c| super::fresh_channel(&format!("bench:fanout-{c}")))
         .collect();
     let mut monitor = Monitor::new(&target, "fanout");
     let fleet = Fleet::launch(

@@ -66,6 +66,7 @@ impl Target {
         let generic = g.client_url.as_ref().map(|url| Generic {
             url: url.clone(),
             subscribe: g.subscribe_frame.clone(),
+            wait_for: g.wait_for.clone(),
             heartbeat: g.heartbeat_frame.clone(),
             heartbeat_ms: g.heartbeat_interval.as_millis() as u64,
         });
@@ -258,6 +259,17 @@ where
         ));
     }
     Ok(chosen)
+}
+
+/// A channel name of its own for this run: a server that keeps a buffer per channel
+/// (Nchan replays it to new subscribers by default) must not hand one run's messages to the next.
+pub fn fresh_channel(base: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static RUN: AtomicU64 = AtomicU64::new(0);
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    format!("{base}-{started}-{}", RUN.fetch_add(1, Ordering::Relaxed))
 }
 
 pub fn transport_list(list: &str) -> anyhow::Result<Vec<Transport>> {

@@ -63,8 +63,9 @@ pub async fn run(args: PushpullArgs, common: &Common) -> anyhow::Result<Outcome>
                 let label = format!("{} every {:?} x{clients}", transport.label(), interval);
                 let target = Target::start(common).await?;
                 let mut monitor = Monitor::new(&target, &label);
+                let channel = super::fresh_channel("bench:quotes");
                 let fleet = Fleet::launch(
-                    target.clients(&transport, vec!["bench:quotes".into()], clients, 0.0),
+                    target.clients(&transport, vec![channel.clone()], clients, 0.0),
                     common.workers,
                 )
                 .await?;
@@ -80,7 +81,7 @@ pub async fn run(args: PushpullArgs, common: &Common) -> anyhow::Result<Outcome>
                 let start = Instant::now();
                 for seq in 0..args.messages {
                     tokio::time::sleep_until((start + *interval * seq as u32).into()).await;
-                    target.publisher.publish("bench:quotes", seq, 120).await?;
+                    target.publisher.publish(&channel, seq, 120).await?;
                     monitor.observe(&fleet.totals());
                 }
                 // Give pollers one more interval (and a little) to come back.
