@@ -183,8 +183,9 @@ async fn connect_tcp(
     } else {
         TcpSocket::new_v6()?
     };
-    // A port in TIME_WAIT from an earlier run may be taken again.
-    socket.set_reuseaddr(true)?;
+    if target.is_ipv4() {
+        crate::netinfo::bind_address_no_port(std::os::fd::AsRawFd::as_raw_fd(&socket))?;
+    }
     socket
         .bind(SocketAddr::new(spec.source, 0))
         .context("bind")?;

@@ -20,8 +20,8 @@ use crate::worker::{Report, WorkerSpec};
 
 /// Clients per worker process at most: under the ~20,000 open files one process may hold.
 pub const CLIENTS_PER_WORKER: usize = 15_000;
-/// Clients per source address at most: well under the ~28,000 ephemeral ports of one
-/// address, which sockets closed by an earlier run still hold for a minute (TIME_WAIT).
+/// Clients per source address at most: well under the ~28,000 ephemeral ports one address
+/// has towards one server port.
 pub const CLIENTS_PER_SOURCE: usize = 5_000;
 
 /// Per publication `seq`: (first, last) delivery latency over every client, µs.

@@ -58,9 +58,8 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
         .build()?;
     rt.block_on(async move {
         let listen = settings.config.listen;
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
+        let listener =
+            listen_on(listen).map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
         let node = herald_server::Node::embedded(settings)?;
         let shutdown = shutdown_signal()?;
         tracing::info!(
@@ -78,6 +77,23 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
         tracing::info!("stopped");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Connections the kernel may hold for us before we accept them (it caps this at
+/// `net.core.somaxconn`). Tokio's default of 1024 overflows when thousands of clients arrive
+/// at once (all reconnecting after a restart), and an overflowed SYN is retried only after a
+/// second.
+const LISTEN_BACKLOG: u32 = 4096;
+
+fn listen_on(address: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if address.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 /// Descriptors kept for the data file, logs, API clients and connections being refused.
