@@ -31,7 +31,7 @@ pub struct BurstArgs {
 
 pub async fn run(args: BurstArgs, common: &Common) -> anyhow::Result<Outcome> {
     let target = Target::start(common).await?;
-    let mut monitor = Monitor::new(&target, "burst");
+    let mut monitor = Monitor::new(&target, "burst").lasting(args.every * args.bursts as u32);
     let mut fleets = Vec::new();
     let mut t = Table::new(
         format!(

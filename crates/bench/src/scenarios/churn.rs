@@ -31,7 +31,7 @@ pub struct ChurnArgs {
 
 pub async fn run(args: ChurnArgs, common: &Common) -> anyhow::Result<Outcome> {
     let target = Target::start(common).await?;
-    let mut monitor = Monitor::new(&target, "churn");
+    let mut monitor = Monitor::new(&target, "churn").lasting(args.duration);
     let channel = super::fresh_channel("bench:churn");
     let mut spec = target.clients(&args.transport, vec![channel.clone()], args.clients, 0.0);
     spec.lifetime_ms = Some(args.lifetime.as_millis() as u64);

@@ -168,6 +168,8 @@ impl Monitor {
         if now.1.is_some() {
             self.last = now.1;
         }
+        self.bar
+            .set_position(self.started.elapsed().as_millis() as u64);
         self.bar.set_message(format!(
             "{} connected, {} errors, {:.0} msg/s, p99 {:.1} ms, server {:.0}% CPU {:.0} MB",
             t.connected,
@@ -194,6 +196,19 @@ impl Monitor {
             self.observe(&fleet.totals());
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Turns the spinner into a bar that fills over `expected` (scenarios of known length).
+    pub fn lasting(self, expected: Duration) -> Self {
+        self.bar.set_length(expected.as_millis() as u64);
+        self.bar.set_style(
+            ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:30}] {percent:>3}% {prefix}: {msg}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        self
     }
 
     pub fn say(&self, message: &str) {

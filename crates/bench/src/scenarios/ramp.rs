@@ -46,7 +46,7 @@ pub async fn run(args: RampArgs, common: &Common) -> anyhow::Result<Outcome> {
 async fn once(args: RampArgs, common: &Common) -> anyhow::Result<Outcome> {
     let target = Target::start(common).await?;
     let users = (args.rate * args.duration.as_secs_f64()).round() as usize;
-    let mut monitor = Monitor::new(&target, "ramp");
+    let mut monitor = Monitor::new(&target, "ramp").lasting(args.duration + args.probe_every * 2);
     let fleet = Fleet::launch(
         target.clients(
             &args.transport,

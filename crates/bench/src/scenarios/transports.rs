@@ -63,7 +63,8 @@ pub async fn run(args: TransportsArgs, common: &Common) -> anyhow::Result<Outcom
     for transport in transport_list(&args.transports)? {
         // A fresh server for each transport, so nothing carries over.
         let target = Target::start(common).await?;
-        let mut monitor = Monitor::new(&target, &format!("transports {}", transport.label()));
+        let mut monitor = Monitor::new(&target, &format!("transports {}", transport.label()))
+            .lasting(args.duration);
         let mut spec = target.clients(
             &transport,
             vec!["chat:bench-room".into()],
