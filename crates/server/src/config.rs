@@ -16,6 +16,9 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Worker threads; 0 means one per core. Default 0.
     pub workers: usize,
+    /// Threads that write large channels' publications to their subscribers' sockets;
+    /// 0 = half the cores (at least one), leaving the rest to the workers and the broker.
+    pub fanout_threads: usize,
     /// Log filter: `error`, `warn`, `info`, `debug`, `trace`, or a tracing directive such as
     /// `herald_server=debug`. Default `info`.
     pub log_level: String,
@@ -217,6 +220,7 @@ impl Default for Config {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             workers: 0,
+            fanout_threads: 0,
             log_level: "info".into(),
             log_format: LogFormat::Text,
             api_key: None,

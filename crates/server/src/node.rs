@@ -79,7 +79,11 @@ impl Node {
         settings: Settings,
         make_broker: impl FnOnce(Arc<dyn PublicationSink>) -> Result<SharedBroker, E>,
     ) -> Result<Arc<Self>, E> {
-        let hub = Arc::new(Hub::default());
+        let threads = match settings.config.fanout_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get() / 2),
+            n => n,
+        };
+        let hub = Arc::new(Hub::new(threads));
         let broker = make_broker(hub.clone())?;
         Ok(Arc::new(Self {
             settings,

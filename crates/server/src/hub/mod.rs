@@ -2,14 +2,23 @@
 //!
 //! The broker calls [`Hub::on_publication`] once per publication, in offset order per
 //! channel. The hub encodes the publication once and hands the same bytes to every
-//! subscriber's queue; it never waits for a connection.
+//! subscriber's queue (which may write them to the socket at once: see [`crate::queue`]);
+//! it never waits for a connection.
+//!
+//! **Fan-out threads.** Handing a publication to 10,000 connections is 10,000 socket writes;
+//! on the broker's thread that would hold up the next commit. So a large channel's
+//! subscribers are split into one part per fan-out thread (by session), and each thread
+//! writes its part. A connection always lands in the same part, and each thread
+//! takes its jobs in order, so every connection still sees a channel's publications in
+//! offset order. Small channels are served inline, on the broker's thread, when no job of
+//! theirs is still under way (so an inline publication never overtakes a threaded one).
 
 use std::{
     collections::{hash_map::RandomState, HashMap},
     hash::BuildHasher,
     sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        mpsc, Arc,
     },
 };
 
@@ -17,16 +26,50 @@ use herald_broker::{BrokerError, PublicationSink, SharedBroker};
 use herald_protocol::{json, ChannelName, Epoch, Publication};
 use parking_lot::RwLock;
 
-use crate::queue::{Delivery, Queue};
+use crate::queue::{Delivery, Position, Queue};
 
 const SHARDS: usize = 64;
 
-type Subscribers = HashMap<ChannelName, Vec<(u64, Arc<Queue>)>>;
+/// Channels with at most this many local subscribers are fanned out inline.
+const INLINE_MAX: usize = 64;
+
+type Subscribers = HashMap<ChannelName, Channel>;
+
+/// One session's subscription to a channel, as the hub sees it.
+#[derive(Debug, Clone)]
+struct Member {
+    session: u64,
+    queue: Arc<Queue>,
+    position: Arc<Position>,
+}
+
+/// A channel's local subscribers, one part per fan-out thread. A part is copied on write
+/// (`Arc::make_mut`) only while a fan-out job still holds it.
+#[derive(Debug)]
+struct Channel {
+    parts: Box<[Arc<Vec<Member>>]>,
+    /// Fan-out jobs handed to threads and not finished yet.
+    pending: Arc<AtomicUsize>,
+}
+
+impl Channel {
+    fn len(&self) -> usize {
+        self.parts.iter().map(|p| p.len()).sum()
+    }
+}
+
+/// One thread's share of one publication.
+struct Job {
+    delivery: Arc<Delivery>,
+    members: Arc<Vec<Member>>,
+    pending: Arc<AtomicUsize>,
+}
 
 /// Local subscriptions, sharded by channel.
 pub struct Hub {
     shards: Box<[Shard]>,
     hasher: RandomState,
+    fanout: Box<[mpsc::Sender<Job>]>,
     deliveries: AtomicU64,
     publications: AtomicU64,
 }
@@ -42,12 +85,31 @@ impl std::fmt::Debug for Hub {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hub")
             .field("channels", &self.channel_count())
+            .field("fanout_threads", &self.fanout.len())
             .finish()
     }
 }
 
-impl Default for Hub {
-    fn default() -> Self {
+impl Hub {
+    /// A hub with `threads` fan-out threads (at least one). They end when the hub is dropped.
+    pub fn new(threads: usize) -> Self {
+        let fanout = (0..threads.max(1))
+            .map(|i| {
+                let (tx, rx) = mpsc::channel::<Job>();
+                std::thread::Builder::new()
+                    .name(format!("herald-fanout-{i}"))
+                    .spawn(move || {
+                        for job in rx {
+                            for m in job.members.iter() {
+                                m.queue.offer(&job.delivery, &m.position);
+                            }
+                            job.pending.fetch_sub(1, Ordering::Release);
+                        }
+                    })
+                    .expect("spawn a fan-out thread");
+                tx
+            })
+            .collect();
         Self {
             shards: (0..SHARDS)
                 .map(|_| Shard {
@@ -56,37 +118,49 @@ impl Default for Hub {
                 })
                 .collect(),
             hasher: RandomState::new(),
+            fanout,
             deliveries: AtomicU64::new(0),
             publications: AtomicU64::new(0),
         }
     }
-}
 
-impl Hub {
     fn shard(&self, channel: &ChannelName) -> &Shard {
         &self.shards[(self.hasher.hash_one(channel) as usize) % SHARDS]
     }
 
+    fn part(&self, session: u64) -> usize {
+        (session % self.fanout.len() as u64) as usize
+    }
+
     /// Adds a session's queue to a channel; the first local subscriber makes the node
-    /// subscribe at the broker. Publications fanned out from now on reach the queue.
+    /// subscribe at the broker. Publications fanned out from now on reach the queue, checked
+    /// against `position`.
     pub async fn subscribe(
         &self,
         broker: &SharedBroker,
         channel: &ChannelName,
         session: u64,
         queue: Arc<Queue>,
+        position: Arc<Position>,
     ) -> Result<(), BrokerError> {
         let shard = self.shard(channel);
         let _membership = shard.membership.lock().await;
         let first = {
             let mut subs = shard.subscribers.write();
-            let list = subs.entry(channel.clone()).or_default();
-            list.push((session, queue));
-            list.len() == 1
+            let entry = subs.entry(channel.clone()).or_insert_with(|| Channel {
+                parts: (0..self.fanout.len()).map(|_| Arc::default()).collect(),
+                pending: Arc::default(),
+            });
+            Arc::make_mut(&mut entry.parts[self.part(session)]).push(Member {
+                session,
+                queue,
+                position,
+            });
+            entry.len() == 1
         };
         if first {
             if let Err(e) = broker.subscribe(channel).await {
-                remove(&mut shard.subscribers.write(), channel, session);
+                self.remove(&mut shard.subscribers.write(), channel, session);
                 return Err(e);
             }
         }
@@ -98,7 +172,7 @@ impl Hub {
     pub async fn unsubscribe(&self, broker: &SharedBroker, channel: &ChannelName, session: u64) {
         let shard = self.shard(channel);
         let _membership = shard.membership.lock().await;
-        let last = remove(&mut shard.subscribers.write(), channel, session);
+        let last = self.remove(&mut shard.subscribers.write(), channel, session);
         if last {
             if let Err(e) = broker.unsubscribe(channel).await {
                 tracing::warn!(%channel, error = %e, "broker unsubscribe failed");
@@ -106,12 +180,29 @@ impl Hub {
         }
     }
 
+    /// Returns true when the channel has no local subscribers left.
+    fn remove(&self, subs: &mut Subscribers, channel: &ChannelName, session: u64) -> bool {
+        let Some(entry) = subs.get_mut(channel) else {
+            return false;
+        };
+        let part = &mut entry.parts[self.part(session)];
+        let Some(i) = part.iter().position(|m| m.session == session) else {
+            return false;
+        };
+        Arc::make_mut(part).swap_remove(i);
+        if entry.len() == 0 {
+            subs.remove(channel);
+            return true;
+        }
+        false
+    }
+
     /// Channels with at least one local subscriber.
     pub fn channel_count(&self) -> usize {
         self.shards.iter().map(|s| s.subscribers.read().len()).sum()
     }
 
-    /// Publications fanned out and deliveries queued since start.
+    /// Publications fanned out and deliveries handed to queues since start.
     pub fn counters(&self) -> (u64, u64) {
         (
             self.publications.load(Ordering::Relaxed),
@@ -120,37 +211,40 @@ impl Hub {
     }
 }
 
-/// Returns true when the channel has no local subscribers left.
-fn remove(subs: &mut Subscribers, channel: &ChannelName, session: u64) -> bool {
-    let Some(list) = subs.get_mut(channel) else {
-        return false;
-    };
-    let before = list.len();
-    list.retain(|(id, _)| *id != session);
-    if list.is_empty() && before > 0 {
-        subs.remove(channel);
-        return true;
-    }
-    false
-}
-
 impl PublicationSink for Hub {
     fn on_publication(&self, channel: &ChannelName, epoch: &Epoch, publication: &Publication) {
         let subs = self.shard(channel).subscribers.read();
-        let Some(list) = subs.get(channel) else {
+        let Some(entry) = subs.get(channel) else {
             return;
         };
-        let delivery = Arc::new(Delivery {
-            channel: channel.clone(),
-            epoch: epoch.clone(),
-            offset: publication.offset,
-            json: json::encode_pub(channel, publication),
-        });
-        for (_, queue) in list {
-            queue.push(delivery.clone());
+        let delivery = Arc::new(Delivery::new(
+            channel.clone(),
+            epoch.clone(),
+            publication.offset,
+            json::encode_pub(channel, publication),
+        ));
+        let count = entry.len();
+        if count <= INLINE_MAX && entry.pending.load(Ordering::Acquire) == 0 {
+            for m in entry.parts.iter().flat_map(|p| p.iter()) {
+                m.queue.offer(&delivery, &m.position);
+            }
+        } else {
+            for (part, fanout) in entry.parts.iter().zip(self.fanout.iter()) {
+                if part.is_empty() {
+                    continue;
+                }
+                entry.pending.fetch_add(1, Ordering::Relaxed);
+                let job = Job {
+                    delivery: delivery.clone(),
+                    members: part.clone(),
+                    pending: entry.pending.clone(),
+                };
+                if fanout.send(job).is_err() {
+                    entry.pending.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
         }
         self.publications.fetch_add(1, Ordering::Relaxed);
-        self.deliveries
-            .fetch_add(list.len() as u64, Ordering::Relaxed);
+        self.deliveries.fetch_add(count as u64, Ordering::Relaxed);
     }
 }

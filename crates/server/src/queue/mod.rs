@@ -5,8 +5,23 @@
 //! queue drops everything, marks itself overflowed and wakes its transport, which closes
 //! the connection with "slow" (3003) so the client reconnects and resumes from history.
 //! An idle queue holds no allocation.
+//!
+//! **The direct lane.** A transport whose framing is the same for every connection
+//! (WebSocket) may attach its socket. While that transport is idle (not handling a command,
+//! nothing queued, nothing half-written) the hub writes a publication straight to the socket
+//! instead of queueing it and waking the connection's task: a paced publication then costs
+//! one `send` per subscriber and no task wake-up. Everything else (a busy transport, a full
+//! socket, a delivery that is not the subscription's next offset) takes the queue as before,
+//! so order and the exactly-once checks are those of the transport's own path.
 
-use std::{collections::VecDeque, sync::Arc};
+use std::{
+    collections::VecDeque,
+    io,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, OnceLock,
+    },
+};
 
 use bytes::Bytes;
 use herald_protocol::{ChannelName, Epoch};
@@ -24,6 +39,87 @@ pub struct Delivery {
     pub offset: u64,
     /// The encoded push, one JSON line without the newline.
     pub json: Bytes,
+    /// The push framed for a [`DirectSocket`], made by the first one that writes it and
+    /// shared by the rest.
+    pub framed: OnceLock<Bytes>,
+}
+
+impl Delivery {
+    /// A delivery of an encoded push.
+    pub fn new(channel: ChannelName, epoch: Epoch, offset: u64, json: Bytes) -> Self {
+        Self {
+            channel,
+            epoch,
+            offset,
+            json,
+            framed: OnceLock::new(),
+        }
+    }
+}
+
+/// A subscription's position: the last offset its connection has been sent, shared by the
+/// session (which sets it when subscribing and moves it as its transport writes) and the
+/// hub's direct lane (which moves it as it writes). Never both at once: the lane writes
+/// only while the transport is idle.
+#[derive(Debug, Default)]
+pub struct Position {
+    epoch: OnceLock<Epoch>,
+    offset: AtomicU64,
+}
+
+/// Where a delivery stands against a subscription's position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// At or below the position: already sent (replayed from history).
+    Duplicate,
+    /// The next offset: send it.
+    Next,
+    /// The position is not set yet (the subscription is still being made).
+    Unset,
+    /// Another epoch, or offsets are missing: the client must resume from history.
+    Broken(&'static str),
+}
+
+impl Position {
+    /// Sets where the subscription starts; the epoch is fixed from then on.
+    pub fn start(&self, epoch: Epoch, offset: u64) {
+        let _ = self.epoch.set(epoch);
+        self.set(offset);
+    }
+
+    /// Moves the position to `offset`.
+    pub fn set(&self, offset: u64) {
+        self.offset.store(offset, Ordering::Relaxed);
+    }
+
+    /// The epoch (once started) and the last offset sent.
+    pub fn get(&self) -> Option<(&Epoch, u64)> {
+        Some((self.epoch.get()?, self.offset.load(Ordering::Relaxed)))
+    }
+
+    /// Where `d` stands against this position.
+    pub fn step(&self, d: &Delivery) -> Step {
+        let Some((epoch, offset)) = self.get() else {
+            return Step::Unset;
+        };
+        if d.epoch != *epoch {
+            Step::Broken("its stream epoch changed")
+        } else if d.offset <= offset {
+            Step::Duplicate
+        } else if d.offset != offset + 1 {
+            Step::Broken("a publication is missing")
+        } else {
+            Step::Next
+        }
+    }
+}
+
+/// A socket the hub may write publications to itself (see the module's "direct lane").
+pub trait DirectSocket: Send + Sync + std::fmt::Debug {
+    /// The bytes that carry `delivery` on this kind of socket, made once per delivery.
+    fn frame<'d>(&self, delivery: &'d Delivery) -> &'d Bytes;
+    /// Writes what the socket takes now, without waiting.
+    fn try_write(&self, buf: &[u8]) -> io::Result<usize>;
 }
 
 /// A connection's outbound queue.
@@ -34,49 +130,112 @@ pub struct Queue {
     max_bytes: usize,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
     items: VecDeque<Arc<Delivery>>,
     bytes: usize,
     overflowed: bool,
+    /// The transport is writing or handling a command: the hub queues, so that replies and
+    /// queued publications keep their order.
+    busy: bool,
+    /// The socket of the direct lane, if the transport attached one.
+    direct: Option<Arc<dyn DirectSocket>>,
+    /// The tail of a write the socket did not take whole; it goes out before anything else,
+    /// so frames never interleave.
+    unsent: Bytes,
 }
 
 impl Queue {
     /// An empty queue that overflows past `max_bytes` of encoded publications.
     pub fn new(max_bytes: usize) -> Self {
         Self {
-            inner: Mutex::default(),
+            inner: Mutex::new(Inner {
+                items: VecDeque::new(),
+                bytes: 0,
+                overflowed: false,
+                busy: true,
+                direct: None,
+                unsent: Bytes::new(),
+            }),
             wake: Notify::new(),
             max_bytes,
         }
     }
 
-    /// Adds a delivery; never blocks. Returns false if the queue has overflowed.
+    /// Opens the direct lane to `socket`; it is used once the transport is first idle.
+    pub fn attach(&self, socket: Arc<dyn DirectSocket>) {
+        self.inner.lock().direct = Some(socket);
+    }
+
+    /// Closes the direct lane: from now on the hub only queues.
+    pub fn detach(&self) {
+        let mut inner = self.inner.lock();
+        inner.direct = None;
+        inner.busy = true;
+    }
+
+    /// Hands a delivery to the connection: written to the socket at once when the direct
+    /// lane is open and idle and the socket takes it, queued otherwise. Never blocks.
+    /// Returns false if the queue has overflowed.
+    pub fn offer(&self, delivery: &Arc<Delivery>, position: &Position) -> bool {
+        let mut inner = self.inner.lock();
+        if let Some(socket) = inner.idle_lane() {
+            match position.step(delivery) {
+                Step::Duplicate => return true,
+                Step::Next => {
+                    let frame = socket.frame(delivery);
+                    // WouldBlock or a broken socket: queue it; the transport's own write
+                    // waits for the socket or finds the error.
+                    if let Ok(n) = socket.try_write(frame) {
+                        position.set(delivery.offset);
+                        if n < frame.len() {
+                            inner.unsent = frame.slice(n..);
+                            inner.busy = true;
+                            drop(inner);
+                            self.wake.notify_one();
+                        }
+                        return true;
+                    }
+                }
+                Step::Unset | Step::Broken(_) => {}
+            }
+        }
+        self.enqueue(inner, delivery.clone())
+    }
+
+    /// Queues a delivery; never blocks. Returns false if the queue has overflowed.
     pub fn push(&self, delivery: Arc<Delivery>) -> bool {
-        let (wake, accepted) = {
-            let mut inner = self.inner.lock();
-            if inner.overflowed {
-                return false;
-            }
-            inner.bytes += delivery.json.len();
-            if inner.bytes > self.max_bytes {
-                inner.overflowed = true;
-                inner.items = VecDeque::new();
-                inner.bytes = 0;
-                (true, false)
-            } else {
-                inner.items.push_back(delivery);
-                // One wake-up per batch: the transport drains everything queued meanwhile.
-                (inner.items.len() == 1, true)
-            }
+        self.enqueue(self.inner.lock(), delivery)
+    }
+
+    fn enqueue(
+        &self,
+        mut inner: parking_lot::MutexGuard<'_, Inner>,
+        delivery: Arc<Delivery>,
+    ) -> bool {
+        if inner.overflowed {
+            return false;
+        }
+        inner.bytes += delivery.json.len();
+        let (wake, accepted) = if inner.bytes > self.max_bytes {
+            inner.overflowed = true;
+            inner.items = VecDeque::new();
+            inner.bytes = 0;
+            (true, false)
+        } else {
+            inner.items.push_back(delivery);
+            // One wake-up per batch: the transport drains everything queued meanwhile.
+            (inner.items.len() == 1, true)
         };
+        drop(inner);
         if wake {
             self.wake.notify_one();
         }
         accepted
     }
 
-    /// Waits until something is queued (or the queue overflowed).
+    /// Waits until something is queued (or the queue overflowed, or a direct write left
+    /// a tail to send).
     pub async fn ready(&self) {
         if self.has_work() {
             return;
@@ -86,7 +245,48 @@ impl Queue {
 
     fn has_work(&self) -> bool {
         let inner = self.inner.lock();
-        inner.overflowed || !inner.items.is_empty()
+        inner.overflowed || !inner.items.is_empty() || !inner.unsent.is_empty()
+    }
+
+    /// The transport starts writing or handling a command: the hub queues until
+    /// [`Queue::release`].
+    pub fn hold(&self) {
+        self.inner.lock().busy = true;
+    }
+
+    /// The transport has written everything: the direct lane may be used again. False (and
+    /// still held) when something arrived meanwhile, which the transport must write first.
+    pub fn release(&self) -> bool {
+        let mut inner = self.inner.lock();
+        let done = inner.items.is_empty() && inner.unsent.is_empty() && !inner.overflowed;
+        if done {
+            inner.busy = false;
+        }
+        done
+    }
+
+    /// Whether a direct write left a tail that has not gone out yet.
+    pub fn has_unsent(&self) -> bool {
+        !self.inner.lock().unsent.is_empty()
+    }
+
+    /// The transport's own writes to a socket the lane shares: `buf` goes out after any
+    /// unsent tail, and whatever of it the socket does not take becomes the new tail, so
+    /// `buf` always counts as written whole and no other write can split it. `WouldBlock`
+    /// (nothing of `buf` taken) while the old tail cannot go out.
+    pub fn write_through(&self, socket: &dyn DirectSocket, buf: &[u8]) -> io::Result<usize> {
+        let mut inner = self.inner.lock();
+        inner.send_unsent(socket)?;
+        let n = socket.try_write(buf)?;
+        if n < buf.len() {
+            inner.unsent = Bytes::copy_from_slice(&buf[n..]);
+        }
+        Ok(buf.len())
+    }
+
+    /// Sends the unsent tail; `WouldBlock` while the socket does not take all of it.
+    pub fn flush_unsent(&self, socket: &dyn DirectSocket) -> io::Result<()> {
+        self.inner.lock().send_unsent(socket)
     }
 
     /// Takes queued deliveries, oldest first, until about `max_bytes` are taken.
@@ -113,6 +313,28 @@ impl Queue {
     }
 }
 
+impl Inner {
+    /// The lane's socket, if it is open and idle: nothing queued, nothing half-sent, the
+    /// transport not busy.
+    fn idle_lane(&self) -> Option<Arc<dyn DirectSocket>> {
+        if self.busy || !self.items.is_empty() || !self.unsent.is_empty() || self.overflowed {
+            return None;
+        }
+        self.direct.clone()
+    }
+
+    fn send_unsent(&mut self, socket: &dyn DirectSocket) -> io::Result<()> {
+        while !self.unsent.is_empty() {
+            let n = socket.try_write(&self.unsent)?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            let _ = self.unsent.split_to(n);
+        }
+        Ok(())
+    }
+}
+
 /// The queue overflowed: the connection fell too far behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Overflowed;
@@ -122,12 +344,12 @@ mod tests {
     use super::*;
 
     fn delivery(offset: u64, size: usize) -> Arc<Delivery> {
-        Arc::new(Delivery {
-            channel: ChannelName::new("c").unwrap(),
-            epoch: Epoch::new("e"),
+        Arc::new(Delivery::new(
+            ChannelName::new("c").unwrap(),
+            Epoch::new("e"),
             offset,
-            json: Bytes::from(vec![b'x'; size]),
-        })
+            Bytes::from(vec![b'x'; size]),
+        ))
     }
 
     #[tokio::test]
@@ -156,5 +378,110 @@ mod tests {
         assert!(!q.push(delivery(4, 1)), "stays overflowed");
         q.ready().await;
         assert_eq!(q.take(usize::MAX, &mut out), Err(Overflowed));
+    }
+
+    /// A socket that takes at most `room` more bytes, like a kernel buffer filling up.
+    #[derive(Debug, Default)]
+    struct Buffer {
+        written: Mutex<Vec<u8>>,
+        room: Mutex<usize>,
+    }
+
+    impl Buffer {
+        fn with_room(room: usize) -> Arc<Self> {
+            let b = Self::default();
+            *b.room.lock() = room;
+            Arc::new(b)
+        }
+    }
+
+    impl DirectSocket for Buffer {
+        fn frame<'d>(&self, d: &'d Delivery) -> &'d Bytes {
+            d.framed.get_or_init(|| {
+                let mut f = b"<".to_vec();
+                f.extend_from_slice(&d.json);
+                f.push(b'>');
+                f.into()
+            })
+        }
+
+        fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+            let mut room = self.room.lock();
+            if *room == 0 {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let n = buf.len().min(*room);
+            *room -= n;
+            self.written.lock().extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+    }
+
+    fn started(offset: u64) -> Position {
+        let p = Position::default();
+        p.start(Epoch::new("e"), offset);
+        p
+    }
+
+    #[test]
+    fn an_idle_lane_writes_directly_and_a_busy_one_queues() {
+        let q = Queue::new(1000);
+        let socket = Buffer::with_room(1000);
+        q.attach(socket.clone());
+        let position = started(0);
+        assert!(q.offer(&delivery(1, 1), &position));
+        assert!(q.inner.lock().items.len() == 1, "held until first released");
+        let mut out = Vec::new();
+        q.take(usize::MAX, &mut out).unwrap();
+        position.set(1);
+        assert!(q.release());
+        assert!(q.offer(&delivery(2, 1), &position));
+        assert!(
+            q.offer(&delivery(2, 1), &position),
+            "a duplicate is dropped"
+        );
+        assert_eq!(&socket.written.lock()[..], b"<x>");
+        assert_eq!(position.get().unwrap().1, 2);
+        q.hold();
+        assert!(q.offer(&delivery(3, 1), &position));
+        assert_eq!(q.inner.lock().items.len(), 1, "busy: queued");
+        assert_eq!(&socket.written.lock()[..], b"<x>");
+    }
+
+    #[test]
+    fn a_gap_or_an_unset_position_goes_to_the_transport() {
+        let q = Queue::new(1000);
+        let socket = Buffer::with_room(1000);
+        q.attach(socket.clone());
+        assert!(q.release());
+        assert!(q.offer(&delivery(1, 1), &Position::default()));
+        let mut out = Vec::new();
+        q.take(usize::MAX, &mut out).unwrap();
+        assert!(q.release());
+        assert!(q.offer(&delivery(5, 1), &started(2)));
+        assert_eq!(q.inner.lock().items.len(), 1);
+        assert!(socket.written.lock().is_empty());
+    }
+
+    #[test]
+    fn a_half_written_frame_goes_out_whole_before_anything_else() {
+        let q = Queue::new(1000);
+        let socket = Buffer::with_room(3);
+        q.attach(socket.clone());
+        assert!(q.release());
+        let position = started(0);
+        assert!(q.offer(&delivery(1, 4), &position), "<xxxx> half taken");
+        assert!(q.has_unsent());
+        assert!(!q.release(), "the tail must go first");
+        assert!(q.offer(&delivery(2, 1), &position));
+        assert_eq!(q.inner.lock().items.len(), 1, "queued behind the tail");
+        // The transport's own write waits for the tail...
+        let e = q.write_through(&*socket, b"[reply]").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        // ...and once the socket has room, the tail leaves first, then the new frame.
+        *socket.room.lock() = 100;
+        assert_eq!(q.write_through(&*socket, b"[reply]").unwrap(), 7);
+        assert_eq!(&socket.written.lock()[..], b"<xxxx>[reply]");
+        assert!(!q.has_unsent());
     }
 }

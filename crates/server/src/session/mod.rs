@@ -14,29 +14,22 @@ use std::{collections::HashMap, sync::Arc};
 
 use herald_protocol::{
     json::{self, results, DecodeError},
-    ChannelName, Command, DisconnectCode, Epoch, ErrorCode, Method,
+    ChannelName, Command, DisconnectCode, ErrorCode, Method,
 };
 
 use crate::{
     error::{Disconnect, Failure},
     node::{ConnectionGuard, Node},
     publish,
-    queue::{Delivery, Queue},
+    queue::{Delivery, Position, Queue, Step},
 };
-
-/// A subscription's position: the last offset the client has been sent.
-#[derive(Debug, Clone)]
-struct Position {
-    epoch: Epoch,
-    offset: u64,
-}
 
 /// One client's state.
 #[derive(Debug)]
 pub struct Session {
     guard: ConnectionGuard,
     queue: Arc<Queue>,
-    subscriptions: HashMap<ChannelName, Position>,
+    subscriptions: HashMap<ChannelName, Arc<Position>>,
     connected: bool,
     stateless: bool,
     client: Box<str>,
@@ -267,20 +260,18 @@ impl Session {
     /// Moves a subscription's position over a delivery; false for duplicates and
     /// publications of channels no longer subscribed.
     fn advance(&mut self, d: &Delivery) -> Result<bool, Disconnect> {
-        let Some(position) = self.subscriptions.get_mut(&d.channel) else {
+        let Some(position) = self.subscriptions.get(&d.channel) else {
             return Ok(false);
         };
-        if d.epoch != position.epoch {
-            return Err(insufficient(&d.channel, "its stream epoch changed"));
+        match position.step(d) {
+            Step::Next => {
+                position.set(d.offset);
+                Ok(true)
+            }
+            Step::Duplicate => Ok(false),
+            Step::Broken(why) => Err(insufficient(&d.channel, why)),
+            Step::Unset => unreachable!("a session's subscriptions have started positions"),
         }
-        if d.offset <= position.offset {
-            return Ok(false);
-        }
-        if d.offset != position.offset + 1 {
-            return Err(insufficient(&d.channel, "a publication is missing"));
-        }
-        position.offset = d.offset;
-        Ok(true)
     }
 
     /// Every subscription's position.
@@ -289,8 +280,8 @@ impl Session {
     }
 
     fn set_offset(&mut self, channel: &ChannelName, offset: u64) {
-        if let Some(p) = self.subscriptions.get_mut(channel) {
-            p.offset = offset;
+        if let Some(p) = self.subscriptions.get(channel) {
+            p.set(offset);
         }
     }
 
@@ -328,14 +319,16 @@ impl Session {
 
 /// A view of a session's positions, encodable as a [`Cursor`](herald_protocol::Cursor).
 #[derive(Debug, Clone, Copy)]
-pub struct Positions<'a>(&'a HashMap<ChannelName, Position>);
+pub struct Positions<'a>(&'a HashMap<ChannelName, Arc<Position>>);
 
 impl Positions<'_> {
     /// The cursor string: `CHANNEL;EPOCH;OFFSET|…`.
     pub fn cursor(&self) -> String {
         let mut out = String::new();
         for (channel, p) in self.0 {
-            herald_protocol::cursor::write_entry(&mut out, channel, &p.epoch, p.offset);
+            if let Some((epoch, offset)) = p.get() {
+                herald_protocol::cursor::write_entry(&mut out, channel, epoch, offset);
+            }
         }
         out
     }
@@ -470,12 +463,7 @@ mod tests {
             .unwrap()
             .position
             .epoch;
-        let skipped = Delivery {
-            channel: channel.clone(),
-            epoch,
-            offset: 2,
-            json: Bytes::from("{}"),
-        };
+        let skipped = Delivery::new(channel.clone(), epoch, 2, Bytes::from("{}"));
         s.queue().push(Arc::new(skipped));
         let err = s.write_deliveries(&mut Vec::new(), usize::MAX).unwrap_err();
         assert_eq!(err.code, DisconnectCode::InsufficientState);

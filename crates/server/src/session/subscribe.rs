@@ -1,5 +1,7 @@
 //! Subscribing, with resume from a position, and the `history` command.
 
+use std::sync::Arc;
+
 use herald_broker::{BrokerError, History, HistoryQuery};
 use herald_protocol::{
     command::{HistoryRequest, SubscribeRequest},
@@ -7,8 +9,8 @@ use herald_protocol::{
     ChannelName, Epoch, ErrorCode, Publication, Since, StreamPosition,
 };
 
-use super::{Position, Positions, Reply, Session};
-use crate::{error::Failure, history};
+use super::{Positions, Reply, Session};
+use crate::{error::Failure, history, queue::Position};
 
 impl Session {
     pub(super) async fn subscribe(
@@ -102,8 +104,15 @@ impl Session {
                 format!("at most {limit} subscriptions per connection"),
             ));
         }
+        let started = Arc::new(Position::default());
         node.hub
-            .subscribe(&node.broker, &channel, self.id(), self.queue.clone())
+            .subscribe(
+                &node.broker,
+                &channel,
+                self.id(),
+                self.queue.clone(),
+                started.clone(),
+            )
             .await?;
 
         let max = node.settings.config.client.max_history_limit;
@@ -155,13 +164,8 @@ impl Session {
             }
         };
         let position = history.position;
-        self.subscriptions.insert(
-            channel,
-            Position {
-                epoch: position.epoch.clone(),
-                offset: position.offset,
-            },
-        );
+        started.start(position.epoch.clone(), position.offset);
+        self.subscriptions.insert(channel, started);
         Ok((position, recovered, history.publications))
     }
 

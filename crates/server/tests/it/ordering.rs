@@ -52,3 +52,60 @@ proptest! {
         })?;
     }
 }
+
+/// A channel past the inline limit is written by several fan-out threads, mostly straight
+/// to the sockets; subscribers that join mid-stream replay history while live publications
+/// race in. Everyone must see every offset once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_channel_fanned_out_by_threads_reaches_everyone_in_order() {
+    const TOTAL: u64 = 60;
+    let mut c = config();
+    c.fanout_threads = 3;
+    let server = Arc::new(start(c).await);
+    let mut early = Vec::new();
+    for _ in 0..150 {
+        let mut client = server.client().await;
+        client.subscribe("big", None).await;
+        early.push(client);
+    }
+    let (_, epoch) = server.publish("big", json!(1)).await;
+    let publisher = {
+        let server = server.clone();
+        tokio::spawn(async move {
+            for i in 2..=TOTAL {
+                server.publish("big", json!(i)).await;
+            }
+        })
+    };
+    let mut late = Vec::new();
+    for _ in 0..20 {
+        let mut client = server.client().await;
+        let reply = client.subscribe("big", Some((0, &epoch))).await;
+        let replayed: Vec<u64> = reply["publications"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["offset"].as_u64().unwrap())
+            .collect();
+        late.push((client, replayed));
+    }
+    publisher.await.unwrap();
+    for client in early.iter_mut() {
+        let mut seen = Vec::new();
+        while seen.len() < TOTAL as usize {
+            seen.push(client.next_pub().await.1);
+        }
+        assert_eq!(seen, (1..=TOTAL).collect::<Vec<_>>());
+    }
+    for (client, mut seen) in late {
+        let mut client = client;
+        while seen.last().copied().unwrap_or(0) < TOTAL {
+            seen.push(client.next_pub().await.1);
+        }
+        assert_eq!(
+            seen,
+            (1..=TOTAL).collect::<Vec<_>>(),
+            "history then live, once each"
+        );
+    }
+}

@@ -1,55 +1,46 @@
 //! WebSocket transport (RFC 6455 via tungstenite): JSON text frames, several commands or
-//! pushes per frame, one line each.
+//! pushes per frame, one line each. Publications usually skip the connection's task: the
+//! hub writes them straight to the socket while the task is idle (see [`crate::queue`]).
+
+mod upgrade;
+mod wire;
 
 use std::{sync::Arc, time::Duration};
 
-use axum::{
-    extract::{
-        ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade},
-        State,
-    },
-    http::HeaderMap,
-    response::{IntoResponse, Response},
-};
-use futures_util::SinkExt;
+use futures_util::{SinkExt, StreamExt};
 use herald_protocol::DisconnectCode;
-use tokio::time::Instant;
+use tokio::{net::TcpStream, time::Instant};
+use tokio_tungstenite::WebSocketStream;
+use tungstenite::{
+    protocol::{frame::CloseFrame, Role, WebSocketConfig},
+    Message, Utf8Bytes,
+};
 
-use super::{request, MAX_BATCH_BYTES};
+pub use upgrade::upgrade;
+
+use super::MAX_BATCH_BYTES;
 use crate::{error::Disconnect, node::Node, session::Session};
+use wire::Io;
 
 /// The subprotocol of the JSON codec. Clients may also offer no subprotocol at all.
 pub const JSON_SUBPROTOCOL: &str = "herald.json";
 
-/// `GET /connection/websocket`.
-pub async fn upgrade(
-    State(node): State<Arc<Node>>,
-    headers: HeaderMap,
-    ws: WebSocketUpgrade,
-) -> Response {
-    if let Err(f) = request::admit(&node, &headers) {
-        return f.into_response();
-    }
-    let limit = node.settings.config.client.max_frame_size;
-    ws.protocols([JSON_SUBPROTOCOL])
-        .max_message_size(limit)
-        .max_frame_size(limit)
+type Socket = WebSocketStream<Io>;
+
+async fn run(stream: TcpStream, early: Vec<u8>, node: Arc<Node>) {
+    let mut session = Session::new(&node);
+    let client = &node.settings.config.client;
+    let limit = client.max_frame_size;
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(limit))
+        .max_frame_size(Some(limit))
         // Small buffers: most connections are idle most of the time, and client frames are
         // small commands (the buffer grows for a larger frame when its header announces it).
         .read_buffer_size(256)
-        .write_buffer_size(0)
-        .on_upgrade(move |socket| {
-            let tasks = node.tasks.clone();
-            tasks.track_future(run(socket, node))
-        })
-}
-
-async fn run(socket: WebSocket, node: Arc<Node>) {
-    let mut session = Session::new(&node);
-    // One socket, not split halves: the task never reads and writes at the same time, and
-    // split() costs a lock on every poll.
-    let mut socket = socket;
-    let client = &node.settings.config.client;
+        .write_buffer_size(0);
+    let io = Io::new(stream, session.queue().clone());
+    let mut socket =
+        WebSocketStream::from_partially_read(io, early, Role::Server, Some(config)).await;
     let (ping_every, idle_timeout, write_timeout) = (
         client.ping_interval,
         client.idle_timeout,
@@ -63,22 +54,27 @@ async fn run(socket: WebSocket, node: Arc<Node>) {
         let step: Result<(), Disconnect> = tokio::select! {
             biased;
             _ = node.shutdown.cancelled() => Err(Disconnect::new(DisconnectCode::Shutdown)),
-            message = socket.recv() => {
+            message = socket.next() => {
                 last_heard = Instant::now();
+                // Replies must not be overtaken by publications the hub would write directly.
+                session.queue().hold();
                 match message {
                     None | Some(Ok(Message::Close(_))) => break None,
                     // Boxed: commands are rare next to idle time, and the command future is
                     // large; inline, every idle connection would carry its space.
                     Some(Ok(Message::Text(text))) => Box::pin(session.handle_frame(text.as_bytes(), &mut out)).await,
                     Some(Ok(Message::Binary(bytes))) => Box::pin(session.handle_frame(&bytes, &mut out)).await,
-                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => Ok(()),
+                    Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => Ok(()),
                     Some(Err(e)) => match read_error(e) {
                         Some(d) => Err(d),
                         None => break None,
                     },
                 }
             }
-            _ = session.queue().ready() => Ok(()),
+            _ = session.queue().ready() => {
+                session.queue().hold();
+                Ok(())
+            }
             _ = ping.tick() => {
                 if last_heard.elapsed() >= idle_timeout {
                     Err(Disconnect::because(DisconnectCode::Stale, format!("nothing received for {idle_timeout:?}")))
@@ -98,6 +94,7 @@ async fn run(socket: WebSocket, node: Arc<Node>) {
     };
 
     let id = session.id();
+    session.queue().detach();
     // Free the session (and its subscriptions) now; the closing handshake is only manners.
     drop(session);
     // Boxed for the same reason as commands: only a closing connection needs its space.
@@ -105,12 +102,12 @@ async fn run(socket: WebSocket, node: Arc<Node>) {
 }
 
 /// Says why (unless the socket is broken) and waits briefly for the peer's Close.
-async fn close(mut socket: WebSocket, id: u64, ended: Option<Disconnect>) {
+async fn close(mut socket: Socket, id: u64, ended: Option<Disconnect>) {
     if let Some(d) = ended {
         tracing::debug!(session = id, code = d.code.code(), reason = %d.reason, "websocket closed by server");
         if d.code != DisconnectCode::WriteError {
             let frame = CloseFrame {
-                code: d.code.code(),
+                code: d.code.code().into(),
                 reason: Utf8Bytes::from(d.short_reason()),
             };
             if send(&mut socket, Message::Close(Some(frame)), CLOSE_GRACE)
@@ -120,7 +117,7 @@ async fn close(mut socket: WebSocket, id: u64, ended: Option<Disconnect>) {
                 // RFC 6455 §7.1.1: wait (briefly) for the peer's Close before dropping TCP,
                 // so the peer reads our code instead of a reset.
                 let _ = tokio::time::timeout(CLOSE_GRACE, async {
-                    while let Some(Ok(m)) = socket.recv().await {
+                    while let Some(Ok(m)) = socket.next().await {
                         if let Message::Close(_) = m {
                             break;
                         }
@@ -135,33 +132,43 @@ async fn close(mut socket: WebSocket, id: u64, ended: Option<Disconnect>) {
 /// How long a closing handshake may take.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
-async fn flush<S>(
+/// Writes replies and queued publications until nothing is left, then hands publications
+/// back to the hub's direct lane.
+async fn flush(
     session: &mut Session,
-    tx: &mut S,
+    socket: &mut Socket,
     out: &mut Vec<u8>,
     timeout: Duration,
-) -> Result<(), Disconnect>
-where
-    S: futures_util::Sink<Message, Error = axum::Error> + Unpin,
-{
+) -> Result<(), Disconnect> {
     loop {
         if out.len() < MAX_BATCH_BYTES {
             session.write_deliveries(out, MAX_BATCH_BYTES - out.len())?;
         }
         if out.is_empty() {
-            return Ok(());
+            if session.queue().has_unsent() {
+                finish(socket.flush(), timeout).await?;
+            }
+            if session.queue().release() {
+                return Ok(());
+            }
+            continue;
         }
         let text =
             String::from_utf8(std::mem::take(out)).expect("frames are built from UTF-8 JSON");
-        send(tx, Message::Text(text.into()), timeout).await?;
+        send(socket, Message::Text(text.into()), timeout).await?;
     }
 }
 
-async fn send<S>(tx: &mut S, message: Message, timeout: Duration) -> Result<(), Disconnect>
-where
-    S: futures_util::Sink<Message, Error = axum::Error> + Unpin,
-{
-    match tokio::time::timeout(timeout, tx.send(message)).await {
+async fn send(socket: &mut Socket, message: Message, timeout: Duration) -> Result<(), Disconnect> {
+    finish(socket.send(message), timeout).await
+}
+
+/// Waits for a write, at most `timeout`: a client that does not read is cut off.
+async fn finish(
+    write: impl std::future::Future<Output = Result<(), tungstenite::Error>>,
+    timeout: Duration,
+) -> Result<(), Disconnect> {
+    match tokio::time::timeout(timeout, write).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(_)) => Err(Disconnect::new(DisconnectCode::WriteError)),
         Err(_) => Err(Disconnect::because(
@@ -172,12 +179,8 @@ where
 }
 
 /// Maps a read error to a close: oversized messages get 3503; a broken connection just ends.
-fn read_error(e: axum::Error) -> Option<Disconnect> {
+fn read_error(e: tungstenite::Error) -> Option<Disconnect> {
     use tungstenite::error::{CapacityError, Error, ProtocolError};
-    let e = match e.into_inner().downcast::<Error>() {
-        Ok(e) => *e,
-        Err(_) => return None,
-    };
     match e {
         Error::Capacity(CapacityError::MessageTooLong { size, max_size }) => {
             Some(Disconnect::because(

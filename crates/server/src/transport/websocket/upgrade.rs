@@ -1,0 +1,160 @@
+//! The opening handshake (RFC 6455 §4.2), done here rather than by axum's extractor so that
+//! the connection keeps the TCP socket itself: the hub's direct lane writes to it.
+
+use std::sync::Arc;
+
+use axum::{
+    body::Body,
+    extract::{Request, State},
+    http::{header, HeaderMap, HeaderValue, StatusCode},
+    response::{IntoResponse, Response},
+};
+use herald_protocol::ErrorCode;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tungstenite::handshake::derive_accept_key;
+
+use super::{run, JSON_SUBPROTOCOL};
+use crate::{error::Failure, node::Node, transport::request};
+
+/// `GET /connection/websocket`.
+pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Response {
+    let headers = request.headers();
+    if let Err(f) = request::admit(&node, headers) {
+        return f.into_response();
+    }
+    let accept = match accept_key(headers) {
+        Ok(key) => key,
+        Err(f) => return f.into_response(),
+    };
+    let json = offers_json(headers);
+    let upgraded = hyper::upgrade::on(&mut request);
+    let tasks = node.tasks.clone();
+    tokio::spawn(tasks.track_future(async move {
+        let upgraded = match upgraded.await {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::debug!(error = %e, "websocket upgrade failed");
+                return;
+            }
+        };
+        // The accept loop serves every connection as `TokioIo<TcpStream>`.
+        match upgraded.downcast::<TokioIo<TcpStream>>() {
+            Ok(parts) => {
+                // `read_buf` is a view of hyper's whole read buffer (8 KiB): copy what the
+                // client sent early and let the buffer go, or every connection keeps it.
+                let early = parts.read_buf.to_vec();
+                drop(parts.read_buf);
+                run(parts.io.into_inner(), early, node).await
+            }
+            Err(_) => tracing::error!("upgraded connection is not a TCP stream"),
+        }
+    }));
+
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = response.headers_mut();
+    h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    h.insert(
+        header::SEC_WEBSOCKET_ACCEPT,
+        HeaderValue::from_str(&accept).expect("base64 is a valid header value"),
+    );
+    if json {
+        h.insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            HeaderValue::from_static(JSON_SUBPROTOCOL),
+        );
+    }
+    response
+}
+
+/// Checks that the request asks for a WebSocket, and answers its key.
+fn accept_key(headers: &HeaderMap) -> Result<String, Failure> {
+    let bad = |message: &str| Failure::new(ErrorCode::BadRequest, message);
+    if !has_token(headers, header::CONNECTION, "upgrade") {
+        return Err(bad("Connection header did not include 'upgrade'"));
+    }
+    if !has_token(headers, header::UPGRADE, "websocket") {
+        return Err(bad("Upgrade header did not include 'websocket'"));
+    }
+    if headers
+        .get(header::SEC_WEBSOCKET_VERSION)
+        .is_none_or(|v| v.as_bytes() != b"13")
+    {
+        return Err(bad("Sec-WebSocket-Version must be 13"));
+    }
+    let key = headers
+        .get(header::SEC_WEBSOCKET_KEY)
+        .ok_or_else(|| bad("Sec-WebSocket-Key header missing"))?;
+    Ok(derive_accept_key(key.as_bytes()))
+}
+
+/// Whether the client offered the JSON subprotocol; a client that offered none gets none.
+fn offers_json(headers: &HeaderMap) -> bool {
+    has_token(headers, header::SEC_WEBSOCKET_PROTOCOL, JSON_SUBPROTOCOL)
+}
+
+/// Whether a comma-separated header (any of its occurrences) holds `token`, ignoring case.
+fn has_token(headers: &HeaderMap, name: header::HeaderName, token: &str) -> bool {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn answers_the_rfc_example_key() {
+        let h = headers(&[
+            ("connection", "keep-alive, Upgrade"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-version", "13"),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ]);
+        assert_eq!(accept_key(&h).unwrap(), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+    }
+
+    #[test]
+    fn refuses_requests_that_are_not_websocket_upgrades() {
+        let h = headers(&[
+            ("connection", "keep-alive"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-version", "13"),
+            ("sec-websocket-key", "x"),
+        ]);
+        assert!(accept_key(&h).is_err());
+        let h = headers(&[
+            ("connection", "upgrade"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-version", "8"),
+            ("sec-websocket-key", "x"),
+        ]);
+        assert!(accept_key(&h).is_err());
+    }
+
+    #[test]
+    fn picks_the_json_subprotocol_only_when_offered() {
+        assert!(offers_json(&headers(&[(
+            "sec-websocket-protocol",
+            "other, herald.json"
+        )])));
+        assert!(!offers_json(&headers(&[(
+            "sec-websocket-protocol",
+            "other"
+        )])));
+    }
+}
