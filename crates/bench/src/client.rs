@@ -245,10 +245,18 @@ fn speak_body(speak: &Speak, channel: &str, n: u64) -> String {
     .to_string()
 }
 
-/// tungstenite zero-fills its whole read buffer (128 KiB by default) for every read: with
-/// 100,000 small messages a second that was a third of a worker's CPU. Pushes are small.
-fn ws_config() -> Option<WebSocketConfig> {
-    Some(WebSocketConfig::default().read_buffer_size(4096))
+type Tcp = Counted<tokio::net::TcpStream>;
+
+/// The WebSocket handshake over a connected socket. tungstenite zero-fills its whole read
+/// buffer (128 KiB by default) for every read: with 100,000 small messages a second that was
+/// a third of a worker's CPU, so clients read with 4 KiB (pushes are small).
+async fn handshake(url: &str, tcp: Tcp) -> anyhow::Result<tokio_tungstenite::WebSocketStream<Tcp>> {
+    let config = WebSocketConfig::default().read_buffer_size(4096);
+    let (ws, _) =
+        tokio_tungstenite::client_async_with_config(url.into_client_request()?, tcp, Some(config))
+            .await
+            .context("websocket handshake")?;
+    Ok(ws)
 }
 
 async fn ws_session(spec: &ClientSpec, speak: Option<&Speak>, rec: &Tracker) -> anyhow::Result<()> {
@@ -258,10 +266,7 @@ async fn ws_session(spec: &ClientSpec, speak: Option<&Speak>, rec: &Tracker) -> 
         "{}/connection/websocket",
         spec.url.replacen("http", "ws", 1)
     );
-    let (mut ws, _) =
-        tokio_tungstenite::client_async_with_config(url.into_client_request()?, tcp, ws_config())
-            .await
-            .context("websocket handshake")?;
+    let mut ws = handshake(&url, tcp).await?;
     ws.send(Message::text(format!(
         "{{\"id\":1,\"subscribe\":{{\"channel\":\"{}\"}}}}",
         spec.channel
@@ -513,13 +518,7 @@ async fn generic_session(spec: &ClientSpec, g: &Generic, rec: &Tracker) -> anyho
     let target = address(&url)?;
     let tcp = connect_tcp(spec, target, rec).await?;
     if url.starts_with("ws") {
-        let (mut ws, _) = tokio_tungstenite::client_async_with_config(
-            url.as_str().into_client_request()?,
-            tcp,
-            ws_config(),
-        )
-        .await
-        .context("websocket handshake")?;
+        let mut ws = handshake(&url, tcp).await?;
         for (i, frame) in g.subscribe.iter().enumerate() {
             if let Some(wanted) = g.wait_for.get(i).filter(|w| !w.is_empty()) {
                 loop {

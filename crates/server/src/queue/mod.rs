@@ -178,7 +178,8 @@ impl Queue {
     /// lane is open and idle and the socket takes it, queued otherwise. Never blocks.
     /// Returns false if the queue has overflowed.
     pub fn offer(&self, delivery: &Arc<Delivery>, position: &Position) -> bool {
-        let mut inner = self.inner.lock();
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
         if let Some(socket) = inner.idle_lane() {
             match position.step(delivery) {
                 Step::Duplicate => return true,
@@ -191,7 +192,7 @@ impl Queue {
                         if n < frame.len() {
                             inner.unsent = frame.slice(n..);
                             inner.busy = true;
-                            drop(inner);
+                            drop(guard);
                             self.wake.notify_one();
                         }
                         return true;
@@ -200,12 +201,7 @@ impl Queue {
                 Step::Unset | Step::Broken(_) => {}
             }
         }
-        self.enqueue(inner, delivery.clone())
-    }
-
-    /// Queues a delivery; never blocks. Returns false if the queue has overflowed.
-    pub fn push(&self, delivery: Arc<Delivery>) -> bool {
-        self.enqueue(self.inner.lock(), delivery)
+        self.enqueue(guard, delivery.clone())
     }
 
     fn enqueue(
@@ -316,11 +312,11 @@ impl Queue {
 impl Inner {
     /// The lane's socket, if it is open and idle: nothing queued, nothing half-sent, the
     /// transport not busy.
-    fn idle_lane(&self) -> Option<Arc<dyn DirectSocket>> {
+    fn idle_lane(&self) -> Option<&dyn DirectSocket> {
         if self.busy || !self.items.is_empty() || !self.unsent.is_empty() || self.overflowed {
             return None;
         }
-        self.direct.clone()
+        self.direct.as_deref()
     }
 
     fn send_unsent(&mut self, socket: &dyn DirectSocket) -> io::Result<()> {
@@ -343,6 +339,11 @@ pub struct Overflowed;
 mod tests {
     use super::*;
 
+    /// Offers without a lane: always queued.
+    fn queue(q: &Queue, d: Arc<Delivery>) -> bool {
+        q.offer(&d, &Position::default())
+    }
+
     fn delivery(offset: u64, size: usize) -> Arc<Delivery> {
         Arc::new(Delivery::new(
             ChannelName::new("c").unwrap(),
@@ -356,7 +357,7 @@ mod tests {
     async fn takes_in_order_in_bounded_batches() {
         let q = Queue::new(1000);
         for i in 1..=5 {
-            assert!(q.push(delivery(i, 10)));
+            assert!(queue(&q, delivery(i, 10)));
         }
         q.ready().await;
         let mut out = Vec::new();
@@ -370,12 +371,12 @@ mod tests {
     #[tokio::test]
     async fn overflow_drops_everything_and_wakes_the_reader() {
         let q = Arc::new(Queue::new(100));
-        assert!(q.push(delivery(1, 60)));
+        assert!(queue(&q, delivery(1, 60)));
         let mut out = Vec::new();
         q.take(usize::MAX, &mut out).unwrap();
-        assert!(q.push(delivery(2, 60)));
-        assert!(!q.push(delivery(3, 60)), "past the bound");
-        assert!(!q.push(delivery(4, 1)), "stays overflowed");
+        assert!(queue(&q, delivery(2, 60)));
+        assert!(!queue(&q, delivery(3, 60)), "past the bound");
+        assert!(!queue(&q, delivery(4, 1)), "stays overflowed");
         q.ready().await;
         assert_eq!(q.take(usize::MAX, &mut out), Err(Overflowed));
     }
@@ -423,6 +424,19 @@ mod tests {
         p
     }
 
+    /// A queue whose lane is open to a socket with `room` bytes, and idle.
+    fn idle_lane(room: usize) -> (Queue, Arc<Buffer>) {
+        let q = Queue::new(1000);
+        let socket = Buffer::with_room(room);
+        q.attach(socket.clone());
+        assert!(q.release());
+        (q, socket)
+    }
+
+    fn queued(q: &Queue) -> usize {
+        q.inner.lock().items.len()
+    }
+
     #[test]
     fn an_idle_lane_writes_directly_and_a_busy_one_queues() {
         let q = Queue::new(1000);
@@ -430,7 +444,7 @@ mod tests {
         q.attach(socket.clone());
         let position = started(0);
         assert!(q.offer(&delivery(1, 1), &position));
-        assert!(q.inner.lock().items.len() == 1, "held until first released");
+        assert_eq!(queued(&q), 1, "held until first released");
         let mut out = Vec::new();
         q.take(usize::MAX, &mut out).unwrap();
         position.set(1);
@@ -444,37 +458,53 @@ mod tests {
         assert_eq!(position.get().unwrap().1, 2);
         q.hold();
         assert!(q.offer(&delivery(3, 1), &position));
-        assert_eq!(q.inner.lock().items.len(), 1, "busy: queued");
+        assert_eq!(queued(&q), 1, "busy: queued");
         assert_eq!(&socket.written.lock()[..], b"<x>");
     }
 
     #[test]
-    fn a_gap_or_an_unset_position_goes_to_the_transport() {
-        let q = Queue::new(1000);
-        let socket = Buffer::with_room(1000);
-        q.attach(socket.clone());
-        assert!(q.release());
+    fn a_gap_an_unset_position_or_a_full_socket_goes_to_the_transport() {
+        let (q, socket) = idle_lane(1000);
         assert!(q.offer(&delivery(1, 1), &Position::default()));
+        assert_eq!(queued(&q), 1, "unset position");
         let mut out = Vec::new();
         q.take(usize::MAX, &mut out).unwrap();
         assert!(q.release());
         assert!(q.offer(&delivery(5, 1), &started(2)));
-        assert_eq!(q.inner.lock().items.len(), 1);
+        assert_eq!(queued(&q), 1, "a gap");
+        assert!(socket.written.lock().is_empty());
+
+        let (q, socket) = idle_lane(0);
+        let position = started(0);
+        assert!(q.offer(&delivery(1, 1), &position));
+        assert_eq!(queued(&q), 1, "the socket took nothing");
+        assert_eq!(
+            position.get().unwrap().1,
+            0,
+            "not sent: the transport advances it"
+        );
+        assert!(socket.written.lock().is_empty());
+    }
+
+    #[test]
+    fn a_detached_lane_only_queues() {
+        let (q, socket) = idle_lane(1000);
+        q.detach();
+        assert!(q.release(), "idle, but with no lane");
+        assert!(q.offer(&delivery(1, 1), &started(0)));
+        assert_eq!(queued(&q), 1);
         assert!(socket.written.lock().is_empty());
     }
 
     #[test]
     fn a_half_written_frame_goes_out_whole_before_anything_else() {
-        let q = Queue::new(1000);
-        let socket = Buffer::with_room(3);
-        q.attach(socket.clone());
-        assert!(q.release());
+        let (q, socket) = idle_lane(3);
         let position = started(0);
         assert!(q.offer(&delivery(1, 4), &position), "<xxxx> half taken");
         assert!(q.has_unsent());
         assert!(!q.release(), "the tail must go first");
         assert!(q.offer(&delivery(2, 1), &position));
-        assert_eq!(q.inner.lock().items.len(), 1, "queued behind the tail");
+        assert_eq!(queued(&q), 1, "queued behind the tail");
         // The transport's own write waits for the tail...
         let e = q.write_through(&*socket, b"[reply]").unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);

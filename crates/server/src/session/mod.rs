@@ -463,8 +463,8 @@ mod tests {
             .unwrap()
             .position
             .epoch;
-        let skipped = Delivery::new(channel.clone(), epoch, 2, Bytes::from("{}"));
-        s.queue().push(Arc::new(skipped));
+        let skipped = Arc::new(Delivery::new(channel.clone(), epoch, 2, Bytes::from("{}")));
+        s.queue().offer(&skipped, &Position::default());
         let err = s.write_deliveries(&mut Vec::new(), usize::MAX).unwrap_err();
         assert_eq!(err.code, DisconnectCode::InsufficientState);
     }

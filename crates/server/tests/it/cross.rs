@@ -66,13 +66,7 @@ async fn follow(
                 let mut c = server.client().await;
                 let r = c.subscribe(CHANNEL, Some((last(&seen), &epoch))).await;
                 assert_eq!(r["recovered"], true, "{r}");
-                seen.extend(
-                    r["publications"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .map(|p| p["offset"].as_u64().unwrap()),
-                );
+                seen.extend(offsets(&r));
                 for _ in 0..budget {
                     if last(&seen) == TOTAL {
                         break;

@@ -80,13 +80,7 @@ async fn a_large_channel_fanned_out_by_threads_reaches_everyone_in_order() {
     let mut late = Vec::new();
     for _ in 0..20 {
         let mut client = server.client().await;
-        let reply = client.subscribe("big", Some((0, &epoch))).await;
-        let replayed: Vec<u64> = reply["publications"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| p["offset"].as_u64().unwrap())
-            .collect();
+        let replayed = offsets(&client.subscribe("big", Some((0, &epoch))).await);
         late.push((client, replayed));
     }
     publisher.await.unwrap();

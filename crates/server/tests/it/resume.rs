@@ -111,9 +111,7 @@ async fn resume_under_concurrent_publishing_loses_and_repeats_nothing() {
         let last = seen.last().copied().unwrap_or(0);
         let r = c.subscribe("busy", Some((last, &epoch))).await;
         assert_eq!(r["recovered"], true, "{r}");
-        if let Some(ps) = r["publications"].as_array() {
-            seen.extend(ps.iter().map(|p| p["offset"].as_u64().unwrap()));
-        }
+        seen.extend(offsets(&r));
     }
     publisher.await.unwrap();
     assert!(done.load(Ordering::SeqCst));

@@ -125,6 +125,16 @@ pub async fn response(r: reqwest::Response) -> (u16, Value) {
 }
 
 /// Waits until `condition` holds, checking on every scheduler turn; fails after PATIENCE.
+/// The offsets of a reply's or a history answer's `publications`, in order (none if absent).
+pub fn offsets(reply: &Value) -> Vec<u64> {
+    reply["publications"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| p["offset"].as_u64().expect("a publication has an offset"))
+        .collect()
+}
+
 pub async fn eventually<F: Future<Output = bool>>(what: &str, mut condition: impl FnMut() -> F) {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while !condition().await {

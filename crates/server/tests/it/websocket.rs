@@ -107,3 +107,29 @@ async fn history_command_reads_since_a_position() {
     assert_eq!(gone["error"]["code"], 112, "{gone}");
     server.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_handshake_names_the_json_subprotocol_and_refuses_plain_requests() {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let server = start(config()).await;
+    let url = format!("ws://{}/connection/websocket", server.addr);
+    let mut offered = url.as_str().into_client_request().unwrap();
+    offered
+        .headers_mut()
+        .insert("sec-websocket-protocol", "herald.json".parse().unwrap());
+    let (_ws, answer) = tokio_tungstenite::connect_async(offered).await.unwrap();
+    assert_eq!(answer.headers()["sec-websocket-protocol"], "herald.json");
+    let (_ws, answer) = tokio_tungstenite::connect_async(url.as_str())
+        .await
+        .unwrap();
+    assert!(answer.headers().get("sec-websocket-protocol").is_none());
+
+    let (status, body) = response(
+        reqwest::get(server.url("/connection/websocket"))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((status, body["error"]["code"].as_u64()), (400, Some(107)));
+    server.stop().await.unwrap();
+}

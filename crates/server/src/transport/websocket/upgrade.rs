@@ -10,6 +10,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use herald_protocol::ErrorCode;
+use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tungstenite::handshake::derive_accept_key;
@@ -28,7 +29,18 @@ pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Res
         Err(f) => return f.into_response(),
     };
     let json = offers_json(headers);
-    let upgraded = hyper::upgrade::on(&mut request);
+    // hyper offers an upgrade only on connections that can take one (HTTP/1.1 with
+    // upgrades enabled); answering 101 without it would leave the client hanging.
+    let Some(upgraded) = request.extensions_mut().remove::<OnUpgrade>() else {
+        return (
+            StatusCode::UPGRADE_REQUIRED,
+            [
+                (header::CONNECTION, "upgrade"),
+                (header::UPGRADE, "websocket"),
+            ],
+        )
+            .into_response();
+    };
     let tasks = node.tasks.clone();
     tokio::spawn(tasks.track_future(async move {
         let upgraded = match upgraded.await {
@@ -130,20 +142,28 @@ mod tests {
 
     #[test]
     fn refuses_requests_that_are_not_websocket_upgrades() {
-        let h = headers(&[
-            ("connection", "keep-alive"),
+        let good = [
+            ("connection", "upgrade"),
             ("upgrade", "websocket"),
             ("sec-websocket-version", "13"),
             ("sec-websocket-key", "x"),
-        ]);
-        assert!(accept_key(&h).is_err());
-        let h = headers(&[
-            ("connection", "upgrade"),
-            ("upgrade", "websocket"),
-            ("sec-websocket-version", "8"),
-            ("sec-websocket-key", "x"),
-        ]);
-        assert!(accept_key(&h).is_err());
+        ];
+        assert!(accept_key(&headers(&good)).is_ok());
+        let cases: [(&str, Option<&'static str>); 5] = [
+            ("connection", Some("keep-alive")),
+            ("upgrade", Some("h2c")),
+            ("sec-websocket-version", Some("8")),
+            ("sec-websocket-version", None),
+            ("sec-websocket-key", None),
+        ];
+        for (name, value) in cases {
+            let mut bad: Vec<_> = good.iter().copied().filter(|(n, _)| *n != name).collect();
+            if let Some(v) = value {
+                bad.push((name, v));
+            }
+            let refused = accept_key(&headers(&bad)).expect_err(name);
+            assert_eq!(refused.code, ErrorCode::BadRequest, "{name}: {value:?}");
+        }
     }
 
     #[test]
@@ -156,5 +176,19 @@ mod tests {
             "sec-websocket-protocol",
             "other"
         )])));
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_cannot_be_upgraded_gets_426_not_101() {
+        let node = Node::with_memory_broker(crate::config::Config::default().validate().unwrap());
+        let mut request = Request::new(Body::empty());
+        *request.headers_mut() = headers(&[
+            ("connection", "upgrade"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-version", "13"),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ]);
+        let response = upgrade(State(node), request).await;
+        assert_eq!(response.status(), StatusCode::UPGRADE_REQUIRED);
     }
 }
