@@ -1,7 +1,10 @@
 //! The contract as tests: every broker runs this same suite (the memory and durable ones
 //! here; Redis and NATS brokers from their own crates with the `testkit` feature).
+//!
+//! Deliveries may reach the sink after `publish` returns (a networked broker hands them
+//! over from its own connection), so the suite awaits them, with a deadline.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use herald_protocol::{ChannelName, Epoch, Publication, Since};
@@ -11,13 +14,14 @@ use crate::{BrokerError, HistoryQuery, PublicationSink, SharedBroker, StreamPoli
 
 /// A sink that remembers what it was handed: (channel, epoch, offset).
 #[derive(Debug, Default)]
-pub struct Recorder(pub Mutex<Vec<(String, String, u64)>>);
+pub struct Recorder(pub Mutex<Vec<(String, String, u64)>>, tokio::sync::Notify);
 
 impl PublicationSink for Recorder {
     fn on_publication(&self, channel: &ChannelName, epoch: &Epoch, p: &Publication) {
         self.0
             .lock()
             .push((channel.to_string(), epoch.to_string(), p.offset));
+        self.1.notify_waiters();
     }
 }
 
@@ -30,6 +34,28 @@ impl Recorder {
             .filter(|r| r.0 == channel)
             .map(|r| r.2)
             .collect()
+    }
+
+    /// Waits (at most 10 s) until `count` publications of `channel` were handed over, then
+    /// returns their offsets in order.
+    pub async fn await_offsets(&self, channel: &str, count: usize) -> Vec<u64> {
+        let waited = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let notified = self.1.notified();
+                if self.offsets(channel).len() >= count {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await;
+        let seen = self.offsets(channel);
+        assert!(
+            waited.is_ok(),
+            "{channel}: {} of {count} publications handed over: {seen:?}",
+            seen.len()
+        );
+        seen
     }
 }
 
@@ -62,6 +88,7 @@ async fn offsets_count_from_one_and_history_reads_since_a_position(
     let sink = Arc::new(Recorder::default());
     let broker = make(sink.clone());
     let c = ch("conformance:a");
+    broker.subscribe(&c).await.unwrap();
     let empty = broker.history(&c, HistoryQuery::default()).await.unwrap();
     assert_eq!(empty.position.offset, 0, "an unused channel is at offset 0");
     for i in 1..=5 {
@@ -121,7 +148,10 @@ async fn offsets_count_from_one_and_history_reads_since_a_position(
         .await
         .unwrap();
     assert_eq!(offsets(&newest.publications), [4, 5]);
-    assert_eq!(sink.offsets("conformance:a"), [1, 2, 3, 4, 5]);
+    assert_eq!(
+        sink.await_offsets("conformance:a", 5).await,
+        [1, 2, 3, 4, 5]
+    );
 }
 
 async fn gaps_history_cannot_cover_are_unrecoverable(
@@ -244,6 +274,7 @@ async fn concurrent_publishers_share_one_order(
     let sink = Arc::new(Recorder::default());
     let broker = make(sink.clone());
     let c = ch("conformance:race");
+    broker.subscribe(&c).await.unwrap();
     let tasks: Vec<_> = (0..8)
         .map(|p| {
             let (broker, c) = (broker.clone(), c.clone());
@@ -275,7 +306,7 @@ async fn concurrent_publishers_share_one_order(
     all.sort_unstable();
     assert_eq!(all, (1..=400).collect::<Vec<_>>());
     assert_eq!(
-        sink.offsets("conformance:race"),
+        sink.await_offsets("conformance:race", 400).await,
         (1..=400).collect::<Vec<_>>(),
         "sinks see offset order"
     );

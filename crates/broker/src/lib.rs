@@ -143,11 +143,8 @@ pub type SharedBroker = Arc<dyn Broker>;
 /// Whether a resume from `since` can be served when the stream is at `current` and its
 /// oldest readable publication is `first` (top + 1 when history is empty): the epoch must
 /// match (or not be given), and `since + 1` must still be in history or be the next offset.
-pub(crate) fn check_since(
-    since: &Since,
-    current: &StreamPosition,
-    first: u64,
-) -> Result<(), BrokerError> {
+/// Brokers in other crates use it too, so every broker answers alike.
+pub fn check_since(since: &Since, current: &StreamPosition, first: u64) -> Result<(), BrokerError> {
     // Offset 0 holds nothing of its epoch, so any epoch's stream, replayed from its start,
     // is exactly what such a reader lacks.
     let epoch_ok = since.offset == 0 || since.epoch.as_ref().is_none_or(|e| *e == current.epoch);

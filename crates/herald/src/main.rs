@@ -58,9 +58,9 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
         .build()?;
     rt.block_on(async move {
         let listen = settings.config.listen;
-        let listener =
-            listen_on(listen).map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
-        let node = herald_server::Node::embedded(settings)?;
+        let listener = listen_on(listen, settings.config.reuse_port)
+            .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
+        let node = herald_server::Node::open(settings).await?;
         let shutdown = shutdown_signal()?;
         tracing::info!(
             address = %listener.local_addr()?,
@@ -68,7 +68,7 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
             version = env!("CARGO_PKG_VERSION"),
             api = if node.settings.api_keys().next().is_some() { "enabled" } else { "disabled (no api_key)" },
             storage = ?node.settings.config.storage,
-            data_dir = %node.settings.config.data_dir.display(),
+            stored_in = %stored_in(&node.settings.config),
             "herald is listening"
         );
         herald_server::serve(listener, node.clone(), shutdown).await?;
@@ -79,19 +79,40 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// Where publications are kept, for the start-up line.
+fn stored_in(config: &herald_server::Config) -> String {
+    use herald_server::config::StorageEngine;
+    match config.storage {
+        StorageEngine::Durable => config.data_dir.display().to_string(),
+        StorageEngine::Memory => "memory".into(),
+        StorageEngine::Redis => format!(
+            "{} (prefix {})",
+            herald_broker_redis::redacted(&config.redis.url),
+            config.redis.prefix
+        ),
+    }
+}
+
 /// Connections the kernel may hold for us before we accept them (it caps this at
 /// `net.core.somaxconn`). Tokio's default of 1024 overflows when thousands of clients arrive
 /// at once (all reconnecting after a restart), and an overflowed SYN is retried only after a
 /// second.
 const LISTEN_BACKLOG: u32 = 4096;
 
-fn listen_on(address: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+fn listen_on(
+    address: std::net::SocketAddr,
+    reuse_port: bool,
+) -> std::io::Result<tokio::net::TcpListener> {
     let socket = if address.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {
         tokio::net::TcpSocket::new_v6()?
     };
     socket.set_reuseaddr(true)?;
+    if reuse_port {
+        #[cfg(unix)]
+        socket.set_reuseport(true)?;
+    }
     socket.bind(address)?;
     socket.listen(LISTEN_BACKLOG)
 }

@@ -26,6 +26,10 @@ struct Flags<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     storage: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    redis: Option<RedisFlags<'a>>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    reuse_port: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
     sync: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     log_level: Option<&'a str>,
@@ -33,6 +37,11 @@ struct Flags<'a> {
     log_format: Option<&'a str>,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     allowed_origins: &'a [String],
+}
+
+#[derive(Serialize)]
+struct RedisFlags<'a> {
+    url: &'a str,
 }
 
 /// Reads every source into one [`Config`]; errors name the key and the source.
@@ -49,6 +58,8 @@ pub fn load(args: &ServeArgs) -> anyhow::Result<Config> {
             workers: args.workers,
             data_dir: args.data_dir.as_deref(),
             storage: args.storage.as_deref(),
+            redis: args.redis_url.as_deref().map(|url| RedisFlags { url }),
+            reuse_port: args.reuse_port,
             sync: args.sync.as_deref(),
             log_level: args.log_level.as_deref(),
             log_format: args.log_format.as_deref(),

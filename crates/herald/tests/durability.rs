@@ -5,23 +5,7 @@ mod support;
 use std::{collections::BTreeMap, process::Command, sync::Arc};
 
 use serde_json::{json, Value};
-use support::Server;
-
-fn history(rt: &tokio::runtime::Runtime, url: &str, channel: &str) -> Value {
-    rt.block_on(async {
-        reqwest::Client::new()
-            .get(format!(
-                "{url}/api/history?channel={channel}&since=0&limit=1000"
-            ))
-            .header("Authorization", "apikey k")
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    })
-}
+use support::{history, Server};
 
 #[test]
 fn kill_9_during_a_publish_burst_loses_no_acknowledged_publication() {

@@ -37,8 +37,16 @@ pub struct Config {
     /// relative to the working directory.
     pub data_dir: std::path::PathBuf,
     /// `durable` (default): namespaces with `durable = true` keep history in `data_dir`,
-    /// surviving restarts; `memory`: everything in memory, nothing written to disk.
+    /// surviving restarts; `memory`: everything in memory, nothing written to disk;
+    /// `redis`: every channel's stream in Redis (`redis.url`), shared by every node that
+    /// uses the same Redis and prefix.
     pub storage: StorageEngine,
+    /// Where Redis is, for `storage = "redis"`.
+    pub redis: RedisConfig,
+    /// Let several processes listen on the same address (`SO_REUSEPORT`): the kernel spreads
+    /// new connections among them. For several nodes on one machine sharing channels
+    /// through Redis. Default false.
+    pub reuse_port: bool,
     /// When durable writes reach the disk: `group` (default: concurrent publications share
     /// one fsync; an acknowledged publication is on disk), `always` (one fsync each), or
     /// `none` (no fsync; a machine crash may lose recent publications).
@@ -73,6 +81,28 @@ pub enum StorageEngine {
     Durable,
     /// In memory only.
     Memory,
+    /// In Redis, shared between nodes.
+    Redis,
+}
+
+/// How a node reaches Redis.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `redis://[user:password@]host:port[/db]`. Default `redis://127.0.0.1:6379`.
+    pub url: String,
+    /// Put before every key and pub/sub channel Herald uses, so several Herald clusters
+    /// can share one Redis. Default `herald`.
+    pub prefix: String,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            url: "redis://127.0.0.1:6379".into(),
+            prefix: "herald".into(),
+        }
+    }
 }
 
 /// When durable writes reach the disk.
@@ -229,6 +259,8 @@ impl Default for Config {
             web: true,
             data_dir: "herald-data".into(),
             storage: StorageEngine::Durable,
+            redis: RedisConfig::default(),
+            reuse_port: false,
             sync: SyncMode::Group,
             max_connections: 100_000,
             shutdown_timeout: Duration::from_secs(10),
@@ -356,6 +388,9 @@ impl Config {
         }
         if c.max_subscriptions == 0 {
             return Err(bad("client.max_subscriptions", "must be at least 1"));
+        }
+        if self.storage == StorageEngine::Redis && self.redis.prefix.is_empty() {
+            return Err(bad("redis.prefix", "must not be empty"));
         }
         let h = &self.http;
         if h.longpoll_timeout.is_zero() || h.longpoll_timeout > h.longpoll_max_timeout {

@@ -10,8 +10,9 @@ use std::{
 
 use bytes::Bytes;
 use herald_broker::{
-    DurableBroker, MemoryBroker, OpenError, PublicationSink, Routed, SharedBroker,
+    BrokerError, DurableBroker, MemoryBroker, OpenError, PublicationSink, Routed, SharedBroker,
 };
+use herald_broker_redis::{RedisBroker, RedisOptions};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use tokio::sync::{mpsc, oneshot};
@@ -123,6 +124,22 @@ impl Node {
         })
     }
 
+    /// A node with the broker the configuration asks for: the embedded ones, or Redis
+    /// (connected and checked before this returns).
+    pub async fn open(settings: Settings) -> Result<Arc<Self>, StartError> {
+        if settings.config.storage != StorageEngine::Redis {
+            return Ok(Self::embedded(settings)?);
+        }
+        let redis = &settings.config.redis;
+        let connected = RedisBroker::connect(RedisOptions {
+            url: redis.url.clone(),
+            prefix: redis.prefix.clone(),
+        })
+        .await
+        .map_err(|e| StartError::Redis(herald_broker_redis::redacted(&redis.url), e))?;
+        Ok(Self::new(settings, |sink| connected.into_broker(sink)))
+    }
+
     /// Registers a new connection; the guard unregisters it when dropped.
     pub fn connection(self: &Arc<Self>) -> ConnectionGuard {
         self.connections.fetch_add(1, Ordering::Relaxed);
@@ -142,6 +159,17 @@ impl Node {
     pub fn uptime(&self) -> std::time::Duration {
         self.started.elapsed()
     }
+}
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The durable store could not be opened.
+    #[error(transparent)]
+    Durable(#[from] OpenError),
+    /// Redis could not be reached.
+    #[error("cannot use redis at {0}: {1}")]
+    Redis(String, BrokerError),
 }
 
 /// Counts a connection while it lives and gives it a process-unique id.

@@ -23,6 +23,23 @@ pub fn herald() -> Command {
     c
 }
 
+/// A channel's whole history (up to 1,000) through the API of the server at `url`.
+pub fn history(rt: &tokio::runtime::Runtime, url: &str, channel: &str) -> Value {
+    rt.block_on(async {
+        reqwest::Client::new()
+            .get(format!(
+                "{url}/api/history?channel={channel}&since=0&limit=1000"
+            ))
+            .header("Authorization", "apikey k")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    })
+}
+
 /// A `herald serve` process on a free port; killed when dropped.
 pub struct Server {
     pub child: Child,
@@ -41,11 +58,16 @@ impl Server {
 
     /// Starts on a data directory that outlives the process.
     pub fn start_in(data_dir: &Path, extra: &[&str]) -> Self {
+        Self::start_at("127.0.0.1:0", data_dir, extra)
+    }
+
+    /// Starts listening on `listen` (with `--reuse-port`, an address another node holds).
+    pub fn start_at(listen: &str, data_dir: &Path, extra: &[&str]) -> Self {
         let mut child = herald()
             .args([
                 "serve",
                 "--listen",
-                "127.0.0.1:0",
+                listen,
                 "--api-key",
                 "k",
                 "--log-format",

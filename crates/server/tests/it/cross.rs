@@ -33,10 +33,10 @@ const KINDS: [Kind; 6] = [
 ];
 
 /// Follows the channel, reconnecting after a random number of publications, over one
-/// transport (`Some`) or a randomly chosen one each time (`None`); returns every offset
-/// received, in arrival order.
+/// transport (`Some`) or a randomly chosen one each time (`None`), each time to a randomly
+/// chosen node of `nodes`; returns every offset received, in arrival order.
 async fn follow(
-    server: Arc<TestServer>,
+    nodes: Arc<Vec<TestServer>>,
     fixed: Option<Kind>,
     epoch: String,
     seed: u64,
@@ -59,6 +59,7 @@ async fn follow(
         push["pub"]["offset"].as_u64()
     };
     while last(&seen) < TOTAL {
+        let server = &nodes[rng.usize(..nodes.len())];
         let kind = fixed.unwrap_or_else(|| KINDS[rng.usize(..KINDS.len())]);
         let budget = rng.usize(1..80);
         match kind {
@@ -135,8 +136,24 @@ async fn follow(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_transport_receives_every_offset_once_in_order_despite_random_reconnects() {
-    let server = Arc::new(start(config()).await);
-    let (_, position) = server
+    every_offset_once_in_order(vec![start(config()).await]).await;
+}
+
+/// Two nodes share the channel through Redis: the publisher alternates between them, and
+/// every follower reconnects to either, so each resume crosses nodes half the time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resuming_on_another_node_loses_and_repeats_nothing() {
+    let redis = RedisServer::start();
+    let nodes = vec![
+        start_on_redis(config(), &redis).await,
+        start_on_redis(config(), &redis).await,
+    ];
+    every_offset_once_in_order(nodes).await;
+}
+
+async fn every_offset_once_in_order(nodes: Vec<TestServer>) {
+    let nodes = Arc::new(nodes);
+    let (_, position) = nodes[0]
         .api_get(&format!("/api/history?channel={CHANNEL}&limit=0"))
         .await;
     let epoch = position["epoch"].as_str().unwrap().to_string();
@@ -153,15 +170,16 @@ async fn every_transport_receives_every_offset_once_in_order_despite_random_reco
         .map(|(i, kind)| {
             (
                 kind,
-                tokio::spawn(follow(server.clone(), kind, epoch.clone(), seed + i as u64)),
+                tokio::spawn(follow(nodes.clone(), kind, epoch.clone(), seed + i as u64)),
             )
         })
         .collect();
     let publisher = {
-        let server = server.clone();
+        let nodes = nodes.clone();
         tokio::spawn(async move {
             for i in 1..=TOTAL {
-                let (offset, e) = server.publish(CHANNEL, json!({ "n": i })).await;
+                let node = &nodes[i as usize % nodes.len()];
+                let (offset, e) = node.publish(CHANNEL, json!({ "n": i })).await;
                 assert_eq!((offset, e.as_str()), (i, epoch.as_str()));
             }
         })
@@ -178,5 +196,7 @@ async fn every_transport_receives_every_offset_once_in_order_despite_random_reco
             ))
         );
     }
-    Arc::into_inner(server).unwrap().stop().await.unwrap();
+    for node in Arc::into_inner(nodes).unwrap() {
+        node.stop().await.unwrap();
+    }
 }

@@ -3,7 +3,11 @@
 use std::{collections::VecDeque, future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use futures_util::{SinkExt, StreamExt};
-use herald_server::{config::NamespaceOverride, Config, Node};
+pub use herald_broker_redis::testkit::RedisServer;
+use herald_server::{
+    config::{NamespaceOverride, StorageEngine},
+    Config, Node,
+};
 use serde_json::{json, Value};
 use tokio::{net::TcpStream, task::JoinHandle};
 use tokio_tungstenite::{tungstenite::Message, MaybeTlsStream, WebSocketStream};
@@ -42,6 +46,13 @@ pub async fn start(config: Config) -> TestServer {
 /// A server with the embedded stores of its configuration (durable in `config.data_dir`).
 pub async fn start_embedded(config: Config) -> TestServer {
     serve(Node::embedded(config.validate().unwrap()).unwrap()).await
+}
+
+/// A node whose channels live in `redis`, shared with every other node started on it.
+pub async fn start_on_redis(mut config: Config, redis: &RedisServer) -> TestServer {
+    config.storage = StorageEngine::Redis;
+    config.redis.url = redis.url();
+    serve(Node::open(config.validate().unwrap()).await.unwrap()).await
 }
 
 async fn serve(node: Arc<Node>) -> TestServer {

@@ -1,0 +1,302 @@
+//! Herald's Redis broker: several Herald nodes share channels through one Redis.
+//!
+//! Each channel's stream (epoch, newest offset, history) lives in Redis and is changed
+//! only by Lua scripts ([`scripts`]), so offsets are assigned in one place whatever node
+//! publishes. The publish script also sends the publication over Redis pub/sub, inside the
+//! same atomic step, so every node sees a channel's publications in offset order.
+//!
+//! A node holds one pub/sub connection ([`listener`]) and subscribes there to the channels
+//! its clients use. When that connection drops, the node reconnects, subscribes again and
+//! reads from history what it missed while away, so clients see no gap that history can
+//! cover; a gap it cannot cover is caught by the hub at the next publication and the
+//! clients are told to resume (and then learn `recovered: false`).
+//!
+//! Durability is Redis's: with `appendonly yes` and `appendfsync always` a publication
+//! acknowledged to the publisher survives a Redis restart.
+
+mod listener;
+mod scripts;
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+use std::{sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use herald_broker::{
+    check_since, Broker, BrokerError, History, HistoryQuery, PublicationSink, StreamPolicy,
+};
+use herald_protocol::{ChannelName, Epoch, Publication, StreamPosition};
+use redis::{aio::ConnectionManager, Script};
+
+use listener::Listener;
+
+/// Where Redis is and how Herald names its keys there.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// `redis://[user:password@]host:port[/db]`.
+    pub url: String,
+    /// Put before every key and pub/sub channel, so several Herald clusters (or other
+    /// programs) can share one Redis.
+    pub prefix: String,
+}
+
+/// A stream store in Redis shared by every node that connects to it.
+pub struct RedisBroker {
+    commands: ConnectionManager,
+    names: Names,
+    listener: Arc<Listener>,
+    publish: Script,
+    history: Script,
+}
+
+impl std::fmt::Debug for RedisBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBroker")
+            .field("prefix", &self.names.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Connections opened before the node (and its sink) exist, so that a server whose Redis
+/// cannot be reached fails at start with a clear error.
+pub struct Connected {
+    client: redis::Client,
+    commands: ConnectionManager,
+    options: RedisOptions,
+}
+
+impl std::fmt::Debug for Connected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connected")
+            .field("url", &self.options.url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisBroker {
+    /// Opens the command connection and checks that Redis answers.
+    pub async fn connect(options: RedisOptions) -> Result<Connected, BrokerError> {
+        let client = redis::Client::open(options.url.as_str()).map_err(unavailable)?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(Duration::from_secs(5)))
+            .set_number_of_retries(2);
+        let mut commands = ConnectionManager::new_with_config(client.clone(), config)
+            .await
+            .map_err(unavailable)?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut commands)
+            .await
+            .map_err(unavailable)?;
+        Ok(Connected {
+            client,
+            commands,
+            options,
+        })
+    }
+
+    /// Times the pub/sub connection was re-established, and publications read back from
+    /// history to cover what was missed meanwhile.
+    pub fn recoveries(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.listener.reconnects.load(Relaxed),
+            self.listener.caught_up.load(Relaxed),
+        )
+    }
+
+    /// Connects and starts the broker in one step (tests, tools).
+    pub async fn start(
+        options: RedisOptions,
+        sink: Arc<dyn PublicationSink>,
+    ) -> Result<Arc<Self>, BrokerError> {
+        Ok(Self::connect(options).await?.into_broker(sink))
+    }
+}
+
+impl Connected {
+    /// Starts the broker: publications of subscribed channels go to `sink`. Must be called
+    /// inside a Tokio runtime (the pub/sub listener is a task).
+    pub fn into_broker(self, sink: Arc<dyn PublicationSink>) -> Arc<RedisBroker> {
+        let names = Names {
+            prefix: self.options.prefix.clone(),
+        };
+        let listener = Listener::spawn(self.client, self.commands.clone(), names.clone(), sink);
+        Arc::new(RedisBroker {
+            commands: self.commands,
+            names,
+            listener,
+            publish: scripts::publish(),
+            history: scripts::history(),
+        })
+    }
+}
+
+impl Drop for RedisBroker {
+    fn drop(&mut self) {
+        self.listener.stop();
+    }
+}
+
+/// How keys and pub/sub channels are named.
+#[derive(Debug, Clone)]
+pub(crate) struct Names {
+    prefix: String,
+}
+
+impl Names {
+    fn meta(&self, channel: &ChannelName) -> String {
+        format!("{}:{{{channel}}}:m", self.prefix)
+    }
+
+    fn history(&self, channel: &ChannelName) -> String {
+        format!("{}:{{{channel}}}:h", self.prefix)
+    }
+
+    pub(crate) fn pubsub(&self, channel: &ChannelName) -> String {
+        format!("{}:p:{channel}", self.prefix)
+    }
+}
+
+/// `url` without its password, for logs and errors.
+pub fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+fn unavailable(e: redis::RedisError) -> BrokerError {
+    BrokerError::Unavailable(format!("redis: {e}"))
+}
+
+fn new_epoch() -> Epoch {
+    Epoch::random(|| fastrand::u64(..))
+}
+
+fn millis(d: Duration) -> u64 {
+    // PEXPIRE refuses 0; a zero TTL means "as short as possible".
+    (d.as_millis() as u64).max(1)
+}
+
+/// Reads history in one script call (see [`scripts::history`]).
+pub(crate) async fn read_history(
+    script: &Script,
+    commands: &mut ConnectionManager,
+    names: &Names,
+    channel: &ChannelName,
+    query: &HistoryQuery,
+) -> Result<History, BrokerError> {
+    let since = query
+        .since
+        .as_ref()
+        .map_or(String::new(), |s| s.offset.to_string());
+    let (epoch, top, first, entries): (String, u64, u64, Vec<(u64, Vec<u8>)>) = script
+        .key(names.meta(channel))
+        .key(names.history(channel))
+        .arg(since)
+        .arg(query.limit)
+        .arg(new_epoch().as_str())
+        .arg(millis(StreamPolicy::default().meta_ttl))
+        .invoke_async(commands)
+        .await
+        .map_err(unavailable)?;
+    let position = StreamPosition {
+        offset: top,
+        epoch: Epoch::new(&epoch),
+    };
+    if let Some(since) = &query.since {
+        check_since(since, &position, first)?;
+    }
+    let publications = entries
+        .into_iter()
+        .map(|(offset, data)| Publication {
+            offset,
+            data: Bytes::from(data),
+        })
+        .collect();
+    Ok(History {
+        position,
+        publications,
+    })
+}
+
+#[async_trait]
+impl Broker for RedisBroker {
+    async fn publish(
+        &self,
+        channel: &ChannelName,
+        data: Bytes,
+        policy: StreamPolicy,
+    ) -> Result<StreamPosition, BrokerError> {
+        let (epoch, offset): (String, u64) = self
+            .publish
+            .key(self.names.meta(channel))
+            .key(self.names.history(channel))
+            .arg(data.as_ref())
+            .arg(policy.history_size)
+            .arg(millis(policy.history_ttl))
+            .arg(millis(policy.meta_ttl.max(policy.history_ttl)))
+            .arg(new_epoch().as_str())
+            .arg(self.names.pubsub(channel))
+            .invoke_async(&mut self.commands.clone())
+            .await
+            .map_err(unavailable)?;
+        Ok(StreamPosition {
+            offset,
+            epoch: Epoch::new(&epoch),
+        })
+    }
+
+    async fn history(
+        &self,
+        channel: &ChannelName,
+        query: HistoryQuery,
+    ) -> Result<History, BrokerError> {
+        read_history(
+            &self.history,
+            &mut self.commands.clone(),
+            &self.names,
+            channel,
+            &query,
+        )
+        .await
+    }
+
+    async fn remove_history(&self, channel: &ChannelName) -> Result<(), BrokerError> {
+        redis::cmd("DEL")
+            .arg(self.names.meta(channel))
+            .arg(self.names.history(channel))
+            .query_async::<()>(&mut self.commands.clone())
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn subscribe(&self, channel: &ChannelName) -> Result<(), BrokerError> {
+        self.listener.subscribe(channel).await
+    }
+
+    async fn unsubscribe(&self, channel: &ChannelName) -> Result<(), BrokerError> {
+        self.listener.unsubscribe(channel).await
+    }
+
+    /// The channels this node listens to: counting every stream in Redis would scan it.
+    fn channel_count(&self) -> usize {
+        self.listener.channel_count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn redacts_credentials() {
+        assert_eq!(
+            super::redacted("redis://u:secret@h:1/0"),
+            "redis://***@h:1/0"
+        );
+        assert_eq!(super::redacted("redis://h:1"), "redis://h:1");
+    }
+}

@@ -1,0 +1,103 @@
+//! The Lua scripts that keep a channel's stream consistent inside Redis: each runs
+//! atomically, so offsets, history and pub/sub order agree whatever the number of nodes.
+//!
+//! Per channel there are two keys, both hash-tagged with the channel so they share a slot:
+//! - the **meta** hash: `e` = epoch, `o` = newest offset, `t` = history TTL in ms;
+//! - the **history**, a Redis stream whose entry ids are `OFFSET-0`, with fields
+//!   `d` = data and `t` = append time in ms.
+
+use redis::Script;
+
+/// Appends a publication, trims history to its size, and publishes
+/// `EPOCH\nOFFSET\nDATA` to the channel's pub/sub channel, all in one step.
+///
+/// KEYS: meta, history. ARGV: data, history size, history TTL ms, meta TTL ms, the epoch to
+/// use if the stream is new, pub/sub channel. Returns `{epoch, offset}`.
+pub fn publish() -> Script {
+    Script::new(
+        r#"
+local epoch = redis.call('HGET', KEYS[1], 'e')
+if not epoch then
+  epoch = ARGV[5]
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[1], 'e', epoch)
+end
+local offset = redis.call('HINCRBY', KEYS[1], 'o', 1)
+redis.call('HSET', KEYS[1], 't', ARGV[3])
+local size = tonumber(ARGV[2])
+if size > 0 then
+  local now = redis.call('TIME')
+  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  redis.call('XADD', KEYS[2], 'MAXLEN', size, offset .. '-0', 'd', ARGV[1], 't', string.format('%.0f', ms))
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+else
+  redis.call('DEL', KEYS[2])
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PUBLISH', ARGV[6], epoch .. '\n' .. offset .. '\n' .. ARGV[1])
+return {epoch, offset}
+"#,
+    )
+}
+
+/// Reads a stream's position and history. A stream that does not exist yet is created
+/// with the given epoch at offset 0, so the epoch a reader sees is the one publications
+/// get. Publications older than the stream's TTL are dropped first.
+///
+/// KEYS: meta, history. ARGV: since offset (empty = the newest), limit, the epoch to use if
+/// the stream is new, meta TTL ms for a new stream. Returns
+/// `{epoch, top offset, first readable offset, {offset, data, offset, data, ...}}`.
+pub fn history() -> Script {
+    Script::new(
+        r#"
+local m = redis.call('HMGET', KEYS[1], 'e', 'o', 't')
+local epoch, top, ttl = m[1], tonumber(m[2] or 0), tonumber(m[3] or 0)
+if not epoch then
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[1], 'e', ARGV[3], 'o', 0)
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  return {ARGV[3], 0, 1, {}}
+end
+local function offset_of(id) return tonumber(string.match(id, '^%d+')) end
+if ttl > 0 then
+  local now = redis.call('TIME')
+  local cutoff = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) - ttl
+  while true do
+    local head = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 64)
+    if #head == 0 then break end
+    local keep
+    for _, e in ipairs(head) do
+      if tonumber(e[2][4]) >= cutoff then keep = e[1] break end
+    end
+    if keep then
+      redis.call('XTRIM', KEYS[2], 'MINID', keep)
+      break
+    end
+    redis.call('XTRIM', KEYS[2], 'MINID', (offset_of(head[#head][1]) + 1) .. '-0')
+  end
+end
+local first = top + 1
+local head = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)
+if #head > 0 then first = offset_of(head[1][1]) end
+local limit = tonumber(ARGV[2])
+local out = {}
+if limit > 0 then
+  local entries = {}
+  if ARGV[1] == '' then
+    local newest = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', limit)
+    for i = #newest, 1, -1 do entries[#entries + 1] = newest[i] end
+  else
+    local since = tonumber(ARGV[1])
+    if since + 1 >= first and since < top then
+      entries = redis.call('XRANGE', KEYS[2], (since + 1) .. '-0', '+', 'COUNT', limit)
+    end
+  end
+  for _, e in ipairs(entries) do
+    out[#out + 1] = offset_of(e[1])
+    out[#out + 1] = e[2][2]
+  end
+end
+return {epoch, top, first, out}
+"#,
+    )
+}

@@ -1,0 +1,124 @@
+//! Several `herald serve` processes on one address (`--reuse-port`) sharing channels through
+//! Redis: a node killed with `kill -9` loses nothing, and its clients resume on another.
+
+mod support;
+
+use std::{
+    io::{BufRead, BufReader},
+    process::Stdio,
+    time::Duration,
+};
+
+use herald_broker_redis::testkit::RedisServer;
+use serde_json::{json, Value};
+use support::{herald, history, Server};
+
+const CHANNEL: &str = "chat:ha";
+
+fn node(listen: &str, redis: &RedisServer, data: &std::path::Path) -> Server {
+    Server::start_at(
+        listen,
+        data,
+        &[
+            "--storage",
+            "redis",
+            "--redis-url",
+            &redis.url(),
+            "--reuse-port",
+        ],
+    )
+}
+
+/// Publishes `n` through the shared address, retrying a request a dying node dropped;
+/// returns the offset it got.
+async fn publish(http: &reqwest::Client, url: &str, n: u64) -> u64 {
+    for _ in 0..50 {
+        let sent = http
+            .post(format!("{url}/api/publish"))
+            .header("Authorization", "apikey k")
+            .json(&json!({ "channel": CHANNEL, "data": { "n": n } }))
+            .send()
+            .await;
+        if let Ok(r) = sent {
+            if let Ok(v) = r.json::<Value>().await {
+                if let Some(offset) = v["offset"].as_u64() {
+                    return offset;
+                }
+            }
+        }
+        // The request hit the node being killed; the kernel sends the retry to a live one.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("publication {n} was never accepted");
+}
+
+/// A child process that is killed and reaped however the test ends.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_killed_node_loses_nothing_and_its_subscribers_resume_on_another() {
+    let redis = RedisServer::start();
+    let data = tempfile::tempdir().unwrap();
+    let mut a = node("127.0.0.1:0", &redis, data.path());
+    let address = a.url.trim_start_matches("http://").to_string();
+    let mut b = node(&address, &redis, data.path());
+    let url = a.url.clone();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let http = reqwest::Client::new();
+
+    let mut sub = Reaped(
+        herald()
+            .args([
+                "sub", CHANNEL, "--since", "0", "--count", "150", "--url", &url,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut printed = BufReader::new(sub.0.stdout.take().unwrap()).lines();
+    let mut offsets = Vec::new();
+    let mut read = |until: u64, offsets: &mut Vec<u64>| {
+        while offsets.last().copied().unwrap_or(0) < until {
+            let line = printed.next().expect("the subscriber prints").unwrap();
+            let v: Value = serde_json::from_str(&line).unwrap();
+            offsets.push(v["offset"].as_u64().unwrap());
+        }
+    };
+
+    // Whichever node the subscriber is on dies once: first A, then (after A is back) B.
+    for (i, n) in (1..=150u64).enumerate() {
+        assert_eq!(rt.block_on(publish(&http, &url, n)), n);
+        if i == 49 {
+            read(50, &mut offsets);
+            a.child.kill().unwrap(); // SIGKILL
+            a.child.wait().unwrap();
+        }
+        if i == 99 {
+            read(100, &mut offsets);
+            a = node(&address, &redis, data.path());
+            b.child.kill().unwrap();
+            b.child.wait().unwrap();
+        }
+    }
+    read(150, &mut offsets);
+    assert_eq!(
+        offsets,
+        (1..=150).collect::<Vec<_>>(),
+        "every offset once, in order"
+    );
+    let history = history(&rt, &url, CHANNEL);
+    assert_eq!(
+        history["publications"].as_array().unwrap().len(),
+        150,
+        "{history}"
+    );
+    drop(a);
+}
