@@ -49,9 +49,18 @@ pub struct Common {
     /// A running server to measure (`http://IP:PORT`); default: start a Herald for the run.
     #[arg(long, global = true)]
     pub url: Option<String>,
-    /// The server's process id, for its CPU and memory (default: the Herald this tool starts).
+    /// The server's process id, for its CPU and memory (default: the Herald this tool
+    /// starts); repeat it for a server of several processes, whose figures are summed.
     #[arg(long, global = true)]
-    pub pid: Option<u32>,
+    pub pid: Vec<u32>,
+    /// Herald processes to start on one address (`--reuse-port`), sharing channels through
+    /// Redis: for more connections than one process may hold. Their CPU and memory (and
+    /// Redis's) are summed.
+    #[arg(long, global = true, default_value_t = 1)]
+    pub nodes: usize,
+    /// The Redis those nodes use; default: a `redis-server` this tool starts.
+    #[arg(long, global = true)]
+    pub redis_url: Option<String>,
     /// API key of the target Herald's publish API (default: the key of the Herald started here).
     #[arg(long, global = true)]
     pub api_key: Option<String>,

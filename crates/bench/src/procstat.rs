@@ -44,6 +44,21 @@ pub fn sample(pid: u32) -> io::Result<ProcSample> {
     })
 }
 
+/// Several processes as one: CPU, memory and threads summed; `None` if any is unreadable
+/// (or there are none).
+pub fn sample_all(pids: &[u32]) -> Option<ProcSample> {
+    let mut samples = pids.iter().map(|p| sample(*p).ok());
+    let mut total = samples.next()??;
+    for s in samples {
+        let s = s?;
+        total.cpu_seconds += s.cpu_seconds;
+        total.system_seconds += s.system_seconds;
+        total.rss_bytes += s.rss_bytes;
+        total.threads += s.threads;
+    }
+    Some(total)
+}
+
 /// `mem` of the TCP line in `/proc/net/sockstat`, in pages, as bytes.
 fn tcp_kernel_bytes() -> Option<u64> {
     let text = fs::read_to_string("/proc/net/sockstat").ok()?;

@@ -10,6 +10,8 @@ use std::{
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
+use herald_broker_redis::testkit::RedisServer;
+
 use crate::procstat::{self, ProcSample};
 
 pub const BENCH_API_KEY: &str = "herald-bench";
@@ -17,66 +19,68 @@ pub const BENCH_API_KEY: &str = "herald-bench";
 pub struct Server {
     /// `http://IP:PORT`.
     pub url: String,
-    pub pid: Option<u32>,
-    child: Option<Child>,
+    /// Every process whose CPU and memory count as the server's (its nodes, and the Redis
+    /// this tool started for them).
+    pub pids: Vec<u32>,
+    children: Vec<Child>,
+    _redis: Option<RedisServer>,
     _data: Option<tempfile::TempDir>,
 }
 
 impl Server {
     /// Starts `herald serve` (this same binary) on a free loopback port, with a fresh data
-    /// directory and `extra` arguments (e.g. `--storage memory`).
-    pub fn spawn(extra: &[String]) -> anyhow::Result<Self> {
+    /// directory and `extra` arguments (e.g. `--storage memory`). With `nodes` > 1, starts
+    /// that many on the same address (`--reuse-port`), sharing channels through Redis:
+    /// `redis_url`, or a `redis-server` started here.
+    pub fn spawn(extra: &[String], nodes: usize, redis_url: Option<&str>) -> anyhow::Result<Self> {
         let data = tempfile::tempdir()?;
-        let mut child = Command::new(std::env::current_exe()?)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--api-key",
-                BENCH_API_KEY,
-            ])
-            .args(["--log-format", "json", "--log-level", "warn,herald=info"])
-            .arg("--data-dir")
-            .arg(data.path())
-            .args(extra)
-            .env_remove("HERALD_CONFIG")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting herald serve")?;
-        let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
-        let address = loop {
-            let Some(line) = lines.next() else {
-                bail!("herald serve exited before listening");
+        let mut args: Vec<String> = extra.to_vec();
+        let mut redis = None;
+        if nodes > 1 {
+            let url = match redis_url {
+                Some(url) => url.to_string(),
+                None => {
+                    let started = RedisServer::try_start().context(
+                        "starting redis-server for --nodes (install it, or give --redis-url)",
+                    )?;
+                    let url = started.url();
+                    redis = Some(started);
+                    url
+                }
             };
-            let v: Value = serde_json::from_str(&line?).unwrap_or(Value::Null);
-            if v["fields"]["message"] == "herald is listening" {
-                break v["fields"]["address"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string();
-            }
-        };
-        std::thread::spawn(move || lines.for_each(drop));
+            args.extend(
+                ["--storage", "redis", "--redis-url", &url, "--reuse-port"].map(String::from),
+            );
+        }
+        let (first, address) = spawn_node("127.0.0.1:0", data.path(), &args)?;
+        let mut children = vec![first];
+        for _ in 1..nodes.max(1) {
+            children.push(spawn_node(&address, data.path(), &args)?.0);
+        }
+        let mut pids: Vec<u32> = children.iter().map(Child::id).collect();
+        pids.extend(redis.as_ref().map(RedisServer::pid));
         Ok(Self {
             url: format!("http://{address}"),
-            pid: Some(child.id()),
-            child: Some(child),
+            pids,
+            children,
+            _redis: redis,
             _data: Some(data),
         })
     }
 
-    pub fn external(url: &str, pid: Option<u32>) -> Self {
+    pub fn external(url: &str, pids: &[u32]) -> Self {
         Self {
             url: url.trim_end_matches('/').to_string(),
-            pid,
-            child: None,
+            pids: pids.to_vec(),
+            children: Vec::new(),
+            _redis: None,
             _data: None,
         }
     }
 
+    /// The server's processes together: CPU and memory summed.
     pub fn sample(&self) -> Option<ProcSample> {
-        self.pid.and_then(|p| procstat::sample(p).ok())
+        procstat::sample_all(&self.pids)
     }
 
     /// Herald's own counters (`/api/info`), when the target is Herald.
@@ -94,11 +98,47 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        if let Some(c) = &mut self.child {
+        for c in &mut self.children {
             let _ = c.kill();
             let _ = c.wait();
         }
     }
+}
+
+/// Starts one `herald serve` on `listen`; returns it and the address it listens on.
+fn spawn_node(
+    listen: &str,
+    data: &std::path::Path,
+    extra: &[String],
+) -> anyhow::Result<(Child, String)> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["serve", "--listen", listen, "--api-key", BENCH_API_KEY])
+        .args(["--log-format", "json", "--log-level", "warn,herald=info"])
+        .arg("--data-dir")
+        .arg(data)
+        .args(extra)
+        .env_remove("HERALD_CONFIG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting herald serve")?;
+    let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
+    let address = loop {
+        let Some(line) = lines.next() else {
+            let _ = child.wait();
+            bail!("herald serve exited before listening");
+        };
+        let v: Value = serde_json::from_str(&line?).unwrap_or(Value::Null);
+        if v["fields"]["message"] == "herald is listening" {
+            break v["fields"]["address"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+        }
+    };
+    // Keep draining stderr so the server never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    Ok((child, address))
 }
 
 /// Publishes through an HTTP API: Herald's, or any server's through a template.

@@ -201,9 +201,21 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
         ));
     }
     if let Some(info) = info {
+        // With several nodes on one address, the request reaches one of them.
+        let whose = if common.nodes > 1 {
+            format!("one node's (of {})", common.nodes)
+        } else {
+            "server".to_string()
+        };
         notes.push(format!(
-            "server counters: {} publications fanned out, {} deliveries",
+            "{whose} counters: {} publications fanned out, {} deliveries",
             info["publications_fanned_out"], info["deliveries"]
+        ));
+    }
+    if common.nodes > 1 {
+        notes.push(format!(
+            "{} Herald nodes on one address (SO_REUSEPORT) sharing the channel through Redis; CPU and RSS are the sum of the nodes and Redis",
+            common.nodes
         ));
     }
     Ok(Outcome {

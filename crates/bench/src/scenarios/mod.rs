@@ -51,8 +51,12 @@ pub struct Target {
 impl Target {
     pub async fn start(common: &Common) -> anyhow::Result<Self> {
         let server = match &common.url {
-            Some(url) => Server::external(url, common.pid),
-            None => Server::spawn(&common.server_args)?,
+            Some(url) => Server::external(url, &common.pid),
+            None => Server::spawn(
+                &common.server_args,
+                common.nodes,
+                common.redis_url.as_deref(),
+            )?,
         };
         let api_key = common
             .api_key
@@ -118,7 +122,7 @@ pub struct Monitor {
     last_received: u64,
     pub points: Vec<Point>,
     bar: ProgressBar,
-    pid: Option<u32>,
+    pids: Vec<u32>,
 }
 
 impl Monitor {
@@ -136,7 +140,7 @@ impl Monitor {
             last_received: 0,
             points: Vec::new(),
             bar,
-            pid: target.server.pid,
+            pids: target.server.pids.clone(),
         }
     }
 
@@ -187,7 +191,7 @@ impl Monitor {
         if self.points.last().is_some_and(|p| t - p.t < 0.5) {
             return None;
         }
-        Some((t, self.pid.and_then(|p| crate::procstat::sample(p).ok())))
+        Some((t, crate::procstat::sample_all(&self.pids)))
     }
 
     /// Keeps observing `fleet` until `deadline`.
