@@ -24,7 +24,8 @@ use std::{sync::Arc, time::Duration};
 use async_trait::async_trait;
 use bytes::Bytes;
 use herald_broker::{
-    check_since, Broker, BrokerError, History, HistoryQuery, PublicationSink, StreamPolicy,
+    check_since, Broker, BrokerError, History, HistoryQuery, NodeRequests, PublicationSink,
+    StreamPolicy,
 };
 use herald_protocol::{ChannelName, Epoch, Publication, StreamPosition};
 use redis::{aio::ConnectionManager, Script};
@@ -157,6 +158,11 @@ impl Names {
     pub(crate) fn pubsub(&self, channel: &ChannelName) -> String {
         format!("{}:p:{channel}", self.prefix)
     }
+
+    /// Where a node hears requests and answers from other nodes.
+    pub(crate) fn node(&self, node: &str) -> String {
+        format!("{}:n:{node}", self.prefix)
+    }
 }
 
 /// `url` without its password, for logs and errors.
@@ -286,6 +292,18 @@ impl Broker for RedisBroker {
     /// The channels this node listens to: counting every stream in Redis would scan it.
     fn channel_count(&self) -> usize {
         self.listener.channel_count()
+    }
+
+    fn node_id(&self) -> Option<&str> {
+        Some(&self.listener.node_id)
+    }
+
+    async fn ask_node(&self, node: &str, request: Bytes) -> Option<Result<Bytes, BrokerError>> {
+        Some(self.listener.ask(node, request).await)
+    }
+
+    fn answer_nodes_with(&self, handler: std::sync::Weak<dyn NodeRequests>) {
+        self.listener.answer_with(handler);
     }
 }
 

@@ -1,6 +1,7 @@
 //! The node's pub/sub connection: subscribes to the channels its clients use, hands their
 //! publications to the sink in order, and after a lost connection reconnects and reads the
-//! missed publications from history.
+//! missed publications from history. It also carries requests between nodes, on one
+//! pub/sub channel per node.
 
 use std::{
     collections::HashMap,
@@ -13,11 +14,11 @@ use std::{
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use herald_broker::{BrokerError, HistoryQuery, PublicationSink};
+use herald_broker::{BrokerError, HistoryQuery, NodeRequests, PublicationSink};
 use herald_protocol::{ChannelName, Epoch, Publication, Since};
 use parking_lot::Mutex;
 use redis::aio::{ConnectionManager, PubSubSink};
-use tokio::task::AbortHandle;
+use tokio::{sync::oneshot, task::AbortHandle};
 
 use crate::{read_history, scripts, unavailable, Names};
 
@@ -29,6 +30,9 @@ const CATCH_UP_LIMIT: usize = 10_000;
 /// unavailable.
 const CONNECT_WAIT: Duration = Duration::from_secs(5);
 
+/// How long a node waits for another node's answer.
+const ANSWER_WAIT: Duration = Duration::from_secs(10);
+
 /// A subscribed channel and the newest publication handed to the sink.
 struct Tracked {
     channel: ChannelName,
@@ -38,6 +42,14 @@ struct Tracked {
 pub(crate) struct Listener {
     names: Names,
     sink: Arc<dyn PublicationSink>,
+    /// This node's id, and the pub/sub channel other nodes reach it on.
+    pub(crate) node_id: String,
+    node_channel: String,
+    commands: ConnectionManager,
+    /// Requests this node sent, awaiting answers, by request number.
+    asked: Mutex<HashMap<u64, oneshot::Sender<Bytes>>>,
+    next_request: AtomicU64,
+    answerer: Mutex<Option<std::sync::Weak<dyn NodeRequests>>>,
     /// By pub/sub channel name.
     channels: Mutex<HashMap<Box<str>, Tracked>>,
     /// The connection's command half; `None` while (re)connecting.
@@ -58,9 +70,16 @@ impl Listener {
         names: Names,
         sink: Arc<dyn PublicationSink>,
     ) -> Arc<Self> {
+        let node_id = crate::new_epoch().as_str().to_string();
         let listener = Arc::new(Self {
+            node_channel: names.node(&node_id),
+            node_id,
             names,
             sink,
+            commands: commands.clone(),
+            asked: Mutex::default(),
+            next_request: AtomicU64::new(1),
+            answerer: Mutex::default(),
             channels: Mutex::default(),
             control: tokio::sync::watch::Sender::new(None),
             membership: tokio::sync::Mutex::new(()),
@@ -68,7 +87,7 @@ impl Listener {
             reconnects: AtomicU64::new(0),
             caught_up: AtomicU64::new(0),
         });
-        let task = tokio::spawn(run(Arc::downgrade(&listener), client, commands));
+        let task = tokio::spawn(run(Arc::downgrade(&listener), client));
         *listener.task.lock() = Some(task.abort_handle());
         listener
     }
@@ -125,6 +144,86 @@ impl Listener {
 
     pub(crate) fn channel_count(&self) -> usize {
         self.channels.lock().len()
+    }
+
+    pub(crate) fn answer_with(&self, handler: std::sync::Weak<dyn NodeRequests>) {
+        *self.answerer.lock() = Some(handler);
+    }
+
+    /// Publishes `request` on `node`'s channel and waits for its answer.
+    pub(crate) async fn ask(&self, node: &str, request: Bytes) -> Result<Bytes, BrokerError> {
+        let number = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.asked.lock().insert(number, tx);
+        let mut message = format!("q{}\n{number}\n", self.node_id).into_bytes();
+        message.extend_from_slice(&request);
+        let listeners: Result<u64, _> = redis::cmd("PUBLISH")
+            .arg(self.names.node(node))
+            .arg(message)
+            .query_async(&mut self.commands.clone())
+            .await;
+        let answer = match listeners {
+            Err(e) => Err(unavailable(e)),
+            Ok(0) => Err(BrokerError::Unavailable(format!(
+                "node {node} is not connected"
+            ))),
+            Ok(_) => match tokio::time::timeout(ANSWER_WAIT, rx).await {
+                Ok(Ok(answer)) => Ok(answer),
+                _ => Err(BrokerError::Unavailable(format!(
+                    "node {node} did not answer"
+                ))),
+            },
+        };
+        self.asked.lock().remove(&number);
+        answer
+    }
+
+    /// A message on this node's own channel: a request to answer, or an answer.
+    fn on_node_message(self: &Arc<Self>, payload: &[u8]) {
+        match payload.split_first() {
+            Some((b'q', rest)) => {
+                let mut parts = rest.splitn(3, |b| *b == b'\n');
+                let (Some(origin), Some(number), Some(request)) =
+                    (parts.next(), parts.next(), parts.next())
+                else {
+                    return;
+                };
+                let Some(answerer) = self.answerer.lock().as_ref().and_then(|w| w.upgrade()) else {
+                    return;
+                };
+                let to = self.names.node(&String::from_utf8_lossy(origin));
+                let mut reply = b"r".to_vec();
+                reply.extend_from_slice(number);
+                reply.push(b'\n');
+                let (request, mut commands) =
+                    (Bytes::copy_from_slice(request), self.commands.clone());
+                // Answering may wait on a session; the listener must not.
+                tokio::spawn(async move {
+                    reply.extend_from_slice(&answerer.answer(request).await);
+                    let sent: Result<u64, _> = redis::cmd("PUBLISH")
+                        .arg(to)
+                        .arg(reply)
+                        .query_async(&mut commands)
+                        .await;
+                    if let Err(e) = sent {
+                        tracing::warn!(error = %e, "could not answer another node");
+                    }
+                });
+            }
+            Some((b'r', rest)) => {
+                let mut parts = rest.splitn(2, |b| *b == b'\n');
+                let (Some(number), Some(answer)) = (parts.next(), parts.next()) else {
+                    return;
+                };
+                let number = std::str::from_utf8(number)
+                    .ok()
+                    .and_then(|n| n.parse().ok());
+                if let Some(tx) = number.and_then(|n| self.asked.lock().remove(&n)) {
+                    let _ = tx.send(Bytes::copy_from_slice(answer));
+                }
+            }
+            _ => tracing::warn!("undecodable message on this node's channel"),
+        }
     }
 
     /// Hands one publication to the sink unless it was handed already (a catch-up and the
@@ -189,11 +288,7 @@ impl Listener {
 
 /// Connects, subscribes to every tracked channel, catches up, then reads until the
 /// connection drops; again and again while the broker lives.
-async fn run(
-    listener: std::sync::Weak<Listener>,
-    client: redis::Client,
-    mut commands: ConnectionManager,
-) {
+async fn run(listener: std::sync::Weak<Listener>, client: redis::Client) {
     let mut backoff = Duration::from_millis(50);
     let mut first = true;
     loop {
@@ -210,18 +305,17 @@ async fn run(
         let (mut control, mut messages) = pubsub.split();
         {
             let _membership = me.membership.lock().await;
-            let names: Vec<String> = me.channels.lock().keys().map(|k| k.to_string()).collect();
-            if !names.is_empty() {
-                if let Err(e) = control.subscribe(&names).await {
-                    tracing::warn!(error = %e, "redis resubscribe failed; retrying");
-                    continue;
-                }
+            let mut names: Vec<String> = me.channels.lock().keys().map(|k| k.to_string()).collect();
+            names.push(me.node_channel.clone());
+            if let Err(e) = control.subscribe(&names).await {
+                tracing::warn!(error = %e, "redis resubscribe failed; retrying");
+                continue;
             }
             me.control.send_replace(Some(control));
         }
         if !first {
             tracing::info!("redis pub/sub connection is back");
-            me.catch_up(&mut commands).await;
+            me.catch_up(&mut me.commands.clone()).await;
             me.reconnects.fetch_add(1, Ordering::Relaxed);
         }
         first = false;
@@ -229,6 +323,10 @@ async fn run(
         drop(me);
         while let Some(message) = messages.next().await {
             let Some(me) = listener.upgrade() else { return };
+            if message.get_channel_name() == me.node_channel {
+                me.on_node_message(message.get_payload_bytes());
+                continue;
+            }
             match decode(message.get_payload_bytes()) {
                 Some((epoch, publication)) => {
                     me.deliver(message.get_channel_name(), epoch, &publication);

@@ -32,7 +32,10 @@ mod durable;
 mod memory;
 mod routed;
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{Arc, Weak},
+    time::Duration,
+};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -135,6 +138,31 @@ pub trait Broker: Send + Sync + 'static {
 
     /// How many channels have a stream, for stats.
     fn channel_count(&self) -> usize;
+
+    /// This node's id among the nodes that share the broker; `None` for a broker that serves
+    /// one node.
+    fn node_id(&self) -> Option<&str> {
+        None
+    }
+
+    /// Sends `request` to the node with id `node` and returns its answer: for a command that
+    /// must reach a session living on that node. `None` when the broker links no other nodes.
+    async fn ask_node(&self, node: &str, request: Bytes) -> Option<Result<Bytes, BrokerError>> {
+        let _ = (node, request);
+        None
+    }
+
+    /// Where requests from other nodes go (see [`Broker::ask_node`]).
+    fn answer_nodes_with(&self, handler: Weak<dyn NodeRequests>) {
+        let _ = handler;
+    }
+}
+
+/// Answers what other nodes [ask](Broker::ask_node) this one.
+#[async_trait]
+pub trait NodeRequests: Send + Sync + 'static {
+    /// The answer to one request.
+    async fn answer(&self, request: Bytes) -> Bytes;
 }
 
 /// A broker behind a shared handle.

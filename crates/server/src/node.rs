@@ -37,6 +37,9 @@ pub struct Inbound {
 
 /// Shared state of one Herald process.
 pub struct Node {
+    /// This node's id among the nodes sharing its broker (random when it is alone). Stream
+    /// sessions' ids start with it, so any node can tell where a session lives.
+    pub id: Box<str>,
     /// Checked configuration.
     pub settings: Settings,
     /// Where publications are stored and ordered.
@@ -86,7 +89,16 @@ impl Node {
         };
         let hub = Arc::new(Hub::new(threads));
         let broker = make_broker(hub.clone())?;
-        Ok(Arc::new(Self {
+        let id = broker.node_id().map_or_else(
+            || {
+                herald_protocol::Epoch::random(|| fastrand::u64(..))
+                    .as_str()
+                    .into()
+            },
+            Into::into,
+        );
+        let node = Arc::new(Self {
+            id,
             settings,
             broker,
             hub,
@@ -96,7 +108,11 @@ impl Node {
             connections: AtomicUsize::new(0),
             next_session: AtomicU64::new(1),
             started: Instant::now(),
-        }))
+        });
+        // Other nodes forward commands for this node's stream sessions (`transport::send`).
+        let weak: std::sync::Weak<dyn herald_broker::NodeRequests> = Arc::downgrade(&node) as _;
+        node.broker.answer_nodes_with(weak);
+        Ok(node)
     }
 
     /// A node with the embedded memory broker.

@@ -77,7 +77,9 @@ impl Session {
     pub fn new(node: &Arc<Node>) -> Self {
         let queue = Arc::new(Queue::new(node.settings.config.client.queue_max_bytes));
         let guard = node.connection();
-        let client = format!("{:x}-{:016x}", guard.id, fastrand::u64(..)).into_boxed_str();
+        // NODE-CONNECTION-RANDOM: the node first, so a send can be forwarded to it.
+        let client =
+            format!("{}-{:x}-{:016x}", node.id, guard.id, fastrand::u64(..)).into_boxed_str();
         Self {
             guard,
             queue,

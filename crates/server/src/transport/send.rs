@@ -2,8 +2,10 @@
 //!
 //! With `?session=ID` (the `client` from a stream's `connect` push) the commands go to
 //! that stream's session and their replies travel in the stream, in order with
-//! publications; the response is `{}` once they are handled. Without a session, stateless
-//! commands (publish, history, ping) are answered in the response body, one line each.
+//! publications; the response is `{}` once they are handled. A session that lives on
+//! another node (its id starts with that node's id) is reached through the broker, so a
+//! load balancer needs no affinity. Without a session, stateless commands (publish,
+//! history, ping) are answered in the response body, one line each.
 
 use std::sync::Arc;
 
@@ -13,7 +15,8 @@ use axum::{
     http::{header, HeaderMap},
     response::{IntoResponse, Response},
 };
-use herald_protocol::ErrorCode;
+use herald_broker::NodeRequests;
+use herald_protocol::{json, ErrorCode};
 use tokio::sync::oneshot;
 
 use super::origin;
@@ -72,7 +75,32 @@ async fn handle(
         out.push(b'\n');
         return Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], out).into_response());
     };
-    let inbox = node.inboxes.lock().get(id.as_str()).cloned();
+    let owner = id.split('-').next().unwrap_or_default();
+    if owner != &*node.id {
+        let mut request = Vec::with_capacity(id.len() + 1 + frame.len());
+        request.extend_from_slice(id.as_bytes());
+        request.push(b'\n');
+        request.extend_from_slice(&frame);
+        if let Some(answer) = node.broker.ask_node(owner, request.into()).await {
+            let answer = answer.map_err(|e| {
+                Failure::new(
+                    ErrorCode::BadConnectState,
+                    format!("the stream's node cannot be reached ({e}); reopen the stream"),
+                )
+            })?;
+            return decode_answer(&answer).map(|()| sent());
+        }
+    }
+    deliver(&node, &id, frame).await.map(|()| sent())
+}
+
+fn sent() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], "{}").into_response()
+}
+
+/// Hands a frame to a stream session of this node and waits until it is handled.
+async fn deliver(node: &Node, id: &str, frame: Bytes) -> Result<(), Failure> {
+    let inbox = node.inboxes.lock().get(id).cloned();
     let Some(inbox) = inbox else {
         return Err(Failure::new(
             ErrorCode::BadConnectState,
@@ -87,7 +115,44 @@ async fn handle(
         .map_err(|_| Failure::new(ErrorCode::TooManyRequests, "the session is busy; retry"))?
         .map_err(|_| gone())?;
     match handled.await.map_err(|_| gone())? {
-        Ok(()) => Ok(([(header::CONTENT_TYPE, "application/json")], "{}").into_response()),
+        Ok(()) => Ok(()),
         Err(d) => Err(Failure::new(ErrorCode::BadRequest, d.reason)),
     }
+}
+
+/// Another node's send for a session of this one: `SESSION\nFRAME` in, and out `{}` or the
+/// failure as the API's error body.
+#[async_trait::async_trait]
+impl NodeRequests for Node {
+    async fn answer(&self, request: Bytes) -> Bytes {
+        let mut parts = request.splitn(2, |b| *b == b'\n');
+        let (Some(id), Some(frame)) = (parts.next(), parts.next()) else {
+            return json::encode_error(None, ErrorCode::BadRequest, "malformed node request")
+                .into();
+        };
+        let id = String::from_utf8_lossy(id);
+        let frame = request.slice_ref(frame);
+        match deliver(self, &id, frame).await {
+            Ok(()) => Bytes::from_static(b"{}"),
+            Err(f) => json::encode_error(None, f.code, &f.message).into(),
+        }
+    }
+}
+
+/// The owning node's answer, as this node's response.
+fn decode_answer(answer: &[u8]) -> Result<(), Failure> {
+    let v: serde_json::Value = serde_json::from_slice(answer).unwrap_or_default();
+    let Some(error) = v.get("error") else {
+        return Ok(());
+    };
+    let code = error["code"]
+        .as_u64()
+        .and_then(|c| ErrorCode::from_code(c as u16))
+        .unwrap_or(ErrorCode::Internal);
+    Err(Failure::new(
+        code,
+        error["message"]
+            .as_str()
+            .unwrap_or("the stream's node failed"),
+    ))
 }
