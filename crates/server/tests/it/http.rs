@@ -131,51 +131,16 @@ async fn sse_delivers_and_the_browser_style_reconnect_resumes_with_last_event_id
 async fn http_streaming_sends_commands_through_the_session_and_replies_in_order() {
     let server = start(config()).await;
     let http = reqwest::Client::new();
-    let mut s = Lines::new(
-        http.get(server.url("/connection/stream?channel=open:a"))
+    let session = commands_for_a_stream_travel_in_it(&server, &server).await;
+    let (status, _) = response(
+        http.post(server.url(&format!("/connection/send?session={session}")))
+            .body("{\"ping\":{}}")
             .send()
             .await
             .unwrap(),
-    );
-    let connect: Value = serde_json::from_str(&s.next().await.unwrap()).unwrap();
-    let session = connect["connect"]["client"].as_str().unwrap().to_string();
-    let _subscribed = s.next().await.unwrap();
-
-    let send = |body: &'static str| {
-        http.post(server.url(&format!("/connection/send?session={session}")))
-            .body(body)
-            .send()
-    };
-    let r = send("{\"id\":1,\"publish\":{\"channel\":\"open:a\",\"data\":\"hi\"}}\n{\"id\":2,\"subscribe\":{\"channel\":\"open:b\"}}").await.unwrap();
-    assert_eq!(r.status(), 200);
-    let mut lines = Vec::new();
-    for _ in 0..3 {
-        lines.push(serde_json::from_str::<Value>(&s.next().await.unwrap()).unwrap());
-    }
-    // The frame's replies first, then what was published meanwhile.
-    assert_eq!(lines[0]["id"], 1, "{lines:?}");
-    assert_eq!(lines[0]["publish"]["offset"], 1);
-    assert_eq!(lines[1]["id"], 2);
-    assert_eq!(lines[2]["pub"]["data"], "hi");
-    server.publish("open:b", json!("b1")).await;
-    let b: Value = serde_json::from_str(&s.next().await.unwrap()).unwrap();
-    assert_eq!(b["pub"]["channel"], "open:b");
-
-    // A frame the session cannot trust ends the stream with a reason, and the sender is told.
-    let (status, body) = response(send("{\"id\":3,\"publish\":").await.unwrap()).await;
-    assert_eq!(
-        (status, body["error"]["code"].as_u64()),
-        (400, Some(107)),
-        "{body}"
-    );
-    assert!(body["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("malformed"));
-    let end: Value = serde_json::from_str(&s.next().await.unwrap()).unwrap();
-    assert_eq!(end["disconnect"]["code"], 3501, "{end}");
-    assert_eq!(s.next().await, None, "the stream ends");
-
+    )
+    .await;
+    assert_eq!(status, 409, "the stream is gone");
     let unknown = http
         .post(server.url("/connection/send?session=nope"))
         .body("{\"ping\":{}}")
@@ -391,4 +356,60 @@ async fn http_transports_refuse_bad_requests_clearly() {
 
 pub fn urlencode(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+/// Opens a stream on `stream_on` and sends it commands through `send_to` (the same node, or
+/// another): their replies arrive in the stream in order, then a publication on a channel
+/// the send subscribed to; a malformed frame is refused and ends the stream. Returns the
+/// (now closed) session id.
+pub async fn commands_for_a_stream_travel_in_it(
+    stream_on: &TestServer,
+    send_to: &TestServer,
+) -> String {
+    let http = reqwest::Client::new();
+    let mut s = Lines::new(
+        http.get(stream_on.url("/connection/stream?channel=open:a"))
+            .send()
+            .await
+            .unwrap(),
+    );
+    let connect: Value = serde_json::from_str(&s.next().await.unwrap()).unwrap();
+    let session = connect["connect"]["client"].as_str().unwrap().to_string();
+    let _subscribed = s.next().await.unwrap();
+
+    let send = |body: &'static str| {
+        http.post(send_to.url(&format!("/connection/send?session={session}")))
+            .body(body)
+            .send()
+    };
+    let r = send("{\"id\":1,\"publish\":{\"channel\":\"open:a\",\"data\":\"hi\"}}\n{\"id\":2,\"subscribe\":{\"channel\":\"open:b\"}}").await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let mut lines = Vec::new();
+    for _ in 0..3 {
+        lines.push(serde_json::from_str::<Value>(&s.next().await.unwrap()).unwrap());
+    }
+    // The frame's replies first, then what was published meanwhile.
+    assert_eq!(lines[0]["id"], 1, "{lines:?}");
+    assert_eq!(lines[0]["publish"]["offset"], 1);
+    assert_eq!(lines[1]["id"], 2);
+    assert_eq!(lines[2]["pub"]["data"], "hi");
+    send_to.publish("open:b", json!("b1")).await;
+    let b: Value = serde_json::from_str(&s.next().await.unwrap()).unwrap();
+    assert_eq!(b["pub"]["channel"], "open:b");
+
+    // A frame the session cannot trust ends the stream with a reason, and the sender is told.
+    let (status, body) = response(send("{\"id\":3,\"publish\":").await.unwrap()).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_u64()),
+        (400, Some(107)),
+        "{body}"
+    );
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("malformed"));
+    let end: Value = serde_json::from_str(&s.next().await.unwrap()).unwrap();
+    assert_eq!(end["disconnect"]["code"], 3501, "{end}");
+    assert_eq!(s.next().await, None, "the stream ends");
+    session
 }
