@@ -12,6 +12,11 @@
 //! takes its jobs in order, so every connection still sees a channel's publications in
 //! offset order. Small channels are served inline, on the broker's thread, when no job of
 //! theirs is still under way (so an inline publication never overtakes a threaded one).
+//!
+//! **Keeping up.** A fan-out thread writes straight to idle sockets (one `write` per
+//! subscriber per publication). When publications arrive faster than that, jobs wait behind
+//! each other; then the thread only queues, and each connection's task writes everything
+//! queued meanwhile in one frame: fewer, larger writes, spread over the worker threads.
 
 use std::{
     collections::{hash_map::RandomState, HashMap},
@@ -58,6 +63,12 @@ impl Channel {
     }
 }
 
+/// A fan-out thread's inbox, and how many jobs it holds (waiting or under way).
+struct Fanout {
+    jobs: mpsc::Sender<Job>,
+    backlog: Arc<AtomicUsize>,
+}
+
 /// One thread's share of one publication.
 struct Job {
     delivery: Arc<Delivery>,
@@ -69,7 +80,7 @@ struct Job {
 pub struct Hub {
     shards: Box<[Shard]>,
     hasher: RandomState,
-    fanout: Box<[mpsc::Sender<Job>]>,
+    fanout: Box<[Fanout]>,
     deliveries: AtomicU64,
     publications: AtomicU64,
 }
@@ -95,19 +106,29 @@ impl Hub {
     pub fn new(threads: usize) -> Self {
         let fanout = (0..threads.max(1))
             .map(|i| {
-                let (tx, rx) = mpsc::channel::<Job>();
+                let (jobs, rx) = mpsc::channel::<Job>();
+                let backlog = Arc::new(AtomicUsize::new(0));
+                let held = backlog.clone();
                 std::thread::Builder::new()
                     .name(format!("herald-fanout-{i}"))
                     .spawn(move || {
                         for job in rx {
+                            // Another job waiting: this thread is behind, so let the
+                            // connections batch.
+                            let behind = held.load(Ordering::Acquire) > 1;
                             for m in job.members.iter() {
-                                m.queue.offer(&job.delivery, &m.position);
+                                if behind {
+                                    m.queue.offer_queued(&job.delivery);
+                                } else {
+                                    m.queue.offer(&job.delivery, &m.position);
+                                }
                             }
                             job.pending.fetch_sub(1, Ordering::Release);
+                            held.fetch_sub(1, Ordering::Release);
                         }
                     })
                     .expect("spawn a fan-out thread");
-                tx
+                Fanout { jobs, backlog }
             })
             .collect();
         Self {
@@ -234,13 +255,15 @@ impl PublicationSink for Hub {
                     continue;
                 }
                 entry.pending.fetch_add(1, Ordering::Relaxed);
+                fanout.backlog.fetch_add(1, Ordering::AcqRel);
                 let job = Job {
                     delivery: delivery.clone(),
                     members: part.clone(),
                     pending: entry.pending.clone(),
                 };
-                if fanout.send(job).is_err() {
+                if fanout.jobs.send(job).is_err() {
                     entry.pending.fetch_sub(1, Ordering::Relaxed);
+                    fanout.backlog.fetch_sub(1, Ordering::AcqRel);
                 }
             }
         }

@@ -204,6 +204,13 @@ impl Queue {
         self.enqueue(guard, delivery.clone())
     }
 
+    /// Queues a delivery for the connection's task, never writing it here: for a fan-out
+    /// that is behind, so the task writes several publications in one frame. Returns false
+    /// if the queue has overflowed.
+    pub fn offer_queued(&self, delivery: &Arc<Delivery>) -> bool {
+        self.enqueue(self.inner.lock(), delivery.clone())
+    }
+
     fn enqueue(
         &self,
         mut inner: parking_lot::MutexGuard<'_, Inner>,
@@ -482,6 +489,24 @@ mod tests {
             position.get().unwrap().1,
             0,
             "not sent: the transport advances it"
+        );
+        assert!(socket.written.lock().is_empty());
+    }
+
+    #[test]
+    fn a_queued_offer_leaves_even_an_idle_lane_to_the_transport() {
+        let (q, socket) = idle_lane(1000);
+        let position = started(0);
+        assert!(q.offer_queued(&delivery(1, 1)));
+        assert!(q.offer_queued(&delivery(2, 1)));
+        assert_eq!(queued(&q), 2, "both wait for one write by the transport");
+        assert!(socket.written.lock().is_empty());
+        assert_eq!(position.get().unwrap().1, 0, "the transport advances it");
+        assert!(q.offer(&delivery(3, 1), &position));
+        assert_eq!(
+            queued(&q),
+            3,
+            "behind queued ones, a direct write would overtake"
         );
         assert!(socket.written.lock().is_empty());
     }
