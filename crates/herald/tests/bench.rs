@@ -147,3 +147,47 @@ fn the_generic_adapter_measures_a_server_through_its_own_endpoints() {
         "measured by --pid"
     );
 }
+
+#[test]
+fn fanout_across_nodes_reaches_subscribers_of_every_node() {
+    // Three `herald serve` on one address and a redis-server, all started by the bench.
+    let out = herald()
+        .args(["bench", "fanout", "--nodes", "3"])
+        .args(["--subscribers", "30", "--publications", "5", "--rate", "50"])
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows = rows(&out.stdout);
+    assert_eq!(rows[0]["deliveries"], 150, "{text}");
+    assert_eq!(
+        (rows[0]["loss"].as_u64(), rows[0]["duplicates"].as_u64()),
+        (Some(0), Some(0)),
+        "{text}"
+    );
+    // The counters come from whichever node answered: it delivered only its own share,
+    // so the rest reached subscribers of the other nodes through Redis.
+    let notes: Vec<String> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v.get("notes").cloned())
+        .flat_map(|n| n.as_array().cloned().unwrap_or_default())
+        .filter_map(|n| n.as_str().map(String::from))
+        .collect();
+    let counters = notes
+        .iter()
+        .find(|n| n.starts_with("one node's (of 3) counters"))
+        .unwrap_or_else(|| panic!("{notes:?}"));
+    let node_deliveries: u64 = counters
+        .rsplit(", ")
+        .next()
+        .and_then(|d| d.strip_suffix(" deliveries"))
+        .and_then(|d| d.parse().ok())
+        .unwrap_or_else(|| panic!("{counters}"));
+    assert!(node_deliveries < 150, "{counters}");
+}
