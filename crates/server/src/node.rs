@@ -116,7 +116,8 @@ impl Node {
     }
 
     /// A node with the embedded memory broker.
-    pub fn with_memory_broker(settings: Settings) -> Arc<Self> {
+    pub fn with_memory_broker(mut settings: Settings) -> Arc<Self> {
+        settings.config.storage = StorageEngine::Memory;
         Self::new(settings, |sink| MemoryBroker::new(sink))
     }
 

@@ -227,6 +227,8 @@ async fn info(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {
     let (publications, deliveries) = node.hub.counters();
     Json(serde_json::json!({
         "version": env!("CARGO_PKG_VERSION"),
+        "node": &*node.id,
+        "storage": node.settings.config.storage,
         "uptime_seconds": node.uptime().as_secs(),
         "connections": node.connection_count(),
         "channels": node.broker.channel_count(),

@@ -84,6 +84,8 @@ async fn publish_broadcast_history_and_info() {
     assert_eq!(status, 200);
     assert_eq!(info["connections"], 1);
     assert_eq!(info["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(info["storage"], "memory");
+    assert!(!info["node"].as_str().unwrap().is_empty(), "{info}");
 
     let (status, bad) = server
         .api_post("/api/publish", json!({ "channel": "x" }))

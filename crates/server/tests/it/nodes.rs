@@ -11,6 +11,12 @@ async fn a_send_reaches_a_stream_held_by_another_node() {
     let b = start_on_redis(config(), &redis).await;
     // The load balancer sends the stream to A and every POST to B.
     let session = commands_for_a_stream_travel_in_it(&a, &b).await;
+    let (_, info) = a.api_get("/api/info").await;
+    assert_eq!(info["storage"], "redis");
+    assert!(
+        session.starts_with(&format!("{}-", info["node"].as_str().unwrap())),
+        "a session id names its node: {session} {info}"
+    );
     let http = reqwest::Client::new();
     let send = |session: String| {
         http.post(b.url(&format!("/connection/send?session={session}")))
