@@ -303,15 +303,22 @@ async fn run(listener: std::sync::Weak<Listener>, client: redis::Client) {
         };
         let Some(me) = listener.upgrade() else { return };
         let (mut control, mut messages) = pubsub.split();
-        {
+        let subscribed = {
             let _membership = me.membership.lock().await;
             let mut names: Vec<String> = me.channels.lock().keys().map(|k| k.to_string()).collect();
             names.push(me.node_channel.clone());
-            if let Err(e) = control.subscribe(&names).await {
-                tracing::warn!(error = %e, "redis resubscribe failed; retrying");
-                continue;
+            let subscribed = control.subscribe(&names).await;
+            if subscribed.is_ok() {
+                me.control.send_replace(Some(control));
             }
-            me.control.send_replace(Some(control));
+            subscribed
+        };
+        if let Err(e) = subscribed {
+            tracing::warn!(error = %e, "redis resubscribe failed; retrying");
+            drop(me);
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+            continue;
         }
         if !first {
             tracing::info!("redis pub/sub connection is back");
