@@ -2,49 +2,17 @@
  * restart, gaps reported, fallback past a blocking proxy, dead connections noticed. */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import WebSocket from "ws";
-import { Client, type ClientOptions, type Publication, type Subscription, type TransportName } from "../src/index.js";
-import type { Emitter } from "../src/emitter.js";
+import { type ClientOptions, type TransportName } from "../src/index.js";
+import { client, collect, disconnectAll, next } from "./clients.js";
 import { Herald, until } from "./herald.js";
 import { BufferingProxy, SilenceableRelay } from "./proxy.js";
 
-const NodeWebSocket = WebSocket as unknown as NonNullable<ClientOptions["websocket"]>;
-const clients: Client[] = [];
 let server: Herald;
-
-function client(url: string, options: ClientOptions = {}): Client {
-  const c = new Client(url, { websocket: NodeWebSocket, minReconnectDelay: 50, maxReconnectDelay: 500, timeout: 3000, pollInterval: 100, ...options });
-  clients.push(c);
-  return c;
-}
-
-function collect(sub: Subscription): Publication[] {
-  const got: Publication[] = [];
-  sub.on("publication", (p) => got.push(p));
-  return got;
-}
-
-/** The next `event` from `emitter` (that `accept` takes). */
-function next<E extends { [K in keyof E]: unknown }, K extends keyof E>(
-  emitter: Emitter<E>,
-  event: K,
-  accept: (ctx: E[K]) => boolean = () => true,
-): Promise<E[K]> {
-  return new Promise((resolve) => {
-    const off = emitter.on(event, (ctx) => {
-      if (accept(ctx)) {
-        off();
-        resolve(ctx);
-      }
-    });
-  });
-}
 
 beforeAll(async () => {
   server = await Herald.start();
 });
-afterEach(() => {
-  for (const c of clients.splice(0)) c.disconnect();
-});
+afterEach(disconnectAll);
 afterAll(async () => {
   await server.dispose();
 });

@@ -92,3 +92,44 @@ export async function until(what: string, condition: () => boolean, ms = 10_000)
     await new Promise((r) => setTimeout(r, 10));
   }
 }
+
+/** A real `redis-server` on a free loopback port, for nodes that share channels. */
+export class Redis {
+  private constructor(private child: ChildProcess, readonly url: string) {}
+
+  static async start(): Promise<Redis> {
+    const port = await freePort();
+    const dir = mkdtempSync(join(tmpdir(), "herald-redis-"));
+    const child = spawn("redis-server", ["--bind", "127.0.0.1", "--port", String(port), "--save", "", "--appendonly", "no", "--dir", dir], {
+      stdio: ["ignore", "pipe", "ignore"],
+    });
+    await new Promise<void>((resolve, reject) => {
+      const lines = createInterface({ input: child.stdout! });
+      lines.on("line", (line) => {
+        if (line.includes("Ready to accept connections")) resolve();
+      });
+      child.on("error", (e) => reject(new Error(`redis-server must be installed: ${e.message}`)));
+      child.on("exit", (code) => reject(new Error(`redis-server exited with ${code}`)));
+    });
+    return new Redis(child, `redis://127.0.0.1:${port}`);
+  }
+
+  async dispose(): Promise<void> {
+    if (this.child.exitCode !== null || this.child.signalCode !== null) return;
+    const exited = new Promise<void>((resolve) => this.child.once("exit", () => resolve()));
+    this.child.kill("SIGKILL");
+    await exited;
+  }
+}
+
+async function freePort(): Promise<number> {
+  const { createServer } = await import("node:net");
+  return new Promise((resolve, reject) => {
+    const s = createServer();
+    s.once("error", reject);
+    s.listen(0, "127.0.0.1", () => {
+      const port = (s.address() as { port: number }).port;
+      s.close(() => resolve(port));
+    });
+  });
+}
