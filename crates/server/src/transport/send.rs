@@ -76,7 +76,11 @@ async fn handle(
         return Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], out).into_response());
     };
     let owner = id.split('-').next().unwrap_or_default();
-    if owner != &*node.id {
+    // Node ids are short and alphanumeric; anything else cannot be a session of any node,
+    // and is not worth a round trip through the broker.
+    let plausible =
+        (1..=32).contains(&owner.len()) && owner.bytes().all(|b| b.is_ascii_alphanumeric());
+    if owner != &*node.id && plausible {
         let mut request = Vec::with_capacity(id.len() + 1 + frame.len());
         request.extend_from_slice(id.as_bytes());
         request.push(b'\n');

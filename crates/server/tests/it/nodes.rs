@@ -39,6 +39,17 @@ async fn a_send_reaches_a_stream_held_by_another_node() {
             .contains("not connected"),
         "{body}"
     );
+    // One that cannot be any node's is refused without asking anyone.
+    let (status, body): (u16, Value) =
+        response(send("not%20a%20node-1-0".into()).await.unwrap()).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no open stream"),
+        "{body}"
+    );
     a.stop().await.unwrap();
     b.stop().await.unwrap();
 }
