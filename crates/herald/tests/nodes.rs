@@ -71,7 +71,11 @@ fn a_killed_node_loses_nothing_and_its_subscribers_resume_on_another() {
     let mut b = node(&address, &redis, data.path());
     let url = a.url.clone();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let http = reqwest::Client::new();
+    // A request caught by a SIGKILL must fail (and be retried), never wait forever.
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
 
     let mut sub = Reaped(
         herald()
@@ -83,11 +87,24 @@ fn a_killed_node_loses_nothing_and_its_subscribers_resume_on_another() {
             .spawn()
             .unwrap(),
     );
-    let mut printed = BufReader::new(sub.0.stdout.take().unwrap()).lines();
+    // Lines arrive through a channel so that a silent subscriber fails the test in time.
+    let (lines, printed) = std::sync::mpsc::channel::<String>();
+    let stdout = sub.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
     let mut offsets = Vec::new();
-    let mut read = |until: u64, offsets: &mut Vec<u64>| {
+    let read = |until: u64, offsets: &mut Vec<u64>| {
         while offsets.last().copied().unwrap_or(0) < until {
-            let line = printed.next().expect("the subscriber prints").unwrap();
+            let line = printed
+                .recv_timeout(Duration::from_secs(20))
+                .unwrap_or_else(|_| {
+                    panic!("the subscriber printed nothing more after {offsets:?}")
+                });
             let v: Value = serde_json::from_str(&line).unwrap();
             offsets.push(v["offset"].as_u64().unwrap());
         }
