@@ -44,19 +44,25 @@ pub struct RedisOptions {
 
 /// A stream store in Redis shared by every node that connects to it.
 pub struct RedisBroker {
-    commands: ConnectionManager,
-    names: Names,
+    store: Arc<Store>,
     listener: Arc<Listener>,
-    publish: Script,
-    history: Script,
 }
 
 impl std::fmt::Debug for RedisBroker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisBroker")
-            .field("prefix", &self.names.prefix)
+            .field("prefix", &self.store.names.prefix)
             .finish_non_exhaustive()
     }
+}
+
+/// The command connection, the key names and the scripts: what the broker and its
+/// listener both use to talk to Redis.
+pub(crate) struct Store {
+    commands: ConnectionManager,
+    pub(crate) names: Names,
+    publish: Script,
+    history: Script,
 }
 
 /// Connections opened before the node (and its sink) exist, so that a server whose Redis
@@ -120,17 +126,16 @@ impl Connected {
     /// Starts the broker: publications of subscribed channels go to `sink`. Must be called
     /// inside a Tokio runtime (the pub/sub listener is a task).
     pub fn into_broker(self, sink: Arc<dyn PublicationSink>) -> Arc<RedisBroker> {
-        let names = Names {
-            prefix: self.options.prefix.clone(),
-        };
-        let listener = Listener::spawn(self.client, self.commands.clone(), names.clone(), sink);
-        Arc::new(RedisBroker {
+        let store = Arc::new(Store {
             commands: self.commands,
-            names,
-            listener,
+            names: Names {
+                prefix: self.options.prefix,
+            },
             publish: scripts::publish(),
             history: scripts::history(),
-        })
+        });
+        let listener = Listener::spawn(self.client, store.clone(), sink);
+        Arc::new(RedisBroker { store, listener })
     }
 }
 
@@ -141,7 +146,7 @@ impl Drop for RedisBroker {
 }
 
 /// How keys and pub/sub channels are named.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Names {
     prefix: String,
 }
@@ -188,46 +193,62 @@ fn millis(d: Duration) -> u64 {
     (d.as_millis() as u64).max(1)
 }
 
-/// Reads history in one script call (see [`scripts::history`]).
-pub(crate) async fn read_history(
-    script: &Script,
-    commands: &mut ConnectionManager,
-    names: &Names,
-    channel: &ChannelName,
-    query: &HistoryQuery,
-) -> Result<History, BrokerError> {
-    let since = query
-        .since
-        .as_ref()
-        .map_or(String::new(), |s| s.offset.to_string());
-    let (epoch, top, first, entries): (String, u64, u64, Vec<(u64, Vec<u8>)>) = script
-        .key(names.meta(channel))
-        .key(names.history(channel))
-        .arg(since)
-        .arg(query.limit)
-        .arg(new_epoch().as_str())
-        .arg(millis(StreamPolicy::default().meta_ttl))
-        .invoke_async(commands)
-        .await
-        .map_err(unavailable)?;
-    let position = StreamPosition {
-        offset: top,
-        epoch: Epoch::new(&epoch),
-    };
-    if let Some(since) = &query.since {
-        check_since(since, &position, first)?;
+impl Store {
+    /// A connection handle for one call (clones share the one connection).
+    pub(crate) fn commands(&self) -> ConnectionManager {
+        self.commands.clone()
     }
-    let publications = entries
-        .into_iter()
-        .map(|(offset, data)| Publication {
-            offset,
-            data: Bytes::from(data),
+
+    /// Reads history in one script call (see [`scripts::history`]).
+    pub(crate) async fn history(
+        &self,
+        channel: &ChannelName,
+        query: &HistoryQuery,
+    ) -> Result<History, BrokerError> {
+        let since = query
+            .since
+            .as_ref()
+            .map_or(String::new(), |s| s.offset.to_string());
+        let (epoch, top, first, entries): (String, u64, u64, Vec<(u64, Vec<u8>)>) = self
+            .history
+            .key(self.names.meta(channel))
+            .key(self.names.history(channel))
+            .arg(since)
+            .arg(query.limit)
+            .arg(new_epoch().as_str())
+            .arg(millis(StreamPolicy::default().meta_ttl))
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(unavailable)?;
+        let position = StreamPosition {
+            offset: top,
+            epoch: Epoch::new(&epoch),
+        };
+        if let Some(since) = &query.since {
+            check_since(since, &position, first)?;
+        }
+        let publications = entries
+            .into_iter()
+            .map(|(offset, data)| Publication {
+                offset,
+                data: Bytes::from(data),
+            })
+            .collect();
+        Ok(History {
+            position,
+            publications,
         })
-        .collect();
-    Ok(History {
-        position,
-        publications,
-    })
+    }
+
+    /// Publishes raw bytes on a pub/sub channel; returns how many listeners got them.
+    pub(crate) async fn send(&self, to: String, message: Vec<u8>) -> Result<u64, BrokerError> {
+        redis::cmd("PUBLISH")
+            .arg(to)
+            .arg(message)
+            .query_async(&mut self.commands())
+            .await
+            .map_err(unavailable)
+    }
 }
 
 #[async_trait]
@@ -238,17 +259,18 @@ impl Broker for RedisBroker {
         data: Bytes,
         policy: StreamPolicy,
     ) -> Result<StreamPosition, BrokerError> {
-        let (epoch, offset): (String, u64) = self
+        let store = &self.store;
+        let (epoch, offset): (String, u64) = store
             .publish
-            .key(self.names.meta(channel))
-            .key(self.names.history(channel))
+            .key(store.names.meta(channel))
+            .key(store.names.history(channel))
             .arg(data.as_ref())
             .arg(policy.history_size)
             .arg(millis(policy.history_ttl))
             .arg(millis(policy.meta_ttl.max(policy.history_ttl)))
             .arg(new_epoch().as_str())
-            .arg(self.names.pubsub(channel))
-            .invoke_async(&mut self.commands.clone())
+            .arg(store.names.pubsub(channel))
+            .invoke_async(&mut store.commands())
             .await
             .map_err(unavailable)?;
         Ok(StreamPosition {
@@ -262,21 +284,15 @@ impl Broker for RedisBroker {
         channel: &ChannelName,
         query: HistoryQuery,
     ) -> Result<History, BrokerError> {
-        read_history(
-            &self.history,
-            &mut self.commands.clone(),
-            &self.names,
-            channel,
-            &query,
-        )
-        .await
+        self.store.history(channel, &query).await
     }
 
     async fn remove_history(&self, channel: &ChannelName) -> Result<(), BrokerError> {
+        let names = &self.store.names;
         redis::cmd("DEL")
-            .arg(self.names.meta(channel))
-            .arg(self.names.history(channel))
-            .query_async::<()>(&mut self.commands.clone())
+            .arg(names.meta(channel))
+            .arg(names.history(channel))
+            .query_async::<()>(&mut self.store.commands())
             .await
             .map_err(unavailable)
     }

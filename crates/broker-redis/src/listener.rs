@@ -17,10 +17,10 @@ use futures_util::StreamExt;
 use herald_broker::{BrokerError, HistoryQuery, NodeRequests, PublicationSink};
 use herald_protocol::{ChannelName, Epoch, Publication, Since};
 use parking_lot::Mutex;
-use redis::aio::{ConnectionManager, PubSubSink};
+use redis::aio::PubSubSink;
 use tokio::{sync::oneshot, task::AbortHandle};
 
-use crate::{read_history, scripts, unavailable, Names};
+use crate::{unavailable, Store};
 
 /// What a catch-up after a reconnect reads at most per channel; a longer gap is left to
 /// the hub's gap check (clients resume from history themselves).
@@ -40,12 +40,11 @@ struct Tracked {
 }
 
 pub(crate) struct Listener {
-    names: Names,
+    store: Arc<Store>,
     sink: Arc<dyn PublicationSink>,
     /// This node's id, and the pub/sub channel other nodes reach it on.
     pub(crate) node_id: String,
     node_channel: String,
-    commands: ConnectionManager,
     /// Requests this node sent, awaiting answers, by request number.
     asked: Mutex<HashMap<u64, oneshot::Sender<Bytes>>>,
     next_request: AtomicU64,
@@ -66,17 +65,15 @@ pub(crate) struct Listener {
 impl Listener {
     pub(crate) fn spawn(
         client: redis::Client,
-        commands: ConnectionManager,
-        names: Names,
+        store: Arc<Store>,
         sink: Arc<dyn PublicationSink>,
     ) -> Arc<Self> {
         let node_id = crate::new_epoch().as_str().to_string();
         let listener = Arc::new(Self {
-            node_channel: names.node(&node_id),
+            node_channel: store.names.node(&node_id),
             node_id,
-            names,
+            store,
             sink,
-            commands: commands.clone(),
             asked: Mutex::default(),
             next_request: AtomicU64::new(1),
             answerer: Mutex::default(),
@@ -109,7 +106,7 @@ impl Listener {
             ));
         }
         let _membership = self.membership.lock().await;
-        let name = self.names.pubsub(channel);
+        let name = self.store.names.pubsub(channel);
         let Some(mut control) = self.control.borrow().clone() else {
             return Err(BrokerError::Unavailable(
                 "redis: the pub/sub connection was lost".into(),
@@ -132,7 +129,7 @@ impl Listener {
 
     pub(crate) async fn unsubscribe(&self, channel: &ChannelName) -> Result<(), BrokerError> {
         let _membership = self.membership.lock().await;
-        let name = self.names.pubsub(channel);
+        let name = self.store.names.pubsub(channel);
         self.channels.lock().remove(name.as_str());
         let control = self.control.borrow().clone();
         match control {
@@ -157,13 +154,9 @@ impl Listener {
         self.asked.lock().insert(number, tx);
         let mut message = format!("q{}\n{number}\n", self.node_id).into_bytes();
         message.extend_from_slice(&request);
-        let listeners: Result<u64, _> = redis::cmd("PUBLISH")
-            .arg(self.names.node(node))
-            .arg(message)
-            .query_async(&mut self.commands.clone())
-            .await;
+        let listeners = self.store.send(self.store.names.node(node), message).await;
         let answer = match listeners {
-            Err(e) => Err(unavailable(e)),
+            Err(e) => Err(e),
             Ok(0) => Err(BrokerError::Unavailable(format!(
                 "node {node} is not connected"
             ))),
@@ -191,21 +184,15 @@ impl Listener {
                 let Some(answerer) = self.answerer.lock().as_ref().and_then(|w| w.upgrade()) else {
                     return;
                 };
-                let to = self.names.node(&String::from_utf8_lossy(origin));
+                let to = self.store.names.node(&String::from_utf8_lossy(origin));
                 let mut reply = b"r".to_vec();
                 reply.extend_from_slice(number);
                 reply.push(b'\n');
-                let (request, mut commands) =
-                    (Bytes::copy_from_slice(request), self.commands.clone());
+                let (request, store) = (Bytes::copy_from_slice(request), self.store.clone());
                 // Answering may wait on a session; the listener must not.
                 tokio::spawn(async move {
                     reply.extend_from_slice(&answerer.answer(request).await);
-                    let sent: Result<u64, _> = redis::cmd("PUBLISH")
-                        .arg(to)
-                        .arg(reply)
-                        .query_async(&mut commands)
-                        .await;
-                    if let Err(e) = sent {
+                    if let Err(e) = store.send(to, reply).await {
                         tracing::warn!(error = %e, "could not answer another node");
                     }
                 });
@@ -251,8 +238,7 @@ impl Listener {
     }
 
     /// After a reconnect: what each channel missed, from history, oldest first.
-    async fn catch_up(&self, commands: &mut ConnectionManager) {
-        let script = scripts::history();
+    async fn catch_up(&self) {
         let resumable: Vec<(String, ChannelName, Epoch, u64)> = self
             .channels
             .lock()
@@ -270,7 +256,7 @@ impl Listener {
                 }),
                 limit: CATCH_UP_LIMIT,
             };
-            match read_history(&script, commands, &self.names, &channel, &query).await {
+            match self.store.history(&channel, &query).await {
                 Ok(history) => {
                     for p in &history.publications {
                         if self.deliver(&name, epoch.as_str(), p) {
@@ -322,7 +308,7 @@ async fn run(listener: std::sync::Weak<Listener>, client: redis::Client) {
         }
         if !first {
             tracing::info!("redis pub/sub connection is back");
-            me.catch_up(&mut me.commands.clone()).await;
+            me.catch_up().await;
             me.reconnects.fetch_add(1, Ordering::Relaxed);
         }
         first = false;

@@ -99,6 +99,14 @@ impl Drop for RedisServer {
     }
 }
 
+/// A Redis URL on a loopback port nobody listens on: for the unreachable-Redis paths.
+pub fn unreachable_url() -> String {
+    format!(
+        "redis://127.0.0.1:{}",
+        free_port().expect("a free loopback port")
+    )
+}
+
 /// A loopback port nobody listens on right now.
 fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?

@@ -11,7 +11,10 @@ use herald_broker::{
     conformance::{self, Recorder},
     Broker, BrokerError, HistoryQuery, PublicationSink, SharedBroker, StreamPolicy,
 };
-use herald_broker_redis::{testkit::RedisServer, RedisBroker, RedisOptions};
+use herald_broker_redis::{
+    testkit::{self, RedisServer},
+    RedisBroker, RedisOptions,
+};
 use herald_protocol::ChannelName;
 
 fn options(redis: &RedisServer, prefix: &str) -> RedisOptions {
@@ -176,13 +179,8 @@ async fn history_older_than_its_ttl_is_gone() {
 
 #[tokio::test]
 async fn an_unreachable_redis_is_a_clear_error() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     let err = RedisBroker::connect(RedisOptions {
-        url: format!("redis://127.0.0.1:{port}"),
+        url: testkit::unreachable_url(),
         prefix: "herald".into(),
     })
     .await

@@ -4,7 +4,7 @@
 mod support;
 
 use serde_json::Value;
-use support::herald;
+use support::{herald, succeeds};
 
 fn rows(stdout: &[u8]) -> Vec<Value> {
     String::from_utf8_lossy(stdout)
@@ -14,42 +14,45 @@ fn rows(stdout: &[u8]) -> Vec<Value> {
         .collect()
 }
 
+/// A fan-out row that counted `deliveries`, none lost and none twice.
+fn every_delivery_once(row: &Value, deliveries: u64) {
+    assert_eq!(
+        (
+            row["deliveries"].as_u64(),
+            row["loss"].as_u64(),
+            row["duplicates"].as_u64()
+        ),
+        (Some(deliveries), Some(0), Some(0)),
+        "{row}"
+    );
+}
+
 #[test]
 fn fanout_delivers_everything_once_across_worker_processes() {
     let dir = tempfile::tempdir().unwrap();
     let markdown = dir.path().join("fanout.md");
-    let out = herald()
-        .args([
-            "bench",
-            "fanout",
-            "--subscribers",
-            "30",
-            "--publications",
-            "5",
-            "--rate",
-            "50",
-        ])
-        .args(["--channels", "2", "--workers", "2", "--json", "--charts"])
-        .arg(dir.path())
-        .arg("--markdown")
-        .arg(&markdown)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeds(
+        herald()
+            .args([
+                "bench",
+                "fanout",
+                "--subscribers",
+                "30",
+                "--publications",
+                "5",
+                "--rate",
+                "50",
+            ])
+            .args(["--channels", "2", "--workers", "2", "--json", "--charts"])
+            .arg(dir.path())
+            .arg("--markdown")
+            .arg(&markdown),
     );
     let rows = rows(&out.stdout);
     assert_eq!(rows.len(), 1, "{rows:?}");
     let r = &rows[0];
     // 30 subscribers over 2 channels, 5 publications round-robin: 3 to one, 2 to the other.
-    assert_eq!(r["deliveries"], 15 * 3 + 15 * 2, "{r}");
-    assert_eq!(
-        (r["loss"].as_u64(), r["duplicates"].as_u64()),
-        (Some(0), Some(0)),
-        "{r}"
-    );
+    every_delivery_once(r, 15 * 3 + 15 * 2);
     assert!(r["p99 ms"].as_f64().unwrap() > 0.0, "{r}");
     assert!(std::fs::read_to_string(&markdown)
         .unwrap()
@@ -59,22 +62,17 @@ fn fanout_delivers_everything_once_across_worker_processes() {
 
 #[test]
 fn transports_counts_bytes_and_packets_both_ways() {
-    let out = herald()
-        .args([
-            "bench",
-            "transports",
-            "--duration",
-            "2s",
-            "--every",
-            "500ms",
-        ])
-        .args(["--transports", "ws,sse,longpoll,poll@200ms", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeds(
+        herald()
+            .args([
+                "bench",
+                "transports",
+                "--duration",
+                "2s",
+                "--every",
+                "500ms",
+            ])
+            .args(["--transports", "ws,sse,longpoll,poll@200ms", "--json"]),
     );
     let rows = rows(&out.stdout);
     let ours: Vec<&Value> = rows
@@ -105,43 +103,38 @@ fn the_generic_adapter_measures_a_server_through_its_own_endpoints() {
     // Herald stands in for "any server": the bench knows it only by the URLs and frames given.
     let server = support::Server::start(&[]);
     let ws = server.url.replacen("http", "ws", 1) + "/connection/websocket";
-    let out = herald()
-        .args([
-            "bench",
-            "fanout",
-            "--subscribers",
-            "10",
-            "--publications",
-            "4",
-            "--rate",
-            "40",
-            "--json",
-        ])
-        .args([
-            "--url",
-            &server.url,
-            "--pid",
-            &server.child.id().to_string(),
-        ])
-        .args(["--client-url", &ws])
-        // A handshake first; the subscription goes only once it is answered.
-        .args(["--subscribe-frame", r#"{"id":1,"connect":{}}"#])
-        .args(["--wait-for", "", "--wait-for", r#""id":1"#])
-        .args([
-            "--subscribe-frame",
-            r#"{"id":2,"subscribe":{"channel":"{channel}"}}"#,
-        ])
-        .args(["--publish-url", &format!("{}/api/publish", server.url)])
-        .args(["--publish-header", "Authorization: apikey k"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeds(
+        herald()
+            .args([
+                "bench",
+                "fanout",
+                "--subscribers",
+                "10",
+                "--publications",
+                "4",
+                "--rate",
+                "40",
+                "--json",
+            ])
+            .args([
+                "--url",
+                &server.url,
+                "--pid",
+                &server.child.id().to_string(),
+            ])
+            .args(["--client-url", &ws])
+            // A handshake first; the subscription goes only once it is answered.
+            .args(["--subscribe-frame", r#"{"id":1,"connect":{}}"#])
+            .args(["--wait-for", "", "--wait-for", r#""id":1"#])
+            .args([
+                "--subscribe-frame",
+                r#"{"id":2,"subscribe":{"channel":"{channel}"}}"#,
+            ])
+            .args(["--publish-url", &format!("{}/api/publish", server.url)])
+            .args(["--publish-header", "Authorization: apikey k"]),
     );
     let rows = rows(&out.stdout);
-    assert_eq!(rows[0]["deliveries"], 40, "{rows:?}");
+    every_delivery_once(&rows[0], 40);
     assert!(
         rows[0]["server RSS MB"].as_f64().unwrap() > 0.0,
         "measured by --pid"
@@ -151,25 +144,15 @@ fn the_generic_adapter_measures_a_server_through_its_own_endpoints() {
 #[test]
 fn fanout_across_nodes_reaches_subscribers_of_every_node() {
     // Three `herald serve` on one address and a redis-server, all started by the bench.
-    let out = herald()
-        .args(["bench", "fanout", "--nodes", "3"])
-        .args(["--subscribers", "30", "--publications", "5", "--rate", "50"])
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeds(
+        herald()
+            .args(["bench", "fanout", "--nodes", "3"])
+            .args(["--subscribers", "30", "--publications", "5", "--rate", "50"])
+            .arg("--json"),
     );
     let text = String::from_utf8_lossy(&out.stdout);
     let rows = rows(&out.stdout);
-    assert_eq!(rows[0]["deliveries"], 150, "{text}");
-    assert_eq!(
-        (rows[0]["loss"].as_u64(), rows[0]["duplicates"].as_u64()),
-        (Some(0), Some(0)),
-        "{text}"
-    );
+    every_delivery_once(&rows[0], 150);
     // The counters come from whichever node answered: it delivered only its own share,
     // so the rest reached subscribers of the other nodes through Redis.
     let notes: Vec<String> = text

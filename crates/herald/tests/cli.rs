@@ -9,18 +9,11 @@ use serde_json::Value;
 
 mod support;
 
-use support::{herald, Server};
+use support::{herald, succeeds, Server};
 
 fn publish(server: &Server, channel: &str, data: &str) -> u64 {
-    let out = herald()
-        .args(["pub", "--url", &server.url, "--api-key", "k", channel, data])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out =
+        succeeds(herald().args(["pub", "--url", &server.url, "--api-key", "k", channel, data]));
     String::from_utf8(out.stdout)
         .unwrap()
         .trim()
@@ -130,21 +123,16 @@ fn flags_beat_environment_which_beats_the_file() {
     )
     .unwrap();
     let effective = |env: &[(&str, &str)], flags: &[&str]| -> toml::Table {
-        let out = herald()
-            .args([
-                "serve",
-                "--print-config",
-                "--config",
-                file.to_str().unwrap(),
-            ])
-            .args(flags)
-            .envs(env.iter().copied())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = succeeds(
+            herald()
+                .args([
+                    "serve",
+                    "--print-config",
+                    "--config",
+                    file.to_str().unwrap(),
+                ])
+                .args(flags)
+                .envs(env.iter().copied()),
         );
         String::from_utf8(out.stdout).unwrap().parse().unwrap()
     };
@@ -196,6 +184,10 @@ fn invalid_configuration_is_refused_naming_the_key() {
             "[namespaces.chat]\nhistory_ttl = \"0s\"\n",
             "namespaces.chat.history_ttl",
         ),
+        (
+            "storage = \"redis\"\n[redis]\nprefix = \"\"\n",
+            "redis.prefix",
+        ),
     ];
     for (text, key) in cases {
         let file = dir.path().join("bad.toml");
@@ -218,6 +210,24 @@ fn invalid_configuration_is_refused_naming_the_key() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("WORKERS"));
+}
+
+#[test]
+fn an_unreachable_redis_stops_the_server_at_start_without_showing_its_password() {
+    let url =
+        herald_broker_redis::testkit::unreachable_url().replace("redis://", "redis://u:hunter2@");
+    let out = herald()
+        .args(["serve", "--listen", "127.0.0.1:0", "--storage", "redis"])
+        .args(["--redis-url", &url])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot use redis at redis://***@127.0.0.1:"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
 }
 
 #[test]
@@ -245,19 +255,10 @@ fn sigterm_stops_the_server_promptly() {
 
 #[test]
 fn lists_in_the_environment_use_toml_array_syntax_as_documented() {
-    let out = herald()
-        .args(["serve", "--print-config"])
-        .env(
-            "HERALD_ALLOWED_ORIGINS",
-            r#"["https://a.example","https://b.example"]"#,
-        )
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = succeeds(herald().args(["serve", "--print-config"]).env(
+        "HERALD_ALLOWED_ORIGINS",
+        r#"["https://a.example","https://b.example"]"#,
+    ));
     let config: toml::Table = String::from_utf8(out.stdout).unwrap().parse().unwrap();
     assert_eq!(config["allowed_origins"].as_array().unwrap().len(), 2);
 }

@@ -40,6 +40,19 @@ pub fn history(rt: &tokio::runtime::Runtime, url: &str, channel: &str) -> Value 
     })
 }
 
+/// Runs `command` to its end and returns its output, failing the test (with its stderr)
+/// unless it succeeded.
+pub fn succeeds(command: &mut Command) -> std::process::Output {
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{:?} failed: {}",
+        command,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// A `herald serve` process on a free port; killed when dropped.
 pub struct Server {
     pub child: Child,

@@ -271,3 +271,123 @@ impl PublicationSink for Hub {
         self.deliveries.fetch_add(count as u64, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        io,
+        sync::{mpsc::SyncSender, Condvar, Mutex},
+        time::{Duration, Instant},
+    };
+
+    use bytes::Bytes;
+    use herald_broker::MemoryBroker;
+
+    use super::*;
+    use crate::queue::DirectSocket;
+
+    /// Sockets whose first write blocks until the test opens the gate.
+    #[derive(Debug)]
+    struct Gate {
+        closed: Mutex<bool>,
+        opened: Condvar,
+        entered: Mutex<Option<SyncSender<()>>>,
+    }
+
+    #[derive(Debug)]
+    struct Socket {
+        gate: Arc<Gate>,
+        writes: AtomicUsize,
+    }
+
+    impl DirectSocket for Socket {
+        fn frame<'d>(&self, d: &'d Delivery) -> &'d Bytes {
+            d.framed.get_or_init(|| d.json.clone())
+        }
+
+        fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+            if let Some(entered) = self.gate.entered.lock().unwrap().take() {
+                entered.send(()).unwrap();
+            }
+            let mut closed = self.gate.closed.lock().unwrap();
+            while *closed {
+                closed = self.gate.opened.wait(closed).unwrap();
+            }
+            self.writes.fetch_add(1, Ordering::Relaxed);
+            Ok(buf.len())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fanout_thread_that_is_behind_leaves_the_writing_to_the_connections() {
+        let hub = Arc::new(Hub::new(1));
+        let broker: SharedBroker = MemoryBroker::new(hub.clone());
+        let channel = ChannelName::new("big").unwrap();
+        let epoch = Epoch::new("e");
+        let (entered, first_write) = std::sync::mpsc::sync_channel(1);
+        let gate = Arc::new(Gate {
+            closed: Mutex::new(true),
+            opened: Condvar::new(),
+            entered: Mutex::new(Some(entered)),
+        });
+        // More than INLINE_MAX, so the fan-out thread serves them; every lane idle.
+        let mut members = Vec::new();
+        for session in 0..=INLINE_MAX as u64 {
+            let socket = Arc::new(Socket {
+                gate: gate.clone(),
+                writes: AtomicUsize::new(0),
+            });
+            let queue = Arc::new(Queue::new(1 << 20));
+            queue.attach(socket.clone());
+            assert!(queue.release());
+            let position = Arc::new(Position::default());
+            position.start(epoch.clone(), 0);
+            hub.subscribe(&broker, &channel, session, queue.clone(), position)
+                .await
+                .unwrap();
+            members.push((socket, queue));
+        }
+        let publish = |offset| {
+            hub.on_publication(
+                &channel,
+                &epoch,
+                &Publication {
+                    offset,
+                    data: Bytes::from_static(b"1"),
+                },
+            )
+        };
+        // Publication 1 is under way (its first write held at the gate) while 2 and 3 arrive.
+        publish(1);
+        first_write
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the fan-out thread writes");
+        publish(2);
+        publish(3);
+        *gate.closed.lock().unwrap() = false;
+        gate.opened.notify_all();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let pending = hub.shard(&channel).subscribers.read()[&channel]
+            .pending
+            .clone();
+        while pending.load(Ordering::Acquire) > 0 {
+            assert!(Instant::now() < deadline, "fan-out jobs finish");
+            std::thread::yield_now();
+        }
+        for (socket, queue) in &members {
+            assert_eq!(
+                socket.writes.load(Ordering::Relaxed),
+                1,
+                "only publication 1 went straight to the socket"
+            );
+            let mut queued = Vec::new();
+            queue.take(usize::MAX, &mut queued).unwrap();
+            let offsets: Vec<u64> = queued.iter().map(|d| d.offset).collect();
+            assert_eq!(
+                offsets,
+                [2, 3],
+                "the rest waits for one write by the transport"
+            );
+        }
+    }
+}
