@@ -47,6 +47,7 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let mut settings = config.validate()?;
     settings::init_logging(&settings.config)?;
+    log_panics();
     fit_connections_to_descriptors(&mut settings.config);
     let workers = match settings.config.workers {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -77,6 +78,24 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
         tracing::info!("stopped");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Panics (defects: each is contained to its connection, see `Session::handle_frame`) go
+/// to the log like everything else, so a JSON log stays JSON.
+fn log_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        let at = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let what = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::error!(panic = %what, at = %at, "defect: a task panicked; its connection is closed with 3006");
+    }));
 }
 
 /// Where publications are kept, for the start-up line.

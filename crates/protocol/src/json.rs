@@ -83,7 +83,7 @@ pub fn decode_command(line: &[u8]) -> Result<Command, DecodeError> {
         }
         "publish" => {
             let p: PublishParams = parse(id, params)?;
-            let data = payload(&p.data);
+            let data = payload(&p.data).map_err(|m| invalid(id, ErrorCode::BadRequest, m))?;
             Method::Publish { channel: channel(id, &p.channel)?, data }
         }
         "history" => {
@@ -262,16 +262,52 @@ pub fn encode_disconnect(code: DisconnectCode, reason: &str) -> Vec<u8> {
     serde_json::to_vec(&Push { disconnect: body }).expect("disconnect pushes always serialise")
 }
 
-/// A validated JSON value as a stored payload. Raw line breaks (legal JSON whitespace)
-/// are removed by re-serialising, because every framing puts one push per line.
-pub fn payload(data: &RawValue) -> Bytes {
+/// Deepest nesting of arrays and objects a payload may have: the depth serde_json (and so
+/// Herald's own clients) can read back, far beyond what any message needs.
+pub const MAX_PAYLOAD_DEPTH: usize = 128;
+
+/// A validated JSON value as a stored payload. Raw line breaks (legal JSON whitespace) are
+/// removed, because every framing puts one push per line. Inside a valid JSON string a
+/// line break is always escaped, so every raw CR or LF byte is whitespace between tokens
+/// and dropping it changes nothing else: keys keep their order and numbers their digits.
+/// Refuses values nested deeper than [`MAX_PAYLOAD_DEPTH`].
+pub fn payload(data: &RawValue) -> Result<Bytes, String> {
     let text = data.get().as_bytes();
-    if text.iter().any(|b| *b == b'\n' || *b == b'\r') {
-        let value: serde_json::Value =
-            serde_json::from_str(data.get()).expect("RawValue holds valid JSON");
-        return Bytes::from(serde_json::to_vec(&value).expect("values serialise"));
+    let (mut depth, mut in_string, mut escaped, mut breaks) = (0usize, false, false, false);
+    for &b in text {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_PAYLOAD_DEPTH {
+                    return Err(format!(
+                        "data is nested deeper than {MAX_PAYLOAD_DEPTH} levels"
+                    ));
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            b'\n' | b'\r' => breaks = true,
+            _ => {}
+        }
     }
-    Bytes::copy_from_slice(text)
+    if breaks {
+        let kept: Vec<u8> = text
+            .iter()
+            .copied()
+            .filter(|b| *b != b'\n' && *b != b'\r')
+            .collect();
+        return Ok(Bytes::from(kept));
+    }
+    Ok(Bytes::copy_from_slice(text))
 }
 
 /// Results of commands, serialised into replies.
@@ -417,6 +453,34 @@ mod tests {
         assert!(!data.contains(&b'\n') && !data.contains(&b'\r'));
         let v: serde_json::Value = serde_json::from_slice(&data).unwrap();
         assert_eq!(v["s"], "l1\nl2");
+    }
+
+    /// What `RawValue` accepts but `serde_json::Value` refuses (numbers out of range, lone
+    /// surrogates, deep nesting), with a raw line break that once forced a re-parse: an
+    /// answer for each, never a panic.
+    #[test]
+    fn payloads_value_refuses_get_an_answer_not_a_panic() {
+        let deep = format!("{}\r{}", "[".repeat(200), "]".repeat(200));
+        for data in ["[1e400,\r1]", "[\"\\ud800\",\r1]", deep.as_str()] {
+            let line = format!("{{\"id\":1,\"publish\":{{\"channel\":\"x\",\"data\":{data}}}}}");
+            match one(&line) {
+                Ok(Command {
+                    method: Method::Publish { data, .. },
+                    ..
+                }) => {
+                    assert!(!data.contains(&b'\n') && !data.contains(&b'\r'));
+                }
+                Ok(other) => panic!("{other:?}"),
+                Err(DecodeError::Invalid { code, .. }) => assert_eq!(code, ErrorCode::BadRequest),
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        // Only line breaks go: keys keep their order and numbers their digits.
+        let c = one("{\"publish\":{\"channel\":\"x\",\"data\":{\"b\":1,\r\n\"a\":12345678901234567890123}}}").unwrap();
+        let Method::Publish { data, .. } = c.method else {
+            panic!()
+        };
+        assert_eq!(&data[..], b"{\"b\":1,\"a\":12345678901234567890123}");
     }
 
     #[test]

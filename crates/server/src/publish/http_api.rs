@@ -91,6 +91,11 @@ struct Position {
     epoch: Epoch,
 }
 
+/// A request's `data` as a stored payload, or 400 saying why it cannot be one.
+fn data(raw: &RawValue) -> Result<Bytes, Failure> {
+    json::payload(raw).map_err(|m| Failure::new(ErrorCode::BadRequest, m))
+}
+
 /// `POST /api/publish {"channel": "...", "data": ...}` → `{"offset": N, "epoch": "..."}`.
 async fn publish(
     State(node): State<Arc<Node>>,
@@ -98,7 +103,7 @@ async fn publish(
 ) -> Result<Json<Position>, Failure> {
     let req: PublishRequest = body(raw)?;
     let channel = channel(&req.channel)?;
-    let p = crate::publish::publish(&node, &channel, json::payload(&req.data)).await?;
+    let p = crate::publish::publish(&node, &channel, data(&req.data)?).await?;
     Ok(Json(Position {
         offset: p.offset,
         epoch: p.epoch,
@@ -136,7 +141,7 @@ async fn broadcast(
     if req.channels.is_empty() {
         return Err(Failure::new(ErrorCode::BadRequest, "channels is empty"));
     }
-    let data = json::payload(&req.data);
+    let data = data(&req.data)?;
     let mut results = Vec::with_capacity(req.channels.len());
     for name in req.channels {
         let published = match channel(&name) {

@@ -107,12 +107,28 @@ impl Session {
     }
 
     /// Handles every command in `frame`, appending replies to `out` (one JSON line each).
-    /// Fails only when the frame cannot be trusted at all (malformed JSON).
+    /// Fails only when the frame cannot be trusted at all (malformed JSON), or when handling
+    /// it panicked: a defect, contained here so that it ends this connection with 3006
+    /// (dropping the session releases its subscriptions) instead of dropping the socket
+    /// without a word.
     pub async fn handle_frame(
         &mut self,
         frame: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<(), Disconnect> {
+        use futures_util::FutureExt;
+        let handled = std::panic::AssertUnwindSafe(self.handle_commands(frame, out))
+            .catch_unwind()
+            .await;
+        handled.unwrap_or_else(|_| {
+            Err(Disconnect::because(
+                DisconnectCode::ServerError,
+                "internal error while handling a command; reconnect",
+            ))
+        })
+    }
+
+    async fn handle_commands(&mut self, frame: &[u8], out: &mut Vec<u8>) -> Result<(), Disconnect> {
         for decoded in json::decode_frame(frame) {
             match decoded {
                 Ok(command) => self.handle(command, out).await,
@@ -399,6 +415,57 @@ mod tests {
 
     fn node() -> Arc<Node> {
         Node::with_memory_broker(Config::default().validate().unwrap())
+    }
+
+    /// A broker whose every call panics: a stand-in for any defect below a command.
+    struct Panicking;
+
+    #[async_trait::async_trait]
+    impl herald_broker::Broker for Panicking {
+        async fn publish(
+            &self,
+            _: &ChannelName,
+            _: Bytes,
+            _: herald_broker::StreamPolicy,
+        ) -> Result<herald_protocol::StreamPosition, herald_broker::BrokerError> {
+            panic!("defect under publish")
+        }
+        async fn history(
+            &self,
+            _: &ChannelName,
+            _: herald_broker::HistoryQuery,
+        ) -> Result<herald_broker::History, herald_broker::BrokerError> {
+            panic!("defect under history")
+        }
+        async fn remove_history(&self, _: &ChannelName) -> Result<(), herald_broker::BrokerError> {
+            panic!("defect")
+        }
+        async fn subscribe(&self, _: &ChannelName) -> Result<(), herald_broker::BrokerError> {
+            Ok(())
+        }
+        async fn unsubscribe(&self, _: &ChannelName) -> Result<(), herald_broker::BrokerError> {
+            Ok(())
+        }
+        fn channel_count(&self) -> usize {
+            0
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panic_under_a_command_ends_the_connection_with_3006_and_releases_it() {
+        let node = Node::new(Config::default().validate().unwrap(), |_| {
+            Arc::new(Panicking)
+        });
+        let mut s = Session::new(&node);
+        assert_eq!(node.connection_count(), 1);
+        let mut out = Vec::new();
+        let err = s
+            .handle_frame(br#"{"id":1,"history":{"channel":"chat:x"}}"#, &mut out)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, DisconnectCode::ServerError);
+        drop(s);
+        assert_eq!(node.connection_count(), 0);
     }
 
     #[tokio::test]

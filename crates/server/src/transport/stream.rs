@@ -283,6 +283,11 @@ async fn pump(
     let deadline = tokio::time::sleep(lifetime);
     tokio::pin!(deadline);
     let mut written = 0usize;
+    // Leaves `inboxes` however the pump ends, a defect's panic included.
+    let _registered = Registered {
+        node: &node,
+        client: session.client().into(),
+    };
 
     let ended: Option<Disconnect> = loop {
         let mut out = Vec::new();
@@ -332,7 +337,6 @@ async fn pump(
             ));
         }
     };
-    node.inboxes.lock().remove(session.client());
     if let Some(d) = ended {
         let mut out = Vec::new();
         framing.push(
@@ -342,6 +346,18 @@ async fn pump(
         );
         framing.epilogue(&mut out);
         let _ = tx.try_send(Bytes::from(out));
+    }
+}
+
+/// A stream session's entry in [`Node::inboxes`], removed when dropped.
+struct Registered<'a> {
+    node: &'a Node,
+    client: Box<str>,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.node.inboxes.lock().remove(&self.client);
     }
 }
 

@@ -183,3 +183,37 @@ async fn connections_beyond_the_limit_are_refused_clearly() {
     assert_eq!((status, body["error"]["code"].as_u64()), (503, Some(106)));
     server.stop().await.unwrap();
 }
+
+/// The review's probes: data that `RawValue` accepts and `serde_json::Value` refuses, with a
+/// raw CR that once forced a re-parse, panicked the task (empty reply, no close frame).
+#[tokio::test]
+async fn payloads_with_odd_numbers_deep_nesting_or_lone_surrogates_get_answers() {
+    let server = start(config()).await;
+    let mut calm = bystander(&server).await;
+    let http = reqwest::Client::new();
+    let deep = format!("{}\r{}", "[".repeat(200), "]".repeat(200));
+    for data in ["[1e400,\r1]", "[\"\\ud800\",\r1]", deep.as_str()] {
+        let body = format!("{{\"id\":1,\"publish\":{{\"channel\":\"chat:x\",\"data\":{data}}}}}");
+        let r = http
+            .post(server.url("/connection/send"))
+            .body(body.clone())
+            .send()
+            .await
+            .expect("an answer, not an empty reply");
+        let (status, reply) = response(r).await;
+        assert_eq!(status, 200, "{reply}");
+        assert!(
+            reply.get("publish").is_some() || reply["error"]["code"] == 107,
+            "{reply}"
+        );
+        let mut ws = server.client().await;
+        ws.send_text(body).await;
+        let reply = ws.next_line().await;
+        assert!(
+            reply.get("publish").is_some() || reply["error"]["code"] == 107,
+            "{reply}"
+        );
+    }
+    bystander_still_served(&server, &mut calm).await;
+    server.stop().await.unwrap();
+}

@@ -153,8 +153,14 @@ async fn flush(
             }
             continue;
         }
-        let text =
-            String::from_utf8(std::mem::take(out)).expect("frames are built from UTF-8 JSON");
+        // Frames are built from validated JSON; a defect that broke that ends the connection
+        // rather than the task.
+        let text = String::from_utf8(std::mem::take(out)).map_err(|_| {
+            Disconnect::because(
+                DisconnectCode::ServerError,
+                "internal error: a frame was not UTF-8",
+            )
+        })?;
         send(socket, Message::Text(text.into()), timeout).await?;
     }
 }
