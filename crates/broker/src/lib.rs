@@ -76,6 +76,22 @@ impl Default for StreamPolicy {
     }
 }
 
+/// Each channel's retention as the node's configuration says (its namespace's rules).
+/// Brokers get it at start, so that streams they load after a restart, or make for a
+/// reader, keep their namespace's rules instead of [`StreamPolicy::default`] until their
+/// next publication.
+pub type Policies = Arc<dyn Fn(&ChannelName) -> StreamPolicy + Send + Sync>;
+
+/// [`StreamPolicy::default`] for every channel.
+pub fn default_policies() -> Policies {
+    Arc::new(|_| StreamPolicy::default())
+}
+
+/// How long a broker remembers a stream nobody published to after its last reader or
+/// subscriber left: long enough for a poller's next request to see the same epoch, short
+/// enough that naming channels costs a client nothing lasting.
+pub const EMPTY_STREAM_GRACE: Duration = Duration::from_secs(60);
+
 /// What to read from history.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct HistoryQuery {

@@ -469,6 +469,12 @@ impl Settings {
             .unwrap_or(&self.default_namespace)
     }
 
+    /// Each channel's retention by its namespace's rules, for the broker.
+    pub fn policies(&self) -> herald_broker::Policies {
+        let rules = self.clone();
+        std::sync::Arc::new(move |c| rules.namespace(c.namespace()).stream_policy())
+    }
+
     /// Every accepted API key.
     pub fn api_keys(&self) -> impl Iterator<Item = &str> {
         self.config

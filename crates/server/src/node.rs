@@ -118,7 +118,8 @@ impl Node {
     /// A node with the embedded memory broker.
     pub fn with_memory_broker(mut settings: Settings) -> Arc<Self> {
         settings.config.storage = StorageEngine::Memory;
-        Self::new(settings, |sink| MemoryBroker::new(sink))
+        let policies = settings.policies();
+        Self::new(settings, |sink| MemoryBroker::with_policies(sink, policies))
     }
 
     /// A node with the embedded brokers the configuration asks for: with
@@ -132,9 +133,10 @@ impl Node {
             settings.config.sync.into(),
         );
         let rules = settings.clone();
+        let policies = settings.policies();
         Self::try_new(settings, |sink| {
-            let memory: SharedBroker = MemoryBroker::new(sink.clone());
-            let durable = DurableBroker::open(&dir, sync, sink)?;
+            let memory: SharedBroker = MemoryBroker::with_policies(sink.clone(), policies.clone());
+            let durable = DurableBroker::open_with(&dir, sync, sink, policies)?;
             let is_durable =
                 move |c: &herald_protocol::ChannelName| rules.namespace(c.namespace()).durable;
             Ok(Arc::new(Routed::new(durable, memory, is_durable)))

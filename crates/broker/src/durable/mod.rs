@@ -11,7 +11,8 @@
 pub(crate) mod store;
 
 use std::{
-    collections::HashMap,
+    cmp::Reverse,
+    collections::{BinaryHeap, HashMap},
     hash::BuildHasher,
     path::Path,
     sync::Arc,
@@ -27,9 +28,12 @@ use tokio::sync::oneshot;
 pub use store::OpenError;
 use store::{Job, Record, Store};
 
-use crate::{Broker, BrokerError, History, HistoryQuery, PublicationSink, StreamPolicy};
+use crate::{Broker, BrokerError, History, HistoryQuery, Policies, PublicationSink, StreamPolicy};
 
 const SHARDS: usize = 64;
+
+/// Most channels one sweep looks at; the rest wait for the next second.
+const SWEEP_BATCH: usize = 10_000;
 
 /// When a commit reaches the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,15 +65,99 @@ pub(crate) struct Meta {
     pub(crate) policy: StreamPolicy,
     pub(crate) last_publish_ms: u64,
     pub(crate) subscribed: bool,
+    /// When the oldest kept publication was published, if any is kept (known after the
+    /// first trim or publication): tells the sweeper when a trim is due.
+    pub(crate) oldest_ms: Option<u64>,
+    /// The sweeper removed this stream: a publisher that still holds it must look again.
+    pub(crate) forgotten: bool,
+    /// The earliest time this stream is filed in [`Deadlines`] for, so that it is filed
+    /// again only for something sooner: the heap holds few entries per stream however
+    /// often it is subscribed to and left.
+    pub(crate) filed_ms: Option<u64>,
+}
+
+impl Meta {
+    pub(crate) fn new(epoch: Epoch, top: u64, policy: StreamPolicy, last_publish_ms: u64) -> Self {
+        Self {
+            epoch,
+            assigned: top,
+            committed: top,
+            policy,
+            last_publish_ms,
+            subscribed: false,
+            oldest_ms: None,
+            forgotten: false,
+            filed_ms: None,
+        }
+    }
+
+    /// How long the stream is remembered after its last publication; a stream nobody
+    /// published to, after its last reader.
+    fn keep_ms(&self) -> u64 {
+        let keep = if self.committed == 0 {
+            crate::EMPTY_STREAM_GRACE
+        } else {
+            self.policy.meta_ttl
+        };
+        keep.as_millis() as u64
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        self.policy.history_ttl.as_millis() as u64
+    }
+
+    /// The next time the sweeper has something to do for this stream.
+    pub(crate) fn next_due_ms(&self) -> Option<u64> {
+        let trim = self.oldest_ms.map(|at| at + self.ttl_ms());
+        let forget = (!self.subscribed).then(|| self.last_publish_ms + self.keep_ms());
+        trim.into_iter().chain(forget).min()
+    }
 }
 
 type Metas = HashMap<ChannelName, Arc<Mutex<Meta>>>;
+
+/// When the sweeper should look at which channel: a channel is here only when something
+/// may fall due (history to trim, an idle stream to forget), so a sweep costs what changed,
+/// not every channel known. Entries may be stale; the sweeper checks and re-files them.
+#[derive(Default)]
+pub(crate) struct Deadlines(Mutex<BinaryHeap<Reverse<(u64, ChannelName)>>>);
+
+impl Deadlines {
+    /// Files `channel` (whose meta is `m`) to be looked at by `due_ms`.
+    pub(crate) fn file(&self, m: &mut Meta, channel: &ChannelName, due_ms: u64) {
+        if m.filed_ms.is_none_or(|filed| due_ms < filed) {
+            m.filed_ms = Some(due_ms);
+            self.0.lock().push(Reverse((due_ms, channel.clone())));
+        }
+    }
+
+    /// Files a stream for whatever falls due next, if anything does.
+    pub(crate) fn refile(&self, m: &mut Meta, channel: &ChannelName, now: u64) {
+        if let Some(due) = m.next_due_ms() {
+            self.file(m, channel, due.max(now + 1));
+        }
+    }
+
+    fn take_due(&self, now: u64) -> Vec<ChannelName> {
+        let mut heap = self.0.lock();
+        let mut due = Vec::new();
+        while due.len() < SWEEP_BATCH && heap.peek().is_some_and(|Reverse((at, _))| *at <= now) {
+            let Some(Reverse((_, channel))) = heap.pop() else {
+                break;
+            };
+            due.push(channel);
+        }
+        due
+    }
+}
 
 /// A broker whose streams live in a database file under a data directory.
 pub struct DurableBroker {
     shards: Box<[Mutex<Metas>]>,
     hasher: std::collections::hash_map::RandomState,
     store: Arc<Store>,
+    policies: Policies,
+    deadlines: Arc<Deadlines>,
 }
 
 impl std::fmt::Debug for DurableBroker {
@@ -81,20 +169,39 @@ impl std::fmt::Debug for DurableBroker {
 }
 
 impl DurableBroker {
-    /// Opens (or creates) `dir/herald.redb`. A file that cannot be read as a database is
-    /// an error naming it: Herald never starts on data it cannot trust.
+    /// Opens (or creates) `dir/herald.redb` with [`StreamPolicy::default`] for every
+    /// channel; see [`DurableBroker::open_with`].
     pub fn open(
         dir: &Path,
         sync: SyncPolicy,
         sink: Arc<dyn PublicationSink>,
     ) -> Result<Arc<Self>, OpenError> {
-        let (store, streams) = Store::open(dir, sync, sink)?;
+        Self::open_with(dir, sync, sink, crate::default_policies())
+    }
+
+    /// Opens (or creates) `dir/herald.redb`. A file that cannot be read as a database is
+    /// an error naming it: Herald never starts on data it cannot trust. Streams found in it
+    /// are kept by `policies`, as they were before the restart.
+    pub fn open_with(
+        dir: &Path,
+        sync: SyncPolicy,
+        sink: Arc<dyn PublicationSink>,
+        policies: Policies,
+    ) -> Result<Arc<Self>, OpenError> {
+        let deadlines = Arc::new(Deadlines::default());
+        let (store, streams) = Store::open(dir, sync, sink, deadlines.clone())?;
         let broker = Arc::new(Self {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: Default::default(),
             store,
+            policies,
+            deadlines,
         });
-        for (channel, meta) in streams {
+        let now = now_ms();
+        for (channel, mut meta) in streams {
+            meta.policy = (broker.policies)(&channel);
+            // What a loaded stream keeps is unknown until its first trim: look at it soon.
+            broker.deadlines.file(&mut meta, &channel, now);
             broker
                 .shard(&channel)
                 .lock()
@@ -108,52 +215,62 @@ impl DurableBroker {
         &self.shards[(self.hasher.hash_one(channel) as usize) % SHARDS]
     }
 
+    fn existing(&self, channel: &ChannelName) -> Option<Arc<Mutex<Meta>>> {
+        self.shard(channel).lock().get(channel).cloned()
+    }
+
     fn meta(&self, channel: &ChannelName) -> Arc<Mutex<Meta>> {
         self.shard(channel)
             .lock()
             .entry(channel.clone())
             .or_insert_with(|| {
-                Arc::new(Mutex::new(Meta {
-                    epoch: Epoch::random(|| fastrand::u64(..)),
-                    assigned: 0,
-                    committed: 0,
-                    policy: StreamPolicy::default(),
-                    last_publish_ms: now_ms(),
-                    subscribed: false,
-                }))
+                let now = now_ms();
+                let epoch = Epoch::random(|| fastrand::u64(..));
+                let mut meta = Meta::new(epoch, 0, (self.policies)(channel), now);
+                let due = now + meta.keep_ms();
+                self.deadlines.file(&mut meta, channel, due);
+                Arc::new(Mutex::new(meta))
             })
             .clone()
     }
 
-    /// Drops expired history and forgets idle streams, through the committer.
+    /// Drops expired history and forgets idle streams, through the committer. Looks only at
+    /// channels with something due (see [`Deadlines`]).
     pub fn sweep(&self) {
         let now = now_ms();
-        let mut jobs = Vec::new();
-        for shard in self.shards.iter() {
-            shard.lock().retain(|channel, meta| {
-                let m = meta.lock();
-                let idle = now.saturating_sub(m.last_publish_ms);
-                let keep = if m.committed == 0 {
-                    m.policy.history_ttl
-                } else {
-                    m.policy.meta_ttl
-                };
-                if !m.subscribed && m.assigned == m.committed && idle >= keep.as_millis() as u64 {
-                    jobs.push(Job::Forget {
-                        channel: channel.clone(),
-                    });
-                    return false;
-                }
-                let cutoff = now.saturating_sub(m.policy.history_ttl.as_millis() as u64);
-                jobs.push(Job::Trim {
+        for channel in self.deadlines.take_due(now) {
+            let mut shard = self.shard(&channel).lock();
+            let Some(meta) = shard.get(&channel).cloned() else {
+                continue;
+            };
+            let mut m = meta.lock();
+            if m.filed_ms.is_some_and(|filed| filed <= now) {
+                m.filed_ms = None;
+            }
+            let idle = now.saturating_sub(m.last_publish_ms);
+            if !m.subscribed && m.assigned == m.committed && idle >= m.keep_ms() {
+                // Submitted under the shard's lock: a publication that makes the channel
+                // anew reaches the committer after this, so it cannot be deleted by it.
+                m.forgotten = true;
+                self.store.submit(Job::Forget {
                     channel: channel.clone(),
-                    older_than_ms: cutoff,
                 });
-                true
-            });
-        }
-        for job in jobs {
-            self.store.submit(job);
+                shard.remove(&channel);
+                continue;
+            }
+            drop(shard);
+            let trim_due = m.oldest_ms.is_none_or(|at| at + m.ttl_ms() <= now);
+            if trim_due && m.committed > 0 {
+                // The committer files the next deadline once it knows the new oldest.
+                m.oldest_ms = None;
+                self.store.submit(Job::Trim {
+                    channel: channel.clone(),
+                    meta: meta.clone(),
+                    older_than_ms: now.saturating_sub(m.ttl_ms()),
+                });
+            } else {
+                self.deadlines.refile(&mut m, &channel, now);
+            }
         }
     }
 }
@@ -166,10 +283,14 @@ impl Broker for DurableBroker {
         data: Bytes,
         policy: StreamPolicy,
     ) -> Result<StreamPosition, BrokerError> {
-        let meta = self.meta(channel);
         let (done, acked) = oneshot::channel();
-        {
+        loop {
+            let meta = self.meta(channel);
             let mut m = meta.lock();
+            if m.forgotten {
+                // Swept away after we found it: the next look makes it anew.
+                continue;
+            }
             m.assigned += 1;
             m.policy = policy;
             m.last_publish_ms = now_ms();
@@ -185,6 +306,7 @@ impl Broker for DurableBroker {
             // Handed over under the lock: the committer sees one channel's records in
             // offset order.
             self.store.submit(Job::Publish(record));
+            break;
         }
         acked.await.unwrap_or_else(|_| {
             Err(BrokerError::Unavailable(
@@ -198,30 +320,60 @@ impl Broker for DurableBroker {
         channel: &ChannelName,
         query: HistoryQuery,
     ) -> Result<History, BrokerError> {
+        // A reader of a channel nobody published to makes its stream (in memory only), so
+        // that the epoch it is told is the one the first publication will carry. Such a
+        // stream is forgotten [`EMPTY_STREAM_GRACE`] after its last reader.
         let meta = self.meta(channel);
-        let m = meta.lock();
-        let position = StreamPosition {
-            offset: m.committed,
-            epoch: m.epoch.clone(),
+        // The committed top, read under the lock; the file is read without it (the
+        // committer needs the lock for every record it writes) and off the async workers.
+        let (position, cutoff, size) = {
+            let mut m = meta.lock();
+            if m.assigned == 0 {
+                // Still read: remembered a while longer.
+                m.last_publish_ms = now_ms();
+            }
+            let position = StreamPosition {
+                offset: m.committed,
+                epoch: m.epoch.clone(),
+            };
+            let cutoff = now_ms().saturating_sub(m.ttl_ms());
+            (position, cutoff, m.policy.history_size)
         };
-        let cutoff = now_ms().saturating_sub(m.policy.history_ttl.as_millis() as u64);
-        self.store
-            .read(channel, &position, cutoff, m.policy.history_size, &query)
+        if query.limit == 0 && query.since.is_none() {
+            return Ok(History {
+                position,
+                publications: Vec::new(),
+            });
+        }
+        let store = self.store.clone();
+        let channel = channel.clone();
+        tokio::task::spawn_blocking(move || store.read(&channel, &position, cutoff, size, &query))
+            .await
+            .unwrap_or_else(|e| {
+                Err(BrokerError::Unavailable(format!(
+                    "history read failed: {e}"
+                )))
+            })
     }
 
     async fn remove_history(&self, channel: &ChannelName) -> Result<(), BrokerError> {
-        let meta = self.meta(channel);
         let (done, removed) = oneshot::channel();
-        {
+        loop {
+            let meta = self.meta(channel);
             let mut m = meta.lock();
+            if m.forgotten {
+                continue;
+            }
             m.epoch = Epoch::random(|| fastrand::u64(..));
             m.assigned = 0;
             m.committed = 0;
+            m.oldest_ms = None;
             self.store.submit(Job::Reset {
                 channel: channel.clone(),
                 epoch: m.epoch.clone(),
                 done,
             });
+            break;
         }
         removed.await.unwrap_or_else(|_| {
             Err(BrokerError::Unavailable(
@@ -231,14 +383,26 @@ impl Broker for DurableBroker {
     }
 
     async fn subscribe(&self, channel: &ChannelName) -> Result<(), BrokerError> {
-        self.meta(channel).lock().subscribed = true;
-        Ok(())
+        loop {
+            let meta = self.meta(channel);
+            let mut m = meta.lock();
+            if !m.forgotten {
+                m.subscribed = true;
+                return Ok(());
+            }
+        }
     }
 
     async fn unsubscribe(&self, channel: &ChannelName) -> Result<(), BrokerError> {
-        if let Some(meta) = self.shard(channel).lock().get(channel) {
-            meta.lock().subscribed = false;
+        let Some(meta) = self.existing(channel) else {
+            return Ok(());
+        };
+        let mut m = meta.lock();
+        m.subscribed = false;
+        if m.assigned == 0 {
+            m.last_publish_ms = now_ms();
         }
+        self.deadlines.refile(&mut m, channel, now_ms());
         Ok(())
     }
 

@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, TableError};
 use tokio::sync::oneshot;
 
-use super::{now_ms, Meta, SyncPolicy};
+use super::{now_ms, Deadlines, Meta, SyncPolicy};
 use crate::{BrokerError, History, HistoryQuery, PublicationSink, StreamPolicy};
 
 /// (channel, offset) → (published at in ms since the Unix epoch, CRC-32, JSON payload).
@@ -101,9 +101,10 @@ pub(crate) enum Job {
         epoch: Epoch,
         done: oneshot::Sender<Result<(), BrokerError>>,
     },
-    /// Delete publications older than a time.
+    /// Delete publications older than a time, then note the oldest one left.
     Trim {
         channel: ChannelName,
+        meta: Arc<Mutex<Meta>>,
         older_than_ms: u64,
     },
     /// Delete a channel entirely (idle past its meta TTL).
@@ -159,14 +160,7 @@ fn verify(db: &Database, path: &Path) -> Result<Streams, OpenError> {
                     }
                     metas.insert(
                         channel,
-                        Meta {
-                            epoch: Epoch::new(epoch),
-                            assigned: top,
-                            committed: top,
-                            policy: StreamPolicy::default(),
-                            last_publish_ms: last,
-                            subscribed: false,
-                        },
+                        Meta::new(Epoch::new(epoch), top, StreamPolicy::default(), last),
                     );
                 }
             }
@@ -226,6 +220,7 @@ impl Store {
         dir: &Path,
         sync: SyncPolicy,
         sink: Arc<dyn PublicationSink>,
+        deadlines: Arc<Deadlines>,
     ) -> Result<(Arc<Self>, Streams), OpenError> {
         std::fs::create_dir_all(dir).map_err(|source| OpenError::Directory {
             path: dir.to_owned(),
@@ -249,6 +244,7 @@ impl Store {
             sync,
             sink,
             failed: failed.clone(),
+            deadlines,
         };
         let thread = std::thread::Builder::new()
             .name("herald-store".into())
@@ -347,6 +343,7 @@ struct Committer {
     sync: SyncPolicy,
     sink: Arc<dyn PublicationSink>,
     failed: Arc<AtomicBool>,
+    deadlines: Arc<Deadlines>,
 }
 
 impl Committer {
@@ -363,7 +360,7 @@ impl Committer {
                 }
             }
             match self.write(&batch) {
-                Ok(()) => self.complete(batch),
+                Ok(oldest_left) => self.complete(batch, oldest_left),
                 Err(e) => {
                     tracing::error!(error = %e, "storage write failed; refusing further writes");
                     self.failed.store(true, Ordering::Relaxed);
@@ -380,7 +377,10 @@ impl Committer {
         }
     }
 
-    fn write(&self, batch: &[Job]) -> Result<(), redb::Error> {
+    /// Writes a batch in one transaction; returns, for every trimmed channel, when its
+    /// oldest publication left was published (`None`: none left).
+    fn write(&self, batch: &[Job]) -> Result<Vec<Option<u64>>, redb::Error> {
+        let mut oldest_left = Vec::new();
         let mut txn = self.db.begin_write()?;
         let durability = if self.sync == SyncPolicy::None {
             Durability::None
@@ -435,6 +435,7 @@ impl Committer {
                     Job::Trim {
                         channel,
                         older_than_ms,
+                        ..
                     } => {
                         let ch = channel.as_str();
                         // Expired publications are the oldest ones: find where they end.
@@ -452,6 +453,11 @@ impl Committer {
                                 at >= *older_than_ms
                             })?;
                         }
+                        let first = pubs.range((ch, 0)..=(ch, u64::MAX))?.next();
+                        oldest_left.push(match first {
+                            Some(entry) => Some(entry?.1.value().0),
+                            None => None,
+                        });
                     }
                 }
             }
@@ -461,12 +467,13 @@ impl Committer {
             }
         }
         txn.commit()?;
-        Ok(())
+        Ok(oldest_left)
     }
 
     /// After the commit: publications become readable, are fanned out in order, and are
     /// acknowledged.
-    fn complete(&self, batch: Vec<Job>) {
+    fn complete(&self, batch: Vec<Job>, oldest_left: Vec<Option<u64>>) {
+        let mut oldest_left = oldest_left.into_iter();
         for job in batch {
             match job {
                 Job::Publish(r) => {
@@ -479,6 +486,11 @@ impl Committer {
                         // A record of an epoch removed meanwhile is acknowledged, not shown.
                         if m.epoch == r.epoch {
                             m.committed = r.offset;
+                            if m.oldest_ms.is_none() && m.policy.history_size > 0 {
+                                // History was empty: this one falls due first.
+                                m.oldest_ms = Some(r.at_ms);
+                                self.deadlines.refile(&mut m, &r.channel, r.at_ms);
+                            }
                             let publication = Publication {
                                 offset: r.offset,
                                 data: r.data,
@@ -491,7 +503,13 @@ impl Committer {
                 Job::Reset { done, .. } => {
                     let _ = done.send(Ok(()));
                 }
-                Job::Trim { .. } | Job::Forget { .. } => {}
+                Job::Trim { channel, meta, .. } => {
+                    let oldest = oldest_left.next().flatten();
+                    let mut m = meta.lock();
+                    m.oldest_ms = oldest;
+                    self.deadlines.refile(&mut m, &channel, now_ms());
+                }
+                Job::Forget { .. } => {}
             }
         }
     }

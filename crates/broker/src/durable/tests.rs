@@ -265,3 +265,81 @@ async fn a_file_in_use_is_reported_as_such_not_as_damage() {
     assert!(matches!(err, OpenError::InUse { .. }), "{err}");
     assert!(err.to_string().contains("another herald"), "{err}");
 }
+
+/// The namespace rules a node gives its broker: `chat:` keeps 5,000 for a week and is
+/// remembered for 30 days; everything else keeps the defaults.
+fn chat_rules() -> crate::Policies {
+    Arc::new(|c: &ChannelName| {
+        if c.namespace() == "chat" {
+            StreamPolicy {
+                history_size: 5000,
+                history_ttl: std::time::Duration::from_secs(7 * 24 * 3600),
+                meta_ttl: std::time::Duration::from_secs(30 * 24 * 3600),
+            }
+        } else {
+            StreamPolicy::default()
+        }
+    })
+}
+
+#[tokio::test]
+async fn a_restart_keeps_each_namespace_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = ch("chat:big");
+    let rules = chat_rules();
+    {
+        let sink = Arc::new(Recorder::default());
+        let broker =
+            DurableBroker::open_with(dir.path(), SyncPolicy::Group, sink, rules.clone()).unwrap();
+        // Concurrent, so that group commit keeps this quick.
+        let mut publishes = tokio::task::JoinSet::new();
+        for i in 1..=2000u64 {
+            let (broker, c, policy) = (broker.clone(), c.clone(), rules(&c));
+            publishes
+                .spawn(async move { broker.publish(&c, Bytes::from(i.to_string()), policy).await });
+        }
+        while let Some(done) = publishes.join_next().await {
+            done.unwrap().unwrap();
+        }
+    }
+    let sink = Arc::new(Recorder::default());
+    let broker = DurableBroker::open_with(dir.path(), SyncPolicy::Group, sink, rules).unwrap();
+    // The first sweep after a restart must judge by the namespace's rules, not defaults.
+    broker.sweep();
+    let h = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: Some(Since {
+                    offset: 0,
+                    epoch: None,
+                }),
+                limit: 5000,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        h.publications.len(),
+        2000,
+        "all 2,000 kept under the 5,000 rule"
+    );
+    assert_eq!(h.position.offset, 2000);
+}
+
+#[tokio::test]
+async fn reading_unknown_channels_stores_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (broker, _) = open(dir.path());
+        for i in 0..100 {
+            let c = ch(&format!("nobody:{i}"));
+            let h = broker.history(&c, HistoryQuery::default()).await.unwrap();
+            assert_eq!(h.position.offset, 0);
+            broker.subscribe(&c).await.unwrap();
+            broker.unsubscribe(&c).await.unwrap();
+        }
+    }
+    let (broker, _) = open(dir.path());
+    assert_eq!(broker.channel_count(), 0, "nothing read was written");
+}

@@ -12,7 +12,7 @@ use herald_protocol::{ChannelName, Epoch, Publication, StreamPosition};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use crate::{Broker, BrokerError, History, HistoryQuery, PublicationSink, StreamPolicy};
+use crate::{Broker, BrokerError, History, HistoryQuery, Policies, PublicationSink, StreamPolicy};
 
 const SHARDS: usize = 64;
 
@@ -26,6 +26,7 @@ pub struct MemoryBroker {
     shards: Box<[Mutex<Streams>]>,
     hasher: std::collections::hash_map::RandomState,
     sink: Arc<dyn PublicationSink>,
+    policies: Policies,
 }
 
 impl std::fmt::Debug for MemoryBroker {
@@ -78,9 +79,9 @@ impl Stream {
     }
 
     fn expired(&self, now: Instant) -> bool {
-        // A stream nobody ever published to is only remembered as long as history would be.
+        // A stream nobody ever published to is only remembered briefly after its last reader.
         let keep = if self.top == 0 {
-            self.policy.history_ttl
+            crate::EMPTY_STREAM_GRACE
         } else {
             self.policy.meta_ttl
         };
@@ -116,10 +117,16 @@ impl MemoryBroker {
     /// A broker handing publications to `sink`. Inside a Tokio runtime it also starts a
     /// task that drops expired history every second (it stops when the broker is dropped).
     pub fn new(sink: Arc<dyn PublicationSink>) -> Arc<Self> {
+        Self::with_policies(sink, crate::default_policies())
+    }
+
+    /// Like [`MemoryBroker::new`], keeping each channel by `policies` from its first use.
+    pub fn with_policies(sink: Arc<dyn PublicationSink>, policies: Policies) -> Arc<Self> {
         let broker = Arc::new(Self {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: Default::default(),
             sink,
+            policies,
         });
         crate::spawn_sweeper(&broker, Self::sweep);
         broker
@@ -129,11 +136,11 @@ impl MemoryBroker {
         &self.shards[(self.hasher.hash_one(channel) as usize) % SHARDS]
     }
 
-    fn stream(&self, channel: &ChannelName, policy: StreamPolicy) -> Arc<Mutex<Stream>> {
+    fn stream(&self, channel: &ChannelName) -> Arc<Mutex<Stream>> {
         self.shard(channel)
             .lock()
             .entry(channel.clone())
-            .or_insert_with(|| Arc::new(Mutex::new(Stream::new(policy))))
+            .or_insert_with(|| Arc::new(Mutex::new(Stream::new((self.policies)(channel)))))
             .clone()
     }
 
@@ -163,7 +170,7 @@ impl Broker for MemoryBroker {
         data: Bytes,
         policy: StreamPolicy,
     ) -> Result<StreamPosition, BrokerError> {
-        let stream = self.stream(channel, policy);
+        let stream = self.stream(channel);
         let mut stream = stream.lock();
         let now = Instant::now();
         stream.policy = policy;
@@ -188,10 +195,13 @@ impl Broker for MemoryBroker {
         channel: &ChannelName,
         query: HistoryQuery,
     ) -> Result<History, BrokerError> {
-        // Reading creates the stream (with default policy) so the epoch a reader sees is the
-        // one later publications will carry.
-        let stream = self.stream(channel, StreamPolicy::default());
+        // Reading makes the stream so the epoch a reader sees is the one later publications
+        // carry; one nobody publishes to is forgotten `EMPTY_STREAM_GRACE` after its last read.
+        let stream = self.stream(channel);
         let mut stream = stream.lock();
+        if stream.top == 0 {
+            stream.last_publish = Instant::now();
+        }
         stream.read(&query)
     }
 
@@ -203,15 +213,17 @@ impl Broker for MemoryBroker {
     async fn subscribe(&self, channel: &ChannelName) -> Result<(), BrokerError> {
         // One node: the sink already receives every publication; this only keeps the
         // stream's epoch alive while someone listens.
-        self.stream(channel, StreamPolicy::default())
-            .lock()
-            .subscribed = true;
+        self.stream(channel).lock().subscribed = true;
         Ok(())
     }
 
     async fn unsubscribe(&self, channel: &ChannelName) -> Result<(), BrokerError> {
         if let Some(stream) = self.existing(channel) {
-            stream.lock().subscribed = false;
+            let mut stream = stream.lock();
+            stream.subscribed = false;
+            if stream.top == 0 {
+                stream.last_publish = Instant::now();
+            }
         }
         Ok(())
     }
