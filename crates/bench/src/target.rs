@@ -118,6 +118,10 @@ fn spawn_node(
         .arg(data)
         .args(extra)
         .env_remove("HERALD_CONFIG")
+        // Every bench client comes from a few loopback addresses: no per-address limits.
+        .env("HERALD_LIMITS__CONNECTIONS_PER_ADDRESS", "0")
+        .env("HERALD_LIMITS__CONNECTION_RATE_PER_ADDRESS", "0")
+        .env("HERALD_LIMITS__COMMANDS_PER_ADDRESS", "0")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

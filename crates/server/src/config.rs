@@ -64,6 +64,8 @@ pub struct Config {
     pub client: ClientConfig,
     /// Settings of the HTTP transports (SSE, streaming, forever frame, polling).
     pub http: HttpConfig,
+    /// Limits per client address.
+    pub limits: LimitsConfig,
     /// Rules for channels whose namespace has no entry in `namespaces`.
     pub channels: NamespaceConfig,
     /// Rules per namespace (the part of a channel name before `:`). Fields left out take
@@ -170,10 +172,50 @@ pub struct ClientConfig {
     pub max_commands_per_second: u32,
 }
 
+/// Limits per client address: the TCP peer's, or behind a trusted proxy the address it
+/// forwards (`X-Forwarded-For`). Over a limit a client gets 503 with error 106 (too many
+/// held) or 429 with error 111 (too fast); other addresses are unaffected.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Connections (and, for peers that are not proxies, open TCP sockets) one address may
+    /// hold at once. 0 = no limit. Default 1000.
+    pub connections_per_address: usize,
+    /// New connections (and polls) one address may open per second, on average; bursts of
+    /// twice this pass. 0 = no limit. Default 200.
+    pub connection_rate_per_address: u32,
+    /// Commands one address may send per second through stateless `POST /connection/send`
+    /// (without a session), on average; bursts of twice this pass. 0 = no limit.
+    /// Default 400.
+    pub commands_per_address: u32,
+    /// Proxies (addresses or networks such as `10.0.0.0/8`) whose `X-Forwarded-For` is
+    /// believed. Default none: the TCP peer is the client.
+    pub trusted_proxies: Vec<crate::limits::Network>,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            connections_per_address: 1000,
+            connection_rate_per_address: 200,
+            commands_per_address: 400,
+            trusted_proxies: Vec::new(),
+        }
+    }
+}
+
 /// Settings of the HTTP transports.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpConfig {
+    /// Longest wait for a request's head, from the connection's opening or the end of the
+    /// previous response (so also how long an idle keep-alive connection stays open).
+    /// Default `10s`.
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// Longest wait for a request's body. Default `10s`.
+    #[serde(with = "humantime_serde")]
+    pub body_timeout: Duration,
     /// How long a long-poll request is held when nothing is new. Default `25s`.
     #[serde(with = "humantime_serde")]
     pub longpoll_timeout: Duration,
@@ -194,6 +236,8 @@ pub struct HttpConfig {
 impl Default for HttpConfig {
     fn default() -> Self {
         Self {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
             longpoll_timeout: Duration::from_secs(25),
             longpoll_max_timeout: Duration::from_secs(120),
             sse_retry: Duration::from_secs(2),
@@ -266,6 +310,7 @@ impl Default for Config {
             shutdown_timeout: Duration::from_secs(10),
             client: ClientConfig::default(),
             http: HttpConfig::default(),
+            limits: LimitsConfig::default(),
             channels: NamespaceConfig::default(),
             namespaces: BTreeMap::from([(
                 "chat".to_string(),
@@ -397,6 +442,12 @@ impl Config {
             return Err(bad(
                 "http.longpoll_timeout",
                 "must be greater than 0 and at most http.longpoll_max_timeout",
+            ));
+        }
+        if h.header_timeout.is_zero() || h.body_timeout.is_zero() {
+            return Err(bad(
+                "http.header_timeout",
+                "http.header_timeout and http.body_timeout must be greater than 0",
             ));
         }
         if h.iframe_max_bytes < 4096 {

@@ -17,6 +17,7 @@ pub mod config;
 pub mod error;
 pub mod history;
 pub mod hub;
+pub mod limits;
 pub mod node;
 pub mod publish;
 pub mod queue;
@@ -25,12 +26,100 @@ pub mod session;
 pub mod transport;
 pub mod web;
 
-use std::{future::Future, sync::Arc};
+use std::{
+    future::Future,
+    sync::{atomic::Ordering, Arc},
+};
 
 use tokio::net::TcpListener;
 
 pub use config::{Config, Settings};
 pub use node::Node;
+
+/// Refused sockets still being told why; past this many, more are closed without a word.
+const MAX_LINGERING: usize = 1024;
+
+/// How long a refused socket is given to read its 503.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Counts an accepted socket, or refuses it when the node holds `max_connections` sockets
+/// or its peer `limits.connections_per_address`: with a short 503 and code 106, so that a
+/// refused client learns why, then closes it.
+fn admit_socket(
+    node: &Arc<Node>,
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+) -> Option<(tokio::net::TcpStream, Counted)> {
+    let limit = node.settings.config.max_connections;
+    let message = if limit > 0 && node.sockets.load(Ordering::Relaxed) >= limit {
+        "the server holds its maximum of connections; retry later"
+    } else if let Some(guard) = node.limits.socket(peer.ip()) {
+        node.sockets.fetch_add(1, Ordering::Relaxed);
+        let counted = Counted {
+            sockets: node.sockets.clone(),
+            _peer: guard,
+        };
+        return Some((stream, counted));
+    } else {
+        "this address holds its maximum of connections; close one or retry later"
+    };
+    static LINGERING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    if LINGERING.fetch_add(1, Ordering::Relaxed) >= MAX_LINGERING {
+        LINGERING.fetch_sub(1, Ordering::Relaxed);
+        return None;
+    }
+    let body = herald_protocol::json::encode_error(
+        None,
+        herald_protocol::ErrorCode::LimitExceeded,
+        message,
+    );
+    let answer = [
+        format!(
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        )
+        .into_bytes(),
+        body,
+    ]
+    .concat();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = stream;
+        // Answer once the request's head is in (HTTP clients take an answer before their
+        // request as a broken connection), then read what else comes before closing: closing
+        // with unread bytes sends a reset, which can overtake the answer.
+        let _ = tokio::time::timeout(LINGER, async {
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+                match stream.read(&mut buf).await? {
+                    0 => break,
+                    n => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            stream.write_all(&answer).await?;
+            stream.shutdown().await?;
+            while stream.read(&mut buf).await? > 0 {}
+            Ok::<_, std::io::Error>(())
+        })
+        .await;
+        LINGERING.fetch_sub(1, Ordering::Relaxed);
+    });
+    None
+}
+
+/// An open TCP socket, counted by the node and against its peer while it lives.
+#[derive(Debug)]
+pub struct Counted {
+    sockets: Arc<std::sync::atomic::AtomicUsize>,
+    _peer: limits::SocketGuard,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.sockets.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// Serves `node` on `listener` until `shutdown` resolves, then shuts down gracefully:
 /// stops accepting, tells every client to reconnect (close code 3001), lets in-flight
@@ -51,10 +140,19 @@ pub async fn serve(
         }
     });
     let app = router::router(node.clone());
+    let http = &node.settings.config.http;
+    // HTTP/1.1 only: browsers speak HTTP/2 only over TLS, which Herald leaves to a proxy.
+    // The timer makes the header timeout work (without one hyper silently has none); it
+    // runs from the connection's opening and again after every response, so it bounds
+    // both a slow request head and an idle keep-alive connection.
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(http.header_timeout);
     // HTTP connections (upgraded WebSockets live on in `node.tasks`).
     let connections = tokio_util::task::TaskTracker::new();
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(conn) => conn,
                 Err(e) => {
@@ -66,14 +164,21 @@ pub async fn serve(
             },
             _ = token.cancelled() => break,
         };
+        let Some((stream, socket)) = admit_socket(&node, stream, peer) else {
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let app = app.clone();
-        let service =
-            hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+        let socket = Arc::new(socket);
+        let service = hyper::service::service_fn(
+            move |mut request: hyper::Request<hyper::body::Incoming>| {
+                // The peer, and the socket's count, which an upgraded WebSocket carries on.
+                request.extensions_mut().insert(limits::Peer(peer));
+                request.extensions_mut().insert(socket.clone());
                 tower::ServiceExt::oneshot(app.clone(), request)
-            });
-        // HTTP/1.1 only: browsers speak HTTP/2 only over TLS, which Herald leaves to a proxy.
-        let connection = hyper::server::conn::http1::Builder::new()
+            },
+        );
+        let connection = builder
             .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
             .with_upgrades();
         let token = token.clone();

@@ -53,6 +53,11 @@ pub struct Node {
     /// Sessions that live in a stream (SSE, HTTP streaming, forever frame), by client id:
     /// `POST /connection/send?session=ID` hands their commands over here.
     pub inboxes: Mutex<HashMap<Box<str>, mpsc::Sender<Inbound>>>,
+    /// Per-client-address counters.
+    pub limits: Arc<crate::limits::AddressLimits>,
+    /// Open TCP sockets, whatever they carry (counted from `accept`, so a socket that never
+    /// sends a whole request counts too).
+    pub sockets: Arc<AtomicUsize>,
     connections: AtomicUsize,
     next_session: AtomicU64,
     started: Instant,
@@ -97,14 +102,18 @@ impl Node {
             },
             Into::into,
         );
+        let limits = crate::limits::AddressLimits::new(settings.config.limits.clone());
+        crate::limits::spawn_sweeper(&limits);
         let node = Arc::new(Self {
             id,
+            limits,
             settings,
             broker,
             hub,
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             inboxes: Mutex::default(),
+            sockets: Arc::default(),
             connections: AtomicUsize::new(0),
             next_session: AtomicU64::new(1),
             started: Instant::now(),

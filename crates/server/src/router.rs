@@ -38,6 +38,7 @@ pub fn router(node: Arc<Node>) -> Router {
     if node.settings.config.web {
         all = all.merge(crate::web::routes());
     }
+    let body_timeout = node.settings.config.http.body_timeout;
     all.merge(http_api::routes(node.clone()))
         .fallback(|| async {
             Failure::new(
@@ -45,6 +46,10 @@ pub fn router(node: Arc<Node>) -> Router {
                 "no such route; see docs/protocol.md",
             )
         })
+        // A body trickled in slowly holds a socket and a task: bounded like the head.
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+            body_timeout,
+        ))
         .with_state(node)
 }
 

@@ -34,6 +34,9 @@ pub struct Session {
     stateless: bool,
     client: Box<str>,
     rate: Rate,
+    /// Stateless sessions (one request each) are charged to their client's address too:
+    /// a fresh session per request must not mean a fresh allowance per request.
+    charged_to: Option<std::net::IpAddr>,
     scratch: Vec<Arc<Delivery>>,
 }
 
@@ -88,6 +91,7 @@ impl Session {
             stateless: false,
             client,
             rate: Rate::new(node.settings.config.client.max_commands_per_second),
+            charged_to: None,
             scratch: Vec::new(),
         }
     }
@@ -147,6 +151,20 @@ impl Session {
     }
 
     async fn handle(&mut self, command: Command, out: &mut Vec<u8>) {
+        let address_allows = self
+            .charged_to
+            .is_none_or(|ip| self.node().limits.command(ip));
+        if !address_allows {
+            let limit = self.node().settings.config.limits.commands_per_address;
+            let message = format!(
+                "more than {limit} commands per second from this address; this one was not executed"
+            );
+            line(
+                out,
+                &json::encode_error(command.id, ErrorCode::TooManyRequests, &message),
+            );
+            return;
+        }
         if !self.rate.allow() {
             let limit = self.node().settings.config.client.max_commands_per_second;
             let message =
@@ -331,6 +349,12 @@ impl Session {
     /// (polling, sending without a stream), where a subscription would outlive nothing.
     pub fn stateless(mut self) -> Self {
         self.stateless = true;
+        self
+    }
+
+    /// Charges every command of this session to client address `ip` as well.
+    pub fn charged_to(mut self, ip: std::net::IpAddr) -> Self {
+        self.charged_to = Some(ip);
         self
     }
 }

@@ -14,6 +14,7 @@ use axum::{
     extract::{RawQuery, State},
     http::{header, HeaderMap, HeaderValue, StatusCode},
     response::{IntoResponse, Response},
+    Extension,
 };
 use herald_protocol::json;
 
@@ -21,7 +22,7 @@ use super::{
     request::{self, OpenRequest},
     MAX_BATCH_BYTES,
 };
-use crate::{error::Failure, node::Node, session::Session};
+use crate::{error::Failure, limits::Peer, node::Node, session::Session};
 
 /// Most bytes of publications in one answer; the rest comes with the next request.
 const MAX_ANSWER_BYTES: usize = 1 << 20;
@@ -29,10 +30,11 @@ const MAX_ANSWER_BYTES: usize = 1 << 20;
 /// `GET /connection/poll`: answers at once with what is new (possibly nothing).
 pub async fn poll(
     State(node): State<Arc<Node>>,
+    peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    answer(node, headers, query, false)
+    answer(node, peer, headers, query, false)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -41,10 +43,11 @@ pub async fn poll(
 /// request until something is or the timeout passes.
 pub async fn longpoll(
     State(node): State<Arc<Node>>,
+    peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    answer(node, headers, query, true)
+    answer(node, peer, headers, query, true)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -58,11 +61,12 @@ fn item(messages: &mut Vec<u8>, json: &[u8]) {
 
 async fn answer(
     node: Arc<Node>,
+    peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     query: Option<String>,
     hold: bool,
 ) -> Result<Response, Failure> {
-    request::admit(&node, &headers)?;
+    let _admitted = request::admit(&node, &headers, peer)?;
     let request = OpenRequest::parse(query.as_deref(), &headers)?.require_channels()?;
     let mut session = Session::new(&node);
     let mut messages = Vec::new();

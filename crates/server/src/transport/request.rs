@@ -2,14 +2,24 @@
 
 use std::time::Duration;
 
-use axum::http::HeaderMap;
+use axum::{http::HeaderMap, Extension};
 use herald_protocol::{ChannelName, Cursor, ErrorCode, Since};
 
-use crate::{error::Failure, node::Node};
+use crate::{
+    error::Failure,
+    limits::{AddressGuard, Peer},
+    node::Node,
+};
 
 /// Whether a new connection or poll may start: the origin is allowed, the server is not
-/// shutting down, and it holds fewer than `max_connections`. Every transport asks this first.
-pub fn admit(node: &Node, headers: &HeaderMap) -> Result<(), Failure> {
+/// shutting down, it holds fewer than `max_connections`, and the client's address is within
+/// its limits (see [`crate::limits`]). Every transport asks this first, and keeps the guard
+/// while the connection lives.
+pub fn admit(
+    node: &Node,
+    headers: &HeaderMap,
+    peer: Option<Extension<Peer>>,
+) -> Result<Option<AddressGuard>, Failure> {
     super::origin::check(&node.settings, headers)?;
     if node.shutdown.is_cancelled() {
         return Err(Failure::new(
@@ -24,7 +34,12 @@ pub fn admit(node: &Node, headers: &HeaderMap) -> Result<(), Failure> {
             format!("the server holds its maximum of {limit} connections; retry later"),
         ));
     }
-    Ok(())
+    // Requests that did not come through the accept loop (none in `serve`) have no peer.
+    peer.map(|Extension(Peer(peer))| {
+        let ip = node.limits.client_address(peer.ip(), headers);
+        node.limits.connection(ip)
+    })
+    .transpose()
 }
 
 /// The channels an HTTP transport opens, and where each one resumes.

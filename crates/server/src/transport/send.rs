@@ -14,6 +14,7 @@ use axum::{
     extract::{rejection::BytesRejection, RawQuery, State},
     http::{header, HeaderMap},
     response::{IntoResponse, Response},
+    Extension,
 };
 use herald_broker::NodeRequests;
 use herald_protocol::{json, ErrorCode};
@@ -22,6 +23,7 @@ use tokio::sync::oneshot;
 use super::origin;
 use crate::{
     error::Failure,
+    limits::Peer,
     node::{Inbound, Node},
     session::Session,
 };
@@ -29,11 +31,12 @@ use crate::{
 /// `POST /connection/send[?session=ID]`, body: commands, one JSON object per line.
 pub async fn send(
     State(node): State<Arc<Node>>,
+    peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    match handle(node, headers, query, body).await {
+    match handle(node, peer, headers, query, body).await {
         Ok(r) => r,
         Err(f) => f.into_response(),
     }
@@ -41,11 +44,18 @@ pub async fn send(
 
 async fn handle(
     node: Arc<Node>,
+    peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     query: Option<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Failure> {
     origin::check(&node.settings, &headers)?;
+    if node.shutdown.is_cancelled() {
+        return Err(Failure::new(
+            ErrorCode::ShuttingDown,
+            "server is shutting down",
+        ));
+    }
     let limit = node.settings.config.client.max_frame_size;
     let frame = body.map_err(|e| {
         Failure::new(
@@ -67,6 +77,9 @@ async fn handle(
     }
     let Some(id) = session_id else {
         let mut session = Session::new(&node).stateless();
+        if let Some(Extension(Peer(peer))) = peer {
+            session = session.charged_to(node.limits.client_address(peer.ip(), &headers));
+        }
         let mut out = Vec::new();
         session
             .handle_frame(&frame, &mut out)

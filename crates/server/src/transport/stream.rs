@@ -9,6 +9,7 @@ use axum::{
     extract::{RawQuery, State},
     http::{header, HeaderMap, HeaderValue},
     response::{IntoResponse, Response},
+    Extension,
 };
 use bytes::Bytes;
 use herald_protocol::{json, DisconnectCode, ErrorCode};
@@ -21,6 +22,7 @@ use super::{
 };
 use crate::{
     error::{Disconnect, Failure},
+    limits::{AddressGuard, Peer},
     node::{Inbound, Node},
     session::{Positions, Session},
 };
@@ -157,48 +159,54 @@ pub fn is_identifier(name: &str) -> bool {
 /// `GET /connection/sse`.
 pub async fn sse(
     State(node): State<Arc<Node>>,
+    peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    open(node, headers, query, |_| Ok(Framing::Sse)).await
+    open(node, peer, headers, query, |_| Ok(Framing::Sse)).await
 }
 
 /// `GET /connection/stream`.
 pub async fn ndjson(
     State(node): State<Arc<Node>>,
+    peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    open(node, headers, query, |_| Ok(Framing::Ndjson)).await
+    open(node, peer, headers, query, |_| Ok(Framing::Ndjson)).await
 }
 
 /// `GET /connection/iframe?callback=NAME`.
 pub async fn iframe(
     State(node): State<Arc<Node>>,
+    peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    open(node, headers, query, |req| match req.callback.clone() {
-        Some(callback) if is_identifier(&callback) => Ok(Framing::Iframe { callback }),
-        Some(_) => Err(Failure::new(
-            ErrorCode::BadRequest,
-            "callback must be a plain JavaScript identifier",
-        )),
-        None => Err(Failure::new(
-            ErrorCode::BadRequest,
-            "callback=NAME is required: the page's function to call",
-        )),
+    open(node, peer, headers, query, |req| {
+        match req.callback.clone() {
+            Some(callback) if is_identifier(&callback) => Ok(Framing::Iframe { callback }),
+            Some(_) => Err(Failure::new(
+                ErrorCode::BadRequest,
+                "callback must be a plain JavaScript identifier",
+            )),
+            None => Err(Failure::new(
+                ErrorCode::BadRequest,
+                "callback=NAME is required: the page's function to call",
+            )),
+        }
     })
     .await
 }
 
 async fn open(
     node: Arc<Node>,
+    peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     query: Option<String>,
     framing: impl FnOnce(&OpenRequest) -> Result<Framing, Failure>,
 ) -> Response {
-    match start(node, headers, query, framing).await {
+    match start(node, peer, headers, query, framing).await {
         Ok(response) => response,
         Err(f) => f.into_response(),
     }
@@ -206,11 +214,12 @@ async fn open(
 
 async fn start(
     node: Arc<Node>,
+    peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     query: Option<String>,
     framing: impl FnOnce(&OpenRequest) -> Result<Framing, Failure>,
 ) -> Result<Response, Failure> {
-    request::admit(&node, &headers)?;
+    let admitted = request::admit(&node, &headers, peer)?;
     let request = OpenRequest::parse(query.as_deref(), &headers)?;
     let framing = framing(&request)?;
     let mut session = Session::new(&node);
@@ -235,6 +244,7 @@ async fn start(
     let abort = CancellationToken::new();
     let content_type = framing.content_type();
     node.tasks.spawn(pump(
+        admitted,
         node.clone(),
         session,
         framing,
@@ -264,6 +274,8 @@ async fn start(
 }
 
 async fn pump(
+    // Counts the connection against its address while the stream lives.
+    _admitted: Option<AddressGuard>,
     node: Arc<Node>,
     mut session: Session,
     framing: Framing,

@@ -7,6 +7,7 @@ mod cross;
 mod errors;
 mod http;
 mod lifecycle;
+mod limits;
 mod nodes;
 mod ordering;
 mod resume;

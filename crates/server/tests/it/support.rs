@@ -16,11 +16,15 @@ pub const KEY: &str = "test-key";
 /// Upper bound for any single wait in these tests; reaching it is a failure.
 pub const PATIENCE: Duration = Duration::from_secs(15);
 
-/// Test configuration: an API key, and an `open` namespace clients may publish to.
+/// Test configuration: an API key, and an `open` namespace clients may publish to. No
+/// per-address limits: every test client comes from 127.0.0.1 (`limits.rs` tests them).
 pub fn config() -> Config {
     let mut c = Config::default();
     c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     c.api_key = Some(KEY.into());
+    c.limits.connections_per_address = 0;
+    c.limits.connection_rate_per_address = 0;
+    c.limits.commands_per_address = 0;
     c.namespaces.insert(
         "open".into(),
         NamespaceOverride {

@@ -8,6 +8,7 @@ use axum::{
     extract::{Request, State},
     http::{header, HeaderMap, HeaderValue, StatusCode},
     response::{IntoResponse, Response},
+    Extension,
 };
 use herald_protocol::ErrorCode;
 use hyper::upgrade::OnUpgrade;
@@ -16,14 +17,18 @@ use tokio::net::TcpStream;
 use tungstenite::handshake::derive_accept_key;
 
 use super::{run, JSON_SUBPROTOCOL};
-use crate::{error::Failure, node::Node, transport::request};
+use crate::{error::Failure, limits::Peer, node::Node, transport::request, Counted};
 
 /// `GET /connection/websocket`.
 pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Response {
+    let peer = request.extensions().get::<Peer>().copied().map(Extension);
+    // The socket's count lives on with the WebSocket once hyper lets the socket go.
+    let socket = request.extensions_mut().remove::<Arc<Counted>>();
     let headers = request.headers();
-    if let Err(f) = request::admit(&node, headers) {
-        return f.into_response();
-    }
+    let admitted = match request::admit(&node, headers, peer) {
+        Ok(admitted) => admitted,
+        Err(f) => return f.into_response(),
+    };
     let accept = match accept_key(headers) {
         Ok(key) => key,
         Err(f) => return f.into_response(),
@@ -43,6 +48,7 @@ pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Res
     };
     let tasks = node.tasks.clone();
     tokio::spawn(tasks.track_future(async move {
+        let _counted = (socket, admitted);
         let upgraded = match upgraded.await {
             Ok(u) => u,
             Err(e) => {

@@ -1,0 +1,391 @@
+//! Limits per client address: how many sockets and connections one address may hold, how
+//! fast it may open them, and how many stateless commands it may send. The address is the
+//! TCP peer's, or, when the peer is a configured trusted proxy, the last address in
+//! `X-Forwarded-For` that is not itself a trusted proxy.
+
+use std::{
+    collections::HashMap,
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use axum::http::HeaderMap;
+use herald_protocol::ErrorCode;
+use parking_lot::Mutex;
+
+use crate::{config::LimitsConfig, error::Failure};
+
+/// The TCP peer of a request, put into its extensions by the accept loop.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub SocketAddr);
+
+/// A token bucket: `per_second` on average, bursts of twice that.
+#[derive(Debug, Clone)]
+pub(crate) struct Bucket {
+    tokens: f64,
+    refilled: Instant,
+}
+
+impl Bucket {
+    pub(crate) fn full(per_second: u32) -> Self {
+        Self {
+            tokens: f64::from(per_second) * 2.0,
+            refilled: Instant::now(),
+        }
+    }
+
+    /// Takes `n` tokens if there are that many; 0 per second means no limit.
+    pub(crate) fn take(&mut self, per_second: u32, n: f64) -> bool {
+        if per_second == 0 {
+            return true;
+        }
+        let rate = f64::from(per_second);
+        let now = Instant::now();
+        let earned = now.duration_since(self.refilled).as_secs_f64() * rate;
+        self.tokens = (self.tokens + earned).min(rate * 2.0);
+        self.refilled = now;
+        if self.tokens >= n {
+            self.tokens -= n;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn is_full(&self, per_second: u32) -> bool {
+        let earned = self.refilled.elapsed().as_secs_f64() * f64::from(per_second);
+        self.tokens + earned >= f64::from(per_second) * 2.0
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    /// Open TCP sockets from this peer (only counted for peers that are not proxies).
+    sockets: usize,
+    /// Open client connections (sessions of every transport) of this client address.
+    connections: usize,
+    opened: Bucket,
+    commands: Bucket,
+}
+
+/// The per-address counters of a node.
+#[derive(Debug)]
+pub struct AddressLimits {
+    config: LimitsConfig,
+    table: Mutex<HashMap<IpAddr, Entry>>,
+}
+
+impl AddressLimits {
+    /// Counters for `config`'s limits.
+    pub fn new(config: LimitsConfig) -> Arc<Self> {
+        Arc::new(Self {
+            config,
+            table: Mutex::default(),
+        })
+    }
+
+    fn with_entry<T>(&self, ip: IpAddr, f: impl FnOnce(&mut Entry) -> T) -> T {
+        let mut table = self.table.lock();
+        let c = &self.config;
+        let entry = table.entry(ip).or_insert_with(|| Entry {
+            sockets: 0,
+            connections: 0,
+            opened: Bucket::full(c.connection_rate_per_address),
+            commands: Bucket::full(c.commands_per_address),
+        });
+        f(entry)
+    }
+
+    /// Whether `ip` is a trusted proxy.
+    pub fn is_proxy(&self, ip: IpAddr) -> bool {
+        self.config.trusted_proxies.iter().any(|p| p.contains(ip))
+    }
+
+    /// The client's address: the peer's, or behind trusted proxies the nearest address in
+    /// `X-Forwarded-For` that is not one of them.
+    pub fn client_address(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        if !self.is_proxy(peer) {
+            return peer;
+        }
+        let forwarded = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|a| a.trim().parse::<IpAddr>().ok())
+            .collect::<Vec<_>>();
+        forwarded
+            .into_iter()
+            .rev()
+            .find(|a| !self.is_proxy(*a))
+            .unwrap_or(peer)
+    }
+
+    /// Counts a newly accepted TCP socket of `peer`; `None` when the peer already holds
+    /// `connections_per_address` sockets. Proxies are not counted here: their clients are
+    /// counted by address when they connect.
+    pub fn socket(self: &Arc<Self>, peer: IpAddr) -> Option<SocketGuard> {
+        if self.is_proxy(peer) {
+            return Some(SocketGuard {
+                limits: None,
+                ip: peer,
+            });
+        }
+        let limit = self.config.connections_per_address;
+        let admitted = self.with_entry(peer, |e| {
+            if limit > 0 && e.sockets >= limit {
+                return false;
+            }
+            e.sockets += 1;
+            true
+        });
+        admitted.then(|| SocketGuard {
+            limits: Some(self.clone()),
+            ip: peer,
+        })
+    }
+
+    /// Admits a connection (or a poll) of client address `ip`: within the connection rate
+    /// and the concurrent connections of that address. The guard counts it while it lives.
+    pub fn connection(self: &Arc<Self>, ip: IpAddr) -> Result<AddressGuard, Failure> {
+        let c = &self.config;
+        self.with_entry(ip, |e| {
+            if c.connections_per_address > 0 && e.connections >= c.connections_per_address {
+                return Err(Failure::new(
+                    ErrorCode::LimitExceeded,
+                    format!(
+                        "this address holds its maximum of {} connections; close one or retry later",
+                        c.connections_per_address
+                    ),
+                ));
+            }
+            if !e.opened.take(c.connection_rate_per_address, 1.0) {
+                return Err(Failure::new(
+                    ErrorCode::TooManyRequests,
+                    format!(
+                        "more than {} new connections per second from this address; retry later",
+                        c.connection_rate_per_address
+                    ),
+                ));
+            }
+            e.connections += 1;
+            Ok(())
+        })?;
+        Ok(AddressGuard {
+            limits: self.clone(),
+            ip,
+        })
+    }
+
+    /// Takes one stateless command of `ip` from its allowance; false when over the rate.
+    pub fn command(&self, ip: IpAddr) -> bool {
+        let rate = self.config.commands_per_address;
+        self.with_entry(ip, |e| e.commands.take(rate, 1.0))
+    }
+
+    /// Forgets addresses that hold nothing and whose allowances are full again, so the
+    /// table holds only addresses active recently. Called every few seconds.
+    pub fn sweep(&self) {
+        let c = &self.config;
+        self.table.lock().retain(|_, e| {
+            e.sockets > 0
+                || e.connections > 0
+                || !e.opened.is_full(c.connection_rate_per_address)
+                || !e.commands.is_full(c.commands_per_address)
+        });
+    }
+
+    /// Addresses currently tracked.
+    pub fn tracked(&self) -> usize {
+        self.table.lock().len()
+    }
+}
+
+/// Inside a Tokio runtime, sweeps `limits` every few seconds while it lives.
+pub fn spawn_sweeper(limits: &Arc<AddressLimits>) {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return;
+    }
+    let limits = Arc::downgrade(limits);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            match limits.upgrade() {
+                Some(limits) => limits.sweep(),
+                None => return,
+            }
+        }
+    });
+}
+
+/// One accepted TCP socket, counted against its peer while it lives.
+#[derive(Debug)]
+pub struct SocketGuard {
+    limits: Option<Arc<AddressLimits>>,
+    ip: IpAddr,
+}
+
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        if let Some(limits) = &self.limits {
+            limits.with_entry(self.ip, |e| e.sockets = e.sockets.saturating_sub(1));
+        }
+    }
+}
+
+/// One client connection, counted against its address while it lives.
+#[derive(Debug)]
+pub struct AddressGuard {
+    limits: Arc<AddressLimits>,
+    ip: IpAddr,
+}
+
+impl AddressGuard {
+    /// The client's address.
+    pub fn ip(&self) -> IpAddr {
+        self.ip
+    }
+}
+
+impl Drop for AddressGuard {
+    fn drop(&mut self) {
+        self.limits
+            .with_entry(self.ip, |e| e.connections = e.connections.saturating_sub(1));
+    }
+}
+
+/// An address or a network (`10.0.0.0/8`, `::1`), for `trusted_proxies`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Network {
+    address: IpAddr,
+    prefix: u8,
+}
+
+impl Network {
+    /// Whether `ip` is in this network.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.address, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(n) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(n) & mask == u128::from(a) & mask
+            }
+            // An IPv4 client seen through an IPv6 socket.
+            (IpAddr::V4(_), IpAddr::V6(a)) => {
+                a.to_ipv4_mapped().is_some_and(|a| self.contains(a.into()))
+            }
+            _ => false,
+        }
+    }
+}
+
+impl std::str::FromStr for Network {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (address, prefix) = s.split_once('/').unwrap_or((s, ""));
+        let address: IpAddr = address
+            .parse()
+            .map_err(|_| format!("{s:?} is not an IP address or network such as 10.0.0.0/8"))?;
+        let max = if address.is_ipv4() { 32 } else { 128 };
+        let prefix = if prefix.is_empty() {
+            max
+        } else {
+            prefix
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("{s:?}: the prefix length must be 0 to {max}"))?
+        };
+        Ok(Self { address, prefix })
+    }
+}
+
+impl std::fmt::Display for Network {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.address, self.prefix)
+    }
+}
+
+impl serde::Serialize for Network {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Network {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(proxies: &[&str]) -> Arc<AddressLimits> {
+        let mut c = LimitsConfig::default();
+        c.trusted_proxies = proxies.iter().map(|p| p.parse().unwrap()).collect();
+        c.connections_per_address = 2;
+        c.connection_rate_per_address = 100;
+        AddressLimits::new(c)
+    }
+
+    fn forwarded(value: &'static str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", value.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn forwarded_for_counts_only_behind_a_trusted_proxy() {
+        let l = limits(&["10.0.0.0/8"]);
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let h = forwarded("6.6.6.6, 1.2.3.4, 10.1.1.1");
+        // The nearest untrusted hop is the client; what it claims before it is not trusted.
+        assert_eq!(l.client_address(ip("10.0.0.1"), &h), ip("1.2.3.4"));
+        // A client that sends its own header is not believed.
+        assert_eq!(l.client_address(ip("1.2.3.4"), &h), ip("1.2.3.4"));
+        assert_eq!(
+            l.client_address(ip("10.0.0.1"), &HeaderMap::new()),
+            ip("10.0.0.1")
+        );
+    }
+
+    #[test]
+    fn each_address_has_its_own_connection_allowance() {
+        let l = limits(&[]);
+        let (a, b) = ("1.1.1.1".parse().unwrap(), "2.2.2.2".parse().unwrap());
+        let g1 = l.connection(a).unwrap();
+        let _g2 = l.connection(a).unwrap();
+        assert_eq!(l.connection(a).unwrap_err().code, ErrorCode::LimitExceeded);
+        assert!(l.connection(b).is_ok(), "another address is unaffected");
+        drop(g1);
+        assert!(
+            l.connection(a).is_ok(),
+            "a closed connection frees its place"
+        );
+    }
+
+    #[test]
+    fn networks_parse_and_match() {
+        let n: Network = "192.168.0.0/16".parse().unwrap();
+        assert!(n.contains("192.168.4.5".parse().unwrap()));
+        assert!(!n.contains("192.169.0.1".parse().unwrap()));
+        assert!(n.contains("::ffff:192.168.1.1".parse().unwrap()));
+        let one: Network = "::1".parse().unwrap();
+        assert!(one.contains("::1".parse().unwrap()));
+        assert!("10.0.0.0/33".parse::<Network>().is_err());
+        assert!("localhost".parse::<Network>().is_err());
+    }
+}
