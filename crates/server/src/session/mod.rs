@@ -80,9 +80,12 @@ impl Session {
     pub fn new(node: &Arc<Node>) -> Self {
         let queue = Arc::new(Queue::new(node.settings.config.client.queue_max_bytes));
         let guard = node.connection();
-        // NODE-CONNECTION-RANDOM: the node first, so a send can be forwarded to it.
-        let client =
-            format!("{}-{:x}-{:016x}", node.id, guard.id, fastrand::u64(..)).into_boxed_str();
+        // NODE-RANDOM: the node first, so a send can be forwarded to it; then 128 bits from
+        // the operating system's generator, since the id is the only capability a
+        // `send?session=` needs (no counter: it would tell how many connections came before).
+        let mut secret = [0u8; 16];
+        getrandom::fill(&mut secret).expect("the operating system's random generator works");
+        let client = format!("{}-{:032x}", node.id, u128::from_le_bytes(secret)).into_boxed_str();
         Self {
             guard,
             queue,
