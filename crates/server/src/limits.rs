@@ -20,7 +20,8 @@ use crate::{config::LimitsConfig, error::Failure};
 #[derive(Debug, Clone, Copy)]
 pub struct Peer(pub SocketAddr);
 
-/// A token bucket: `per_second` on average, bursts of twice that.
+/// A token bucket: `per_second` on average, bursts of twice that. Serves the per-address
+/// limits here and each session's `client.max_commands_per_second`.
 #[derive(Debug, Clone)]
 pub(crate) struct Bucket {
     tokens: f64,
@@ -35,8 +36,8 @@ impl Bucket {
         }
     }
 
-    /// Takes `n` tokens if there are that many; 0 per second means no limit.
-    pub(crate) fn take(&mut self, per_second: u32, n: f64) -> bool {
+    /// Takes a token if there is one; 0 per second means no limit.
+    pub(crate) fn take(&mut self, per_second: u32) -> bool {
         if per_second == 0 {
             return true;
         }
@@ -45,8 +46,8 @@ impl Bucket {
         let earned = now.duration_since(self.refilled).as_secs_f64() * rate;
         self.tokens = (self.tokens + earned).min(rate * 2.0);
         self.refilled = now;
-        if self.tokens >= n {
-            self.tokens -= n;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
             true
         } else {
             false
@@ -160,7 +161,7 @@ impl AddressLimits {
                     ),
                 ));
             }
-            if !e.opened.take(c.connection_rate_per_address, 1.0) {
+            if !e.opened.take(c.connection_rate_per_address) {
                 return Err(Failure::new(
                     ErrorCode::TooManyRequests,
                     format!(
@@ -181,7 +182,7 @@ impl AddressLimits {
     /// Takes one stateless command of `ip` from its allowance; false when over the rate.
     pub fn command(&self, ip: IpAddr) -> bool {
         let rate = self.config.commands_per_address;
-        self.with_entry(ip, |e| e.commands.take(rate, 1.0))
+        self.with_entry(ip, |e| e.commands.take(rate))
     }
 
     /// Forgets addresses that hold nothing and whose allowances are full again, so the

@@ -33,46 +33,11 @@ pub struct Session {
     connected: bool,
     stateless: bool,
     client: Box<str>,
-    rate: Rate,
+    rate: crate::limits::Bucket,
     /// Stateless sessions (one request each) are charged to their client's address too:
     /// a fresh session per request must not mean a fresh allowance per request.
     charged_to: Option<std::net::IpAddr>,
     scratch: Vec<Arc<Delivery>>,
-}
-
-/// A token bucket: `per_second` commands on average, bursts of twice that.
-#[derive(Debug)]
-struct Rate {
-    per_second: f64,
-    tokens: f64,
-    refilled: std::time::Instant,
-}
-
-impl Rate {
-    fn new(per_second: u32) -> Self {
-        let per_second = f64::from(per_second);
-        Self {
-            per_second,
-            tokens: per_second * 2.0,
-            refilled: std::time::Instant::now(),
-        }
-    }
-
-    fn allow(&mut self) -> bool {
-        if self.per_second == 0.0 {
-            return true;
-        }
-        let now = std::time::Instant::now();
-        let earned = now.duration_since(self.refilled).as_secs_f64() * self.per_second;
-        self.tokens = (self.tokens + earned).min(self.per_second * 2.0);
-        self.refilled = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
 }
 
 impl Session {
@@ -93,7 +58,7 @@ impl Session {
             connected: false,
             stateless: false,
             client,
-            rate: Rate::new(node.settings.config.client.max_commands_per_second),
+            rate: crate::limits::Bucket::full(node.settings.config.client.max_commands_per_second),
             charged_to: None,
             scratch: Vec::new(),
         }
@@ -168,8 +133,8 @@ impl Session {
             );
             return;
         }
-        if !self.rate.allow() {
-            let limit = self.node().settings.config.client.max_commands_per_second;
+        let limit = self.node().settings.config.client.max_commands_per_second;
+        if !self.rate.take(limit) {
             let message =
                 format!("more than {limit} commands per second; this one was not executed");
             line(
