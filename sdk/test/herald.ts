@@ -1,25 +1,16 @@
 /** Runs a real `herald serve` for tests: random port on 127.0.0.1, its own data directory. */
-import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { dirname, join } from "node:path";
+import { join } from "node:path";
 import { createInterface } from "node:readline";
-import { fileURLToPath } from "node:url";
+import { inject } from "vitest";
 
-const workspace = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 export const API_KEY = "sdk-test-key";
 
-let built: string | undefined;
-
-/** The herald binary: `HERALD_BIN`, or the workspace's debug build (built if missing). */
+/** The herald binary, built once by `test/global-setup.ts` (or `HERALD_BIN`). */
 export function heraldBinary(): string {
-  if (process.env["HERALD_BIN"]) return process.env["HERALD_BIN"];
-  if (built === undefined) {
-    const result = spawnSync("cargo", ["build", "--quiet", "-p", "herald"], { cwd: workspace, stdio: "inherit" });
-    if (result.status !== 0) throw new Error("cargo build -p herald failed");
-    built = join(workspace, "target", "debug", "herald");
-  }
-  return built;
+  return inject("heraldBinary");
 }
 
 export class Herald {
