@@ -227,13 +227,14 @@ impl Store {
         if let Some(since) = &query.since {
             check_since(since, &position, first)?;
         }
-        let publications = entries
+        let entries: Vec<Publication> = entries
             .into_iter()
             .map(|(offset, data)| Publication {
                 offset,
                 data: Bytes::from(data),
             })
             .collect();
+        let publications = query.page(entries.iter());
         Ok(History {
             position,
             publications,

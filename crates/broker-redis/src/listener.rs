@@ -255,6 +255,7 @@ impl Listener {
                     epoch: Some(epoch.clone()),
                 }),
                 limit: CATCH_UP_LIMIT,
+                max_bytes: None,
             };
             match self.store.history(&channel, &query).await {
                 Ok(history) => {

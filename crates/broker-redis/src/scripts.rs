@@ -88,7 +88,7 @@ if limit > 0 then
     for i = #newest, 1, -1 do entries[#entries + 1] = newest[i] end
   else
     local since = tonumber(ARGV[1])
-    if since + 1 >= first and since < top then
+    if (since == 0 or since + 1 >= first) and since < top then
       entries = redis.call('XRANGE', KEYS[2], (since + 1) .. '-0', '+', 'COUNT', limit)
     end
   end

@@ -65,6 +65,7 @@ pub async fn run_all(make: impl Fn(Arc<dyn PublicationSink>) -> SharedBroker) {
     gaps_history_cannot_cover_are_unrecoverable(&make).await;
     removing_history_changes_the_epoch(&make).await;
     concurrent_publishers_share_one_order(&make).await;
+    history_pages_are_bounded_in_bytes(&make).await;
 }
 
 fn ch(name: &str) -> ChannelName {
@@ -109,6 +110,7 @@ async fn offsets_count_from_one_and_history_reads_since_a_position(
             HistoryQuery {
                 since: since(2, &epoch),
                 limit: 100,
+                max_bytes: None,
             },
         )
         .await
@@ -121,6 +123,7 @@ async fn offsets_count_from_one_and_history_reads_since_a_position(
             HistoryQuery {
                 since: since(2, &epoch),
                 limit: 2,
+                max_bytes: None,
             },
         )
         .await
@@ -132,6 +135,7 @@ async fn offsets_count_from_one_and_history_reads_since_a_position(
             HistoryQuery {
                 since: since(5, &epoch),
                 limit: 100,
+                max_bytes: None,
             },
         )
         .await
@@ -143,6 +147,7 @@ async fn offsets_count_from_one_and_history_reads_since_a_position(
             HistoryQuery {
                 since: None,
                 limit: 2,
+                max_bytes: None,
             },
         )
         .await
@@ -181,6 +186,7 @@ async fn gaps_history_cannot_cover_are_unrecoverable(
             HistoryQuery {
                 since: since(7, &epoch),
                 limit: 10,
+                max_bytes: None,
             },
         )
         .await
@@ -192,16 +198,34 @@ async fn gaps_history_cannot_cover_are_unrecoverable(
             HistoryQuery {
                 since: since(6, &epoch),
                 limit: 10,
+                max_bytes: None,
             },
         )
         .await;
     assert!(matches!(gap, Err(BrokerError::Unrecoverable { current }) if current.offset == 10));
+    let from_start = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(0, &epoch),
+                limit: 10,
+                max_bytes: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        offsets(&from_start.publications),
+        [8, 9, 10],
+        "offset 0 reads from the oldest kept; the first offset shows what is gone"
+    );
     let wrong = broker
         .history(
             &c,
             HistoryQuery {
                 since: since(9, &Epoch::new("other")),
                 limit: 10,
+                max_bytes: None,
             },
         )
         .await;
@@ -215,6 +239,7 @@ async fn gaps_history_cannot_cover_are_unrecoverable(
             HistoryQuery {
                 since: since(11, &epoch),
                 limit: 10,
+                max_bytes: None,
             },
         )
         .await;
@@ -229,6 +254,7 @@ async fn gaps_history_cannot_cover_are_unrecoverable(
             HistoryQuery {
                 since: any_epoch,
                 limit: 10,
+                max_bytes: None,
             },
         )
         .await
@@ -260,6 +286,7 @@ async fn removing_history_changes_the_epoch(
             HistoryQuery {
                 since: since(0, &before.epoch),
                 limit: 10,
+                max_bytes: None,
             },
         )
         .await
@@ -310,4 +337,50 @@ async fn concurrent_publishers_share_one_order(
         (1..=400).collect::<Vec<_>>(),
         "sinks see offset order"
     );
+}
+
+async fn history_pages_are_bounded_in_bytes(
+    make: &impl Fn(Arc<dyn PublicationSink>) -> SharedBroker,
+) {
+    let broker = make(Arc::new(Recorder::default()));
+    let c = ch("conformance:bytes");
+    let mut epoch = None;
+    for i in 1..=5u8 {
+        let data = Bytes::from(vec![b'0' + i; 10]);
+        let pos = broker
+            .publish(&c, data, StreamPolicy::default())
+            .await
+            .unwrap();
+        epoch = Some(pos.epoch);
+    }
+    let epoch = epoch.unwrap();
+    let read = |since, max_bytes| {
+        let broker = broker.clone();
+        let c = c.clone();
+        async move {
+            let query = HistoryQuery {
+                since,
+                limit: 100,
+                max_bytes: Some(max_bytes),
+            };
+            offsets(&broker.history(&c, query).await.unwrap().publications)
+        }
+    };
+    assert_eq!(
+        read(since(0, &epoch), 25).await,
+        [1, 2],
+        "the oldest that fit after a position"
+    );
+    assert_eq!(read(since(2, &epoch), 30).await, [3, 4, 5]);
+    assert_eq!(
+        read(None, 25).await,
+        [4, 5],
+        "the newest that fit without one"
+    );
+    assert_eq!(
+        read(since(0, &epoch), 1).await,
+        [1],
+        "a page holds one publication even when it alone is larger than the bound"
+    );
+    assert_eq!(read(None, 1).await, [5]);
 }

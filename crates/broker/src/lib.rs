@@ -99,6 +99,40 @@ pub struct HistoryQuery {
     pub since: Option<Since>,
     /// At most this many publications (0 = only the position).
     pub limit: usize,
+    /// At most about this many bytes of publication data: the page stops before the
+    /// publication that would pass it, but holds at least one, so paging always moves on.
+    /// With `since`, the page is the oldest that fit; without, the newest. `None`: no bound.
+    pub max_bytes: Option<usize>,
+}
+
+impl HistoryQuery {
+    /// Whether a page that holds `count` publications of `bytes` bytes so far may take
+    /// one of `next` bytes more.
+    pub fn fits(&self, count: usize, bytes: usize, next: usize) -> bool {
+        count < self.limit && (count == 0 || self.max_bytes.is_none_or(|max| bytes + next <= max))
+    }
+
+    /// The publications of `candidates` (oldest first) that make this query's page: the
+    /// oldest that fit after a `since`, the newest that fit without one.
+    pub fn page<'a>(
+        &self,
+        candidates: impl DoubleEndedIterator<Item = &'a Publication>,
+    ) -> Vec<Publication> {
+        let (mut count, mut bytes) = (0, 0);
+        let mut fits = |p: &&Publication| {
+            let ok = self.fits(count, bytes, p.data.len());
+            count += 1;
+            bytes += p.data.len();
+            ok
+        };
+        if self.since.is_some() {
+            candidates.take_while(|p| fits(p)).cloned().collect()
+        } else {
+            let mut newest: Vec<_> = candidates.rev().take_while(|p| fits(p)).cloned().collect();
+            newest.reverse();
+            newest
+        }
+    }
 }
 
 /// A history answer.
@@ -187,12 +221,16 @@ pub type SharedBroker = Arc<dyn Broker>;
 /// Whether a resume from `since` can be served when the stream is at `current` and its
 /// oldest readable publication is `first` (top + 1 when history is empty): the epoch must
 /// match (or not be given), and `since + 1` must still be in history or be the next offset.
-/// Brokers in other crates use it too, so every broker answers alike.
+/// Offset 0 is "from the start": it reads from the oldest publication kept, whatever was
+/// trimmed before it, and a reader tells from the first offset whether that is offset 1
+/// (a resume does: see the server's replay). Brokers in other crates use it too, so every
+/// broker answers alike.
 pub fn check_since(since: &Since, current: &StreamPosition, first: u64) -> Result<(), BrokerError> {
     // Offset 0 holds nothing of its epoch, so any epoch's stream, replayed from its start,
     // is exactly what such a reader lacks.
-    let epoch_ok = since.offset == 0 || since.epoch.as_ref().is_none_or(|e| *e == current.epoch);
-    if !epoch_ok || since.offset > current.offset || since.offset + 1 < first {
+    let from_start = since.offset == 0;
+    let epoch_ok = from_start || since.epoch.as_ref().is_none_or(|e| *e == current.epoch);
+    if !epoch_ok || since.offset > current.offset || (!from_start && since.offset + 1 < first) {
         return Err(BrokerError::Unrecoverable {
             current: current.clone(),
         });

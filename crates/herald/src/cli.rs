@@ -186,6 +186,9 @@ pub async fn subscribe(a: SubArgs) -> anyhow::Result<ExitCode> {
         epoch: a.epoch.clone(),
         printed: 0,
     };
+    if catch_up(&a, &mut cursor).await? {
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut failures = 0u32;
     loop {
         let first = cursor.printed == 0 && cursor.offset == a.since;
@@ -209,6 +212,55 @@ pub async fn subscribe(a: SubArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
+}
+
+/// Prints the history after `--since` page by page before subscribing: a resume replays at
+/// most one page (the server's `max_history_limit` and `max_history_bytes`), so a longer
+/// history would otherwise be reported as a gap. True once `--count` are printed. Anything
+/// the history command refuses (a namespace closed to history, a position history no longer
+/// covers) is left to the subscription, which reports it.
+async fn catch_up(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<bool> {
+    let url = format!("{}/connection/send", a.server.url.trim_end_matches('/'));
+    let client = reqwest::Client::new();
+    while let Some(offset) = cursor.offset {
+        let mut since = json!({ "offset": offset });
+        if let Some(epoch) = &cursor.epoch {
+            since["epoch"] = json!(epoch);
+        }
+        let command = json!({ "id": 1, "history": { "channel": a.channel, "since": since } });
+        let response = client
+            .post(&url)
+            .body(command.to_string())
+            .send()
+            .await
+            .with_context(|| format!("cannot reach {url}"))?;
+        if !response.status().is_success() {
+            return Ok(false);
+        }
+        let reply: Value = response.json().await.unwrap_or_default();
+        let page = &reply["history"];
+        let publications = page["publications"].as_array().cloned().unwrap_or_default();
+        let Some(last) = publications.last().and_then(|p| p["offset"].as_u64()) else {
+            return Ok(false);
+        };
+        if let Some(first) = publications[0]["offset"]
+            .as_u64()
+            .filter(|f| *f > offset + 1)
+        {
+            // Only from offset 0: history starts with the oldest publication kept.
+            eprintln!(
+                "herald sub: history begins at offset {first}; earlier publications are gone"
+            );
+        }
+        cursor.epoch = page["epoch"].as_str().map(String::from);
+        if print(a, cursor, publications)? {
+            return Ok(true);
+        }
+        if page["offset"].as_u64() <= Some(last) {
+            return Ok(false);
+        }
+    }
+    Ok(false)
 }
 
 enum Ended {
@@ -252,6 +304,11 @@ fn on_push(v: &Value, a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<bool> 
     } else {
         Vec::new()
     };
+    print(a, cursor, publications)
+}
+
+/// Prints publications, one JSON line each; true once `--count` are printed.
+fn print(a: &SubArgs, cursor: &mut Cursor, publications: Vec<Value>) -> anyhow::Result<bool> {
     let mut out = std::io::stdout().lock();
     for p in publications {
         let line = json!({ "channel": a.channel, "offset": p["offset"], "epoch": cursor.epoch, "data": p["data"] });

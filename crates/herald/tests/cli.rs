@@ -53,6 +53,62 @@ fn pub_prints_offsets_and_sub_prints_json_lines_then_exits_after_count() {
     assert_eq!(offsets, [1, 2, 3]);
 }
 
+/// Issue 12, goal 4: a kept history longer than one resume may replay is printed whole,
+/// page by page, then the subscription goes live.
+#[test]
+fn sub_since_0_prints_a_history_longer_than_one_replay_then_goes_live() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("herald.toml");
+    std::fs::write(&file, "[client]\nmax_history_limit = 20\n").unwrap();
+    let server = Server::start(&["--config", file.to_str().unwrap()]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let http = reqwest::Client::new();
+        for i in 1..=75 {
+            let r = http
+                .post(format!("{}/api/publish", server.url))
+                .header("Authorization", "apikey k")
+                .json(&serde_json::json!({ "channel": "chat:long", "data": i }))
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success());
+        }
+    });
+    let mut sub = herald()
+        .args(["sub", "chat:long", "--since", "0", "--count", "76"])
+        .env("HERALD_URL", &server.url)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = sub.stdout.take().unwrap();
+    let (tx, printed) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+            let v: Value = serde_json::from_str(&line.unwrap()).unwrap();
+            tx.send(v["offset"].as_u64().unwrap()).unwrap();
+        }
+    });
+    let mut offsets = Vec::new();
+    for _ in 0..75 {
+        match printed.recv_timeout(Duration::from_secs(20)) {
+            Ok(o) => offsets.push(o),
+            Err(_) => {
+                let _ = sub.kill();
+                panic!("history stopped after {offsets:?}");
+            }
+        }
+    }
+    assert_eq!(offsets, (1..=75).collect::<Vec<_>>());
+    assert_eq!(publish(&server, "chat:long", "76"), 76);
+    assert_eq!(
+        printed.recv_timeout(Duration::from_secs(20)),
+        Ok(76),
+        "then live"
+    );
+    assert!(sub.wait().unwrap().success());
+}
+
 #[test]
 fn sub_resumes_over_every_transport() {
     let server = Server::start(&[]);

@@ -76,6 +76,15 @@ pub fn write_entry(out: &mut String, channel: &ChannelName, epoch: &Epoch, offse
     let _ = write!(out, "{channel};{epoch};{offset}");
 }
 
+/// Writes one cursor entry for a position that may not know its epoch (`*`).
+pub fn write_since(out: &mut String, channel: &ChannelName, since: &Since) {
+    if !out.is_empty() {
+        out.push('|');
+    }
+    let epoch = since.epoch.as_ref().map_or("*", |e| e.as_str());
+    let _ = write!(out, "{channel};{epoch};{}", since.offset);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

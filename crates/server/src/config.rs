@@ -167,6 +167,11 @@ pub struct ClientConfig {
     /// Most publications returned by one history read or one resume. A resume that
     /// would need more answers `recovered: false`. Default 1000.
     pub max_history_limit: usize,
+    /// Most bytes of publication data in one history answer or one resume: a history
+    /// answer stops before the publication that would pass it (ask again from the last
+    /// offset for the rest), and a resume that would need more answers `recovered: false`.
+    /// Bounds the memory one command can make the server hold. Default 1 MiB.
+    pub max_history_bytes: usize,
     /// Commands one connection may send per second, on average; bursts of twice this pass.
     /// Commands over the rate get error 111 and are not executed. 0 = no limit. Default 200.
     pub max_commands_per_second: u32,
@@ -336,6 +341,7 @@ impl Default for ClientConfig {
             max_frame_size: 65536,
             max_subscriptions: 512,
             max_history_limit: 1000,
+            max_history_bytes: 1 << 20,
             max_commands_per_second: 200,
         }
     }

@@ -19,6 +19,7 @@ pub mod history;
 pub mod hub;
 pub mod limits;
 pub mod node;
+pub mod policy;
 pub mod publish;
 pub mod queue;
 pub mod router;

@@ -308,27 +308,37 @@ impl Store {
             None => first.max((top + 1).saturating_sub(query.limit as u64)),
             Some(since) => {
                 crate::check_since(since, position, first)?;
-                since.offset + 1
+                (since.offset + 1).max(first)
             }
         };
         let mut publications = Vec::new();
         if let (Some(table), true) = (&table, query.limit > 0 && from <= top) {
-            for entry in table
-                .range((ch, from)..=(ch, top))
-                .map_err(unavailable)?
-                .take(query.limit)
-            {
+            // After a `since` the page is the oldest that fit; without one, the newest.
+            let range = table.range((ch, from)..=(ch, top)).map_err(unavailable)?;
+            let entries: Box<dyn Iterator<Item = _>> = match query.since {
+                Some(_) => Box::new(range),
+                None => Box::new(range.rev()),
+            };
+            let mut bytes = 0;
+            for entry in entries {
                 let (k, v) = entry.map_err(unavailable)?;
                 let offset = k.value().1;
                 let (at, crc, data) = v.value();
+                if !query.fits(publications.len(), bytes, data.len()) {
+                    break;
+                }
                 if crc != record_crc(ch, offset, at, data) {
                     tracing::error!(channel = ch, offset, file = %self.path.display(), "damaged record; restart to drop it");
                     return Err(unavailable(format!("record {offset} of {ch} is damaged")));
                 }
+                bytes += data.len();
                 publications.push(Publication {
                     offset,
                     data: Bytes::copy_from_slice(data),
                 });
+            }
+            if query.since.is_none() {
+                publications.reverse();
             }
         }
         Ok(History {

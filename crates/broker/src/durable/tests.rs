@@ -72,6 +72,7 @@ async fn offsets_epochs_and_history_survive_a_restart() {
             HistoryQuery {
                 since: since(2, &epoch),
                 limit: 10,
+                max_bytes: None,
             },
         )
         .await
@@ -116,6 +117,7 @@ async fn removed_history_gets_a_new_epoch_that_is_remembered() {
             HistoryQuery {
                 since: None,
                 limit: 10,
+                max_bytes: None,
             },
         )
         .await
@@ -220,6 +222,7 @@ async fn damaged_records_reset_their_channel_instead_of_being_served() {
             HistoryQuery {
                 since: None,
                 limit: 1000,
+                max_bytes: None,
             },
         )
         .await
@@ -235,6 +238,7 @@ async fn damaged_records_reset_their_channel_instead_of_being_served() {
             HistoryQuery {
                 since: since(10, &damaged_epoch),
                 limit: 10,
+                max_bytes: None,
             },
         )
         .await;
@@ -248,6 +252,7 @@ async fn damaged_records_reset_their_channel_instead_of_being_served() {
             HistoryQuery {
                 since: None,
                 limit: 10,
+                max_bytes: None,
             },
         )
         .await
@@ -315,6 +320,7 @@ async fn a_restart_keeps_each_namespace_retention() {
                     epoch: None,
                 }),
                 limit: 5000,
+                max_bytes: None,
             },
         )
         .await

@@ -95,15 +95,12 @@ impl Stream {
         let position = self.position();
         let window = self.history.iter().map(|(_, p)| p);
         let publications = match &query.since {
-            None => {
-                let skip = self.history.len().saturating_sub(query.limit);
-                window.skip(skip).cloned().collect()
-            }
+            None => query.page(window),
             Some(since) => {
                 let first = self.history.front().map_or(self.top + 1, |(_, p)| p.offset);
                 crate::check_since(since, &position, first)?;
-                let skip = (since.offset + 1 - first) as usize;
-                window.skip(skip).take(query.limit).cloned().collect()
+                let skip = (since.offset + 1).saturating_sub(first) as usize;
+                query.page(window.skip(skip))
             }
         };
         Ok(History {

@@ -10,7 +10,7 @@
 
 mod subscribe;
 
-use std::{collections::HashMap, sync::Arc};
+use std::{collections::BTreeMap, sync::Arc};
 
 use herald_protocol::{
     json::{self, results, DecodeError},
@@ -20,6 +20,7 @@ use herald_protocol::{
 use crate::{
     error::{Disconnect, Failure},
     node::{ConnectionGuard, Node},
+    policy::{self, Action},
     publish,
     queue::{Delivery, Position, Queue, Step},
 };
@@ -29,7 +30,9 @@ use crate::{
 pub struct Session {
     guard: ConnectionGuard,
     queue: Arc<Queue>,
-    subscriptions: HashMap<ChannelName, Arc<Position>>,
+    /// Ordered by name, so that a cursor lists the same positions the same way every time
+    /// (a poll's ETag is the cursor's hash).
+    subscriptions: BTreeMap<ChannelName, Arc<Position>>,
     connected: bool,
     stateless: bool,
     client: Box<str>,
@@ -54,7 +57,7 @@ impl Session {
         Self {
             guard,
             queue,
-            subscriptions: HashMap::new(),
+            subscriptions: BTreeMap::new(),
             connected: false,
             stateless: false,
             client,
@@ -88,8 +91,23 @@ impl Session {
         frame: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<(), Disconnect> {
+        self.handle_frame_until(frame, out, usize::MAX)
+            .await
+            .map(|_| ())
+    }
+
+    /// Like [`Session::handle_frame`], but stops after the command whose reply brings `out`
+    /// to `flush_at` bytes, and returns the part of the frame not handled yet (empty when
+    /// done). A transport writes `out` and calls again with the rest: replies leave in
+    /// pieces as the client reads them, so a frame full of history reads is never held whole.
+    pub async fn handle_frame_until<'f>(
+        &mut self,
+        frame: &'f [u8],
+        out: &mut Vec<u8>,
+        flush_at: usize,
+    ) -> Result<&'f [u8], Disconnect> {
         use futures_util::FutureExt;
-        let handled = std::panic::AssertUnwindSafe(self.handle_commands(frame, out))
+        let handled = std::panic::AssertUnwindSafe(self.handle_commands(frame, out, flush_at))
             .catch_unwind()
             .await;
         handled.unwrap_or_else(|_| {
@@ -100,22 +118,38 @@ impl Session {
         })
     }
 
-    async fn handle_commands(&mut self, frame: &[u8], out: &mut Vec<u8>) -> Result<(), Disconnect> {
-        for decoded in json::decode_frame(frame) {
-            match decoded {
-                Ok(command) => self.handle(command, out).await,
-                Err(DecodeError::Invalid { id, code, message }) => {
-                    line(out, &json::encode_error(id, code, &message));
-                }
-                Err(e @ DecodeError::Malformed(_)) => {
-                    return Err(Disconnect::because(
-                        DisconnectCode::BadRequest,
-                        e.to_string(),
-                    ));
+    async fn handle_commands<'f>(
+        &mut self,
+        frame: &'f [u8],
+        out: &mut Vec<u8>,
+        flush_at: usize,
+    ) -> Result<&'f [u8], Disconnect> {
+        let mut rest = frame;
+        while !rest.is_empty() {
+            let (line, after) = match rest.iter().position(|b| *b == b'\n') {
+                Some(end) => (&rest[..end], &rest[end + 1..]),
+                None => (rest, &rest[rest.len()..]),
+            };
+            rest = after;
+            for decoded in json::decode_frame(line) {
+                match decoded {
+                    Ok(command) => self.handle(command, out).await,
+                    Err(DecodeError::Invalid { id, code, message }) => {
+                        self::line(out, &json::encode_error(id, code, &message));
+                    }
+                    Err(e @ DecodeError::Malformed(_)) => {
+                        return Err(Disconnect::because(
+                            DisconnectCode::BadRequest,
+                            e.to_string(),
+                        ));
+                    }
                 }
             }
+            if out.len() >= flush_at {
+                break;
+            }
         }
-        Ok(())
+        Ok(rest)
     }
 
     async fn handle(&mut self, command: Command, out: &mut Vec<u8>) {
@@ -203,17 +237,7 @@ impl Session {
                 Ok(reply.empty())
             }
             Method::Publish { channel, data } => {
-                if !self
-                    .node()
-                    .settings
-                    .namespace(channel.namespace())
-                    .client_publish
-                {
-                    return Err(Failure::new(
-                        ErrorCode::PermissionDenied,
-                        format!("clients may not publish to {channel}: its namespace does not allow client_publish"),
-                    ));
-                }
+                policy::check(self.node(), Action::Publish, &channel)?;
                 let position = publish::publish(self.node(), &channel, data).await?;
                 Ok(reply.with(&results::Published {
                     offset: position.offset,
@@ -329,7 +353,7 @@ impl Session {
 
 /// A view of a session's positions, encodable as a [`Cursor`](herald_protocol::Cursor).
 #[derive(Debug, Clone, Copy)]
-pub struct Positions<'a>(&'a HashMap<ChannelName, Arc<Position>>);
+pub struct Positions<'a>(&'a BTreeMap<ChannelName, Arc<Position>>);
 
 impl Positions<'_> {
     /// The cursor string: `CHANNEL;EPOCH;OFFSET|…`.
@@ -358,7 +382,9 @@ impl Drop for Session {
         }
         let node = self.node().clone();
         let id = self.id();
-        let channels: Vec<_> = self.subscriptions.drain().map(|(c, _)| c).collect();
+        let channels: Vec<_> = std::mem::take(&mut self.subscriptions)
+            .into_keys()
+            .collect();
         // Leaving the hub is async (the broker may need a round trip); it must not wait for
         // the transport, which is already gone.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use herald_broker::{BrokerError, History, HistoryQuery};
+use herald_broker::{check_since, BrokerError, History, HistoryQuery};
 use herald_protocol::{
     command::{HistoryRequest, SubscribeRequest},
     json::{self, results},
@@ -10,7 +10,13 @@ use herald_protocol::{
 };
 
 use super::{Positions, Reply, Session};
-use crate::{error::Failure, history, queue::Position};
+use crate::{
+    error::Failure,
+    history,
+    node::Node,
+    policy::{self, Action},
+    queue::Position,
+};
 
 impl Session {
     pub(super) async fn subscribe(
@@ -25,6 +31,23 @@ impl Session {
             recovered,
             publications: &history,
         }))
+    }
+
+    /// Whether this session may open `channels` (one HTTP request's), checked before the
+    /// request is answered: each must allow subscribing, and together they must fit within
+    /// `max_subscriptions`. Opening them can still fail later (the broker), not for these.
+    pub fn may_open(&self, channels: &[(ChannelName, Option<Since>)]) -> Result<(), Failure> {
+        let node = self.node();
+        let limit = node.settings.config.client.max_subscriptions;
+        if self.subscriptions.len() + channels.len() > limit {
+            return Err(Failure::new(
+                ErrorCode::LimitExceeded,
+                format!("at most {limit} subscriptions per connection"),
+            ));
+        }
+        channels
+            .iter()
+            .try_for_each(|(channel, _)| policy::check(node, Action::Subscribe, channel))
     }
 
     /// Subscribes for a transport that names its channels in the request (SSE,
@@ -81,16 +104,7 @@ impl Session {
         since: Option<Since>,
     ) -> Result<(StreamPosition, Option<bool>, Vec<Publication>), Failure> {
         let node = self.node().clone();
-        if !node
-            .settings
-            .namespace(channel.namespace())
-            .client_subscribe
-        {
-            return Err(Failure::new(
-                ErrorCode::PermissionDenied,
-                format!("clients may not subscribe to {channel}: its namespace does not allow client_subscribe"),
-            ));
-        }
+        policy::check(&node, Action::Subscribe, &channel)?;
         if self.subscriptions.contains_key(&channel) {
             return Err(Failure::new(
                 ErrorCode::AlreadySubscribed,
@@ -115,44 +129,9 @@ impl Session {
             )
             .await?;
 
-        let max = node.settings.config.client.max_history_limit;
         let read = match since {
-            None => node
-                .broker
-                .history(
-                    &channel,
-                    HistoryQuery {
-                        since: None,
-                        limit: 0,
-                    },
-                )
-                .await
-                .map(|h| (h, None)),
-            Some(since) => {
-                // One more than allowed tells "too many to replay" from "exactly the cap".
-                let query = HistoryQuery {
-                    since: Some(since),
-                    limit: max + 1,
-                };
-                match node.broker.history(&channel, query).await {
-                    Ok(h) if h.publications.len() <= max => Ok((h, Some(true))),
-                    Ok(h) => Ok((
-                        History {
-                            position: h.position,
-                            publications: Vec::new(),
-                        },
-                        Some(false),
-                    )),
-                    Err(BrokerError::Unrecoverable { current }) => Ok((
-                        History {
-                            position: current,
-                            publications: Vec::new(),
-                        },
-                        Some(false),
-                    )),
-                    Err(e) => Err(e),
-                }
-            }
+            None => position_of(&node, &channel).await.map(|h| (h, None)),
+            Some(since) => replay(&node, &channel, since).await,
         };
         let (history, recovered) = match read {
             Ok(read) => read,
@@ -175,16 +154,7 @@ impl Session {
         req: HistoryRequest,
     ) -> Result<Option<Vec<u8>>, Failure> {
         let node = self.node().clone();
-        if !node
-            .settings
-            .namespace(req.channel.namespace())
-            .client_history
-        {
-            return Err(Failure::new(
-                ErrorCode::PermissionDenied,
-                format!("clients may not read the history of {}: its namespace does not allow client_history", req.channel),
-            ));
-        }
+        policy::check(&node, Action::History, &req.channel)?;
         let h = history::read(
             &node,
             &req.channel,
@@ -198,5 +168,59 @@ impl Session {
             recovered: None,
             publications: &h.publications,
         }))
+    }
+}
+
+/// The stream's position, without publications.
+async fn position_of(node: &Node, channel: &ChannelName) -> Result<History, BrokerError> {
+    node.broker.history(channel, HistoryQuery::default()).await
+}
+
+/// What a resume from `since` replays, and whether that is everything missed
+/// (`recovered`). A replay reads history, so it needs the history permission; without it a
+/// resume can only confirm that nothing was missed. A replay is bounded like a history
+/// answer (`max_history_limit`, `max_history_bytes`); one that needs more is not partly
+/// sent but answered `recovered: false`, and the client pages through history itself.
+async fn replay(
+    node: &Node,
+    channel: &ChannelName,
+    since: Since,
+) -> Result<(History, Option<bool>), BrokerError> {
+    if policy::check(node, Action::History, channel).is_err() {
+        let at = position_of(node, channel).await?;
+        let nothing_missed = since.offset == at.position.offset
+            && check_since(&since, &at.position, at.position.offset + 1).is_ok();
+        return Ok((at, Some(nothing_missed)));
+    }
+    let client = &node.settings.config.client;
+    let next = since.offset + 1;
+    // One more than allowed tells "too many to replay" from "exactly the cap".
+    let query = HistoryQuery {
+        since: Some(since),
+        limit: client.max_history_limit + 1,
+        max_bytes: Some(client.max_history_bytes),
+    };
+    // Whole: it starts right after the position (from offset 0, history may start later),
+    // ends at the top, and is within the bounds.
+    let whole = |h: &History| match (h.publications.first(), h.publications.last()) {
+        (Some(first), Some(last)) => {
+            first.offset == next
+                && last.offset == h.position.offset
+                && h.publications.len() <= client.max_history_limit
+        }
+        _ => h.position.offset + 1 == next,
+    };
+    match node.broker.history(channel, query).await {
+        Ok(h) if whole(&h) => Ok((h, Some(true))),
+        Ok(History { position, .. }) | Err(BrokerError::Unrecoverable { current: position }) => {
+            Ok((
+                History {
+                    position,
+                    publications: Vec::new(),
+                },
+                Some(false),
+            ))
+        }
+        Err(e) => Err(e),
     }
 }

@@ -16,7 +16,7 @@ use axum::{
     response::{IntoResponse, Response},
     Extension,
 };
-use herald_protocol::json;
+use herald_protocol::{cursor, json};
 
 use super::{
     request::{self, OpenRequest},
@@ -69,11 +69,23 @@ async fn answer(
     let _admitted = request::admit(&node, &headers, peer)?;
     let request = OpenRequest::parse(query.as_deref(), &headers)?.require_channels()?;
     let mut session = Session::new(&node);
+    session.may_open(&request.channels)?;
     let mut messages = Vec::new();
+    // Positions of channels left for the next poll: once the answer is full, a channel
+    // behind is not replayed (that could make the answer as large as every history) but
+    // keeps its position in the cursor, so the next poll continues from there.
+    let mut later = String::new();
     for (channel, since) in request.channels {
-        session
-            .open_channel(channel, since, |json, _| item(&mut messages, json))
-            .await?;
+        match since {
+            Some(since) if messages.len() >= MAX_ANSWER_BYTES => {
+                cursor::write_since(&mut later, &channel, &since);
+            }
+            since => {
+                session
+                    .open_channel(channel, since, |json, _| item(&mut messages, json))
+                    .await?
+            }
+        }
     }
     if hold && messages.is_empty() {
         let http = &node.settings.config.http;
@@ -101,7 +113,13 @@ async fn answer(
             break;
         }
     }
-    let cursor = session.positions().cursor();
+    let mut cursor = session.positions().cursor();
+    if !later.is_empty() {
+        if !cursor.is_empty() {
+            cursor.push('|');
+        }
+        cursor.push_str(&later);
+    }
     let etag = {
         let mut h = DefaultHasher::new();
         cursor.hash(&mut h);

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use axum::{
-    body::Bytes,
+    body::{Body, Bytes},
     extract::{rejection::BytesRejection, RawQuery, State},
     http::{header, HeaderMap},
     response::{IntoResponse, Response},
@@ -20,12 +20,14 @@ use herald_broker::NodeRequests;
 use herald_protocol::{json, ErrorCode};
 use tokio::sync::oneshot;
 
-use super::origin;
+use futures_util::StreamExt;
+
+use super::{origin, MAX_BATCH_BYTES};
 use crate::{
     error::Failure,
     limits::Peer,
     node::{Inbound, Node},
-    session::Session,
+    session::{self, Session},
 };
 
 /// `POST /connection/send[?session=ID]`, body: commands, one JSON object per line.
@@ -80,13 +82,7 @@ async fn handle(
         if let Some(Extension(Peer(peer))) = peer {
             session = session.charged_to(node.limits.client_address(peer.ip(), &headers));
         }
-        let mut out = Vec::new();
-        session
-            .handle_frame(&frame, &mut out)
-            .await
-            .map_err(|d| Failure::new(ErrorCode::BadRequest, d.reason))?;
-        out.push(b'\n');
-        return Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], out).into_response());
+        return answer(session, frame).await;
     };
     let owner = id.split('-').next().unwrap_or_default();
     // Node ids are short and alphanumeric; anything else cannot be a session of any node,
@@ -109,6 +105,54 @@ async fn handle(
         }
     }
     deliver(&node, &id, frame).await.map(|()| sent())
+}
+
+/// Answers a stateless session's commands, one line each. The first piece is handled
+/// before the response starts, so a body that is malformed from its first line gets an
+/// HTTP error; the rest is handled as the client reads (in pieces of about
+/// [`MAX_BATCH_BYTES`]), so one request of many history reads is never answered whole.
+/// A malformed line later on ends the answer with an error line.
+async fn answer(mut session: Session, frame: Bytes) -> Result<Response, Failure> {
+    let mut out = Vec::new();
+    let rest = session
+        .handle_frame_until(&frame, &mut out, MAX_BATCH_BYTES)
+        .await
+        .map_err(|d| Failure::new(ErrorCode::BadRequest, d.reason))?
+        .len();
+    out.push(b'\n');
+    let ndjson = [(header::CONTENT_TYPE, "application/x-ndjson")];
+    if rest == 0 {
+        return Ok((ndjson, out).into_response());
+    }
+    let first = Bytes::from(out);
+    let rest = frame.slice(frame.len() - rest..);
+    let pieces = futures_util::stream::unfold(Some((session, rest)), |state| async move {
+        let (mut session, frame) = state?;
+        let mut out = Vec::new();
+        let next = match session
+            .handle_frame_until(&frame, &mut out, MAX_BATCH_BYTES)
+            .await
+        {
+            Ok([]) => None,
+            Ok(rest) => {
+                let rest = frame.slice_ref(rest);
+                Some((session, rest))
+            }
+            Err(d) => {
+                session::line(
+                    &mut out,
+                    &json::encode_error(None, ErrorCode::BadRequest, &d.reason),
+                );
+                None
+            }
+        };
+        if !out.is_empty() {
+            out.push(b'\n');
+        }
+        Some((Ok::<_, std::io::Error>(Bytes::from(out)), next))
+    });
+    let body = futures_util::stream::once(async { Ok(first) }).chain(pieces);
+    Ok((ndjson, Body::from_stream(body)).into_response())
 }
 
 fn sent() -> Response {

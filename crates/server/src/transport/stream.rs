@@ -12,7 +12,7 @@ use axum::{
     Extension,
 };
 use bytes::Bytes;
-use herald_protocol::{json, DisconnectCode, ErrorCode};
+use herald_protocol::{json, ChannelName, DisconnectCode, ErrorCode, Since};
 use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -222,17 +222,13 @@ async fn start(
     let admitted = request::admit(&node, &headers, peer)?;
     let request = OpenRequest::parse(query.as_deref(), &headers)?;
     let framing = framing(&request)?;
-    let mut session = Session::new(&node);
+    let session = Session::new(&node);
+    // What can refuse the request is checked now, so the answer can still be an HTTP error;
+    // the channels are opened by the pump, one replay at a time as the client reads.
+    session.may_open(&request.channels)?;
     let mut first = Vec::new();
     framing.prelude(node.settings.config.http.sse_retry, &mut first);
     framing.push(&session.connect_push(), None, &mut first);
-    for (channel, since) in request.channels {
-        session
-            .open_channel(channel, since, |json, at| {
-                framing.push_at(json, at, &mut first)
-            })
-            .await?;
-    }
 
     let (tx, rx) = mpsc::channel::<Bytes>(1);
     tx.try_send(Bytes::from(first))
@@ -246,7 +242,7 @@ async fn start(
     node.tasks.spawn(pump(
         admitted,
         node.clone(),
-        session,
+        (session, request.channels),
         framing,
         tx,
         inbox_rx,
@@ -277,7 +273,8 @@ async fn pump(
     // Counts the connection against its address while the stream lives.
     _admitted: Option<AddressGuard>,
     node: Arc<Node>,
-    mut session: Session,
+    // The session, and the channels it is still to open.
+    (mut session, channels): (Session, Vec<(ChannelName, Option<Since>)>),
     framing: Framing,
     tx: mpsc::Sender<Bytes>,
     mut inbox: mpsc::Receiver<Inbound>,
@@ -301,18 +298,58 @@ async fn pump(
         client: session.client().into(),
     };
 
+    // Each channel's replay goes out before the next is read: what is held at once is one
+    // replay (at most `max_history_bytes`) and the one chunk the body has room for.
+    let mut opened = Ok(());
+    for (channel, since) in channels {
+        let mut out = Vec::new();
+        let replayed = session
+            .open_channel(channel.clone(), since, |json, at| {
+                framing.push_at(json, at, &mut out)
+            })
+            .await;
+        written += out.len();
+        if !send(&tx, out, client.write_timeout, &abort).await {
+            return;
+        }
+        if let Err(f) = replayed {
+            opened = Err(Disconnect::because(
+                DisconnectCode::ServerError,
+                format!("could not open {channel}: {}", f.message),
+            ));
+            break;
+        }
+    }
     let ended: Option<Disconnect> = loop {
+        if let Err(d) = std::mem::replace(&mut opened, Ok(())) {
+            break Some(d);
+        }
         let mut out = Vec::new();
         let step: Result<(), Disconnect> = tokio::select! {
             biased;
             _ = node.shutdown.cancelled() => Err(Disconnect::new(DisconnectCode::Shutdown)),
             _ = tx.closed() => break None,
             Some(Inbound { frame, done }) = inbox.recv() => {
-                let mut replies = Vec::new();
-                let handled = session.handle_frame(&frame, &mut replies).await;
-                for reply in replies.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-                    framing.push_at(reply, session.positions(), &mut out);
-                }
+                // Replies go out in pieces as they are made, each waiting for the client.
+                let mut rest = &frame[..];
+                let handled = loop {
+                    let mut replies = Vec::new();
+                    let step = session.handle_frame_until(rest, &mut replies, MAX_BATCH_BYTES).await;
+                    for reply in replies.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                        framing.push_at(reply, session.positions(), &mut out);
+                    }
+                    match step {
+                        Ok(more) if !more.is_empty() => {
+                            rest = more;
+                            written += out.len();
+                            if !send(&tx, std::mem::take(&mut out), client.write_timeout, &abort).await {
+                                break Err(Disconnect::new(DisconnectCode::WriteError));
+                            }
+                        }
+                        Ok(_) => break Ok(()),
+                        Err(d) => break Err(d),
+                    }
+                };
                 let _ = done.send(handled.clone());
                 handled
             }
@@ -328,16 +365,9 @@ async fn pump(
                 framing.push_at(json, at, &mut out)
             })
         });
-        if !out.is_empty() {
-            written += out.len();
-            match tokio::time::timeout(client.write_timeout, tx.send(Bytes::from(out))).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => break None,
-                Err(_) => {
-                    abort.cancel();
-                    break None;
-                }
-            }
+        written += out.len();
+        if !send(&tx, out, client.write_timeout, &abort).await {
+            break None;
         }
         if let Err(d) = step {
             break Some(d);
@@ -358,6 +388,28 @@ async fn pump(
         );
         framing.epilogue(&mut out);
         let _ = tx.try_send(Bytes::from(out));
+    }
+}
+
+/// Hands a chunk to the response body, waiting while the client reads the previous one; false
+/// once the stream is over: the client left, or read nothing for `timeout` (then the body
+/// fails, so the connection is dropped).
+async fn send(
+    tx: &mpsc::Sender<Bytes>,
+    out: Vec<u8>,
+    timeout: Duration,
+    abort: &CancellationToken,
+) -> bool {
+    if out.is_empty() {
+        return true;
+    }
+    match tokio::time::timeout(timeout, tx.send(Bytes::from(out))).await {
+        Ok(Ok(())) => true,
+        Ok(Err(_)) => false,
+        Err(_) => {
+            abort.cancel();
+            false
+        }
     }
 }
 

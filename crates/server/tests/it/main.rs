@@ -10,6 +10,7 @@ mod lifecycle;
 mod limits;
 mod nodes;
 mod ordering;
+mod replies;
 mod resume;
 mod rules;
 mod storage;

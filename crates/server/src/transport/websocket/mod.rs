@@ -62,8 +62,8 @@ async fn run(stream: TcpStream, early: Vec<u8>, node: Arc<Node>) {
                     None | Some(Ok(Message::Close(_))) => break None,
                     // Boxed: commands are rare next to idle time, and the command future is
                     // large; inline, every idle connection would carry its space.
-                    Some(Ok(Message::Text(text))) => Box::pin(session.handle_frame(text.as_bytes(), &mut out)).await,
-                    Some(Ok(Message::Binary(bytes))) => Box::pin(session.handle_frame(&bytes, &mut out)).await,
+                    Some(Ok(Message::Text(text))) => Box::pin(answer(&mut session, &mut socket, text.as_bytes(), &mut out, write_timeout)).await,
+                    Some(Ok(Message::Binary(bytes))) => Box::pin(answer(&mut session, &mut socket, &bytes, &mut out, write_timeout)).await,
                     Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => Ok(()),
                     Some(Err(e)) => match read_error(e) {
                         Some(d) => Err(d),
@@ -132,6 +132,40 @@ async fn close(mut socket: Socket, id: u64, ended: Option<Disconnect>) {
 /// How long a closing handshake may take.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
+/// Handles a frame's commands, sending their replies in frames of about [`MAX_BATCH_BYTES`]
+/// as they are made (each waiting for the client to read): a frame of many history reads
+/// is never answered in one piece. The last replies stay in `out` for [`flush`].
+async fn answer(
+    session: &mut Session,
+    socket: &mut Socket,
+    frame: &[u8],
+    out: &mut Vec<u8>,
+    timeout: Duration,
+) -> Result<(), Disconnect> {
+    let mut rest = frame;
+    loop {
+        rest = session
+            .handle_frame_until(rest, out, MAX_BATCH_BYTES)
+            .await?;
+        if rest.is_empty() {
+            return Ok(());
+        }
+        send(socket, Message::Text(text(out)?.into()), timeout).await?;
+    }
+}
+
+/// Takes what `out` holds as the text of a frame.
+fn text(out: &mut Vec<u8>) -> Result<String, Disconnect> {
+    // Frames are built from validated JSON; a defect that broke that ends the connection
+    // rather than the task.
+    String::from_utf8(std::mem::take(out)).map_err(|_| {
+        Disconnect::because(
+            DisconnectCode::ServerError,
+            "internal error: a frame was not UTF-8",
+        )
+    })
+}
+
 /// Writes replies and queued publications until nothing is left, then hands publications
 /// back to the hub's direct lane.
 async fn flush(
@@ -153,15 +187,7 @@ async fn flush(
             }
             continue;
         }
-        // Frames are built from validated JSON; a defect that broke that ends the connection
-        // rather than the task.
-        let text = String::from_utf8(std::mem::take(out)).map_err(|_| {
-            Disconnect::because(
-                DisconnectCode::ServerError,
-                "internal error: a frame was not UTF-8",
-            )
-        })?;
-        send(socket, Message::Text(text.into()), timeout).await?;
+        send(socket, Message::Text(text(out)?.into()), timeout).await?;
     }
 }
 
