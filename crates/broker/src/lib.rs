@@ -189,6 +189,12 @@ pub trait Broker: Send + Sync + 'static {
     /// How many channels have a stream, for stats.
     fn channel_count(&self) -> usize;
 
+    /// Whether the broker can take publications now; the error says why not (for example,
+    /// storage writes fail). Health checks report it, so load balancers route elsewhere.
+    fn health(&self) -> Result<(), String> {
+        Ok(())
+    }
+
     /// This node's id among the nodes that share the broker; `None` for a broker that serves
     /// one node.
     fn node_id(&self) -> Option<&str> {

@@ -77,4 +77,8 @@ impl Broker for Routed {
     fn channel_count(&self) -> usize {
         self.durable.channel_count() + self.memory.channel_count()
     }
+
+    fn health(&self) -> Result<(), String> {
+        self.durable.health().and(self.memory.health())
+    }
 }

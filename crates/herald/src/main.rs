@@ -63,6 +63,7 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
             .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
         let node = herald_server::Node::open(settings).await?;
         let shutdown = shutdown_signal()?;
+        survive_file_size_limit()?;
         tracing::info!(
             address = %listener.local_addr()?,
             workers,
@@ -157,6 +158,19 @@ fn fit_connections_to_descriptors(config: &mut herald_server::Config) {
         );
         config.max_connections = room;
     }
+}
+
+/// A write past the file-size limit (`ulimit -f`) raises SIGXFSZ, which kills a process by
+/// default. Handled, the write fails with EFBIG instead: the store treats it like a full disk
+/// (publications refused, health 503, writes retried) and recovers when the limit is raised.
+fn survive_file_size_limit() -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut too_large = signal(SignalKind::from_raw(libc::SIGXFSZ))?;
+        tokio::spawn(async move { while too_large.recv().await.is_some() {} });
+    }
+    Ok(())
 }
 
 /// Registers for SIGTERM and SIGINT now (before the server says it is ready), so a signal

@@ -3,8 +3,9 @@
 use std::sync::Arc;
 
 use axum::{
-    extract::DefaultBodyLimit,
-    http::{header, HeaderName, HeaderValue, Method},
+    extract::{DefaultBodyLimit, State},
+    http::{header, HeaderName, HeaderValue, Method, StatusCode},
+    response::{IntoResponse, Response},
     routing::{get, post},
     Router,
 };
@@ -17,6 +18,20 @@ use crate::{
     publish::http_api,
     transport::{poll, send, stream, websocket},
 };
+
+/// `GET /healthz`: 200 `ok` while the node accepts connections and can store
+/// publications; 503 with the reason while it cannot (storage writes fail, say), so a load
+/// balancer sends clients elsewhere until it recovers.
+async fn healthz(State(node): State<Arc<Node>>) -> Response {
+    match node.broker.health() {
+        Ok(()) => "ok\n".into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("unavailable: {why}\n"),
+        )
+            .into_response(),
+    }
+}
 
 /// The whole HTTP surface of a node.
 pub fn router(node: Arc<Node>) -> Router {
@@ -34,7 +49,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .layer(cors(&node.settings.config.allowed_origins));
     let mut all = Router::new()
         .merge(connection)
-        .route("/healthz", get(|| async { "ok\n" }));
+        .route("/healthz", get(healthz));
     if node.settings.config.web {
         all = all.merge(crate::web::routes());
     }

@@ -74,6 +74,9 @@ pub(crate) struct Meta {
     /// again only for something sooner: the heap holds few entries per stream however
     /// often it is subscribed to and left.
     pub(crate) filed_ms: Option<u64>,
+    /// Counts write failures that took offsets back: records handed out before one carry an
+    /// older generation and are refused, because their offsets are handed out again.
+    pub(crate) generation: u64,
 }
 
 impl Meta {
@@ -87,6 +90,7 @@ impl Meta {
             subscribed: false,
             oldest_ms: None,
             forgotten: false,
+            generation: 0,
             filed_ms: None,
         }
     }
@@ -299,6 +303,7 @@ impl Broker for DurableBroker {
                 meta: meta.clone(),
                 epoch: m.epoch.clone(),
                 offset: m.assigned,
+                generation: m.generation,
                 at_ms: m.last_publish_ms,
                 data,
                 done,
@@ -408,6 +413,10 @@ impl Broker for DurableBroker {
 
     fn channel_count(&self) -> usize {
         self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    fn health(&self) -> Result<(), String> {
+        self.store.health()
     }
 }
 

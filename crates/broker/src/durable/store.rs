@@ -3,15 +3,13 @@
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        mpsc, Arc,
-    },
+    sync::{mpsc, Arc},
+    time::Duration,
 };
 
 use bytes::Bytes;
 use herald_protocol::{ChannelName, Epoch, Publication, StreamPosition};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, TableError};
 use tokio::sync::oneshot;
 
@@ -23,6 +21,13 @@ const PUBLICATIONS: TableDefinition<(&str, u64), (u64, u32, &[u8])> =
     TableDefinition::new("publications");
 /// channel → (epoch, newest offset, last publish in ms since the Unix epoch, CRC-32).
 const STREAMS: TableDefinition<&str, (&str, u64, u64, u32)> = TableDefinition::new("streams");
+/// The store's own state: [`UNFLUSHED`].
+const STATE: TableDefinition<&str, u64> = TableDefinition::new("state");
+/// 1 while a process writes with `sync = "none"`, set durably at open and cleared durably at
+/// a clean close. Found set at open, the last such process stopped uncleanly: its latest
+/// commits were never made durable and are gone, but subscribers saw their offsets, so
+/// every stream must start a new epoch rather than hand those offsets out again.
+const UNFLUSHED: &str = "unflushed";
 
 /// Herald's own checksum of a record, key included, so a damaged page cannot pass for a
 /// publication at another offset. (redb checks its pages only when it recovers from a
@@ -88,6 +93,8 @@ pub(crate) struct Record {
     pub(crate) meta: Arc<Mutex<Meta>>,
     pub(crate) epoch: Epoch,
     pub(crate) offset: u64,
+    /// The stream's [`Meta::generation`] when the offset was handed out.
+    pub(crate) generation: u64,
     pub(crate) at_ms: u64,
     pub(crate) data: Bytes,
     pub(crate) done: oneshot::Sender<Result<StreamPosition, BrokerError>>,
@@ -113,12 +120,19 @@ pub(crate) enum Job {
     },
 }
 
+/// The open database. Empty while the committer reopens it after a write failure: redb
+/// refuses every operation after an I/O error until the file is opened anew.
+type Slot = Arc<RwLock<Option<Arc<Database>>>>;
+
+/// Why writes fail, while they do.
+type Failing = Arc<Mutex<Option<String>>>;
+
 pub(crate) struct Store {
     pub(crate) path: PathBuf,
-    db: Arc<Database>,
+    db: Slot,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     committer: Mutex<Option<std::thread::JoinHandle<()>>>,
-    failed: Arc<AtomicBool>,
+    failing: Failing,
 }
 
 impl Drop for Store {
@@ -142,7 +156,9 @@ fn damaged(path: &Path, e: impl std::fmt::Display) -> OpenError {
 /// its checksum (or lies outside its stream) is reset: its history is deleted and it gets a
 /// new epoch, so clients resuming in it are told `recovered: false` instead of being served
 /// damaged data. A file that cannot be read at all is refused.
-fn verify(db: &Database, path: &Path) -> Result<Streams, OpenError> {
+///
+/// With `distrust_all` (a `sync = "none"` run stopped uncleanly), every channel is reset so.
+fn verify(db: &Database, path: &Path, distrust_all: bool) -> Result<Streams, OpenError> {
     let mut metas: HashMap<String, Meta> = HashMap::new();
     let mut bad: std::collections::BTreeSet<String> = Default::default();
     {
@@ -154,7 +170,7 @@ fn verify(db: &Database, path: &Path) -> Result<Streams, OpenError> {
                     let channel = k.value().to_string();
                     let (epoch, top, last, crc) = v.value();
                     let valid = ChannelName::new(&channel).is_ok() && !epoch.is_empty();
-                    if !valid || crc != stream_crc(&channel, epoch, top, last) {
+                    if distrust_all || !valid || crc != stream_crc(&channel, epoch, top, last) {
                         bad.insert(channel);
                         continue;
                     }
@@ -196,19 +212,64 @@ fn verify(db: &Database, path: &Path) -> Result<Streams, OpenError> {
                     .map_err(|e| damaged(path, e))?;
                 streams.remove(ch).map_err(|e| damaged(path, e))?;
                 metas.remove(channel);
-                tracing::warn!(
-                    channel = ch,
-                    file = %path.display(),
-                    "damaged history dropped; the channel starts a new epoch (resuming clients get recovered: false)"
-                );
+                if !distrust_all {
+                    tracing::warn!(
+                        channel = ch,
+                        file = %path.display(),
+                        "damaged history dropped; the channel starts a new epoch (resuming clients get recovered: false)"
+                    );
+                }
             }
         }
         write.commit().map_err(|e| damaged(path, e))?;
+        if distrust_all {
+            tracing::warn!(
+                channels = bad.len(),
+                file = %path.display(),
+                "the last run used sync = \"none\" and did not stop cleanly, so its latest publications are lost: every channel starts a new epoch (resuming clients get recovered: false)"
+            );
+        }
     }
     Ok(metas
         .into_iter()
         .filter_map(|(c, m)| Some((ChannelName::new(&c).ok()?, m)))
         .collect())
+}
+
+/// Whether [`UNFLUSHED`] is set.
+fn unflushed(db: &Database) -> Result<bool, redb::Error> {
+    let read = db.begin_read()?;
+    match read.open_table(STATE) {
+        Ok(table) => Ok(table.get(UNFLUSHED)?.is_some_and(|v| v.value() == 1)),
+        Err(TableError::TableDoesNotExist(_)) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Sets or clears [`UNFLUSHED`] in a durable commit (which also makes every earlier
+/// commit durable).
+fn set_unflushed(db: &Database, on: bool) -> Result<(), redb::Error> {
+    let txn = db.begin_write()?;
+    txn.open_table(STATE)?.insert(UNFLUSHED, u64::from(on))?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// Writes and deletes a record of 64 KiB: a file that takes it can take publications again.
+fn probe(db: &Database) -> Result<(), redb::Error> {
+    const PROBE: TableDefinition<&str, &[u8]> = TableDefinition::new("probe");
+    for value in [Some(vec![0u8; 64 * 1024]), None] {
+        let txn = db.begin_write()?;
+        {
+            let mut table = txn.open_table(PROBE)?;
+            match &value {
+                Some(v) => drop(table.insert("probe", &v[..])?),
+                None => drop(table.remove("probe")?),
+            }
+        }
+        txn.commit()?;
+    }
+    Ok(())
 }
 
 fn unavailable(e: impl std::fmt::Display) -> BrokerError {
@@ -235,15 +296,18 @@ impl Store {
             ) => return Err(OpenError::InUse { path }),
             Err(e) => return Err(damaged(&path, e)),
         };
-        let streams = verify(&db, &path)?;
-        let db = Arc::new(db);
+        let lost_unflushed = unflushed(&db).map_err(|e| damaged(&path, e))?;
+        let streams = verify(&db, &path, lost_unflushed)?;
+        set_unflushed(&db, sync == SyncPolicy::None).map_err(|e| damaged(&path, e))?;
+        let db: Slot = Arc::new(RwLock::new(Some(Arc::new(db))));
         let (jobs, rx) = mpsc::channel();
-        let failed = Arc::new(AtomicBool::new(false));
+        let failing = Failing::default();
         let committer = Committer {
+            path: path.clone(),
             db: db.clone(),
             sync,
             sink,
-            failed: failed.clone(),
+            failing: failing.clone(),
             deadlines,
         };
         let thread = std::thread::Builder::new()
@@ -258,19 +322,23 @@ impl Store {
             db,
             jobs: Mutex::new(Some(jobs)),
             committer: Mutex::new(Some(thread)),
-            failed,
+            failing,
         };
         Ok((Arc::new(store), streams))
     }
 
-    /// Queues a job for the committer. Jobs dropped here (storage failed) answer their
-    /// waiters with an error when their reply channel closes.
+    /// Queues a job for the committer, which answers it (also while writes fail).
     pub(crate) fn submit(&self, job: Job) {
-        if self.failed.load(Ordering::Relaxed) {
-            return;
-        }
         if let Some(jobs) = &*self.jobs.lock() {
             let _ = jobs.send(job);
+        }
+    }
+
+    /// Why writes fail, while they do; `Ok` once a write (or the committer's retry) works.
+    pub(crate) fn health(&self) -> Result<(), String> {
+        match &*self.failing.lock() {
+            None => Ok(()),
+            Some(why) => Err(format!("storage writes fail: {why}")),
         }
     }
 
@@ -284,7 +352,12 @@ impl Store {
         history_size: usize,
         query: &HistoryQuery,
     ) -> Result<History, BrokerError> {
-        let txn = self.db.begin_read().map_err(unavailable)?;
+        let db = self
+            .db
+            .read()
+            .clone()
+            .ok_or_else(|| unavailable("the file is being reopened after a write failure"))?;
+        let txn = db.begin_read().map_err(unavailable)?;
         let top = position.offset;
         let ch = channel.as_str();
         let table = match txn.open_table(PUBLICATIONS) {
@@ -349,16 +422,37 @@ impl Store {
 }
 
 struct Committer {
-    db: Arc<Database>,
+    path: PathBuf,
+    db: Slot,
     sync: SyncPolicy,
     sink: Arc<dyn PublicationSink>,
-    failed: Arc<AtomicBool>,
+    failing: Failing,
     deadlines: Arc<Deadlines>,
 }
 
+/// How often the committer tries the file again while writes fail.
+const RETRY: Duration = Duration::from_secs(1);
+
 impl Committer {
     fn run(self, jobs: mpsc::Receiver<Job>) {
-        while let Ok(first) = jobs.recv() {
+        loop {
+            let failing = self.failing.lock().is_some();
+            let first = if failing {
+                match jobs.recv_timeout(RETRY) {
+                    Ok(job) => Some(job),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return self.close(),
+                }
+            } else {
+                match jobs.recv() {
+                    Ok(job) => Some(job),
+                    Err(_) => return self.close(),
+                }
+            };
+            if failing {
+                self.reopen();
+            }
+            let Some(first) = first else { continue };
             let mut batch = vec![first];
             if self.sync != SyncPolicy::Always {
                 // Whatever queued up during the last commit shares this one.
@@ -369,21 +463,111 @@ impl Committer {
                     }
                 }
             }
+            let batch = self.without_stale(batch);
+            if let Some(why) = self.failing.lock().clone() {
+                self.fail(batch, &why);
+                continue;
+            }
             match self.write(&batch) {
                 Ok(oldest_left) => self.complete(batch, oldest_left),
                 Err(e) => {
-                    tracing::error!(error = %e, "storage write failed; refusing further writes");
-                    self.failed.store(true, Ordering::Relaxed);
-                    for job in batch {
-                        match job {
-                            Job::Publish(r) => drop(r.done.send(Err(unavailable(&e)))),
-                            Job::Reset { done, .. } => drop(done.send(Err(unavailable(&e)))),
-                            _ => {}
-                        }
-                    }
-                    return;
+                    tracing::error!(error = %e, file = %self.path.display(), "storage write failed; publications are refused until a write works again (retried every second)");
+                    let why = e.to_string();
+                    *self.failing.lock() = Some(why.clone());
+                    self.fail(batch, &why);
                 }
             }
+        }
+    }
+
+    /// A clean close: with `sync = "none"`, one durable commit makes everything written so
+    /// far durable and clears [`UNFLUSHED`], so the next start trusts the file.
+    fn close(&self) {
+        if self.sync != SyncPolicy::None || self.failing.lock().is_some() {
+            return;
+        }
+        if let Some(db) = self.db.read().clone() {
+            if let Err(e) = set_unflushed(&db, false) {
+                tracing::error!(error = %e, "storage: the final durable commit failed; the next start gives every channel a new epoch");
+            }
+        }
+    }
+
+    /// Refuses publications whose offsets were taken back by an earlier failure: the same
+    /// offsets are handed out again, so these must never be written.
+    fn without_stale(&self, batch: Vec<Job>) -> Vec<Job> {
+        batch
+            .into_iter()
+            .filter_map(|job| match job {
+                Job::Publish(r) if r.meta.lock().generation != r.generation => {
+                    let why = "an earlier write of this channel failed; publish again";
+                    let _ = r.done.send(Err(unavailable(why)));
+                    None
+                }
+                job => Some(job),
+            })
+            .collect()
+    }
+
+    /// Answers a batch that was not written. Each channel's unwritten offsets are taken back
+    /// (the next publication gets the offset after the last committed one), so a failure
+    /// leaves no hole for subscribers to see as a gap.
+    fn fail(&self, batch: Vec<Job>, why: &str) {
+        for job in batch {
+            match job {
+                Job::Publish(r) => {
+                    {
+                        let mut m = r.meta.lock();
+                        if m.generation == r.generation {
+                            m.assigned = m.committed;
+                            m.generation += 1;
+                        }
+                    }
+                    let _ = r.done.send(Err(unavailable(why)));
+                }
+                Job::Reset { done, .. } => drop(done.send(Err(unavailable(why)))),
+                Job::Trim { channel, meta, .. } => {
+                    // Due again: the sweeper retries it.
+                    self.deadlines.refile(&mut meta.lock(), &channel, now_ms());
+                }
+                Job::Forget { channel } => {
+                    tracing::warn!(channel = %channel, "an idle channel could not be deleted from storage; it returns at the next start");
+                }
+            }
+        }
+    }
+
+    /// Reopens the file (redb refuses everything after an I/O error until then) and checks
+    /// that a write of some size works; clears the failure if so.
+    fn reopen(&self) {
+        let old = self.db.write().take();
+        if let Some(mut old) = old {
+            // Readers hold it only for one read.
+            loop {
+                match Arc::try_unwrap(old) {
+                    Ok(db) => break drop(db),
+                    Err(still) => {
+                        old = still;
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            }
+        }
+        let db = match Database::create(&self.path) {
+            Ok(db) => db,
+            Err(e) => {
+                *self.failing.lock() = Some(format!("reopening: {e}"));
+                return;
+            }
+        };
+        let probe = probe(&db);
+        *self.db.write() = Some(Arc::new(db));
+        match probe {
+            Ok(()) => {
+                *self.failing.lock() = None;
+                tracing::info!(file = %self.path.display(), "storage writes work again");
+            }
+            Err(e) => *self.failing.lock() = Some(e.to_string()),
         }
     }
 
@@ -391,7 +575,12 @@ impl Committer {
     /// oldest publication left was published (`None`: none left).
     fn write(&self, batch: &[Job]) -> Result<Vec<Option<u64>>, redb::Error> {
         let mut oldest_left = Vec::new();
-        let mut txn = self.db.begin_write()?;
+        let db = self
+            .db
+            .read()
+            .clone()
+            .ok_or_else(|| redb::Error::Corrupted("the file is being reopened".into()))?;
+        let mut txn = db.begin_write()?;
         let durability = if self.sync == SyncPolicy::None {
             Durability::None
         } else {

@@ -76,7 +76,36 @@ impl Server {
 
     /// Starts listening on `listen` (with `--reuse-port`, an address another node holds).
     pub fn start_at(listen: &str, data_dir: &Path, extra: &[&str]) -> Self {
-        let mut child = herald()
+        Self::spawn(&mut herald(), listen, data_dir, extra)
+    }
+
+    /// Starts with files limited to `bytes` (`prlimit --fsize`): writes beyond fail as on a
+    /// full disk, until [`Server::lift_file_size_limit`].
+    pub fn start_with_file_size_limit(data_dir: &Path, bytes: u64) -> Self {
+        let mut prlimit = Command::new("prlimit");
+        prlimit
+            .arg(format!("--fsize={bytes}:unlimited"))
+            .arg("--")
+            .arg(BIN);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("HERALD_") {
+                prlimit.env_remove(k);
+            }
+        }
+        Self::spawn(&mut prlimit, "127.0.0.1:0", data_dir, &[])
+    }
+
+    /// Lets the process write files of any size again, as freeing disk space would.
+    pub fn lift_file_size_limit(&self) {
+        succeeds(Command::new("prlimit").args([
+            "--pid",
+            &self.child.id().to_string(),
+            "--fsize=unlimited:unlimited",
+        ]));
+    }
+
+    fn spawn(command: &mut Command, listen: &str, data_dir: &Path, extra: &[&str]) -> Self {
+        let mut child = command
             .args([
                 "serve",
                 "--listen",
