@@ -33,6 +33,12 @@ pub struct Config {
     /// without an `Origin` header (non-browser clients) are always allowed; a browser's
     /// same-origin request is always allowed. Default empty: same origin only.
     pub allowed_origins: Vec<String>,
+    /// Host names (the `Host` header, without port) the server answers to; other requests get
+    /// 403 with error 103. Against DNS rebinding: a hostile page whose name is made to resolve
+    /// to this server would otherwise be "same origin" with it. Default empty: when `listen`
+    /// is a loopback address, `localhost`, `127.0.0.1` and `::1`; otherwise any host (set it
+    /// in production).
+    pub allowed_hosts: Vec<String>,
     /// Where durable history is kept (the file `herald.redb` inside). Default `herald-data`,
     /// relative to the working directory.
     pub data_dir: std::path::PathBuf,
@@ -305,6 +311,7 @@ impl Default for Config {
             api_key: None,
             api_keys: Vec::new(),
             allowed_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
             web: true,
             data_dir: "herald-data".into(),
             storage: StorageEngine::Durable,

@@ -33,6 +33,18 @@ async fn healthz(State(node): State<Arc<Node>>) -> Response {
     }
 }
 
+/// Refuses requests for host names this server does not answer to (DNS rebinding).
+async fn known_host(
+    State(node): State<Arc<Node>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match crate::transport::origin::check_host(&node.settings, request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(f) => f.into_response(),
+    }
+}
+
 /// The whole HTTP surface of a node.
 pub fn router(node: Arc<Node>) -> Router {
     let connection = Router::new()
@@ -61,6 +73,10 @@ pub fn router(node: Arc<Node>) -> Router {
                 "no such route; see docs/protocol.md",
             )
         })
+        .layer(axum::middleware::from_fn_with_state(
+            node.clone(),
+            known_host,
+        ))
         // A body trickled in slowly holds a socket and a task: bounded like the head.
         .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
             body_timeout,

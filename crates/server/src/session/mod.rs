@@ -40,6 +40,8 @@ pub struct Session {
     /// Stateless sessions (one request each) are charged to their client's address too:
     /// a fresh session per request must not mean a fresh allowance per request.
     charged_to: Option<std::net::IpAddr>,
+    /// Longest cursor this session's transport can carry (an SSE event id), if bounded.
+    cursor_bound: Option<usize>,
     scratch: Vec<Arc<Delivery>>,
 }
 
@@ -63,6 +65,7 @@ impl Session {
             client,
             rate: crate::limits::Bucket::full(node.settings.config.client.max_commands_per_second),
             charged_to: None,
+            cursor_bound: None,
             scratch: Vec::new(),
         }
     }
@@ -341,6 +344,14 @@ impl Session {
     /// (polling, sending without a stream), where a subscription would outlive nothing.
     pub fn stateless(mut self) -> Self {
         self.stateless = true;
+        self
+    }
+
+    /// Refuses subscriptions that would make the cursor longer than `bytes`: for SSE, whose
+    /// event ids carry the whole cursor and come back as `Last-Event-ID` (a header, which
+    /// proxies bound too).
+    pub fn cursor_bound(mut self, bytes: usize) -> Self {
+        self.cursor_bound = Some(bytes);
         self
     }
 

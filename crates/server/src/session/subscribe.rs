@@ -45,9 +45,31 @@ impl Session {
                 format!("at most {limit} subscriptions per connection"),
             ));
         }
+        self.cursor_fits(channels.iter().map(|(c, _)| c))?;
         channels
             .iter()
             .try_for_each(|(channel, _)| policy::check(node, Action::Subscribe, channel))
+    }
+
+    /// Whether the cursor still fits the transport's bound with `more` channels added. An
+    /// entry is counted at its longest (an epoch of 16 characters, an offset of 20 digits).
+    fn cursor_fits<'c>(&self, more: impl Iterator<Item = &'c ChannelName>) -> Result<(), Failure> {
+        let Some(bound) = self.cursor_bound else {
+            return Ok(());
+        };
+        let entry = |c: &ChannelName| c.as_str().len() + 16 + 20 + 3;
+        let length: usize =
+            self.subscriptions.keys().map(entry).sum::<usize>() + more.map(entry).sum::<usize>();
+        if length > bound {
+            return Err(Failure::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "this stream's positions would not fit in its event id ({bound} bytes): \
+                     subscribe to fewer or shorter channels, or use WebSocket"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Subscribes for a transport that names its channels in the request (SSE,
@@ -111,6 +133,7 @@ impl Session {
                 format!("already subscribed to {channel}"),
             ));
         }
+        self.cursor_fits(std::iter::once(&channel))?;
         let limit = node.settings.config.client.max_subscriptions;
         if self.subscriptions.len() >= limit {
             return Err(Failure::new(

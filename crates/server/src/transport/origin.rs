@@ -1,4 +1,4 @@
-//! Which browser origins may open connections.
+//! Which browser origins may open connections, and which host names the server answers to.
 
 use axum::http::{header, HeaderMap};
 use herald_protocol::ErrorCode;
@@ -33,6 +33,40 @@ pub fn check(settings: &Settings, headers: &HeaderMap) -> Result<(), Failure> {
     ))
 }
 
+/// Whether the request names a host this server answers to (`allowed_hosts`); requests
+/// without `Host` (HTTP/1.0) pass. See `Config::allowed_hosts` for the default.
+pub fn check_host(settings: &Settings, headers: &HeaderMap) -> Result<(), Failure> {
+    let Some(host) = headers.get(header::HOST) else {
+        return Ok(());
+    };
+    let host = host.to_str().unwrap_or_default();
+    // `name:port`, `[v6]:port`, `name`: the name alone.
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    let config = &settings.config;
+    let allowed = if !config.allowed_hosts.is_empty() {
+        config
+            .allowed_hosts
+            .iter()
+            .any(|a| a.eq_ignore_ascii_case(name))
+    } else if config.listen.ip().is_loopback() {
+        ["localhost", "127.0.0.1", "::1"]
+            .iter()
+            .any(|a| a.eq_ignore_ascii_case(name))
+    } else {
+        true
+    };
+    if allowed {
+        return Ok(());
+    }
+    Err(Failure::new(
+        ErrorCode::PermissionDenied,
+        format!("host {name:?} is not served here; add it to allowed_hosts"),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use axum::http::HeaderValue;
@@ -62,5 +96,29 @@ mod tests {
         let mut c = Config::default();
         c.allowed_origins = vec!["*".into()];
         assert!(check(&c.validate().unwrap(), &headers(Some("https://x"), "h")).is_ok());
+    }
+
+    /// Review item 16: a name rebound to a loopback server is not served.
+    #[test]
+    fn a_loopback_server_answers_only_to_loopback_names_unless_told() {
+        let s = Config::default().validate().unwrap();
+        for ok in [
+            "127.0.0.1:8080",
+            "localhost:8080",
+            "LOCALHOST",
+            "[::1]:8080",
+        ] {
+            assert!(check_host(&s, &headers(None, ok)).is_ok(), "{ok}");
+        }
+        let err = check_host(&s, &headers(None, "evil.example:8080")).unwrap_err();
+        assert_eq!(err.code, ErrorCode::PermissionDenied);
+        let mut c = Config::default();
+        c.allowed_hosts = vec!["chat.example".into()];
+        let s = c.validate().unwrap();
+        assert!(check_host(&s, &headers(None, "chat.example:443")).is_ok());
+        assert!(check_host(&s, &headers(None, "localhost:8080")).is_err());
+        let mut c = Config::default();
+        c.listen = "0.0.0.0:8080".parse().unwrap();
+        assert!(check_host(&c.validate().unwrap(), &headers(None, "any.example")).is_ok());
     }
 }

@@ -1,6 +1,9 @@
 //! What HTTP transports read from a request: channels, cursor, callback, timeout.
 
-use std::time::Duration;
+use std::{
+    collections::{HashMap, HashSet},
+    time::Duration,
+};
 
 use axum::{http::HeaderMap, Extension};
 use herald_protocol::{ChannelName, Cursor, ErrorCode, Since};
@@ -87,15 +90,20 @@ impl OpenRequest {
         }
         let cursor =
             Cursor::parse(cursor.as_deref().unwrap_or_default()).map_err(|e| bad(e.to_string()))?;
+        // Linear in the request's size: a long query must not cost its square in
+        // comparisons before any limit applies.
+        let positions: HashMap<&ChannelName, &Since> =
+            cursor.entries.iter().map(|(c, s)| (c, s)).collect();
+        let mut seen: HashSet<ChannelName> = HashSet::with_capacity(names.len());
         for name in names {
-            if !request.channels.iter().any(|(c, _)| *c == name) {
-                let since = cursor.get(&name).cloned();
+            if seen.insert(name.clone()) {
+                let since = positions.get(&name).map(|s| (*s).clone());
                 request.channels.push((name, since));
             }
         }
-        for (name, since) in cursor.entries {
-            if !request.channels.iter().any(|(c, _)| *c == name) {
-                request.channels.push((name, Some(since)));
+        for (name, since) in &cursor.entries {
+            if seen.insert(name.clone()) {
+                request.channels.push((name.clone(), Some(since.clone())));
             }
         }
         Ok(request)

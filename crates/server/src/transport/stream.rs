@@ -27,6 +27,11 @@ use crate::{
     session::{Positions, Session},
 };
 
+/// Longest SSE event id: the cursor it carries comes back as the `Last-Event-ID` header,
+/// which must pass proxies (nginx reads 8 KiB header lines by default) and the server's own
+/// cursor limit. Subscriptions beyond it are refused (error 106).
+const MAX_SSE_ID: usize = 8 * 1024;
+
 /// How pushes are wrapped on the wire.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Framing {
@@ -222,7 +227,10 @@ async fn start(
     let admitted = request::admit(&node, &headers, peer)?;
     let request = OpenRequest::parse(query.as_deref(), &headers)?;
     let framing = framing(&request)?;
-    let session = Session::new(&node);
+    let mut session = Session::new(&node);
+    if framing == Framing::Sse {
+        session = session.cursor_bound(MAX_SSE_ID);
+    }
     // What can refuse the request is checked now, so the answer can still be an HTTP error;
     // the channels are opened by the pump, one replay at a time as the client reads.
     session.may_open(&request.channels)?;

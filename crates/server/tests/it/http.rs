@@ -413,3 +413,36 @@ pub async fn commands_for_a_stream_travel_in_it(
     assert_eq!(s.next().await, None, "the stream ends");
     session
 }
+
+/// Review item 15: an SSE event id carries the whole cursor and returns as `Last-Event-ID`;
+/// subscriptions that would make it longer than a header can carry are refused up front.
+#[tokio::test]
+async fn an_sse_stream_takes_no_more_channels_than_its_event_id_can_carry() {
+    let server = start(config()).await;
+    let http = reqwest::Client::new();
+    let names = |n: usize| -> String {
+        (0..n)
+            .map(|i| format!("channel={}{i:03}", "n".repeat(240)))
+            .collect::<Vec<_>>()
+            .join("&")
+    };
+    let (status, body) = response(
+        http.get(server.url(&format!("/connection/sse?{}", names(40))))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_u64()),
+        (503, Some(106)),
+        "{body}"
+    );
+    let fits = http
+        .get(server.url(&format!("/connection/sse?{}", names(20))))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fits.status(), 200);
+    server.stop().await.unwrap();
+}
