@@ -35,7 +35,7 @@ async fn half_sent_requests_and_idle_keep_alives_are_closed_after_the_header_tim
         slow.push(s);
     }
     let mut idle = TcpStream::connect(server.addr).await.unwrap();
-    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         .await
         .unwrap();
     for s in &mut slow {
@@ -64,7 +64,7 @@ async fn raw_sockets_count_against_max_connections() {
     }
     let mut refused = TcpStream::connect(server.addr).await.unwrap();
     refused
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         .await
         .unwrap();
     let said = until_closed(&mut refused).await;
