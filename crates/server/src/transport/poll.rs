@@ -74,12 +74,10 @@ async fn answer(
     // Positions of channels left for the next poll: once the answer is full, a channel
     // behind is not replayed (that could make the answer as large as every history) but
     // keeps its position in the cursor, so the next poll continues from there.
-    let mut later = String::new();
+    let mut later = Vec::new();
     for (channel, since) in request.channels {
         match since {
-            Some(since) if messages.len() >= MAX_ANSWER_BYTES => {
-                cursor::write_since(&mut later, &channel, &since);
-            }
+            Some(since) if messages.len() >= MAX_ANSWER_BYTES => later.push((channel, since)),
             since => {
                 session
                     .open_channel(channel, since, |json, _| item(&mut messages, json))
@@ -114,11 +112,8 @@ async fn answer(
         }
     }
     let mut cursor = session.positions().cursor();
-    if !later.is_empty() {
-        if !cursor.is_empty() {
-            cursor.push('|');
-        }
-        cursor.push_str(&later);
+    for (channel, since) in &later {
+        cursor::write_since(&mut cursor, channel, since);
     }
     let etag = {
         let mut h = DefaultHasher::new();
