@@ -27,7 +27,7 @@ use herald_broker::{
     check_since, Broker, BrokerError, History, HistoryQuery, NodeRequests, PublicationSink,
     StreamPolicy,
 };
-use herald_protocol::{ChannelName, Epoch, Publication, StreamPosition};
+use herald_protocol::{json::stored_payload, ChannelName, Epoch, Publication, StreamPosition};
 use redis::{aio::ConnectionManager, Script};
 
 use listener::Listener;
@@ -59,7 +59,11 @@ impl std::fmt::Debug for RedisBroker {
 /// The command connection, the key names and the scripts: what the broker and its
 /// listener both use to talk to Redis.
 pub(crate) struct Store {
-    commands: ConnectionManager,
+    client: redis::Client,
+    /// The connection and how many times it was replaced. redis-rs reconnects by itself
+    /// when a connection is reset, but not when the network silently drops everything: its
+    /// commands then time out for good. A timeout makes [`Store::failed`] replace it.
+    commands: parking_lot::Mutex<(u64, ConnectionManager)>,
     pub(crate) names: Names,
     publish: Script,
     history: Script,
@@ -85,11 +89,7 @@ impl RedisBroker {
     /// Opens the command connection and checks that Redis answers.
     pub async fn connect(options: RedisOptions) -> Result<Connected, BrokerError> {
         let client = redis::Client::open(options.url.as_str()).map_err(unavailable)?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_response_timeout(Some(Duration::from_secs(5)))
-            .set_number_of_retries(2);
-        let mut commands = ConnectionManager::new_with_config(client.clone(), config)
+        let mut commands = ConnectionManager::new_with_config(client.clone(), command_config())
             .await
             .map_err(unavailable)?;
         redis::cmd("PING")
@@ -127,7 +127,8 @@ impl Connected {
     /// inside a Tokio runtime (the pub/sub listener is a task).
     pub fn into_broker(self, sink: Arc<dyn PublicationSink>) -> Arc<RedisBroker> {
         let store = Arc::new(Store {
-            commands: self.commands,
+            client: self.client.clone(),
+            commands: parking_lot::Mutex::new((0, self.commands)),
             names: Names {
                 prefix: self.options.prefix,
             },
@@ -180,8 +181,27 @@ pub fn redacted(url: &str) -> String {
     }
 }
 
+/// How long a command may wait for its answer (and a connection for its handshake).
+pub(crate) const COMMAND_WAIT: Duration = Duration::from_secs(5);
+
+fn command_config() -> redis::aio::ConnectionManagerConfig {
+    redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(COMMAND_WAIT))
+        .set_response_timeout(Some(COMMAND_WAIT))
+        .set_number_of_retries(2)
+}
+
 fn unavailable(e: redis::RedisError) -> BrokerError {
     BrokerError::Unavailable(format!("redis: {e}"))
+}
+
+/// An epoch read from Redis, which others may write: checked before any client sees it.
+fn checked_epoch(channel: &ChannelName, epoch: &str) -> Result<Epoch, BrokerError> {
+    Epoch::checked(epoch).ok_or_else(|| {
+        BrokerError::Unavailable(format!(
+            "redis: the stream of {channel} has an epoch Herald did not write"
+        ))
+    })
 }
 
 fn new_epoch() -> Epoch {
@@ -194,9 +214,75 @@ fn millis(d: Duration) -> u64 {
 }
 
 impl Store {
-    /// A connection handle for one call (clones share the one connection).
-    pub(crate) fn commands(&self) -> ConnectionManager {
-        self.commands.clone()
+    /// Runs one command (or script) on the command connection. A command that times out
+    /// replaces the connection: a silent network drop is never noticed otherwise.
+    pub(crate) async fn call<T, F, Fut>(&self, command: F) -> Result<T, BrokerError>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let (generation, connection) = self.commands.lock().clone();
+        command(connection).await.map_err(|e| {
+            if e.is_timeout() {
+                self.replace_connection(generation);
+            }
+            unavailable(e)
+        })
+    }
+
+    fn replace_connection(&self, failed: u64) {
+        let mut commands = self.commands.lock();
+        if commands.0 != failed {
+            return; // replaced already, after another command's timeout
+        }
+        match ConnectionManager::new_lazy_with_config(self.client.clone(), command_config()) {
+            Ok(fresh) => {
+                tracing::warn!("a redis command timed out; opening a new command connection");
+                *commands = (failed + 1, fresh);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot replace the redis command connection"),
+        }
+    }
+
+    /// Where a stream stands, without making it: `None` when it does not exist.
+    pub(crate) async fn position(
+        &self,
+        channel: &ChannelName,
+    ) -> Result<Option<StreamPosition>, BrokerError> {
+        let meta = self.names.meta(channel);
+        let (epoch, offset): (Option<String>, Option<u64>) = self
+            .call(|mut c| async move {
+                redis::cmd("HMGET")
+                    .arg(meta)
+                    .arg("e")
+                    .arg("o")
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        match epoch {
+            None => Ok(None),
+            Some(epoch) => Ok(Some(StreamPosition {
+                epoch: checked_epoch(channel, &epoch)?,
+                offset: offset.unwrap_or(0),
+            })),
+        }
+    }
+
+    /// Keeps streams nobody published to alive while this node listens to them (see
+    /// [`scripts::KEEP_EMPTY`]).
+    pub(crate) async fn keep_empty(&self, channels: &[ChannelName]) -> Result<(), BrokerError> {
+        let mut pipe = redis::pipe();
+        for channel in channels {
+            pipe.cmd("EVAL")
+                .arg(scripts::KEEP_EMPTY)
+                .arg(1)
+                .arg(self.names.meta(channel))
+                .arg(millis(herald_broker::EMPTY_STREAM_GRACE))
+                .ignore();
+        }
+        self.call(|mut c| async move { pipe.query_async::<()>(&mut c).await })
+            .await
     }
 
     /// Reads history in one script call (see [`scripts::history`]).
@@ -209,29 +295,32 @@ impl Store {
             .since
             .as_ref()
             .map_or(String::new(), |s| s.offset.to_string());
-        let (epoch, top, first, entries): (String, u64, u64, Vec<(u64, Vec<u8>)>) = self
-            .history
-            .key(self.names.meta(channel))
+        let mut script = self.history.key(self.names.meta(channel));
+        script
             .key(self.names.history(channel))
             .arg(since)
             .arg(query.limit)
             .arg(new_epoch().as_str())
-            .arg(millis(StreamPolicy::default().meta_ttl))
-            .invoke_async(&mut self.commands())
-            .await
-            .map_err(unavailable)?;
+            .arg(millis(herald_broker::EMPTY_STREAM_GRACE));
+        let (epoch, top, first, entries): (String, u64, u64, Vec<(u64, Vec<u8>)>) = self
+            .call(|mut c| async move { script.invoke_async(&mut c).await })
+            .await?;
         let position = StreamPosition {
             offset: top,
-            epoch: Epoch::new(&epoch),
+            epoch: checked_epoch(channel, &epoch)?,
         };
         if let Some(since) = &query.since {
             check_since(since, &position, first)?;
         }
         let entries: Vec<Publication> = entries
             .into_iter()
-            .map(|(offset, data)| Publication {
-                offset,
-                data: Bytes::from(data),
+            .filter_map(|(offset, data)| match stored_payload(&data) {
+                Ok(data) => Some(Publication { offset, data }),
+                Err(e) => {
+                    // Not written by Herald's script: never handed to a client.
+                    tracing::warn!(%channel, offset, error = %e, "skipping an invalid publication in redis history");
+                    None
+                }
             })
             .collect();
         let publications = query.page(entries.iter());
@@ -243,12 +332,14 @@ impl Store {
 
     /// Publishes raw bytes on a pub/sub channel; returns how many listeners got them.
     pub(crate) async fn send(&self, to: String, message: Vec<u8>) -> Result<u64, BrokerError> {
-        redis::cmd("PUBLISH")
-            .arg(to)
-            .arg(message)
-            .query_async(&mut self.commands())
-            .await
-            .map_err(unavailable)
+        self.call(|mut c| async move {
+            redis::cmd("PUBLISH")
+                .arg(to)
+                .arg(message)
+                .query_async(&mut c)
+                .await
+        })
+        .await
     }
 }
 
@@ -261,22 +352,21 @@ impl Broker for RedisBroker {
         policy: StreamPolicy,
     ) -> Result<StreamPosition, BrokerError> {
         let store = &self.store;
-        let (epoch, offset): (String, u64) = store
-            .publish
-            .key(store.names.meta(channel))
+        let mut script = store.publish.key(store.names.meta(channel));
+        script
             .key(store.names.history(channel))
             .arg(data.as_ref())
             .arg(policy.history_size)
             .arg(millis(policy.history_ttl))
             .arg(millis(policy.meta_ttl.max(policy.history_ttl)))
             .arg(new_epoch().as_str())
-            .arg(store.names.pubsub(channel))
-            .invoke_async(&mut store.commands())
-            .await
-            .map_err(unavailable)?;
+            .arg(store.names.pubsub(channel));
+        let (epoch, offset): (String, u64) = store
+            .call(|mut c| async move { script.invoke_async(&mut c).await })
+            .await?;
         Ok(StreamPosition {
             offset,
-            epoch: Epoch::new(&epoch),
+            epoch: checked_epoch(channel, &epoch)?,
         })
     }
 
@@ -290,12 +380,16 @@ impl Broker for RedisBroker {
 
     async fn remove_history(&self, channel: &ChannelName) -> Result<(), BrokerError> {
         let names = &self.store.names;
-        redis::cmd("DEL")
-            .arg(names.meta(channel))
-            .arg(names.history(channel))
-            .query_async::<()>(&mut self.store.commands())
+        let (meta, history) = (names.meta(channel), names.history(channel));
+        self.store
+            .call(|mut c| async move {
+                redis::cmd("DEL")
+                    .arg(meta)
+                    .arg(history)
+                    .query_async::<()>(&mut c)
+                    .await
+            })
             .await
-            .map_err(unavailable)
     }
 
     async fn subscribe(&self, channel: &ChannelName) -> Result<(), BrokerError> {

@@ -5,6 +5,7 @@
 
 use std::{
     collections::HashMap,
+    pin::Pin,
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc,
@@ -13,22 +14,43 @@ use std::{
 };
 
 use bytes::Bytes;
-use futures_util::StreamExt;
-use herald_broker::{BrokerError, HistoryQuery, NodeRequests, PublicationSink};
-use herald_protocol::{ChannelName, Epoch, Publication, Since};
+use futures_util::{stream::FuturesUnordered, Future, StreamExt};
+use herald_broker::{BrokerError, History, HistoryQuery, NodeRequests, PublicationSink};
+use herald_protocol::{json::stored_payload, ChannelName, Epoch, Publication, Since};
 use parking_lot::Mutex;
 use redis::aio::PubSubSink;
-use tokio::{sync::oneshot, task::AbortHandle};
+use tokio::{
+    sync::{oneshot, Notify},
+    task::AbortHandle,
+};
 
-use crate::{unavailable, Store};
+use crate::{unavailable, Store, COMMAND_WAIT};
 
 /// What a catch-up after a reconnect reads at most per channel; a longer gap is left to
 /// the hub's gap check (clients resume from history themselves).
 const CATCH_UP_LIMIT: usize = 10_000;
+const CATCH_UP_BYTES: usize = 8 << 20;
+
+/// Channels caught up at once after a reconnect.
+const CATCH_UP_PARALLEL: usize = 16;
+
+/// Live publications held, over all channels, while their channels catch up. Past it, a
+/// channel's held publications are dropped and the hub's gap check takes over for it.
+const HELD_BYTES: usize = 16 << 20;
 
 /// How long a subscribe waits for the pub/sub connection before it reports Redis as
 /// unavailable.
 const CONNECT_WAIT: Duration = Duration::from_secs(5);
+
+/// How often the pub/sub connection is checked with a PING, and how long the answer may
+/// take before the connection is taken for dead: a partition that drops packets without a
+/// reset is otherwise never noticed.
+const PING_EVERY: Duration = Duration::from_secs(2);
+const PING_WAIT: Duration = Duration::from_secs(3);
+
+/// How often streams nobody published to, but that this node listens to, are kept alive
+/// (well inside [`herald_broker::EMPTY_STREAM_GRACE`]).
+const KEEP_EMPTY_EVERY: Duration = Duration::from_secs(20);
 
 /// How long a node waits for another node's answer.
 const ANSWER_WAIT: Duration = Duration::from_secs(10);
@@ -37,6 +59,45 @@ const ANSWER_WAIT: Duration = Duration::from_secs(10);
 struct Tracked {
     channel: ChannelName,
     last: Option<(Epoch, u64)>,
+    /// Where the stream stood just before this node subscribed (`None`: it did not exist).
+    /// A catch-up reads from here when nothing was handed over yet.
+    floor: Option<(Epoch, u64)>,
+    /// Live publications that arrived while the channel catches up, to hand over after
+    /// what history returns; `None` when not catching up.
+    held: Option<Held>,
+}
+
+#[derive(Default)]
+struct Held {
+    publications: Vec<(Epoch, Publication)>,
+    /// Some were dropped (over [`HELD_BYTES`]): what is held no longer follows history.
+    overflowed: bool,
+}
+
+/// The pub/sub connection's command half, and how to report it dead.
+#[derive(Clone)]
+struct Connection {
+    sink: PubSubSink,
+    dead: Arc<Notify>,
+}
+
+impl Connection {
+    /// Runs a subscribe-like call with a time limit; past it, the connection is reported
+    /// dead (and replaced), since its answers can no longer be matched.
+    async fn timed<F>(&self, call: F) -> Result<(), BrokerError>
+    where
+        F: Future<Output = redis::RedisResult<()>>,
+    {
+        match tokio::time::timeout(COMMAND_WAIT, call).await {
+            Ok(result) => result.map_err(unavailable),
+            Err(_) => {
+                self.dead.notify_one();
+                Err(BrokerError::Unavailable(
+                    "redis: the pub/sub connection did not answer".into(),
+                ))
+            }
+        }
+    }
 }
 
 pub(crate) struct Listener {
@@ -52,9 +113,13 @@ pub(crate) struct Listener {
     /// By pub/sub channel name.
     channels: Mutex<HashMap<Box<str>, Tracked>>,
     /// The connection's command half; `None` while (re)connecting.
-    control: tokio::sync::watch::Sender<Option<PubSubSink>>,
-    /// Serialises subscribe/unsubscribe with each other and with a resubscription.
-    membership: tokio::sync::Mutex<()>,
+    control: tokio::sync::watch::Sender<Option<Connection>>,
+    /// Subscribes and unsubscribes share it (they run concurrently; the hub orders those of
+    /// one channel); a resubscription after a reconnect takes it alone, so it sees every
+    /// channel tracked before it and none is subscribed on the old connection after it.
+    /// Every Redis call made under it has a time limit.
+    membership: tokio::sync::RwLock<()>,
+    held_bytes: AtomicU64,
     task: Mutex<Option<AbortHandle>>,
     /// Times the pub/sub connection came back, and publications read back from history
     /// after it did: for stats and tests.
@@ -79,7 +144,8 @@ impl Listener {
             answerer: Mutex::default(),
             channels: Mutex::default(),
             control: tokio::sync::watch::Sender::new(None),
-            membership: tokio::sync::Mutex::new(()),
+            membership: tokio::sync::RwLock::new(()),
+            held_bytes: AtomicU64::new(0),
             task: Mutex::default(),
             reconnects: AtomicU64::new(0),
             caught_up: AtomicU64::new(0),
@@ -95,19 +161,24 @@ impl Listener {
         }
     }
 
-    pub(crate) async fn subscribe(&self, channel: &ChannelName) -> Result<(), BrokerError> {
-        // Wait out a (re)connection in progress, but not while holding `membership`,
-        // which the reconnecting task needs.
+    /// The current connection, waiting out a (re)connection in progress.
+    async fn connection(&self) -> Result<Connection, BrokerError> {
         let mut connected = self.control.subscribe();
         let wait = connected.wait_for(Option::is_some);
-        if !matches!(tokio::time::timeout(CONNECT_WAIT, wait).await, Ok(Ok(_))) {
-            return Err(BrokerError::Unavailable(
-                "redis: no pub/sub connection".into(),
-            ));
-        }
-        let _membership = self.membership.lock().await;
+        let connection = match tokio::time::timeout(CONNECT_WAIT, wait).await {
+            Ok(Ok(connection)) => connection.clone(),
+            _ => None,
+        };
+        connection.ok_or_else(|| BrokerError::Unavailable("redis: no pub/sub connection".into()))
+    }
+
+    pub(crate) async fn subscribe(&self, channel: &ChannelName) -> Result<(), BrokerError> {
+        // Not under `membership`, which the reconnecting task needs.
+        self.connection().await?;
+        let floor = self.store.position(channel).await?;
+        let _membership = self.membership.read().await;
         let name = self.store.names.pubsub(channel);
-        let Some(mut control) = self.control.borrow().clone() else {
+        let Some(connection) = self.control.borrow().clone() else {
             return Err(BrokerError::Unavailable(
                 "redis: the pub/sub connection was lost".into(),
             ));
@@ -118,22 +189,30 @@ impl Listener {
             Tracked {
                 channel: channel.clone(),
                 last: None,
+                floor: floor.map(|p| (p.epoch, p.offset)),
+                held: None,
             },
         );
-        if let Err(e) = control.subscribe(&name).await {
+        let mut sink = connection.sink.clone();
+        if let Err(e) = connection.timed(sink.subscribe(&name)).await {
             self.channels.lock().remove(name.as_str());
-            return Err(unavailable(e));
+            return Err(e);
         }
         Ok(())
     }
 
     pub(crate) async fn unsubscribe(&self, channel: &ChannelName) -> Result<(), BrokerError> {
-        let _membership = self.membership.lock().await;
+        let _membership = self.membership.read().await;
         let name = self.store.names.pubsub(channel);
-        self.channels.lock().remove(name.as_str());
-        let control = self.control.borrow().clone();
-        match control {
-            Some(mut control) => control.unsubscribe(&name).await.map_err(unavailable),
+        if let Some(t) = self.channels.lock().remove(name.as_str()) {
+            self.release(t.held.as_ref());
+        }
+        let connection = self.control.borrow().clone();
+        match connection {
+            Some(connection) => {
+                let mut sink = connection.sink.clone();
+                connection.timed(sink.unsubscribe(&name)).await
+            }
             // Not subscribed there any more once the connection is back.
             None => Ok(()),
         }
@@ -213,90 +292,199 @@ impl Listener {
         }
     }
 
+    /// A publication from the live connection: handed over now, or held while its channel
+    /// catches up.
+    fn on_live(&self, name: &str, epoch: Epoch, publication: Publication) {
+        {
+            let mut channels = self.channels.lock();
+            let Some(tracked) = channels.get_mut(name) else {
+                return; // unsubscribed meanwhile
+            };
+            if let Some(held) = &mut tracked.held {
+                let size = publication.data.len() as u64;
+                let total = self.held_bytes.fetch_add(size, Ordering::Relaxed) + size;
+                if held.overflowed || total > HELD_BYTES as u64 {
+                    self.held_bytes.fetch_sub(size, Ordering::Relaxed);
+                    let dropped: u64 = held
+                        .publications
+                        .drain(..)
+                        .map(|(_, p)| p.data.len() as u64)
+                        .sum();
+                    self.held_bytes.fetch_sub(dropped, Ordering::Relaxed);
+                    held.overflowed = true;
+                } else {
+                    held.publications.push((epoch, publication));
+                }
+                return;
+            }
+        }
+        self.deliver(name, &epoch, &publication);
+    }
+
     /// Hands one publication to the sink unless it was handed already (a catch-up and the
     /// live connection may both carry it).
-    fn deliver(&self, name: &str, epoch: &str, publication: &Publication) -> bool {
-        let (channel, epoch) = {
+    fn deliver(&self, name: &str, epoch: &Epoch, publication: &Publication) -> bool {
+        let channel = {
             let mut channels = self.channels.lock();
             let Some(tracked) = channels.get_mut(name) else {
                 return false; // unsubscribed meanwhile
             };
-            let epoch = match &tracked.last {
-                Some((last, offset)) if last.as_str() == epoch => {
-                    if publication.offset <= *offset {
-                        return false;
-                    }
-                    last.clone()
+            if let Some((last, offset)) = &tracked.last {
+                if last == epoch && publication.offset <= *offset {
+                    return false;
                 }
-                _ => Epoch::new(epoch),
-            };
+            }
             tracked.last = Some((epoch.clone(), publication.offset));
-            (tracked.channel.clone(), epoch)
+            tracked.channel.clone()
         };
-        self.sink.on_publication(&channel, &epoch, publication);
+        self.sink.on_publication(&channel, epoch, publication);
         true
     }
 
-    /// After a reconnect: what each channel missed, from history, oldest first.
-    async fn catch_up(&self) {
-        let resumable: Vec<(String, ChannelName, Epoch, u64)> = self
-            .channels
-            .lock()
+    fn release(&self, held: Option<&Held>) {
+        let bytes: u64 = held
             .iter()
-            .filter_map(|(name, t)| {
-                let (epoch, offset) = t.last.clone()?;
-                Some((name.to_string(), t.channel.clone(), epoch, offset))
+            .flat_map(|h| h.publications.iter())
+            .map(|(_, p)| p.data.len() as u64)
+            .sum();
+        self.held_bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    /// After a reconnect: every tracked channel holds its live publications until its
+    /// catch-up is read. Returns what to read, per channel, from where.
+    fn start_catch_up(&self) -> Vec<CatchUp> {
+        let mut channels = self.channels.lock();
+        channels
+            .iter_mut()
+            .map(|(name, t)| {
+                t.held = Some(Held::default());
+                let from = t.last.clone().or_else(|| t.floor.clone());
+                CatchUp {
+                    name: name.to_string(),
+                    channel: t.channel.clone(),
+                    since: match from {
+                        Some((epoch, offset)) => Since {
+                            offset,
+                            epoch: Some(epoch),
+                        },
+                        // The stream did not exist when this node subscribed: all of it.
+                        None => Since {
+                            offset: 0,
+                            epoch: None,
+                        },
+                    },
+                }
             })
-            .collect();
-        for (name, channel, epoch, offset) in resumable {
-            let query = HistoryQuery {
-                since: Some(Since {
-                    offset,
-                    epoch: Some(epoch.clone()),
-                }),
-                limit: CATCH_UP_LIMIT,
-                max_bytes: None,
-            };
-            match self.store.history(&channel, &query).await {
-                Ok(history) => {
-                    for p in &history.publications {
-                        if self.deliver(&name, epoch.as_str(), p) {
-                            self.caught_up.fetch_add(1, Ordering::Relaxed);
-                        }
+            .collect()
+    }
+
+    /// One channel's catch-up read came back: hands over what it missed, then what was
+    /// held meanwhile, and goes live again.
+    fn finish_catch_up(&self, name: &str, read: Result<History, BrokerError>) {
+        let channel = match read {
+            Ok(history) => {
+                let epoch = history.position.epoch;
+                for p in &history.publications {
+                    if self.deliver(name, &epoch, p) {
+                        self.caught_up.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                Err(e) => {
-                    tracing::warn!(%channel, error = %e, "missed publications cannot be read back; subscribers will resume from history");
-                }
+                None
             }
+            Err(e) => Some(e),
+        };
+        let held = {
+            let mut channels = self.channels.lock();
+            let Some(tracked) = channels.get_mut(name) else {
+                return;
+            };
+            if let Some(e) = channel {
+                tracing::warn!(channel = %tracked.channel, error = %e, "missed publications cannot be read back; subscribers will resume from history");
+            }
+            tracked.held.take()
+        };
+        self.release(held.as_ref());
+        for (epoch, p) in held.into_iter().flat_map(|h| h.publications) {
+            self.deliver(name, &epoch, &p);
         }
+    }
+
+    /// Channels this node listens to that have seen no publication.
+    fn empty_channels(&self) -> Vec<ChannelName> {
+        self.channels
+            .lock()
+            .values()
+            .filter(|t| t.last.is_none() && t.floor.as_ref().is_none_or(|(_, o)| *o == 0))
+            .map(|t| t.channel.clone())
+            .collect()
     }
 }
 
-/// Connects, subscribes to every tracked channel, catches up, then reads until the
-/// connection drops; again and again while the broker lives.
+/// One channel to read back after a reconnect.
+#[derive(Clone)]
+struct CatchUp {
+    name: String,
+    channel: ChannelName,
+    since: Since,
+}
+
+type Reading = Pin<Box<dyn Future<Output = (CatchUp, Result<History, BrokerError>)> + Send>>;
+
+/// Reads one channel's catch-up, after `delay` (a retry).
+fn read_back(store: &Arc<Store>, c: CatchUp, delay: Duration) -> Reading {
+    let store = store.clone();
+    Box::pin(async move {
+        tokio::time::sleep(delay).await;
+        let query = HistoryQuery {
+            since: Some(c.since.clone()),
+            limit: CATCH_UP_LIMIT,
+            max_bytes: Some(CATCH_UP_BYTES),
+        };
+        let read = store.history(&c.channel, &query).await;
+        (c, read)
+    })
+}
+
+/// How long a failed catch-up read waits before it is tried again: Redis answered
+/// nothing, or the command connection is being replaced.
+const CATCH_UP_RETRY: Duration = Duration::from_secs(1);
+
+/// Connects, subscribes to every tracked channel, then reads until the connection drops
+/// or stops answering pings, catching up what was missed meanwhile; again and again while
+/// the broker lives.
 async fn run(listener: std::sync::Weak<Listener>, client: redis::Client) {
     let mut backoff = Duration::from_millis(50);
     let mut first = true;
+    let mut keep_empty = tokio::time::interval(KEEP_EMPTY_EVERY);
+    keep_empty.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let pubsub = match client.get_async_pubsub().await {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(error = %e, "redis pub/sub connection failed; retrying");
+        let pubsub = match tokio::time::timeout(COMMAND_WAIT, client.get_async_pubsub()).await {
+            Ok(Ok(p)) => p,
+            failed => {
+                let error = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "timed out".into(),
+                };
+                tracing::warn!(%error, "redis pub/sub connection failed; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
                 continue;
             }
         };
         let Some(me) = listener.upgrade() else { return };
-        let (mut control, mut messages) = pubsub.split();
+        let (control, mut messages) = pubsub.split();
+        let connection = Connection {
+            sink: control,
+            dead: Arc::new(Notify::new()),
+        };
         let subscribed = {
-            let _membership = me.membership.lock().await;
+            let _membership = me.membership.write().await;
             let mut names: Vec<String> = me.channels.lock().keys().map(|k| k.to_string()).collect();
             names.push(me.node_channel.clone());
-            let subscribed = control.subscribe(&names).await;
+            let mut sink = connection.sink.clone();
+            let subscribed = connection.timed(sink.subscribe(&names)).await;
             if subscribed.is_ok() {
-                me.control.send_replace(Some(control));
+                me.control.send_replace(Some(connection.clone()));
             }
             subscribed
         };
@@ -307,42 +495,111 @@ async fn run(listener: std::sync::Weak<Listener>, client: redis::Client) {
             backoff = (backoff * 2).min(Duration::from_secs(2));
             continue;
         }
+        let mut waiting: Vec<CatchUp> = Vec::new();
         if !first {
             tracing::info!("redis pub/sub connection is back");
-            me.catch_up().await;
+            waiting = me.start_catch_up();
             me.reconnects.fetch_add(1, Ordering::Relaxed);
         }
         first = false;
         backoff = Duration::from_millis(50);
+        let store = me.store.clone();
         drop(me);
-        while let Some(message) = messages.next().await {
-            let Some(me) = listener.upgrade() else { return };
-            if message.get_channel_name() == me.node_channel {
-                me.on_node_message(message.get_payload_bytes());
-                continue;
+
+        let mut reading = FuturesUnordered::new();
+        let mut ping = tokio::time::interval(PING_EVERY);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut pinging: Option<Pin<Box<dyn Future<Output = bool> + Send>>> = None;
+        let mut keeping: Option<Pin<Box<dyn Future<Output = ()> + Send>>> = None;
+        loop {
+            while reading.len() < CATCH_UP_PARALLEL {
+                let Some(next) = waiting.pop() else { break };
+                reading.push(read_back(&store, next, Duration::ZERO));
             }
-            match decode(message.get_payload_bytes()) {
-                Some((epoch, publication)) => {
-                    me.deliver(message.get_channel_name(), epoch, &publication);
+            tokio::select! {
+                message = messages.next() => {
+                    let Some(message) = message else { break };
+                    let Some(me) = listener.upgrade() else { return };
+                    if message.get_channel_name() == me.node_channel {
+                        me.on_node_message(message.get_payload_bytes());
+                        continue;
+                    }
+                    match decode(message.get_payload_bytes()) {
+                        Some((epoch, publication)) => {
+                            me.on_live(message.get_channel_name(), epoch, publication);
+                        }
+                        None => tracing::warn!(
+                            channel = message.get_channel_name(),
+                            "invalid message on a Herald pub/sub channel; dropped"
+                        ),
+                    }
                 }
-                None => tracing::warn!(
-                    channel = message.get_channel_name(),
-                    "undecodable message on a Herald pub/sub channel"
-                ),
+                Some((catch_up, read)) = reading.next(), if !reading.is_empty() => {
+                    if let Err(BrokerError::Unavailable(e)) = &read {
+                        tracing::warn!(channel = %catch_up.channel, error = %e, "catch-up read failed; retrying");
+                        reading.push(read_back(&store, catch_up, CATCH_UP_RETRY));
+                        continue;
+                    }
+                    let Some(me) = listener.upgrade() else { return };
+                    me.finish_catch_up(&catch_up.name, read);
+                }
+                _ = ping.tick(), if pinging.is_none() => {
+                    let mut sink = connection.sink.clone();
+                    pinging = Some(Box::pin(async move {
+                        matches!(
+                            tokio::time::timeout(PING_WAIT, sink.ping::<redis::Value>()).await,
+                            Ok(Ok(_))
+                        )
+                    }));
+                }
+                alive = async { pinging.as_mut().expect("guarded").await }, if pinging.is_some() => {
+                    pinging = None;
+                    if !alive {
+                        tracing::warn!("redis pub/sub connection does not answer pings");
+                        break;
+                    }
+                }
+                _ = keep_empty.tick(), if keeping.is_none() => {
+                    let Some(me) = listener.upgrade() else { return };
+                    let empty = me.empty_channels();
+                    if !empty.is_empty() {
+                        let store = store.clone();
+                        keeping = Some(Box::pin(async move {
+                            if let Err(e) = store.keep_empty(&empty).await {
+                                tracing::warn!(error = %e, "could not keep empty streams alive");
+                            }
+                        }));
+                    }
+                }
+                () = async { keeping.as_mut().expect("guarded").await }, if keeping.is_some() => {
+                    keeping = None;
+                }
+                () = connection.dead.notified() => {
+                    tracing::warn!("a redis pub/sub call timed out");
+                    break;
+                }
             }
         }
+        // Dropping the stream closes the connection; channels still catching up are read
+        // again, from where they stand, after the next reconnect.
         let Some(me) = listener.upgrade() else { return };
         me.control.send_replace(None);
+        for (_, t) in me.channels.lock().iter_mut() {
+            let held = t.held.take();
+            me.release(held.as_ref());
+        }
         tracing::warn!("redis pub/sub connection lost; reconnecting");
     }
 }
 
-/// `EPOCH\nOFFSET\nDATA`, as the publish script sends it.
-fn decode(payload: &[u8]) -> Option<(&str, Publication)> {
+/// `EPOCH\nOFFSET\nDATA`, as the publish script sends it. Anyone who can write to the
+/// Redis can publish on these channels too, so the epoch and the data are checked as a
+/// client's would be before they can reach one.
+fn decode(payload: &[u8]) -> Option<(Epoch, Publication)> {
     let mut parts = payload.splitn(3, |b| *b == b'\n');
-    let epoch = std::str::from_utf8(parts.next()?).ok()?;
+    let epoch = Epoch::checked(std::str::from_utf8(parts.next()?).ok()?)?;
     let offset = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
-    let data = Bytes::copy_from_slice(parts.next()?);
+    let data = stored_payload(parts.next()?).ok()?;
     Some((epoch, Publication { offset, data }))
 }
 
@@ -352,15 +609,25 @@ mod tests {
 
     #[test]
     fn decodes_what_the_script_sends() {
-        let (epoch, p) = decode(b"abc\n42\n{\"a\":\"x\ny\"}").unwrap();
-        assert_eq!(epoch, "abc");
+        let (epoch, p) = decode(b"abc\n42\n{\"a\":\"x\\ny\"}").unwrap();
+        assert_eq!(epoch.as_str(), "abc");
         assert_eq!(p.offset, 42);
-        assert_eq!(&p.data[..], b"{\"a\":\"x\ny\"}");
+        assert_eq!(&p.data[..], b"{\"a\":\"x\\ny\"}");
     }
 
     #[test]
     fn refuses_what_it_cannot_read() {
-        for bad in [&b""[..], b"abc", b"abc\nx\n{}", b"abc\n1"] {
+        for bad in [
+            &b""[..],
+            b"abc",
+            b"abc\nx\n{}",
+            b"abc\n1",
+            // Not JSON: would close a forever frame's script call.
+            b"abc\n1\n0}});alert(document.domain)//",
+            b"abc\n1\n\"\xff\"",
+            b"a\"c\n1\n{}",
+            b"\n1\n{}",
+        ] {
             assert!(decode(bad).is_none(), "{bad:?}");
         }
     }

@@ -42,10 +42,12 @@ return {epoch, offset}
 
 /// Reads a stream's position and history. A stream that does not exist yet is created
 /// with the given epoch at offset 0, so the epoch a reader sees is the one publications
-/// get. Publications older than the stream's TTL are dropped first.
+/// get; such an empty stream lives only the given short TTL after its last read (or
+/// [`KEEP_EMPTY`] call), so naming channels leaves nothing lasting in Redis. Publications
+/// older than the stream's TTL are dropped first.
 ///
 /// KEYS: meta, history. ARGV: since offset (empty = the newest), limit, the epoch to use if
-/// the stream is new, meta TTL ms for a new stream. Returns
+/// the stream is new, TTL ms of an empty stream. Returns
 /// `{epoch, top offset, first readable offset, {offset, data, offset, data, ...}}`.
 pub fn history() -> Script {
     Script::new(
@@ -57,6 +59,11 @@ if not epoch then
   redis.call('HSET', KEYS[1], 'e', ARGV[3], 'o', 0)
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   return {ARGV[3], 0, 1, {}}
+end
+if top == 0 then
+  -- Still nothing published: remembered a while longer for its readers, no more.
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  return {epoch, 0, 1, {}}
 end
 local function offset_of(id) return tonumber(string.match(id, '^%d+')) end
 if ttl > 0 then
@@ -101,3 +108,15 @@ return {epoch, top, first, out}
 "#,
     )
 }
+
+/// Extends the life of a stream nobody published to yet, which a node still listens to, so
+/// its subscribers' epoch stays the one publications will get. A stream with publications
+/// keeps the TTL its namespace gave it.
+///
+/// KEYS: meta. ARGV: TTL ms of an empty stream.
+pub const KEEP_EMPTY: &str = r#"
+if redis.call('HGET', KEYS[1], 'o') == '0' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+end
+return 0
+"#;

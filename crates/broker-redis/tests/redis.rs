@@ -12,7 +12,7 @@ use herald_broker::{
     Broker, BrokerError, HistoryQuery, PublicationSink, SharedBroker, StreamPolicy,
 };
 use herald_broker_redis::{
-    testkit::{self, RedisServer},
+    testkit::{self, Partition, RedisServer},
     RedisBroker, RedisOptions,
 };
 use herald_protocol::ChannelName;
@@ -188,5 +188,208 @@ async fn an_unreachable_redis_is_a_clear_error() {
     assert!(
         matches!(err, BrokerError::Unavailable(ref m) if m.starts_with("redis:")),
         "{err}"
+    );
+}
+
+/// A redis-cli call against `redis`; its output.
+fn redis_cli(redis: &RedisServer, args: &[&[u8]]) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &redis.port().to_string()])
+        .args(args.iter().map(|a| std::ffi::OsStr::from_bytes(a)))
+        .output()
+        .expect("redis-cli runs");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Review items 10 and 20: a partition that drops packets without a reset is noticed (the
+/// connection answers no PING), a subscribe made meanwhile does not hang, and after the
+/// reconnect every channel is caught up, including one that had delivered nothing yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_partition_is_noticed_and_caught_up() {
+    let redis = RedisServer::start();
+    let partition = Partition::start(&redis);
+    let (publisher, _) = node(&redis).await;
+    let seen = Arc::new(Recorder::default());
+    let behind = RedisBroker::start(
+        RedisOptions {
+            url: partition.url(),
+            prefix: "herald".into(),
+        },
+        seen.clone() as Arc<dyn PublicationSink>,
+    )
+    .await
+    .unwrap();
+    let (busy, quiet) = (ch("room:busy"), ch("room:quiet"));
+    behind.subscribe(&busy).await.unwrap();
+    behind.subscribe(&quiet).await.unwrap();
+    publisher
+        .publish(&busy, Bytes::from("1"), StreamPolicy::default())
+        .await
+        .unwrap();
+    seen.await_offsets("room:busy", 1).await;
+
+    partition.cut();
+    for c in [&busy, &quiet] {
+        publisher
+            .publish(c, Bytes::from("2"), StreamPolicy::default())
+            .await
+            .unwrap();
+    }
+    // Before the fix this never returned, and held every other join of the node behind it.
+    let late = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        behind.subscribe(&ch("room:late")),
+    )
+    .await;
+    assert!(late.is_ok(), "a subscribe across a partition returns");
+
+    let done = seen
+        .wait_until(std::time::Duration::from_secs(30), |seen| {
+            seen.offsets("room:busy").len() >= 2 && !seen.offsets("room:quiet").is_empty()
+        })
+        .await;
+    let (b, q) = (seen.offsets("room:busy"), seen.offsets("room:quiet"));
+    assert!(done, "not caught up: busy {b:?}, quiet {q:?}");
+    assert_eq!(b, [1, 2]);
+    assert_eq!(
+        q,
+        [1],
+        "a channel with no delivery before the cut is caught up too"
+    );
+    assert!(behind.recoveries().0 >= 1, "the node reconnected");
+    // And the node works again: publications reach it live.
+    behind.subscribe(&ch("room:late")).await.unwrap();
+    publisher
+        .publish(&busy, Bytes::from("3"), StreamPolicy::default())
+        .await
+        .unwrap();
+    assert_eq!(seen.await_offsets("room:busy", 3).await, [1, 2, 3]);
+    // Publishing through the partitioned node works again too (its command connection was
+    // silenced as well).
+    let published = async {
+        loop {
+            if let Ok(p) = behind
+                .publish(&busy, Bytes::from("4"), StreamPolicy::default())
+                .await
+            {
+                return p;
+            }
+        }
+    };
+    let p = tokio::time::timeout(std::time::Duration::from_secs(30), published)
+        .await
+        .expect("the command connection is replaced");
+    assert_eq!(p.offset, 4);
+}
+
+/// Review item 11: whoever can write to the Redis can forge messages. Data that is not
+/// JSON (a forever frame's script, an SSE field, bytes that are not UTF-8) or an epoch
+/// Herald did not make never reaches the sink or a history read.
+#[tokio::test]
+async fn data_herald_did_not_write_never_reaches_a_client() {
+    let redis = RedisServer::start();
+    let (a, seen) = node(&redis).await;
+    let c = ch("chat:lobby");
+    a.subscribe(&c).await.unwrap();
+    let first = a
+        .publish(&c, Bytes::from("1"), StreamPolicy::default())
+        .await
+        .unwrap();
+    seen.await_offsets("chat:lobby", 1).await;
+    let epoch = first.epoch.as_str().as_bytes();
+    let forged: [Vec<u8>; 4] = [
+        [epoch, b"\n2\n0}});alert(document.domain)//"].concat(),
+        [epoch, b"\n2\n\"\xff\xfe\""].concat(),
+        [epoch, b"\n2\n1\r\nid: x\r\n"].concat(),
+        [&b"e\"}</script>\n2\n1"[..]].concat(),
+    ];
+    for message in &forged {
+        redis_cli(&redis, &[b"PUBLISH", b"herald:p:chat:lobby", message]);
+    }
+    // Forged history entries, as the review's probe writes them.
+    redis_cli(
+        &redis,
+        &[
+            b"XADD",
+            b"herald:{chat:lobby}:h",
+            b"2-0",
+            b"d",
+            b"0}});alert(document.domain)//",
+            b"t",
+            b"1",
+        ],
+    );
+    redis_cli(&redis, &[b"HINCRBY", b"herald:{chat:lobby}:m", b"o", b"1"]);
+    // The next real publication is 3: the sink gets 1 and 3, nothing forged in between.
+    a.publish(&c, Bytes::from("3"), StreamPolicy::default())
+        .await
+        .unwrap();
+    assert_eq!(seen.await_offsets("chat:lobby", 2).await, [1, 3]);
+    let history = a
+        .history(
+            &c,
+            HistoryQuery {
+                since: None,
+                limit: 10,
+                max_bytes: None,
+            },
+        )
+        .await
+        .unwrap();
+    let data: Vec<&[u8]> = history.publications.iter().map(|p| &p.data[..]).collect();
+    assert_eq!(data, [&b"1"[..], b"3"], "the forged entry is not served");
+    // A stream whose epoch Herald did not write is an error, not text sent to clients.
+    redis_cli(
+        &redis,
+        &[b"HSET", b"herald:{chat:lobby}:m", b"e", b"x\"</script>"],
+    );
+    let err = a
+        .history(
+            &c,
+            HistoryQuery {
+                since: None,
+                limit: 10,
+                max_bytes: None,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BrokerError::Unavailable(_)), "{err}");
+}
+
+/// Review item 4 (Redis): reading or subscribing to a channel nobody published to leaves
+/// a key that lives about a minute, not 24 hours; publishing gives the namespace's TTL.
+#[tokio::test]
+async fn naming_a_channel_leaves_nothing_lasting_in_redis() {
+    let redis = RedisServer::start();
+    let (a, _) = node(&redis).await;
+    let c = ch("q1");
+    a.history(
+        &c,
+        HistoryQuery {
+            since: None,
+            limit: 10,
+            max_bytes: None,
+        },
+    )
+    .await
+    .unwrap();
+    let ttl: u64 = redis_cli(&redis, &[b"PTTL", b"herald:{q1}:m"])
+        .parse()
+        .unwrap();
+    assert!(
+        (1..=60_000).contains(&ttl),
+        "a read-made stream lives a minute at most, not {ttl} ms"
+    );
+    a.publish(&c, Bytes::from("1"), StreamPolicy::default())
+        .await
+        .unwrap();
+    let ttl: u64 = redis_cli(&redis, &[b"PTTL", b"herald:{q1}:m"])
+        .parse()
+        .unwrap();
+    assert!(
+        ttl > 60_000,
+        "a published stream keeps its namespace's TTL ({ttl} ms)"
     );
 }

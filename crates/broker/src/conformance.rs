@@ -38,6 +38,21 @@ impl Recorder {
 
     /// Waits (at most 10 s) until `count` publications of `channel` were handed over, then
     /// returns their offsets in order.
+    /// Waits until `done` holds for what was handed over, at most `within`; whether it did.
+    pub async fn wait_until(&self, within: Duration, done: impl Fn(&Self) -> bool) -> bool {
+        tokio::time::timeout(within, async {
+            loop {
+                let notified = self.1.notified();
+                if done(self) {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await
+        .is_ok()
+    }
+
     pub async fn await_offsets(&self, channel: &str, count: usize) -> Vec<u64> {
         let waited = tokio::time::timeout(Duration::from_secs(10), async {
             loop {

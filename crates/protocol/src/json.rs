@@ -310,6 +310,16 @@ pub fn payload(data: &RawValue) -> Result<Bytes, String> {
     Ok(Bytes::copy_from_slice(text))
 }
 
+/// Publication data read back from a store others can write (a shared Redis), checked as
+/// a client's would be: valid UTF-8 JSON, nested at most [`MAX_PAYLOAD_DEPTH`] deep,
+/// without raw line breaks. Whatever passes is safe in every framing (a line per push, an
+/// SSE `data:` line, a forever frame's `<script>`).
+pub fn stored_payload(data: &[u8]) -> Result<Bytes, String> {
+    let raw: &RawValue =
+        serde_json::from_slice(data).map_err(|e| format!("data is not JSON: {e}"))?;
+    payload(raw)
+}
+
 /// Results of commands, serialised into replies.
 pub mod results {
     use serde::Serialize;

@@ -18,6 +18,16 @@ impl Epoch {
         Self(Arc::from(epoch))
     }
 
+    /// An epoch read from somewhere others can write (a shared Redis): `None` unless it is
+    /// 1 to 64 characters of `[0-9A-Za-z_-]`, which every framing carries unescaped.
+    pub fn checked(epoch: &str) -> Option<Self> {
+        let fits = (1..=64).contains(&epoch.len())
+            && epoch
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        fits.then(|| Self::new(epoch))
+    }
+
     /// A fresh random epoch: 12 characters of `[0-9a-z]`.
     pub fn random(mut next_u64: impl FnMut() -> u64) -> Self {
         const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
