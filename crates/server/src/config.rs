@@ -199,6 +199,11 @@ pub struct LimitsConfig {
     /// (without a session), on average; bursts of twice this pass. 0 = no limit.
     /// Default 400.
     pub commands_per_address: u32,
+    /// Channels one address may make exist per minute by publishing to a channel that has
+    /// no stream yet (on any transport), on average; bursts of twice this pass. Past it, such
+    /// publications get error 111; publications to channels that exist are not counted.
+    /// API publications are not limited. 0 = no limit. Default 60.
+    pub new_channels_per_address: u32,
     /// Proxies (addresses or networks such as `10.0.0.0/8`) whose `X-Forwarded-For` is
     /// believed. Default none: the TCP peer is the client.
     pub trusted_proxies: Vec<crate::limits::Network>,
@@ -210,6 +215,7 @@ impl Default for LimitsConfig {
             connections_per_address: 1000,
             connection_rate_per_address: 200,
             commands_per_address: 400,
+            new_channels_per_address: 60,
             trusted_proxies: Vec::new(),
         }
     }

@@ -20,8 +20,46 @@ use crate::{config::LimitsConfig, error::Failure};
 #[derive(Debug, Clone, Copy)]
 pub struct Peer(pub SocketAddr);
 
-/// A token bucket: `per_second` on average, bursts of twice that. Serves the per-address
-/// limits here and each session's `client.max_commands_per_second`.
+/// How fast a [`Bucket`] refills: `count` per `window` on average, bursts of twice that.
+/// A count of 0 means no limit.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rate {
+    count: u32,
+    window: Duration,
+}
+
+impl Rate {
+    pub(crate) const fn per_second(count: u32) -> Self {
+        Self {
+            count,
+            window: Duration::from_secs(1),
+        }
+    }
+
+    pub(crate) const fn per_minute(count: u32) -> Self {
+        Self {
+            count,
+            window: Duration::from_secs(60),
+        }
+    }
+
+    fn per_sec(self) -> f64 {
+        f64::from(self.count) / self.window.as_secs_f64()
+    }
+
+    fn burst(self) -> f64 {
+        f64::from(self.count) * 2.0
+    }
+}
+
+impl From<u32> for Rate {
+    fn from(per_second: u32) -> Self {
+        Self::per_second(per_second)
+    }
+}
+
+/// A token bucket. Serves the per-address limits here and each session's
+/// `client.max_commands_per_second`.
 #[derive(Debug, Clone)]
 pub(crate) struct Bucket {
     tokens: f64,
@@ -29,23 +67,27 @@ pub(crate) struct Bucket {
 }
 
 impl Bucket {
-    pub(crate) fn full(per_second: u32) -> Self {
+    pub(crate) fn full(rate: impl Into<Rate>) -> Self {
         Self {
-            tokens: f64::from(per_second) * 2.0,
+            tokens: rate.into().burst(),
             refilled: Instant::now(),
         }
     }
 
-    /// Takes a token if there is one; 0 per second means no limit.
-    pub(crate) fn take(&mut self, per_second: u32) -> bool {
-        if per_second == 0 {
+    fn refill(&mut self, rate: Rate) {
+        let now = Instant::now();
+        let earned = now.duration_since(self.refilled).as_secs_f64() * rate.per_sec();
+        self.tokens = (self.tokens + earned).min(rate.burst());
+        self.refilled = now;
+    }
+
+    /// Takes a token if there is one.
+    pub(crate) fn take(&mut self, rate: impl Into<Rate>) -> bool {
+        let rate = rate.into();
+        if rate.count == 0 {
             return true;
         }
-        let rate = f64::from(per_second);
-        let now = Instant::now();
-        let earned = now.duration_since(self.refilled).as_secs_f64() * rate;
-        self.tokens = (self.tokens + earned).min(rate * 2.0);
-        self.refilled = now;
+        self.refill(rate);
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             true
@@ -54,9 +96,19 @@ impl Bucket {
         }
     }
 
-    fn is_full(&self, per_second: u32) -> bool {
-        let earned = self.refilled.elapsed().as_secs_f64() * f64::from(per_second);
-        self.tokens + earned >= f64::from(per_second) * 2.0
+    /// Whether a token is there, without taking it.
+    fn has_token(&mut self, rate: Rate) -> bool {
+        if rate.count == 0 {
+            return true;
+        }
+        self.refill(rate);
+        self.tokens >= 1.0
+    }
+
+    fn is_full(&self, rate: impl Into<Rate>) -> bool {
+        let rate = rate.into();
+        let earned = self.refilled.elapsed().as_secs_f64() * rate.per_sec();
+        self.tokens + earned >= rate.burst()
     }
 }
 
@@ -68,6 +120,8 @@ struct Entry {
     connections: usize,
     opened: Bucket,
     commands: Bucket,
+    /// Channels this address made exist by publishing.
+    created: Bucket,
 }
 
 /// The per-address counters of a node.
@@ -94,6 +148,7 @@ impl AddressLimits {
             connections: 0,
             opened: Bucket::full(c.connection_rate_per_address),
             commands: Bucket::full(c.commands_per_address),
+            created: Bucket::full(Rate::per_minute(c.new_channels_per_address)),
         });
         f(entry)
     }
@@ -185,6 +240,19 @@ impl AddressLimits {
         self.with_entry(ip, |e| e.commands.take(rate))
     }
 
+    /// Whether `ip` may make another channel exist now (see
+    /// `limits.new_channels_per_address`).
+    pub fn may_create_channel(&self, ip: IpAddr) -> bool {
+        let rate = Rate::per_minute(self.config.new_channels_per_address);
+        self.with_entry(ip, |e| e.created.has_token(rate))
+    }
+
+    /// Charges a channel `ip` made exist to its allowance.
+    pub fn created_channel(&self, ip: IpAddr) {
+        let rate = Rate::per_minute(self.config.new_channels_per_address);
+        self.with_entry(ip, |e| e.created.take(rate));
+    }
+
     /// Forgets addresses that hold nothing and whose allowances are full again, so the
     /// table holds only addresses active recently. Called every few seconds.
     pub fn sweep(&self) {
@@ -194,6 +262,9 @@ impl AddressLimits {
                 || e.connections > 0
                 || !e.opened.is_full(c.connection_rate_per_address)
                 || !e.commands.is_full(c.commands_per_address)
+                || !e
+                    .created
+                    .is_full(Rate::per_minute(c.new_channels_per_address))
         });
     }
 

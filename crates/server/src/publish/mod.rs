@@ -2,10 +2,61 @@
 
 pub mod http_api;
 
+use std::net::IpAddr;
+
 use bytes::Bytes;
+use herald_broker::HistoryQuery;
 use herald_protocol::{ChannelName, ErrorCode, StreamPosition};
 
 use crate::{error::Failure, node::Node};
+
+/// A client's publication, from `address` when known: as [`publish`], and a publication
+/// that makes its channel exist is charged to the address's `new_channels_per_address`, so
+/// no client can make channel state without bound (each stream is kept by its namespace's
+/// rules, durable ones on disk). Permission is the caller's to check, as for [`publish`].
+pub async fn from_client(
+    node: &Node,
+    address: Option<IpAddr>,
+    channel: &ChannelName,
+    data: Bytes,
+) -> Result<StreamPosition, Failure> {
+    if let Some(ip) = address {
+        // Only an address over its allowance pays for the look; others publish at once
+        // and are charged afterwards if the publication was its channel's first.
+        if !node.limits.may_create_channel(ip) && !exists(node, channel).await? {
+            let limit = node.settings.config.limits.new_channels_per_address;
+            return Err(Failure::new(
+                ErrorCode::TooManyRequests,
+                format!(
+                    "this address made more than {limit} new channels per minute; \
+                     publish to an existing channel or retry later"
+                ),
+            ));
+        }
+    }
+    let position = publish(node, channel, data).await?;
+    if let (Some(ip), 1) = (address, position.offset) {
+        node.limits.created_channel(ip);
+    }
+    Ok(position)
+}
+
+/// Whether a channel has a stream with publications.
+async fn exists(node: &Node, channel: &ChannelName) -> Result<bool, Failure> {
+    let position = node
+        .broker
+        .history(
+            channel,
+            HistoryQuery {
+                since: None,
+                limit: 0,
+                max_bytes: None,
+            },
+        )
+        .await?
+        .position;
+    Ok(position.offset > 0)
+}
 
 /// Checks a publication against its namespace's limits and hands it to the broker.
 /// Permission to publish is the caller's to check (clients need the namespace's

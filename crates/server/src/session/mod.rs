@@ -40,6 +40,9 @@ pub struct Session {
     /// Stateless sessions (one request each) are charged to their client's address too:
     /// a fresh session per request must not mean a fresh allowance per request.
     charged_to: Option<std::net::IpAddr>,
+    /// The client's address, when the transport knows it: channels its publications make
+    /// exist are charged to it.
+    address: Option<std::net::IpAddr>,
     /// Longest cursor this session's transport can carry (an SSE event id), if bounded.
     cursor_bound: Option<usize>,
     scratch: Vec<Arc<Delivery>>,
@@ -65,6 +68,7 @@ impl Session {
             client,
             rate: crate::limits::Bucket::full(node.settings.config.client.max_commands_per_second),
             charged_to: None,
+            address: None,
             cursor_bound: None,
             scratch: Vec::new(),
         }
@@ -241,7 +245,8 @@ impl Session {
             }
             Method::Publish { channel, data } => {
                 policy::check(self.node(), Action::Publish, &channel)?;
-                let position = publish::publish(self.node(), &channel, data).await?;
+                let position =
+                    publish::from_client(self.node(), self.address, &channel, data).await?;
                 Ok(reply.with(&results::Published {
                     offset: position.offset,
                     epoch: &position.epoch,
@@ -358,6 +363,13 @@ impl Session {
     /// Charges every command of this session to client address `ip` as well.
     pub fn charged_to(mut self, ip: std::net::IpAddr) -> Self {
         self.charged_to = Some(ip);
+        self.address = Some(ip);
+        self
+    }
+
+    /// The client's address (see [`crate::limits`]), when the transport admitted it by one.
+    pub fn at_address(mut self, ip: Option<std::net::IpAddr>) -> Self {
+        self.address = ip;
         self
     }
 }

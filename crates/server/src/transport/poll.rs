@@ -66,9 +66,9 @@ async fn answer(
     query: Option<String>,
     hold: bool,
 ) -> Result<Response, Failure> {
-    let _admitted = request::admit(&node, &headers, peer)?;
+    let admitted = request::admit(&node, &headers, peer)?;
     let request = OpenRequest::parse(query.as_deref(), &headers)?.require_channels()?;
-    let mut session = Session::new(&node);
+    let mut session = Session::new(&node).at_address(admitted.as_ref().map(|a| a.ip()));
     session.may_open(&request.channels)?;
     let mut messages = Vec::new();
     // Positions of channels left for the next poll: once the answer is full, a channel

@@ -227,7 +227,7 @@ async fn start(
     let admitted = request::admit(&node, &headers, peer)?;
     let request = OpenRequest::parse(query.as_deref(), &headers)?;
     let framing = framing(&request)?;
-    let mut session = Session::new(&node);
+    let mut session = Session::new(&node).at_address(admitted.as_ref().map(|a| a.ip()));
     if framing == Framing::Sse {
         session = session.cursor_bound(MAX_SSE_ID);
     }

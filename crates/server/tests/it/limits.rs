@@ -192,3 +192,68 @@ async fn connections_per_address_are_bounded_and_forwarded_addresses_count_behin
     assert_eq!(open(&proxy, Some("6.6.6.6")).await.unwrap().status(), 200);
     server.stop().await.unwrap();
 }
+
+/// Review item 4: publishing to fresh names makes channel state that outlives the client
+/// (a durable namespace keeps it on disk for days). Each address may make
+/// `new_channels_per_address` a minute (bursts of twice that) on every transport; past it
+/// a publication to a channel that does not exist gets 111, one to a channel that exists
+/// still goes through, and other addresses are unaffected.
+#[tokio::test]
+async fn the_channels_an_address_can_make_exist_are_bounded() {
+    let mut cfg = config();
+    cfg.limits.new_channels_per_address = 5;
+    let server = start(cfg).await;
+    let publishes = |names: &[String]| {
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{{\"id\":{i},\"publish\":{{\"channel\":\"{c}\",\"data\":1}}}}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let codes = |body: String| -> Vec<Option<u64>> {
+        body.lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["error"]["code"].as_u64()
+            })
+            .collect()
+    };
+    let fresh: Vec<String> = (0..30).map(|i| format!("open:fresh{i}")).collect();
+    let creator = client_from("127.0.0.1");
+    let r = creator
+        .post(server.url("/connection/send"))
+        .body(publishes(&fresh))
+        .send()
+        .await
+        .unwrap();
+    let answered = codes(r.text().await.unwrap());
+    let made = answered.iter().filter(|c| c.is_none()).count();
+    assert_eq!(made, 10, "a burst of twice 5 per minute: {answered:?}");
+    assert!(
+        answered[10..].iter().all(|c| *c == Some(111)),
+        "{answered:?}"
+    );
+    // A channel that exists takes publications from the same address.
+    let r = creator
+        .post(server.url("/connection/send"))
+        .body(publishes(&fresh[..1]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(codes(r.text().await.unwrap()), [None]);
+    // The limit is the address's, on every transport: its WebSocket is refused too.
+    let mut ws = server.client().await;
+    let reply = ws
+        .call("publish", json!({"channel": "open:fresh-ws", "data": 1}))
+        .await;
+    assert_eq!(reply["error"]["code"], 111, "{reply}");
+    // Another address is unaffected.
+    let r = client_from("127.0.0.2")
+        .post(server.url("/connection/send"))
+        .body(publishes(&["open:other".to_string()]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(codes(r.text().await.unwrap()), [None]);
+    server.stop().await.unwrap();
+}

@@ -25,6 +25,7 @@ pub fn config() -> Config {
     c.limits.connections_per_address = 0;
     c.limits.connection_rate_per_address = 0;
     c.limits.commands_per_address = 0;
+    c.limits.new_channels_per_address = 0;
     c.namespaces.insert(
         "open".into(),
         NamespaceOverride {

@@ -5,7 +5,7 @@
 mod upgrade;
 mod wire;
 
-use std::{sync::Arc, time::Duration};
+use std::{net::IpAddr, sync::Arc, time::Duration};
 
 use futures_util::{SinkExt, StreamExt};
 use herald_protocol::DisconnectCode;
@@ -27,8 +27,8 @@ pub const JSON_SUBPROTOCOL: &str = "herald.json";
 
 type Socket = WebSocketStream<Io>;
 
-async fn run(stream: TcpStream, early: Vec<u8>, node: Arc<Node>) {
-    let mut session = Session::new(&node);
+async fn run(stream: TcpStream, early: Vec<u8>, node: Arc<Node>, address: Option<IpAddr>) {
+    let mut session = Session::new(&node).at_address(address);
     let client = &node.settings.config.client;
     let limit = client.max_frame_size;
     let config = WebSocketConfig::default()

@@ -47,6 +47,7 @@ pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Res
             .into_response();
     };
     let tasks = node.tasks.clone();
+    let address = admitted.as_ref().map(|a| a.ip());
     tokio::spawn(tasks.track_future(async move {
         let _counted = (socket, admitted);
         let upgraded = match upgraded.await {
@@ -63,7 +64,7 @@ pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Res
                 // client sent early and let the buffer go, or every connection keeps it.
                 let early = parts.read_buf.to_vec();
                 drop(parts.read_buf);
-                run(parts.io.into_inner(), early, node).await
+                run(parts.io.into_inner(), early, node, address).await
             }
             Err(_) => tracing::error!("upgraded connection is not a TCP stream"),
         }
