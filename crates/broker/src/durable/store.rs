@@ -17,7 +17,7 @@ use super::{now_ms, Deadlines, Meta, SyncPolicy};
 use crate::{BrokerError, History, HistoryQuery, PublicationSink, StreamPolicy};
 
 /// (channel, offset) → (published at in ms since the Unix epoch, CRC-32, JSON payload).
-const PUBLICATIONS: TableDefinition<(&str, u64), (u64, u32, &[u8])> =
+pub(super) const PUBLICATIONS: TableDefinition<(&str, u64), (u64, u32, &[u8])> =
     TableDefinition::new("publications");
 /// channel → (epoch, newest offset, last publish in ms since the Unix epoch, CRC-32).
 const STREAMS: TableDefinition<&str, (&str, u64, u64, u32)> = TableDefinition::new("streams");
@@ -145,6 +145,14 @@ impl Drop for Store {
     }
 }
 
+/// Runs `open` with its panics turned into [`OpenError::Damaged`]: redb decodes keys and
+/// values with `unwrap` (a string that is not UTF-8, a value of the wrong length), so a
+/// damaged file could otherwise panic at start instead of naming the file.
+fn contained<T>(path: &Path, open: impl FnOnce() -> Result<T, OpenError>) -> Result<T, OpenError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(open))
+        .unwrap_or_else(|_| Err(damaged(path, "a record cannot be decoded")))
+}
+
 fn damaged(path: &Path, e: impl std::fmt::Display) -> OpenError {
     OpenError::Damaged {
         path: path.to_owned(),
@@ -169,7 +177,8 @@ fn verify(db: &Database, path: &Path, distrust_all: bool) -> Result<Streams, Ope
                     let (k, v) = entry.map_err(|e| damaged(path, e))?;
                     let channel = k.value().to_string();
                     let (epoch, top, last, crc) = v.value();
-                    let valid = ChannelName::new(&channel).is_ok() && !epoch.is_empty();
+                    let valid =
+                        ChannelName::new(&channel).is_ok() && Epoch::checked(epoch).is_some();
                     if distrust_all || !valid || crc != stream_crc(&channel, epoch, top, last) {
                         bad.insert(channel);
                         continue;
@@ -288,17 +297,24 @@ impl Store {
             source,
         })?;
         let path = dir.join(FILE_NAME);
-        let db = match Database::create(&path) {
-            Ok(db) => db,
-            Err(
-                redb::DatabaseError::DatabaseAlreadyOpen
-                | redb::DatabaseError::LockProtocolMismatch,
-            ) => return Err(OpenError::InUse { path }),
-            Err(e) => return Err(damaged(&path, e)),
-        };
-        let lost_unflushed = unflushed(&db).map_err(|e| damaged(&path, e))?;
-        let streams = verify(&db, &path, lost_unflushed)?;
-        set_unflushed(&db, sync == SyncPolicy::None).map_err(|e| damaged(&path, e))?;
+        let (db, streams) = contained(&path, || {
+            let mut db = match Database::create(&path) {
+                Ok(db) => db,
+                Err(
+                    redb::DatabaseError::DatabaseAlreadyOpen
+                    | redb::DatabaseError::LockProtocolMismatch,
+                ) => return Err(OpenError::InUse { path: path.clone() }),
+                Err(e) => return Err(damaged(&path, e)),
+            };
+            // Checks every page's checksum before anything reads or writes the file: redb
+            // trusts a cleanly closed file otherwise, and a damaged page can make it panic
+            // inside a destructor, which aborts the process instead of unwinding.
+            db.check_integrity().map_err(|e| damaged(&path, e))?;
+            let lost_unflushed = unflushed(&db).map_err(|e| damaged(&path, e))?;
+            let streams = verify(&db, &path, lost_unflushed)?;
+            set_unflushed(&db, sync == SyncPolicy::None).map_err(|e| damaged(&path, e))?;
+            Ok((db, streams))
+        })?;
         let db: Slot = Arc::new(RwLock::new(Some(Arc::new(db))));
         let (jobs, rx) = mpsc::channel();
         let failing = Failing::default();
@@ -468,7 +484,17 @@ impl Committer {
                 self.fail(batch, &why);
                 continue;
             }
-            match self.write(&batch) {
+            // redb decodes what trims read with `unwrap`: a damaged record must fail this
+            // batch (health says so), not end the only thread that writes.
+            let written =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.write(&batch)))
+                    .unwrap_or_else(|_| {
+                        Err(redb::Error::Corrupted(
+                    "a stored record cannot be decoded; restart to drop the damaged channel"
+                        .into(),
+                ))
+                    });
+            match written {
                 Ok(oldest_left) => self.complete(batch, oldest_left),
                 Err(e) => {
                     tracing::error!(error = %e, file = %self.path.display(), "storage write failed; publications are refused until a write works again (retried every second)");

@@ -2,6 +2,8 @@ use std::sync::Arc;
 
 use herald_protocol::Since;
 
+use redb::ReadableTable;
+
 use super::*;
 
 use crate::conformance::Recorder;
@@ -169,9 +171,8 @@ async fn a_damaged_file_is_refused_with_its_path() {
     }
 }
 
-/// Damage that leaves the file readable (payload bytes changed on disk) is caught by
-/// Herald's own checksums: the damaged channel starts a new epoch, an intact one keeps
-/// everything, and nothing altered is ever served.
+/// Records that fail Herald's own checksums (while redb's pages are intact) are never
+/// served: their channel starts a new epoch, an intact one keeps everything.
 #[tokio::test]
 async fn damaged_records_reset_their_channel_instead_of_being_served() {
     let dir = tempfile::tempdir().unwrap();
@@ -198,22 +199,26 @@ async fn damaged_records_reset_their_channel_instead_of_being_served() {
         );
         (epochs.0.unwrap(), epochs.1.unwrap())
     };
-    let file = dir.path().join(store::FILE_NAME);
-    let mut bytes = std::fs::read(&file).unwrap();
-    // One byte in the middle of a few long runs of `Q`: only a stored payload holds those,
-    // so this is damage inside values, which redb itself does not check on a clean open.
-    let mut flipped = 0;
-    let mut i = 0;
-    while i < bytes.len() && flipped < 3 {
-        let run = bytes[i..].iter().take_while(|b| **b == b'Q').count();
-        if run >= 150 {
-            bytes[i + run / 2] = b'R';
-            flipped += 1;
+    // Three records whose data no longer matches their checksum, written through redb so
+    // its own page checksums still pass: what a bug or another program could leave.
+    {
+        let db = redb::Database::create(dir.path().join(store::FILE_NAME)).unwrap();
+        let write = db.begin_write().unwrap();
+        {
+            let mut table = write.open_table(store::PUBLICATIONS).unwrap();
+            for offset in [10u64, 150, 290] {
+                let (at, crc) = {
+                    let old = table.get(("hit", offset)).unwrap().unwrap();
+                    let (at, crc, _) = old.value();
+                    (at, crc)
+                };
+                table
+                    .insert(("hit", offset), (at, crc, &b"\"altered\""[..]))
+                    .unwrap();
+            }
         }
-        i += run.max(1);
+        write.commit().unwrap();
     }
-    assert_eq!(flipped, 3);
-    std::fs::write(&file, &bytes).unwrap();
 
     let (broker, _) = open(dir.path());
     let hit = broker
@@ -259,6 +264,43 @@ async fn damaged_records_reset_their_channel_instead_of_being_served() {
         .unwrap();
     assert_eq!(intact.position.epoch, intact_epoch);
     assert_eq!(offsets(&intact), [1]);
+}
+
+/// Bytes damaged on disk fail redb's page checksums, which are checked at every open: the
+/// file is refused with its name, before anything reads or writes it (a damaged page can
+/// make redb panic inside a destructor, which would abort the process).
+#[tokio::test]
+async fn a_damaged_page_is_refused_before_anything_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (broker, _) = open(dir.path());
+        for i in 0..300 {
+            broker
+                .publish(
+                    &ch("hit"),
+                    Bytes::from(format!("\"{:Q>200}\"", i)),
+                    StreamPolicy::default(),
+                )
+                .await
+                .unwrap();
+        }
+    }
+    let file = dir.path().join(store::FILE_NAME);
+    let mut bytes = std::fs::read(&file).unwrap();
+    // One byte in the middle of a long run of `Q`: only a stored payload holds those.
+    let run = bytes
+        .windows(150)
+        .position(|w| w.iter().all(|b| *b == b'Q'))
+        .unwrap();
+    bytes[run + 75] = b'R';
+    std::fs::write(&file, &bytes).unwrap();
+    let err = DurableBroker::open(dir.path(), SyncPolicy::Group, Arc::new(Recorder::default()))
+        .unwrap_err();
+    assert!(matches!(err, OpenError::Damaged { .. }), "{err}");
+    assert!(
+        err.to_string().contains(&file.display().to_string()),
+        "{err}"
+    );
 }
 
 #[tokio::test]
