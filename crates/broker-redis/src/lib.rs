@@ -195,6 +195,41 @@ fn unavailable(e: redis::RedisError) -> BrokerError {
     BrokerError::Unavailable(format!("redis: {e}"))
 }
 
+/// Decodes the history script's reply: the stream's position, its first readable offset,
+/// and the publications whose data is valid (one that is not was not written by Herald's
+/// script and is never handed to a client). Anything else is an error, never a panic: the
+/// reply comes from a Redis others may write to.
+pub fn decode_history_reply(
+    channel: &ChannelName,
+    reply: redis::Value,
+) -> Result<(StreamPosition, u64, Vec<Publication>), BrokerError> {
+    let (epoch, top, first, entries): (String, u64, u64, Vec<(u64, Vec<u8>)>) =
+        redis::from_redis_value(reply).map_err(|e| {
+            BrokerError::Unavailable(format!("redis: unexpected history reply: {e}"))
+        })?;
+    let position = StreamPosition {
+        offset: top,
+        epoch: checked_epoch(channel, &epoch)?,
+    };
+    let entries = entries
+        .into_iter()
+        .filter_map(|(offset, data)| match stored_payload(&data) {
+            Ok(data) => Some(Publication { offset, data }),
+            Err(e) => {
+                tracing::warn!(%channel, offset, error = %e, "skipping an invalid publication in redis history");
+                None
+            }
+        })
+        .collect();
+    Ok((position, first, entries))
+}
+
+/// Decodes a message from a channel's pub/sub channel (`EPOCH\nOFFSET\nDATA`), checked as
+/// a client's publication would be; `None` for anything else.
+pub fn decode_message(payload: &[u8]) -> Option<(Epoch, Publication)> {
+    listener::decode(payload)
+}
+
 /// An epoch read from Redis, which others may write: checked before any client sees it.
 fn checked_epoch(channel: &ChannelName, epoch: &str) -> Result<Epoch, BrokerError> {
     Epoch::checked(epoch).ok_or_else(|| {
@@ -302,27 +337,13 @@ impl Store {
             .arg(query.limit)
             .arg(new_epoch().as_str())
             .arg(millis(herald_broker::EMPTY_STREAM_GRACE));
-        let (epoch, top, first, entries): (String, u64, u64, Vec<(u64, Vec<u8>)>) = self
+        let reply: redis::Value = self
             .call(|mut c| async move { script.invoke_async(&mut c).await })
             .await?;
-        let position = StreamPosition {
-            offset: top,
-            epoch: checked_epoch(channel, &epoch)?,
-        };
+        let (position, first, entries) = decode_history_reply(channel, reply)?;
         if let Some(since) = &query.since {
             check_since(since, &position, first)?;
         }
-        let entries: Vec<Publication> = entries
-            .into_iter()
-            .filter_map(|(offset, data)| match stored_payload(&data) {
-                Ok(data) => Some(Publication { offset, data }),
-                Err(e) => {
-                    // Not written by Herald's script: never handed to a client.
-                    tracing::warn!(%channel, offset, error = %e, "skipping an invalid publication in redis history");
-                    None
-                }
-            })
-            .collect();
         let publications = query.page(entries.iter());
         Ok(History {
             position,

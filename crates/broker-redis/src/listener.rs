@@ -595,7 +595,7 @@ async fn run(listener: std::sync::Weak<Listener>, client: redis::Client) {
 /// `EPOCH\nOFFSET\nDATA`, as the publish script sends it. Anyone who can write to the
 /// Redis can publish on these channels too, so the epoch and the data are checked as a
 /// client's would be before they can reach one.
-fn decode(payload: &[u8]) -> Option<(Epoch, Publication)> {
+pub(crate) fn decode(payload: &[u8]) -> Option<(Epoch, Publication)> {
     let mut parts = payload.splitn(3, |b| *b == b'\n');
     let epoch = Epoch::checked(std::str::from_utf8(parts.next()?).ok()?)?;
     let offset = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;

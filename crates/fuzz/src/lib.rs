@@ -1,0 +1,156 @@
+//! # herald-fuzz
+//!
+//! Generated and mutated inputs for every decoder that reads what Herald does not control
+//! (client commands, cursors, transport queries, SSE `Last-Event-ID`, Redis messages and
+//! replies, stored records, the durable file), and a black-box fuzz of a running server
+//! ([`server`]).
+//!
+//! Inputs come from a small corpus of valid examples per target, mutated by stacked byte
+//! edits, dictionary tokens (JSON, RESP, cursor and URL syntax, numbers at the edges) and
+//! splices, plus some purely random bytes. A seeded generator makes a run repeatable:
+//! `herald-fuzz --seed S --inputs N TARGET` replays the same inputs. Each input runs under
+//! `catch_unwind`; a panic that reaches the harness is a finding, reported with its input.
+//! Panics that Herald itself contains (redb decodes damaged records with `unwrap`, and the
+//! store turns that into an error) are counted apart.
+
+pub mod mutate;
+pub mod server;
+pub mod targets;
+
+use std::{
+    panic::{self, AssertUnwindSafe},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+pub use targets::Target;
+
+/// What a run found.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub target: String,
+    pub inputs: u64,
+    /// Panics that reached the harness: each is a defect.
+    pub panics: u64,
+    /// Panics caught inside Herald, where it turns them into errors by design.
+    pub contained: u64,
+    /// The first panic's message and input, to reproduce it.
+    pub first_panic: Option<(String, Vec<u8>)>,
+    pub elapsed: Duration,
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:<14} {:>10} inputs  {:>3} panics  {:>6} contained  {:>8.1} s",
+            self.target,
+            self.inputs,
+            self.panics,
+            self.contained,
+            self.elapsed.as_secs_f64()
+        )?;
+        if let Some((message, input)) = &self.first_panic {
+            write!(
+                f,
+                "\n  first panic: {message}\n  input: {:?}",
+                String::from_utf8_lossy(input)
+            )?;
+        }
+        Ok(())
+    }
+}
+
+thread_local! {
+    /// Panics the hook saw on this thread, and the last one's message.
+    static PANICS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    static LAST_PANIC: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Replaces the panic hook with one that counts and remembers instead of printing, so a
+/// run of a million inputs is not a million stack traces.
+pub fn quiet_panics() {
+    panic::set_hook(Box::new(|info| {
+        PANICS.with(|p| p.set(p.get() + 1));
+        LAST_PANIC.with(|l| *l.borrow_mut() = Some(info.to_string()));
+    }));
+}
+
+fn take_panic() -> Option<String> {
+    LAST_PANIC.with(|l| l.borrow_mut().take())
+}
+
+fn panics_here() -> u64 {
+    PANICS.with(std::cell::Cell::get)
+}
+
+/// Feeds `inputs` generated inputs to `target`, starting from `seed`.
+pub fn run(target: Target, inputs: u64, seed: u64) -> Report {
+    let mut decoder = target.decoder();
+    let corpus = target.corpus();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut report = Report {
+        target: target.name().into(),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let hook_before = panics_here();
+    let mut harness_panics = 0;
+    // A decoder can abort the process (a panic while unwinding) rather than panic: with
+    // HERALD_FUZZ_SAVE set, each input is written there first, so the last one survives.
+    let save = std::env::var_os("HERALD_FUZZ_SAVE");
+    for _ in 0..inputs {
+        let input = mutate::generate(&mut rng, &corpus, target.max_len());
+        if let Some(path) = &save {
+            let _ = std::fs::write(path, &input);
+        }
+        report.inputs += 1;
+        let outcome = panic::catch_unwind(AssertUnwindSafe(|| decoder(&input)));
+        if outcome.is_err() {
+            harness_panics += 1;
+            if report.first_panic.is_none() {
+                let message = take_panic().unwrap_or_else(|| "(no message)".into());
+                report.first_panic = Some((message, input));
+            }
+        }
+    }
+    report.panics = harness_panics;
+    report.contained = (panics_here() - hook_before).saturating_sub(harness_panics);
+    report.elapsed = started.elapsed();
+    report
+}
+
+/// Runs `run` on several threads, each from its own seed, and adds up the reports.
+pub fn run_parallel(target: Target, inputs: u64, seed: u64, threads: usize) -> Report {
+    let threads = threads.max(1) as u64;
+    let share = inputs.div_ceil(threads);
+    let total = Arc::new(Mutex::new(Report {
+        target: target.name().into(),
+        ..Default::default()
+    }));
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let total = total.clone();
+            s.spawn(move || {
+                let r = run(
+                    target,
+                    share,
+                    seed.wrapping_add(t.wrapping_mul(0x9e37_79b9)),
+                );
+                let mut total = total.lock().unwrap_or_else(|e| e.into_inner());
+                total.inputs += r.inputs;
+                total.panics += r.panics;
+                total.contained += r.contained;
+                if total.first_panic.is_none() {
+                    total.first_panic = r.first_panic;
+                }
+            });
+        }
+    });
+    let mut report = Arc::try_unwrap(total)
+        .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
+        .unwrap_or_default();
+    report.elapsed = started.elapsed();
+    report
+}

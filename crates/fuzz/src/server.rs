@@ -1,0 +1,403 @@
+//! Black-box fuzz of a running server: mutated HTTP requests on every transport's path,
+//! oversized headers, raw WebSocket frames after a real handshake, while one WebSocket
+//! subscriber waits for publications made through the API throughout. The server passes
+//! when it still answers `/healthz` and the subscriber received every publication once, in
+//! order.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use anyhow::Context;
+use futures_util::{SinkExt, StreamExt};
+use herald_server::{Config, Node};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+};
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::mutate;
+
+/// Rounds in flight at once.
+const PARALLEL: usize = 32;
+/// How long a round reads the server's answer (streams never end by themselves).
+const READ_FOR: Duration = Duration::from_millis(300);
+/// One publication through the API every this many rounds.
+const PUBLISH_EVERY: u64 = 50;
+const KEY: &str = "fuzz-key";
+const WATCHED: &str = "chat:watched";
+
+/// What a server fuzz did and found.
+#[derive(Debug, Default)]
+pub struct ServerReport {
+    pub rounds: u64,
+    pub published: u64,
+    pub received: u64,
+    pub in_order: bool,
+    pub healthy: bool,
+    /// Rounds by the HTTP status they were answered with (0: no answer before the
+    /// connection closed or the round's time was up).
+    pub statuses: std::collections::BTreeMap<u16, u64>,
+    pub elapsed: Duration,
+}
+
+impl ServerReport {
+    pub fn passed(&self) -> bool {
+        self.healthy && self.in_order && self.received == self.published
+    }
+}
+
+impl std::fmt::Display for ServerReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:<14} {:>10} rounds  healthy: {}  subscriber got {}/{} publications{}  {:>8.1} s",
+            "server",
+            self.rounds,
+            self.healthy,
+            self.received,
+            self.published,
+            if self.in_order {
+                ", in order"
+            } else {
+                ", OUT OF ORDER"
+            },
+            self.elapsed.as_secs_f64()
+        )?;
+        let statuses: Vec<String> = self
+            .statuses
+            .iter()
+            .map(|(s, n)| format!("{s}: {n}"))
+            .collect();
+        write!(f, "\n  answers by status: {}", statuses.join(", "))
+    }
+}
+
+/// Requests to mutate: one per transport and then some.
+fn corpus() -> Vec<Vec<u8>> {
+    let host = "Host: 127.0.0.1\r\n";
+    let big = "x".repeat(70 * 1024);
+    [
+        format!("GET /connection/poll?channel=chat:a&channel=chat:b HTTP/1.1\r\n{host}\r\n"),
+        format!("GET /connection/longpoll?cursor=chat:a%3B*%3B0&timeout=1 HTTP/1.1\r\n{host}\r\n"),
+        format!("GET /connection/sse?channel=chat:a HTTP/1.1\r\n{host}Last-Event-ID: chat:a;abc;3\r\n\r\n"),
+        format!("GET /connection/stream?channel=chat:a HTTP/1.1\r\n{host}\r\n"),
+        format!("GET /connection/iframe?channel=chat:a&callback=parent.cb HTTP/1.1\r\n{host}\r\n"),
+        format!(
+            "POST /connection/send HTTP/1.1\r\n{host}Content-Length: 96\r\n\r\n{{\"id\":1,\"publish\":{{\"channel\":\"chat:a\",\"data\":[1,{{\"b\":\"c\"}}]}}}}\n{{\"id\":2,\"history\":{{\"channel\":\"chat:a\"}}}}"
+        ),
+        format!(
+            "POST /connection/send?session=abc-123 HTTP/1.1\r\n{host}Transfer-Encoding: chunked\r\n\r\n10\r\n{{\"id\":1,\"ping\":{{}}}}\r\n0\r\n\r\n"
+        ),
+        format!(
+            "GET /connection/websocket HTTP/1.1\r\n{host}Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        ),
+        format!("GET /api/info HTTP/1.1\r\n{host}Authorization: apikey wrong\r\n\r\n"),
+        format!("GET /connection/poll?channel=chat:a HTTP/1.1\r\n{host}X-Big: {big}\r\n\r\n"),
+        format!("GET /{} HTTP/1.1\r\n{host}\r\n", "a".repeat(20_000)),
+    ]
+    .into_iter()
+    .map(String::into_bytes)
+    .collect()
+}
+
+/// WebSocket frames (client to server, masked) to mutate after a real handshake.
+fn frames() -> Vec<Vec<u8>> {
+    let text = |payload: &[u8], opcode: u8, fin: bool| {
+        let mask = [1u8, 2, 3, 4];
+        let mut f = vec![(u8::from(fin) << 7) | opcode];
+        match payload.len() {
+            n if n < 126 => f.push(0x80 | n as u8),
+            n if n < 65536 => {
+                f.push(0x80 | 126);
+                f.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                f.push(0x80 | 127);
+                f.extend_from_slice(&(n as u64).to_be_bytes());
+            }
+        }
+        f.extend_from_slice(&mask);
+        f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        f
+    };
+    vec![
+        text(br#"{"id":1,"connect":{}}"#, 1, true),
+        text(
+            br#"{"id":2,"subscribe":{"channel":"chat:a","since":{"offset":0}}}"#,
+            1,
+            true,
+        ),
+        text(
+            br#"{"id":3,"publish":{"channel":"chat:a","data":{"x":1}}}"#,
+            1,
+            true,
+        ),
+        text(
+            br#"{"id":4,"history":{"channel":"chat:a","limit":5}}"#,
+            1,
+            true,
+        ),
+        text(b"\xff\xfe not utf-8", 1, true),
+        text(br#"{"id":5,"#, 1, false),
+        text(b"ping", 9, true),
+        text(b"\x03\xe8bye", 8, true),
+        text(b"binary", 2, true),
+    ]
+}
+
+/// Starts a server with its defaults (memory broker, an API key), fuzzes it for `rounds`
+/// rounds from `seed`, and reports.
+pub async fn fuzz(rounds: u64, seed: u64) -> anyhow::Result<ServerReport> {
+    let mut config = Config::default();
+    config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    config.api_key = Some(KEY.into());
+    // Every round comes from 127.0.0.1: per-address limits would refuse most of them
+    // before a decoder sees them. Limits have their own tests.
+    config.limits.connections_per_address = 0;
+    config.limits.connection_rate_per_address = 0;
+    config.limits.commands_per_address = 0;
+    config.limits.new_channels_per_address = 0;
+    let node = Node::with_memory_broker(config.validate()?);
+    let listener = tokio::net::TcpListener::bind(node.settings.config.listen).await?;
+    let addr = listener.local_addr()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(herald_server::serve(listener, node.clone(), async move {
+        let _ = stopped.await;
+    }));
+
+    let started = std::time::Instant::now();
+    let (mut watcher, _) =
+        tokio_tungstenite::connect_async(format!("ws://{addr}/connection/websocket"))
+            .await
+            .context("the watching subscriber connects")?;
+    watcher
+        .send(Message::text(
+            r#"{"id":1,"connect":{}}
+{"id":2,"subscribe":{"channel":"chat:watched"}}"#,
+        ))
+        .await?;
+    let received = Arc::new(watch::Offsets::default());
+    let watching = {
+        let received = received.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(message)) = watcher.next().await {
+                let Message::Text(text) = message else {
+                    continue;
+                };
+                for line in text.lines() {
+                    let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                        continue;
+                    };
+                    if v["pub"]["channel"] == WATCHED {
+                        received.push(v["pub"]["offset"].as_u64().unwrap_or(0));
+                    }
+                }
+            }
+        })
+    };
+    // The subscription is made once its reply came: wait for the first publication.
+    let http = api::Api::new(addr);
+    let mut published = 0;
+    while received.len() == 0 {
+        published += 1;
+        http.publish(WATCHED, published).await?;
+        if received
+            .wait_for(published as usize, Duration::from_millis(500))
+            .await
+        {
+            break;
+        }
+    }
+    // Publications the watcher missed before its subscription existed are not counted.
+    let first = received.first().unwrap_or(1);
+
+    let requests = Arc::new(corpus());
+    let frames = Arc::new(frames());
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut in_flight = tokio::task::JoinSet::new();
+    let mut statuses = std::collections::BTreeMap::new();
+    for round in 0..rounds {
+        if in_flight.len() >= PARALLEL {
+            if let Some(Ok(status)) = in_flight.join_next().await {
+                *statuses.entry(status).or_insert(0) += 1;
+            }
+        }
+        let seed = rng.u64(..);
+        let (requests, frames) = (requests.clone(), frames.clone());
+        in_flight.spawn(async move { one_round(addr, seed, &requests, &frames).await });
+        if round % PUBLISH_EVERY == 0 {
+            published += 1;
+            http.publish(WATCHED, published).await?;
+        }
+    }
+    while let Some(done) = in_flight.join_next().await {
+        if let Ok(status) = done {
+            *statuses.entry(status).or_insert(0) += 1;
+        }
+    }
+    let expected = (published - first + 1) as usize;
+    received.wait_for(expected, Duration::from_secs(10)).await;
+    let healthy = http.healthy().await;
+    let got = received.all();
+    let report = ServerReport {
+        rounds,
+        published: expected as u64,
+        received: got.len() as u64,
+        in_order: got.iter().copied().eq(first..first + got.len() as u64),
+        healthy,
+        statuses,
+        elapsed: started.elapsed(),
+    };
+    watching.abort();
+    let _ = stop.send(());
+    let _ = server.await;
+    Ok(report)
+}
+
+/// One mutated request, or a WebSocket handshake followed by mutated frames.
+/// Returns the answer's HTTP status (0: none).
+async fn one_round(addr: SocketAddr, seed: u64, requests: &[Vec<u8>], frames: &[Vec<u8>]) -> u16 {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let Ok(mut socket) = TcpStream::connect(addr).await else {
+        return 0;
+    };
+    let websocket = rng.u8(..4) == 0;
+    let first = if websocket {
+        requests[7].clone() // a valid upgrade
+    } else {
+        mutate::generate(&mut rng, requests, 128 * 1024)
+    };
+    if socket.write_all(&first).await.is_err() {
+        return 0;
+    }
+    if websocket {
+        for _ in 0..rng.usize(1..8) {
+            let frame = mutate::generate(&mut rng, frames, 70 * 1024);
+            if socket.write_all(&frame).await.is_err() {
+                break;
+            }
+        }
+    }
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    let _ = tokio::time::timeout(READ_FOR, async {
+        while let Ok(n) = socket.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            if answer.len() < 64 {
+                answer.extend_from_slice(&buf[..n.min(64)]);
+            }
+        }
+    })
+    .await;
+    // "HTTP/1.1 200" → 200; no answer at all → 0.
+    answer
+        .get(9..12)
+        .and_then(|code| std::str::from_utf8(code).ok()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The watcher's offsets, shared with the fuzzing loop.
+mod watch {
+    use std::{sync::Mutex, time::Duration};
+
+    #[derive(Default)]
+    pub struct Offsets {
+        seen: Mutex<Vec<u64>>,
+        changed: tokio::sync::Notify,
+    }
+
+    impl Offsets {
+        pub fn push(&self, offset: u64) {
+            self.seen
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(offset);
+            self.changed.notify_waiters();
+        }
+
+        pub fn len(&self) -> usize {
+            self.seen.lock().unwrap_or_else(|e| e.into_inner()).len()
+        }
+
+        pub fn first(&self) -> Option<u64> {
+            self.seen
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .first()
+                .copied()
+        }
+
+        pub fn all(&self) -> Vec<u64> {
+            self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        }
+
+        /// Waits until `count` arrived, at most `within`; whether they did.
+        pub async fn wait_for(&self, count: usize, within: Duration) -> bool {
+            tokio::time::timeout(within, async {
+                loop {
+                    let changed = self.changed.notified();
+                    if self.len() >= count {
+                        return;
+                    }
+                    changed.await;
+                }
+            })
+            .await
+            .is_ok()
+        }
+    }
+}
+
+/// The few API calls the fuzz makes, over plain HTTP/1.1.
+mod api {
+    use std::net::SocketAddr;
+
+    use tokio::{
+        io::{AsyncReadExt, AsyncWriteExt},
+        net::TcpStream,
+    };
+
+    pub struct Api {
+        addr: SocketAddr,
+    }
+
+    impl Api {
+        pub fn new(addr: SocketAddr) -> Self {
+            Self { addr }
+        }
+
+        async fn request(&self, request: String) -> anyhow::Result<String> {
+            let mut socket = TcpStream::connect(self.addr).await?;
+            socket.write_all(request.as_bytes()).await?;
+            let mut answer = String::new();
+            socket.read_to_string(&mut answer).await?;
+            Ok(answer)
+        }
+
+        pub async fn publish(&self, channel: &str, n: u64) -> anyhow::Result<()> {
+            let body = format!("{{\"channel\":\"{channel}\",\"data\":{n}}}");
+            let answer = self
+                .request(format!(
+                    "POST /api/publish HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: apikey {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    super::KEY,
+                    body.len()
+                ))
+                .await?;
+            anyhow::ensure!(
+                answer.starts_with("HTTP/1.1 200"),
+                "publish failed: {answer}"
+            );
+            Ok(())
+        }
+
+        pub async fn healthy(&self) -> bool {
+            self.request(
+                "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".into(),
+            )
+            .await
+            .is_ok_and(|a| a.starts_with("HTTP/1.1 200"))
+        }
+    }
+}

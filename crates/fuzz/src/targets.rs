@@ -1,0 +1,219 @@
+//! The decoders, each as a function of one input, with a corpus of valid examples.
+
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, HeaderValue};
+use bytes::Bytes;
+use herald_broker::{Broker, DurableBroker, HistoryQuery, StreamPolicy, SyncPolicy};
+use herald_protocol::{json, ChannelName, Cursor, Since};
+use herald_server::transport::request::OpenRequest;
+
+/// A decoder under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// Client frames: one or more JSON commands, as every transport reads them.
+    Command,
+    /// `cursor=` values (poll, long-poll, streams).
+    Cursor,
+    /// Query strings of the HTTP transports.
+    Query,
+    /// EventSource's `Last-Event-ID` header.
+    LastEventId,
+    /// Messages on a channel's Redis pub/sub channel (`EPOCH\nOFFSET\nDATA`).
+    RedisMessage,
+    /// Raw RESP bytes of a history script reply, parsed by redis-rs and decoded by Herald.
+    RedisReply,
+    /// The durable store's file with damaged bytes: opened, then every stream read.
+    StoredFile,
+}
+
+/// A decoder: takes one input, must not panic.
+pub type Decoder = Box<dyn FnMut(&[u8])>;
+
+impl Target {
+    pub const ALL: [Target; 7] = [
+        Target::Command,
+        Target::Cursor,
+        Target::Query,
+        Target::LastEventId,
+        Target::RedisMessage,
+        Target::RedisReply,
+        Target::StoredFile,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Command => "command",
+            Target::Cursor => "cursor",
+            Target::Query => "query",
+            Target::LastEventId => "last-event-id",
+            Target::RedisMessage => "redis-message",
+            Target::RedisReply => "redis-reply",
+            Target::StoredFile => "stored-file",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.name() == name)
+    }
+
+    /// Longest input generated: past every limit Herald applies before decoding, so that
+    /// inputs reach the decoder whole.
+    pub fn max_len(self) -> usize {
+        match self {
+            Target::StoredFile => usize::MAX,
+            _ => 64 * 1024,
+        }
+    }
+
+    pub fn corpus(self) -> Vec<Vec<u8>> {
+        let texts: &[&str] = match self {
+            Target::Command => &[
+                r#"{"id":1,"connect":{"token":"x"}}"#,
+                r#"{"id":2,"subscribe":{"channel":"chat:lobby","since":{"offset":3,"epoch":"abc"}}}"#,
+                r#"{"id":3,"publish":{"channel":"chat:lobby","data":{"text":"hi","n":[1,2.5,-3e10,null,true]}}}"#,
+                r#"{"id":4,"history":{"channel":"chat:lobby","limit":10,"since":{"offset":0}}}"#,
+                r#"{"id":5,"unsubscribe":{"channel":"chat:lobby"}}"#,
+                r#"{"id":6,"ping":{}}"#,
+                "{\"id\":7,\"ping\":{}}\n{\"id\":8,\"publish\":{\"channel\":\"a\",\"data\":\"\\u00e9\\n\"}}",
+                r#"{"publish":{"channel":"x","data":[1e400,1]}}"#,
+            ],
+            Target::Cursor => &[
+                "chat:lobby;abc123;7",
+                "a;*;0|b;e1;18446744073709551615",
+                "chat:lobby;abc;1|chat:other;abc;2|x;y;3",
+                "",
+            ],
+            Target::Query => &[
+                "channel=chat:lobby",
+                "channel=a&channel=b&cursor=a%3Babc%3B3",
+                "cursor=chat:lobby;*;0&callback=parent.cb&timeout=10s",
+                "channel=x&timeout=25&_=12345&t=1",
+            ],
+            Target::LastEventId => &["chat:lobby;abc123;7", "a;*;0|b;e;2", ""],
+            Target::RedisMessage => &[
+                "abc123\n7\n{\"text\":\"hi\"}",
+                "e\n1\n1",
+                "e\n18446744073709551615\n[1,2,{\"a\":null}]",
+            ],
+            Target::RedisReply => &[
+                "*4\r\n$6\r\nabc123\r\n:7\r\n:5\r\n*4\r\n:5\r\n$1\r\n1\r\n:6\r\n$9\r\n{\"a\":[1]}\r\n",
+                "*4\r\n$1\r\ne\r\n:0\r\n:1\r\n*0\r\n",
+            ],
+            Target::StoredFile => return vec![seed_file()],
+        };
+        texts.iter().map(|t| t.as_bytes().to_vec()).collect()
+    }
+
+    pub fn decoder(self) -> Decoder {
+        match self {
+            Target::Command => Box::new(|input| {
+                for command in json::decode_frame(input) {
+                    drop(command);
+                }
+            }),
+            Target::Cursor => Box::new(|input| {
+                let _ = Cursor::parse(&String::from_utf8_lossy(input));
+            }),
+            Target::Query => Box::new(|input| {
+                let _ =
+                    OpenRequest::parse(Some(&String::from_utf8_lossy(input)), &HeaderMap::new());
+            }),
+            Target::LastEventId => Box::new(|input| {
+                let Ok(value) = HeaderValue::from_bytes(input) else {
+                    return; // hyper refuses such a header before Herald sees it
+                };
+                let mut headers = HeaderMap::new();
+                headers.insert("last-event-id", value);
+                let _ = OpenRequest::parse(Some("channel=chat:lobby"), &headers);
+            }),
+            Target::RedisMessage => Box::new(|input| {
+                let _ = herald_broker_redis::decode_message(input);
+            }),
+            Target::RedisReply => {
+                let channel = ChannelName::new("chat:lobby").expect("valid");
+                Box::new(move |input| {
+                    if let Ok(value) = redis::parse_redis_value(input) {
+                        let _ = herald_broker_redis::decode_history_reply(&channel, value);
+                    }
+                })
+            }
+            Target::StoredFile => stored_file(),
+        }
+    }
+}
+
+/// Channels in the seed file.
+const STORED_CHANNELS: [&str; 3] = ["chat:lobby", "chat:other", "news"];
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// A small durable file with a few streams, closed cleanly.
+fn seed_file() -> Vec<u8> {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    runtime().block_on(async {
+        let broker = DurableBroker::open(
+            dir.path(),
+            SyncPolicy::Always,
+            Arc::new(herald_broker::conformance::Recorder::default()),
+        )
+        .expect("a fresh store opens");
+        for (i, name) in STORED_CHANNELS.iter().enumerate() {
+            let channel = ChannelName::new(name).expect("valid");
+            for n in 0..=i * 3 {
+                broker
+                    .publish(
+                        &channel,
+                        Bytes::from(format!("{{\"n\":{n},\"text\":\"hello\"}}")),
+                        StreamPolicy::default(),
+                    )
+                    .await
+                    .expect("publishes");
+            }
+        }
+        drop(broker);
+    });
+    // Dropping the broker joined its committer, which closed the file.
+    let path = dir.path().join("herald.redb");
+    std::fs::read(path).expect("the store wrote its file")
+}
+
+/// Writes each input as the store's file, opens it, and reads every stream it knows.
+fn stored_file() -> Decoder {
+    let rt = runtime();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let channels: Vec<ChannelName> = STORED_CHANNELS
+        .iter()
+        .map(|c| ChannelName::new(c).expect("valid"))
+        .collect();
+    Box::new(move |input| {
+        let path = dir.path().join("herald.redb");
+        let _ = std::fs::remove_file(&path);
+        if std::fs::write(&path, input).is_err() {
+            return;
+        }
+        rt.block_on(async {
+            let sink = Arc::new(herald_broker::conformance::Recorder::default());
+            let Ok(broker) = DurableBroker::open(dir.path(), SyncPolicy::None, sink) else {
+                return; // a clear error naming the file: what a damaged file should get
+            };
+            for channel in &channels {
+                let query = HistoryQuery {
+                    since: Some(Since {
+                        offset: 0,
+                        epoch: None,
+                    }),
+                    limit: 100,
+                    max_bytes: None,
+                };
+                let _ = broker.history(channel, query).await;
+            }
+            drop(broker);
+        });
+    })
+}

@@ -1,0 +1,41 @@
+//! The short fuzz CI runs: every decoder target with a few thousand generated inputs, and
+//! the server fuzz with a few hundred rounds. The long runs are `herald-fuzz` (see
+//! docs/fuzzing.md). A seed that changes every run explores new inputs each time; a failure
+//! prints the seed and the input, so it can be replayed.
+
+use herald_fuzz::{run, server, Target};
+
+fn seed() -> u64 {
+    std::env::var("HERALD_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..))
+}
+
+#[test]
+fn no_decoder_panics_on_generated_input() {
+    herald_fuzz::quiet_panics();
+    let seed = seed();
+    for target in Target::ALL {
+        let inputs = if target == Target::StoredFile {
+            2_000
+        } else {
+            30_000
+        };
+        let report = run(target, inputs, seed);
+        eprintln!("{report}");
+        assert_eq!(
+            report.panics, 0,
+            "seed {seed} (replay: herald-fuzz --threads 1 --seed {seed} --inputs {inputs} {}): {report}",
+            target.name()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_survives_mutated_requests_and_frames() {
+    let seed = seed();
+    let report = server::fuzz(600, seed).await.unwrap();
+    eprintln!("{report}");
+    assert!(report.passed(), "seed {seed}: {report}");
+}
