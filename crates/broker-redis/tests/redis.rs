@@ -95,17 +95,7 @@ async fn two_nodes_share_one_order() {
     assert_eq!(epochs.len(), 1, "{epochs:?}");
     // A node that never subscribed is handed nothing, but reads the same history.
     let (c_node, seen_c) = node(&redis).await;
-    let h = c_node
-        .history(
-            &c,
-            HistoryQuery {
-                since: None,
-                limit: 3,
-                max_bytes: None,
-            },
-        )
-        .await
-        .unwrap();
+    let h = c_node.history(&c, HistoryQuery::newest(3)).await.unwrap();
     assert_eq!(h.position.offset, 200);
     assert_eq!(
         h.publications.iter().map(|p| p.offset).collect::<Vec<_>>(),
@@ -326,17 +316,7 @@ async fn data_herald_did_not_write_never_reaches_a_client() {
         .await
         .unwrap();
     assert_eq!(seen.await_offsets("chat:lobby", 2).await, [1, 3]);
-    let history = a
-        .history(
-            &c,
-            HistoryQuery {
-                since: None,
-                limit: 10,
-                max_bytes: None,
-            },
-        )
-        .await
-        .unwrap();
+    let history = a.history(&c, HistoryQuery::newest(10)).await.unwrap();
     let data: Vec<&[u8]> = history.publications.iter().map(|p| &p.data[..]).collect();
     assert_eq!(data, [&b"1"[..], b"3"], "the forged entry is not served");
     // A stream whose epoch Herald did not write is an error, not text sent to clients.
@@ -344,17 +324,7 @@ async fn data_herald_did_not_write_never_reaches_a_client() {
         &redis,
         &[b"HSET", b"herald:{chat:lobby}:m", b"e", b"x\"</script>"],
     );
-    let err = a
-        .history(
-            &c,
-            HistoryQuery {
-                since: None,
-                limit: 10,
-                max_bytes: None,
-            },
-        )
-        .await
-        .unwrap_err();
+    let err = a.history(&c, HistoryQuery::newest(10)).await.unwrap_err();
     assert!(matches!(err, BrokerError::Unavailable(_)), "{err}");
 }
 
@@ -365,16 +335,7 @@ async fn naming_a_channel_leaves_nothing_lasting_in_redis() {
     let redis = RedisServer::start();
     let (a, _) = node(&redis).await;
     let c = ch("q1");
-    a.history(
-        &c,
-        HistoryQuery {
-            since: None,
-            limit: 10,
-            max_bytes: None,
-        },
-    )
-    .await
-    .unwrap();
+    a.history(&c, HistoryQuery::newest(10)).await.unwrap();
     let ttl: u64 = redis_cli(&redis, &[b"PTTL", b"herald:{q1}:m"])
         .parse()
         .unwrap();

@@ -106,6 +106,15 @@ pub struct HistoryQuery {
 }
 
 impl HistoryQuery {
+    /// The newest `limit` publications, unbounded in bytes (0: only the position).
+    pub fn newest(limit: usize) -> Self {
+        Self {
+            since: None,
+            limit,
+            max_bytes: None,
+        }
+    }
+
     /// Whether a page that holds `count` publications of `bytes` bytes so far may take
     /// one of `next` bytes more.
     pub fn fits(&self, count: usize, bytes: usize, next: usize) -> bool {

@@ -45,14 +45,7 @@ pub async fn from_client(
 async fn exists(node: &Node, channel: &ChannelName) -> Result<bool, Failure> {
     let position = node
         .broker
-        .history(
-            channel,
-            HistoryQuery {
-                since: None,
-                limit: 0,
-                max_bytes: None,
-            },
-        )
+        .history(channel, HistoryQuery::newest(0))
         .await?
         .position;
     Ok(position.offset > 0)

@@ -80,6 +80,13 @@ async fn raw_sockets_count_against_max_connections() {
     server.stop().await.unwrap();
 }
 
+/// The error code of each line of a stateless send's answer (`None`: a result).
+fn codes(body: String) -> Vec<Option<u64>> {
+    body.lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["error"]["code"].as_u64())
+        .collect()
+}
+
 fn client_from(ip: &str) -> reqwest::Client {
     reqwest::Client::builder()
         .local_address(ip.parse::<IpAddr>().unwrap())
@@ -97,13 +104,6 @@ async fn stateless_sends_are_limited_per_address_not_per_request() {
             .map(|i| format!("{{\"id\":{i},\"ping\":{{}}}}"))
             .collect::<Vec<_>>()
             .join("\n")
-    };
-    let codes = |body: String| -> Vec<Option<u64>> {
-        body.lines()
-            .map(|l| {
-                serde_json::from_str::<serde_json::Value>(l).unwrap()["error"]["code"].as_u64()
-            })
-            .collect()
     };
     let flooder = client_from("127.0.0.1");
     let mut refused = 0;
@@ -210,13 +210,6 @@ async fn the_channels_an_address_can_make_exist_are_bounded() {
             .map(|(i, c)| format!("{{\"id\":{i},\"publish\":{{\"channel\":\"{c}\",\"data\":1}}}}"))
             .collect::<Vec<_>>()
             .join("\n")
-    };
-    let codes = |body: String| -> Vec<Option<u64>> {
-        body.lines()
-            .map(|l| {
-                serde_json::from_str::<serde_json::Value>(l).unwrap()["error"]["code"].as_u64()
-            })
-            .collect()
     };
     let fresh: Vec<String> = (0..30).map(|i| format!("open:fresh{i}")).collect();
     let creator = client_from("127.0.0.1");
