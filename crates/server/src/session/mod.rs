@@ -9,8 +9,11 @@
 //! "insufficient state" so the client resumes from history rather than skip silently.
 
 mod subscribe;
+mod subscriptions;
 
-use std::{collections::BTreeMap, sync::Arc};
+use subscriptions::Subscriptions;
+
+use std::sync::Arc;
 
 use herald_protocol::{
     json::{self, results, DecodeError},
@@ -22,7 +25,7 @@ use crate::{
     node::{ConnectionGuard, Node},
     policy::{self, Action},
     publish,
-    queue::{Delivery, Position, Queue, Step},
+    queue::{Delivery, Queue, Step},
 };
 
 /// One client's state.
@@ -32,17 +35,17 @@ pub struct Session {
     queue: Arc<Queue>,
     /// Ordered by name, so that a cursor lists the same positions the same way every time
     /// (a poll's ETag is the cursor's hash).
-    subscriptions: BTreeMap<ChannelName, Arc<Position>>,
+    subscriptions: Subscriptions,
     connected: bool,
     stateless: bool,
     client: Box<str>,
     rate: crate::limits::Bucket,
-    /// Stateless sessions (one request each) are charged to their client's address too:
-    /// a fresh session per request must not mean a fresh allowance per request.
-    charged_to: Option<std::net::IpAddr>,
     /// The client's address, when the transport knows it: channels its publications make
     /// exist are charged to it.
     address: Option<std::net::IpAddr>,
+    /// Whether each command is charged to `address` too: stateless sessions (one request
+    /// each), since a fresh session per request must not mean a fresh allowance per request.
+    charge_commands: bool,
     /// Longest cursor this session's transport can carry (an SSE event id), if bounded.
     cursor_bound: Option<usize>,
     scratch: Vec<Arc<Delivery>>,
@@ -62,13 +65,13 @@ impl Session {
         Self {
             guard,
             queue,
-            subscriptions: BTreeMap::new(),
+            subscriptions: Subscriptions::default(),
             connected: false,
             stateless: false,
             client,
             rate: crate::limits::Bucket::full(node.settings.config.client.max_commands_per_second),
-            charged_to: None,
             address: None,
+            charge_commands: false,
             cursor_bound: None,
             scratch: Vec::new(),
         }
@@ -160,9 +163,10 @@ impl Session {
     }
 
     async fn handle(&mut self, command: Command, out: &mut Vec<u8>) {
-        let address_allows = self
-            .charged_to
-            .is_none_or(|ip| self.node().limits.command(ip));
+        let address_allows = match self.address {
+            Some(ip) if self.charge_commands => self.node().limits.command(ip),
+            _ => true,
+        };
         if !address_allows {
             let limit = self.node().settings.config.limits.commands_per_address;
             let message = format!(
@@ -362,8 +366,8 @@ impl Session {
 
     /// Charges every command of this session to client address `ip` as well.
     pub fn charged_to(mut self, ip: std::net::IpAddr) -> Self {
-        self.charged_to = Some(ip);
         self.address = Some(ip);
+        self.charge_commands = true;
         self
     }
 
@@ -376,13 +380,13 @@ impl Session {
 
 /// A view of a session's positions, encodable as a [`Cursor`](herald_protocol::Cursor).
 #[derive(Debug, Clone, Copy)]
-pub struct Positions<'a>(&'a BTreeMap<ChannelName, Arc<Position>>);
+pub struct Positions<'a>(&'a Subscriptions);
 
 impl Positions<'_> {
     /// The cursor string: `CHANNEL;EPOCH;OFFSET|…`.
     pub fn cursor(&self) -> String {
         let mut out = String::new();
-        for (channel, p) in self.0 {
+        for (channel, p) in self.0.iter() {
             if let Some((epoch, offset)) = p.get() {
                 herald_protocol::cursor::write_entry(&mut out, channel, epoch, offset);
             }
@@ -405,9 +409,7 @@ impl Drop for Session {
         }
         let node = self.node().clone();
         let id = self.id();
-        let channels: Vec<_> = std::mem::take(&mut self.subscriptions)
-            .into_keys()
-            .collect();
+        let channels = self.subscriptions.take_channels();
         // Leaving the hub is async (the broker may need a round trip); it must not wait for
         // the transport, which is already gone.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -574,7 +576,8 @@ mod tests {
             .position
             .epoch;
         let skipped = Arc::new(Delivery::new(channel.clone(), epoch, 2, Bytes::from("{}")));
-        s.queue().offer(&skipped, &Position::default());
+        s.queue()
+            .offer(&skipped, &crate::queue::Position::default());
         let err = s.write_deliveries(&mut Vec::new(), usize::MAX).unwrap_err();
         assert_eq!(err.code, DisconnectCode::InsufficientState);
     }
