@@ -30,6 +30,7 @@ use herald_broker::{
 use herald_protocol::{json::stored_payload, ChannelName, Epoch, Publication, StreamPosition};
 use redis::{aio::ConnectionManager, Script};
 
+pub use listener::decode_message;
 use listener::Listener;
 
 /// Where Redis is and how Herald names its keys there.
@@ -222,12 +223,6 @@ pub fn decode_history_reply(
         })
         .collect();
     Ok((position, first, entries))
-}
-
-/// Decodes a message from a channel's pub/sub channel (`EPOCH\nOFFSET\nDATA`), checked as
-/// a client's publication would be; `None` for anything else.
-pub fn decode_message(payload: &[u8]) -> Option<(Epoch, Publication)> {
-    listener::decode(payload)
 }
 
 /// An epoch read from Redis, which others may write: checked before any client sees it.

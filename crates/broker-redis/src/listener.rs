@@ -161,20 +161,22 @@ impl Listener {
         }
     }
 
-    /// The current connection, waiting out a (re)connection in progress.
-    async fn connection(&self) -> Result<Connection, BrokerError> {
+    /// Waits out a (re)connection in progress.
+    async fn wait_connected(&self) -> Result<(), BrokerError> {
         let mut connected = self.control.subscribe();
         let wait = connected.wait_for(Option::is_some);
-        let connection = match tokio::time::timeout(CONNECT_WAIT, wait).await {
-            Ok(Ok(connection)) => connection.clone(),
-            _ => None,
-        };
-        connection.ok_or_else(|| BrokerError::Unavailable("redis: no pub/sub connection".into()))
+        let connected = matches!(tokio::time::timeout(CONNECT_WAIT, wait).await, Ok(Ok(_)));
+        if !connected {
+            return Err(BrokerError::Unavailable(
+                "redis: no pub/sub connection".into(),
+            ));
+        }
+        Ok(())
     }
 
     pub(crate) async fn subscribe(&self, channel: &ChannelName) -> Result<(), BrokerError> {
         // Not under `membership`, which the reconnecting task needs.
-        self.connection().await?;
+        self.wait_connected().await?;
         let floor = self.store.position(channel).await?;
         let _membership = self.membership.read().await;
         let name = self.store.names.pubsub(channel);
@@ -305,12 +307,8 @@ impl Listener {
                 let total = self.held_bytes.fetch_add(size, Ordering::Relaxed) + size;
                 if held.overflowed || total > HELD_BYTES as u64 {
                     self.held_bytes.fetch_sub(size, Ordering::Relaxed);
-                    let dropped: u64 = held
-                        .publications
-                        .drain(..)
-                        .map(|(_, p)| p.data.len() as u64)
-                        .sum();
-                    self.held_bytes.fetch_sub(dropped, Ordering::Relaxed);
+                    self.release(Some(held));
+                    held.publications.clear();
                     held.overflowed = true;
                 } else {
                     held.publications.push((epoch, publication));
@@ -524,7 +522,7 @@ async fn run(listener: std::sync::Weak<Listener>, client: redis::Client) {
                         me.on_node_message(message.get_payload_bytes());
                         continue;
                     }
-                    match decode(message.get_payload_bytes()) {
+                    match decode_message(message.get_payload_bytes()) {
                         Some((epoch, publication)) => {
                             me.on_live(message.get_channel_name(), epoch, publication);
                         }
@@ -592,10 +590,11 @@ async fn run(listener: std::sync::Weak<Listener>, client: redis::Client) {
     }
 }
 
-/// `EPOCH\nOFFSET\nDATA`, as the publish script sends it. Anyone who can write to the
-/// Redis can publish on these channels too, so the epoch and the data are checked as a
-/// client's would be before they can reach one.
-pub(crate) fn decode(payload: &[u8]) -> Option<(Epoch, Publication)> {
+/// Decodes a message from a channel's pub/sub channel: `EPOCH\nOFFSET\nDATA`, as the
+/// publish script sends it; `None` for anything else. Anyone who can write to the Redis can
+/// publish on these channels too, so the epoch and the data are checked as a client's
+/// would be before they can reach one.
+pub fn decode_message(payload: &[u8]) -> Option<(Epoch, Publication)> {
     let mut parts = payload.splitn(3, |b| *b == b'\n');
     let epoch = Epoch::checked(std::str::from_utf8(parts.next()?).ok()?)?;
     let offset = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
@@ -605,7 +604,7 @@ pub(crate) fn decode(payload: &[u8]) -> Option<(Epoch, Publication)> {
 
 #[cfg(test)]
 mod tests {
-    use super::decode;
+    use super::decode_message as decode;
 
     #[test]
     fn decodes_what_the_script_sends() {

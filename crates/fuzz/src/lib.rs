@@ -19,7 +19,6 @@ pub mod targets;
 
 use std::{
     panic::{self, AssertUnwindSafe},
-    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -124,33 +123,29 @@ pub fn run(target: Target, inputs: u64, seed: u64) -> Report {
 pub fn run_parallel(target: Target, inputs: u64, seed: u64, threads: usize) -> Report {
     let threads = threads.max(1) as u64;
     let share = inputs.div_ceil(threads);
-    let total = Arc::new(Mutex::new(Report {
-        target: target.name().into(),
-        ..Default::default()
-    }));
     let started = Instant::now();
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            let total = total.clone();
-            s.spawn(move || {
-                let r = run(
-                    target,
-                    share,
-                    seed.wrapping_add(t.wrapping_mul(0x9e37_79b9)),
-                );
-                let mut total = total.lock().unwrap_or_else(|e| e.into_inner());
-                total.inputs += r.inputs;
-                total.panics += r.panics;
-                total.contained += r.contained;
-                if total.first_panic.is_none() {
-                    total.first_panic = r.first_panic;
-                }
-            });
-        }
+    let reports: Vec<Report> = std::thread::scope(|s| {
+        let running: Vec<_> = (0..threads)
+            .map(|t| {
+                let seed = seed.wrapping_add(t.wrapping_mul(0x9e37_79b9));
+                s.spawn(move || run(target, share, seed))
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|r| r.join().expect("run catches every panic"))
+            .collect()
     });
-    let mut report = Arc::try_unwrap(total)
-        .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
-        .unwrap_or_default();
-    report.elapsed = started.elapsed();
-    report
+    let mut total = Report {
+        target: target.name().into(),
+        elapsed: started.elapsed(),
+        ..Default::default()
+    };
+    for r in reports {
+        total.inputs += r.inputs;
+        total.panics += r.panics;
+        total.contained += r.contained;
+        total.first_panic = total.first_panic.or(r.first_panic);
+    }
+    total
 }

@@ -7,7 +7,10 @@
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context;
+use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
+use herald_broker::{conformance::Recorder, PublicationSink};
+use herald_protocol::{ChannelName, Epoch, Publication};
 use herald_server::{Config, Node};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -166,50 +169,12 @@ pub async fn fuzz(rounds: u64, seed: u64) -> anyhow::Result<ServerReport> {
     }));
 
     let started = std::time::Instant::now();
-    let (mut watcher, _) =
-        tokio_tungstenite::connect_async(format!("ws://{addr}/connection/websocket"))
-            .await
-            .context("the watching subscriber connects")?;
-    watcher
-        .send(Message::text(
-            r#"{"id":1,"connect":{}}
-{"id":2,"subscribe":{"channel":"chat:watched"}}"#,
-        ))
-        .await?;
-    let received = Arc::new(watch::Offsets::default());
-    let watching = {
-        let received = received.clone();
-        tokio::spawn(async move {
-            while let Some(Ok(message)) = watcher.next().await {
-                let Message::Text(text) = message else {
-                    continue;
-                };
-                for line in text.lines() {
-                    let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
-                        continue;
-                    };
-                    if v["pub"]["channel"] == WATCHED {
-                        received.push(v["pub"]["offset"].as_u64().unwrap_or(0));
-                    }
-                }
-            }
-        })
+    let received = watch(addr).await?;
+    let api = Api {
+        http: reqwest::Client::new(),
+        base: format!("http://{addr}"),
     };
-    // The subscription is made once its reply came: wait for the first publication.
-    let http = api::Api::new(addr);
     let mut published = 0;
-    while received.len() == 0 {
-        published += 1;
-        http.publish(WATCHED, published).await?;
-        if received
-            .wait_for(published as usize, Duration::from_millis(500))
-            .await
-        {
-            break;
-        }
-    }
-    // Publications the watcher missed before its subscription existed are not counted.
-    let first = received.first().unwrap_or(1);
 
     let requests = Arc::new(corpus());
     let frames = Arc::new(frames());
@@ -227,7 +192,7 @@ pub async fn fuzz(rounds: u64, seed: u64) -> anyhow::Result<ServerReport> {
         in_flight.spawn(async move { one_round(addr, seed, &requests, &frames).await });
         if round % PUBLISH_EVERY == 0 {
             published += 1;
-            http.publish(WATCHED, published).await?;
+            api.publish(published).await?;
         }
     }
     while let Some(done) = in_flight.join_next().await {
@@ -235,20 +200,22 @@ pub async fn fuzz(rounds: u64, seed: u64) -> anyhow::Result<ServerReport> {
             *statuses.entry(status).or_insert(0) += 1;
         }
     }
-    let expected = (published - first + 1) as usize;
-    received.wait_for(expected, Duration::from_secs(10)).await;
-    let healthy = http.healthy().await;
-    let got = received.all();
+    let offsets = |r: &Recorder| r.offsets(WATCHED);
+    received
+        .wait_until(Duration::from_secs(10), |r| {
+            offsets(r).len() >= published as usize
+        })
+        .await;
+    let got = offsets(&received);
     let report = ServerReport {
         rounds,
-        published: expected as u64,
+        published,
         received: got.len() as u64,
-        in_order: got.iter().copied().eq(first..first + got.len() as u64),
-        healthy,
+        in_order: got.iter().copied().eq(1..=got.len() as u64),
+        healthy: api.healthy().await,
         statuses,
         elapsed: started.elapsed(),
     };
-    watching.abort();
     let _ = stop.send(());
     let _ = server.await;
     Ok(report)
@@ -298,106 +265,82 @@ async fn one_round(addr: SocketAddr, seed: u64, requests: &[Vec<u8>], frames: &[
         .unwrap_or(0)
 }
 
-/// The watcher's offsets, shared with the fuzzing loop.
-mod watch {
-    use std::{sync::Mutex, time::Duration};
-
-    #[derive(Default)]
-    pub struct Offsets {
-        seen: Mutex<Vec<u64>>,
-        changed: tokio::sync::Notify,
-    }
-
-    impl Offsets {
-        pub fn push(&self, offset: u64) {
-            self.seen
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(offset);
-            self.changed.notify_waiters();
-        }
-
-        pub fn len(&self) -> usize {
-            self.seen.lock().unwrap_or_else(|e| e.into_inner()).len()
-        }
-
-        pub fn first(&self) -> Option<u64> {
-            self.seen
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .first()
-                .copied()
-        }
-
-        pub fn all(&self) -> Vec<u64> {
-            self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
-        }
-
-        /// Waits until `count` arrived, at most `within`; whether they did.
-        pub async fn wait_for(&self, count: usize, within: Duration) -> bool {
-            tokio::time::timeout(within, async {
-                loop {
-                    let changed = self.changed.notified();
-                    if self.len() >= count {
-                        return;
-                    }
-                    changed.await;
-                }
-            })
+/// A WebSocket subscriber to [`WATCHED`], subscribed once this returns, recording the
+/// offsets it receives.
+async fn watch(addr: SocketAddr) -> anyhow::Result<Arc<Recorder>> {
+    let (mut socket, _) =
+        tokio_tungstenite::connect_async(format!("ws://{addr}/connection/websocket"))
             .await
-            .is_ok()
+            .context("the watching subscriber connects")?;
+    socket
+        .send(Message::text(format!(
+            "{{\"id\":1,\"connect\":{{}}}}\n{{\"id\":2,\"subscribe\":{{\"channel\":\"{WATCHED}\"}}}}"
+        )))
+        .await?;
+    let lines = |message: Message| -> Vec<serde_json::Value> {
+        let Message::Text(text) = message else {
+            return Vec::new();
+        };
+        text.lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    // Publications made after the subscribe reply all reach it.
+    let subscribed = async {
+        while let Some(message) = socket.next().await {
+            if lines(message?).iter().any(|v| v["id"] == 2) {
+                return Ok(());
+            }
         }
-    }
+        anyhow::bail!("the watcher's connection closed before its subscribe reply")
+    };
+    tokio::time::timeout(Duration::from_secs(10), subscribed)
+        .await
+        .context("the watcher's subscribe reply")??;
+    let received = Arc::new(Recorder::default());
+    let recorder = received.clone();
+    let channel = ChannelName::new(WATCHED)?;
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = socket.next().await {
+            for v in lines(message) {
+                if v["pub"]["channel"] == WATCHED {
+                    let publication = Publication {
+                        offset: v["pub"]["offset"].as_u64().unwrap_or(0),
+                        data: Bytes::new(),
+                    };
+                    recorder.on_publication(&channel, &Epoch::new(""), &publication);
+                }
+            }
+        }
+    });
+    Ok(received)
 }
 
-/// The few API calls the fuzz makes, over plain HTTP/1.1.
-mod api {
-    use std::net::SocketAddr;
+/// The HTTP API calls the fuzz makes.
+struct Api {
+    http: reqwest::Client,
+    base: String,
+}
 
-    use tokio::{
-        io::{AsyncReadExt, AsyncWriteExt},
-        net::TcpStream,
-    };
-
-    pub struct Api {
-        addr: SocketAddr,
+impl Api {
+    async fn publish(&self, n: u64) -> anyhow::Result<()> {
+        let response = self
+            .http
+            .post(format!("{}/api/publish", self.base))
+            .header("authorization", format!("apikey {KEY}"))
+            .json(&serde_json::json!({"channel": WATCHED, "data": n}))
+            .send()
+            .await?;
+        anyhow::ensure!(
+            response.status().is_success(),
+            "publish failed: {}",
+            response.text().await.unwrap_or_default()
+        );
+        Ok(())
     }
 
-    impl Api {
-        pub fn new(addr: SocketAddr) -> Self {
-            Self { addr }
-        }
-
-        async fn request(&self, request: String) -> anyhow::Result<String> {
-            let mut socket = TcpStream::connect(self.addr).await?;
-            socket.write_all(request.as_bytes()).await?;
-            let mut answer = String::new();
-            socket.read_to_string(&mut answer).await?;
-            Ok(answer)
-        }
-
-        pub async fn publish(&self, channel: &str, n: u64) -> anyhow::Result<()> {
-            let body = format!("{{\"channel\":\"{channel}\",\"data\":{n}}}");
-            let answer = self
-                .request(format!(
-                    "POST /api/publish HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: apikey {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    super::KEY,
-                    body.len()
-                ))
-                .await?;
-            anyhow::ensure!(
-                answer.starts_with("HTTP/1.1 200"),
-                "publish failed: {answer}"
-            );
-            Ok(())
-        }
-
-        pub async fn healthy(&self) -> bool {
-            self.request(
-                "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".into(),
-            )
-            .await
-            .is_ok_and(|a| a.starts_with("HTTP/1.1 200"))
-        }
+    async fn healthy(&self) -> bool {
+        let health = self.http.get(format!("{}/healthz", self.base)).send().await;
+        health.is_ok_and(|r| r.status().is_success())
     }
 }

@@ -107,11 +107,7 @@ impl Target {
 
     pub fn decoder(self) -> Decoder {
         match self {
-            Target::Command => Box::new(|input| {
-                for command in json::decode_frame(input) {
-                    drop(command);
-                }
-            }),
+            Target::Command => Box::new(|input| json::decode_frame(input).for_each(drop)),
             Target::Cursor => Box::new(|input| {
                 let _ = Cursor::parse(&String::from_utf8_lossy(input));
             }),

@@ -171,6 +171,24 @@ async fn a_damaged_file_is_refused_with_its_path() {
     }
 }
 
+/// Publishes `count` strings of 200 bytes, mostly a run of `Q` that only stored payloads
+/// hold (so a test can find them in the file); returns the epoch.
+async fn publish_long_runs(broker: &DurableBroker, channel: &str, count: usize) -> Epoch {
+    let mut epoch = None;
+    for i in 0..count {
+        let p = broker
+            .publish(
+                &ch(channel),
+                Bytes::from(format!("\"{:Q>200}\"", i)),
+                StreamPolicy::default(),
+            )
+            .await
+            .unwrap();
+        epoch = Some(p.epoch);
+    }
+    epoch.expect("count > 0")
+}
+
 /// Records that fail Herald's own checksums (while redb's pages are intact) are never
 /// served: their channel starts a new epoch, an intact one keeps everything.
 #[tokio::test]
@@ -178,26 +196,13 @@ async fn damaged_records_reset_their_channel_instead_of_being_served() {
     let dir = tempfile::tempdir().unwrap();
     let (damaged_epoch, intact_epoch) = {
         let (broker, _) = open(dir.path());
-        let mut epochs = (None, None);
-        for i in 0..300 {
-            let p = broker
-                .publish(
-                    &ch("hit"),
-                    Bytes::from(format!("\"{:Q>200}\"", i)),
-                    StreamPolicy::default(),
-                )
-                .await
-                .unwrap();
-            epochs.0 = Some(p.epoch);
-        }
-        epochs.1 = Some(
-            broker
-                .publish(&ch("intact"), Bytes::from("1"), StreamPolicy::default())
-                .await
-                .unwrap()
-                .epoch,
-        );
-        (epochs.0.unwrap(), epochs.1.unwrap())
+        let damaged = publish_long_runs(&broker, "hit", 300).await;
+        let intact = broker
+            .publish(&ch("intact"), Bytes::from("1"), StreamPolicy::default())
+            .await
+            .unwrap()
+            .epoch;
+        (damaged, intact)
     };
     // Three records whose data no longer matches their checksum, written through redb so
     // its own page checksums still pass: what a bug or another program could leave.
@@ -274,16 +279,7 @@ async fn a_damaged_page_is_refused_before_anything_reads_it() {
     let dir = tempfile::tempdir().unwrap();
     {
         let (broker, _) = open(dir.path());
-        for i in 0..300 {
-            broker
-                .publish(
-                    &ch("hit"),
-                    Bytes::from(format!("\"{:Q>200}\"", i)),
-                    StreamPolicy::default(),
-                )
-                .await
-                .unwrap();
-        }
+        publish_long_runs(&broker, "hit", 300).await;
     }
     let file = dir.path().join(store::FILE_NAME);
     let mut bytes = std::fs::read(&file).unwrap();

@@ -80,9 +80,24 @@ async fn raw_sockets_count_against_max_connections() {
     server.stop().await.unwrap();
 }
 
-/// The error code of each line of a stateless send's answer (`None`: a result).
-fn codes(body: String) -> Vec<Option<u64>> {
-    body.lines()
+/// Sends `body` statelessly from `client`; the error code of each answer line (`None`: a
+/// result).
+async fn send_codes(
+    client: &reqwest::Client,
+    server: &TestServer,
+    body: String,
+) -> Vec<Option<u64>> {
+    let answer = client
+        .post(server.url("/connection/send"))
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    answer
+        .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["error"]["code"].as_u64())
         .collect()
 }
@@ -110,13 +125,7 @@ async fn stateless_sends_are_limited_per_address_not_per_request() {
     // Several requests, each with a fresh session: the address's allowance (a burst of 20)
     // is what runs out.
     for _ in 0..3 {
-        let r = flooder
-            .post(server.url("/connection/send"))
-            .body(pings(15))
-            .send()
-            .await
-            .unwrap();
-        for code in codes(r.text().await.unwrap()) {
+        for code in send_codes(&flooder, &server, pings(15)).await {
             match code {
                 None => {}
                 Some(111) => refused += 1,
@@ -129,14 +138,9 @@ async fn stateless_sends_are_limited_per_address_not_per_request() {
         "45 commands against a burst of 20: {refused} refused"
     );
     let other = client_from("127.0.0.2");
-    let r = other
-        .post(server.url("/connection/send"))
-        .body(pings(5))
-        .send()
-        .await
-        .unwrap();
+    let answered = send_codes(&other, &server, pings(5)).await;
     assert!(
-        codes(r.text().await.unwrap()).iter().all(Option::is_none),
+        answered.iter().all(Option::is_none),
         "another address is unaffected"
     );
     server.stop().await.unwrap();
@@ -213,13 +217,7 @@ async fn the_channels_an_address_can_make_exist_are_bounded() {
     };
     let fresh: Vec<String> = (0..30).map(|i| format!("open:fresh{i}")).collect();
     let creator = client_from("127.0.0.1");
-    let r = creator
-        .post(server.url("/connection/send"))
-        .body(publishes(&fresh))
-        .send()
-        .await
-        .unwrap();
-    let answered = codes(r.text().await.unwrap());
+    let answered = send_codes(&creator, &server, publishes(&fresh)).await;
     let made = answered.iter().filter(|c| c.is_none()).count();
     assert_eq!(made, 10, "a burst of twice 5 per minute: {answered:?}");
     assert!(
@@ -227,13 +225,10 @@ async fn the_channels_an_address_can_make_exist_are_bounded() {
         "{answered:?}"
     );
     // A channel that exists takes publications from the same address.
-    let r = creator
-        .post(server.url("/connection/send"))
-        .body(publishes(&fresh[..1]))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(codes(r.text().await.unwrap()), [None]);
+    assert_eq!(
+        send_codes(&creator, &server, publishes(&fresh[..1])).await,
+        [None]
+    );
     // The limit is the address's, on every transport: its WebSocket is refused too.
     let mut ws = server.client().await;
     let reply = ws
@@ -241,12 +236,10 @@ async fn the_channels_an_address_can_make_exist_are_bounded() {
         .await;
     assert_eq!(reply["error"]["code"], 111, "{reply}");
     // Another address is unaffected.
-    let r = client_from("127.0.0.2")
-        .post(server.url("/connection/send"))
-        .body(publishes(&["open:other".to_string()]))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(codes(r.text().await.unwrap()), [None]);
+    let other = client_from("127.0.0.2");
+    assert_eq!(
+        send_codes(&other, &server, publishes(&["open:other".to_string()])).await,
+        [None]
+    );
     server.stop().await.unwrap();
 }
