@@ -80,28 +80,6 @@ async fn raw_sockets_count_against_max_connections() {
     server.stop().await.unwrap();
 }
 
-/// Sends `body` statelessly from `client`; the error code of each answer line (`None`: a
-/// result).
-async fn send_codes(
-    client: &reqwest::Client,
-    server: &TestServer,
-    body: String,
-) -> Vec<Option<u64>> {
-    let answer = client
-        .post(server.url("/connection/send"))
-        .body(body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    answer
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["error"]["code"].as_u64())
-        .collect()
-}
-
 fn client_from(ip: &str) -> reqwest::Client {
     reqwest::Client::builder()
         .local_address(ip.parse::<IpAddr>().unwrap())
@@ -125,7 +103,7 @@ async fn stateless_sends_are_limited_per_address_not_per_request() {
     // Several requests, each with a fresh session: the address's allowance (a burst of 20)
     // is what runs out.
     for _ in 0..3 {
-        for code in send_codes(&flooder, &server, pings(15)).await {
+        for code in server.send_codes(&flooder, pings(15)).await {
             match code {
                 None => {}
                 Some(111) => refused += 1,
@@ -138,7 +116,7 @@ async fn stateless_sends_are_limited_per_address_not_per_request() {
         "45 commands against a burst of 20: {refused} refused"
     );
     let other = client_from("127.0.0.2");
-    let answered = send_codes(&other, &server, pings(5)).await;
+    let answered = server.send_codes(&other, pings(5)).await;
     assert!(
         answered.iter().all(Option::is_none),
         "another address is unaffected"
@@ -217,7 +195,7 @@ async fn the_channels_an_address_can_make_exist_are_bounded() {
     };
     let fresh: Vec<String> = (0..30).map(|i| format!("open:fresh{i}")).collect();
     let creator = client_from("127.0.0.1");
-    let answered = send_codes(&creator, &server, publishes(&fresh)).await;
+    let answered = server.send_codes(&creator, publishes(&fresh)).await;
     let made = answered.iter().filter(|c| c.is_none()).count();
     assert_eq!(made, 10, "a burst of twice 5 per minute: {answered:?}");
     assert!(
@@ -226,7 +204,7 @@ async fn the_channels_an_address_can_make_exist_are_bounded() {
     );
     // A channel that exists takes publications from the same address.
     assert_eq!(
-        send_codes(&creator, &server, publishes(&fresh[..1])).await,
+        server.send_codes(&creator, publishes(&fresh[..1])).await,
         [None]
     );
     // The limit is the address's, on every transport: its WebSocket is refused too.
@@ -238,7 +216,9 @@ async fn the_channels_an_address_can_make_exist_are_bounded() {
     // Another address is unaffected.
     let other = client_from("127.0.0.2");
     assert_eq!(
-        send_codes(&other, &server, publishes(&["open:other".to_string()])).await,
+        server
+            .send_codes(&other, publishes(&["open:other".to_string()]))
+            .await,
         [None]
     );
     server.stop().await.unwrap();

@@ -96,6 +96,28 @@ impl TestServer {
         }
     }
 
+    /// Sends `body` statelessly (`POST /connection/send`) from `client`; the error code of
+    /// each answer line (`None`: a result).
+    pub async fn send_codes(
+        &self,
+        client: &reqwest::Client,
+        body: impl Into<String>,
+    ) -> Vec<Option<u64>> {
+        let answer = client
+            .post(self.url("/connection/send"))
+            .body(body.into())
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        answer
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap()["error"]["code"].as_u64())
+            .collect()
+    }
+
     /// Publishes through the HTTP API; returns (offset, epoch).
     pub async fn publish(&self, channel: &str, data: Value) -> (u64, String) {
         let r = self
