@@ -10,6 +10,7 @@ import {
   type HistoryResult,
   type Method,
   type PublishResult,
+  type RefreshResult,
   type ServerMessage,
   type SubscribeResult,
 } from "./protocol.js";
@@ -31,8 +32,22 @@ export type ClientState = "disconnected" | "connecting" | "connected";
 export interface ClientOptions {
   /** One transport to use only, a list to try in order, or "auto" (the default). */
   transports?: TransportName | readonly TransportName[] | "auto";
-  /** Sent in `connect` (WebSocket). */
+  /** A connection token to use (sent in `connect`, or with each HTTP request). For tokens
+   * that expire, give `getToken` instead (or as well): it is asked for a new one in time. */
   token?: string;
+  /**
+   * Fetches a connection token from your backend. Called before connecting when there is
+   * no valid token, before the current one expires (one call at a time, retried with
+   * jitter when it throws), and after the server closed with 3504 (expired). Resolve
+   * `null` when the user has no token (signed out): the client then stops, with 3500.
+   */
+  getToken?: () => Promise<string | null | undefined>;
+  /**
+   * Fetches a subscription token for `channel` (for namespaces whose channels must be
+   * granted), or resolves `null` for channels that need none. Asked before every
+   * subscribe, and again when the server ends a subscription because its token expired.
+   */
+  getSubscriptionToken?: (channel: string) => Promise<string | null | undefined>;
   /** A name for this client, sent in `connect` (WebSocket). */
   name?: string;
   /** First reconnect delay, ms (default 500). */
@@ -67,7 +82,7 @@ export interface HistoryOptions {
 export interface ClientEvents {
   state: { state: ClientState; previous: ClientState };
   connecting: { code: number; reason: string; transport: TransportName };
-  connected: { transport: TransportName; client: string };
+  connected: { transport: TransportName; client: string; user: string | undefined };
   disconnected: { code: number; reason: string };
   error: { type: "transport" | "command" | "server"; code: number; message: string; transport?: TransportName };
 }
@@ -105,8 +120,16 @@ const SESSION_TRANSPORTS = new Set<TransportName>(["websocket", "sse", "stream",
  */
 export class Client extends Emitter<ClientEvents> implements SubscriptionHost, PollSource {
   readonly baseUrl: string;
-  private readonly options: Required<Omit<ClientOptions, "token" | "name" | "pingInterval" | "websocket" | "fetch" | "transports">> &
-    Pick<ClientOptions, "token" | "name" | "pingInterval" | "websocket">;
+  private readonly options: Required<
+    Omit<ClientOptions, "token" | "name" | "pingInterval" | "websocket" | "fetch" | "transports" | "getToken" | "getSubscriptionToken">
+  > &
+    Pick<ClientOptions, "name" | "pingInterval" | "websocket" | "getToken" | "getSubscriptionToken">;
+  /** The connection token in use. */
+  private token: string | undefined;
+  /** Set when the server said the token expired: get a new one before reconnecting. */
+  private tokenStale = false;
+  private refreshTimer: ReturnType<typeof setTimeout> | undefined;
+  private refreshing: Promise<void> | undefined;
   private readonly order: readonly TransportName[];
   private readonly doFetch: typeof fetch;
   private current: ClientState = "disconnected";
@@ -146,11 +169,13 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
       pollInterval: options.pollInterval ?? 1_000,
       batchDelay: options.batchDelay ?? 0,
       retriesBeforeFallback: options.retriesBeforeFallback ?? 3,
-      token: options.token,
       name: options.name,
       pingInterval: options.pingInterval,
       websocket: options.websocket,
+      getToken: options.getToken,
+      getSubscriptionToken: options.getSubscriptionToken,
     };
+    this.token = options.token;
   }
 
   get state(): ClientState {
@@ -171,11 +196,16 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
   }
 
   disconnect(): void {
+    this.stop(ClientCode.Disconnected, "disconnect called");
+  }
+
+  /** Ends the connection for good and reports why. */
+  private stop(code: number, reason: string): void {
     if (this.current === "disconnected") return;
-    this.teardown(new HeraldError(ClientCode.Disconnected, "disconnect called"));
+    this.teardown(new HeraldError(code, reason));
     this.setState("disconnected");
-    for (const sub of this.subs.values()) sub.interrupted(ClientCode.Disconnected, "disconnect called");
-    this.emit("disconnected", { code: ClientCode.Disconnected, reason: "disconnect called" });
+    for (const sub of this.subs.values()) sub.interrupted(code, reason);
+    this.emit("disconnected", { code, reason });
   }
 
   newSubscription(channel: string, options?: SubscriptionOptions): Subscription {
@@ -217,6 +247,26 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
 
   subscribeChannel(sub: Subscription): void {
     if (this.current !== "connected" || this.transport === undefined) return;
+    const getToken = this.options.getSubscriptionToken;
+    if (getToken === undefined) {
+      this.sendSubscribe(sub);
+      return;
+    }
+    const transport = this.transport;
+    getToken(sub.channel).then(
+      (token) => {
+        sub.token = token ?? undefined;
+        if (this.transport === transport && sub.state === "subscribing") this.sendSubscribe(sub);
+      },
+      (error: unknown) => {
+        sub.warn(ClientCode.TokenUnavailable, `getSubscriptionToken failed: ${String(error)}`);
+        this.retrySubscribe(sub);
+      },
+    );
+  }
+
+  private sendSubscribe(sub: Subscription): void {
+    if (this.current !== "connected" || this.transport === undefined) return;
     if (this.transport instanceof PollTransport) {
       this.transport.refresh();
       return;
@@ -224,6 +274,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
     const params: Record<string, unknown> = { channel: sub.channel };
     const since = sinceParam(sub.position);
     if (since !== undefined) params["since"] = since;
+    if (sub.token !== undefined) params["token"] = sub.token;
     this.request<SubscribeResult>("subscribe", params).then(
       (result) => {
         if (this.subs.get(sub.channel) === sub && sub.state === "subscribing") sub.confirmed(result, false);
@@ -287,12 +338,43 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
 
   // --- connection ---
 
+  /** Opens the next transport, fetching a token first when one is due. */
   private open(): void {
+    const getToken = this.options.getToken;
+    if (getToken === undefined || (this.token !== undefined && !this.tokenStale)) {
+      this.openTransport();
+      return;
+    }
+    getToken().then(
+      (token) => {
+        if (this.current !== "connecting" || this.transport !== undefined) return;
+        if (token === null || token === undefined || token === "") {
+          this.stop(3500, "getToken gave no token");
+          return;
+        }
+        this.token = token;
+        this.tokenStale = false;
+        this.openTransport();
+      },
+      (error: unknown) => {
+        if (this.current !== "connecting" || this.transport !== undefined) return;
+        this.emit("error", { type: "transport", code: ClientCode.TokenUnavailable, message: `getToken failed: ${String(error)}` });
+        this.reconnectTimer = setTimeout(() => {
+          this.reconnectTimer = undefined;
+          if (this.current === "connecting" && this.transport === undefined) this.open();
+        }, backoffDelay(this.attempt++, this.backoff()));
+      },
+    );
+  }
+
+  private openTransport(): void {
     const name = this.order[this.transportIndex]!;
     const ctx: TransportContext = {
       baseUrl: this.baseUrl,
       fetch: this.doFetch,
       websocket: this.options.websocket,
+      token: () => this.token,
+      subscriptionTokens: () => [...this.subs.values()].flatMap((s) => (s.state !== "unsubscribed" && s.token !== undefined ? [s.token] : [])),
       events: {
         message: (m) => this.onMessage(m),
         close: (code, reason) => this.onTransportClose(code, reason),
@@ -321,7 +403,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
         const ws = new WebSocketTransport(ctx);
         ws.onOpen(() => {
           const params: Record<string, unknown> = { version: VERSION };
-          if (this.options.token !== undefined) params["token"] = this.options.token;
+          if (this.token !== undefined) params["token"] = this.token;
           if (this.options.name !== undefined) params["name"] = this.options.name;
           this.nextId += 1;
           const id = this.nextId;
@@ -366,6 +448,16 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
       sub.deliver(m.pub.offset, m.pub.data);
     } else if (m.subscribe?.channel !== undefined) {
       this.subs.get(m.subscribe.channel)?.confirmed(m.subscribe, true);
+    } else if (m.unsubscribe?.channel !== undefined) {
+      // The server ended one subscription (its token expired, 109): get a new token and
+      // resume from the position held, so nothing is missed.
+      const sub = this.subs.get(m.unsubscribe.channel);
+      if (sub !== undefined && sub.state === "subscribed") {
+        const code = m.unsubscribe.code ?? 0;
+        sub.interrupted(code, m.unsubscribe.reason ?? "ended by the server");
+        if (code === 109) sub.token = undefined;
+        this.subscribeChannel(sub);
+      }
     } else if (m.connect !== undefined) {
       this.onConnected(m.connect);
     } else if (m.disconnect !== undefined) {
@@ -385,7 +477,8 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
     this.setState("connected");
     const transport = this.transport.name;
     this.startHeartbeat(result.ping);
-    this.emit("connected", { transport, client: this.clientId });
+    this.scheduleRefresh(result.ttl ?? tokenTtl(this.token));
+    this.emit("connected", { transport, client: this.clientId, user: result.user });
     for (const w of this.readyWaiters.splice(0)) w.resolve();
     for (const sub of this.subs.values()) {
       if (sub.state === "subscribing") this.subscribeChannel(sub);
@@ -399,7 +492,10 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
     if (this.current === "disconnected") return;
     this.teardown(new HeraldError(code, `disconnected: ${reason}`), false);
     for (const sub of this.subs.values()) sub.interrupted(code, reason);
-    if (!shouldReconnect(code)) {
+    // An expired token is worth a new one: with `getToken`, reconnect after fetching it.
+    const renew = code === 3504 && this.options.getToken !== undefined;
+    if (renew) this.tokenStale = true;
+    if (!shouldReconnect(code) && !renew) {
       for (const w of this.readyWaiters.splice(0)) w.reject(new HeraldError(code, reason));
       this.setState("disconnected");
       this.emit("disconnected", { code, reason });
@@ -435,6 +531,8 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
 
   private teardown(error: HeraldError, rejectWaiters = true): void {
     clearTimeout(this.connectTimer);
+    clearTimeout(this.refreshTimer);
+    this.refreshTimer = undefined;
     clearTimeout(this.reconnectTimer);
     clearInterval(this.pingTimer);
     this.reconnectTimer = undefined;
@@ -473,6 +571,65 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
         },
       );
     }, Math.max(250, Math.floor(period / 2)));
+  }
+
+  // --- token refresh ---
+
+  /** Refreshes the token when 80% of its `ttlSeconds` have passed (at least a second before
+   * the end, so the `refresh` command arrives in time). */
+  private scheduleRefresh(ttlSeconds: number | undefined): void {
+    clearTimeout(this.refreshTimer);
+    this.refreshTimer = undefined;
+    if (ttlSeconds === undefined || this.options.getToken === undefined) return;
+    const ms = Math.max(0, Math.min(ttlSeconds * 800, ttlSeconds * 1000 - 1000));
+    this.refreshTimer = setTimeout(() => {
+      this.refreshTimer = undefined;
+      void this.refreshToken();
+    }, ms);
+  }
+
+  /** One refresh at a time: a second caller shares the one in flight. */
+  private refreshToken(): Promise<void> {
+    this.refreshing ??= this.doRefresh().finally(() => (this.refreshing = undefined));
+    return this.refreshing;
+  }
+
+  private async doRefresh(): Promise<void> {
+    const getToken = this.options.getToken;
+    if (getToken === undefined) return;
+    for (let attempt = 0; this.current === "connected"; attempt++) {
+      let token: string | null | undefined;
+      try {
+        token = await getToken();
+      } catch (error) {
+        this.emit("error", { type: "transport", code: ClientCode.TokenUnavailable, message: `getToken failed: ${String(error)}` });
+        // Jittered backoff, but never past the token's end: the server then closes with
+        // 3504 and the client reconnects with whatever token it gets next.
+        await new Promise((r) => setTimeout(r, backoffDelay(attempt, { minDelay: 250, maxDelay: 5_000 })));
+        continue;
+      }
+      if (this.current !== "connected") return;
+      if (token === null || token === undefined || token === "") {
+        this.stop(3500, "getToken gave no token");
+        return;
+      }
+      this.token = token;
+      if (this.transport instanceof PollTransport) {
+        // Stateless: the next request carries the new token.
+        this.scheduleRefresh(tokenTtl(token));
+        return;
+      }
+      try {
+        const result = await this.request<RefreshResult>("refresh", { token });
+        this.scheduleRefresh(result.ttl);
+      } catch (error) {
+        const code = error instanceof HeraldError ? error.code : 0;
+        if (code === 101) this.stop(3500, `refresh refused: ${String(error)}`);
+        else if (code === 109) continue;
+        // Otherwise the connection dropped; reconnecting uses the new token.
+      }
+      return;
+    }
   }
 
   private setState(state: ClientState): void {
@@ -554,10 +711,24 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
 }
 
 function firstResult(m: ServerMessage): unknown {
-  for (const key of ["connect", "subscribe", "unsubscribe", "publish", "history", "ping"] as const) {
+  for (const key of ["connect", "subscribe", "unsubscribe", "publish", "history", "refresh", "ping"] as const) {
     if (m[key] !== undefined) return m[key];
   }
   return {};
+}
+
+/** Seconds until a JWT's `exp`, read without checking it (only to schedule a refresh;
+ * the server is the one that checks). */
+function tokenTtl(token: string | undefined): number | undefined {
+  const payload = token?.split(".")[1];
+  if (payload === undefined) return undefined;
+  try {
+    const json = atob(payload.replace(/-/g, "+").replace(/_/g, "/"));
+    const exp = (JSON.parse(json) as { exp?: unknown }).exp;
+    return typeof exp === "number" ? Math.max(0, exp - Date.now() / 1000) : undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 export type { ErrorBody };

@@ -15,6 +15,8 @@ export const ClientCode = {
   NoPong: 3402,
   /** A publication arrived out of order; the client resubscribes to resume cleanly. */
   OutOfOrder: 3403,
+  /** `getToken` or `getSubscriptionToken` threw; the client retries. */
+  TokenUnavailable: 3404,
 } as const;
 
 /** WebSocket close codes (RFC 6455) after which reconnecting cannot help. */

@@ -2,7 +2,7 @@
 
 import type { Position } from "./cursor.js";
 
-export type Method = "connect" | "subscribe" | "unsubscribe" | "publish" | "history" | "ping";
+export type Method = "connect" | "subscribe" | "unsubscribe" | "publish" | "history" | "refresh" | "ping";
 
 /** One command: `{"id": N, "METHOD": {PARAMS}}`. */
 export interface Command {
@@ -26,6 +26,16 @@ export interface ConnectResult {
   version: string;
   /** The server's ping interval, seconds. */
   ping: number;
+  /** The user the token names (absent when anonymous). */
+  user?: string;
+  /** When the token expires, Unix seconds, and the same as seconds from now. */
+  expires?: number;
+  ttl?: number;
+}
+
+export interface RefreshResult {
+  expires?: number;
+  ttl?: number;
 }
 
 export interface SubscribeResult {
@@ -59,7 +69,9 @@ export interface ServerMessage {
   error?: ErrorBody;
   connect?: ConnectResult;
   subscribe?: SubscribeResult;
-  unsubscribe?: Record<string, never>;
+  /** A reply (empty), or a push ending one subscription (a subscription token expired). */
+  unsubscribe?: { channel?: string; code?: number; reason?: string };
+  refresh?: RefreshResult;
   publish?: PublishResult;
   history?: HistoryResult;
   ping?: Record<string, never>;

@@ -61,6 +61,8 @@ export class Subscription extends Emitter<SubscriptionEvents> {
   private at: Position | undefined;
   /** Whether the subscription has been confirmed since it was last (re)subscribed. */
   confirmedOnce = false;
+  /** The subscription token last obtained for this channel (`getSubscriptionToken`). */
+  token: string | undefined;
 
   constructor(
     readonly channel: string,
@@ -103,9 +105,11 @@ export class Subscription extends Emitter<SubscriptionEvents> {
     return this.host.history(this.channel, options);
   }
 
-  /** The connection dropped: wait to be resubscribed. */
+  /** The connection dropped (or the server ended this subscription): wait to be
+   * resubscribed. */
   interrupted(code: number, reason: string): void {
     if (this.current !== "subscribed") return;
+    this.confirmedOnce = false;
     this.setState("subscribing");
     this.emit("subscribing", { channel: this.channel, code, reason });
   }

@@ -26,6 +26,8 @@ pub enum Command {
     Pub(PubArgs),
     /// Subscribe to a channel and print each publication as one JSON line.
     Sub(SubArgs),
+    /// Mint a client token with the configured key, for tests and scripts.
+    Token(crate::token::TokenArgs),
     /// Measure Herald (or another server): the studies' experiments and the performance goals.
     Bench(herald_bench::BenchArgs),
     /// A load-generating process of `herald bench` (started by it, not by hand).
@@ -33,7 +35,7 @@ pub enum Command {
     BenchWorker { spec: String },
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Default, Args)]
 pub struct ServeArgs {
     /// TOML configuration file. Flags override environment variables, which override it.
     #[arg(long, short, env = "HERALD_CONFIG")]
@@ -116,6 +118,12 @@ pub struct SubArgs {
     /// Time between requests with --transport poll.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub interval: Duration,
+    /// Connection token (see `herald token`).
+    #[arg(long, env = "HERALD_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Subscription token for the channel.
+    #[arg(long)]
+    pub sub_token: Option<String>,
     #[command(flatten)]
     pub server: ServerArgs,
 }
@@ -220,7 +228,8 @@ pub async fn subscribe(a: SubArgs) -> anyhow::Result<ExitCode> {
 /// the history command refuses (a namespace closed to history, a position history no longer
 /// covers) is left to the subscription, which reports it.
 async fn catch_up(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<bool> {
-    let url = format!("{}/connection/send", a.server.url.trim_end_matches('/'));
+    let mut url = format!("{}/connection/send?", a.server.url.trim_end_matches('/'));
+    push_tokens(&mut url, a);
     let client = reqwest::Client::new();
     while let Some(offset) = cursor.offset {
         let mut since = json!({ "offset": offset });
@@ -333,7 +342,18 @@ fn http_url(a: &SubArgs, path: &str, cursor: &Cursor) -> String {
         url.push_str("&cursor=");
         url.extend(form_urlencoded::byte_serialize(c.as_bytes()));
     }
+    push_tokens(&mut url, a);
     url
+}
+
+/// Adds `--token` and `--sub-token` as query parameters.
+fn push_tokens(url: &mut String, a: &SubArgs) {
+    for (name, token) in [("token", &a.token), ("sub_token", &a.sub_token)] {
+        if let Some(token) = token {
+            url.push_str(&format!("&{name}="));
+            url.extend(form_urlencoded::byte_serialize(token.as_bytes()));
+        }
+    }
 }
 
 async fn stream_session(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<Ended> {
@@ -413,7 +433,14 @@ async fn websocket_session(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<E
         }
         Err(e) => return Ok(Ended::Reconnect(e.to_string())),
     };
+    if let Some(token) = &a.token {
+        let connect = json!({ "id": 0, "connect": { "token": token } }).to_string();
+        ws.send(Message::Text(connect.into())).await?;
+    }
     let mut subscribe = json!({ "channel": a.channel });
+    if let Some(token) = &a.sub_token {
+        subscribe["token"] = json!(token);
+    }
     if let Some(offset) = cursor.offset {
         subscribe["since"] = json!({ "offset": offset, "epoch": cursor.epoch });
     }

@@ -2,6 +2,7 @@
 
 mod cli;
 mod settings;
+mod token;
 
 use std::process::ExitCode;
 
@@ -13,6 +14,7 @@ fn main() -> ExitCode {
         cli::Command::Serve(a) => serve(a),
         cli::Command::Pub(a) => runtime(1).and_then(|rt| rt.block_on(cli::publish(a))),
         cli::Command::Sub(a) => runtime(1).and_then(|rt| rt.block_on(cli::subscribe(a))),
+        cli::Command::Token(a) => token::mint(a),
         cli::Command::Bench(a) => herald_bench::run(a).map(|()| ExitCode::SUCCESS),
         cli::Command::BenchWorker { spec } => {
             herald_bench::worker::main(&spec).map(|()| ExitCode::SUCCESS)
@@ -73,12 +75,35 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
             stored_in = %stored_in(&node.settings.config),
             "herald is listening"
         );
+        say_what_is_open(&node.settings);
         herald_server::serve(listener, node.clone(), shutdown).await?;
         // Dropping the last handle closes the data file cleanly.
         drop(node);
         tracing::info!("stopped");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Tells the operator which namespaces anonymous clients may read or publish to: without
+/// token keys every namespace is open to reading, which is right for a demo and wrong for
+/// anything private.
+fn say_what_is_open(settings: &herald_server::config::Settings) {
+    let keyed = settings.tokens.keyed();
+    for (namespace, can) in settings.open_to_anyone() {
+        let which = if namespace.is_empty() {
+            "channels without a namespace entry ([channels])".to_string()
+        } else {
+            format!("namespace {namespace}")
+        };
+        let can = can.join(", ");
+        if keyed {
+            tracing::info!("anonymous clients may {can} in {which}");
+        } else {
+            tracing::warn!(
+                "no token keys ([auth]): anonymous clients may {can} in {which}; see docs/auth.md"
+            );
+        }
+    }
 }
 
 /// Panics (defects: each is contained to its connection, see `Session::handle_frame`) go

@@ -68,6 +68,10 @@ codes! {
         BadRequest = 107, "bad request";
         /// The feature is disabled or not available on this server.
         NotAvailable = 108, "not available";
+        /// A token has expired: get a new one and send it again (`refresh`, or a new
+        /// request). Also the code of an `unsubscribe` push that ends a subscription whose
+        /// subscription token expired.
+        TokenExpired = 109, "token expired";
         /// Too many commands in too short a time.
         TooManyRequests = 111, "too many requests";
         /// History no longer covers the requested position (or its epoch changed).

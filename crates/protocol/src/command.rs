@@ -35,6 +35,9 @@ pub enum Method {
     },
     /// Reads a channel's history.
     History(HistoryRequest),
+    /// Replaces the connection's token (no `channel`) or a subscription's token (with
+    /// `channel`) before it expires.
+    Refresh(RefreshRequest),
     /// Asks for an empty reply; keeps the connection alive and measures round trips.
     Ping,
 }
@@ -48,6 +51,7 @@ impl Method {
             Method::Unsubscribe { .. } => "unsubscribe",
             Method::Publish { .. } => "publish",
             Method::History(_) => "history",
+            Method::Refresh(_) => "refresh",
             Method::Ping => "ping",
         }
     }
@@ -57,7 +61,8 @@ impl Method {
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConnectRequest {
-    /// Connection token (validated once authentication is configured).
+    /// Connection token: a JWT that says who the client is and what it may do. Without
+    /// one the connection is anonymous.
     #[serde(default)]
     pub token: Option<String>,
     /// Client library name, for logs.
@@ -76,6 +81,17 @@ pub struct SubscribeRequest {
     /// Resume after this position: the reply replays what was missed, or says
     /// `recovered: false` when history cannot cover the gap.
     pub since: Option<Since>,
+    /// Subscription token: a JWT granting this connection's user this channel.
+    pub token: Option<String>,
+}
+
+/// Parameters of `refresh`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefreshRequest {
+    /// The subscription whose token is replaced; none for the connection's own token.
+    pub channel: Option<ChannelName>,
+    /// The new token.
+    pub token: String,
 }
 
 /// Parameters of `history`.

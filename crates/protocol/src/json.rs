@@ -11,7 +11,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::{
-    command::{ConnectRequest, HistoryRequest, SubscribeRequest},
+    command::{ConnectRequest, HistoryRequest, RefreshRequest, SubscribeRequest},
     ChannelName, Command, DisconnectCode, ErrorCode, Method, Publication, Since,
 };
 
@@ -75,7 +75,11 @@ pub fn decode_command(line: &[u8]) -> Result<Command, DecodeError> {
         "connect" => Method::Connect(parse::<ConnectRequest>(id, params)?),
         "subscribe" => {
             let p: SinceParams = parse(id, params)?;
-            Method::Subscribe(SubscribeRequest { channel: channel(id, &p.channel)?, since: p.since })
+            Method::Subscribe(SubscribeRequest {
+                channel: channel(id, &p.channel)?,
+                since: p.since,
+                token: p.token,
+            })
         }
         "unsubscribe" => {
             let p: ChannelParams = parse(id, params)?;
@@ -94,6 +98,14 @@ pub fn decode_command(line: &[u8]) -> Result<Command, DecodeError> {
                 limit: p.limit,
             })
         }
+        "refresh" => {
+            let p: RefreshParams = parse(id, params)?;
+            let channel = match p.channel {
+                Some(name) => Some(channel(id, &name)?),
+                None => None,
+            };
+            Method::Refresh(RefreshRequest { channel, token: p.token })
+        }
         "ping" => {
             let _: Empty = parse(id, params)?;
             Method::Ping
@@ -102,7 +114,7 @@ pub fn decode_command(line: &[u8]) -> Result<Command, DecodeError> {
             return Err(invalid(
                 id,
                 ErrorCode::MethodNotFound,
-                format!("unknown method {other:?}; expected one of connect, subscribe, unsubscribe, publish, history, ping"),
+                format!("unknown method {other:?}; expected one of connect, subscribe, unsubscribe, publish, history, refresh, ping"),
             ))
         }
     };
@@ -147,6 +159,16 @@ struct SinceParams {
     channel: String,
     #[serde(default)]
     since: Option<Since>,
+    #[serde(default)]
+    token: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RefreshParams {
+    #[serde(default)]
+    channel: Option<String>,
+    token: String,
 }
 
 #[derive(Deserialize)]
@@ -262,6 +284,29 @@ pub fn encode_disconnect(code: DisconnectCode, reason: &str) -> Vec<u8> {
     serde_json::to_vec(&Push { disconnect: body }).expect("disconnect pushes always serialise")
 }
 
+/// Encodes the push that ends one subscription while the connection stays:
+/// `{"unsubscribe":{"channel":"…","code":N,"reason":"…"}}` (a subscription token expired).
+pub fn encode_unsubscribe(channel: &ChannelName, code: ErrorCode, reason: &str) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Push<'a> {
+        unsubscribe: Body<'a>,
+    }
+    #[derive(Serialize)]
+    struct Body<'a> {
+        channel: &'a ChannelName,
+        code: ErrorCode,
+        reason: &'a str,
+    }
+    serde_json::to_vec(&Push {
+        unsubscribe: Body {
+            channel,
+            code,
+            reason,
+        },
+    })
+    .expect("unsubscribe pushes always serialise")
+}
+
 /// Deepest nesting of arrays and objects a payload may have: the depth serde_json (and so
 /// Herald's own clients) can read back, far beyond what any message needs.
 pub const MAX_PAYLOAD_DEPTH: usize = 128;
@@ -336,6 +381,31 @@ pub mod results {
         /// Seconds between server pings; the client may consider the connection dead after
         /// about twice this long without hearing anything.
         pub ping: u64,
+        /// The user the token names; absent for anonymous connections.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub user: Option<&'a str>,
+        /// When the token stops being accepted, and so when the connection needs a
+        /// `refresh` (Unix seconds, with `ttl` the same as seconds from now, for clients
+        /// whose clock is off); absent when it does not expire.
+        #[serde(flatten, skip_serializing_if = "Option::is_none")]
+        pub expiry: Option<Expiry>,
+    }
+
+    /// When a token stops being accepted.
+    #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+    pub struct Expiry {
+        /// Unix seconds.
+        pub expires: u64,
+        /// Seconds from now.
+        pub ttl: u64,
+    }
+
+    /// Result of `refresh`: the new expiry (empty when the new token does not expire).
+    #[derive(Debug, Serialize)]
+    pub struct Refreshed {
+        /// As in [`Connect`].
+        #[serde(flatten, skip_serializing_if = "Option::is_none")]
+        pub expiry: Option<Expiry>,
     }
 
     /// Result of `subscribe` and `history`.

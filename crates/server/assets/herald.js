@@ -53,7 +53,9 @@ var Herald = (() => {
     /** A ping command got no reply in time. */
     NoPong: 3402,
     /** A publication arrived out of order; the client resubscribes to resume cleanly. */
-    OutOfOrder: 3403
+    OutOfOrder: 3403,
+    /** `getToken` or `getSubscriptionToken` threw; the client retries. */
+    TokenUnavailable: 3404
   };
   var FATAL_WEBSOCKET = /* @__PURE__ */ new Set([1002, 1003, 1007, 1008, 1009, 1010]);
   function shouldReconnect(code) {
@@ -182,9 +184,11 @@ var Herald = (() => {
     history(options) {
       return this.host.history(this.channel, options);
     }
-    /** The connection dropped: wait to be resubscribed. */
+    /** The connection dropped (or the server ended this subscription): wait to be
+     * resubscribed. */
     interrupted(code, reason) {
       if (this.current !== "subscribed") return;
+      this.confirmedOnce = false;
       this.setState("subscribing");
       this.emit("subscribing", { channel: this.channel, code, reason });
     }
@@ -249,6 +253,9 @@ var Herald = (() => {
   };
 
   // src/transport/types.ts
+  function authClose(code) {
+    return code === 101 ? 3500 : code === 109 ? 3504 : code;
+  }
   async function httpFailure(response) {
     let code = 0;
     let reason = `HTTP ${response.status}`;
@@ -258,7 +265,7 @@ var Herald = (() => {
       if (body.error?.message !== void 0) reason = `${reason}: ${body.error.message}`;
     } catch {
     }
-    return { code, reason };
+    return { code: response.status === 401 ? authClose(code) : code, reason };
   }
 
   // src/transport/session.ts
@@ -268,9 +275,14 @@ var Herald = (() => {
       this.closed = false;
       this.sending = Promise.resolve();
     }
-    /** The stream's URL; it opens without channels, which follow as `subscribe` commands. */
+    /** The stream's URL; it opens without channels, which follow as `subscribe` commands.
+     * The token rides in the query: EventSource and iframes cannot set headers. */
     streamUrl(path, query = "") {
-      return `${this.ctx.baseUrl}/connection/${path}${query === "" ? "" : "?" + query}`;
+      const params = new URLSearchParams(query);
+      const token = this.ctx.token();
+      if (token !== void 0) params.set("token", token);
+      const q = params.toString();
+      return `${this.ctx.baseUrl}/connection/${path}${q === "" ? "" : "?" + q}`;
     }
     deliver(message) {
       if (this.closed) return;
@@ -387,7 +399,7 @@ var Herald = (() => {
       this.sending = this.sending.then(async () => {
         if (this.closed) return;
         try {
-          const response = await this.ctx.fetch(`${this.ctx.baseUrl}/connection/send`, {
+          const response = await this.ctx.fetch(this.sendUrl(), {
             method: "POST",
             body,
             headers: { "Content-Type": "application/x-ndjson" }
@@ -398,6 +410,15 @@ var Herald = (() => {
           this.fail(ClientCode.TransportClosed, `sending failed: ${String(error)}`);
         }
       });
+    }
+    /** `POST /connection/send` with the current tokens. */
+    sendUrl() {
+      const params = new URLSearchParams();
+      const token = this.ctx.token();
+      if (token !== void 0) params.set("token", token);
+      for (const t of this.ctx.subscriptionTokens()) params.append("sub_token", t);
+      const q = params.toString();
+      return `${this.ctx.baseUrl}/connection/send${q === "" ? "" : "?" + q}`;
     }
     close() {
       this.closed = true;
@@ -414,7 +435,7 @@ var Herald = (() => {
     }
     async run() {
       try {
-        const response = await this.ctx.fetch(`${this.ctx.baseUrl}/connection/send`, {
+        const response = await this.ctx.fetch(this.sendUrl(), {
           method: "POST",
           body: '{"id":0,"ping":{}}',
           headers: { "Content-Type": "application/x-ndjson" }
@@ -452,6 +473,9 @@ var Herald = (() => {
       }
       if (positioned.length > 0) params.set("cursor", encodeCursor(positioned));
       if (held) params.set("timeout", String(this.options.longpollTimeout));
+      const token = this.ctx.token();
+      if (token !== void 0) params.set("token", token);
+      for (const t of this.ctx.subscriptionTokens()) params.append("sub_token", t);
       const abort = new AbortController();
       this.inFlight = abort;
       const limit = setTimeout(() => abort.abort(), (held ? this.options.longpollTimeout + 10 : 10) * 1e3);
@@ -626,6 +650,8 @@ var Herald = (() => {
     /** `url`: the server's HTTP(S) base URL; in a browser it defaults to the page's origin. */
     constructor(url, options = {}) {
       super();
+      /** Set when the server said the token expired: get a new one before reconnecting. */
+      this.tokenStale = false;
       this.current = "disconnected";
       this.transportIndex = 0;
       this.lastWorking = -1;
@@ -655,11 +681,13 @@ var Herald = (() => {
         pollInterval: options.pollInterval ?? 1e3,
         batchDelay: options.batchDelay ?? 0,
         retriesBeforeFallback: options.retriesBeforeFallback ?? 3,
-        token: options.token,
         name: options.name,
         pingInterval: options.pingInterval,
-        websocket: options.websocket
+        websocket: options.websocket,
+        getToken: options.getToken,
+        getSubscriptionToken: options.getSubscriptionToken
       };
+      this.token = options.token;
     }
     get state() {
       return this.current;
@@ -676,11 +704,15 @@ var Herald = (() => {
       this.open();
     }
     disconnect() {
+      this.stop(ClientCode.Disconnected, "disconnect called");
+    }
+    /** Ends the connection for good and reports why. */
+    stop(code, reason) {
       if (this.current === "disconnected") return;
-      this.teardown(new HeraldError(ClientCode.Disconnected, "disconnect called"));
+      this.teardown(new HeraldError(code, reason));
       this.setState("disconnected");
-      for (const sub of this.subs.values()) sub.interrupted(ClientCode.Disconnected, "disconnect called");
-      this.emit("disconnected", { code: ClientCode.Disconnected, reason: "disconnect called" });
+      for (const sub of this.subs.values()) sub.interrupted(code, reason);
+      this.emit("disconnected", { code, reason });
     }
     newSubscription(channel, options) {
       if (this.subs.has(channel)) throw new Error(`already a subscription to ${channel}; use getSubscription`);
@@ -714,6 +746,25 @@ var Herald = (() => {
     // --- SubscriptionHost ---
     subscribeChannel(sub) {
       if (this.current !== "connected" || this.transport === void 0) return;
+      const getToken = this.options.getSubscriptionToken;
+      if (getToken === void 0) {
+        this.sendSubscribe(sub);
+        return;
+      }
+      const transport = this.transport;
+      getToken(sub.channel).then(
+        (token) => {
+          sub.token = token ?? void 0;
+          if (this.transport === transport && sub.state === "subscribing") this.sendSubscribe(sub);
+        },
+        (error) => {
+          sub.warn(ClientCode.TokenUnavailable, `getSubscriptionToken failed: ${String(error)}`);
+          this.retrySubscribe(sub);
+        }
+      );
+    }
+    sendSubscribe(sub) {
+      if (this.current !== "connected" || this.transport === void 0) return;
       if (this.transport instanceof PollTransport) {
         this.transport.refresh();
         return;
@@ -721,6 +772,7 @@ var Herald = (() => {
       const params = { channel: sub.channel };
       const since = sinceParam(sub.position);
       if (since !== void 0) params["since"] = since;
+      if (sub.token !== void 0) params["token"] = sub.token;
       this.request("subscribe", params).then(
         (result) => {
           if (this.subs.get(sub.channel) === sub && sub.state === "subscribing") sub.confirmed(result, false);
@@ -774,12 +826,42 @@ var Herald = (() => {
       return true;
     }
     // --- connection ---
+    /** Opens the next transport, fetching a token first when one is due. */
     open() {
+      const getToken = this.options.getToken;
+      if (getToken === void 0 || this.token !== void 0 && !this.tokenStale) {
+        this.openTransport();
+        return;
+      }
+      getToken().then(
+        (token) => {
+          if (this.current !== "connecting" || this.transport !== void 0) return;
+          if (token === null || token === void 0 || token === "") {
+            this.stop(3500, "getToken gave no token");
+            return;
+          }
+          this.token = token;
+          this.tokenStale = false;
+          this.openTransport();
+        },
+        (error) => {
+          if (this.current !== "connecting" || this.transport !== void 0) return;
+          this.emit("error", { type: "transport", code: ClientCode.TokenUnavailable, message: `getToken failed: ${String(error)}` });
+          this.reconnectTimer = setTimeout(() => {
+            this.reconnectTimer = void 0;
+            if (this.current === "connecting" && this.transport === void 0) this.open();
+          }, backoffDelay(this.attempt++, this.backoff()));
+        }
+      );
+    }
+    openTransport() {
       const name = this.order[this.transportIndex];
       const ctx = {
         baseUrl: this.baseUrl,
         fetch: this.doFetch,
         websocket: this.options.websocket,
+        token: () => this.token,
+        subscriptionTokens: () => [...this.subs.values()].flatMap((s) => s.state !== "unsubscribed" && s.token !== void 0 ? [s.token] : []),
         events: {
           message: (m) => this.onMessage(m),
           close: (code, reason) => this.onTransportClose(code, reason)
@@ -806,7 +888,7 @@ var Herald = (() => {
           const ws = new WebSocketTransport(ctx);
           ws.onOpen(() => {
             const params = { version: VERSION };
-            if (this.options.token !== void 0) params["token"] = this.options.token;
+            if (this.token !== void 0) params["token"] = this.token;
             if (this.options.name !== void 0) params["name"] = this.options.name;
             this.nextId += 1;
             const id = this.nextId;
@@ -849,6 +931,14 @@ var Herald = (() => {
         sub.deliver(m.pub.offset, m.pub.data);
       } else if (m.subscribe?.channel !== void 0) {
         this.subs.get(m.subscribe.channel)?.confirmed(m.subscribe, true);
+      } else if (m.unsubscribe?.channel !== void 0) {
+        const sub = this.subs.get(m.unsubscribe.channel);
+        if (sub !== void 0 && sub.state === "subscribed") {
+          const code = m.unsubscribe.code ?? 0;
+          sub.interrupted(code, m.unsubscribe.reason ?? "ended by the server");
+          if (code === 109) sub.token = void 0;
+          this.subscribeChannel(sub);
+        }
       } else if (m.connect !== void 0) {
         this.onConnected(m.connect);
       } else if (m.disconnect !== void 0) {
@@ -867,7 +957,8 @@ var Herald = (() => {
       this.setState("connected");
       const transport = this.transport.name;
       this.startHeartbeat(result.ping);
-      this.emit("connected", { transport, client: this.clientId });
+      this.scheduleRefresh(result.ttl ?? tokenTtl(this.token));
+      this.emit("connected", { transport, client: this.clientId, user: result.user });
       for (const w of this.readyWaiters.splice(0)) w.resolve();
       for (const sub of this.subs.values()) {
         if (sub.state === "subscribing") this.subscribeChannel(sub);
@@ -880,7 +971,9 @@ var Herald = (() => {
       if (this.current === "disconnected") return;
       this.teardown(new HeraldError(code, `disconnected: ${reason}`), false);
       for (const sub of this.subs.values()) sub.interrupted(code, reason);
-      if (!shouldReconnect(code)) {
+      const renew = code === 3504 && this.options.getToken !== void 0;
+      if (renew) this.tokenStale = true;
+      if (!shouldReconnect(code) && !renew) {
         for (const w of this.readyWaiters.splice(0)) w.reject(new HeraldError(code, reason));
         this.setState("disconnected");
         this.emit("disconnected", { code, reason });
@@ -912,6 +1005,8 @@ var Herald = (() => {
     }
     teardown(error, rejectWaiters = true) {
       clearTimeout(this.connectTimer);
+      clearTimeout(this.refreshTimer);
+      this.refreshTimer = void 0;
       clearTimeout(this.reconnectTimer);
       clearInterval(this.pingTimer);
       this.reconnectTimer = void 0;
@@ -948,6 +1043,57 @@ var Herald = (() => {
           }
         );
       }, Math.max(250, Math.floor(period / 2)));
+    }
+    // --- token refresh ---
+    /** Refreshes the token when 80% of its `ttlSeconds` have passed (at least a second before
+     * the end, so the `refresh` command arrives in time). */
+    scheduleRefresh(ttlSeconds) {
+      clearTimeout(this.refreshTimer);
+      this.refreshTimer = void 0;
+      if (ttlSeconds === void 0 || this.options.getToken === void 0) return;
+      const ms = Math.max(0, Math.min(ttlSeconds * 800, ttlSeconds * 1e3 - 1e3));
+      this.refreshTimer = setTimeout(() => {
+        this.refreshTimer = void 0;
+        void this.refreshToken();
+      }, ms);
+    }
+    /** One refresh at a time: a second caller shares the one in flight. */
+    refreshToken() {
+      this.refreshing ?? (this.refreshing = this.doRefresh().finally(() => this.refreshing = void 0));
+      return this.refreshing;
+    }
+    async doRefresh() {
+      const getToken = this.options.getToken;
+      if (getToken === void 0) return;
+      for (let attempt = 0; this.current === "connected"; attempt++) {
+        let token;
+        try {
+          token = await getToken();
+        } catch (error) {
+          this.emit("error", { type: "transport", code: ClientCode.TokenUnavailable, message: `getToken failed: ${String(error)}` });
+          await new Promise((r) => setTimeout(r, backoffDelay(attempt, { minDelay: 250, maxDelay: 5e3 })));
+          continue;
+        }
+        if (this.current !== "connected") return;
+        if (token === null || token === void 0 || token === "") {
+          this.stop(3500, "getToken gave no token");
+          return;
+        }
+        this.token = token;
+        if (this.transport instanceof PollTransport) {
+          this.scheduleRefresh(tokenTtl(token));
+          return;
+        }
+        try {
+          const result = await this.request("refresh", { token });
+          this.scheduleRefresh(result.ttl);
+        } catch (error) {
+          const code = error instanceof HeraldError ? error.code : 0;
+          if (code === 101) this.stop(3500, `refresh refused: ${String(error)}`);
+          else if (code === 109) continue;
+        }
+        return;
+      }
     }
     setState(state) {
       if (state === this.current) return;
@@ -1020,10 +1166,21 @@ var Herald = (() => {
     }
   };
   function firstResult(m) {
-    for (const key of ["connect", "subscribe", "unsubscribe", "publish", "history", "ping"]) {
+    for (const key of ["connect", "subscribe", "unsubscribe", "publish", "history", "refresh", "ping"]) {
       if (m[key] !== void 0) return m[key];
     }
     return {};
+  }
+  function tokenTtl(token) {
+    const payload = token?.split(".")[1];
+    if (payload === void 0) return void 0;
+    try {
+      const json = atob(payload.replace(/-/g, "+").replace(/_/g, "/"));
+      const exp = JSON.parse(json).exp;
+      return typeof exp === "number" ? Math.max(0, exp - Date.now() / 1e3) : void 0;
+    } catch {
+      return void 0;
+    }
   }
   return __toCommonJS(index_exports);
 })();

@@ -26,7 +26,7 @@ impl Failure {
     pub fn status(&self) -> StatusCode {
         match self.code {
             ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-            ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorCode::Unauthorized | ErrorCode::TokenExpired => StatusCode::UNAUTHORIZED,
             ErrorCode::PermissionDenied => StatusCode::FORBIDDEN,
             ErrorCode::MethodNotFound => StatusCode::NOT_FOUND,
             ErrorCode::AlreadySubscribed | ErrorCode::BadConnectState => StatusCode::CONFLICT,

@@ -102,6 +102,7 @@ impl Node {
             },
             Into::into,
         );
+        settings.tokens.prefetch();
         let limits = crate::limits::AddressLimits::new(settings.config.limits.clone());
         crate::limits::spawn_sweeper(&limits);
         let node = Arc::new(Self {

@@ -97,6 +97,7 @@ fn cors(allowed: &[String]) -> CorsLayer {
         .allow_methods([Method::GET, Method::POST])
         .allow_headers([
             header::CONTENT_TYPE,
+            header::AUTHORIZATION,
             HeaderName::from_static("last-event-id"),
         ])
 }

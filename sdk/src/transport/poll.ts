@@ -61,7 +61,7 @@ export class PollTransport implements Transport {
     this.sending = this.sending.then(async () => {
       if (this.closed) return;
       try {
-        const response = await this.ctx.fetch(`${this.ctx.baseUrl}/connection/send`, {
+        const response = await this.ctx.fetch(this.sendUrl(), {
           method: "POST",
           body,
           headers: { "Content-Type": "application/x-ndjson" },
@@ -72,6 +72,16 @@ export class PollTransport implements Transport {
         this.fail(ClientCode.TransportClosed, `sending failed: ${String(error)}`);
       }
     });
+  }
+
+  /** `POST /connection/send` with the current tokens. */
+  private sendUrl(): string {
+    const params = new URLSearchParams();
+    const token = this.ctx.token();
+    if (token !== undefined) params.set("token", token);
+    for (const t of this.ctx.subscriptionTokens()) params.append("sub_token", t);
+    const q = params.toString();
+    return `${this.ctx.baseUrl}/connection/send${q === "" ? "" : "?" + q}`;
   }
 
   close(): void {
@@ -93,7 +103,7 @@ export class PollTransport implements Transport {
   private async run(): Promise<void> {
     // Reachability first, so that "connected" means something even with no channels yet.
     try {
-      const response = await this.ctx.fetch(`${this.ctx.baseUrl}/connection/send`, {
+      const response = await this.ctx.fetch(this.sendUrl(), {
         method: "POST",
         body: '{"id":0,"ping":{}}',
         headers: { "Content-Type": "application/x-ndjson" },
@@ -132,6 +142,10 @@ export class PollTransport implements Transport {
     }
     if (positioned.length > 0) params.set("cursor", encodeCursor(positioned));
     if (held) params.set("timeout", String(this.options.longpollTimeout));
+    // Stateless: every request carries the tokens, and the server checks them every time.
+    const token = this.ctx.token();
+    if (token !== undefined) params.set("token", token);
+    for (const t of this.ctx.subscriptionTokens()) params.append("sub_token", t);
     const abort = new AbortController();
     this.inFlight = abort;
     const limit = setTimeout(() => abort.abort(), (held ? this.options.longpollTimeout + 10 : 10) * 1000);

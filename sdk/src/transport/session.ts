@@ -16,9 +16,14 @@ export abstract class HttpSessionTransport implements Transport {
 
   constructor(protected readonly ctx: TransportContext) {}
 
-  /** The stream's URL; it opens without channels, which follow as `subscribe` commands. */
+  /** The stream's URL; it opens without channels, which follow as `subscribe` commands.
+   * The token rides in the query: EventSource and iframes cannot set headers. */
   protected streamUrl(path: string, query = ""): string {
-    return `${this.ctx.baseUrl}/connection/${path}${query === "" ? "" : "?" + query}`;
+    const params = new URLSearchParams(query);
+    const token = this.ctx.token();
+    if (token !== undefined) params.set("token", token);
+    const q = params.toString();
+    return `${this.ctx.baseUrl}/connection/${path}${q === "" ? "" : "?" + q}`;
   }
 
   protected deliver(message: ServerMessage): void {

@@ -30,6 +30,16 @@ export interface TransportContext {
   /** Hooks for environments without the browser's globals (Node, tests). */
   websocket?: WebSocketConstructor;
   fetch: typeof fetch;
+  /** The connection token to send, if any (read at each request: it is refreshed). */
+  token(): string | undefined;
+  /** Subscription tokens of the channels that have one (polling sends them each time). */
+  subscriptionTokens(): string[];
+}
+
+/** HTTP answers about tokens (401 with error 101 or 109), as the close codes WebSocket
+ * uses for the same (3500 invalid, 3504 expired). */
+export function authClose(code: number): number {
+  return code === 101 ? 3500 : code === 109 ? 3504 : code;
 }
 
 export type WebSocketConstructor = new (url: string, protocols?: string | string[]) => WebSocket;
@@ -45,5 +55,5 @@ export async function httpFailure(response: Response): Promise<{ code: number; r
   } catch {
     // A proxy's HTML error page, say: the status is all there is.
   }
-  return { code, reason };
+  return { code: response.status === 401 ? authClose(code) : code, reason };
 }

@@ -1,22 +1,36 @@
 //! Who may do what with a channel: the one check every client read and write goes through.
 //!
-//! Every path that hands a client publications asks [`check`] first, whatever the transport:
-//! subscribing (WebSocket `subscribe`, SSE, streaming, forever frame and polling opens),
-//! replaying from a position (`since`, `Last-Event-ID`, every HTTP cursor) and the `history`
-//! command. The rules compose so that no path reaches further than another:
+//! Every path that hands a client publications, or takes one from it, asks [`check`] first,
+//! whatever the transport: subscribing (WebSocket `subscribe`, SSE, streaming, forever frame
+//! and polling opens, a token's `channels`), replaying from a position (`since`,
+//! `Last-Event-ID`, every HTTP cursor), the `history` command, and publishing. The rules
+//! compose so that no path reaches further than another:
 //!
 //! - [`Action::Subscribe`] receives what is published from now on.
 //! - [`Action::History`] reads what was published before, whether through the `history`
 //!   command or a replay from a position. It includes subscribing: a namespace closed to
 //!   subscribers is not readable by polling its history either.
+//! - [`Action::Presence`] sees who is subscribed; it includes subscribing too.
 //! - [`Action::Publish`] sends into the channel.
 //!
-//! Today the rules are the namespace's `client_*` flags. Tokens and backend hooks are further
-//! rules of the same shape, consulted here too, so a transport never needs to know them.
+//! Each namespace sets a level per action ([`Access`]: anyone, authenticated, granted,
+//! nobody). What a connection brings is an [`Asker`]: its token's identity ([`token`]) and
+//! whether this channel was granted to it alone (a subscription token; later a backend
+//! hook). Transports never see the rules: they hand the session what the client sent,
+//! and the session asks here.
+
+pub mod grants;
+mod jwks;
+pub mod token;
 
 use herald_protocol::{ChannelName, ErrorCode};
 
-use crate::{config::NamespaceConfig, error::Failure, node::Node};
+use crate::{
+    config::{Access, NamespaceConfig},
+    error::Failure,
+    node::Node,
+};
+use token::Identity;
 
 /// What a client asks to do with a channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,26 +40,33 @@ pub enum Action {
     /// Read publications made before now (the `history` command, or a replay from a
     /// position).
     History,
+    /// See who is subscribed.
+    Presence,
     /// Publish into the channel.
     Publish,
 }
 
-impl Action {
-    fn allowed_by(self, rules: &NamespaceConfig) -> bool {
-        match self {
-            Action::Subscribe => rules.client_subscribe,
-            Action::History => rules.client_subscribe && rules.client_history,
-            Action::Publish => rules.client_publish,
-        }
-    }
+/// Who asks, as far as the rules care.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Asker<'a> {
+    /// The connection's identity, from its token; none when anonymous.
+    pub identity: Option<&'a Identity>,
+    /// Whether this connection holds a grant for this very channel (a subscription
+    /// token), beyond its identity's.
+    pub channel_granted: bool,
+}
 
-    /// The namespace setting that allows this action, named in refusals.
-    fn setting(self, rules: &NamespaceConfig) -> &'static str {
+impl Action {
+    /// The namespace settings this action needs, each of which must admit the asker:
+    /// reading history or presence needs the subscribe rule too, so no path reads a
+    /// channel that its subscribers' rule closes.
+    fn levels(self, r: &NamespaceConfig) -> [Option<(&'static str, Access)>; 2] {
+        let subscribe = Some(("subscribe", r.subscribe));
         match self {
-            Action::History if !rules.client_subscribe => "client_subscribe",
-            Action::Subscribe => "client_subscribe",
-            Action::History => "client_history",
-            Action::Publish => "client_publish",
+            Action::Subscribe => [subscribe, None],
+            Action::History => [subscribe, Some(("history", r.history))],
+            Action::Presence => [subscribe, Some(("presence", r.presence))],
+            Action::Publish => [Some(("publish", r.publish)), None],
         }
     }
 
@@ -53,57 +74,176 @@ impl Action {
         match self {
             Action::Subscribe => "subscribe to",
             Action::History => "read the history of",
+            Action::Presence => "see the presence of",
             Action::Publish => "publish to",
         }
     }
 }
 
-/// Whether a client of `node` may do `action` with `channel`; the refusal (103) says which
-/// setting forbids it.
-pub fn check(node: &Node, action: Action, channel: &ChannelName) -> Result<(), Failure> {
+/// Whether `asker` may do `action` with `channel` on `node`; the refusal (103) says which
+/// rule refused.
+pub fn check(
+    node: &Node,
+    asker: Asker<'_>,
+    action: Action,
+    channel: &ChannelName,
+) -> Result<(), Failure> {
     let rules = node.settings.namespace(channel.namespace());
-    if action.allowed_by(rules) {
-        return Ok(());
+    let granted = granted(rules, asker, action, channel);
+    if rules.personal && !granted && !is_own(asker, channel) {
+        return Err(refuse(
+            format!(
+                "{channel} is a personal channel of another user: only its user (or a connection granted it) may {} it",
+                action.verb()
+            ),
+        ));
     }
-    Err(Failure::new(
-        ErrorCode::PermissionDenied,
-        format!(
-            "clients may not {} {channel}: its namespace does not allow {}",
-            action.verb(),
-            action.setting(rules)
-        ),
-    ))
+    for (name, level) in action.levels(rules).into_iter().flatten() {
+        let admitted = match level {
+            Access::Anyone => true,
+            Access::Authenticated => asker.identity.is_some(),
+            Access::Granted => granted,
+            Access::Nobody => false,
+        };
+        if !admitted {
+            let why = match level {
+                Access::Nobody => format!("its namespace's `{name}` is nobody"),
+                Access::Authenticated => format!("its namespace's `{name}` needs an authenticated connection (a token)"),
+                _ => format!("its namespace's `{name}` needs a grant for it (a token's claims, a subscription token or a personal channel)"),
+            };
+            let message = format!("clients may not {} {channel}: {why}", action.verb());
+            return Err(refuse(message));
+        }
+    }
+    Ok(())
+}
+
+/// A refusal by the rules: 103, whoever asks. (101 and 109 are kept for tokens that fail
+/// their check, so that a client can tell "get a new token" and "stop" from "not allowed".)
+fn refuse(message: String) -> Failure {
+    Failure::new(ErrorCode::PermissionDenied, message)
+}
+
+/// Whether the channel is granted to this asker for this action.
+fn granted(
+    rules: &NamespaceConfig,
+    asker: Asker<'_>,
+    action: Action,
+    channel: &ChannelName,
+) -> bool {
+    let own = rules.personal && is_own(asker, channel);
+    let Some(identity) = asker.identity else {
+        return asker.channel_granted && action != Action::Publish;
+    };
+    own || match action {
+        Action::Publish => identity.publish.allow(channel),
+        Action::Subscribe | Action::History | Action::Presence => {
+            asker.channel_granted
+                || identity.subscribe.allow(channel)
+                || identity.channels.contains(channel)
+        }
+    }
+}
+
+/// Whether `channel` is `NAMESPACE:USER` of the asker's own user.
+fn is_own(asker: Asker<'_>, channel: &ChannelName) -> bool {
+    let Some(identity) = asker.identity else {
+        return false;
+    };
+    let name = channel.as_str();
+    let ns = channel.namespace();
+    !ns.is_empty() && name.len() > ns.len() + 1 && name[ns.len() + 1..] == *identity.user
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
-    fn rules(subscribe: bool, history: bool) -> NamespaceConfig {
-        NamespaceConfig {
-            client_subscribe: subscribe,
-            client_history: history,
-            ..NamespaceConfig::default()
+    fn node(configure: impl FnOnce(&mut Config)) -> std::sync::Arc<Node> {
+        let mut c = Config::default();
+        c.auth.hmac_secret = Some("k".repeat(32));
+        configure(&mut c);
+        Node::with_memory_broker(c.validate().unwrap())
+    }
+
+    fn user(name: &str, subscribe: &[&str]) -> Identity {
+        Identity {
+            user: name.into(),
+            info: None,
+            channels: Vec::new(),
+            subscribe: grants::Grants::new(subscribe.iter().map(|s| s.to_string()).collect())
+                .unwrap(),
+            publish: grants::Grants::default(),
+            expires: None,
         }
     }
 
-    #[test]
-    fn reading_history_needs_both_flags_and_subscribing_only_its_own() {
-        assert!(Action::History.allowed_by(&rules(true, true)));
-        assert!(!Action::History.allowed_by(&rules(true, false)));
+    fn ch(name: &str) -> ChannelName {
+        ChannelName::new(name).unwrap()
+    }
+
+    #[tokio::test]
+    async fn history_and_presence_need_the_subscribe_rule_too() {
+        let node = node(|c| {
+            c.channels.subscribe = Some(Access::Nobody);
+            c.channels.history = Some(Access::Anyone);
+        });
+        let anyone = Asker::default();
+        assert!(check(&node, anyone, Action::History, &ch("x")).is_err());
+        assert!(check(&node, anyone, Action::Presence, &ch("x")).is_err());
+    }
+
+    #[tokio::test]
+    async fn levels_admit_who_they_say() {
+        let node = node(|c| {
+            c.channels.subscribe = Some(Access::Granted);
+        });
+        let alice = user("alice", &["news:*"]);
+        let anonymous = Asker::default();
+        let signed_in = Asker {
+            identity: Some(&alice),
+            channel_granted: false,
+        };
+        let e = check(&node, anonymous, Action::Subscribe, &ch("x")).unwrap_err();
+        assert!(e.message.contains("needs a grant"), "{e:?}");
+        let e = check(&node, signed_in, Action::Subscribe, &ch("x")).unwrap_err();
+        assert_eq!(e.code, ErrorCode::PermissionDenied);
+        assert!(check(&node, signed_in, Action::Subscribe, &ch("news:today")).is_ok());
+        let with_token = Asker {
+            identity: Some(&alice),
+            channel_granted: true,
+        };
+        assert!(check(&node, with_token, Action::History, &ch("x")).is_ok());
         assert!(
-            !Action::History.allowed_by(&rules(false, true)),
-            "a namespace closed to subscribers is not readable through history"
+            check(&node, with_token, Action::Publish, &ch("x")).is_err(),
+            "publish is nobody"
         );
-        assert!(Action::Subscribe.allowed_by(&rules(true, false)));
-        assert!(!Action::Subscribe.allowed_by(&rules(false, true)));
-        assert_eq!(
-            Action::History.setting(&rules(false, true)),
-            "client_subscribe"
-        );
-        assert_eq!(
-            Action::History.setting(&rules(true, false)),
-            "client_history"
-        );
+        assert!(check(&node, anonymous, Action::Subscribe, &ch("chat:x")).is_ok());
+    }
+
+    #[tokio::test]
+    async fn personal_channels_are_their_users_only() {
+        let node = node(|c| {
+            c.namespaces.insert(
+                "user".into(),
+                crate::config::NamespaceOverride {
+                    personal: Some(true),
+                    subscribe: Some(Access::Granted),
+                    ..Default::default()
+                },
+            );
+        });
+        let u42 = user("42", &[]);
+        let u43 = user("43", &[]);
+        let asker = |i| Asker {
+            identity: Some(i),
+            channel_granted: false,
+        };
+        assert!(check(&node, asker(&u42), Action::Subscribe, &ch("user:42")).is_ok());
+        assert!(check(&node, asker(&u43), Action::Subscribe, &ch("user:42")).is_err());
+        assert!(check(&node, asker(&u43), Action::History, &ch("user:42")).is_err());
+        assert!(check(&node, asker(&u42), Action::Subscribe, &ch("user:42:x")).is_err());
+        assert!(check(&node, Asker::default(), Action::Subscribe, &ch("user:42")).is_err());
     }
 }

@@ -1,6 +1,7 @@
 //! The HTTP API for backends: publish, broadcast, history, info. Every route needs an API
 //! key (`Authorization: apikey KEY`); with no key configured the API is closed and says
-//! how to open it.
+//! how to open it. A key may be limited to publishing (POST and DELETE routes) or to
+//! reading (GET routes).
 
 use std::sync::Arc;
 
@@ -17,7 +18,7 @@ use herald_protocol::{json, ChannelName, Epoch, ErrorCode, Publication, Since};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::{error::Failure, history, node::Node};
+use crate::{config::ApiScope, error::Failure, history, node::Node};
 
 /// The API's routes, behind the key check.
 pub fn routes(node: Arc<Node>) -> Router<Arc<Node>> {
@@ -39,6 +40,12 @@ async fn require_key(State(node): State<Arc<Node>>, request: Request, next: Next
         )
         .into_response();
     }
+    // Reads are GETs; everything else changes channels.
+    let needed = if request.method() == axum::http::Method::GET {
+        ApiScope::Read
+    } else {
+        ApiScope::Publish
+    };
     let given = request
         .headers()
         .get(header::AUTHORIZATION)
@@ -51,10 +58,31 @@ async fn require_key(State(node): State<Arc<Node>>, request: Request, next: Next
             "missing header `Authorization: apikey KEY`",
         )
         .into_response(),
-        Some(given) if keys.any(|k| constant_time_eq(k.as_bytes(), given.as_bytes())) => {
-            next.run(request).await
+        Some(given) => {
+            // Every key is compared (in constant time), so timing tells nothing of which
+            // key, or whether any, matched.
+            let scope = keys.fold(None, |found, (key, scope)| {
+                let equal = constant_time_eq(key.as_bytes(), given.as_bytes());
+                found.or(equal.then_some(scope))
+            });
+            match scope {
+                Some(ApiScope::All) => next.run(request).await,
+                Some(scope) if scope == needed => next.run(request).await,
+                Some(scope) => Failure::new(
+                    ErrorCode::PermissionDenied,
+                    format!(
+                        "this API key may only {}",
+                        if scope == ApiScope::Read {
+                            "read (GET routes)"
+                        } else {
+                            "publish (POST and DELETE routes)"
+                        }
+                    ),
+                )
+                .into_response(),
+                None => Failure::new(ErrorCode::Unauthorized, "wrong API key").into_response(),
+            }
         }
-        Some(_) => Failure::new(ErrorCode::Unauthorized, "wrong API key").into_response(),
     }
 }
 

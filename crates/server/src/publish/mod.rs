@@ -52,8 +52,8 @@ async fn exists(node: &Node, channel: &ChannelName) -> Result<bool, Failure> {
 }
 
 /// Checks a publication against its namespace's limits and hands it to the broker.
-/// Permission to publish is the caller's to check (clients need the namespace's
-/// `client_publish`; API callers have a key).
+/// Permission to publish is the caller's to check (clients ask [`crate::policy`]; API
+/// callers have a key).
 pub async fn publish(
     node: &Node,
     channel: &ChannelName,

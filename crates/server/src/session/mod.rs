@@ -8,9 +8,12 @@
 //! or from another epoch, means something was lost, and the session ends with
 //! "insufficient state" so the client resumes from history rather than skip silently.
 
+mod auth;
 mod subscribe;
 mod subscriptions;
 
+pub use auth::ExpiryTimer;
+use auth::{Credentials, Refusal};
 use subscriptions::Subscriptions;
 
 use std::sync::Arc;
@@ -48,6 +51,8 @@ pub struct Session {
     charge_commands: bool,
     /// Longest cursor this session's transport can carry (an SSE event id), if bounded.
     cursor_bound: Option<usize>,
+    /// What tokens gave this client; none while anonymous without grants.
+    auth: Option<Box<Credentials>>,
     scratch: Vec<Arc<Delivery>>,
 }
 
@@ -73,6 +78,7 @@ impl Session {
             address: None,
             charge_commands: false,
             cursor_bound: None,
+            auth: None,
             scratch: Vec::new(),
         }
     }
@@ -143,7 +149,7 @@ impl Session {
             rest = after;
             for decoded in json::decode_frame(line) {
                 match decoded {
-                    Ok(command) => self.handle(command, out).await,
+                    Ok(command) => self.handle(command, out).await?,
                     Err(DecodeError::Invalid { id, code, message }) => {
                         self::line(out, &json::encode_error(id, code, &message));
                     }
@@ -162,7 +168,7 @@ impl Session {
         Ok(rest)
     }
 
-    async fn handle(&mut self, command: Command, out: &mut Vec<u8>) {
+    async fn handle(&mut self, command: Command, out: &mut Vec<u8>) -> Result<(), Disconnect> {
         let address_allows = match self.address {
             Some(ip) if self.charge_commands => self.node().limits.command(ip),
             _ => true,
@@ -176,7 +182,7 @@ impl Session {
                 out,
                 &json::encode_error(command.id, ErrorCode::TooManyRequests, &message),
             );
-            return;
+            return Ok(());
         }
         let limit = self.node().settings.config.client.max_commands_per_second;
         if !self.rate.take(limit) {
@@ -186,7 +192,7 @@ impl Session {
                 out,
                 &json::encode_error(command.id, ErrorCode::TooManyRequests, &message),
             );
-            return;
+            return Ok(());
         }
         let reply = Reply {
             id: command.id,
@@ -195,52 +201,44 @@ impl Session {
         match self.dispatch(reply, command.method).await {
             Ok(Some(bytes)) => line(out, &bytes),
             Ok(None) => {}
-            Err(f) => line(out, &json::encode_error(command.id, f.code, &f.message)),
+            Err(Refusal::Command(f)) => {
+                line(out, &json::encode_error(command.id, f.code, &f.message))
+            }
+            Err(Refusal::Connection(d)) => return Err(d),
         }
+        Ok(())
     }
 
-    async fn dispatch(&mut self, reply: Reply, method: Method) -> Result<Option<Vec<u8>>, Failure> {
+    async fn dispatch(&mut self, reply: Reply, method: Method) -> Result<Option<Vec<u8>>, Refusal> {
         if !matches!(method, Method::Connect(_)) {
             // Commands before `connect` open an anonymous session implicitly.
             self.connected = true;
         }
         match method {
-            Method::Connect(_) => {
+            Method::Connect(req) => {
                 if self.connected {
-                    return Err(Failure::new(
-                        ErrorCode::BadConnectState,
-                        "already connected",
-                    ));
+                    return Err(Failure::new(ErrorCode::BadConnectState, "already connected").into());
                 }
                 self.connected = true;
-                let ping = self
-                    .node()
-                    .settings
-                    .config
-                    .client
-                    .ping_interval
-                    .as_secs()
-                    .max(1);
-                let client = self.id().to_string();
-                Ok(reply.with(&results::Connect {
-                    client: &client,
-                    version: env!("CARGO_PKG_VERSION"),
-                    ping,
-                }))
+                self.connect(reply, req.token).await
             }
+            Method::Refresh(req) => self.refresh(reply, req).await,
             Method::Subscribe(_) | Method::Unsubscribe { .. } if self.stateless => Err(Failure::new(
                 ErrorCode::BadRequest,
                 "subscribe and unsubscribe need a session: send them with ?session=ID of an open stream, \
                  or name channels in the poll request",
-            )),
-            Method::Subscribe(req) => self.subscribe(reply, req).await,
+            )
+            .into()),
+            Method::Subscribe(req) => Ok(self.subscribe(reply, req).await?),
             Method::Unsubscribe { channel } => {
                 if self.subscriptions.remove(&channel).is_none() {
                     return Err(Failure::new(
                         ErrorCode::NotSubscribed,
                         format!("not subscribed to {channel}"),
-                    ));
+                    )
+                    .into());
                 }
+                self.drop_grant(&channel);
                 let node = self.node().clone();
                 node.hub
                     .unsubscribe(&node.broker, &channel, self.id())
@@ -248,7 +246,7 @@ impl Session {
                 Ok(reply.empty())
             }
             Method::Publish { channel, data } => {
-                policy::check(self.node(), Action::Publish, &channel)?;
+                policy::check(self.node(), self.asker(&channel), Action::Publish, &channel)?;
                 let position =
                     publish::from_client(self.node(), self.address, &channel, data).await?;
                 Ok(reply.with(&results::Published {
@@ -256,7 +254,7 @@ impl Session {
                     epoch: &position.epoch,
                 }))
             }
-            Method::History(req) => self.history(reply, req).await,
+            Method::History(req) => Ok(self.history(reply, req).await?),
             Method::Ping => Ok(reply.empty()),
         }
     }
@@ -333,19 +331,7 @@ impl Session {
 
     /// The `connect` push that opens streams whose client sent no `connect` command.
     pub fn connect_push(&self) -> Vec<u8> {
-        let ping = self
-            .node()
-            .settings
-            .config
-            .client
-            .ping_interval
-            .as_secs()
-            .max(1);
-        let result = results::Connect {
-            client: &self.client,
-            version: env!("CARGO_PKG_VERSION"),
-            ping,
-        };
+        let result = self.connect_result();
         serde_json::to_vec(&serde_json::json!({ "connect": result })).expect("serialises")
     }
 

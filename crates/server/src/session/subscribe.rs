@@ -24,7 +24,14 @@ impl Session {
         reply: Reply,
         req: SubscribeRequest,
     ) -> Result<Option<Vec<u8>>, Failure> {
-        let (position, recovered, history) = self.join(req.channel, req.since).await?;
+        if let Some(token) = &req.token {
+            self.accept_channel_token(&req.channel, token).await?;
+        }
+        let joined = self.join(req.channel.clone(), req.since).await;
+        if joined.is_err() && req.token.is_some() {
+            self.drop_grant(&req.channel);
+        }
+        let (position, recovered, history) = joined?;
         Ok(reply.with(&results::Stream {
             epoch: &position.epoch,
             offset: position.offset,
@@ -46,9 +53,9 @@ impl Session {
             ));
         }
         self.cursor_fits(channels.iter().map(|(c, _)| c))?;
-        channels
-            .iter()
-            .try_for_each(|(channel, _)| policy::check(node, Action::Subscribe, channel))
+        channels.iter().try_for_each(|(channel, _)| {
+            policy::check(node, self.asker(channel), Action::Subscribe, channel)
+        })
     }
 
     /// Whether the cursor still fits the transport's bound with `more` channels added. An
@@ -126,7 +133,9 @@ impl Session {
         since: Option<Since>,
     ) -> Result<(StreamPosition, Option<bool>, Vec<Publication>), Failure> {
         let node = self.node().clone();
-        policy::check(&node, Action::Subscribe, &channel)?;
+        policy::check(&node, self.asker(&channel), Action::Subscribe, &channel)?;
+        let may_read =
+            policy::check(&node, self.asker(&channel), Action::History, &channel).is_ok();
         if self.subscriptions.contains_key(&channel) {
             return Err(Failure::new(
                 ErrorCode::AlreadySubscribed,
@@ -154,7 +163,7 @@ impl Session {
 
         let read = match since {
             None => position_of(&node, &channel).await.map(|h| (h, None)),
-            Some(since) => replay(&node, &channel, since).await,
+            Some(since) => replay(&node, &channel, since, may_read).await,
         };
         let (history, recovered) = match read {
             Ok(read) => read,
@@ -177,7 +186,12 @@ impl Session {
         req: HistoryRequest,
     ) -> Result<Option<Vec<u8>>, Failure> {
         let node = self.node().clone();
-        policy::check(&node, Action::History, &req.channel)?;
+        policy::check(
+            &node,
+            self.asker(&req.channel),
+            Action::History,
+            &req.channel,
+        )?;
         let h = history::read(
             &node,
             &req.channel,
@@ -200,7 +214,8 @@ async fn position_of(node: &Node, channel: &ChannelName) -> Result<History, Brok
 }
 
 /// What a resume from `since` replays, and whether that is everything missed
-/// (`recovered`). A replay reads history, so it needs the history permission; without it a
+/// (`recovered`). A replay reads history, so it needs the history permission (`may_read`,
+/// the policy's answer for this session); without it a
 /// resume can only confirm that nothing was missed. A replay is bounded like a history
 /// answer (`max_history_limit`, `max_history_bytes`); one that needs more is not partly
 /// sent but answered `recovered: false`, and the client pages through history itself.
@@ -208,8 +223,9 @@ async fn replay(
     node: &Node,
     channel: &ChannelName,
     since: Since,
+    may_read: bool,
 ) -> Result<(History, Option<bool>), BrokerError> {
-    if policy::check(node, Action::History, channel).is_err() {
+    if !may_read {
         let at = position_of(node, channel).await?;
         let nothing_missed = since.offset == at.position.offset
             && check_since(&since, &at.position, at.position.offset + 1).is_ok();

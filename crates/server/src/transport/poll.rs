@@ -67,8 +67,16 @@ async fn answer(
     hold: bool,
 ) -> Result<Response, Failure> {
     let admitted = request::admit(&node, &headers, peer)?;
-    let request = OpenRequest::parse(query.as_deref(), &headers)?.require_channels()?;
-    let mut session = Session::new(&node).at_address(admitted.as_ref().map(|a| a.ip()));
+    let request = OpenRequest::parse(query.as_deref(), &headers)?;
+    let session = Session::new(&node).at_address(admitted.as_ref().map(|a| a.ip()));
+    let mut session = request::authenticate(
+        &node,
+        session,
+        request.token.as_deref(),
+        &request.sub_tokens,
+    )
+    .await?;
+    let request = request.with_token_channels(&session).require_channels()?;
     session.may_open(&request.channels)?;
     let mut messages = Vec::new();
     // Positions of channels left for the next poll: once the answer is full, a channel

@@ -12,6 +12,8 @@ use crate::{
     error::Failure,
     limits::{AddressGuard, Peer},
     node::Node,
+    policy::token::{ChannelGrant, Identity},
+    session::Session,
 };
 
 /// Whether a new connection or poll may start: the origin is allowed, the server is not
@@ -54,6 +56,10 @@ pub struct OpenRequest {
     pub callback: Option<String>,
     /// `timeout=` (long-poll), seconds or a duration such as `10s`.
     pub timeout: Option<Duration>,
+    /// The connection token, from `Authorization: Bearer` or `token=`.
+    pub token: Option<String>,
+    /// Subscription tokens, `sub_token=` (repeatable; each names its channel).
+    pub sub_tokens: Vec<String>,
 }
 
 fn bad(message: impl Into<String>) -> Failure {
@@ -76,6 +82,8 @@ impl OpenRequest {
                 "cursor" => cursor = Some(value.into_owned()),
                 "callback" => request.callback = Some(value.into_owned()),
                 "timeout" => request.timeout = Some(parse_timeout(&value)?),
+                "token" => request.token = Some(value.into_owned()),
+                "sub_token" => request.sub_tokens.push(value.into_owned()),
                 // Cache busters and the like.
                 "_" | "t" => {}
                 other => return Err(bad(format!("unknown query parameter {other:?}"))),
@@ -87,6 +95,9 @@ impl OpenRequest {
                     .map_err(|_| bad("Last-Event-ID is not ASCII"))?
                     .to_string(),
             );
+        }
+        if let Some(bearer) = bearer(headers)? {
+            request.token = Some(bearer);
         }
         let cursor =
             Cursor::parse(cursor.as_deref().unwrap_or_default()).map_err(|e| bad(e.to_string()))?;
@@ -118,6 +129,70 @@ impl OpenRequest {
             ));
         }
         Ok(self)
+    }
+}
+
+/// The token of `Authorization: Bearer TOKEN`, if the request has one.
+pub fn bearer(headers: &HeaderMap) -> Result<Option<String>, Failure> {
+    let Some(value) = headers.get(axum::http::header::AUTHORIZATION) else {
+        return Ok(None);
+    };
+    let value = value
+        .to_str()
+        .map_err(|_| Failure::new(ErrorCode::Unauthorized, "Authorization is not ASCII"))?;
+    match value.split_once(' ') {
+        Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => {
+            Ok(Some(token.trim().to_string()))
+        }
+        _ => Err(Failure::new(
+            ErrorCode::Unauthorized,
+            "Authorization must be `Bearer TOKEN`",
+        )),
+    }
+}
+
+/// Checks a request's tokens: the connection token (if any) becomes the session's
+/// identity, each subscription token a grant. Refused tokens answer 401 with error 101
+/// (invalid) or 109 (expired) before anything else happens. Every request is checked
+/// afresh: a poll carries its token each time.
+pub async fn authenticate(
+    node: &Node,
+    session: Session,
+    token: Option<&str>,
+    sub_tokens: &[String],
+) -> Result<Session, Failure> {
+    let tokens = node.settings.tokens.clone();
+    let identity: Option<Identity> = match token {
+        Some(token) => Some(tokens.connection(token).await.map_err(|e| e.failure())?),
+        None => None,
+    };
+    let mut session = session.authenticated(identity);
+    let limit = node.settings.config.client.max_subscriptions;
+    if sub_tokens.len() > limit {
+        return Err(bad(format!("more than {limit} subscription tokens")));
+    }
+    for token in sub_tokens {
+        let grant: ChannelGrant = tokens
+            .channel_named_by(token, session.user())
+            .await
+            .map_err(|e| e.failure())?;
+        session.grant(grant);
+    }
+    Ok(session)
+}
+
+impl OpenRequest {
+    /// Adds the channels the session's token subscribes it to, where the request does not
+    /// name them already.
+    pub fn with_token_channels(mut self, session: &Session) -> Self {
+        if let Some(identity) = session.identity() {
+            for channel in &identity.channels {
+                if !self.channels.iter().any(|(c, _)| c == channel) {
+                    self.channels.push((channel.clone(), None));
+                }
+            }
+        }
+        self
     }
 }
 

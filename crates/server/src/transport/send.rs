@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 
 use futures_util::StreamExt;
 
-use super::{origin, MAX_BATCH_BYTES};
+use super::{origin, request, MAX_BATCH_BYTES};
 use crate::{
     error::Failure,
     limits::Peer,
@@ -66,9 +66,13 @@ async fn handle(
         )
     })?;
     let mut session_id = None;
+    let mut token = request::bearer(&headers)?;
+    let mut sub_tokens = Vec::new();
     for (k, v) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         match &*k {
             "session" => session_id = Some(v.into_owned()),
+            "token" => token = Some(v.into_owned()),
+            "sub_token" => sub_tokens.push(v.into_owned()),
             other => {
                 return Err(Failure::new(
                     ErrorCode::BadRequest,
@@ -82,8 +86,17 @@ async fn handle(
         if let Some(Extension(Peer(peer))) = peer {
             session = session.charged_to(node.limits.client_address(peer.ip(), &headers));
         }
+        let session = request::authenticate(&node, session, token.as_deref(), &sub_tokens).await?;
         return answer(session, frame).await;
     };
+    if token.is_some() || !sub_tokens.is_empty() {
+        // The stream's session has its own identity; changing it is `refresh`'s job, so a
+        // token here would be ignored, which would hide a client's mistake.
+        return Err(Failure::new(
+            ErrorCode::BadRequest,
+            "with session=ID, the stream's own token applies: send a new one as a refresh command",
+        ));
+    }
     let owner = id.split('-').next().unwrap_or_default();
     // Node ids are short and alphanumeric; anything else cannot be a session of any node,
     // and is not worth a round trip through the broker.

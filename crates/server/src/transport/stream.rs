@@ -24,7 +24,7 @@ use crate::{
     error::{Disconnect, Failure},
     limits::{AddressGuard, Peer},
     node::{Inbound, Node},
-    session::{Positions, Session},
+    session::{ExpiryTimer, Positions, Session},
 };
 
 /// Longest SSE event id: the cursor it carries comes back as the `Last-Event-ID` header,
@@ -231,6 +231,14 @@ async fn start(
     if framing == Framing::Sse {
         session = session.cursor_bound(MAX_SSE_ID);
     }
+    let session = request::authenticate(
+        &node,
+        session,
+        request.token.as_deref(),
+        &request.sub_tokens,
+    )
+    .await?;
+    let request = request.with_token_channels(&session);
     // What can refuse the request is checked now, so the answer can still be an HTTP error;
     // the channels are opened by the pump, one replay at a time as the client reads.
     session.may_open(&request.channels)?;
@@ -299,6 +307,7 @@ async fn pump(
     };
     let deadline = tokio::time::sleep(lifetime);
     tokio::pin!(deadline);
+    let mut expiry = ExpiryTimer::default();
     let mut written = 0usize;
     // Leaves `inboxes` however the pump ends, a defect's panic included.
     let _registered = Registered {
@@ -333,10 +342,16 @@ async fn pump(
             break Some(d);
         }
         let mut out = Vec::new();
+        expiry.follow(&session);
         let step: Result<(), Disconnect> = tokio::select! {
             biased;
             _ = node.shutdown.cancelled() => Err(Disconnect::new(DisconnectCode::Shutdown)),
             _ = tx.closed() => break None,
+            _ = expiry.wait() => session.expire().await.map(|pushes| {
+                for push in pushes {
+                    framing.push_at(&push, session.positions(), &mut out);
+                }
+            }),
             Some(Inbound { frame, done }) = inbox.recv() => {
                 // Replies go out in pieces as they are made, each waiting for the client.
                 let mut rest = &frame[..];

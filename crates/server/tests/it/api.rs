@@ -110,3 +110,54 @@ async fn removing_history_starts_a_new_epoch() {
     assert_ne!(after, before);
     server.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn api_keys_can_be_limited_to_publishing_or_reading() {
+    use herald_server::config::{ApiKey, ApiScope};
+    let mut cfg = config();
+    cfg.api_keys = vec![
+        ApiKey::Scoped {
+            key: "pub-only".into(),
+            scope: ApiScope::Publish,
+        },
+        ApiKey::Scoped {
+            key: "read-only".into(),
+            scope: ApiScope::Read,
+        },
+    ];
+    let server = start(cfg).await;
+    let http = reqwest::Client::new();
+    let call = |method: reqwest::Method, path: &str, key: &str| {
+        let r = http
+            .request(method, server.url(path))
+            .header("Authorization", format!("apikey {key}"))
+            .json(&json!({ "channel": "news", "data": 1 }));
+        async move { response(r.send().await.unwrap()).await }
+    };
+    use reqwest::Method;
+    assert_eq!(call(Method::POST, "/api/publish", "pub-only").await.0, 200);
+    let (status, body) = call(Method::GET, "/api/history?channel=news", "pub-only").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_u64()),
+        (403, Some(103)),
+        "{body}"
+    );
+    assert_eq!(
+        call(Method::GET, "/api/history?channel=news", "read-only")
+            .await
+            .0,
+        200
+    );
+    assert_eq!(call(Method::GET, "/api/info", "read-only").await.0, 200);
+    assert_eq!(call(Method::POST, "/api/publish", "read-only").await.0, 403);
+    assert_eq!(
+        call(Method::DELETE, "/api/history?channel=news", "read-only")
+            .await
+            .0,
+        403
+    );
+    assert_eq!(call(Method::POST, "/api/publish", "wrong").await.0, 401);
+    // The full key still may do everything.
+    assert_eq!(call(Method::GET, "/api/info", KEY).await.0, 200);
+    server.stop().await.unwrap();
+}

@@ -73,7 +73,7 @@ async fn oversized_frames_close_with_message_too_large() {
 #[tokio::test]
 async fn publications_over_the_namespace_limit_are_refused() {
     let mut cfg = config();
-    cfg.channels.max_message_size = 100;
+    cfg.channels.max_message_size = Some(100);
     let server = start(cfg).await;
     let mut c = server.client().await;
     let r = c

@@ -3,6 +3,7 @@
 mod support;
 
 mod api;
+mod auth;
 mod cross;
 mod errors;
 mod http;

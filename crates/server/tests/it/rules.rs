@@ -11,16 +11,16 @@ async fn namespace_rules_are_enforced_on_every_transport() {
     cfg.namespaces.insert(
         "locked".into(),
         NamespaceOverride {
-            client_subscribe: Some(false),
-            client_publish: Some(false),
-            client_history: Some(false),
+            subscribe: Some(Access::Nobody),
+            publish: Some(Access::Nobody),
+            history: Some(Access::Nobody),
             ..Default::default()
         },
     );
     cfg.namespaces.insert(
         "tiny".into(),
         NamespaceOverride {
-            client_publish: Some(true),
+            publish: Some(Access::Anyone),
             max_message_size: Some(10),
             ..Default::default()
         },
@@ -89,15 +89,15 @@ async fn no_read_path_reaches_further_than_another() {
     cfg.namespaces.insert(
         "secret".into(),
         NamespaceOverride {
-            client_history: Some(false),
+            history: Some(Access::Nobody),
             ..Default::default()
         },
     );
     cfg.namespaces.insert(
         "backend".into(),
         NamespaceOverride {
-            client_subscribe: Some(false),
-            client_history: Some(true),
+            subscribe: Some(Access::Nobody),
+            history: Some(Access::Anyone),
             ..Default::default()
         },
     );
@@ -145,6 +145,6 @@ async fn no_read_path_reaches_further_than_another() {
     assert!(refused["error"]["message"]
         .as_str()
         .unwrap()
-        .contains("client_subscribe"));
+        .contains("`subscribe` is nobody"));
     server.stop().await.unwrap();
 }

@@ -4,6 +4,7 @@ use std::{collections::VecDeque, future::Future, net::SocketAddr, sync::Arc, tim
 
 use futures_util::{SinkExt, StreamExt};
 pub use herald_broker_redis::testkit::RedisServer;
+pub use herald_server::config::Access;
 use herald_server::{
     config::{NamespaceOverride, StorageEngine},
     Config, Node,
@@ -29,7 +30,7 @@ pub fn config() -> Config {
     c.namespaces.insert(
         "open".into(),
         NamespaceOverride {
-            client_publish: Some(true),
+            publish: Some(Access::Anyone),
             ..Default::default()
         },
     );
@@ -237,6 +238,14 @@ impl Client {
         let reply = self.call("subscribe", params).await;
         assert!(reply.get("error").is_none(), "subscribe failed: {reply}");
         reply["subscribe"].clone()
+    }
+
+    /// A line already read but not examined yet, if any (set aside by `call`, or later in a
+    /// frame already read).
+    pub fn set_aside_line(&mut self) -> Option<Value> {
+        self.set_aside
+            .pop_front()
+            .or_else(|| self.lines.pop_front())
     }
 
     /// The next line the server sent (lines set aside by `call` first).

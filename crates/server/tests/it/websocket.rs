@@ -54,7 +54,7 @@ async fn clients_publish_where_the_namespace_allows_it() {
     assert!(denied["error"]["message"]
         .as_str()
         .unwrap()
-        .contains("client_publish"));
+        .contains("`publish` is nobody"));
     server.stop().await.unwrap();
 }
 

@@ -19,7 +19,11 @@ use tungstenite::{
 pub use upgrade::upgrade;
 
 use super::MAX_BATCH_BYTES;
-use crate::{error::Disconnect, node::Node, session::Session};
+use crate::{
+    error::Disconnect,
+    node::Node,
+    session::{ExpiryTimer, Session},
+};
 use wire::Io;
 
 /// The subprotocol of the JSON codec. Clients may also offer no subprotocol at all.
@@ -49,6 +53,7 @@ async fn run(stream: TcpStream, early: Vec<u8>, node: Arc<Node>, address: Option
     let mut ping = tokio::time::interval_at(Instant::now() + ping_every, ping_every);
     let mut last_heard = Instant::now();
     let mut out = Vec::new();
+    let mut expiry = ExpiryTimer::default();
 
     let ended: Option<Disconnect> = loop {
         let step: Result<(), Disconnect> = tokio::select! {
@@ -75,6 +80,11 @@ async fn run(stream: TcpStream, early: Vec<u8>, node: Arc<Node>, address: Option
                 session.queue().hold();
                 Ok(())
             }
+            _ = expiry.wait() => session.expire().await.map(|pushes| {
+                for push in pushes {
+                    crate::session::line(&mut out, &push);
+                }
+            }),
             _ = ping.tick() => {
                 if last_heard.elapsed() >= idle_timeout {
                     Err(Disconnect::because(DisconnectCode::Stale, format!("nothing received for {idle_timeout:?}")))
@@ -91,6 +101,7 @@ async fn run(stream: TcpStream, early: Vec<u8>, node: Arc<Node>, address: Option
         if let Err(d) = flushed {
             break Some(d);
         }
+        expiry.follow(&session);
     };
 
     let id = session.id();

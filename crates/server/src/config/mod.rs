@@ -3,10 +3,15 @@
 //!
 //! Every field's default is stated in its doc comment and in `docs/configuration.md`.
 
-use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
+mod auth;
+mod namespaces;
 
-use herald_broker::StreamPolicy;
+use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
+
 use serde::{Deserialize, Serialize};
+
+pub use auth::{AuthConfig, PreviousKey, MIN_HMAC_SECRET};
+pub use namespaces::{Access, NamespaceConfig, NamespaceOverride};
 
 /// Everything `herald serve` can be told.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -24,11 +29,15 @@ pub struct Config {
     pub log_level: String,
     /// `text` or `json`. Default `text`.
     pub log_format: LogFormat,
-    /// An API key for the HTTP publish API (`Authorization: apikey KEY`). Default none:
-    /// the API then refuses every request and says how to set a key.
+    /// An API key for the HTTP API (`Authorization: apikey KEY`), allowed every call.
+    /// Default none: the API then refuses every request and says how to set a key.
     pub api_key: Option<String>,
-    /// More API keys, any of which is accepted. Default none.
-    pub api_keys: Vec<String>,
+    /// More API keys, any of which is accepted: each a string (every call) or
+    /// `{ key = "…", scope = "publish" }` (publish and broadcast only) or
+    /// `{ key = "…", scope = "read" }` (history and info only). Default none.
+    pub api_keys: Vec<ApiKey>,
+    /// How client tokens are checked. Default: no keys, every client anonymous.
+    pub auth: AuthConfig,
     /// Origins browsers may connect from (`https://example.com`), or `*` for any. Requests
     /// without an `Origin` header (non-browser clients) are always allowed; a browser's
     /// same-origin request is always allowed. Default empty: same origin only.
@@ -72,12 +81,50 @@ pub struct Config {
     pub http: HttpConfig,
     /// Limits per client address.
     pub limits: LimitsConfig,
-    /// Rules for channels whose namespace has no entry in `namespaces`.
-    pub channels: NamespaceConfig,
+    /// Rules for channels whose namespace has no entry in `namespaces`; fields left out
+    /// take the built-in defaults (see [`NamespaceConfig`]).
+    pub channels: NamespaceOverride,
     /// Rules per namespace (the part of a channel name before `:`). Fields left out take
-    /// the value from `channels`. Default: a `chat` namespace that clients may publish to,
-    /// keeping 1000 messages for 7 days.
+    /// the value from `channels`. Default: a `chat` namespace that anyone may read and
+    /// publish to, keeping 1000 messages for 7 days (the demo's).
     pub namespaces: BTreeMap<String, NamespaceOverride>,
+}
+
+/// An API key, with what it may do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ApiKey {
+    /// A key allowed every call.
+    Full(String),
+    /// A key limited to some calls.
+    Scoped {
+        /// The key.
+        key: String,
+        /// What it may do.
+        scope: ApiScope,
+    },
+}
+
+/// What an API key may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApiScope {
+    /// Every call.
+    All,
+    /// Publish and broadcast.
+    Publish,
+    /// Read history and info.
+    Read,
+}
+
+impl ApiKey {
+    /// The key and its scope.
+    pub fn parts(&self) -> (&str, ApiScope) {
+        match self {
+            ApiKey::Full(key) => (key, ApiScope::All),
+            ApiKey::Scoped { key, scope } => (key, *scope),
+        }
+    }
 }
 
 /// Where history is kept.
@@ -264,48 +311,6 @@ impl Default for HttpConfig {
     }
 }
 
-/// Rules for the channels of a namespace.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct NamespaceConfig {
-    /// Publications kept per channel. Default 100.
-    pub history_size: usize,
-    /// Age after which publications leave history. Default `5m`.
-    #[serde(with = "humantime_serde")]
-    pub history_ttl: Duration,
-    /// How long an idle channel's epoch and offset are remembered. Default `24h`.
-    #[serde(with = "humantime_serde")]
-    pub history_meta_ttl: Duration,
-    /// Whether clients may publish (the HTTP API always may). Default false.
-    pub client_publish: bool,
-    /// Whether clients may subscribe. Default true.
-    pub client_subscribe: bool,
-    /// Whether clients may read history with the `history` command. Default true.
-    pub client_history: bool,
-    /// Largest publication, in bytes of JSON. Default 65536.
-    pub max_message_size: usize,
-    /// Whether history is kept in the durable store (when `storage = "durable"`) or only in
-    /// memory (lost on restart: clients then see a new epoch). Default true.
-    pub durable: bool,
-}
-
-/// A namespace's rules; every field left out falls back to `[channels]`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-#[allow(missing_docs)]
-pub struct NamespaceOverride {
-    pub history_size: Option<usize>,
-    #[serde(with = "humantime_serde")]
-    pub history_ttl: Option<Duration>,
-    #[serde(with = "humantime_serde")]
-    pub history_meta_ttl: Option<Duration>,
-    pub client_publish: Option<bool>,
-    pub client_subscribe: Option<bool>,
-    pub client_history: Option<bool>,
-    pub max_message_size: Option<usize>,
-    pub durable: Option<bool>,
-}
-
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -316,6 +321,7 @@ impl Default for Config {
             log_format: LogFormat::Text,
             api_key: None,
             api_keys: Vec::new(),
+            auth: AuthConfig::default(),
             allowed_origins: Vec::new(),
             allowed_hosts: Vec::new(),
             web: true,
@@ -329,14 +335,17 @@ impl Default for Config {
             client: ClientConfig::default(),
             http: HttpConfig::default(),
             limits: LimitsConfig::default(),
-            channels: NamespaceConfig::default(),
+            channels: NamespaceOverride::default(),
             namespaces: BTreeMap::from([(
                 "chat".to_string(),
                 NamespaceOverride {
                     history_size: Some(1000),
                     history_ttl: Some(Duration::from_secs(7 * 24 * 3600)),
                     history_meta_ttl: Some(Duration::from_secs(30 * 24 * 3600)),
-                    client_publish: Some(true),
+                    subscribe: Some(Access::Anyone),
+                    history: Some(Access::Anyone),
+                    presence: Some(Access::Anyone),
+                    publish: Some(Access::Anyone),
                     ..Default::default()
                 },
             )]),
@@ -360,45 +369,6 @@ impl Default for ClientConfig {
     }
 }
 
-impl Default for NamespaceConfig {
-    fn default() -> Self {
-        Self {
-            history_size: 100,
-            history_ttl: Duration::from_secs(300),
-            history_meta_ttl: Duration::from_secs(24 * 3600),
-            client_publish: false,
-            client_subscribe: true,
-            client_history: true,
-            max_message_size: 65536,
-            durable: true,
-        }
-    }
-}
-
-impl NamespaceConfig {
-    /// The broker retention policy these rules imply.
-    pub fn stream_policy(&self) -> StreamPolicy {
-        StreamPolicy {
-            history_size: self.history_size,
-            history_ttl: self.history_ttl,
-            meta_ttl: self.history_meta_ttl.max(self.history_ttl),
-        }
-    }
-
-    fn apply(&self, o: &NamespaceOverride) -> Self {
-        Self {
-            history_size: o.history_size.unwrap_or(self.history_size),
-            history_ttl: o.history_ttl.unwrap_or(self.history_ttl),
-            history_meta_ttl: o.history_meta_ttl.unwrap_or(self.history_meta_ttl),
-            client_publish: o.client_publish.unwrap_or(self.client_publish),
-            client_subscribe: o.client_subscribe.unwrap_or(self.client_subscribe),
-            client_history: o.client_history.unwrap_or(self.client_history),
-            max_message_size: o.max_message_size.unwrap_or(self.max_message_size),
-            durable: o.durable.unwrap_or(self.durable),
-        }
-    }
-}
-
 /// A configuration value that cannot work, named by its key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid configuration: `{key}`: {problem}")]
@@ -409,18 +379,20 @@ pub struct ConfigError {
     pub problem: String,
 }
 
-fn bad(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+pub(crate) fn bad(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
     ConfigError {
         key: key.into(),
         problem: problem.into(),
     }
 }
 
-/// A checked configuration with namespace rules resolved.
+/// A checked configuration with namespace rules resolved and token keys loaded.
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// The configuration as given.
     pub config: Config,
+    /// Checks client tokens against the configured keys.
+    pub tokens: Arc<crate::policy::token::Verifier>,
     default_namespace: NamespaceConfig,
     namespaces: BTreeMap<String, NamespaceConfig>,
 }
@@ -475,7 +447,8 @@ impl Config {
         if h.iframe_max_lifetime.is_zero() {
             return Err(bad("http.iframe_max_lifetime", "must be greater than 0"));
         }
-        for (i, key) in self.api_keys.iter().chain(&self.api_key).enumerate() {
+        let keys = self.api_keys.iter().map(|k| k.parts().0);
+        for (i, key) in keys.chain(self.api_key.as_deref()).enumerate() {
             if key.trim().is_empty() {
                 let name = if i < self.api_keys.len() {
                     "api_keys"
@@ -493,7 +466,11 @@ impl Config {
                 ));
             }
         }
-        check_namespace("channels", &self.channels)?;
+        self.auth.check()?;
+        let tokens = Arc::new(crate::policy::token::Verifier::new(&self.auth)?);
+        self.channels.check_replaced("channels")?;
+        let base = NamespaceConfig::built_in(self.auth.keyed()).apply(&self.channels);
+        base.check("channels")?;
         let mut namespaces = BTreeMap::new();
         for (name, o) in &self.namespaces {
             let key = format!("namespaces.{name}");
@@ -506,29 +483,18 @@ impl Config {
                     "a namespace name uses the channel-name characters and no `:`",
                 ));
             }
-            let ns = self.channels.apply(o);
-            check_namespace(&key, &ns)?;
+            o.check_replaced(&key)?;
+            let ns = base.apply(o);
+            ns.check(&key)?;
             namespaces.insert(name.clone(), ns);
         }
         Ok(Settings {
-            default_namespace: self.channels.clone(),
+            tokens,
+            default_namespace: base,
             namespaces,
             config: self,
         })
     }
-}
-
-fn check_namespace(key: &str, ns: &NamespaceConfig) -> Result<(), ConfigError> {
-    if ns.history_size > 0 && ns.history_ttl.is_zero() {
-        return Err(bad(
-            format!("{key}.history_ttl"),
-            "must be greater than 0 when history_size is",
-        ));
-    }
-    if ns.max_message_size == 0 {
-        return Err(bad(format!("{key}.max_message_size"), "must be at least 1"));
-    }
-    Ok(())
 }
 
 impl Settings {
@@ -545,13 +511,34 @@ impl Settings {
         std::sync::Arc::new(move |c| rules.namespace(c.namespace()).stream_policy())
     }
 
-    /// Every accepted API key.
-    pub fn api_keys(&self) -> impl Iterator<Item = &str> {
-        self.config
-            .api_keys
-            .iter()
-            .chain(&self.config.api_key)
-            .map(String::as_str)
+    /// Every accepted API key, with its scope.
+    pub fn api_keys(&self) -> impl Iterator<Item = (&str, ApiScope)> {
+        let single = self.config.api_key.as_deref().map(|k| (k, ApiScope::All));
+        self.config.api_keys.iter().map(ApiKey::parts).chain(single)
+    }
+
+    /// Namespaces (by name; `[channels]` as the empty name) whose channels anonymous
+    /// clients may read or publish to, with what they may do: said at start-up, so an
+    /// operator sees what is open.
+    pub fn open_to_anyone(&self) -> Vec<(&str, Vec<&'static str>)> {
+        let open = |ns: &NamespaceConfig| {
+            let mut can = Vec::new();
+            if ns.subscribe == Access::Anyone {
+                can.push("subscribe");
+                if ns.history == Access::Anyone {
+                    can.push("history");
+                }
+            }
+            if ns.publish == Access::Anyone {
+                can.push("publish");
+            }
+            can
+        };
+        std::iter::once(("", &self.default_namespace))
+            .chain(self.namespaces.iter().map(|(n, ns)| (n.as_str(), ns)))
+            .map(|(name, ns)| (name, open(ns)))
+            .filter(|(_, can)| !can.is_empty())
+            .collect()
     }
 }
 
@@ -562,9 +549,10 @@ mod tests {
     #[test]
     fn defaults_are_valid_and_chat_allows_publishing() {
         let s = Config::default().validate().unwrap();
-        assert!(s.namespace("chat").client_publish);
-        assert!(!s.namespace("").client_publish);
-        assert!(!s.namespace("unknown").client_publish);
+        assert_eq!(s.namespace("chat").publish, Access::Anyone);
+        assert_eq!(s.namespace("").publish, Access::Nobody);
+        assert_eq!(s.namespace("unknown").publish, Access::Nobody);
+        assert_eq!(s.namespace("unknown").subscribe, Access::Anyone);
         assert_eq!(
             s.namespace("chat").max_message_size,
             65536,
@@ -587,5 +575,45 @@ mod tests {
         let mut c = Config::default();
         c.api_key = Some(" ".into());
         assert_eq!(c.validate().unwrap_err().key, "api_key");
+        let mut c = Config::default();
+        c.auth.hmac_secret = Some("short".into());
+        assert_eq!(c.validate().unwrap_err().key, "auth.hmac_secret");
+    }
+
+    #[test]
+    fn a_token_key_closes_the_default_namespace_to_anonymous_readers() {
+        let mut c = Config::default();
+        c.auth.hmac_secret = Some("k".repeat(32));
+        let s = c.validate().unwrap();
+        assert_eq!(s.namespace("").subscribe, Access::Authenticated);
+        assert_eq!(s.namespace("x").history, Access::Authenticated);
+        assert_eq!(
+            s.namespace("chat").subscribe,
+            Access::Anyone,
+            "the demo stays open"
+        );
+        assert_eq!(
+            s.open_to_anyone(),
+            vec![("chat", vec!["subscribe", "history", "publish"])]
+        );
+        let open = Config::default().validate().unwrap();
+        assert_eq!(open.open_to_anyone()[0], ("", vec!["subscribe", "history"]));
+    }
+
+    #[test]
+    fn the_old_client_switches_are_refused_with_their_replacement() {
+        let c: Config = toml::from_str("[namespaces.news]\nclient_publish = true\n").unwrap();
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.key, "namespaces.news.client_publish");
+        assert!(e.problem.contains("publish = \"anyone\""), "{e}");
+    }
+
+    #[test]
+    fn api_keys_may_be_scoped() {
+        let c: Config =
+            toml::from_str("api_keys = [\"all\", { key = \"p\", scope = \"publish\" }]\n").unwrap();
+        let s = c.validate().unwrap();
+        let keys: Vec<_> = s.api_keys().collect();
+        assert_eq!(keys, vec![("all", ApiScope::All), ("p", ApiScope::Publish)]);
     }
 }
