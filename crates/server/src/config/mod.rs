@@ -526,7 +526,7 @@ impl Settings {
             if ns.subscribe == Access::Anyone {
                 can.push("subscribe");
                 if ns.history == Access::Anyone {
-                    can.push("history");
+                    can.push("read history");
                 }
             }
             if ns.publish == Access::Anyone {
@@ -594,10 +594,13 @@ mod tests {
         );
         assert_eq!(
             s.open_to_anyone(),
-            vec![("chat", vec!["subscribe", "history", "publish"])]
+            vec![("chat", vec!["subscribe", "read history", "publish"])]
         );
         let open = Config::default().validate().unwrap();
-        assert_eq!(open.open_to_anyone()[0], ("", vec!["subscribe", "history"]));
+        assert_eq!(
+            open.open_to_anyone()[0],
+            ("", vec!["subscribe", "read history"])
+        );
     }
 
     #[test]
