@@ -597,15 +597,16 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
   private async doRefresh(): Promise<void> {
     const getToken = this.options.getToken;
     if (getToken === undefined) return;
+    // Jittered backoff between tries, never past the token's end: the server then closes
+    // with 3504 and the client reconnects with whatever token it gets next.
+    const retry = (attempt: number) => new Promise((r) => setTimeout(r, backoffDelay(attempt, { minDelay: 250, maxDelay: 5_000 })));
     for (let attempt = 0; this.current === "connected"; attempt++) {
       let token: string | null | undefined;
       try {
         token = await getToken();
       } catch (error) {
         this.emit("error", { type: "transport", code: ClientCode.TokenUnavailable, message: `getToken failed: ${String(error)}` });
-        // Jittered backoff, but never past the token's end: the server then closes with
-        // 3504 and the client reconnects with whatever token it gets next.
-        await new Promise((r) => setTimeout(r, backoffDelay(attempt, { minDelay: 250, maxDelay: 5_000 })));
+        await retry(attempt);
         continue;
       }
       if (this.current !== "connected") return;
@@ -625,7 +626,11 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
       } catch (error) {
         const code = error instanceof HeraldError ? error.code : 0;
         if (code === 101) this.stop(3500, `refresh refused: ${String(error)}`);
-        else if (code === 109) continue;
+        else if (code === 109) {
+          // The backend gave an expired token: ask again, not in a tight loop.
+          await retry(attempt);
+          continue;
+        }
         // Otherwise the connection dropped; reconnecting uses the new token.
       }
       return;

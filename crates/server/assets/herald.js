@@ -1065,13 +1065,14 @@ var Herald = (() => {
     async doRefresh() {
       const getToken = this.options.getToken;
       if (getToken === void 0) return;
+      const retry = (attempt) => new Promise((r) => setTimeout(r, backoffDelay(attempt, { minDelay: 250, maxDelay: 5e3 })));
       for (let attempt = 0; this.current === "connected"; attempt++) {
         let token;
         try {
           token = await getToken();
         } catch (error) {
           this.emit("error", { type: "transport", code: ClientCode.TokenUnavailable, message: `getToken failed: ${String(error)}` });
-          await new Promise((r) => setTimeout(r, backoffDelay(attempt, { minDelay: 250, maxDelay: 5e3 })));
+          await retry(attempt);
           continue;
         }
         if (this.current !== "connected") return;
@@ -1090,7 +1091,10 @@ var Herald = (() => {
         } catch (error) {
           const code = error instanceof HeraldError ? error.code : 0;
           if (code === 101) this.stop(3500, `refresh refused: ${String(error)}`);
-          else if (code === 109) continue;
+          else if (code === 109) {
+            await retry(attempt);
+            continue;
+          }
         }
         return;
       }

@@ -100,8 +100,9 @@ namespace_rules! { |keyed|
     presence: Access = if keyed { Access::Authenticated } else { Access::Anyone };
     /// Who may publish (the HTTP API always may). Default `nobody`.
     publish: Access = Access::Nobody;
-    /// Personal channels: `NS:USERID` is only for the user USERID (or a connection granted
-    /// it explicitly); other channels of the namespace follow the rules above. Default false.
+    /// Personal channels: every channel `NS:X` belongs to the user `X` (`user:42:x` to the
+    /// user `42:x`), and is only for that user or a connection granted it explicitly; the
+    /// levels above apply on top. Default false.
     personal: bool = false;
     /// Largest publication, in bytes of JSON. Default 65536.
     max_message_size: usize = 65536;

@@ -90,7 +90,8 @@ pub fn check(
 ) -> Result<(), Failure> {
     let rules = node.settings.namespace(channel.namespace());
     let granted = granted(rules, asker, action, channel);
-    if rules.personal && !granted && !is_own(asker, channel) {
+    // Own personal channels count as granted, so this refuses only other users' ones.
+    if rules.personal && !granted {
         return Err(refuse(
             format!(
                 "{channel} is a personal channel of another user: only its user (or a connection granted it) may {} it",

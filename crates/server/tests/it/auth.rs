@@ -173,16 +173,6 @@ async fn get(server: &TestServer, path_and_query: &str) -> reqwest::Response {
     reqwest::get(server.url(path_and_query)).await.unwrap()
 }
 
-/// An HTTP request's status and error code, when it was refused.
-async fn refused(r: reqwest::Response) -> (u16, Option<u64>) {
-    let status = r.status().as_u16();
-    if status == 200 {
-        return (status, None);
-    }
-    let body: Value = r.json().await.unwrap_or_default();
-    (status, body["error"]["code"].as_u64())
-}
-
 /// Opens a WebSocket and sends `connect` with `token`.
 async fn connect(server: &TestServer, token: &str) -> (Client, Value) {
     let mut c = server.client().await;
@@ -223,7 +213,7 @@ async fn bad_tokens_are_refused_on_every_transport_with_the_documented_codes() {
         for open in HTTP_OPENS {
             let path = format!("{open}channel=chat:x&token={}", urlencode(&token));
             assert_eq!(
-                refused(get(&server, &path).await).await,
+                status_and_code(get(&server, &path).await).await,
                 (401, Some(code)),
                 "{what} {open}"
             );
@@ -234,7 +224,7 @@ async fn bad_tokens_are_refused_on_every_transport_with_the_documented_codes() {
                 .await
                 .unwrap();
             assert_eq!(
-                refused(with_header).await,
+                status_and_code(with_header).await,
                 (401, Some(code)),
                 "{what} {open} (Bearer)"
             );
@@ -245,7 +235,11 @@ async fn bad_tokens_are_refused_on_every_transport_with_the_documented_codes() {
             .send()
             .await
             .unwrap();
-        assert_eq!(refused(sent).await, (401, Some(code)), "{what} send");
+        assert_eq!(
+            status_and_code(sent).await,
+            (401, Some(code)),
+            "{what} send"
+        );
     }
     let history = server.api_get("/api/history?channel=private:a").await;
     assert_eq!(history.1["offset"], 0, "nothing was published: {history:?}");
@@ -253,7 +247,7 @@ async fn bad_tokens_are_refused_on_every_transport_with_the_documented_codes() {
 }
 
 #[tokio::test]
-async fn an_hmac_token_made_with_the_public_key_is_refused() {
+async fn an_hmac_token_made_with_the_public_key_is_status_and_code() {
     let mut cfg = auth_config();
     cfg.auth.hmac_secret = None;
     cfg.auth.public_key = Some(fixture("rsa1.pub.pem"));
@@ -270,7 +264,10 @@ async fn an_hmac_token_made_with_the_public_key_is_refused() {
         .await;
     assert_eq!(c.closed().await.code, 3500);
     let path = format!("/connection/poll?channel=chat:x&token={confused}");
-    assert_eq!(refused(get(&server, &path).await).await, (401, Some(101)));
+    assert_eq!(
+        status_and_code(get(&server, &path).await).await,
+        (401, Some(101))
+    );
 
     // The real thing passes.
     let (_, reply) = connect(&server, &rs256("rsa1", None, &claims("42", json!({})))).await;
@@ -364,7 +361,7 @@ async fn channels_are_opened_only_to_connections_granted_them_on_every_transport
         ];
         for (query, expected) in tries {
             let r = get(&server, &format!("{open}{query}")).await;
-            assert_eq!(refused(r).await, expected, "{open}{query}");
+            assert_eq!(status_and_code(r).await, expected, "{open}{query}");
         }
         for query in [
             format!("channel=private:a&token={alice}"),
@@ -379,23 +376,17 @@ async fn channels_are_opened_only_to_connections_granted_them_on_every_transport
         }
     }
     let history = |token: &str, channel: &str| {
-        let url = server.url(&format!("/connection/send?token={token}"));
+        let server = &server;
         let body = json!({ "id": 1, "history": { "channel": channel } }).to_string();
+        let query = format!("token={token}");
         async move {
-            let text = reqwest::Client::new()
-                .post(url)
-                .body(body)
-                .send()
+            server
+                .send_codes_with(&reqwest::Client::new(), &query, body)
                 .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
-            serde_json::from_str::<Value>(text.trim()).unwrap()["error"]["code"].as_u64()
         }
     };
-    assert_eq!(history(&bob, "user:42").await, Some(103));
-    assert_eq!(history(&alice, "user:42").await, None);
+    assert_eq!(history(&bob, "user:42").await, vec![Some(103)]);
+    assert_eq!(history(&alice, "user:42").await, vec![None]);
 
     // What is published reaches those granted it, and nobody else.
     server.publish("private:a", json!("for alice")).await;
@@ -456,7 +447,7 @@ async fn a_token_that_expires_while_connected_ends_the_connection_unless_refresh
         &format!("/connection/poll?channel=private:a&token={short}"),
     )
     .await;
-    assert_eq!(refused(poll).await, (401, Some(109)));
+    assert_eq!(status_and_code(poll).await, (401, Some(109)));
 
     server.publish("private:a", json!("after expiry")).await;
     assert_eq!(refreshed.next_pub().await.2, "after expiry");
@@ -589,7 +580,7 @@ async fn jwks_keys_are_fetched_rotated_and_retired() {
         .map(|i| {
             let token = rs256("rsa2", Some(&format!("made-up-{i}")), &user);
             let url = server.url(&format!("/connection/poll?channel=chat:x&token={token}"));
-            tokio::spawn(async move { refused(reqwest::get(url).await.unwrap()).await })
+            tokio::spawn(async move { status_and_code(reqwest::get(url).await.unwrap()).await })
         })
         .collect();
     for f in forged {
@@ -602,5 +593,63 @@ async fn jwks_keys_are_fetched_rotated_and_retired() {
         "{fetched} fetches in {:?}",
         started.elapsed()
     );
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn refresh_and_send_refuse_what_they_cannot_do() {
+    let mut cfg = auth_config();
+    cfg.client.max_subscriptions = 2;
+    let server = start(cfg).await;
+    // Anonymous connections have no token to refresh.
+    let mut anonymous = server.client().await;
+    let r = anonymous
+        .call(
+            "refresh",
+            json!({ "token": hs256(&claims("42", json!({}))) }),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], 116, "{r}");
+    // A subscription token is refreshed only for a channel subscribed to.
+    let (mut c, _) = connect(&server, &hs256(&claims("42", json!({})))).await;
+    let grant = hs256(&claims("42", json!({ "channel": "private:x" })));
+    let r = c
+        .call("refresh", json!({ "channel": "private:x", "token": grant }))
+        .await;
+    assert_eq!(r["error"]["code"], 115, "{r}");
+    // An expired connection token in a refresh is 109, and the connection stays.
+    let expired = hs256(&claims("42", json!({ "exp": now() - 120 })));
+    let r = c.call("refresh", json!({ "token": expired })).await;
+    assert_eq!(r["error"]["code"], 109, "{r}");
+    assert!(c.call("ping", json!({})).await.get("error").is_none());
+
+    // Commands for a stream's session use the stream's token: a token there is a mistake.
+    let stream = get(&server, "/connection/stream?channel=chat:x").await;
+    let mut lines = Lines::new(stream);
+    let connect: Value = serde_json::from_str(&lines.next().await.unwrap()).unwrap();
+    let session = connect["connect"]["client"].as_str().unwrap().to_string();
+    let token = hs256(&claims("42", json!({})));
+    let sent = reqwest::Client::new()
+        .post(server.url(&format!("/connection/send?session={session}&token={token}")))
+        .body(r#"{"id":1,"ping":{}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(status_and_code(sent).await, (400, Some(107)));
+
+    // More subscription tokens than subscriptions a connection may hold.
+    let many: String = (0..=server.node.settings.config.client.max_subscriptions)
+        .map(|i| {
+            format!(
+                "&sub_token={}",
+                hs256(&claims(
+                    "",
+                    json!({ "channel": format!("private:{i}"), "sub": null })
+                ))
+            )
+        })
+        .collect();
+    let r = get(&server, &format!("/connection/poll?channel=chat:x{many}")).await;
+    assert_eq!(status_and_code(r).await, (400, Some(107)));
     server.stop().await.unwrap();
 }

@@ -104,8 +104,18 @@ impl TestServer {
         client: &reqwest::Client,
         body: impl Into<String>,
     ) -> Vec<Option<u64>> {
+        self.send_codes_with(client, "", body).await
+    }
+
+    /// [`TestServer::send_codes`] with a query (`token=…`), as `KEY=VALUE&…`.
+    pub async fn send_codes_with(
+        &self,
+        client: &reqwest::Client,
+        query: &str,
+        body: impl Into<String>,
+    ) -> Vec<Option<u64>> {
         let answer = client
-            .post(self.url("/connection/send"))
+            .post(self.url(&format!("/connection/send?{query}")))
             .body(body.into())
             .send()
             .await
@@ -155,6 +165,17 @@ impl TestServer {
             .expect("server stops in time")
             .unwrap()
     }
+}
+
+/// A response's status and, when it is not 200, its error code. A 200 body is not read: it
+/// may be a stream that never ends.
+pub async fn status_and_code(r: reqwest::Response) -> (u16, Option<u64>) {
+    let status = r.status().as_u16();
+    if status == 200 {
+        return (status, None);
+    }
+    let body: Value = r.json().await.unwrap_or_default();
+    (status, body["error"]["code"].as_u64())
 }
 
 pub async fn response(r: reqwest::Response) -> (u16, Value) {
