@@ -88,7 +88,11 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
 /// token keys every namespace is open to reading, which is right for a demo and wrong for
 /// anything private.
 fn say_what_is_open(settings: &herald_server::config::Settings) {
-    let keyed = settings.tokens.keyed();
+    // With a connect hook, only clients the backend admits without a user are anonymous.
+    let keyed = settings.tokens.keyed() || settings.hooks.connect.is_some();
+    for (key, url) in settings.config.hooks.urls() {
+        tracing::info!("{key}: asking the backend at {url}");
+    }
     for (namespace, can) in settings.open_to_anyone() {
         let which = if namespace.is_empty() {
             "channels without a namespace entry ([channels])".to_string()

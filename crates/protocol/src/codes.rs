@@ -86,6 +86,9 @@ codes! {
         BadConnectState = 116, "bad connection state";
         /// The server is shutting down.
         ShuttingDown = 117, "server is shutting down";
+        /// The application's backend, which a hook asks, did not answer in time, answered
+        /// something that is not a hook answer, or is failing; retry later.
+        BackendUnavailable = 118, "backend unavailable";
     }
 }
 
@@ -106,6 +109,8 @@ codes! {
         ServerError = 3006, "internal server error";
         /// The server asks the client to reconnect (for example after a configuration change).
         ForceReconnect = 3007, "force reconnect";
+        /// The application's backend, which a hook asks, did not answer; reconnect later.
+        BackendUnavailable = 3008, "backend unavailable";
         /// The token is invalid; reconnecting with the same one will fail again.
         InvalidToken = 3500, "invalid token";
         /// The client sent something the server cannot parse.
@@ -120,6 +125,16 @@ codes! {
         ConnectionLimit = 3505, "connection limit";
     }
 }
+
+impl From<ErrorCode> for u16 {
+    fn from(code: ErrorCode) -> u16 {
+        code.code()
+    }
+}
+
+/// First and last error code an application's backend may answer a hook with for its own
+/// reasons; a client receives it as it is.
+pub const APPLICATION_ERROR_CODES: std::ops::RangeInclusive<u16> = 1000..=1999;
 
 impl DisconnectCode {
     /// Whether a client should reconnect after this code (and resume from its positions).

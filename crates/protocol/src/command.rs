@@ -38,6 +38,8 @@ pub enum Method {
     /// Replaces the connection's token (no `channel`) or a subscription's token (with
     /// `channel`) before it expires.
     Refresh(RefreshRequest),
+    /// A call to the application's backend (its `rpc` hook), answered on this connection.
+    Rpc(RpcRequest),
     /// Asks for an empty reply; keeps the connection alive and measures round trips.
     Ping,
 }
@@ -52,6 +54,7 @@ impl Method {
             Method::Publish { .. } => "publish",
             Method::History(_) => "history",
             Method::Refresh(_) => "refresh",
+            Method::Rpc(_) => "rpc",
             Method::Ping => "ping",
         }
     }
@@ -92,6 +95,15 @@ pub struct RefreshRequest {
     pub channel: Option<ChannelName>,
     /// The new token.
     pub token: String,
+}
+
+/// Parameters of `rpc`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RpcRequest {
+    /// What the client calls, for the backend (1 to 256 bytes).
+    pub method: String,
+    /// One JSON value, as text (`null` when the client sent none).
+    pub data: Bytes,
 }
 
 /// Parameters of `history`.

@@ -11,7 +11,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::{
-    command::{ConnectRequest, HistoryRequest, RefreshRequest, SubscribeRequest},
+    command::{ConnectRequest, HistoryRequest, RefreshRequest, RpcRequest, SubscribeRequest},
     ChannelName, Command, DisconnectCode, ErrorCode, Method, Publication, Since,
 };
 
@@ -110,11 +110,26 @@ pub fn decode_command(line: &[u8]) -> Result<Command, DecodeError> {
             let _: Empty = parse(id, params)?;
             Method::Ping
         }
+        "rpc" => {
+            let p: RpcParams = parse(id, params)?;
+            if p.method.is_empty() || p.method.len() > MAX_RPC_METHOD {
+                return Err(invalid(
+                    id,
+                    ErrorCode::BadRequest,
+                    format!("rpc method must be 1 to {MAX_RPC_METHOD} bytes"),
+                ));
+            }
+            let data = match &p.data {
+                Some(raw) => payload(raw).map_err(|m| invalid(id, ErrorCode::BadRequest, m))?,
+                None => Bytes::from_static(b"null"),
+            };
+            Method::Rpc(RpcRequest { method: p.method, data })
+        }
         other => {
             return Err(invalid(
                 id,
                 ErrorCode::MethodNotFound,
-                format!("unknown method {other:?}; expected one of connect, subscribe, unsubscribe, publish, history, refresh, ping"),
+                format!("unknown method {other:?}; expected one of connect, subscribe, unsubscribe, publish, history, refresh, rpc, ping"),
             ))
         }
     };
@@ -178,6 +193,17 @@ struct PublishParams {
     data: Box<RawValue>,
 }
 
+/// Longest `rpc` method name, in bytes.
+pub const MAX_RPC_METHOD: usize = 256;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RpcParams {
+    method: String,
+    #[serde(default)]
+    data: Option<Box<RawValue>>,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct HistoryParams {
@@ -223,7 +249,7 @@ pub fn encode_reply(id: u64, method: &str, result: &impl Serialize) -> Vec<u8> {
 
 /// Encodes an error reply: `{"id":ID,"error":{"code":N,"message":"…"}}` (no id when the
 /// command had none or it could not be read).
-pub fn encode_error(id: Option<u64>, code: ErrorCode, message: &str) -> Vec<u8> {
+pub fn encode_error(id: Option<u64>, code: impl Into<u16>, message: &str) -> Vec<u8> {
     #[derive(Serialize)]
     struct ErrorReply<'a> {
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -232,7 +258,10 @@ pub fn encode_error(id: Option<u64>, code: ErrorCode, message: &str) -> Vec<u8> 
     }
     serde_json::to_vec(&ErrorReply {
         id,
-        error: ErrorBody { code, message },
+        error: ErrorBody {
+            code: code.into(),
+            message,
+        },
     })
     .expect("error replies always serialise")
 }
@@ -240,8 +269,9 @@ pub fn encode_error(id: Option<u64>, code: ErrorCode, message: &str) -> Vec<u8> 
 /// The `error` object of error replies and HTTP error bodies.
 #[derive(Debug, Serialize)]
 pub struct ErrorBody<'a> {
-    /// One of [`ErrorCode`].
-    pub code: ErrorCode,
+    /// One of [`ErrorCode`], or an application's own (see
+    /// [`crate::codes::APPLICATION_ERROR_CODES`]).
+    pub code: u16,
     /// What went wrong, for people.
     pub message: &'a str,
 }
@@ -368,6 +398,7 @@ pub fn stored_payload(data: &[u8]) -> Result<Bytes, String> {
 /// Results of commands, serialised into replies.
 pub mod results {
     use serde::Serialize;
+    use serde_json::value::RawValue;
 
     use crate::{Epoch, Publication};
 
@@ -421,6 +452,17 @@ pub mod results {
         /// Replayed or requested publications, oldest first.
         #[serde(skip_serializing_if = "<[_]>::is_empty")]
         pub publications: &'a [Publication],
+        /// For subscribe: the channel's state as the application's backend gave it (its
+        /// subscribe hook's `data`), before any live publication.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub data: Option<&'a RawValue>,
+    }
+
+    /// Result of `rpc`: what the application's backend answered.
+    #[derive(Debug, Serialize)]
+    pub struct Rpc<'a> {
+        /// The backend's `data` (JSON; `null` when it gave none).
+        pub data: &'a RawValue,
     }
 
     /// Result of `publish`.
@@ -444,6 +486,32 @@ mod tests {
 
     fn one(line: &str) -> Result<Command, DecodeError> {
         decode_command(line.as_bytes())
+    }
+
+    #[test]
+    fn rpc_carries_a_method_and_any_json_value() {
+        let c = one(r#"{"id":2,"rpc":{"method":"get","data":{"a":[1]}}}"#).unwrap();
+        assert_eq!(
+            c.method,
+            Method::Rpc(RpcRequest {
+                method: "get".into(),
+                data: Bytes::from(r#"{"a":[1]}"#)
+            })
+        );
+        let Method::Rpc(r) = one(r#"{"rpc":{"method":"m"}}"#).unwrap().method else {
+            panic!()
+        };
+        assert_eq!(&r.data[..], b"null");
+        for bad in [
+            r#"{"id":3,"rpc":{"method":""}}"#.to_string(),
+            format!(r#"{{"id":3,"rpc":{{"method":"{}"}}}}"#, "m".repeat(257)),
+            r#"{"id":3,"rpc":{"data":1}}"#.to_string(),
+        ] {
+            let Err(DecodeError::Invalid { id, code, .. }) = one(&bad) else {
+                panic!("{bad}")
+            };
+            assert_eq!((id, code), (Some(3), ErrorCode::BadRequest), "{bad}");
+        }
     }
 
     #[test]
@@ -595,6 +663,7 @@ mod tests {
             offset: 1,
             recovered: Some(true),
             publications: &pubs,
+            data: None,
         };
         let v: serde_json::Value =
             serde_json::from_slice(&encode_reply(3, "subscribe", &r)).unwrap();

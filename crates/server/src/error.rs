@@ -7,10 +7,12 @@ use herald_protocol::{DisconnectCode, ErrorCode};
 /// A command or request that failed; the connection (if any) stays open.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
-    /// Wire code.
+    /// What kind of failure (and, unless `application` says otherwise, the wire code).
     pub code: ErrorCode,
     /// What went wrong, for people.
     pub message: String,
+    /// An application's own code, from its backend's hook answer: sent instead of `code`.
+    pub application: Option<u16>,
 }
 
 impl Failure {
@@ -19,7 +21,23 @@ impl Failure {
         Self {
             code,
             message: message.into(),
+            application: None,
         }
+    }
+
+    /// A refusal by the application's backend with its own code (see
+    /// [`herald_protocol::codes::APPLICATION_ERROR_CODES`]); counted as a permission
+    /// refusal (403) where a status is needed.
+    pub fn application(code: u16, message: impl Into<String>) -> Self {
+        Self {
+            application: Some(code),
+            ..Self::new(ErrorCode::PermissionDenied, message)
+        }
+    }
+
+    /// The code sent to the client.
+    pub fn wire_code(&self) -> u16 {
+        self.application.unwrap_or(self.code.code())
     }
 
     /// The HTTP status for this failure on the HTTP API.
@@ -37,7 +55,9 @@ impl Failure {
             ErrorCode::BadRequest | ErrorCode::InvalidChannel | ErrorCode::NotSubscribed => {
                 StatusCode::BAD_REQUEST
             }
-            ErrorCode::NotAvailable | ErrorCode::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::NotAvailable | ErrorCode::ShuttingDown | ErrorCode::BackendUnavailable => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ErrorCode::UnrecoverablePosition => StatusCode::CONFLICT,
             ErrorCode::MessageTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         }
@@ -93,7 +113,7 @@ impl Disconnect {
 
 impl axum::response::IntoResponse for Failure {
     fn into_response(self) -> axum::response::Response {
-        let body = herald_protocol::json::encode_error(None, self.code, &self.message);
+        let body = herald_protocol::json::encode_error(None, self.wire_code(), &self.message);
         (
             self.status(),
             [(axum::http::header::CONTENT_TYPE, "application/json")],

@@ -16,6 +16,7 @@
 pub mod config;
 pub mod error;
 pub mod history;
+pub mod hooks;
 pub mod hub;
 pub mod limits;
 pub mod node;

@@ -4,6 +4,7 @@
 //! Every field's default is stated in its doc comment and in `docs/configuration.md`.
 
 mod auth;
+mod hooks;
 mod namespaces;
 
 use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
@@ -11,6 +12,7 @@ use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 use serde::{Deserialize, Serialize};
 
 pub use auth::{AuthConfig, PreviousKey, MIN_HMAC_SECRET};
+pub use hooks::HooksConfig;
 pub use namespaces::{Access, NamespaceConfig, NamespaceOverride};
 
 /// Everything `herald serve` can be told.
@@ -38,6 +40,9 @@ pub struct Config {
     pub api_keys: Vec<ApiKey>,
     /// How client tokens are checked. Default: no keys, every client anonymous.
     pub auth: AuthConfig,
+    /// Where the application's backend is asked about connections, subscriptions,
+    /// publications and `rpc` calls. Default: nowhere.
+    pub hooks: HooksConfig,
     /// Origins browsers may connect from (`https://example.com`), or `*` for any. Requests
     /// without an `Origin` header (non-browser clients) are always allowed; a browser's
     /// same-origin request is always allowed. Default empty: same origin only.
@@ -322,6 +327,7 @@ impl Default for Config {
             api_key: None,
             api_keys: Vec::new(),
             auth: AuthConfig::default(),
+            hooks: HooksConfig::default(),
             allowed_origins: Vec::new(),
             allowed_hosts: Vec::new(),
             web: true,
@@ -393,6 +399,8 @@ pub struct Settings {
     pub config: Config,
     /// Checks client tokens against the configured keys.
     pub tokens: Arc<crate::policy::token::Verifier>,
+    /// The application backend's hooks.
+    pub hooks: Arc<crate::hooks::Hooks>,
     default_namespace: NamespaceConfig,
     namespaces: BTreeMap<String, NamespaceConfig>,
 }
@@ -467,10 +475,11 @@ impl Config {
             }
         }
         self.auth.check()?;
+        self.hooks.check()?;
         let tokens = Arc::new(crate::policy::token::Verifier::new(&self.auth)?);
         self.channels.check_replaced("channels")?;
         let base = NamespaceConfig::built_in(self.auth.keyed()).apply(&self.channels);
-        base.check("channels")?;
+        base.check("channels", &self.hooks)?;
         let mut namespaces = BTreeMap::new();
         for (name, o) in &self.namespaces {
             let key = format!("namespaces.{name}");
@@ -485,11 +494,12 @@ impl Config {
             }
             o.check_replaced(&key)?;
             let ns = base.apply(o);
-            ns.check(&key)?;
+            ns.check(&key, &self.hooks)?;
             namespaces.insert(name.clone(), ns);
         }
         Ok(Settings {
             tokens,
+            hooks: Arc::new(crate::hooks::Hooks::new(&self.hooks)),
             default_namespace: base,
             namespaces,
             config: self,

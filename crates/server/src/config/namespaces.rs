@@ -106,6 +106,13 @@ namespace_rules! { |keyed|
     personal: bool = false;
     /// Largest publication, in bytes of JSON. Default 65536.
     max_message_size: usize = 65536;
+    /// Whether the backend's subscribe hook (`hooks.subscribe_url`) is asked before each
+    /// subscription; what it allows counts as granted. Default false.
+    subscribe_hook: bool = false;
+    /// Whether the backend's publish hook (`hooks.publish_url`) is asked before each
+    /// client publication (it may refuse or rewrite it); what it allows counts as granted.
+    /// Default false.
+    publish_hook: bool = false;
     /// Whether history is kept in the durable store (when `storage = "durable"`) or only in
     /// memory (lost on restart: clients then see a new epoch). Default true.
     durable: bool = true;
@@ -122,7 +129,19 @@ impl NamespaceConfig {
     }
 
     /// Checks the resolved rules of `key` (`channels` or `namespaces.NAME`).
-    pub(super) fn check(&self, key: &str) -> Result<(), ConfigError> {
+    pub(super) fn check(&self, key: &str, hooks: &super::HooksConfig) -> Result<(), ConfigError> {
+        if self.subscribe_hook && hooks.subscribe_url.is_none() {
+            return Err(bad(
+                format!("{key}.subscribe_hook"),
+                "needs hooks.subscribe_url (the address to ask)",
+            ));
+        }
+        if self.publish_hook && hooks.publish_url.is_none() {
+            return Err(bad(
+                format!("{key}.publish_hook"),
+                "needs hooks.publish_url (the address to ask)",
+            ));
+        }
         if self.history_size > 0 && self.history_ttl.is_zero() {
             return Err(bad(
                 format!("{key}.history_ttl"),

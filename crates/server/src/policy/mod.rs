@@ -14,9 +14,10 @@
 //! - [`Action::Publish`] sends into the channel.
 //!
 //! Each namespace sets a level per action ([`Access`]: anyone, authenticated, granted,
-//! nobody). What a connection brings is an [`Asker`]: its token's identity ([`token`]) and
-//! whether this channel was granted to it alone (a subscription token; later a backend
-//! hook). Transports never see the rules: they hand the session what the client sent,
+//! nobody). What a connection brings is an [`Asker`]: its identity (from its token,
+//! [`token`], or the connect hook, [`crate::hooks`]), whether this channel was granted to
+//! it alone (a subscription token, or the subscribe hook), and whether the backend is yet
+//! to decide (a namespace's subscribe or publish hook, whose allowance is a grant). Transports never see the rules: they hand the session what the client sent,
 //! and the session asks here.
 
 pub mod grants;
@@ -52,8 +53,11 @@ pub struct Asker<'a> {
     /// The connection's identity, from its token; none when anonymous.
     pub identity: Option<&'a Identity>,
     /// Whether this connection holds a grant for this very channel (a subscription
-    /// token), beyond its identity's.
+    /// token, or the subscribe hook's allowance), beyond its identity's.
     pub channel_granted: bool,
+    /// Whether the application's backend decides this action (the namespace's subscribe or
+    /// publish hook, asked after these rules pass): the hook's allowance counts as a grant.
+    pub backend: bool,
 }
 
 impl Action {
@@ -132,6 +136,9 @@ fn granted(
     action: Action,
     channel: &ChannelName,
 ) -> bool {
+    if asker.backend {
+        return true;
+    }
     let own = rules.personal && is_own(asker, channel);
     let Some(identity) = asker.identity else {
         return asker.channel_granted && action != Action::Publish;
@@ -205,6 +212,7 @@ mod tests {
         let signed_in = Asker {
             identity: Some(&alice),
             channel_granted: false,
+            backend: false,
         };
         let e = check(&node, anonymous, Action::Subscribe, &ch("x")).unwrap_err();
         assert!(e.message.contains("needs a grant"), "{e:?}");
@@ -214,6 +222,7 @@ mod tests {
         let with_token = Asker {
             identity: Some(&alice),
             channel_granted: true,
+            backend: false,
         };
         assert!(check(&node, with_token, Action::History, &ch("x")).is_ok());
         assert!(
@@ -240,6 +249,7 @@ mod tests {
         let asker = |i| Asker {
             identity: Some(i),
             channel_granted: false,
+            backend: false,
         };
         assert!(check(&node, asker(&u42), Action::Subscribe, &ch("user:42")).is_ok());
         assert!(check(&node, asker(&u43), Action::Subscribe, &ch("user:42")).is_err());

@@ -82,6 +82,35 @@ pub struct Identity {
     pub expires: Option<u64>,
 }
 
+impl Identity {
+    /// An identity from a token's claims or a connect hook's answer; the error says which
+    /// field is wrong.
+    pub fn new(
+        user: Box<str>,
+        info: Option<Box<RawValue>>,
+        channels: &[String],
+        subscribe: Vec<String>,
+        publish: Vec<String>,
+        expires: Option<u64>,
+    ) -> Result<Self, String> {
+        if channels.len() > super::grants::MAX_PATTERNS {
+            return Err("too many channels".into());
+        }
+        let channels = channels
+            .iter()
+            .map(|c| ChannelName::new(c).map_err(|e| format!("channels: {c:?}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Identity {
+            user,
+            info,
+            channels,
+            subscribe: Grants::new(subscribe).map_err(|e| format!("subscribe: {e}"))?,
+            publish: Grants::new(publish).map_err(|e| format!("publish: {e}"))?,
+            expires,
+        })
+    }
+}
+
 /// A channel granted by a subscription token.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChannelGrant {
@@ -215,23 +244,15 @@ impl Verifier {
                 self.user_claim
             ))
         })?;
-        let channels = claims
-            .channels
-            .iter()
-            .map(|c| ChannelName::new(c).map_err(|e| invalid(format!("channels: {c:?}: {e}"))))
-            .collect::<Result<Vec<_>, _>>()?;
-        if channels.len() > super::grants::MAX_PATTERNS {
-            return Err(invalid("too many channels"));
-        }
-        Ok(Identity {
+        Identity::new(
             user,
-            info: claims.info,
-            channels,
-            subscribe: Grants::new(claims.subscribe)
-                .map_err(|e| invalid(format!("subscribe: {e}")))?,
-            publish: Grants::new(claims.publish).map_err(|e| invalid(format!("publish: {e}")))?,
-            expires: claims.exp,
-        })
+            claims.info,
+            &claims.channels,
+            claims.subscribe,
+            claims.publish,
+            claims.exp,
+        )
+        .map_err(invalid)
     }
 
     /// Checks a subscription token for `channel`, presented by a connection of `user`

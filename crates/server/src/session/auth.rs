@@ -17,18 +17,53 @@ use tokio::time::{Instant, Sleep};
 use super::{Reply, Session};
 use crate::{
     error::{Disconnect, Failure},
+    hooks::{self, HookError, RequestFacts, Transport},
     policy::{
-        token::{unix_now, ChannelGrant, Identity},
+        token::{unix_now, ChannelGrant, Identity, TokenError},
         Asker,
     },
 };
 
-/// What tokens gave a session. Boxed in the session: most connections never carry any.
+/// What tokens and hooks gave a session. Boxed in the session: most connections never
+/// carry any.
 #[derive(Debug, Default)]
 pub(super) struct Credentials {
     pub(super) identity: Option<Arc<Identity>>,
-    /// Channels granted by subscription tokens, at most one per subscription.
+    /// Whether the identity came from the connect hook (so the refresh hook extends it).
+    pub(super) hooked: bool,
+    /// Channels granted by subscription tokens or the subscribe hook, at most one per
+    /// subscription.
     pub(super) channels: Vec<ChannelGrant>,
+    /// What the connect hook may see of the request that opened the session; taken when
+    /// the client is identified, so its presence means "not asked yet".
+    pub(super) facts: Option<Box<RequestFacts>>,
+}
+
+/// Why a client was not admitted: its token, or the connect hook.
+#[derive(Debug)]
+pub enum Denied {
+    /// The token was refused.
+    Token(TokenError),
+    /// The connect hook refused, or the backend failed.
+    Hook(HookError),
+}
+
+impl Denied {
+    /// As a request's failure (HTTP transports answer it before a stream starts).
+    pub fn failure(self) -> Failure {
+        match self {
+            Denied::Token(e) => e.failure(),
+            Denied::Hook(e) => e.failure("connect"),
+        }
+    }
+
+    /// As the end of a WebSocket connection (its close code).
+    pub fn disconnect(self) -> Disconnect {
+        match self {
+            Denied::Token(e) => e.disconnect(),
+            Denied::Hook(e) => e.disconnect("connect"),
+        }
+    }
 }
 
 /// What ending a command can mean: a failed command, or (a refused connection token) the
@@ -46,12 +81,66 @@ impl From<Failure> for Refusal {
 }
 
 impl Session {
-    /// The identity an HTTP transport read from its request's token.
-    pub fn authenticated(mut self, identity: Option<Identity>) -> Self {
+    /// Says which transport carries the session, and what the connect hook may see of
+    /// the request that opened it (see [`hooks::Hooks::facts`]).
+    pub fn came_by(mut self, transport: Transport, facts: Option<Box<RequestFacts>>) -> Self {
+        self.transport = transport;
+        if facts.is_some() {
+            self.credentials().facts = facts;
+        }
+        self
+    }
+
+    /// Says who the client is: by its token when it has one and token keys are
+    /// configured, else by the connect hook when there is one (which then sees the token,
+    /// if any), else anonymous.
+    pub async fn identify(&mut self, token: Option<&str>) -> Result<(), Denied> {
+        let node = self.node().clone();
+        let facts = self.auth.as_mut().and_then(|a| a.facts.take());
+        let tokens = &node.settings.tokens;
+        let hook = node.settings.hooks.connect.as_ref();
+        let identity = match (token, hook) {
+            (Some(token), None) => Some(tokens.connection(token).await.map_err(Denied::Token)?),
+            (Some(token), Some(_)) if tokens.keyed() => {
+                Some(tokens.connection(token).await.map_err(Denied::Token)?)
+            }
+            (_, Some(hook)) => {
+                let facts = facts.unwrap_or_default();
+                let request = hooks::ConnectRequest {
+                    client: self.hook_client(),
+                    address: facts.address.or(self.address),
+                    headers: &facts.headers,
+                    cookies: &facts.cookies,
+                    token,
+                };
+                let answer: hooks::ConnectResult =
+                    hook.call(&request).await.map_err(Denied::Hook)?;
+                let identity = answer.identity().map_err(Denied::Hook)?;
+                if identity.is_some() {
+                    self.credentials().hooked = true;
+                }
+                identity
+            }
+            (None, None) => None,
+        };
         if let Some(identity) = identity {
             self.credentials().identity = Some(Arc::new(identity));
         }
-        self
+        Ok(())
+    }
+
+    /// Whether the connect hook is still to be asked about this session.
+    pub(super) fn unidentified(&self) -> bool {
+        self.auth.as_ref().is_some_and(|a| a.facts.is_some())
+    }
+
+    /// Who this session is, for hook requests.
+    pub(super) fn hook_client(&self) -> hooks::Client<'_> {
+        hooks::Client {
+            client: &self.client,
+            transport: self.transport,
+            user: self.identity().map(|i| &*i.user),
+        }
     }
 
     /// Adds a channel granted by a subscription token the transport checked.
@@ -84,26 +173,21 @@ impl Session {
         Asker {
             identity: self.identity(),
             channel_granted,
+            backend: false,
         }
     }
 
-    /// `connect`: checks the token, if any. A refused token ends the connection (3500
-    /// invalid, 3504 expired) so that a browser sees a close code it can act on.
+    /// `connect`: checks the token, if any, or asks the connect hook. A refused token ends
+    /// the connection (3500 invalid, 3504 expired) so that a browser sees a close code it
+    /// can act on; so does a hook's refusal (see [`HookError::disconnect`]).
     pub(super) async fn connect(
         &mut self,
         reply: Reply,
         token: Option<String>,
     ) -> Result<Option<Vec<u8>>, Refusal> {
-        if let Some(token) = token {
-            let identity = self
-                .node()
-                .settings
-                .tokens
-                .connection(&token)
-                .await
-                .map_err(|e| Refusal::Connection(e.disconnect()))?;
-            self.credentials().identity = Some(Arc::new(identity));
-        }
+        self.identify(token.as_deref())
+            .await
+            .map_err(|d| Refusal::Connection(d.disconnect()))?;
         let mut answer = reply.with(&self.connect_result());
         // The token's `channels`: subscribed now, each announced by a `subscribe` push as
         // on the HTTP transports.
@@ -244,6 +328,12 @@ impl Session {
         let now = unix_now();
         let leeway = self.node().settings.tokens.leeway().as_secs();
         let past = |at: Option<u64>| at.is_some_and(|at| at.saturating_add(leeway) < now);
+        let Some(auth) = &self.auth else {
+            return Ok(Vec::new());
+        };
+        if past(auth.identity.as_ref().and_then(|i| i.expires)) && auth.hooked {
+            self.refresh_by_hook().await?;
+        }
         let Some(auth) = &mut self.auth else {
             return Ok(Vec::new());
         };
@@ -272,6 +362,31 @@ impl Session {
             }
         }
         Ok(pushes)
+    }
+}
+
+impl Session {
+    /// Asks the refresh hook for a new expiry of a connection the connect hook admitted;
+    /// without a refresh hook the connection ends as an expired token's would.
+    async fn refresh_by_hook(&mut self) -> Result<(), Disconnect> {
+        let node = self.node().clone();
+        let Some(hook) = node.settings.hooks.refresh.as_ref() else {
+            return Err(Disconnect::because(
+                DisconnectCode::Expired,
+                "the connection expired (the connect hook's `expires`) and no refresh hook extends it",
+            ));
+        };
+        let request = hooks::RefreshRequest {
+            client: self.hook_client(),
+        };
+        let answer: hooks::RefreshResult = hook
+            .call(&request)
+            .await
+            .map_err(|e| e.disconnect("refresh"))?;
+        if let Some(identity) = self.auth.as_mut().and_then(|a| a.identity.as_mut()) {
+            Arc::make_mut(identity).expires = answer.expires;
+        }
+        Ok(())
     }
 }
 

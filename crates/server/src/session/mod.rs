@@ -12,8 +12,8 @@ mod auth;
 mod subscribe;
 mod subscriptions;
 
-pub use auth::ExpiryTimer;
 use auth::{Credentials, Refusal};
+pub use auth::{Denied, ExpiryTimer};
 use subscriptions::Subscriptions;
 
 use std::sync::Arc;
@@ -25,6 +25,7 @@ use herald_protocol::{
 
 use crate::{
     error::{Disconnect, Failure},
+    hooks,
     node::{ConnectionGuard, Node},
     policy::{self, Action},
     publish,
@@ -51,8 +52,10 @@ pub struct Session {
     charge_commands: bool,
     /// Longest cursor this session's transport can carry (an SSE event id), if bounded.
     cursor_bound: Option<usize>,
-    /// What tokens gave this client; none while anonymous without grants.
+    /// What tokens and hooks gave this client; none while anonymous without grants.
     auth: Option<Box<Credentials>>,
+    /// The transport, as hooks are told it.
+    transport: crate::hooks::Transport,
     scratch: Vec<Arc<Delivery>>,
 }
 
@@ -79,6 +82,7 @@ impl Session {
             charge_commands: false,
             cursor_bound: None,
             auth: None,
+            transport: Default::default(),
             scratch: Vec::new(),
         }
     }
@@ -201,18 +205,25 @@ impl Session {
         match self.dispatch(reply, command.method).await {
             Ok(Some(bytes)) => line(out, &bytes),
             Ok(None) => {}
-            Err(Refusal::Command(f)) => {
-                line(out, &json::encode_error(command.id, f.code, &f.message))
-            }
+            Err(Refusal::Command(f)) => line(
+                out,
+                &json::encode_error(command.id, f.wire_code(), &f.message),
+            ),
             Err(Refusal::Connection(d)) => return Err(d),
         }
         Ok(())
     }
 
     async fn dispatch(&mut self, reply: Reply, method: Method) -> Result<Option<Vec<u8>>, Refusal> {
-        if !matches!(method, Method::Connect(_)) {
-            // Commands before `connect` open an anonymous session implicitly.
+        if !matches!(method, Method::Connect(_)) && !self.connected {
+            // Commands before `connect` open a session implicitly: anonymous, or whoever
+            // the connect hook says.
             self.connected = true;
+            if self.unidentified() {
+                self.identify(None)
+                    .await
+                    .map_err(|d| Refusal::Connection(d.disconnect()))?;
+            }
         }
         match method {
             Method::Connect(req) => {
@@ -245,18 +256,81 @@ impl Session {
                     .await;
                 Ok(reply.empty())
             }
-            Method::Publish { channel, data } => {
-                policy::check(self.node(), self.asker(&channel), Action::Publish, &channel)?;
-                let position =
-                    publish::from_client(self.node(), self.address, &channel, data).await?;
-                Ok(reply.with(&results::Published {
-                    offset: position.offset,
-                    epoch: &position.epoch,
-                }))
-            }
+            Method::Publish { channel, data } => Ok(self.publish(reply, channel, data).await?),
             Method::History(req) => Ok(self.history(reply, req).await?),
+            Method::Rpc(req) => Ok(self.rpc(reply, req).await?),
             Method::Ping => Ok(reply.empty()),
         }
+    }
+
+    /// `publish`: the rules, then the namespace's publish hook (which may refuse or
+    /// rewrite the data), then the broker.
+    async fn publish(
+        &mut self,
+        reply: Reply,
+        channel: ChannelName,
+        data: bytes::Bytes,
+    ) -> Result<Option<Vec<u8>>, Failure> {
+        let node = self.node().clone();
+        let hooked = node.settings.namespace(channel.namespace()).publish_hook;
+        let asker = policy::Asker {
+            backend: hooked,
+            ..self.asker(&channel)
+        };
+        policy::check(&node, asker, Action::Publish, &channel)?;
+        let data = match node.settings.hooks.publish.as_ref().filter(|_| hooked) {
+            None => data,
+            Some(hook) => {
+                let raw = raw_json(&data);
+                let request = hooks::PublishRequest {
+                    client: self.hook_client(),
+                    channel: &channel,
+                    data: raw,
+                };
+                let answer: hooks::DataResult = hook
+                    .call(&request)
+                    .await
+                    .map_err(|e| e.failure("publish"))?;
+                match answer.data {
+                    Some(rewritten) => hooks::checked_data(&rewritten, "publish")?,
+                    None => data,
+                }
+            }
+        };
+        let position = publish::from_client(&node, self.address, &channel, data).await?;
+        Ok(reply.with(&results::Published {
+            offset: position.offset,
+            epoch: &position.epoch,
+        }))
+    }
+
+    /// `rpc`: the client's call, answered by the backend's rpc hook.
+    async fn rpc(
+        &mut self,
+        reply: Reply,
+        req: herald_protocol::command::RpcRequest,
+    ) -> Result<Option<Vec<u8>>, Failure> {
+        let node = self.node().clone();
+        let Some(hook) = node.settings.hooks.rpc.as_ref() else {
+            return Err(Failure::new(
+                ErrorCode::NotAvailable,
+                "rpc needs a backend to answer it: this server has no hooks.rpc_url",
+            ));
+        };
+        let request = hooks::RpcRequest {
+            client: self.hook_client(),
+            method: &req.method,
+            data: raw_json(&req.data),
+        };
+        let answer: hooks::DataResult = hook.call(&request).await.map_err(|e| e.failure("rpc"))?;
+        let data = match &answer.data {
+            Some(data) => {
+                hooks::checked_data(data, "rpc")?;
+                &**data
+            }
+            None => raw_json(b"null"),
+        };
+        Ok(reply.with(&results::Rpc { data }))
     }
 
     /// Moves queued publications into `out` (one JSON line each, about `max_bytes` at
@@ -379,6 +453,12 @@ impl Positions<'_> {
         }
         out
     }
+}
+
+/// Validated JSON text (a payload checked when it was decoded) as a raw value.
+fn raw_json(data: &[u8]) -> &serde_json::value::RawValue {
+    let text = std::str::from_utf8(data).expect("payloads are checked UTF-8 JSON");
+    serde_json::from_str(text).expect("payloads are checked JSON")
 }
 
 fn insufficient(channel: &ChannelName, why: &str) -> Disconnect {

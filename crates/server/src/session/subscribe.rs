@@ -9,12 +9,14 @@ use herald_protocol::{
     ChannelName, Epoch, ErrorCode, Publication, Since, StreamPosition,
 };
 
+use serde_json::value::RawValue;
+
 use super::{Positions, Reply, Session};
 use crate::{
     error::Failure,
-    history,
+    history, hooks,
     node::Node,
-    policy::{self, Action},
+    policy::{self, token::ChannelGrant, Action, Asker},
     queue::Position,
 };
 
@@ -31,12 +33,13 @@ impl Session {
         if joined.is_err() && req.token.is_some() {
             self.drop_grant(&req.channel);
         }
-        let (position, recovered, history) = joined?;
+        let joined = joined?;
         Ok(reply.with(&results::Stream {
-            epoch: &position.epoch,
-            offset: position.offset,
-            recovered,
-            publications: &history,
+            epoch: &joined.position.epoch,
+            offset: joined.position.offset,
+            recovered: joined.recovered,
+            publications: &joined.publications,
+            data: joined.data.as_deref(),
         }))
     }
 
@@ -54,8 +57,21 @@ impl Session {
         }
         self.cursor_fits(channels.iter().map(|(c, _)| c))?;
         channels.iter().try_for_each(|(channel, _)| {
-            policy::check(node, self.asker(channel), Action::Subscribe, channel)
+            policy::check(node, self.subscriber(channel), Action::Subscribe, channel)
         })
+    }
+
+    /// Who asks to subscribe to `channel`: with the namespace's subscribe hook, the
+    /// backend decides after the rules.
+    fn subscriber(&self, channel: &ChannelName) -> Asker<'_> {
+        Asker {
+            backend: self
+                .node()
+                .settings
+                .namespace(channel.namespace())
+                .subscribe_hook,
+            ..self.asker(channel)
+        }
     }
 
     /// Whether the cursor still fits the transport's bound with `more` channels added. An
@@ -91,14 +107,23 @@ impl Session {
         mut emit: impl FnMut(&[u8], Positions<'_>),
     ) -> Result<(), Failure> {
         let known_epoch = since.as_ref().and_then(|s| s.epoch.clone());
-        let (position, recovered, history) = self.join(channel.clone(), since).await?;
+        let Joined {
+            position,
+            recovered,
+            publications: history,
+            data,
+        } = self.join(channel.clone(), since).await?;
         if let Some(first) = history.first() {
             // Walk the position forward through the replay so each event's cursor is exact.
             self.set_offset(&channel, first.offset - 1);
         }
         // A complete resume in the epoch the client named needs no announcement. (Offset 0
         // resumes in any epoch; the client must then learn the new one.)
-        if recovered != Some(true) || known_epoch.as_ref() != Some(&position.epoch) {
+        // A hook's state is always announced: it is not in the client's positions.
+        if recovered != Some(true)
+            || known_epoch.as_ref() != Some(&position.epoch)
+            || data.is_some()
+        {
             #[derive(serde::Serialize)]
             struct Opened<'a> {
                 channel: &'a ChannelName,
@@ -106,12 +131,15 @@ impl Session {
                 offset: u64,
                 #[serde(skip_serializing_if = "Option::is_none")]
                 recovered: Option<bool>,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                data: Option<&'a RawValue>,
             }
             let opened = Opened {
                 channel: &channel,
                 epoch: &position.epoch,
                 offset: position.offset,
                 recovered,
+                data: data.as_deref(),
             };
             let push = serde_json::to_vec(&serde_json::json!({ "subscribe": opened }))
                 .expect("serialises");
@@ -131,11 +159,15 @@ impl Session {
         &mut self,
         channel: ChannelName,
         since: Option<Since>,
-    ) -> Result<(StreamPosition, Option<bool>, Vec<Publication>), Failure> {
+    ) -> Result<Joined, Failure> {
         let node = self.node().clone();
-        policy::check(&node, self.asker(&channel), Action::Subscribe, &channel)?;
-        let may_read =
-            policy::check(&node, self.asker(&channel), Action::History, &channel).is_ok();
+        let hooked = node.settings.namespace(channel.namespace()).subscribe_hook;
+        policy::check(
+            &node,
+            self.subscriber(&channel),
+            Action::Subscribe,
+            &channel,
+        )?;
         if self.subscriptions.contains_key(&channel) {
             return Err(Failure::new(
                 ErrorCode::AlreadySubscribed,
@@ -150,8 +182,34 @@ impl Session {
                 format!("at most {limit} subscriptions per connection"),
             ));
         }
+        let data = match node.settings.hooks.subscribe.as_ref().filter(|_| hooked) {
+            None => None,
+            Some(hook) => {
+                let request = hooks::SubscribeRequest {
+                    client: self.hook_client(),
+                    channel: &channel,
+                };
+                let answer: hooks::SubscribeResult = hook
+                    .call(&request)
+                    .await
+                    .map_err(|e| e.failure("subscribe"))?;
+                if let Some(data) = &answer.data {
+                    hooks::checked_data(data, "subscribe")?;
+                }
+                // The allowance is a grant for as long as the subscription lives (or
+                // until its `expires`), so history and presence follow it.
+                self.grant(ChannelGrant {
+                    channel: channel.clone(),
+                    expires: answer.expires,
+                });
+                answer.data
+            }
+        };
+        let may_read =
+            policy::check(&node, self.asker(&channel), Action::History, &channel).is_ok();
         let started = Arc::new(Position::default());
-        node.hub
+        let subscribed = node
+            .hub
             .subscribe(
                 &node.broker,
                 &channel,
@@ -159,7 +217,13 @@ impl Session {
                 self.queue.clone(),
                 started.clone(),
             )
-            .await?;
+            .await;
+        if let Err(e) = subscribed {
+            if hooked {
+                self.drop_grant(&channel);
+            }
+            return Err(e.into());
+        }
 
         let read = match since {
             None => position_of(&node, &channel).await.map(|h| (h, None)),
@@ -171,13 +235,21 @@ impl Session {
                 node.hub
                     .unsubscribe(&node.broker, &channel, self.id())
                     .await;
+                if hooked {
+                    self.drop_grant(&channel);
+                }
                 return Err(e.into());
             }
         };
         let position = history.position;
         started.start(position.epoch.clone(), position.offset);
         self.subscriptions.insert(channel, started);
-        Ok((position, recovered, history.publications))
+        Ok(Joined {
+            position,
+            recovered,
+            publications: history.publications,
+            data,
+        })
     }
 
     pub(super) async fn history(
@@ -204,8 +276,18 @@ impl Session {
             offset: h.position.offset,
             recovered: None,
             publications: &h.publications,
+            data: None,
         }))
     }
+}
+
+/// What joining a channel gives: where its stream is, what was replayed, and the
+/// subscribe hook's state.
+struct Joined {
+    position: StreamPosition,
+    recovered: Option<bool>,
+    publications: Vec<Publication>,
+    data: Option<Box<RawValue>>,
 }
 
 /// The stream's position, without publications.

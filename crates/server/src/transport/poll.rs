@@ -22,7 +22,7 @@ use super::{
     request::{self, OpenRequest},
     MAX_BATCH_BYTES,
 };
-use crate::{error::Failure, limits::Peer, node::Node, session::Session};
+use crate::{error::Failure, hooks::Transport, limits::Peer, node::Node, session::Session};
 
 /// Most bytes of publications in one answer; the rest comes with the next request.
 const MAX_ANSWER_BYTES: usize = 1 << 20;
@@ -68,7 +68,15 @@ async fn answer(
 ) -> Result<Response, Failure> {
     let admitted = request::admit(&node, &headers, peer)?;
     let request = OpenRequest::parse(query.as_deref(), &headers)?;
-    let session = Session::new(&node).at_address(admitted.as_ref().map(|a| a.ip()));
+    let address = admitted.as_ref().map(|a| a.ip());
+    let transport = if hold {
+        Transport::Longpoll
+    } else {
+        Transport::Poll
+    };
+    let session = Session::new(&node)
+        .at_address(address)
+        .came_by(transport, node.settings.hooks.facts(&headers, address));
     let mut session = request::authenticate(
         &node,
         session,

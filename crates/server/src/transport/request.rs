@@ -12,7 +12,7 @@ use crate::{
     error::Failure,
     limits::{AddressGuard, Peer},
     node::Node,
-    policy::token::{ChannelGrant, Identity},
+    policy::token::ChannelGrant,
     session::Session,
 };
 
@@ -151,22 +151,19 @@ pub fn bearer(headers: &HeaderMap) -> Result<Option<String>, Failure> {
     }
 }
 
-/// Checks a request's tokens: the connection token (if any) becomes the session's
-/// identity, each subscription token a grant. Refused tokens answer 401 with error 101
-/// (invalid) or 109 (expired) before anything else happens. Every request is checked
-/// afresh: a poll carries its token each time.
+/// Says who a request's client is: its connection token (if any) or the connect hook
+/// gives the session's identity (see [`Session::identify`]), each subscription token a
+/// grant. Refused tokens answer 401 with error 101 (invalid) or 109 (expired) before
+/// anything else happens, a hook's refusal with its code. Every request is checked afresh:
+/// a poll carries its token (or cookies) each time.
 pub async fn authenticate(
     node: &Node,
-    session: Session,
+    mut session: Session,
     token: Option<&str>,
     sub_tokens: &[String],
 ) -> Result<Session, Failure> {
     let tokens = node.settings.tokens.clone();
-    let identity: Option<Identity> = match token {
-        Some(token) => Some(tokens.connection(token).await.map_err(|e| e.failure())?),
-        None => None,
-    };
-    let mut session = session.authenticated(identity);
+    session.identify(token).await.map_err(|d| d.failure())?;
     let limit = node.settings.config.client.max_subscriptions;
     if sub_tokens.len() > limit {
         return Err(bad(format!("more than {limit} subscription tokens")));

@@ -25,6 +25,7 @@ use futures_util::StreamExt;
 use super::{origin, request, MAX_BATCH_BYTES};
 use crate::{
     error::Failure,
+    hooks::Transport,
     limits::Peer,
     node::{Inbound, Node},
     session::{self, Session},
@@ -83,9 +84,14 @@ async fn handle(
     }
     let Some(id) = session_id else {
         let mut session = Session::new(&node).stateless();
+        let mut address = None;
         if let Some(Extension(Peer(peer))) = peer {
-            session = session.charged_to(node.limits.client_address(peer.ip(), &headers));
+            let ip = node.limits.client_address(peer.ip(), &headers);
+            session = session.charged_to(ip);
+            address = Some(ip);
         }
+        let facts = node.settings.hooks.facts(&headers, address);
+        let session = session.came_by(Transport::Send, facts);
         let session = request::authenticate(&node, session, token.as_deref(), &sub_tokens).await?;
         return answer(session, frame).await;
     };
@@ -208,7 +214,7 @@ impl NodeRequests for Node {
         let frame = request.slice_ref(frame);
         match deliver(self, &id, frame).await {
             Ok(()) => Bytes::from_static(b"{}"),
-            Err(f) => json::encode_error(None, f.code, &f.message).into(),
+            Err(f) => json::encode_error(None, f.wire_code(), &f.message).into(),
         }
     }
 }

@@ -22,6 +22,7 @@ use super::{
 };
 use crate::{
     error::{Disconnect, Failure},
+    hooks::Transport,
     limits::{AddressGuard, Peer},
     node::{Inbound, Node},
     session::{ExpiryTimer, Positions, Session},
@@ -227,7 +228,15 @@ async fn start(
     let admitted = request::admit(&node, &headers, peer)?;
     let request = OpenRequest::parse(query.as_deref(), &headers)?;
     let framing = framing(&request)?;
-    let mut session = Session::new(&node).at_address(admitted.as_ref().map(|a| a.ip()));
+    let address = admitted.as_ref().map(|a| a.ip());
+    let transport = match framing {
+        Framing::Sse => Transport::Sse,
+        Framing::Ndjson => Transport::Stream,
+        Framing::Iframe { .. } => Transport::Iframe,
+    };
+    let mut session = Session::new(&node)
+        .at_address(address)
+        .came_by(transport, node.settings.hooks.facts(&headers, address));
     if framing == Framing::Sse {
         session = session.cursor_bound(MAX_SSE_ID);
     }

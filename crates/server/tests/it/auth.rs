@@ -161,7 +161,7 @@ fn bad_tokens() -> Vec<(&'static str, String, bool)> {
 }
 
 /// Every HTTP way in, as (method, path with its query so far).
-const HTTP_OPENS: &[&str] = &[
+pub const HTTP_OPENS: &[&str] = &[
     "/connection/sse?",
     "/connection/stream?",
     "/connection/iframe?callback=cb&",

@@ -6,6 +6,7 @@ mod api;
 mod auth;
 mod cross;
 mod errors;
+mod hooks;
 mod http;
 mod lifecycle;
 mod limits;

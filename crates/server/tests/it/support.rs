@@ -89,12 +89,7 @@ impl TestServer {
             tokio_tungstenite::connect_async(format!("ws://{}/connection/websocket", self.addr))
                 .await
                 .expect("websocket connects");
-        Client {
-            ws,
-            lines: VecDeque::new(),
-            set_aside: VecDeque::new(),
-            next_id: 1,
-        }
+        Client::from_socket(ws)
     }
 
     /// Sends `body` statelessly (`POST /connection/send`) from `client`; the error code of
@@ -224,6 +219,15 @@ pub struct Closed {
 }
 
 impl Client {
+    pub fn from_socket(ws: WebSocketStream<MaybeTlsStream<TcpStream>>) -> Self {
+        Client {
+            ws,
+            lines: VecDeque::new(),
+            set_aside: VecDeque::new(),
+            next_id: 1,
+        }
+    }
+
     pub async fn send_text(&mut self, text: impl Into<String>) {
         self.ws
             .send(Message::Text(text.into().into()))

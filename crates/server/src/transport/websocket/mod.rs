@@ -21,6 +21,7 @@ pub use upgrade::upgrade;
 use super::MAX_BATCH_BYTES;
 use crate::{
     error::Disconnect,
+    hooks::{RequestFacts, Transport},
     node::Node,
     session::{ExpiryTimer, Session},
 };
@@ -31,8 +32,16 @@ pub const JSON_SUBPROTOCOL: &str = "herald.json";
 
 type Socket = WebSocketStream<Io>;
 
-async fn run(stream: TcpStream, early: Vec<u8>, node: Arc<Node>, address: Option<IpAddr>) {
-    let mut session = Session::new(&node).at_address(address);
+async fn run(
+    stream: TcpStream,
+    early: Vec<u8>,
+    node: Arc<Node>,
+    address: Option<IpAddr>,
+    facts: Option<Box<RequestFacts>>,
+) {
+    let mut session = Session::new(&node)
+        .at_address(address)
+        .came_by(Transport::Websocket, facts);
     let client = &node.settings.config.client;
     let limit = client.max_frame_size;
     let config = WebSocketConfig::default()

@@ -34,6 +34,10 @@ pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Res
         Err(f) => return f.into_response(),
     };
     let json = offers_json(headers);
+    let facts = node
+        .settings
+        .hooks
+        .facts(headers, admitted.as_ref().map(|a| a.ip()));
     // hyper offers an upgrade only on connections that can take one (HTTP/1.1 with
     // upgrades enabled); answering 101 without it would leave the client hanging.
     let Some(upgraded) = request.extensions_mut().remove::<OnUpgrade>() else {
@@ -64,7 +68,7 @@ pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Res
                 // client sent early and let the buffer go, or every connection keeps it.
                 let early = parts.read_buf.to_vec();
                 drop(parts.read_buf);
-                run(parts.io.into_inner(), early, node, address).await
+                run(parts.io.into_inner(), early, node, address, facts).await
             }
             Err(_) => tracing::error!("upgraded connection is not a TCP stream"),
         }
