@@ -11,6 +11,7 @@ import {
   type Method,
   type PublishResult,
   type RefreshResult,
+  type RpcResult,
   type ServerMessage,
   type SubscribeResult,
 } from "./protocol.js";
@@ -233,6 +234,18 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
 
   publish(channel: string, data: unknown): Promise<PublishResult> {
     return this.call<PublishResult>("publish", { channel, data });
+  }
+
+  /**
+   * Calls the application's backend through Herald (its `rpc` hook) and resolves with its
+   * answer's data; over every transport. Rejects with the backend's code (1000-1999 are the
+   * application's own), 108 when the server has no rpc hook, 118 when the backend failed.
+   */
+  async rpc(method: string, data?: unknown): Promise<unknown> {
+    const params: Record<string, unknown> = { method };
+    if (data !== undefined) params["data"] = data;
+    const result = await this.call<RpcResult>("rpc", params);
+    return result.data;
   }
 
   history(channel: string, options: HistoryOptions = {}): Promise<HistoryResult> {
@@ -716,7 +729,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
 }
 
 function firstResult(m: ServerMessage): unknown {
-  for (const key of ["connect", "subscribe", "unsubscribe", "publish", "history", "refresh", "ping"] as const) {
+  for (const key of ["connect", "subscribe", "unsubscribe", "publish", "history", "refresh", "rpc", "ping"] as const) {
     if (m[key] !== undefined) return m[key];
   }
   return {};

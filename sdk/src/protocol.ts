@@ -2,7 +2,7 @@
 
 import type { Position } from "./cursor.js";
 
-export type Method = "connect" | "subscribe" | "unsubscribe" | "publish" | "history" | "refresh" | "ping";
+export type Method = "connect" | "subscribe" | "unsubscribe" | "publish" | "history" | "refresh" | "rpc" | "ping";
 
 /** One command: `{"id": N, "METHOD": {PARAMS}}`. */
 export interface Command {
@@ -44,6 +44,13 @@ export interface SubscribeResult {
   offset: number;
   recovered?: boolean;
   publications?: PublicationData[];
+  /** The channel's state from the application's backend (its subscribe hook), if it gave one. */
+  data?: unknown;
+}
+
+/** The answer of the application's backend to an `rpc` call. */
+export interface RpcResult {
+  data: unknown;
 }
 
 export interface PublishResult {
@@ -74,6 +81,7 @@ export interface ServerMessage {
   refresh?: RefreshResult;
   publish?: PublishResult;
   history?: HistoryResult;
+  rpc?: RpcResult;
   ping?: Record<string, never>;
   pub?: { channel: string; offset: number; data: unknown };
   disconnect?: DisconnectBody;

@@ -25,6 +25,9 @@ export interface SubscribedContext {
    * its state (for example with `history()`) because publications were missed.
    */
   recovered: boolean | undefined;
+  /** The channel's state from the application's backend (its subscribe hook), when it gave
+   * one: apply it before the publications that follow. */
+  data?: unknown;
 }
 
 export interface SubscriptionEvents {
@@ -137,6 +140,7 @@ export class Subscription extends Emitter<SubscriptionEvents> {
       offset: publicationsFollow ? this.at.offset : result.offset,
       resumed,
       recovered: resumed ? result.recovered === true : undefined,
+      ...(result.data !== undefined ? { data: result.data } : {}),
     });
     for (const p of result.publications ?? []) this.deliver(p.offset, p.data);
     if (!publicationsFollow && result.recovered !== false && this.at.offset < result.offset) {

@@ -22,12 +22,17 @@ export class Herald {
   ) {}
 
   /** Starts a server. `listen` defaults to a random port; `dataDir` to a fresh directory. */
-  static async start(options: { listen?: string; dataDir?: string; args?: string[] } = {}): Promise<Herald> {
+  static async start(
+    options: { listen?: string; dataDir?: string; args?: string[]; env?: Record<string, string> } = {},
+  ): Promise<Herald> {
     const dataDir = options.dataDir ?? mkdtempSync(join(tmpdir(), "herald-sdk-"));
     const child = spawn(
       heraldBinary(),
       ["serve", "--listen", options.listen ?? "127.0.0.1:0", "--api-key", API_KEY, "--log-format", "json", "--data-dir", dataDir, ...(options.args ?? [])],
-      { stdio: ["ignore", "ignore", "pipe"], env: Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith("HERALD_"))) },
+      {
+        stdio: ["ignore", "ignore", "pipe"],
+        env: { ...Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith("HERALD_"))), ...options.env },
+      },
     );
     const address = await new Promise<string>((resolve, reject) => {
       const lines = createInterface({ input: child.stderr! });

@@ -45,6 +45,22 @@ impl ChannelName {
         Ok(Self(Arc::from(name)))
     }
 
+    /// A name outside the alphabet clients may use (such as `$herald:events`), for the
+    /// server's own streams: no client and no API call can name it.
+    pub fn internal(name: &str) -> Self {
+        debug_assert!(Self::new(name).is_err(), "{name} is a name clients can use");
+        Self(Arc::from(name))
+    }
+
+    /// A name read back from a store: a client's name, or an internal one (`$` then a
+    /// client's name).
+    pub fn stored(name: &str) -> Result<Self, ChannelError> {
+        match name.strip_prefix('$') {
+            Some(rest) => Self::new(rest).map(|_| Self(Arc::from(name))),
+            None => Self::new(name),
+        }
+    }
+
     /// The name as a string slice.
     pub fn as_str(&self) -> &str {
         &self.0

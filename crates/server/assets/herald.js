@@ -212,7 +212,8 @@ var Herald = (() => {
         epoch: result.epoch,
         offset: publicationsFollow ? this.at.offset : result.offset,
         resumed,
-        recovered: resumed ? result.recovered === true : void 0
+        recovered: resumed ? result.recovered === true : void 0,
+        ...result.data !== void 0 ? { data: result.data } : {}
       });
       for (const p of result.publications ?? []) this.deliver(p.offset, p.data);
       if (!publicationsFollow && result.recovered !== false && this.at.offset < result.offset) {
@@ -736,6 +737,17 @@ var Herald = (() => {
     publish(channel, data) {
       return this.call("publish", { channel, data });
     }
+    /**
+     * Calls the application's backend through Herald (its `rpc` hook) and resolves with its
+     * answer's data; over every transport. Rejects with the backend's code (1000-1999 are the
+     * application's own), 108 when the server has no rpc hook, 118 when the backend failed.
+     */
+    async rpc(method, data) {
+      const params = { method };
+      if (data !== void 0) params["data"] = data;
+      const result = await this.call("rpc", params);
+      return result.data;
+    }
     history(channel, options = {}) {
       const params = { channel };
       if (options.limit !== void 0) params["limit"] = options.limit;
@@ -1170,7 +1182,7 @@ var Herald = (() => {
     }
   };
   function firstResult(m) {
-    for (const key of ["connect", "subscribe", "unsubscribe", "publish", "history", "refresh", "ping"]) {
+    for (const key of ["connect", "subscribe", "unsubscribe", "publish", "history", "refresh", "rpc", "ping"]) {
       if (m[key] !== void 0) return m[key];
     }
     return {};

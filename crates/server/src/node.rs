@@ -58,6 +58,8 @@ pub struct Node {
     /// Open TCP sockets, whatever they carry (counted from `accept`, so a socket that never
     /// sends a whole request counts too).
     pub sockets: Arc<AtomicUsize>,
+    /// Where sessions record events for the backend (`hooks.events_url`).
+    pub events: Option<Arc<crate::hooks::events::EventLog>>,
     connections: AtomicUsize,
     next_session: AtomicU64,
     started: Instant,
@@ -105,7 +107,11 @@ impl Node {
         settings.tokens.prefetch();
         let limits = crate::limits::AddressLimits::new(settings.config.limits.clone());
         crate::limits::spawn_sweeper(&limits);
+        let events = settings.hooks.events.lock().take().map(|caller| {
+            crate::hooks::events::EventLog::start(&settings.config.hooks, caller, broker.clone())
+        });
         let node = Arc::new(Self {
+            events,
             id,
             limits,
             settings,

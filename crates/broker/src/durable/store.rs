@@ -178,7 +178,7 @@ fn verify(db: &Database, path: &Path, distrust_all: bool) -> Result<Streams, Ope
                     let channel = k.value().to_string();
                     let (epoch, top, last, crc) = v.value();
                     let valid =
-                        ChannelName::new(&channel).is_ok() && Epoch::checked(epoch).is_some();
+                        ChannelName::stored(&channel).is_ok() && Epoch::checked(epoch).is_some();
                     if distrust_all || !valid || crc != stream_crc(&channel, epoch, top, last) {
                         bad.insert(channel);
                         continue;
@@ -241,7 +241,7 @@ fn verify(db: &Database, path: &Path, distrust_all: bool) -> Result<Streams, Ope
     }
     Ok(metas
         .into_iter()
-        .filter_map(|(c, m)| Some((ChannelName::new(&c).ok()?, m)))
+        .filter_map(|(c, m)| Some((ChannelName::stored(&c).ok()?, m)))
         .collect())
 }
 

@@ -29,6 +29,21 @@ pub struct HooksConfig {
     /// Asked for a client's `rpc` command. Default none (`rpc` answers 108).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rpc_url: Option<String>,
+    /// Where `connect`, `disconnect`, `subscribe` and `unsubscribe` events are posted, at
+    /// least once and in order per client (see `docs/hooks.md`). Default none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub events_url: Option<String>,
+    /// Most events per post (and per stored batch). Default 100.
+    pub events_batch: usize,
+    /// Most events recorded but not stored yet; more are dropped and counted (`dropped`
+    /// in the next post). Default 100000.
+    pub events_max_pending: usize,
+    /// Stored batches kept for delivery; older ones are trimmed and counted
+    /// (`lost_batches`). Default 10000.
+    pub events_kept: usize,
+    /// How long a stored batch waits for delivery before it is trimmed. Default `24h`.
+    #[serde(with = "humantime_serde")]
+    pub events_ttl: Duration,
     /// Longest wait for one answer, the wait for a free slot included; a client then gets
     /// error 118. Default `1s`.
     #[serde(with = "humantime_serde")]
@@ -59,6 +74,11 @@ impl Default for HooksConfig {
             publish_url: None,
             refresh_url: None,
             rpc_url: None,
+            events_url: None,
+            events_batch: 100,
+            events_max_pending: 100_000,
+            events_kept: 10_000,
+            events_ttl: Duration::from_secs(24 * 3600),
             timeout: Duration::from_secs(1),
             max_in_flight: 64,
             max_response_size: 4 << 20,
@@ -71,6 +91,15 @@ impl Default for HooksConfig {
 }
 
 impl HooksConfig {
+    /// How the stored events are kept.
+    pub fn events_policy(&self) -> herald_broker::StreamPolicy {
+        herald_broker::StreamPolicy {
+            history_size: self.events_kept,
+            history_ttl: self.events_ttl,
+            meta_ttl: self.events_ttl.max(Duration::from_secs(7 * 24 * 3600)),
+        }
+    }
+
     /// Every configured hook address, by its key.
     pub fn urls(&self) -> impl Iterator<Item = (&'static str, &str)> {
         [
@@ -79,6 +108,7 @@ impl HooksConfig {
             ("hooks.publish_url", &self.publish_url),
             ("hooks.refresh_url", &self.refresh_url),
             ("hooks.rpc_url", &self.rpc_url),
+            ("hooks.events_url", &self.events_url),
         ]
         .into_iter()
         .filter_map(|(key, url)| url.as_deref().map(|u| (key, u)))
@@ -96,6 +126,12 @@ impl HooksConfig {
                     ))
                 }
             }
+        }
+        if self.events_batch == 0 || self.events_kept == 0 || self.events_ttl.is_zero() {
+            return Err(bad(
+                "hooks.events_batch",
+                "hooks.events_batch, events_kept and events_ttl must be greater than 0",
+            ));
         }
         if self.timeout.is_zero() {
             return Err(bad("hooks.timeout", "must be greater than 0"));

@@ -518,7 +518,11 @@ impl Settings {
     /// Each channel's retention by its namespace's rules, for the broker.
     pub fn policies(&self) -> herald_broker::Policies {
         let rules = self.clone();
-        std::sync::Arc::new(move |c| rules.namespace(c.namespace()).stream_policy())
+        let events = self.config.hooks.events_policy();
+        std::sync::Arc::new(move |c| match c.namespace() {
+            crate::hooks::events::NAMESPACE => events,
+            ns => rules.namespace(ns).stream_policy(),
+        })
     }
 
     /// Every accepted API key, with its scope.

@@ -18,6 +18,7 @@
 //! bounded [`caller::Caller`]; they share one pool of kept-alive connections.
 
 pub mod caller;
+pub mod events;
 
 use std::{collections::BTreeMap, net::IpAddr};
 
@@ -79,6 +80,8 @@ pub struct Hooks {
     pub refresh: Option<Caller>,
     /// The rpc hook.
     pub rpc: Option<Caller>,
+    /// The events hook, until the node starts its [`events::EventLog`].
+    pub events: parking_lot::Mutex<Option<Caller>>,
     headers: Vec<axum::http::HeaderName>,
     cookies: Vec<String>,
 }
@@ -106,6 +109,7 @@ impl Hooks {
             publish: caller("publish", &c.publish_url),
             refresh: caller("refresh", &c.refresh_url),
             rpc: caller("rpc", &c.rpc_url),
+            events: parking_lot::Mutex::new(caller("events", &c.events_url)),
             headers: c
                 .headers
                 .iter()

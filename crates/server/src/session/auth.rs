@@ -188,6 +188,7 @@ impl Session {
         self.identify(token.as_deref())
             .await
             .map_err(|d| Refusal::Connection(d.disconnect()))?;
+        self.announce();
         let mut answer = reply.with(&self.connect_result());
         // The token's `channels`: subscribed now, each announced by a `subscribe` push as
         // on the HTTP transports.
@@ -350,6 +351,7 @@ impl Session {
         let mut pushes = Vec::new();
         for grant in expired {
             if self.subscriptions.remove(&grant.channel).is_some() {
+                self.event("unsubscribe", Some(&grant.channel), None);
                 let node = self.node().clone();
                 node.hub
                     .unsubscribe(&node.broker, &grant.channel, self.id())

@@ -56,6 +56,8 @@ pub struct Session {
     auth: Option<Box<Credentials>>,
     /// The transport, as hooks are told it.
     transport: crate::hooks::Transport,
+    /// Whether the backend was told of this connection (events), so it is told of its end.
+    announced: bool,
     scratch: Vec<Arc<Delivery>>,
 }
 
@@ -83,6 +85,7 @@ impl Session {
             cursor_bound: None,
             auth: None,
             transport: Default::default(),
+            announced: false,
             scratch: Vec::new(),
         }
     }
@@ -224,6 +227,9 @@ impl Session {
                     .await
                     .map_err(|d| Refusal::Connection(d.disconnect()))?;
             }
+            if self.transport == hooks::Transport::Websocket {
+                self.announce();
+            }
         }
         match method {
             Method::Connect(req) => {
@@ -250,6 +256,7 @@ impl Session {
                     .into());
                 }
                 self.drop_grant(&channel);
+                self.event("unsubscribe", Some(&channel), None);
                 let node = self.node().clone();
                 node.hub
                     .unsubscribe(&node.broker, &channel, self.id())
@@ -438,6 +445,47 @@ impl Session {
     }
 }
 
+/// Events for the backend (`hooks.events_url`, see [`hooks::events`]).
+impl Session {
+    /// Tells the backend this connection is open: for connections that live (WebSocket
+    /// and the streams), once; polls and sends are requests, not connections.
+    pub fn announce(&mut self) {
+        use hooks::Transport::{Longpoll, Poll, Send};
+        let request = matches!(self.transport, Longpoll | Poll | Send);
+        if self.announced || request || self.node().events.is_none() {
+            return;
+        }
+        self.announced = true;
+        self.event("connect", None, None);
+    }
+
+    /// Records an event of this (announced) connection.
+    fn event(&self, kind: &'static str, channel: Option<&ChannelName>, end: Option<(u16, &str)>) {
+        let Some(events) = self.node().events.as_ref().filter(|_| self.announced) else {
+            return;
+        };
+        events.record(&hooks::events::Event {
+            kind,
+            client: &self.client,
+            user: self.identity().map(|i| &*i.user),
+            transport: self.transport,
+            channel,
+            code: end.map(|(code, _)| code),
+            reason: end.map(|(_, reason)| reason),
+            time: hooks::events::now_ms(),
+        });
+    }
+
+    /// Tells the backend the connection ended, and why (`None`: the client closed it).
+    pub fn ending(&mut self, why: Option<&Disconnect>) {
+        let end = why.map_or((1000, "closed by the client"), |d| {
+            (d.code.code(), &d.reason)
+        });
+        self.event("disconnect", None, Some(end));
+        self.announced = false;
+    }
+}
+
 /// A view of a session's positions, encodable as a [`Cursor`](herald_protocol::Cursor).
 #[derive(Debug, Clone, Copy)]
 pub struct Positions<'a>(&'a Subscriptions);
@@ -470,6 +518,8 @@ fn insufficient(channel: &ChannelName, why: &str) -> Disconnect {
 
 impl Drop for Session {
     fn drop(&mut self) {
+        // A transport that did not say why (a defect's panic, for one).
+        self.ending(None);
         if self.subscriptions.is_empty() {
             return;
         }

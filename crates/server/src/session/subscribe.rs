@@ -243,6 +243,7 @@ impl Session {
         };
         let position = history.position;
         started.start(position.epoch.clone(), position.offset);
+        self.event("subscribe", Some(&channel), None);
         self.subscriptions.insert(channel, started);
         Ok(Joined {
             position,

@@ -318,6 +318,7 @@ async fn pump(
     tokio::pin!(deadline);
     let mut expiry = ExpiryTimer::default();
     let mut written = 0usize;
+    session.announce();
     // Leaves `inboxes` however the pump ends, a defect's panic included.
     let _registered = Registered {
         node: &node,
@@ -411,6 +412,7 @@ async fn pump(
             ));
         }
     };
+    session.ending(ended.as_ref());
     if let Some(d) = ended {
         let mut out = Vec::new();
         framing.push(

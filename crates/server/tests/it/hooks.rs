@@ -669,3 +669,134 @@ async fn the_refresh_hook_extends_a_hook_given_expiry_and_without_it_the_connect
     dave.call("connect", json!({})).await;
     assert_eq!(dave.closed().await.code, 3504);
 }
+
+/// The events the backend received, each once (by id), in the order first received.
+fn unique_events(backend: &Backend) -> Vec<Value> {
+    let mut seen = std::collections::HashSet::new();
+    backend
+        .requests("/events")
+        .iter()
+        .flat_map(|post| post["events"].as_array().cloned().unwrap_or_default())
+        .filter(|e| seen.insert(e["id"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+fn kinds(events: &[Value], client: &str) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e["client"] == client)
+        .map(|e| match e["channel"].as_str() {
+            Some(c) => format!("{} {c}", e["type"].as_str().unwrap()),
+            None => e["type"].as_str().unwrap().to_string(),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn events_reach_the_backend_in_order_per_client_and_survive_its_outage() {
+    // The backend fails every post until told otherwise: events wait, in order.
+    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = healthy.clone();
+    let backend = Backend::start(move |path, _| match path {
+        "/events" if flag.load(Ordering::SeqCst) => ok(json!({})),
+        "/events" => Answer::Status(503),
+        _ => Answer::Status(404),
+    })
+    .await;
+    let mut c = config();
+    c.hooks.events_url = backend.at("/events");
+    c.hooks.circuit_failures = 1000;
+    let server = start(c).await;
+
+    let mut a = server.client().await;
+    let reply = a.call("connect", json!({})).await;
+    let client = reply["connect"]["client"].as_str().unwrap().to_string();
+    a.subscribe("chat:one", None).await;
+    a.subscribe("chat:two", None).await;
+    a.call("unsubscribe", json!({ "channel": "chat:one" }))
+        .await;
+    drop(a);
+    // A stream connection too.
+    let http = reqwest::Client::new();
+    let mut stream = Lines::new(
+        http.get(server.url("/connection/stream?channel=chat:one"))
+            .send()
+            .await
+            .unwrap(),
+    );
+    let connect: Value = serde_json::from_str(&stream.next().await.unwrap()).unwrap();
+    let streamed = connect["connect"]["client"].as_str().unwrap().to_string();
+    let _subscribed = stream.next().await;
+    drop(stream);
+
+    eventually("the deliverer has tried the stored events", || async {
+        backend.requests("/events").len() >= 2
+    })
+    .await;
+    healthy.store(true, Ordering::SeqCst);
+    eventually("every event is delivered", || async {
+        let events = unique_events(&backend);
+        kinds(&events, &client).len() == 5 && kinds(&events, &streamed).len() == 3
+    })
+    .await;
+    let events = unique_events(&backend);
+    assert_eq!(
+        kinds(&events, &client),
+        [
+            "connect",
+            "subscribe chat:one",
+            "subscribe chat:two",
+            "unsubscribe chat:one",
+            "disconnect"
+        ]
+    );
+    assert_eq!(
+        kinds(&events, &streamed),
+        ["connect", "subscribe chat:one", "disconnect"]
+    );
+    let disconnect = events
+        .iter()
+        .find(|e| e["client"] == client.as_str() && e["type"] == "disconnect")
+        .unwrap();
+    assert_eq!(disconnect["transport"], "websocket");
+    assert!(
+        disconnect["code"].is_u64() && disconnect["time"].is_u64(),
+        "{disconnect}"
+    );
+    let stream_connect = events
+        .iter()
+        .find(|e| e["client"] == streamed.as_str())
+        .unwrap();
+    assert_eq!(stream_connect["transport"], "stream");
+    // Retried posts carried the same ids: every id posted maps to one event.
+    let posted: usize = backend
+        .requests("/events")
+        .iter()
+        .map(|p| p["events"].as_array().map_or(0, Vec::len))
+        .sum();
+    assert!(
+        posted > events.len(),
+        "some posts were retried ({posted} events posted)"
+    );
+
+    // Polls are requests, not connections: no events.
+    let before = unique_events(&backend).len();
+    let r = http
+        .get(server.url("/connection/poll?channel=chat:one"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut b = server.client().await;
+    let reply = b.call("connect", json!({})).await;
+    let marker = reply["connect"]["client"].as_str().unwrap().to_string();
+    eventually("a later connection's event arrives", || async {
+        !kinds(&unique_events(&backend), &marker).is_empty()
+    })
+    .await;
+    assert_eq!(
+        unique_events(&backend).len(),
+        before + 1,
+        "the poll made none"
+    );
+}

@@ -115,6 +115,7 @@ async fn run(
 
     let id = session.id();
     session.queue().detach();
+    session.ending(ended.as_ref());
     // Free the session (and its subscriptions) now; the closing handshake is only manners.
     drop(session);
     // Boxed for the same reason as commands: only a closing connection needs its space.

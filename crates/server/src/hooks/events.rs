@@ -1,0 +1,338 @@
+//! Events for the backend: `connect`, `disconnect`, `subscribe` and `unsubscribe`, posted to
+//! `hooks.events_url` at least once, in order per client.
+//!
+//! Sessions record events into an in-memory queue without waiting. A writer stores them in
+//! batches (one publication of up to `events_batch` events) in a stream of the node's
+//! broker: on disk with the durable store, in Redis with `storage = "redis"`, so neither a
+//! `kill -9` nor a long outage of the backend loses what was stored. A deliverer posts the
+//! stored batches in order, retrying with backoff while the backend fails, and remembers
+//! the last one the backend accepted in a second stream, so a restart resumes after it.
+//! An event's id is its batch's epoch and offset and its place in the batch: the same
+//! whenever it is delivered again, for de-duplication.
+//!
+//! Bounded, and never silently: the queue holds at most `events_max_pending` events
+//! (beyond, events are dropped and the next delivery says how many: `dropped`), and the
+//! stream keeps `events_kept` batches for `events_ttl` (a batch trimmed before delivery is
+//! counted in `lost_batches`).
+
+use std::{
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc,
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use bytes::Bytes;
+use herald_broker::{BrokerError, HistoryQuery, SharedBroker, StreamPolicy};
+use herald_protocol::{ChannelName, Epoch, Since};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use tokio::sync::{mpsc, Notify};
+
+use super::{Caller, HookError, Transport};
+use crate::config::HooksConfig;
+
+/// The stream of stored batches. `$` is outside the channel-name alphabet, so no client
+/// and no API call can name it.
+const LOG: &str = "$herald:events";
+/// Most stored batches in one post.
+const BATCHES_PER_POST: usize = 10;
+
+/// The stream whose newest publication is the last batch the backend accepted.
+const ACKED: &str = "$herald:events-acked";
+
+/// The streams' namespace, for [`crate::config::Settings::policies`].
+pub const NAMESPACE: &str = "$herald";
+
+/// One event, as posted (with its `id` added on delivery).
+#[derive(Debug, Serialize)]
+pub struct Event<'a> {
+    /// `connect`, `disconnect`, `subscribe` or `unsubscribe`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The connection.
+    pub client: &'a str,
+    /// Its user; absent for anonymous connections.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<&'a str>,
+    /// Its transport.
+    pub transport: Transport,
+    /// For subscribe and unsubscribe.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub channel: Option<&'a ChannelName>,
+    /// For disconnect: the close code.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<u16>,
+    /// For disconnect: why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<&'a str>,
+    /// When it happened, Unix milliseconds.
+    pub time: u64,
+}
+
+/// Where sessions record events.
+#[derive(Debug)]
+pub struct EventLog {
+    queue: mpsc::UnboundedSender<Vec<u8>>,
+    pending: Arc<AtomicUsize>,
+    max_pending: usize,
+    dropped: Arc<AtomicU64>,
+}
+
+impl EventLog {
+    /// Starts the writer and the deliverer on `broker` (inside a Tokio runtime).
+    pub fn start(config: &HooksConfig, caller: Caller, broker: SharedBroker) -> Arc<Self> {
+        let (queue, received) = mpsc::unbounded_channel();
+        let log = Arc::new(Self {
+            queue,
+            pending: Arc::default(),
+            max_pending: config.events_max_pending,
+            dropped: Arc::default(),
+        });
+        let policy = config.events_policy();
+        let stored = Arc::new(Notify::new());
+        tokio::spawn(write(
+            received,
+            log.pending.clone(),
+            config.events_batch,
+            broker.clone(),
+            policy,
+            stored.clone(),
+        ));
+        tokio::spawn(deliver(caller, broker, policy, stored, log.dropped.clone()));
+        log
+    }
+
+    /// Records an event; never waits.
+    pub fn record(&self, event: &Event<'_>) {
+        if self.pending.load(Ordering::Relaxed) >= self.max_pending {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        let json = serde_json::to_vec(event).expect("events serialise");
+        if self.queue.send(json).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Unix milliseconds now.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn channel(name: &str) -> ChannelName {
+    ChannelName::internal(name)
+}
+
+/// Stores queued events in batches, in the order they were recorded.
+async fn write(
+    mut received: mpsc::UnboundedReceiver<Vec<u8>>,
+    pending: Arc<AtomicUsize>,
+    batch: usize,
+    broker: SharedBroker,
+    policy: StreamPolicy,
+    stored: Arc<Notify>,
+) {
+    let log = channel(LOG);
+    let mut events = Vec::with_capacity(batch);
+    while received.recv_many(&mut events, batch).await > 0 {
+        let mut body = b"[".to_vec();
+        for (i, e) in events.iter().enumerate() {
+            if i > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(e);
+        }
+        body.push(b']');
+        let body = Bytes::from(body);
+        let mut wait = Backoff::default();
+        // A store that fails (a full disk, Redis away) is waited for: the events are only
+        // here until it takes them.
+        while let Err(e) = broker.publish(&log, body.clone(), policy).await {
+            tracing::warn!(error = %e, "storing backend events failed; retrying");
+            wait.sleep().await;
+        }
+        pending.fetch_sub(events.len(), Ordering::Relaxed);
+        events.clear();
+        stored.notify_one();
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Acked {
+    epoch: Epoch,
+    offset: u64,
+}
+
+/// What the events hook is posted.
+#[derive(Serialize)]
+struct Delivery {
+    events: Vec<Box<RawValue>>,
+    /// Events dropped before they were stored (the queue was full), since the last
+    /// delivery.
+    #[serde(skip_serializing_if = "is_zero")]
+    dropped: u64,
+    /// Batches trimmed from the log before they were delivered (each up to
+    /// `events_batch` events).
+    #[serde(skip_serializing_if = "is_zero")]
+    lost_batches: u64,
+    /// The log itself was lost (a store without durability restarted): events before
+    /// these may be missing.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    log_restarted: bool,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Posts stored batches in order, each until the backend accepts it.
+async fn deliver(
+    caller: Caller,
+    broker: SharedBroker,
+    policy: StreamPolicy,
+    stored: Arc<Notify>,
+    dropped: Arc<AtomicU64>,
+) {
+    let (log, acked_log) = (channel(LOG), channel(ACKED));
+    let mut acked: Option<Acked> = loop {
+        match broker.history(&acked_log, HistoryQuery::newest(1)).await {
+            Ok(h) => {
+                break h
+                    .publications
+                    .last()
+                    .and_then(|p| serde_json::from_slice(&p.data).ok())
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the events position failed; retrying");
+                Backoff::default().sleep().await;
+            }
+        }
+    };
+    let mut wait = Backoff::default();
+    loop {
+        let since = acked.as_ref().map_or(
+            Since {
+                offset: 0,
+                epoch: None,
+            },
+            |a| Since {
+                offset: a.offset,
+                epoch: Some(a.epoch.clone()),
+            },
+        );
+        let query = HistoryQuery {
+            since: Some(since.clone()),
+            limit: BATCHES_PER_POST,
+            max_bytes: None,
+        };
+        let (epoch, batches, lost_batches, log_restarted) = match broker.history(&log, query).await
+        {
+            Ok(h) => (h.position.epoch, h.publications, 0, false),
+            Err(BrokerError::Unrecoverable { current }) => {
+                // Trimmed past the last delivered batch, or a new log: start at its oldest.
+                let from_start = HistoryQuery {
+                    since: Some(Since {
+                        offset: 0,
+                        epoch: None,
+                    }),
+                    limit: BATCHES_PER_POST,
+                    max_bytes: None,
+                };
+                match broker.history(&log, from_start).await {
+                    Ok(h) => {
+                        let same = since.epoch.as_ref() == Some(&current.epoch);
+                        let lost = match h.publications.first() {
+                            Some(p) if same => p.offset.saturating_sub(since.offset + 1),
+                            _ => 0,
+                        };
+                        (h.position.epoch, h.publications, lost, !same)
+                    }
+                    Err(_) => (current.epoch, Vec::new(), 0, false),
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reading backend events failed; retrying");
+                wait.sleep().await;
+                continue;
+            }
+        };
+        let Some(last) = batches.last().map(|p| p.offset) else {
+            // Nothing stored past the last delivery: wait for the writer, or (another
+            // node writing to a shared Redis) a second.
+            let _ = tokio::time::timeout(Duration::from_secs(1), stored.notified()).await;
+            continue;
+        };
+        let mut events = Vec::new();
+        for batch in &batches {
+            match serde_json::from_slice::<Vec<serde_json::Map<String, serde_json::Value>>>(
+                &batch.data,
+            ) {
+                Ok(stored) => events.extend(stored.into_iter().enumerate().map(|(i, mut e)| {
+                    let id = format!("{}-{}-{i}", epoch.as_str(), batch.offset);
+                    e.insert("id".into(), id.into());
+                    serde_json::value::to_raw_value(&e).expect("events serialise")
+                })),
+                // Not written by Herald (a shared Redis): skipped, and said.
+                Err(e) => {
+                    tracing::error!(error = %e, offset = batch.offset, "a stored event batch is not Herald's; skipped")
+                }
+            }
+        }
+        let delivery = Delivery {
+            events,
+            dropped: dropped.swap(0, Ordering::Relaxed),
+            lost_batches,
+            log_restarted,
+        };
+        match caller.call::<serde::de::IgnoredAny>(&delivery).await {
+            Ok(_) => {
+                wait = Backoff::default();
+                let done = Acked {
+                    epoch,
+                    offset: last,
+                };
+                let record = Bytes::from(serde_json::to_vec(&done).expect("serialises"));
+                let ack_policy = StreamPolicy {
+                    history_size: 1,
+                    ..policy
+                };
+                if let Err(e) = broker.publish(&acked_log, record, ack_policy).await {
+                    // Delivered but not remembered: delivered again after a restart.
+                    tracing::warn!(error = %e, "remembering the events position failed");
+                }
+                acked = Some(done);
+            }
+            Err(e) => {
+                // Counted again with the next try.
+                dropped.fetch_add(delivery.dropped, Ordering::Relaxed);
+                if let HookError::Refused { code, message } = &e {
+                    tracing::warn!(code, %message, "the events hook refused a batch; retrying");
+                }
+                wait.sleep().await;
+            }
+        }
+    }
+}
+
+/// Waits that double from 100 ms to 30 s.
+#[derive(Debug)]
+struct Backoff(Duration);
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self(Duration::from_millis(100))
+    }
+}
+
+impl Backoff {
+    async fn sleep(&mut self) {
+        tokio::time::sleep(self.0).await;
+        self.0 = (self.0 * 2).min(Duration::from_secs(30));
+    }
+}

@@ -1,0 +1,70 @@
+/** The SDK with Herald's backend hooks, answered by the example backend of docs/hooks.md
+ * (a real Node HTTP server): `rpc`, a channel's state on subscribe, and a stored-then-
+ * broadcast publication, over every transport Node has. */
+import type { Server } from "node:http";
+import type { AddressInfo } from "node:net";
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+// @ts-expect-error: a plain JavaScript example, checked by running it here.
+import { server as exampleBackend } from "../../docs/examples/hooks-backend.mjs";
+import { HeraldError, type TransportName } from "../src/index.js";
+import { client, collect, disconnectAll, next } from "./clients.js";
+import { Herald, until } from "./herald.js";
+
+let backend: Server;
+let server: Herald;
+
+beforeAll(async () => {
+  backend = (exampleBackend as () => Server)();
+  await new Promise<void>((resolve) => backend.listen(0, "127.0.0.1", resolve));
+  const base = `http://127.0.0.1:${(backend.address() as AddressInfo).port}`;
+  // The configuration docs/hooks.md gives, as environment variables.
+  server = await Herald.start({
+    env: {
+      HERALD_HOOKS__CONNECT_URL: `${base}/connect`,
+      HERALD_HOOKS__SUBSCRIBE_URL: `${base}/subscribe`,
+      HERALD_HOOKS__PUBLISH_URL: `${base}/publish`,
+      HERALD_HOOKS__RPC_URL: `${base}/rpc`,
+      HERALD_HOOKS__EVENTS_URL: `${base}/events`,
+      HERALD_HOOKS__COOKIES: '["session"]',
+      HERALD_NAMESPACES__ROOM__SUBSCRIBE_HOOK: "true",
+      HERALD_NAMESPACES__ROOM__PUBLISH_HOOK: "true",
+      HERALD_NAMESPACES__ROOM__PUBLISH: "anyone",
+    },
+  });
+});
+afterEach(disconnectAll);
+afterAll(async () => {
+  await server.dispose();
+  backend.close();
+});
+
+const NODE_TRANSPORTS: TransportName[] = ["websocket", "stream", "longpoll", "poll"];
+
+describe.each(NODE_TRANSPORTS)("over %s", (transport) => {
+  it("rpc is answered by the backend, and its refusals keep their code", async () => {
+    const c = client(server.url, { transports: transport });
+    c.connect();
+    await next(c, "connected");
+    expect(await c.rpc("whoami")).toEqual({ user: null, transport: expect.any(String) });
+    const refused = await c.rpc("nope").catch((e: unknown) => e);
+    expect(refused).toBeInstanceOf(HeraldError);
+    expect((refused as HeraldError).code).toBe(1004);
+  });
+
+  it("a subscription gets the room's state, and publications are stored then broadcast", async () => {
+    const room = `room:${transport}`;
+    const c = client(server.url, { transports: transport });
+    const sub = c.newSubscription(room);
+    const subscribed = next(sub, "subscribed");
+    const got = collect(sub);
+    sub.subscribe();
+    c.connect();
+    expect((await subscribed).data).toEqual({ topic: `Welcome to ${room}`, messages: 0 });
+    await c.publish(room, { text: " hello " });
+    await until("the stored publication", () => got.length === 1);
+    expect(got[0]!.data).toMatchObject({ text: "hello", by: "guest" });
+    expect(await c.rpc("messages", { room })).toEqual([got[0]!.data]);
+    const refused = await c.publish(room, { text: "" }).catch((e: unknown) => e);
+    expect((refused as HeraldError).code).toBe(1001);
+  });
+});
