@@ -107,7 +107,7 @@ impl Node {
         settings.tokens.prefetch();
         let limits = crate::limits::AddressLimits::new(settings.config.limits.clone());
         crate::limits::spawn_sweeper(&limits);
-        let events = settings.hooks.events.lock().take().map(|caller| {
+        let events = settings.hooks.events(&settings.config.hooks).map(|caller| {
             crate::hooks::events::EventLog::start(&settings.config.hooks, caller, broker.clone())
         });
         let node = Arc::new(Self {

@@ -56,11 +56,10 @@ pub enum Transport {
     Send,
 }
 
-/// What the connect hook is told about a client's request.
+/// What the connect hook is told about a client's request, beyond its address (which the
+/// session holds).
 #[derive(Debug, Clone, Default)]
 pub struct RequestFacts {
-    /// The client's address.
-    pub address: Option<IpAddr>,
     /// Allowed headers (lower-case names).
     pub headers: BTreeMap<String, String>,
     /// Allowed cookies.
@@ -80,8 +79,8 @@ pub struct Hooks {
     pub refresh: Option<Caller>,
     /// The rpc hook.
     pub rpc: Option<Caller>,
-    /// The events hook, until the node starts its [`events::EventLog`].
-    pub events: parking_lot::Mutex<Option<Caller>>,
+    /// The kept-alive connections every hook's requests share.
+    client: reqwest::Client,
     headers: Vec<axum::http::HeaderName>,
     cookies: Vec<String>,
 }
@@ -109,23 +108,26 @@ impl Hooks {
             publish: caller("publish", &c.publish_url),
             refresh: caller("refresh", &c.refresh_url),
             rpc: caller("rpc", &c.rpc_url),
-            events: parking_lot::Mutex::new(caller("events", &c.events_url)),
             headers: c
                 .headers
                 .iter()
                 .filter_map(|h| axum::http::HeaderName::from_bytes(h.as_bytes()).ok())
                 .collect(),
             cookies: c.cookies.clone(),
+            client,
         }
     }
 
+    /// A caller of the events hook, for the node's [`events::EventLog`]; none without one.
+    pub fn events(&self, c: &HooksConfig) -> Option<Caller> {
+        let url = c.events_url.as_deref()?;
+        Some(Caller::new("events", url, self.client.clone(), c))
+    }
+
     /// What the connect hook may see of a request: none without a connect hook.
-    pub fn facts(&self, headers: &HeaderMap, address: Option<IpAddr>) -> Option<Box<RequestFacts>> {
+    pub fn facts(&self, headers: &HeaderMap) -> Option<Box<RequestFacts>> {
         self.connect.as_ref()?;
-        let mut facts = RequestFacts {
-            address,
-            ..Default::default()
-        };
+        let mut facts = RequestFacts::default();
         for name in &self.headers {
             if let Some(v) = headers.get(name).and_then(|v| v.to_str().ok()) {
                 facts
@@ -346,9 +348,60 @@ impl HookError {
     }
 }
 
-/// A JSON value given by a backend, checked as a client's publication would be (depth, no
-/// raw line breaks), so that it is safe in every framing.
+/// A JSON value given by a backend, checked as a client's publication would be and without
+/// its raw line breaks (an indented answer), so that it is safe in every framing. Send
+/// these bytes, never the value as it came.
 pub fn checked_data(raw: &RawValue, hook: &str) -> Result<bytes::Bytes, Failure> {
     herald_protocol::json::payload(raw)
         .map_err(|e| HookError::Failed(format!("its `data`: {e}")).failure(hook))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(json: &str) -> ConnectResult {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn a_connect_answer_without_a_user_is_anonymous_and_grants_nothing() {
+        assert!(answer("{}").identity().unwrap().is_none());
+        assert!(answer(r#"{"user":""}"#).identity().unwrap().is_none());
+        for granting in [
+            r#"{"subscribe":["a"]}"#,
+            r#"{"channels":["a"]}"#,
+            r#"{"expires":1}"#,
+        ] {
+            assert!(
+                matches!(answer(granting).identity(), Err(HookError::Failed(_))),
+                "{granting}"
+            );
+        }
+        let alice = answer(r#"{"user":"alice","channels":["bad channel"]}"#).identity();
+        assert!(matches!(alice, Err(HookError::Failed(m)) if m.contains("channels")));
+    }
+
+    #[test]
+    fn refusals_keep_herald_and_application_codes_and_the_rest_is_a_failure() {
+        let refused = |code| HookError::Refused {
+            code,
+            message: "no".into(),
+        };
+        assert_eq!(refused(103).failure("x").wire_code(), 103);
+        assert_eq!(refused(1003).failure("x").wire_code(), 1003);
+        assert_eq!(refused(3000).failure("x").wire_code(), 118);
+        assert_eq!(
+            refused(101).disconnect("x").code,
+            DisconnectCode::InvalidToken
+        );
+        assert_eq!(
+            refused(1003).disconnect("x").code,
+            DisconnectCode::Forbidden
+        );
+        assert_eq!(
+            HookError::Failed("down".into()).disconnect("x").code,
+            DisconnectCode::BackendUnavailable
+        );
+    }
 }

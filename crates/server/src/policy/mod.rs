@@ -15,10 +15,11 @@
 //!
 //! Each namespace sets a level per action ([`Access`]: anyone, authenticated, granted,
 //! nobody). What a connection brings is an [`Asker`]: its identity (from its token,
-//! [`token`], or the connect hook, [`crate::hooks`]), whether this channel was granted to
-//! it alone (a subscription token, or the subscribe hook), and whether the backend is yet
-//! to decide (a namespace's subscribe or publish hook, whose allowance is a grant). Transports never see the rules: they hand the session what the client sent,
-//! and the session asks here.
+//! [`token`], or the connect hook, [`crate::hooks`]) and whether this channel was granted
+//! to it alone (a subscription token, or the subscribe hook). In a namespace whose
+//! subscribe or publish hook is on, that action counts as granted here: the backend
+//! decides, asked by the session after these rules pass. Transports never see the rules:
+//! they hand the session what the client sent, and the session asks here.
 
 pub mod grants;
 mod jwks;
@@ -55,9 +56,6 @@ pub struct Asker<'a> {
     /// Whether this connection holds a grant for this very channel (a subscription
     /// token, or the subscribe hook's allowance), beyond its identity's.
     pub channel_granted: bool,
-    /// Whether the application's backend decides this action (the namespace's subscribe or
-    /// publish hook, asked after these rules pass): the hook's allowance counts as a grant.
-    pub backend: bool,
 }
 
 impl Action {
@@ -136,7 +134,13 @@ fn granted(
     action: Action,
     channel: &ChannelName,
 ) -> bool {
-    if asker.backend {
+    // The namespace's hook decides, after these rules (its allowance is a grant).
+    let hooked = match action {
+        Action::Subscribe => rules.subscribe_hook,
+        Action::Publish => rules.publish_hook,
+        Action::History | Action::Presence => false,
+    };
+    if hooked {
         return true;
     }
     let own = rules.personal && is_own(asker, channel);
@@ -212,7 +216,6 @@ mod tests {
         let signed_in = Asker {
             identity: Some(&alice),
             channel_granted: false,
-            backend: false,
         };
         let e = check(&node, anonymous, Action::Subscribe, &ch("x")).unwrap_err();
         assert!(e.message.contains("needs a grant"), "{e:?}");
@@ -222,7 +225,6 @@ mod tests {
         let with_token = Asker {
             identity: Some(&alice),
             channel_granted: true,
-            backend: false,
         };
         assert!(check(&node, with_token, Action::History, &ch("x")).is_ok());
         assert!(
@@ -249,7 +251,6 @@ mod tests {
         let asker = |i| Asker {
             identity: Some(i),
             channel_granted: false,
-            backend: false,
         };
         assert!(check(&node, asker(&u42), Action::Subscribe, &ch("user:42")).is_ok());
         assert!(check(&node, asker(&u43), Action::Subscribe, &ch("user:42")).is_err());

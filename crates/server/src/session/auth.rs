@@ -108,7 +108,7 @@ impl Session {
                 let facts = facts.unwrap_or_default();
                 let request = hooks::ConnectRequest {
                     client: self.hook_client(),
-                    address: facts.address.or(self.address),
+                    address: self.address,
                     headers: &facts.headers,
                     cookies: &facts.cookies,
                     token,
@@ -173,7 +173,6 @@ impl Session {
         Asker {
             identity: self.identity(),
             channel_granted,
-            backend: false,
         }
     }
 

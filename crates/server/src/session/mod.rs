@@ -280,11 +280,7 @@ impl Session {
     ) -> Result<Option<Vec<u8>>, Failure> {
         let node = self.node().clone();
         let hooked = node.settings.namespace(channel.namespace()).publish_hook;
-        let asker = policy::Asker {
-            backend: hooked,
-            ..self.asker(&channel)
-        };
-        policy::check(&node, asker, Action::Publish, &channel)?;
+        policy::check(&node, self.asker(&channel), Action::Publish, &channel)?;
         let data = match node.settings.hooks.publish.as_ref().filter(|_| hooked) {
             None => data,
             Some(hook) => {
@@ -330,14 +326,13 @@ impl Session {
             data: raw_json(&req.data),
         };
         let answer: hooks::DataResult = hook.call(&request).await.map_err(|e| e.failure("rpc"))?;
-        let data = match &answer.data {
-            Some(data) => {
-                hooks::checked_data(data, "rpc")?;
-                &**data
-            }
-            None => raw_json(b"null"),
+        let data = match answer.data {
+            Some(data) => hooks::checked_data(&data, "rpc")?,
+            None => bytes::Bytes::from_static(b"null"),
         };
-        Ok(reply.with(&results::Rpc { data }))
+        Ok(reply.with(&results::Rpc {
+            data: raw_json(&data),
+        }))
     }
 
     /// Moves queued publications into `out` (one JSON line each, about `max_bytes` at
@@ -518,7 +513,8 @@ fn insufficient(channel: &ChannelName, why: &str) -> Disconnect {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        // A transport that did not say why (a defect's panic, for one).
+        // The transport ended without saying why: the client left (or a defect's panic
+        // unwound it). Nothing is recorded when the transport said already.
         self.ending(None);
         if self.subscriptions.is_empty() {
             return;

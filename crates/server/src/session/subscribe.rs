@@ -11,12 +11,12 @@ use herald_protocol::{
 
 use serde_json::value::RawValue;
 
-use super::{Positions, Reply, Session};
+use super::{raw_json, Positions, Reply, Session};
 use crate::{
     error::Failure,
     history, hooks,
     node::Node,
-    policy::{self, token::ChannelGrant, Action, Asker},
+    policy::{self, token::ChannelGrant, Action},
     queue::Position,
 };
 
@@ -39,7 +39,7 @@ impl Session {
             offset: joined.position.offset,
             recovered: joined.recovered,
             publications: &joined.publications,
-            data: joined.data.as_deref(),
+            data: joined.data.as_deref().map(raw_json),
         }))
     }
 
@@ -57,21 +57,8 @@ impl Session {
         }
         self.cursor_fits(channels.iter().map(|(c, _)| c))?;
         channels.iter().try_for_each(|(channel, _)| {
-            policy::check(node, self.subscriber(channel), Action::Subscribe, channel)
+            policy::check(node, self.asker(channel), Action::Subscribe, channel)
         })
-    }
-
-    /// Who asks to subscribe to `channel`: with the namespace's subscribe hook, the
-    /// backend decides after the rules.
-    fn subscriber(&self, channel: &ChannelName) -> Asker<'_> {
-        Asker {
-            backend: self
-                .node()
-                .settings
-                .namespace(channel.namespace())
-                .subscribe_hook,
-            ..self.asker(channel)
-        }
     }
 
     /// Whether the cursor still fits the transport's bound with `more` channels added. An
@@ -139,7 +126,7 @@ impl Session {
                 epoch: &position.epoch,
                 offset: position.offset,
                 recovered,
-                data: data.as_deref(),
+                data: data.as_deref().map(raw_json),
             };
             let push = serde_json::to_vec(&serde_json::json!({ "subscribe": opened }))
                 .expect("serialises");
@@ -162,12 +149,7 @@ impl Session {
     ) -> Result<Joined, Failure> {
         let node = self.node().clone();
         let hooked = node.settings.namespace(channel.namespace()).subscribe_hook;
-        policy::check(
-            &node,
-            self.subscriber(&channel),
-            Action::Subscribe,
-            &channel,
-        )?;
+        policy::check(&node, self.asker(&channel), Action::Subscribe, &channel)?;
         if self.subscriptions.contains_key(&channel) {
             return Err(Failure::new(
                 ErrorCode::AlreadySubscribed,
@@ -193,16 +175,17 @@ impl Session {
                     .call(&request)
                     .await
                     .map_err(|e| e.failure("subscribe"))?;
-                if let Some(data) = &answer.data {
-                    hooks::checked_data(data, "subscribe")?;
-                }
+                let data = answer
+                    .data
+                    .map(|data| hooks::checked_data(&data, "subscribe"))
+                    .transpose()?;
                 // The allowance is a grant for as long as the subscription lives (or
                 // until its `expires`), so history and presence follow it.
                 self.grant(ChannelGrant {
                     channel: channel.clone(),
                     expires: answer.expires,
                 });
-                answer.data
+                data
             }
         };
         let may_read =
@@ -283,12 +266,12 @@ impl Session {
 }
 
 /// What joining a channel gives: where its stream is, what was replayed, and the
-/// subscribe hook's state.
+/// subscribe hook's state (checked JSON, without line breaks).
 struct Joined {
     position: StreamPosition,
     recovered: Option<bool>,
     publications: Vec<Publication>,
-    data: Option<Box<RawValue>>,
+    data: Option<bytes::Bytes>,
 }
 
 /// The stream's position, without publications.

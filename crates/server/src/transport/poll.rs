@@ -76,7 +76,7 @@ async fn answer(
     };
     let session = Session::new(&node)
         .at_address(address)
-        .came_by(transport, node.settings.hooks.facts(&headers, address));
+        .came_by(transport, node.settings.hooks.facts(&headers));
     let mut session = request::authenticate(
         &node,
         session,

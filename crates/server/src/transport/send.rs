@@ -84,13 +84,10 @@ async fn handle(
     }
     let Some(id) = session_id else {
         let mut session = Session::new(&node).stateless();
-        let mut address = None;
         if let Some(Extension(Peer(peer))) = peer {
-            let ip = node.limits.client_address(peer.ip(), &headers);
-            session = session.charged_to(ip);
-            address = Some(ip);
+            session = session.charged_to(node.limits.client_address(peer.ip(), &headers));
         }
-        let facts = node.settings.hooks.facts(&headers, address);
+        let facts = node.settings.hooks.facts(&headers);
         let session = session.came_by(Transport::Send, facts);
         let session = request::authenticate(&node, session, token.as_deref(), &sub_tokens).await?;
         return answer(session, frame).await;

@@ -236,7 +236,7 @@ async fn start(
     };
     let mut session = Session::new(&node)
         .at_address(address)
-        .came_by(transport, node.settings.hooks.facts(&headers, address));
+        .came_by(transport, node.settings.hooks.facts(&headers));
     if framing == Framing::Sse {
         session = session.cursor_bound(MAX_SSE_ID);
     }

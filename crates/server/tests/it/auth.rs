@@ -626,8 +626,7 @@ async fn refresh_and_send_refuse_what_they_cannot_do() {
     // Commands for a stream's session use the stream's token: a token there is a mistake.
     let stream = get(&server, "/connection/stream?channel=chat:x").await;
     let mut lines = Lines::new(stream);
-    let connect: Value = serde_json::from_str(&lines.next().await.unwrap()).unwrap();
-    let session = connect["connect"]["client"].as_str().unwrap().to_string();
+    let session = lines.session().await;
     let token = hs256(&claims("42", json!({})));
     let sent = reqwest::Client::new()
         .post(server.url(&format!("/connection/send?session={session}&token={token}")))

@@ -256,18 +256,13 @@ async fn the_connect_hook_admits_by_cookie_on_every_transport_and_refuses_with_i
 
     // A stateless send.
     let http = reqwest::Client::new();
-    let sent = http
-        .post(server.url("/connection/send"))
-        .header("cookie", "sid=alice-session")
-        .body(json!({ "id": 1, "rpc": { "method": "whoami" } }).to_string())
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let sent: Value = serde_json::from_str(sent.trim()).unwrap();
-    assert_eq!(sent["rpc"]["data"]["user"], "alice", "{sent}");
+    let sent = answer_lines(
+        http.post(server.url("/connection/send"))
+            .header("cookie", "sid=alice-session")
+            .body(json!({ "id": 1, "rpc": { "method": "whoami" } }).to_string()),
+    )
+    .await;
+    assert_eq!(sent[0]["rpc"]["data"]["user"], "alice", "{sent:?}");
     assert_eq!(
         backend.requests("/connect").last().unwrap()["transport"],
         "send"
@@ -348,15 +343,15 @@ async fn the_subscribe_hook_allows_with_state_or_refuses_with_the_applications_c
 
     // On an HTTP stream, the state comes in the subscribe push, before publications.
     let http = reqwest::Client::new();
-    let mut sse = Lines::new(
+    let mut stream = Lines::new(
         http.get(server.url("/connection/stream?channel=room:lobby"))
             .header("cookie", "sid=alice-session")
             .send()
             .await
             .unwrap(),
     );
-    let _connect = sse.next().await.unwrap();
-    let subscribed: Value = serde_json::from_str(&sse.next().await.unwrap()).unwrap();
+    let _session = stream.session().await;
+    let subscribed: Value = serde_json::from_str(&stream.next().await.unwrap()).unwrap();
     assert_eq!(
         subscribed["subscribe"]["data"]["members"], 2,
         "{subscribed}"
@@ -451,8 +446,7 @@ async fn rpc_is_answered_by_the_backend_on_every_transport() {
             .await
             .unwrap(),
     );
-    let connect: Value = serde_json::from_str(&stream.next().await.unwrap()).unwrap();
-    let session = connect["connect"]["client"].as_str().unwrap();
+    let session = stream.session().await;
     let r = http
         .post(server.url(&format!("/connection/send?session={session}")))
         .body(json!({ "id": 5, "rpc": { "method": "m", "data": [1] } }).to_string())
@@ -724,8 +718,7 @@ async fn events_reach_the_backend_in_order_per_client_and_survive_its_outage() {
             .await
             .unwrap(),
     );
-    let connect: Value = serde_json::from_str(&stream.next().await.unwrap()).unwrap();
-    let streamed = connect["connect"]["client"].as_str().unwrap().to_string();
+    let streamed = stream.session().await;
     let _subscribed = stream.next().await;
     drop(stream);
 
@@ -798,5 +791,56 @@ async fn events_reach_the_backend_in_order_per_client_and_survive_its_outage() {
         unique_events(&backend).len(),
         before + 1,
         "the poll made none"
+    );
+}
+
+#[tokio::test]
+async fn a_backends_pretty_printed_data_keeps_one_message_per_line() {
+    // Many backends indent their JSON: its line breaks must not reach a line framing.
+    let backend = Backend::start(|path, _| {
+        let pretty = match path {
+            "/rpc" | "/subscribe" => "{\n  \"result\": {\n    \"data\": {\n      \"a\": [\n        1,\n        2\n      ]\n    }\n  }\n}",
+            _ => return Answer::Status(404),
+        };
+        Answer::Text(pretty)
+    })
+    .await;
+    let mut c = config();
+    c.hooks.subscribe_url = backend.at("/subscribe");
+    c.hooks.rpc_url = backend.at("/rpc");
+    c.namespaces.insert(
+        "room".into(),
+        NamespaceOverride {
+            subscribe_hook: Some(true),
+            ..Default::default()
+        },
+    );
+    let server = start(c).await;
+    let mut client = server.client().await;
+    // The client reads each line as one JSON value: a line break inside one fails it.
+    let reply = client.call("rpc", json!({ "method": "m" })).await;
+    assert_eq!(reply["rpc"]["data"], json!({ "a": [1, 2] }), "{reply}");
+    let reply = client
+        .call("subscribe", json!({ "channel": "room:a" }))
+        .await;
+    assert_eq!(
+        reply["subscribe"]["data"],
+        json!({ "a": [1, 2] }),
+        "{reply}"
+    );
+
+    let http = reqwest::Client::new();
+    let mut sse = Lines::new(
+        http.get(server.url("/connection/sse?channel=room:b"))
+            .send()
+            .await
+            .unwrap(),
+    );
+    let _connect = sse.next_event().await.unwrap();
+    let (_, subscribed) = sse.next_event().await.unwrap();
+    assert_eq!(
+        subscribed["subscribe"]["data"],
+        json!({ "a": [1, 2] }),
+        "{subscribed}"
     );
 }

@@ -43,6 +43,16 @@ impl Lines {
         }
     }
 
+    /// Reads a stream's first line, its `connect` push, and returns the session id
+    /// (`client`), which `/connection/send?session=` takes.
+    pub async fn session(&mut self) -> String {
+        let connect: Value = serde_json::from_str(&self.next().await.unwrap()).unwrap();
+        connect["connect"]["client"]
+            .as_str()
+            .expect("a stream starts with its connect push")
+            .to_string()
+    }
+
     /// The next SSE event: (id, data), skipping comments and `retry:`.
     pub async fn next_event(&mut self) -> Option<(Option<String>, Value)> {
         let mut id = None;
@@ -171,8 +181,7 @@ async fn a_stream_may_open_empty_and_take_its_channels_through_send() {
             .await
             .unwrap(),
     );
-    let connect: Value = serde_json::from_str(&s.next().await.unwrap()).unwrap();
-    let session = connect["connect"]["client"].as_str().unwrap().to_string();
+    let session = s.session().await;
     let r = http
         .post(server.url(&format!("/connection/send?session={session}")))
         .body("{\"id\":1,\"subscribe\":{\"channel\":\"open:later\",\"since\":{\"offset\":0}}}")
@@ -373,8 +382,7 @@ pub async fn commands_for_a_stream_travel_in_it(
             .await
             .unwrap(),
     );
-    let connect: Value = serde_json::from_str(&s.next().await.unwrap()).unwrap();
-    let session = connect["connect"]["client"].as_str().unwrap().to_string();
+    let session = s.session().await;
     let _subscribed = s.next().await.unwrap();
 
     let send = |body: &'static str| {

@@ -109,18 +109,13 @@ impl TestServer {
         query: &str,
         body: impl Into<String>,
     ) -> Vec<Option<u64>> {
-        let answer = client
+        let request = client
             .post(self.url(&format!("/connection/send?{query}")))
-            .body(body.into())
-            .send()
+            .body(body.into());
+        answer_lines(request)
             .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        answer
-            .lines()
-            .map(|l| serde_json::from_str::<Value>(l).unwrap()["error"]["code"].as_u64())
+            .iter()
+            .map(|l| l["error"]["code"].as_u64())
             .collect()
     }
 
@@ -160,6 +155,15 @@ impl TestServer {
             .expect("server stops in time")
             .unwrap()
     }
+}
+
+/// Sends a request whose answer is JSON lines (`/connection/send`), and reads them.
+pub async fn answer_lines(request: reqwest::RequestBuilder) -> Vec<Value> {
+    let answer = request.send().await.unwrap().text().await.unwrap();
+    answer
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 /// A response's status and, when it is not 200, its error code. A 200 body is not read: it

@@ -34,10 +34,7 @@ pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Res
         Err(f) => return f.into_response(),
     };
     let json = offers_json(headers);
-    let facts = node
-        .settings
-        .hooks
-        .facts(headers, admitted.as_ref().map(|a| a.ip()));
+    let facts = node.settings.hooks.facts(headers);
     // hyper offers an upgrade only on connections that can take one (HTTP/1.1 with
     // upgrades enabled); answering 101 without it would leave the client hanging.
     let Some(upgraded) = request.extensions_mut().remove::<OnUpgrade>() else {
