@@ -94,13 +94,17 @@ async function page(transport: string, channel: string, answers: string[]): Prom
       }
       const sub = client.newSubscription(channel);
       sub.on("publication", (p: { offset: number; data: unknown }) => w.received.push(p.data));
+      w.subscribed = false;
+      sub.on("subscribed", () => (w.subscribed = true));
       sub.subscribe();
       client.connect();
       w.client = client;
     },
     { transport, channel },
   );
-  await p.waitForFunction(() => (window as any).events.includes("connected:"));
+  // Subscribed, not just connected: the streams join their channels after the connect push,
+  // and a publication before the join is not the subscription's.
+  await p.waitForFunction(() => (window as any).subscribed === true);
   return p;
 }
 
