@@ -133,3 +133,37 @@ async fn the_handshake_names_the_json_subprotocol_and_refuses_plain_requests() {
     assert_eq!((status, body["error"]["code"].as_u64()), (400, Some(107)));
     server.stop().await.unwrap();
 }
+
+/// A large reply arrives as one message in frames of at most 16 KiB: the server's
+/// WebSocket write buffer never grows past that (tungstenite keeps its capacity for the
+/// connection's life), and characters are never cut between frames.
+#[tokio::test]
+async fn large_messages_are_sent_in_small_frames() {
+    use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+    let server = start(config()).await;
+    // Multi-byte characters, so that a cut at a fixed byte count would land inside one.
+    let text = "é€x".repeat(8_000);
+    for _ in 0..4 {
+        server.publish("big", json!(text)).await;
+    }
+    let limits = WebSocketConfig::default()
+        .max_frame_size(Some(16 * 1024 + 14))
+        .max_message_size(Some(1 << 20));
+    let (ws, _) = tokio_tungstenite::connect_async_with_config(
+        server
+            .url("/connection/websocket")
+            .replacen("http", "ws", 1),
+        Some(limits),
+        false,
+    )
+    .await
+    .unwrap();
+    let mut c = Client::from_socket(ws);
+    let reply = c
+        .call("history", json!({"channel": "big", "since": {"offset": 0}}))
+        .await;
+    let publications = reply["history"]["publications"].as_array().unwrap();
+    assert_eq!(publications.len(), 4);
+    assert!(publications.iter().all(|p| p["data"] == json!(text)));
+    server.stop().await.unwrap();
+}

@@ -7,12 +7,19 @@ mod wire;
 
 use std::{net::IpAddr, sync::Arc, time::Duration};
 
+use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use herald_protocol::DisconnectCode;
 use tokio::{net::TcpStream, time::Instant};
 use tokio_tungstenite::WebSocketStream;
 use tungstenite::{
-    protocol::{frame::CloseFrame, Role, WebSocketConfig},
+    protocol::{
+        frame::{
+            coding::{Data, OpCode},
+            CloseFrame, Frame,
+        },
+        Role, WebSocketConfig,
+    },
     Message, Utf8Bytes,
 };
 
@@ -171,7 +178,7 @@ async fn answer(
         if rest.is_empty() {
             return Ok(());
         }
-        send(socket, Message::Text(text(out)?.into()), timeout).await?;
+        send_text(socket, text(out)?, timeout).await?;
     }
 }
 
@@ -208,9 +215,39 @@ async fn flush(
             }
             continue;
         }
-        send(socket, Message::Text(text(out)?.into()), timeout).await?;
+        send_text(socket, text(out)?, timeout).await?;
     }
 }
+
+/// Sends `text` as one message, in frames of at most [`MAX_FRAGMENT`] bytes: tungstenite
+/// keeps its write buffer's capacity for the connection's life, so one 130 KB answer sent as
+/// one frame would leave every connection that ever got one holding 130 KB.
+async fn send_text(socket: &mut Socket, text: String, timeout: Duration) -> Result<(), Disconnect> {
+    if text.len() <= MAX_FRAGMENT {
+        return send(socket, Message::Text(text.into()), timeout).await;
+    }
+    let text = Bytes::from(text);
+    let (mut at, mut opcode) = (0, OpCode::Data(Data::Text));
+    while at < text.len() {
+        let mut end = (at + MAX_FRAGMENT).min(text.len());
+        // Whole characters in each frame: some clients check UTF-8 frame by frame.
+        while !is_char_start(&text, end) {
+            end -= 1;
+        }
+        let frame = Frame::message(text.slice(at..end), opcode, end == text.len());
+        send(socket, Message::Frame(frame), timeout).await?;
+        (at, opcode) = (end, OpCode::Data(Data::Continue));
+    }
+    Ok(())
+}
+
+/// Whether a character starts at `at` (or the text ends there).
+fn is_char_start(text: &[u8], at: usize) -> bool {
+    text.get(at).is_none_or(|b| (*b as i8) >= -0x40)
+}
+
+/// The largest frame a message is sent in; larger ones are fragmented (RFC 6455 §5.4).
+const MAX_FRAGMENT: usize = 16 * 1024;
 
 async fn send(socket: &mut Socket, message: Message, timeout: Duration) -> Result<(), Disconnect> {
     finish(socket.send(message), timeout).await
