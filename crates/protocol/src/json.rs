@@ -348,19 +348,29 @@ pub const MAX_PAYLOAD_DEPTH: usize = 128;
 /// Refuses values nested deeper than [`MAX_PAYLOAD_DEPTH`].
 pub fn payload(data: &RawValue) -> Result<Bytes, String> {
     let text = data.get().as_bytes();
-    let (mut depth, mut in_string, mut escaped, mut breaks) = (0usize, false, false, false);
-    for &b in text {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
+    // One pass that only stops at bytes that matter (a table says which): between them it
+    // is a tight loop, and inside strings only quotes and backslashes matter. Stepping
+    // through every byte with a state machine made this check a quarter of the server's
+    // CPU for 130 KB answers from a backend.
+    let mut depth = 0usize;
+    let mut at = 0;
+    while let Some(i) = text[at..].iter().position(|b| STRUCTURAL[*b as usize]) {
+        at += i;
+        match text[at] {
+            b'"' => {
+                at += 1;
+                while let Some(i) = text[at..].iter().position(|b| *b == b'"' || *b == b'\\') {
+                    at += i + 1;
+                    if text[at - 1] == b'"' {
+                        break;
+                    }
+                    // Skip the escaped byte.
+                    at += 1;
+                    if at >= text.len() {
+                        break;
+                    }
+                }
             }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
             b'[' | b'{' => {
                 depth += 1;
                 if depth > MAX_PAYLOAD_DEPTH {
@@ -368,13 +378,19 @@ pub fn payload(data: &RawValue) -> Result<Bytes, String> {
                         "data is nested deeper than {MAX_PAYLOAD_DEPTH} levels"
                     ));
                 }
+                at += 1;
             }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            b'\n' | b'\r' => breaks = true,
-            _ => {}
+            _ => {
+                depth = depth.saturating_sub(1);
+                at += 1;
+            }
+        }
+        if at >= text.len() {
+            break;
         }
     }
-    if breaks {
+    // A raw line break cannot be inside a valid string, so any is whitespace.
+    if memchr::memchr2(b'\n', b'\r', text).is_some() {
         let kept: Vec<u8> = text
             .iter()
             .copied()
@@ -384,6 +400,17 @@ pub fn payload(data: &RawValue) -> Result<Bytes, String> {
     }
     Ok(Bytes::copy_from_slice(text))
 }
+
+/// The bytes [`payload`] stops at outside strings.
+static STRUCTURAL: [bool; 256] = {
+    let mut t = [false; 256];
+    t[b'"' as usize] = true;
+    t[b'[' as usize] = true;
+    t[b'{' as usize] = true;
+    t[b']' as usize] = true;
+    t[b'}' as usize] = true;
+    t
+};
 
 /// Publication data read back from a store others can write (a shared Redis), checked as
 /// a client's would be: valid UTF-8 JSON, nested at most [`MAX_PAYLOAD_DEPTH`] deep,
@@ -724,6 +751,30 @@ mod fuzz {
         fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
             for _ in decode_frame(&bytes) {}
             let _ = Cursor::parse(&String::from_utf8_lossy(&bytes));
+        }
+
+        /// Brackets, quotes and backslashes inside strings never count as nesting, however
+        /// they are escaped: only the real depth decides, and only line breaks are dropped.
+        #[test]
+        fn payload_depth_counts_only_real_nesting(
+            depth in 120usize..136,
+            leaf in proptest::collection::vec(prop_oneof![
+                Just("["), Just("]"), Just("{"), Just("\\"), Just("\""), Just("a"), Just("\n")
+            ], 0..12),
+            breaks in any::<bool>(),
+        ) {
+            let leaf = serde_json::to_string(&leaf.concat()).unwrap();
+            let gap = if breaks { "\r\n" } else { "" };
+            let text = format!("{}{leaf}{gap}{}", "[".repeat(depth), "]".repeat(depth));
+            let raw: Box<RawValue> = serde_json::from_str(&text).unwrap();
+            match payload(&raw) {
+                Ok(kept) => {
+                    prop_assert!(depth <= MAX_PAYLOAD_DEPTH);
+                    let expected = text.replace("\r\n", "");
+                    prop_assert_eq!(&kept[..], expected.as_bytes());
+                }
+                Err(_) => prop_assert!(depth > MAX_PAYLOAD_DEPTH),
+            }
         }
 
         /// Near-valid commands exercise the paths past JSON parsing.
