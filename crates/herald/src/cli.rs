@@ -20,7 +20,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the server (embedded memory broker; see docs/configuration.md).
+    /// Run the server (durable storage in --data-dir by default; see docs/configuration.md).
     Serve(ServeArgs),
     /// Publish one message through the HTTP API and print its offset.
     Pub(PubArgs),
@@ -29,7 +29,7 @@ pub enum Command {
     /// Mint a client token with the configured key, for tests and scripts.
     Token(crate::token::TokenArgs),
     /// Measure Herald (or another server): the studies' experiments and the performance goals.
-    Bench(herald_bench::BenchArgs),
+    Bench(Box<herald_bench::BenchArgs>),
     /// A load-generating process of `herald bench` (started by it, not by hand).
     #[command(hide = true)]
     BenchWorker { spec: String },
