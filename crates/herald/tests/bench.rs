@@ -174,3 +174,35 @@ fn fanout_across_nodes_reaches_subscribers_of_every_node() {
         .unwrap_or_else(|| panic!("{counters}"));
     assert!(node_deliveries < 150, "{counters}");
 }
+
+#[test]
+fn fetch_brings_the_backends_document_through_the_rpc_hook() {
+    let out = succeeds(herald().args([
+        "bench",
+        "fetch",
+        "--document",
+        "20000",
+        "--start",
+        "4",
+        "--max-clients",
+        "5",
+        "--arrive-every",
+        "100ms",
+        "--ask-every",
+        "100ms",
+        "--window",
+        "1s",
+        "--json",
+    ]));
+    let rows = rows(&out.stdout);
+    let held = rows
+        .iter()
+        .find(|r| r["window"].as_str().unwrap().starts_with("held"))
+        .unwrap_or_else(|| panic!("no held window: {rows:?}"));
+    assert_eq!(held["clients"], 5, "{held}");
+    // Five clients asking ten times a second for 20 KB: about 1 MB/s, every answer whole
+    // (MB/s is rounded to 0.1, hence the wide range).
+    assert!(held["answers/s"].as_f64().unwrap() >= 20.0, "{held}");
+    let per_answer = held["MB/s"].as_f64().unwrap() * 1e6 / held["answers/s"].as_f64().unwrap();
+    assert!((15_000.0..25_000.0).contains(&per_answer), "{held}");
+}

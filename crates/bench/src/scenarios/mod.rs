@@ -5,6 +5,7 @@ pub mod burst;
 pub mod capacity;
 pub mod churn;
 pub mod fanout;
+pub mod fetch;
 pub mod payload;
 pub mod pushpull;
 pub mod ramp;
@@ -36,6 +37,7 @@ pub async fn run(scenario: Scenario, common: &Common) -> anyhow::Result<Outcome>
         Scenario::Payload(a) => payload::run(a, common).await,
         Scenario::Burst(a) => burst::run(a, common).await,
         Scenario::Churn(a) => churn::run(a, common).await,
+        Scenario::Fetch(a) => fetch::run(a, common).await,
     }
 }
 
