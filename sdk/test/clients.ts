@@ -1,6 +1,6 @@
 /** SDK clients for tests, with fast reconnects, all disconnected by `disconnectAll`. */
 import WebSocket from "ws";
-import { Client, type ClientOptions, type Publication, type Subscription } from "../src/index.js";
+import { Client, type ClientOptions, type Publication, type SubscribedContext, type Subscription } from "../src/index.js";
 import type { Emitter } from "../src/emitter.js";
 
 export const NodeWebSocket = WebSocket as unknown as NonNullable<ClientOptions["websocket"]>;
@@ -36,4 +36,20 @@ export function next<E extends { [K in keyof E]: unknown }, K extends keyof E>(
       }
     });
   });
+}
+
+/** A client of `url` subscribed to `channel`: it connects and resolves once subscribed,
+ * collecting every publication from then on. */
+export async function subscribed(
+  url: string,
+  channel: string,
+  options: ClientOptions = {},
+): Promise<{ client: Client; sub: Subscription; got: Publication[]; context: SubscribedContext }> {
+  const c = client(url, options);
+  const sub = c.newSubscription(channel);
+  const got = collect(sub);
+  const ready = next(sub, "subscribed");
+  sub.subscribe();
+  c.connect();
+  return { client: c, sub, got, context: await ready };
 }

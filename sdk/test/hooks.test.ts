@@ -7,7 +7,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 // @ts-expect-error: a plain JavaScript example, checked by running it here.
 import { server as exampleBackend } from "../../docs/examples/hooks-backend.mjs";
 import { HeraldError, type TransportName } from "../src/index.js";
-import { client, collect, disconnectAll, next } from "./clients.js";
+import { client, disconnectAll, next, subscribed } from "./clients.js";
 import { Herald, until } from "./herald.js";
 
 let backend: Server;
@@ -53,13 +53,8 @@ describe.each(NODE_TRANSPORTS)("over %s", (transport) => {
 
   it("a subscription gets the room's state, and publications are stored then broadcast", async () => {
     const room = `room:${transport}`;
-    const c = client(server.url, { transports: transport });
-    const sub = c.newSubscription(room);
-    const subscribed = next(sub, "subscribed");
-    const got = collect(sub);
-    sub.subscribe();
-    c.connect();
-    expect((await subscribed).data).toEqual({ topic: `Welcome to ${room}`, messages: 0 });
+    const { client: c, got, context } = await subscribed(server.url, room, { transports: transport });
+    expect(context.data).toEqual({ topic: `Welcome to ${room}`, messages: 0 });
     await c.publish(room, { text: " hello " });
     await until("the stored publication", () => got.length === 1);
     expect(got[0]!.data).toMatchObject({ text: "hello", by: "guest" });

@@ -4,7 +4,7 @@
  * node. */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import type { TransportName } from "../src/index.js";
-import { client, collect, disconnectAll, next } from "./clients.js";
+import { client, disconnectAll, next, subscribed } from "./clients.js";
 import { Herald, Redis, until } from "./herald.js";
 
 let redis: Redis;
@@ -38,13 +38,7 @@ const TRANSPORTS: TransportName[] = ["websocket", "stream", "longpoll", "poll"];
 describe.each(TRANSPORTS)("over %s", (transport) => {
   it("a reader on one node and a writer on the other see one order", async () => {
     const channel = `chat:nodes-${transport}`;
-    const reader = client(a.url, { transports: transport, fetch: crossing(a, b) });
-    const sub = reader.newSubscription(channel);
-    const got = collect(sub);
-    const subscribed = next(sub, "subscribed");
-    sub.subscribe();
-    reader.connect();
-    await subscribed;
+    const { client: reader, got } = await subscribed(a.url, channel, { transports: transport, fetch: crossing(a, b) });
 
     const writer = client(b.url, { transports: transport, fetch: crossing(b, a) });
     writer.connect();
