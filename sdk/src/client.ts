@@ -458,7 +458,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
       if (sub.state === "subscribing" && this.transport instanceof PollTransport && sub.position?.epoch !== undefined) {
         sub.confirmed({ epoch: sub.position.epoch, offset: sub.position.offset, recovered: true }, true);
       }
-      sub.deliver(m.pub.offset, m.pub.data);
+      sub.deliver(m.pub.offset, m.pub.data, m.pub.from);
     } else if (m.subscribe?.channel !== undefined) {
       this.subs.get(m.subscribe.channel)?.confirmed(m.subscribe, true);
     } else if (m.unsubscribe?.channel !== undefined) {

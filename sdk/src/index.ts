@@ -7,4 +7,4 @@ export type { Position } from "./cursor.js";
 export { encodeCursor, decodeCursor } from "./cursor.js";
 export { backoffDelay } from "./backoff.js";
 export { shouldReconnect, ClientCode } from "./codes.js";
-export type { HistoryResult, PublishResult, PublicationData, RpcResult } from "./protocol.js";
+export type { HistoryResult, PublishResult, PublicationData, RpcResult, Sender } from "./protocol.js";

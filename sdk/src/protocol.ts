@@ -16,9 +16,17 @@ export interface ErrorBody {
   message: string;
 }
 
+/** Who sent a client's publication: the user of its token or connect hook, and their
+ * public `info`. Absent on publications from the backend's API and from anonymous clients. */
+export interface Sender {
+  user: string;
+  info?: unknown;
+}
+
 export interface PublicationData {
   offset: number;
   data: unknown;
+  from?: Sender;
 }
 
 export interface ConnectResult {
@@ -83,7 +91,7 @@ export interface ServerMessage {
   history?: HistoryResult;
   rpc?: RpcResult;
   ping?: Record<string, never>;
-  pub?: { channel: string; offset: number; data: unknown };
+  pub?: { channel: string; offset: number; data: unknown; from?: Sender };
   disconnect?: DisconnectBody;
 }
 

@@ -1,6 +1,6 @@
 import { Emitter } from "./emitter.js";
 import type { Position } from "./cursor.js";
-import type { HistoryResult, PublishResult, SubscribeResult } from "./protocol.js";
+import type { HistoryResult, PublishResult, Sender, SubscribeResult } from "./protocol.js";
 import type { HistoryOptions } from "./client.js";
 
 export type SubscriptionState = "unsubscribed" | "subscribing" | "subscribed";
@@ -10,6 +10,8 @@ export interface Publication {
   offset: number;
   epoch: string | undefined;
   data: unknown;
+  /** Who sent it, when a signed-in client did (see `Sender`). */
+  from?: Sender;
 }
 
 export interface SubscribedContext {
@@ -142,14 +144,14 @@ export class Subscription extends Emitter<SubscriptionEvents> {
       recovered: resumed ? result.recovered === true : undefined,
       ...(result.data !== undefined ? { data: result.data } : {}),
     });
-    for (const p of result.publications ?? []) this.deliver(p.offset, p.data);
+    for (const p of result.publications ?? []) this.deliver(p.offset, p.data, p.from);
     if (!publicationsFollow && result.recovered !== false && this.at.offset < result.offset) {
       this.at.offset = result.offset;
     }
   }
 
   /** A publication for this channel; at or below the position it is a repeat and dropped. */
-  deliver(offset: number, data: unknown): void {
+  deliver(offset: number, data: unknown, from?: Sender): void {
     if (this.current !== "subscribed" || this.at === undefined) return;
     if (offset <= this.at.offset) return;
     if (this.at.epoch !== undefined && this.at.offset > 0 && offset !== this.at.offset + 1) {
@@ -157,7 +159,7 @@ export class Subscription extends Emitter<SubscriptionEvents> {
       return;
     }
     this.at.offset = offset;
-    this.emit("publication", { channel: this.channel, offset, epoch: this.at.epoch, data });
+    this.emit("publication", { channel: this.channel, offset, epoch: this.at.epoch, data, ...(from !== undefined ? { from } : {}) });
   }
 
   /** The server refused the subscription for good. */

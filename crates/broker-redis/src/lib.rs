@@ -27,7 +27,7 @@ use herald_broker::{
     check_since, Broker, BrokerError, History, HistoryQuery, NodeRequests, PublicationSink,
     StreamPolicy,
 };
-use herald_protocol::{json::stored_payload, ChannelName, Epoch, Publication, StreamPosition};
+use herald_protocol::{json::stored_record, ChannelName, Epoch, Publication, StreamPosition};
 use redis::{aio::ConnectionManager, Script};
 
 pub use listener::decode_message;
@@ -214,8 +214,8 @@ pub fn decode_history_reply(
     };
     let entries = entries
         .into_iter()
-        .filter_map(|(offset, data)| match stored_payload(&data) {
-            Ok(data) => Some(Publication { offset, data }),
+        .filter_map(|(offset, data)| match stored_record(&data) {
+            Ok(record) => Some(Publication { offset, record }),
             Err(e) => {
                 tracing::warn!(%channel, offset, error = %e, "skipping an invalid publication in redis history");
                 None

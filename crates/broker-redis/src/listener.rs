@@ -16,7 +16,7 @@ use std::{
 use bytes::Bytes;
 use futures_util::{stream::FuturesUnordered, Future, StreamExt};
 use herald_broker::{BrokerError, History, HistoryQuery, NodeRequests, PublicationSink};
-use herald_protocol::{json::stored_payload, ChannelName, Epoch, Publication, Since};
+use herald_protocol::{json::stored_record, ChannelName, Epoch, Publication, Since};
 use parking_lot::Mutex;
 use redis::aio::PubSubSink;
 use tokio::{
@@ -303,7 +303,7 @@ impl Listener {
                 return; // unsubscribed meanwhile
             };
             if let Some(held) = &mut tracked.held {
-                let size = publication.data.len() as u64;
+                let size = publication.record.len() as u64;
                 let total = self.held_bytes.fetch_add(size, Ordering::Relaxed) + size;
                 if held.overflowed || total > HELD_BYTES as u64 {
                     self.held_bytes.fetch_sub(size, Ordering::Relaxed);
@@ -343,7 +343,7 @@ impl Listener {
         let bytes: u64 = held
             .iter()
             .flat_map(|h| h.publications.iter())
-            .map(|(_, p)| p.data.len() as u64)
+            .map(|(_, p)| p.record.len() as u64)
             .sum();
         self.held_bytes.fetch_sub(bytes, Ordering::Relaxed);
     }
@@ -598,8 +598,8 @@ pub fn decode_message(payload: &[u8]) -> Option<(Epoch, Publication)> {
     let mut parts = payload.splitn(3, |b| *b == b'\n');
     let epoch = Epoch::checked(std::str::from_utf8(parts.next()?).ok()?)?;
     let offset = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
-    let data = stored_payload(parts.next()?).ok()?;
-    Some((epoch, Publication { offset, data }))
+    let record = stored_record(parts.next()?).ok()?;
+    Some((epoch, Publication { offset, record }))
 }
 
 #[cfg(test)]
@@ -611,7 +611,7 @@ mod tests {
         let (epoch, p) = decode(b"abc\n42\n{\"a\":\"x\\ny\"}").unwrap();
         assert_eq!(epoch.as_str(), "abc");
         assert_eq!(p.offset, 42);
-        assert_eq!(&p.data[..], b"{\"a\":\"x\\ny\"}");
+        assert_eq!(p.data(), b"{\"a\":\"x\\ny\"}");
     }
 
     #[test]

@@ -317,7 +317,7 @@ async fn data_herald_did_not_write_never_reaches_a_client() {
         .unwrap();
     assert_eq!(seen.await_offsets("chat:lobby", 2).await, [1, 3]);
     let history = a.history(&c, HistoryQuery::newest(10)).await.unwrap();
-    let data: Vec<&[u8]> = history.publications.iter().map(|p| &p.data[..]).collect();
+    let data: Vec<&[u8]> = history.publications.iter().map(|p| p.data()).collect();
     assert_eq!(data, [&b"1"[..], b"3"], "the forged entry is not served");
     // A stream whose epoch Herald did not write is an error, not text sent to clients.
     redis_cli(

@@ -12,12 +12,17 @@ use parking_lot::Mutex;
 
 use crate::{BrokerError, HistoryQuery, PublicationSink, SharedBroker, StreamPolicy};
 
-/// A sink that remembers what it was handed: (channel, epoch, offset).
+/// A sink that remembers what it was handed: (channel, epoch, offset), and each record.
 #[derive(Debug, Default)]
-pub struct Recorder(pub Mutex<Vec<(String, String, u64)>>, tokio::sync::Notify);
+pub struct Recorder(
+    pub Mutex<Vec<(String, String, u64)>>,
+    tokio::sync::Notify,
+    Mutex<Vec<(String, Bytes)>>,
+);
 
 impl PublicationSink for Recorder {
     fn on_publication(&self, channel: &ChannelName, epoch: &Epoch, p: &Publication) {
+        self.2.lock().push((channel.to_string(), p.record.clone()));
         self.0
             .lock()
             .push((channel.to_string(), epoch.to_string(), p.offset));
@@ -26,6 +31,16 @@ impl PublicationSink for Recorder {
 }
 
 impl Recorder {
+    /// Records handed over for one channel, in order.
+    pub fn records(&self, channel: &str) -> Vec<Bytes> {
+        self.2
+            .lock()
+            .iter()
+            .filter(|r| r.0 == channel)
+            .map(|r| r.1.clone())
+            .collect()
+    }
+
     /// Offsets handed over for one channel, in order.
     pub fn offsets(&self, channel: &str) -> Vec<u64> {
         self.0
@@ -81,6 +96,7 @@ pub async fn run_all(make: impl Fn(Arc<dyn PublicationSink>) -> SharedBroker) {
     removing_history_changes_the_epoch(&make).await;
     concurrent_publishers_share_one_order(&make).await;
     history_pages_are_bounded_in_bytes(&make).await;
+    records_keep_their_sender(&make).await;
 }
 
 fn ch(name: &str) -> ChannelName {
@@ -131,7 +147,7 @@ async fn offsets_count_from_one_and_history_reads_since_a_position(
         .await
         .unwrap();
     assert_eq!(offsets(&h.publications), [3, 4, 5]);
-    assert_eq!(h.publications[0].data, Bytes::from("3"));
+    assert_eq!(h.publications[0].record, Bytes::from("3"));
     let paged = broker
         .history(
             &c,
@@ -398,4 +414,31 @@ async fn history_pages_are_bounded_in_bytes(
         "a page holds one publication even when it alone is larger than the bound"
     );
     assert_eq!(read(None, 1).await, [5]);
+}
+
+/// A record that carries its sender (a client's publication) comes back byte for byte,
+/// live and from history, beside one that does not.
+async fn records_keep_their_sender(make: &impl Fn(Arc<dyn PublicationSink>) -> SharedBroker) {
+    let sink = Arc::new(Recorder::default());
+    let broker = make(sink.clone());
+    let c = ch("conformance:from");
+    broker.subscribe(&c).await.unwrap();
+    let records = [
+        Publication::record(
+            Bytes::from(r#"{"text":"hi"}"#),
+            Some(br#"{"user":"42","info":{"name":"Ann"}}"#),
+        ),
+        Bytes::from("2"),
+    ];
+    for r in &records {
+        broker
+            .publish(&c, r.clone(), StreamPolicy::default())
+            .await
+            .unwrap();
+    }
+    sink.await_offsets("conformance:from", 2).await;
+    assert_eq!(sink.records("conformance:from"), records);
+    let h = broker.history(&c, HistoryQuery::newest(10)).await.unwrap();
+    let stored: Vec<Bytes> = h.publications.into_iter().map(|p| p.record).collect();
+    assert_eq!(stored, records);
 }

@@ -129,9 +129,9 @@ impl HistoryQuery {
     ) -> Vec<Publication> {
         let (mut count, mut bytes) = (0, 0);
         let mut fits = |p: &&Publication| {
-            let ok = self.fits(count, bytes, p.data.len());
+            let ok = self.fits(count, bytes, p.record.len());
             count += 1;
-            bytes += p.data.len();
+            bytes += p.record.len();
             ok
         };
         if self.since.is_some() {
@@ -171,7 +171,8 @@ pub enum BrokerError {
 /// the contract.
 #[async_trait]
 pub trait Broker: Send + Sync + 'static {
-    /// Appends `data` (one JSON value) to `channel` and fans it out; returns its position.
+    /// Appends `data` (a publication record, opaque here: see [`Publication::record`]) to
+    /// `channel` and fans it out; returns its position.
     async fn publish(
         &self,
         channel: &ChannelName,

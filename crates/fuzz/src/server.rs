@@ -306,7 +306,7 @@ async fn watch(addr: SocketAddr) -> anyhow::Result<Arc<Recorder>> {
                 if v["pub"]["channel"] == WATCHED {
                     let publication = Publication {
                         offset: v["pub"]["offset"].as_u64().unwrap_or(0),
-                        data: Bytes::new(),
+                        record: Bytes::new(),
                     };
                     recorder.on_publication(&channel, &Epoch::new(""), &publication);
                 }

@@ -228,9 +228,13 @@ impl Serialize for RawJson<'_> {
 impl Serialize for Publication {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut st = s.serialize_struct("Publication", 2)?;
+        let from = self.from();
+        let mut st = s.serialize_struct("Publication", 2 + usize::from(from.is_some()))?;
         st.serialize_field("offset", &self.offset)?;
-        st.serialize_field("data", &RawJson(&self.data))?;
+        st.serialize_field("data", &RawJson(self.data()))?;
+        if let Some(from) = from {
+            st.serialize_field("from", &RawJson(from))?;
+        }
         st.end()
     }
 }
@@ -276,19 +280,23 @@ pub struct ErrorBody<'a> {
     pub message: &'a str,
 }
 
-/// Encodes a publication push: `{"pub":{"channel":"…","offset":N,"data":…}}`.
+/// Encodes a publication push: `{"pub":{"channel":"…","offset":N,"data":…,"from"?:{…}}}`.
 ///
 /// Written by hand: it runs once per publication and its output is shared by every
-/// subscriber. Channel names need no escaping (see [`ChannelName`]) and `data` is stored
-/// as validated JSON text.
+/// subscriber. Channel names need no escaping (see [`ChannelName`]); `data` and `from` are
+/// stored as validated JSON text.
 pub fn encode_pub(channel: &ChannelName, publication: &Publication) -> Bytes {
-    let mut out = Vec::with_capacity(48 + channel.as_str().len() + publication.data.len());
+    let mut out = Vec::with_capacity(56 + channel.as_str().len() + publication.record.len());
     out.extend_from_slice(b"{\"pub\":{\"channel\":\"");
     out.extend_from_slice(channel.as_str().as_bytes());
     out.extend_from_slice(b"\",\"offset\":");
     write!(out, "{}", publication.offset).expect("writing to a Vec cannot fail");
     out.extend_from_slice(b",\"data\":");
-    out.extend_from_slice(&publication.data);
+    out.extend_from_slice(publication.data());
+    if let Some(from) = publication.from() {
+        out.extend_from_slice(b",\"from\":");
+        out.extend_from_slice(from);
+    }
     out.extend_from_slice(b"}}");
     Bytes::from(out)
 }
@@ -420,6 +428,21 @@ pub fn stored_payload(data: &[u8]) -> Result<Bytes, String> {
     let raw: &RawValue =
         serde_json::from_slice(data).map_err(|e| format!("data is not JSON: {e}"))?;
     payload(raw)
+}
+
+/// A publication record (see [`Publication::record`]) read back from a store others can
+/// write, checked as [`stored_payload`] checks data; its sender must be a JSON object.
+pub fn stored_record(record: &[u8]) -> Result<Bytes, String> {
+    match crate::position::split_record(record) {
+        (None, data) => stored_payload(data),
+        (Some(from), data) => {
+            let from = stored_payload(from)?;
+            if from.first() != Some(&b'{') {
+                return Err("a publication's sender is not a JSON object".into());
+            }
+            Ok(Publication::record(stored_payload(data)?, Some(&from)))
+        }
+    }
 }
 
 /// Results of commands, serialised into replies.
@@ -670,19 +693,51 @@ mod tests {
         let ch = ChannelName::new("news").unwrap();
         let p = Publication {
             offset: 42,
-            data: Bytes::from(r#"{"t":"</script>"}"#),
+            record: Bytes::from(r#"{"t":"</script>"}"#),
         };
         let v: serde_json::Value = serde_json::from_slice(&encode_pub(&ch, &p)).unwrap();
         assert_eq!(v["pub"]["channel"], "news");
         assert_eq!(v["pub"]["offset"], 42);
         assert_eq!(v["pub"]["data"]["t"], "</script>");
+        assert!(v["pub"].get("from").is_none());
+    }
+
+    /// A record with its sender gives the payload and the sender back, in pushes and in
+    /// replies; a record without one reads as before.
+    #[test]
+    fn records_carry_their_sender() {
+        let ch = ChannelName::new("news").unwrap();
+        let from = br#"{"user":"42","info":{"name":"Ann"}}"#;
+        let p = Publication {
+            offset: 7,
+            record: Publication::record(Bytes::from("[1,2]"), Some(from)),
+        };
+        assert_eq!(p.data(), b"[1,2]");
+        assert_eq!(p.from(), Some(&from[..]));
+        let v: serde_json::Value = serde_json::from_slice(&encode_pub(&ch, &p)).unwrap();
+        assert_eq!(v["pub"]["data"], serde_json::json!([1, 2]));
+        assert_eq!(v["pub"]["from"]["info"]["name"], "Ann");
+        let v = serde_json::to_value(&p).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"offset": 7, "data": [1, 2], "from": {"user": "42", "info": {"name": "Ann"}}})
+        );
+        // Checked like data when read back from a shared store.
+        assert_eq!(stored_record(&p.record).unwrap(), p.record);
+        assert!(stored_record(b"\x01[1]\x00[2]").is_err());
+        assert!(stored_record(b"\x01{\"user\":1}").is_err());
+        let plain = Publication::record(Bytes::from("3"), None);
+        assert_eq!(
+            (&plain[..], stored_record(&plain).unwrap()),
+            (&b"3"[..], plain.clone())
+        );
     }
 
     #[test]
     fn replies_serialise_publications_as_raw_json() {
         let pubs = [Publication {
             offset: 1,
-            data: Bytes::from("[1]"),
+            record: Bytes::from("[1]"),
         }];
         let epoch = Epoch::new("e");
         let r = results::Stream {

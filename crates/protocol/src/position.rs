@@ -102,6 +102,52 @@ pub struct Since {
 pub struct Publication {
     /// Position in the channel's stream (1-based, +1 each).
     pub offset: u64,
-    /// The payload: one complete JSON value, kept as its text so it is never re-parsed.
-    pub data: Bytes,
+    /// What a broker stores, opaque to it: the payload (one complete JSON value, kept as its
+    /// text so it is never re-parsed), or for a client's publication that says who sent it,
+    /// [`FROM_MARK`], the sender (a JSON object), a zero byte and the payload. JSON text
+    /// never starts with byte 1 nor holds a zero byte, so records stored before senders
+    /// were kept read the same.
+    pub record: Bytes,
+}
+
+/// The first byte of a record that carries its sender.
+pub const FROM_MARK: u8 = 1;
+
+impl Publication {
+    /// A record of `data`, sent by `from` (a JSON object) when given.
+    pub fn record(data: Bytes, from: Option<&[u8]>) -> Bytes {
+        let Some(from) = from else { return data };
+        let mut record = Vec::with_capacity(2 + from.len() + data.len());
+        record.push(FROM_MARK);
+        record.extend_from_slice(from);
+        record.push(0);
+        record.extend_from_slice(&data);
+        Bytes::from(record)
+    }
+
+    /// The payload: one JSON value.
+    pub fn data(&self) -> &[u8] {
+        self.parts().1
+    }
+
+    /// Who sent it (`{"user": …, "info": …}`), for a client's publication that says so.
+    pub fn from(&self) -> Option<&[u8]> {
+        self.parts().0
+    }
+
+    fn parts(&self) -> (Option<&[u8]>, &[u8]) {
+        split_record(&self.record)
+    }
+}
+
+/// A record's sender and payload.
+pub fn split_record(record: &[u8]) -> (Option<&[u8]>, &[u8]) {
+    if record.first() != Some(&FROM_MARK) {
+        return (None, record);
+    }
+    match record.iter().position(|b| *b == 0) {
+        Some(zero) => (Some(&record[1..zero]), &record[zero + 1..]),
+        // Not a record Herald wrote; the readers that check records refuse it.
+        None => (None, record),
+    }
 }

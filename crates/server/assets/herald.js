@@ -215,13 +215,13 @@ var Herald = (() => {
         recovered: resumed ? result.recovered === true : void 0,
         ...result.data !== void 0 ? { data: result.data } : {}
       });
-      for (const p of result.publications ?? []) this.deliver(p.offset, p.data);
+      for (const p of result.publications ?? []) this.deliver(p.offset, p.data, p.from);
       if (!publicationsFollow && result.recovered !== false && this.at.offset < result.offset) {
         this.at.offset = result.offset;
       }
     }
     /** A publication for this channel; at or below the position it is a repeat and dropped. */
-    deliver(offset, data) {
+    deliver(offset, data, from) {
       if (this.current !== "subscribed" || this.at === void 0) return;
       if (offset <= this.at.offset) return;
       if (this.at.epoch !== void 0 && this.at.offset > 0 && offset !== this.at.offset + 1) {
@@ -229,7 +229,7 @@ var Herald = (() => {
         return;
       }
       this.at.offset = offset;
-      this.emit("publication", { channel: this.channel, offset, epoch: this.at.epoch, data });
+      this.emit("publication", { channel: this.channel, offset, epoch: this.at.epoch, data, ...from !== void 0 ? { from } : {} });
     }
     /** The server refused the subscription for good. */
     failed(code, message) {
@@ -940,7 +940,7 @@ var Herald = (() => {
         if (sub.state === "subscribing" && this.transport instanceof PollTransport && sub.position?.epoch !== void 0) {
           sub.confirmed({ epoch: sub.position.epoch, offset: sub.position.offset, recovered: true }, true);
         }
-        sub.deliver(m.pub.offset, m.pub.data);
+        sub.deliver(m.pub.offset, m.pub.data, m.pub.from);
       } else if (m.subscribe?.channel !== void 0) {
         this.subs.get(m.subscribe.channel)?.confirmed(m.subscribe, true);
       } else if (m.unsubscribe?.channel !== void 0) {

@@ -35,7 +35,7 @@ fn fanout(c: &mut Criterion) {
         group.throughput(Throughput::Elements(subscribers as u64));
         group.bench_function(BenchmarkId::new("publish_and_drain", subscribers), |b| {
             b.iter(|| {
-                rt.block_on(publish::publish(&node, &channel, data.clone()))
+                rt.block_on(publish::publish(&node, &channel, data.clone(), None))
                     .unwrap();
                 for s in &mut sessions {
                     frame.clear();

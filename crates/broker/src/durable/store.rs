@@ -423,7 +423,7 @@ impl Store {
                 bytes += data.len();
                 publications.push(Publication {
                     offset,
-                    data: Bytes::copy_from_slice(data),
+                    record: Bytes::copy_from_slice(data),
                 });
             }
             if query.since.is_none() {
@@ -718,7 +718,7 @@ impl Committer {
                             }
                             let publication = Publication {
                                 offset: r.offset,
-                                data: r.data,
+                                record: r.data,
                             };
                             self.sink.on_publication(&r.channel, &r.epoch, &publication);
                         }

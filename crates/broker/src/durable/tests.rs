@@ -80,7 +80,7 @@ async fn offsets_epochs_and_history_survive_a_restart() {
         .await
         .unwrap();
     assert_eq!(offsets(&h), [3, 4, 5]);
-    assert_eq!(h.publications[0].data, Bytes::from("3"));
+    assert_eq!(h.publications[0].record, Bytes::from("3"));
     assert_eq!(
         h.position,
         StreamPosition {

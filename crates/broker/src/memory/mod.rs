@@ -175,7 +175,7 @@ impl Broker for MemoryBroker {
         stream.last_publish = now;
         let publication = Publication {
             offset: stream.top,
-            data,
+            record: data,
         };
         if policy.history_size > 0 {
             stream.history.push_back((now, publication.clone()));

@@ -206,7 +206,7 @@ async fn deliver(
                 break h
                     .publications
                     .last()
-                    .and_then(|p| serde_json::from_slice(&p.data).ok())
+                    .and_then(|p| serde_json::from_slice(p.data()).ok())
             }
             Err(e) => {
                 tracing::warn!(error = %e, "reading the events position failed; retrying");
@@ -271,7 +271,7 @@ async fn deliver(
         let mut events = Vec::new();
         for batch in &batches {
             match serde_json::from_slice::<Vec<serde_json::Map<String, serde_json::Value>>>(
-                &batch.data,
+                batch.data(),
             ) {
                 Ok(stored) => events.extend(stored.into_iter().enumerate().map(|(i, mut e)| {
                     let id = format!("{}-{}-{i}", epoch.as_str(), batch.offset);

@@ -353,7 +353,7 @@ mod tests {
                 &epoch,
                 &Publication {
                     offset,
-                    data: Bytes::from_static(b"1"),
+                    record: Bytes::from_static(b"1"),
                 },
             )
         };

@@ -180,15 +180,15 @@ mod tests {
     }
 
     fn user(name: &str, subscribe: &[&str]) -> Identity {
-        Identity {
-            user: name.into(),
-            info: None,
-            channels: Vec::new(),
-            subscribe: grants::Grants::new(subscribe.iter().map(|s| s.to_string()).collect())
-                .unwrap(),
-            publish: grants::Grants::default(),
-            expires: None,
-        }
+        Identity::new(
+            name.into(),
+            None,
+            &[],
+            subscribe.iter().map(|s| s.to_string()).collect(),
+            Vec::new(),
+            None,
+        )
+        .unwrap()
     }
 
     fn ch(name: &str) -> ChannelName {

@@ -15,6 +15,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
+use bytes::Bytes;
 use herald_protocol::{ChannelName, DisconnectCode, ErrorCode};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
@@ -80,7 +81,14 @@ pub struct Identity {
     pub publish: Grants,
     /// When the token stops being accepted (Unix seconds).
     pub expires: Option<u64>,
+    /// `{"user":…,"info":…}`, encoded once: the sender shown with the connection's
+    /// publications.
+    pub from: Bytes,
 }
+
+/// The largest `info` a token or connect hook may give: it goes out with every publication
+/// the connection makes.
+pub const MAX_INFO_BYTES: usize = 4096;
 
 impl Identity {
     /// An identity from a token's claims or a connect hook's answer; the error says which
@@ -100,15 +108,41 @@ impl Identity {
             .iter()
             .map(|c| ChannelName::new(c).map_err(|e| format!("channels: {c:?}: {e}")))
             .collect::<Result<Vec<_>, _>>()?;
+        let info = match info {
+            Some(raw) if raw.get().len() > MAX_INFO_BYTES => {
+                return Err(format!("info: larger than {MAX_INFO_BYTES} bytes"));
+            }
+            // Checked as publication data is, since it goes out beside it.
+            Some(raw) => {
+                Some(herald_protocol::json::payload(&raw).map_err(|e| format!("info: {e}"))?)
+            }
+            None => None,
+        };
+        let from = sender(&user, info.as_deref());
+        let info = info
+            .map(|i| serde_json::from_slice::<Box<RawValue>>(&i).expect("checked JSON stays JSON"));
         Ok(Identity {
             user,
             info,
+            from,
             channels,
             subscribe: Grants::new(subscribe).map_err(|e| format!("subscribe: {e}"))?,
             publish: Grants::new(publish).map_err(|e| format!("publish: {e}"))?,
             expires,
         })
     }
+}
+
+/// `{"user":USER,"info":INFO}` (no `info` when there is none).
+fn sender(user: &str, info: Option<&[u8]>) -> Bytes {
+    let mut out = br#"{"user":"#.to_vec();
+    serde_json::to_writer(&mut out, user).expect("a string serialises");
+    if let Some(info) = info {
+        out.extend_from_slice(br#","info":"#);
+        out.extend_from_slice(info);
+    }
+    out.push(b'}');
+    Bytes::from(out)
 }
 
 /// A channel granted by a subscription token.
@@ -467,6 +501,25 @@ mod tests {
 
     use super::*;
     use crate::config::PreviousKey;
+
+    /// The sender shown with publications: the user escaped, `info` on one line, bounded.
+    #[test]
+    fn info_is_checked_once_and_shown_on_one_line() {
+        let identity = |info: &str| {
+            let raw = serde_json::from_str::<Box<RawValue>>(info).unwrap();
+            Identity::new("a\"b".into(), Some(raw), &[], vec![], vec![], None)
+        };
+        let id = identity("{\"name\":\n  \"Ann\"\r\n}").unwrap();
+        // Line breaks go (as from publication data); other whitespace stays.
+        assert_eq!(&id.from[..], br#"{"user":"a\"b","info":{"name":  "Ann"}}"#);
+        assert_eq!(id.info.unwrap().get(), r#"{"name":  "Ann"}"#);
+        let big = format!("\"{}\"", "x".repeat(MAX_INFO_BYTES));
+        assert!(identity(&big).unwrap_err().contains("larger than"));
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        assert!(identity(&deep).unwrap_err().starts_with("info:"));
+        let plain = Identity::new("7".into(), None, &[], vec![], vec![], None).unwrap();
+        assert_eq!(&plain.from[..], br#"{"user":"7"}"#);
+    }
 
     const NEW: &str = "the-new-secret-the-new-secret-the-new";
     const OLD: &str = "the-old-secret-the-old-secret-the-old";

@@ -131,7 +131,7 @@ async fn publish(
 ) -> Result<Json<Position>, Failure> {
     let req: PublishRequest = body(raw)?;
     let channel = channel(&req.channel)?;
-    let p = crate::publish::publish(&node, &channel, data(&req.data)?).await?;
+    let p = crate::publish::publish(&node, &channel, data(&req.data)?, None).await?;
     Ok(Json(Position {
         offset: p.offset,
         epoch: p.epoch,
@@ -173,7 +173,7 @@ async fn broadcast(
     let mut results = Vec::with_capacity(req.channels.len());
     for name in req.channels {
         let published = match channel(&name) {
-            Ok(c) => crate::publish::publish(&node, &c, data.clone()).await,
+            Ok(c) => crate::publish::publish(&node, &c, data.clone(), None).await,
             Err(f) => Err(f),
         };
         results.push(match published {

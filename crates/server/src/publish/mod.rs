@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use bytes::Bytes;
 use herald_broker::HistoryQuery;
-use herald_protocol::{ChannelName, ErrorCode, StreamPosition};
+use herald_protocol::{ChannelName, ErrorCode, Publication, StreamPosition};
 
 use crate::{error::Failure, node::Node};
 
@@ -14,11 +14,13 @@ use crate::{error::Failure, node::Node};
 /// that makes its channel exist is charged to the address's `new_channels_per_address`, so
 /// no client can make channel state without bound (each stream is kept by its namespace's
 /// rules, durable ones on disk). Permission is the caller's to check, as for [`publish`].
+/// `from`: who sent it (`{"user":…,"info":…}`), shown with it, for an authenticated client.
 pub async fn from_client(
     node: &Node,
     address: Option<IpAddr>,
     channel: &ChannelName,
     data: Bytes,
+    from: Option<&[u8]>,
 ) -> Result<StreamPosition, Failure> {
     if let Some(ip) = address {
         // Only an address over its allowance pays for the look; others publish at once
@@ -34,7 +36,7 @@ pub async fn from_client(
             ));
         }
     }
-    let position = publish(node, channel, data).await?;
+    let position = publish(node, channel, data, from).await?;
     if let (Some(ip), 1) = (address, position.offset) {
         node.limits.created_channel(ip);
     }
@@ -53,11 +55,13 @@ async fn exists(node: &Node, channel: &ChannelName) -> Result<bool, Failure> {
 
 /// Checks a publication against its namespace's limits and hands it to the broker.
 /// Permission to publish is the caller's to check (clients ask [`crate::policy`]; API
-/// callers have a key).
+/// callers have a key). The size limit is the data's; `from` (see [`from_client`]) is
+/// stored with it.
 pub async fn publish(
     node: &Node,
     channel: &ChannelName,
     data: Bytes,
+    from: Option<&[u8]>,
 ) -> Result<StreamPosition, Failure> {
     let ns = node.settings.namespace(channel.namespace());
     if data.len() > ns.max_message_size {
@@ -78,6 +82,6 @@ pub async fn publish(
     }
     Ok(node
         .broker
-        .publish(channel, data, ns.stream_policy())
+        .publish(channel, Publication::record(data, from), ns.stream_policy())
         .await?)
 }

@@ -300,7 +300,9 @@ impl Session {
                 }
             }
         };
-        let position = publish::from_client(&node, self.address, &channel, data).await?;
+        let from = self.identity().map(|i| i.from.clone());
+        let position =
+            publish::from_client(&node, self.address, &channel, data, from.as_deref()).await?;
         Ok(reply.with(&results::Published {
             offset: position.offset,
             epoch: &position.epoch,
@@ -635,7 +637,7 @@ mod tests {
             .await
             .unwrap();
         let channel = ChannelName::new("c").unwrap();
-        publish::publish(&node, &channel, Bytes::from("1"))
+        publish::publish(&node, &channel, Bytes::from("1"), None)
             .await
             .unwrap();
         let (mut da, mut db) = (Vec::new(), Vec::new());
@@ -657,7 +659,7 @@ mod tests {
             .unwrap();
         let channel = ChannelName::new("c").unwrap();
         for i in 0..10 {
-            publish::publish(&node, &channel, Bytes::from(i.to_string()))
+            publish::publish(&node, &channel, Bytes::from(i.to_string()), None)
                 .await
                 .unwrap();
         }

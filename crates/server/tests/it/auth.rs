@@ -652,3 +652,63 @@ async fn refresh_and_send_refuse_what_they_cannot_do() {
     assert_eq!(status_and_code(r).await, (400, Some(107)));
     server.stop().await.unwrap();
 }
+
+/// A client's publication says who sent it (`from`: the token's user and `info`) to every
+/// subscriber, on every transport and in history; the API's publications and anonymous
+/// ones say nothing.
+#[tokio::test]
+async fn publications_say_which_user_sent_them() {
+    let mut c = auth_config();
+    c.namespaces.get_mut("private").unwrap().history_size = Some(10);
+    let server = start(c).await;
+    let reader = hs256(&claims("7", json!({ "subscribe": ["private:*"] })));
+    let writer = hs256(&claims(
+        "42",
+        json!({ "publish": ["private:*"], "info": { "name": "Ann", "avatar": 3 } }),
+    ));
+    let (mut ws, _) = connect(&server, &reader).await;
+    assert!(ws
+        .subscribe("private:room", None)
+        .await
+        .get("error")
+        .is_none());
+    let stream = get(
+        &server,
+        &format!("/connection/stream?channel=private:room&token={reader}"),
+    )
+    .await;
+    let mut stream = Lines::new(stream);
+    // The connect push and the subscribe push.
+    for _ in 0..2 {
+        stream.next().await.unwrap();
+    }
+    let (mut w, _) = connect(&server, &writer).await;
+    let sent = w
+        .call(
+            "publish",
+            json!({ "channel": "private:room", "data": { "text": "hi" } }),
+        )
+        .await;
+    assert!(sent.get("error").is_none(), "{sent}");
+    server
+        .publish("private:room", json!("from the backend"))
+        .await;
+
+    let from = json!({ "user": "42", "info": { "name": "Ann", "avatar": 3 } });
+    let live = ws.next_line().await;
+    assert_eq!(live["pub"]["data"], json!({ "text": "hi" }), "{live}");
+    assert_eq!(live["pub"]["from"], from, "{live}");
+    assert!(ws.next_line().await["pub"].get("from").is_none());
+    let line: Value = serde_json::from_str(&stream.next().await.unwrap()).unwrap();
+    assert_eq!(line["pub"]["from"], from, "{line}");
+    let history = ws
+        .call(
+            "history",
+            json!({ "channel": "private:room", "since": { "offset": 0 } }),
+        )
+        .await;
+    let publications = &history["history"]["publications"];
+    assert_eq!(publications[0]["from"], from, "{history}");
+    assert!(publications[1].get("from").is_none(), "{history}");
+    server.stop().await.unwrap();
+}
