@@ -21,6 +21,8 @@ export interface ErrorBody {
 export interface Sender {
   user: string;
   info?: unknown;
+  /** The `info` of the subscription token the sender joined the channel with. */
+  channel_info?: unknown;
 }
 
 export interface PublicationData {

@@ -108,17 +108,8 @@ impl Identity {
             .iter()
             .map(|c| ChannelName::new(c).map_err(|e| format!("channels: {c:?}: {e}")))
             .collect::<Result<Vec<_>, _>>()?;
-        let info = match info {
-            Some(raw) if raw.get().len() > MAX_INFO_BYTES => {
-                return Err(format!("info: larger than {MAX_INFO_BYTES} bytes"));
-            }
-            // Checked as publication data is, since it goes out beside it.
-            Some(raw) => {
-                Some(herald_protocol::json::payload(&raw).map_err(|e| format!("info: {e}"))?)
-            }
-            None => None,
-        };
-        let from = sender(&user, info.as_deref());
+        let info = info.as_deref().map(checked_info).transpose()?;
+        let from = sender(&user, info.as_deref(), None);
         let info = info
             .map(|i| serde_json::from_slice::<Box<RawValue>>(&i).expect("checked JSON stays JSON"));
         Ok(Identity {
@@ -133,13 +124,27 @@ impl Identity {
     }
 }
 
-/// `{"user":USER,"info":INFO}` (no `info` when there is none).
-fn sender(user: &str, info: Option<&[u8]>) -> Bytes {
+/// A token's or connect hook's `info`, checked as publication data is (it goes out beside
+/// it) and bounded.
+fn checked_info(raw: &RawValue) -> Result<Bytes, String> {
+    if raw.get().len() > MAX_INFO_BYTES {
+        return Err(format!("info: larger than {MAX_INFO_BYTES} bytes"));
+    }
+    herald_protocol::json::payload(raw).map_err(|e| format!("info: {e}"))
+}
+
+/// `{"user":USER,"info":INFO,"channel_info":INFO}`, without the parts there are none of.
+pub fn sender(user: &str, info: Option<&[u8]>, channel_info: Option<&[u8]>) -> Bytes {
     let mut out = br#"{"user":"#.to_vec();
     serde_json::to_writer(&mut out, user).expect("a string serialises");
-    if let Some(info) = info {
-        out.extend_from_slice(br#","info":"#);
-        out.extend_from_slice(info);
+    for (key, value) in [
+        (&br#","info":"#[..], info),
+        (br#","channel_info":"#, channel_info),
+    ] {
+        if let Some(value) = value {
+            out.extend_from_slice(key);
+            out.extend_from_slice(value);
+        }
     }
     out.push(b'}');
     Bytes::from(out)
@@ -152,6 +157,9 @@ pub struct ChannelGrant {
     pub channel: ChannelName,
     /// When the token stops being accepted (Unix seconds).
     pub expires: Option<u64>,
+    /// The subscription token's `info`: shown as `channel_info` with the connection's
+    /// publications in this channel.
+    pub info: Option<Bytes>,
 }
 
 #[derive(Deserialize)]
@@ -177,6 +185,8 @@ struct ChannelClaims {
     channel: String,
     #[serde(default)]
     exp: Option<u64>,
+    #[serde(default)]
+    info: Option<Box<RawValue>>,
     #[serde(flatten)]
     rest: serde_json::Map<String, serde_json::Value>,
 }
@@ -322,9 +332,16 @@ impl Verifier {
                 "the subscription token is for another user than this connection's",
             ));
         }
+        let info = claims
+            .info
+            .as_deref()
+            .map(checked_info)
+            .transpose()
+            .map_err(invalid)?;
         Ok(ChannelGrant {
             channel,
             expires: claims.exp,
+            info,
         })
     }
 
@@ -517,6 +534,10 @@ mod tests {
         assert!(identity(&big).unwrap_err().contains("larger than"));
         let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
         assert!(identity(&deep).unwrap_err().starts_with("info:"));
+        assert_eq!(
+            &sender("7", None, Some(b"[1]"))[..],
+            br#"{"user":"7","channel_info":[1]}"#
+        );
         let plain = Identity::new("7".into(), None, &[], vec![], vec![], None).unwrap();
         assert_eq!(&plain.from[..], br#"{"user":"7"}"#);
     }

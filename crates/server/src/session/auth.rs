@@ -150,6 +150,27 @@ impl Session {
         channels.push(grant);
     }
 
+    /// Who the connection's publications in `channel` say sent them: its user and `info`,
+    /// and the `info` of the channel's subscription token if it had one; anonymous: none.
+    pub(super) fn sender(&self, channel: &ChannelName) -> Option<bytes::Bytes> {
+        let identity = self.identity()?;
+        let channel_info = self
+            .auth
+            .as_ref()?
+            .channels
+            .iter()
+            .find(|g| &g.channel == channel)
+            .and_then(|g| g.info.as_deref());
+        Some(match channel_info {
+            None => identity.from.clone(),
+            Some(ci) => crate::policy::token::sender(
+                &identity.user,
+                identity.info.as_deref().map(|i| i.get().as_bytes()),
+                Some(ci),
+            ),
+        })
+    }
+
     /// The session's identity, if a token gave one.
     pub fn identity(&self) -> Option<&Identity> {
         self.auth.as_ref()?.identity.as_deref()

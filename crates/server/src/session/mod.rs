@@ -300,7 +300,7 @@ impl Session {
                 }
             }
         };
-        let from = self.identity().map(|i| i.from.clone());
+        let from = self.sender(&channel);
         let position =
             publish::from_client(&node, self.address, &channel, data, from.as_deref()).await?;
         Ok(reply.with(&results::Published {

@@ -184,6 +184,7 @@ impl Session {
                 self.grant(ChannelGrant {
                     channel: channel.clone(),
                     expires: answer.expires,
+                    info: None,
                 });
                 data
             }

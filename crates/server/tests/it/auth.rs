@@ -710,5 +710,26 @@ async fn publications_say_which_user_sent_them() {
     let publications = &history["history"]["publications"];
     assert_eq!(publications[0]["from"], from, "{history}");
     assert!(publications[1].get("from").is_none(), "{history}");
+
+    // A subscription token's `info` is the writer's in that channel: `channel_info`.
+    let sub_token = hs256(&claims(
+        "42",
+        json!({ "channel": "private:room", "info": { "role": "host" } }),
+    ));
+    let joined = w
+        .call(
+            "subscribe",
+            json!({ "channel": "private:room", "token": sub_token }),
+        )
+        .await;
+    assert!(joined.get("error").is_none(), "{joined}");
+    w.call("publish", json!({ "channel": "private:room", "data": 3 }))
+        .await;
+    let live = ws.next_line().await;
+    assert_eq!(
+        live["pub"]["from"],
+        json!({ "user": "42", "info": { "name": "Ann", "avatar": 3 }, "channel_info": { "role": "host" } }),
+        "{live}"
+    );
     server.stop().await.unwrap();
 }
