@@ -181,7 +181,7 @@ fn fetch_brings_the_backends_document_through_the_rpc_hook() {
         "bench",
         "fetch",
         "--document",
-        "20000",
+        "200000",
         "--start",
         "4",
         "--max-clients",
@@ -189,9 +189,12 @@ fn fetch_brings_the_backends_document_through_the_rpc_hook() {
         "--arrive-every",
         "100ms",
         "--ask-every",
-        "100ms",
-        "--window",
         "1s",
+        "--window",
+        "2s",
+        // Judged on answers arriving whole, not on speed: CI machines are slow and busy.
+        "--max-latency",
+        "10s",
         "--json",
     ]));
     let rows = rows(&out.stdout);
@@ -200,9 +203,9 @@ fn fetch_brings_the_backends_document_through_the_rpc_hook() {
         .find(|r| r["window"].as_str().unwrap().starts_with("held"))
         .unwrap_or_else(|| panic!("no held window: {rows:?}"));
     assert_eq!(held["clients"], 5, "{held}");
-    // Five clients asking ten times a second for 20 KB: about 1 MB/s, every answer whole
+    // Five clients asking once a second for 200 KB: about 1 MB/s, every answer whole
     // (MB/s is rounded to 0.1, hence the wide range).
-    assert!(held["answers/s"].as_f64().unwrap() >= 20.0, "{held}");
+    assert!(held["answers/s"].as_f64().unwrap() >= 3.0, "{held}");
     let per_answer = held["MB/s"].as_f64().unwrap() * 1e6 / held["answers/s"].as_f64().unwrap();
-    assert!((15_000.0..25_000.0).contains(&per_answer), "{held}");
+    assert!((150_000.0..250_000.0).contains(&per_answer), "{held}");
 }
