@@ -290,11 +290,11 @@ pub async fn run(args: FetchArgs, common: &Common) -> anyhow::Result<Outcome> {
                     verdict = format!("degraded at {} clients: {problem}", w.clients);
                     break;
                 }
-                if clients >= args.max_clients && w.clients as usize >= args.max_clients {
-                    last_held = Some(w);
+                let done = clients >= args.max_clients && w.clients as usize >= args.max_clients;
+                last_held = Some(w);
+                if done {
                     break;
                 }
-                last_held = Some(w);
             }
         }
     }
@@ -347,7 +347,8 @@ async fn client(
     let offset = every.mul_f64((key % 100) as f64 / 100.0);
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + offset, every);
     let mut id = 0u64;
-    let mut out: Option<Instant> = None;
+    // When the ask out was sent, and how its answer starts.
+    let mut out: Option<(Instant, String)> = None;
     let ended = loop {
         tokio::select! {
             _ = ticks.tick() => {
@@ -360,18 +361,18 @@ async fn client(
                 if tx.send(Message::text(ask)).await.is_err() {
                     break true;
                 }
-                out = Some(Instant::now());
+                out = Some((Instant::now(), format!(r#"{{"id":{id},"#)));
             }
             frame = rx.next() => match frame {
                 Some(Ok(Message::Text(text))) => {
                     stats.bytes.fetch_add(text.len() as u64, Ordering::Relaxed);
                     for line in text.as_str().lines() {
                         // `{"id":N,"rpc":…}` or `{"id":N,"error":…}`: the start says which.
-                        let head = &line[..line.len().min(40)];
-                        if !head.starts_with(&format!(r#"{{"id":{id},"#)) {
+                        let head = line.get(..40).unwrap_or(line);
+                        if !out.as_ref().is_some_and(|(_, start)| head.starts_with(start.as_str())) {
                             continue;
                         }
-                        if let Some(at) = out.take() {
+                        if let Some((at, _)) = out.take() {
                             if head.contains(r#""error""#) {
                                 stats.failed.fetch_add(1, Ordering::Relaxed);
                             } else {

@@ -163,11 +163,9 @@ impl Session {
             .and_then(|g| g.info.as_deref());
         Some(match channel_info {
             None => identity.from.clone(),
-            Some(ci) => crate::policy::token::sender(
-                &identity.user,
-                identity.info.as_deref().map(|i| i.get().as_bytes()),
-                Some(ci),
-            ),
+            Some(ci) => {
+                crate::policy::token::sender(&identity.user, identity.info.as_deref(), Some(ci))
+            }
         })
     }
 
