@@ -15,6 +15,7 @@
 //! acknowledged to the publisher survives a Redis restart.
 
 mod listener;
+mod presence;
 mod scripts;
 #[cfg(feature = "testkit")]
 pub mod testkit;
@@ -32,6 +33,7 @@ use redis::{aio::ConnectionManager, Script};
 
 pub use listener::decode_message;
 use listener::Listener;
+pub use presence::{RedisPresence, BEAT_EVERY, NODE_TTL};
 
 /// Where Redis is and how Herald names its keys there.
 #[derive(Debug, Clone)]
@@ -47,6 +49,7 @@ pub struct RedisOptions {
 pub struct RedisBroker {
     store: Arc<Store>,
     listener: Arc<Listener>,
+    presence: Arc<presence::RedisPresence>,
 }
 
 impl std::fmt::Debug for RedisBroker {
@@ -137,7 +140,13 @@ impl Connected {
             history: scripts::history(),
         });
         let listener = Listener::spawn(self.client, store.clone(), sink);
-        Arc::new(RedisBroker { store, listener })
+        let presence = presence::RedisPresence::start(store.clone(), listener.clone());
+        listener.hear_presence(Arc::downgrade(&presence));
+        Arc::new(RedisBroker {
+            store,
+            listener,
+            presence,
+        })
     }
 }
 
@@ -160,6 +169,15 @@ impl Names {
 
     fn history(&self, channel: &ChannelName) -> String {
         format!("{}:{{{channel}}}:h", self.prefix)
+    }
+
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Where nodes tell each other of joins and leaves.
+    pub(crate) fn presence(&self) -> String {
+        format!("{}:presence", self.prefix)
     }
 
     pub(crate) fn pubsub(&self, channel: &ChannelName) -> String {
@@ -423,6 +441,10 @@ impl Broker for RedisBroker {
 
     fn node_id(&self) -> Option<&str> {
         Some(&self.listener.node_id)
+    }
+
+    fn presence(&self) -> Option<herald_broker::SharedPresence> {
+        Some(self.presence.clone())
     }
 
     async fn ask_node(&self, node: &str, request: Bytes) -> Option<Result<Bytes, BrokerError>> {

@@ -106,6 +106,9 @@ pub(crate) struct Listener {
     /// This node's id, and the pub/sub channel other nodes reach it on.
     pub(crate) node_id: String,
     node_channel: String,
+    /// Where nodes tell each other of joins and leaves, and who hears them here.
+    presence_channel: String,
+    presence: Mutex<Option<std::sync::Weak<crate::presence::RedisPresence>>>,
     /// Requests this node sent, awaiting answers, by request number.
     asked: Mutex<HashMap<u64, oneshot::Sender<Bytes>>>,
     next_request: AtomicU64,
@@ -136,6 +139,8 @@ impl Listener {
         let node_id = crate::new_epoch().as_str().to_string();
         let listener = Arc::new(Self {
             node_channel: store.names.node(&node_id),
+            presence_channel: store.names.presence(),
+            presence: Mutex::default(),
             node_id,
             store,
             sink,
@@ -222,6 +227,10 @@ impl Listener {
 
     pub(crate) fn channel_count(&self) -> usize {
         self.channels.lock().len()
+    }
+
+    pub(crate) fn hear_presence(&self, presence: std::sync::Weak<crate::presence::RedisPresence>) {
+        *self.presence.lock() = Some(presence);
     }
 
     pub(crate) fn answer_with(&self, handler: std::sync::Weak<dyn NodeRequests>) {
@@ -479,6 +488,7 @@ async fn run(listener: std::sync::Weak<Listener>, client: redis::Client) {
             let _membership = me.membership.write().await;
             let mut names: Vec<String> = me.channels.lock().keys().map(|k| k.to_string()).collect();
             names.push(me.node_channel.clone());
+            names.push(me.presence_channel.clone());
             let mut sink = connection.sink.clone();
             let subscribed = connection.timed(sink.subscribe(&names)).await;
             if subscribed.is_ok() {
@@ -520,6 +530,13 @@ async fn run(listener: std::sync::Weak<Listener>, client: redis::Client) {
                     let Some(me) = listener.upgrade() else { return };
                     if message.get_channel_name() == me.node_channel {
                         me.on_node_message(message.get_payload_bytes());
+                        continue;
+                    }
+                    if message.get_channel_name() == me.presence_channel {
+                        let presence = me.presence.lock().as_ref().and_then(|w| w.upgrade());
+                        if let Some(presence) = presence {
+                            presence.heard(message.get_payload_bytes());
+                        }
                         continue;
                     }
                     match decode_message(message.get_payload_bytes()) {

@@ -354,3 +354,121 @@ async fn naming_a_channel_leaves_nothing_lasting_in_redis() {
         "a published stream keeps its namespace's TTL ({ttl} ms)"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fulfils_the_presence_contract() {
+    let redis = RedisServer::start();
+    let runs = AtomicUsize::new(0);
+    conformance::run_presence(|| {
+        let prefix = format!("presence{}", runs.fetch_add(1, Ordering::Relaxed));
+        let broker = tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(RedisBroker::start(
+                options(&redis, &prefix),
+                Arc::new(Recorder::default()),
+            ))
+        });
+        broker.unwrap().presence().expect("redis keeps presence")
+    })
+    .await;
+}
+
+/// What a node's presence heard from the others.
+#[derive(Default)]
+struct Heard {
+    batches: parking_lot::Mutex<Vec<Bytes>>,
+    expired: parking_lot::Mutex<Vec<(String, u64)>>,
+    changed: tokio::sync::Notify,
+}
+
+impl herald_broker::PresenceEvents for Heard {
+    fn heard(&self, batch: Bytes) {
+        self.batches.lock().push(batch);
+        self.changed.notify_waiters();
+    }
+    fn expired(&self, channel: &ChannelName, ids: Vec<u64>) {
+        self.expired
+            .lock()
+            .extend(ids.into_iter().map(|id| (channel.to_string(), id)));
+        self.changed.notify_waiters();
+    }
+}
+
+impl Heard {
+    async fn wait(&self, what: &str, done: impl Fn(&Self) -> bool) {
+        let waited = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            loop {
+                let changed = self.changed.notified();
+                if done(self) {
+                    return;
+                }
+                changed.await;
+            }
+        })
+        .await;
+        assert!(waited.is_ok(), "timed out waiting until {what}");
+    }
+}
+
+fn anonymous(id: u64) -> herald_broker::Member {
+    herald_broker::Member {
+        id,
+        info: Bytes::new(),
+    }
+}
+
+#[tokio::test]
+async fn presence_is_shared_by_nodes_and_a_dead_nodes_members_expire() {
+    let redis = RedisServer::start();
+    let (a, _) = node(&redis).await;
+    let (b, _) = node(&redis).await;
+    let (pa, pb) = (a.presence().unwrap(), b.presence().unwrap());
+    let heard = Arc::new(Heard::default());
+    let weak: std::sync::Weak<dyn herald_broker::PresenceEvents> = Arc::downgrade(&heard) as _;
+    pa.listen(weak);
+    let c = ch("room:nodes");
+    assert!(pa.join(&c, &anonymous(1), None).await.unwrap());
+    assert!(pb.join(&c, &anonymous(2), Some("bo")).await.unwrap());
+    assert!(
+        !pb.join(&c, &anonymous(1), None).await.unwrap(),
+        "held on both nodes"
+    );
+    let stats = pa.stats(&c).await.unwrap();
+    assert_eq!(
+        (stats.clients, stats.users),
+        (2, 1),
+        "either node sees both"
+    );
+
+    pb.announce(Bytes::from_static(b"room:nodes\n{\"presence\":{}}\n"))
+        .await;
+    heard
+        .wait("b's batch reached a", |h| !h.batches.lock().is_empty())
+        .await;
+
+    // The pub/sub connection dropping loses no member: they live in keys.
+    redis.kill_clients();
+    assert_eq!(pa.stats(&c).await.unwrap().clients, 2);
+
+    // b stops as a node killed with -9 would (no leave is ever sent); a's heartbeat
+    // removes what only b held, within the node TTL and a beat.
+    drop(pb);
+    drop(b);
+    let started = std::time::Instant::now();
+    heard
+        .wait("b's member expired", |h| {
+            h.expired.lock().contains(&("room:nodes".to_string(), 2))
+        })
+        .await;
+    assert!(
+        started.elapsed() <= herald_broker_redis::NODE_TTL + 2 * herald_broker_redis::BEAT_EVERY,
+        "expired within the documented time: {:?}",
+        started.elapsed()
+    );
+    let stats = pa.stats(&c).await.unwrap();
+    assert_eq!(
+        (stats.clients, stats.users),
+        (1, 0),
+        "a's member 1 stays: a still holds it"
+    );
+    assert_eq!(pa.members(&c, None, 10).await.unwrap(), vec![anonymous(1)]);
+}

@@ -30,6 +30,7 @@
 
 mod durable;
 mod memory;
+mod presence;
 mod routed;
 
 use std::{
@@ -43,6 +44,9 @@ use herald_protocol::{ChannelName, Epoch, Publication, Since, StreamPosition};
 
 pub use durable::{DurableBroker, OpenError, SyncPolicy};
 pub use memory::MemoryBroker;
+pub use presence::{
+    Member, MemoryPresence, PresenceEvents, PresenceStats, PresenceStore, SharedPresence,
+};
 pub use routed::Routed;
 
 /// Receives the publications of the channels a node subscribed to.
@@ -221,6 +225,12 @@ pub trait Broker: Send + Sync + 'static {
     /// Where requests from other nodes go (see [`Broker::ask_node`]).
     fn answer_nodes_with(&self, handler: Weak<dyn NodeRequests>) {
         let _ = handler;
+    }
+
+    /// The presence store that goes with this broker: shared by the nodes that share the
+    /// broker. `None`: the node keeps presence itself ([`MemoryPresence`]).
+    fn presence(&self) -> Option<SharedPresence> {
+        None
     }
 }
 

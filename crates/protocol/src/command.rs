@@ -40,6 +40,13 @@ pub enum Method {
     Refresh(RefreshRequest),
     /// A call to the application's backend (its `rpc` hook), answered on this connection.
     Rpc(RpcRequest),
+    /// A page of a channel's members (presence).
+    Presence(PresenceRequest),
+    /// How many clients and distinct users a channel has.
+    PresenceStats {
+        /// The channel.
+        channel: ChannelName,
+    },
     /// Asks for an empty reply; keeps the connection alive and measures round trips.
     Ping,
 }
@@ -55,6 +62,8 @@ impl Method {
             Method::History(_) => "history",
             Method::Refresh(_) => "refresh",
             Method::Rpc(_) => "rpc",
+            Method::Presence(_) => "presence",
+            Method::PresenceStats { .. } => "presence_stats",
             Method::Ping => "ping",
         }
     }
@@ -74,6 +83,22 @@ pub struct ConnectRequest {
     /// Client library version, for logs.
     #[serde(default)]
     pub version: Option<String>,
+    /// The `client` id this client was given by its first connection, sent again when it
+    /// reconnects: presence then sees the same member come back (no leave, no join). It is
+    /// a secret (only its own client knows it) and is never shown to others.
+    #[serde(default)]
+    pub client: Option<String>,
+}
+
+/// Parameters of `presence`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PresenceRequest {
+    /// The channel.
+    pub channel: ChannelName,
+    /// At most this many members (the server caps it).
+    pub limit: Option<u32>,
+    /// Members after this one: the previous page's `cursor`.
+    pub cursor: Option<String>,
 }
 
 /// Parameters of `subscribe`.

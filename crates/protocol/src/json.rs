@@ -11,7 +11,10 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::{
-    command::{ConnectRequest, HistoryRequest, RefreshRequest, RpcRequest, SubscribeRequest},
+    command::{
+        ConnectRequest, HistoryRequest, PresenceRequest, RefreshRequest, RpcRequest,
+        SubscribeRequest,
+    },
     ChannelName, Command, DisconnectCode, ErrorCode, Method, Publication, Since,
 };
 
@@ -97,6 +100,18 @@ pub fn decode_command(line: &[u8]) -> Result<Command, DecodeError> {
                 since: p.since,
                 limit: p.limit,
             })
+        }
+        "presence" => {
+            let p: PresenceParams = parse(id, params)?;
+            Method::Presence(PresenceRequest {
+                channel: channel(id, &p.channel)?,
+                limit: p.limit,
+                cursor: p.cursor,
+            })
+        }
+        "presence_stats" => {
+            let p: ChannelParams = parse(id, params)?;
+            Method::PresenceStats { channel: channel(id, &p.channel)? }
         }
         "refresh" => {
             let p: RefreshParams = parse(id, params)?;
@@ -202,6 +217,38 @@ struct RpcParams {
     method: String,
     #[serde(default)]
     data: Option<Box<RawValue>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PresenceParams {
+    channel: String,
+    #[serde(default)]
+    limit: Option<u32>,
+    #[serde(default)]
+    cursor: Option<String>,
+}
+
+/// Appends a presence member as JSON: `{"client": ID, …}` with the fields of `info` (the
+/// member's `{"user", "info", "channel_info"}` object, or empty for an anonymous client).
+/// The id is the member's public id, 16 hex digits.
+pub fn encode_member(out: &mut Vec<u8>, id: u64, info: &[u8]) {
+    use std::io::Write;
+    write!(out, r#"{{"client":"{id:016x}""#).expect("writing to a Vec cannot fail");
+    match info.strip_prefix(b"{") {
+        Some(rest) if rest.len() > 1 => {
+            out.push(b',');
+            out.extend_from_slice(rest);
+        }
+        _ => out.push(b'}'),
+    }
+}
+
+/// A member id written by [`encode_member`] (a page cursor), read back.
+pub fn decode_member_id(text: &str) -> Option<u64> {
+    (text.len() == 16)
+        .then(|| u64::from_str_radix(text, 16).ok())
+        .flatten()
 }
 
 #[derive(Deserialize)]
@@ -470,6 +517,27 @@ pub mod results {
         /// whose clock is off); absent when it does not expire.
         #[serde(flatten, skip_serializing_if = "Option::is_none")]
         pub expiry: Option<Expiry>,
+    }
+
+    /// `presence`: a page of members (a JSON array made by
+    /// [`encode_member`](super::encode_member)) and, when more may follow, the cursor of
+    /// the next page.
+    #[derive(Serialize)]
+    pub struct Presence<'a> {
+        /// The members, in id order.
+        pub members: super::RawJson<'a>,
+        /// Pass it back for the next page; absent on the last page.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub cursor: Option<String>,
+    }
+
+    /// `presence_stats`.
+    #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+    pub struct PresenceStats {
+        /// Members (clients).
+        pub clients: u64,
+        /// Distinct users among them.
+        pub users: u64,
     }
 
     /// When a token stops being accepted.

@@ -46,6 +46,8 @@ pub struct Node {
     pub broker: SharedBroker,
     /// Local subscribers.
     pub hub: Arc<Hub>,
+    /// Who is in which channel (namespaces with `presence`), and join/leave pushes.
+    pub presence: Arc<crate::hub::presence::Presence>,
     /// Cancelled when the server starts shutting down; connections close with 3001.
     pub shutdown: CancellationToken,
     /// Connection tasks, awaited (with a bound) on shutdown.
@@ -104,6 +106,11 @@ impl Node {
             },
             Into::into,
         );
+        let store = broker
+            .presence()
+            .unwrap_or_else(|| herald_broker::MemoryPresence::new());
+        let presence =
+            crate::hub::presence::Presence::start(store, settings.config.presence.clone(), &hub);
         settings.tokens.prefetch();
         let limits = crate::limits::AddressLimits::new(settings.config.limits.clone());
         crate::limits::spawn_sweeper(&limits);
@@ -117,6 +124,7 @@ impl Node {
             settings,
             broker,
             hub,
+            presence,
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             inboxes: Mutex::default(),

@@ -26,6 +26,11 @@ async fn fulfils_the_broker_contract() {
     crate::conformance::run_all(|sink| MemoryBroker::new(sink)).await;
 }
 
+#[tokio::test]
+async fn memory_presence_fulfils_the_presence_contract() {
+    crate::conformance::run_presence(|| crate::MemoryPresence::new()).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn history_expires_by_age_but_the_position_is_remembered() {
     let broker = MemoryBroker::new(Arc::new(Recorder::default()));

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 pub use auth::{AuthConfig, PreviousKey, MIN_HMAC_SECRET};
 pub use hooks::HooksConfig;
-pub use namespaces::{Access, NamespaceConfig, NamespaceOverride};
+pub use namespaces::{Access, NamespaceConfig, NamespaceOverride, Presence};
 
 /// Everything `herald serve` can be told.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -86,6 +86,8 @@ pub struct Config {
     pub http: HttpConfig,
     /// Limits per client address.
     pub limits: LimitsConfig,
+    /// How presence and join/leave pushes behave (namespaces turn them on).
+    pub presence: PresenceConfig,
     /// Rules for channels whose namespace has no entry in `namespaces`; fields left out
     /// take the built-in defaults (see [`NamespaceConfig`]).
     pub channels: NamespaceOverride,
@@ -273,6 +275,43 @@ impl Default for LimitsConfig {
     }
 }
 
+/// How presence and join/leave pushes behave.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PresenceConfig {
+    /// Joins and leaves are gathered for this long and pushed as one batch per channel.
+    /// Default `500ms`.
+    #[serde(with = "humantime_serde")]
+    pub join_leave_window: Duration,
+    /// Above this many members a channel's joins and leaves are not pushed at all: a
+    /// client of such a channel asks `presence_stats` instead. Default 1000.
+    pub join_leave_max_members: u64,
+    /// A client whose connection ends stays a member for this long, so that one that
+    /// reconnects in time (sending its earlier client id) causes neither a leave nor a
+    /// join. Default `5s`.
+    #[serde(with = "humantime_serde")]
+    pub grace: Duration,
+    /// A long-poll or poll client stays a member for this long after its last request
+    /// ended. Default `15s`.
+    #[serde(with = "humantime_serde")]
+    pub poll_grace: Duration,
+    /// Longest page of members a `presence` command or API call returns (default 100
+    /// when the caller gives no limit). Default 1000.
+    pub max_page: usize,
+}
+
+impl Default for PresenceConfig {
+    fn default() -> Self {
+        Self {
+            join_leave_window: Duration::from_millis(500),
+            join_leave_max_members: 1000,
+            grace: Duration::from_secs(5),
+            poll_grace: Duration::from_secs(15),
+            max_page: 1000,
+        }
+    }
+}
+
 /// Settings of the HTTP transports.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -341,6 +380,7 @@ impl Default for Config {
             client: ClientConfig::default(),
             http: HttpConfig::default(),
             limits: LimitsConfig::default(),
+            presence: PresenceConfig::default(),
             channels: NamespaceOverride::default(),
             namespaces: BTreeMap::from([(
                 "chat".to_string(),
@@ -350,7 +390,8 @@ impl Default for Config {
                     history_meta_ttl: Some(Duration::from_secs(30 * 24 * 3600)),
                     subscribe: Some(Access::Anyone),
                     history: Some(Access::Anyone),
-                    presence: Some(Access::Anyone),
+                    presence: Some(Presence::On(Access::Anyone)),
+                    join_leave: Some(true),
                     publish: Some(Access::Anyone),
                     ..Default::default()
                 },
@@ -409,6 +450,12 @@ impl Config {
     /// Checks every value and resolves namespace rules.
     pub fn validate(self) -> Result<Settings, ConfigError> {
         let c = &self.client;
+        if self.presence.join_leave_window.is_zero() {
+            return Err(bad("presence.join_leave_window", "must be greater than 0"));
+        }
+        if self.presence.max_page == 0 {
+            return Err(bad("presence.max_page", "must be at least 1"));
+        }
         if c.ping_interval.is_zero() {
             return Err(bad("client.ping_interval", "must be greater than 0"));
         }

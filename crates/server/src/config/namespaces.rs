@@ -40,6 +40,56 @@ impl Access {
     }
 }
 
+/// Whether a namespace keeps presence (who is subscribed), and who may see it. Written
+/// `false` (off), `true` (on, for whoever may subscribe) or an [`Access`] level (on, for
+/// those: `"nobody"` keeps it for the HTTP API only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presence {
+    /// Not kept.
+    Off,
+    /// Kept, and shown to clients this level admits (and the subscribe rule).
+    On(Access),
+}
+
+impl Presence {
+    /// Who may see it; `None` when it is off.
+    pub fn access(self) -> Option<Access> {
+        match self {
+            Presence::Off => None,
+            Presence::On(level) => Some(level),
+        }
+    }
+}
+
+impl Serialize for Presence {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Presence::Off => s.serialize_bool(false),
+            Presence::On(level) => level.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Presence {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Switch(bool),
+            Level(Access),
+        }
+        match Written::deserialize(d).map_err(|_| {
+            serde::de::Error::custom(
+                "presence is true, false, or who may see it: anyone, authenticated, granted or nobody",
+            )
+        })? {
+            Written::Switch(false) => Ok(Presence::Off),
+            Written::Switch(true) => Ok(Presence::On(Access::Anyone)),
+            Written::Level(level) => Ok(Presence::On(level)),
+        }
+    }
+}
+
 macro_rules! namespace_rules {
     (|$keyed:ident| $( $(#[$meta:meta])* $field:ident : $ty:ty = $default:expr; )* ) => {
         /// Rules for the channels of a namespace, resolved: `[channels]` over the built-in
@@ -96,8 +146,13 @@ namespace_rules! { |keyed|
     /// Who may read history (the `history` command, and replays when resuming). Reading
     /// history also needs `subscribe`. Default as `subscribe`.
     history: Access = if keyed { Access::Authenticated } else { Access::Anyone };
-    /// Who may see who is subscribed (presence). Default as `subscribe`.
-    presence: Access = if keyed { Access::Authenticated } else { Access::Anyone };
+    /// Whether the namespace keeps presence (who is subscribed: the `presence` and
+    /// `presence_stats` commands and API calls), and who may see it: `true` (whoever may
+    /// subscribe), an access level, or `false`. Default false.
+    presence: Presence = Presence::Off;
+    /// Whether subscribers that may see presence are pushed who joins and leaves, in batches
+    /// (see `[presence]`). Needs `presence`. Default false.
+    join_leave: bool = false;
     /// Who may publish (the HTTP API always may). Default `nobody`.
     publish: Access = Access::Nobody;
     /// Personal channels: every channel `NS:X` belongs to the user `X` (`user:42:x` to the
@@ -146,6 +201,12 @@ impl NamespaceConfig {
             return Err(bad(
                 format!("{key}.history_ttl"),
                 "must be greater than 0 when history_size is",
+            ));
+        }
+        if self.join_leave && self.presence == Presence::Off {
+            return Err(bad(
+                format!("{key}.join_leave"),
+                "needs presence (write `presence = true` too)",
             ));
         }
         if self.max_message_size == 0 {

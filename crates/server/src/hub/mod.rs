@@ -27,11 +27,14 @@ use std::{
     },
 };
 
+use bytes::Bytes;
 use herald_broker::{BrokerError, PublicationSink, SharedBroker};
 use herald_protocol::{json, ChannelName, Epoch, Publication};
 use parking_lot::RwLock;
 
 use crate::queue::{Delivery, Position, Queue};
+
+pub mod presence;
 
 const SHARDS: usize = 64;
 
@@ -46,6 +49,9 @@ struct Member {
     session: u64,
     queue: Arc<Queue>,
     position: Arc<Position>,
+    /// Whether the session is pushed joins and leaves (it may see presence, and the
+    /// namespace has `join_leave`).
+    presence: bool,
 }
 
 /// A channel's local subscribers, one part per fan-out thread. A part is copied on write
@@ -155,7 +161,7 @@ impl Hub {
 
     /// Adds a session's queue to a channel; the first local subscriber makes the node
     /// subscribe at the broker. Publications fanned out from now on reach the queue, checked
-    /// against `position`.
+    /// against `position`; presence pushes too when `presence`.
     pub async fn subscribe(
         &self,
         broker: &SharedBroker,
@@ -163,6 +169,7 @@ impl Hub {
         session: u64,
         queue: Arc<Queue>,
         position: Arc<Position>,
+        presence: bool,
     ) -> Result<(), BrokerError> {
         let shard = self.shard(channel);
         let _membership = shard.membership.lock().await;
@@ -176,6 +183,7 @@ impl Hub {
                 session,
                 queue,
                 position,
+                presence,
             });
             entry.len() == 1
         };
@@ -216,6 +224,25 @@ impl Hub {
             return true;
         }
         false
+    }
+
+    /// Hands a presence push (joins and leaves) to the channel's local subscribers that
+    /// take them. It carries no offset (0), so it moves no position, and always goes
+    /// through the queue: presence pushes are rare next to publications.
+    pub fn push_presence(&self, channel: &ChannelName, push: Bytes) {
+        let subs = self.shard(channel).subscribers.read();
+        let Some(entry) = subs.get(channel) else {
+            return;
+        };
+        let delivery = Arc::new(Delivery::new(channel.clone(), Epoch::new(""), 0, push));
+        for m in entry
+            .parts
+            .iter()
+            .flat_map(|p| p.iter())
+            .filter(|m| m.presence)
+        {
+            m.queue.offer_queued(&delivery);
+        }
     }
 
     /// Channels with at least one local subscriber.
@@ -280,7 +307,6 @@ mod tests {
         time::{Duration, Instant},
     };
 
-    use bytes::Bytes;
     use herald_broker::MemoryBroker;
 
     use super::*;
@@ -342,7 +368,7 @@ mod tests {
             assert!(queue.release());
             let position = Arc::new(Position::default());
             position.start(epoch.clone(), 0);
-            hub.subscribe(&broker, &channel, session, queue.clone(), position)
+            hub.subscribe(&broker, &channel, session, queue.clone(), position, false)
                 .await
                 .unwrap();
             members.push((socket, queue));

@@ -67,7 +67,10 @@ impl Action {
         match self {
             Action::Subscribe => [subscribe, None],
             Action::History => [subscribe, Some(("history", r.history))],
-            Action::Presence => [subscribe, Some(("presence", r.presence))],
+            Action::Presence => [
+                subscribe,
+                Some(("presence", r.presence.access().unwrap_or(Access::Nobody))),
+            ],
             Action::Publish => [Some(("publish", r.publish)), None],
         }
     }
@@ -91,6 +94,13 @@ pub fn check(
     channel: &ChannelName,
 ) -> Result<(), Failure> {
     let rules = node.settings.namespace(channel.namespace());
+    if action == Action::Presence && rules.presence.access().is_none() {
+        let namespace = channel.namespace();
+        return Err(Failure::new(
+            ErrorCode::NotAvailable,
+            format!("presence is off for {channel}: turn it on with `presence = true` in the rules of namespace {namespace:?}"),
+        ));
+    }
     let granted = granted(rules, asker, action, channel);
     // Own personal channels count as granted, so this refuses only other users' ones.
     if rules.personal && !granted {
@@ -200,6 +210,7 @@ mod tests {
         let node = node(|c| {
             c.channels.subscribe = Some(Access::Nobody);
             c.channels.history = Some(Access::Anyone);
+            c.channels.presence = Some(crate::config::Presence::On(Access::Anyone));
         });
         let anyone = Asker::default();
         assert!(check(&node, anyone, Action::History, &ch("x")).is_err());

@@ -1,4 +1,4 @@
-//! The HTTP API for backends: publish, broadcast, history, info. Every route needs an API
+//! The HTTP API for backends: publish, broadcast, history, presence, info. Every route needs an API
 //! key (`Authorization: apikey KEY`); with no key configured the API is closed and says
 //! how to open it. A key may be limited to publishing (POST and DELETE routes) or to
 //! reading (GET routes).
@@ -27,6 +27,8 @@ pub fn routes(node: Arc<Node>) -> Router<Arc<Node>> {
         .route("/api/broadcast", post(broadcast))
         .route("/api/history", get(read_history).delete(remove_history))
         .route("/api/info", get(info))
+        .route("/api/presence", get(presence))
+        .route("/api/presence_stats", get(presence_stats))
         .layer(middleware::from_fn_with_state(node, require_key))
 }
 
@@ -268,5 +270,65 @@ async fn info(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {
         "subscribed_channels": node.hub.channel_count(),
         "publications_fanned_out": publications,
         "deliveries": deliveries,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PresenceParams {
+    channel: String,
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+/// The channel of a presence call, if its namespace keeps presence (the API sees it
+/// whoever the namespace shows it to).
+fn presence_channel(node: &Node, name: &str) -> Result<ChannelName, Failure> {
+    let channel = channel(name)?;
+    if node
+        .settings
+        .namespace(channel.namespace())
+        .presence
+        .access()
+        .is_none()
+    {
+        return Err(Failure::new(
+            ErrorCode::NotAvailable,
+            format!("presence is off for {channel}: turn it on with `presence = true` in its namespace's rules"),
+        ));
+    }
+    Ok(channel)
+}
+
+/// `GET /api/presence?channel=C[&limit=N][&cursor=X]` → `{"members": [...], "cursor"?}`.
+async fn presence(
+    State(node): State<Arc<Node>>,
+    params: Result<Query<PresenceParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, Failure> {
+    let Query(p) = params.map_err(|e| Failure::new(ErrorCode::BadRequest, e.body_text()))?;
+    let channel = presence_channel(&node, &p.channel)?;
+    let (members, cursor) = node
+        .presence
+        .page(&channel, p.cursor.as_deref(), p.limit)
+        .await?;
+    let body = serde_json::to_vec(&json::results::Presence {
+        members: json::RawJson(&members),
+        cursor,
+    })
+    .expect("serialises");
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// `GET /api/presence_stats?channel=C` → `{"clients": N, "users": N}`.
+async fn presence_stats(
+    State(node): State<Arc<Node>>,
+    params: Result<Query<ChannelParam>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<json::results::PresenceStats>, Failure> {
+    let Query(p) = params.map_err(|e| Failure::new(ErrorCode::BadRequest, e.body_text()))?;
+    let channel = presence_channel(&node, &p.channel)?;
+    let stats = node.presence.stats(&channel).await?;
+    Ok(Json(json::results::PresenceStats {
+        clients: stats.clients,
+        users: stats.users,
     }))
 }

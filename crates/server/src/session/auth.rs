@@ -368,12 +368,7 @@ impl Session {
         auth.channels = kept;
         let mut pushes = Vec::new();
         for grant in expired {
-            if self.subscriptions.remove(&grant.channel).is_some() {
-                self.event("unsubscribe", Some(&grant.channel), None);
-                let node = self.node().clone();
-                node.hub
-                    .unsubscribe(&node.broker, &grant.channel, self.id())
-                    .await;
+            if self.leave_channel(&grant.channel).await {
                 pushes.push(json::encode_unsubscribe(
                     &grant.channel,
                     ErrorCode::TokenExpired,

@@ -9,6 +9,7 @@
 //! "insufficient state" so the client resumes from history rather than skip silently.
 
 mod auth;
+mod presence;
 mod subscribe;
 mod subscriptions;
 
@@ -58,6 +59,9 @@ pub struct Session {
     transport: crate::hooks::Transport,
     /// Whether the backend was told of this connection (events), so it is told of its end.
     announced: bool,
+    /// The client id of this client's first connection, when it sent one (`connect`'s
+    /// `client`, `client=`): its presence memberships are that client's.
+    first_client: Option<Box<str>>,
     scratch: Vec<Arc<Delivery>>,
 }
 
@@ -86,6 +90,7 @@ impl Session {
             auth: None,
             transport: Default::default(),
             announced: false,
+            first_client: None,
             scratch: Vec::new(),
         }
     }
@@ -236,6 +241,9 @@ impl Session {
                 if self.connected {
                     return Err(Failure::new(ErrorCode::BadConnectState, "already connected").into());
                 }
+                if let Some(client) = req.client.as_deref() {
+                    self.continues(client)?;
+                }
                 self.connected = true;
                 self.connect(reply, req.token).await
             }
@@ -248,7 +256,7 @@ impl Session {
             .into()),
             Method::Subscribe(req) => Ok(self.subscribe(reply, req).await?),
             Method::Unsubscribe { channel } => {
-                if self.subscriptions.remove(&channel).is_none() {
+                if !self.leave_channel(&channel).await {
                     return Err(Failure::new(
                         ErrorCode::NotSubscribed,
                         format!("not subscribed to {channel}"),
@@ -256,16 +264,13 @@ impl Session {
                     .into());
                 }
                 self.drop_grant(&channel);
-                self.event("unsubscribe", Some(&channel), None);
-                let node = self.node().clone();
-                node.hub
-                    .unsubscribe(&node.broker, &channel, self.id())
-                    .await;
                 Ok(reply.empty())
             }
             Method::Publish { channel, data } => Ok(self.publish(reply, channel, data).await?),
             Method::History(req) => Ok(self.history(reply, req).await?),
             Method::Rpc(req) => Ok(self.rpc(reply, req).await?),
+            Method::Presence(req) => Ok(self.presence(reply, req).await?),
+            Method::PresenceStats { channel } => Ok(self.presence_stats(reply, channel).await?),
             Method::Ping => Ok(reply.empty()),
         }
     }
@@ -379,6 +384,10 @@ impl Session {
         let Some(position) = self.subscriptions.get(&d.channel) else {
             return Ok(false);
         };
+        if d.offset == 0 {
+            // A presence push: no offset, nothing to check or move.
+            return Ok(true);
+        }
         match position.step(d) {
             Step::Next => {
                 position.set(d.offset);
@@ -405,6 +414,12 @@ impl Session {
     /// unguessable, so that only the client that opened a stream can send into it.
     pub fn client(&self) -> &str {
         &self.client
+    }
+
+    /// The id this client sends back when it reconnects or polls again (see
+    /// [`Session::continues`]): its first connection's.
+    pub fn first_client(&self) -> &str {
+        self.first_client.as_deref().unwrap_or(&self.client)
     }
 
     /// The `connect` push that opens streams whose client sent no `connect` command.
@@ -524,12 +539,20 @@ impl Drop for Session {
         let node = self.node().clone();
         let id = self.id();
         let channels = self.subscriptions.take_channels();
+        let memberships: Vec<_> = channels
+            .iter()
+            .filter_map(|c| Some((c.clone(), self.membership(c)?)))
+            .collect();
+        let grace = self.presence_grace();
         // Leaving the hub is async (the broker may need a round trip); it must not wait for
         // the transport, which is already gone.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 for channel in channels {
                     node.hub.unsubscribe(&node.broker, &channel, id).await;
+                }
+                for (channel, joining) in memberships {
+                    node.presence.leave(&channel, joining, grace).await;
                 }
             });
         }

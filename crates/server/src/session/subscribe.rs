@@ -200,6 +200,7 @@ impl Session {
                 self.id(),
                 self.queue.clone(),
                 started.clone(),
+                self.takes_join_leave(&channel),
             )
             .await;
         if let Err(e) = subscribed {
@@ -228,6 +229,7 @@ impl Session {
         let position = history.position;
         started.start(position.epoch.clone(), position.offset);
         self.event("subscribe", Some(&channel), None);
+        self.join_presence(&channel).await;
         self.subscriptions.insert(channel, started);
         Ok(Joined {
             position,

@@ -2,8 +2,10 @@
 //! between requests. The cursor in the answer is the position to ask from next time, so
 //! any node of a cluster can answer any request.
 //!
-//! Answer: `{"cursor": "…", "messages": [PUSH, …]}`, where pushes are the same objects as
-//! on every other transport (`pub`, `subscribe`, `disconnect`).
+//! Answer: `{"cursor": "…", "client": "…", "messages": [PUSH, …]}`, where pushes are the
+//! same objects as on every other transport (`pub`, `subscribe`, `presence`, `disconnect`),
+//! and `client` is what the next request sends as `client=` so that presence counts one
+//! member poll after poll.
 
 use std::{
     hash::{DefaultHasher, Hash, Hasher},
@@ -84,6 +86,9 @@ async fn answer(
         &request.sub_tokens,
     )
     .await?;
+    if let Some(client) = request.client.as_deref() {
+        session.continues(client)?;
+    }
     let request = request.with_token_channels(&session).require_channels()?;
     session.may_open(&request.channels)?;
     let mut messages = Vec::new();
@@ -147,6 +152,11 @@ async fn answer(
         let mut body = Vec::with_capacity(messages.len() + cursor.len() + 32);
         body.extend_from_slice(b"{\"cursor\":");
         body.extend_from_slice(&serde_json::to_vec(&cursor).expect("strings serialise"));
+        // Sent back as `client=`, so that presence sees one member poll after poll.
+        body.extend_from_slice(b",\"client\":");
+        body.extend_from_slice(
+            &serde_json::to_vec(session.first_client()).expect("strings serialise"),
+        );
         body.extend_from_slice(b",\"messages\":[");
         body.extend_from_slice(&messages);
         body.extend_from_slice(b"]}");

@@ -60,6 +60,9 @@ pub struct OpenRequest {
     pub token: Option<String>,
     /// Subscription tokens, `sub_token=` (repeatable; each names its channel).
     pub sub_tokens: Vec<String>,
+    /// `client=`: the client id of this client's first connection or poll, so that
+    /// presence sees the same member (see [`Session::continues`]).
+    pub client: Option<String>,
 }
 
 fn bad(message: impl Into<String>) -> Failure {
@@ -84,6 +87,7 @@ impl OpenRequest {
                 "timeout" => request.timeout = Some(parse_timeout(&value)?),
                 "token" => request.token = Some(value.into_owned()),
                 "sub_token" => request.sub_tokens.push(value.into_owned()),
+                "client" => request.client = Some(value.into_owned()),
                 // Cache busters and the like.
                 "_" | "t" => {}
                 other => return Err(bad(format!("unknown query parameter {other:?}"))),

@@ -12,6 +12,7 @@ mod lifecycle;
 mod limits;
 mod nodes;
 mod ordering;
+mod presence;
 mod replies;
 mod resume;
 mod rules;

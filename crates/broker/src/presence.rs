@@ -1,0 +1,243 @@
+//! Presence: who is subscribed to a channel, in a store every node of a cluster shares.
+//!
+//! A **member** is one client in one channel: an id (public, derived by the server from a
+//! secret the client holds, so it never reveals the connection's own id), the user it
+//! signed in as (if any) and its public info as JSON. Several connections may hold the
+//! same member at once (a client that reconnected before its old connection was noticed
+//! gone): the store counts holders, and the member leaves with its last holder.
+//!
+//! The contract, checked by [`crate::conformance::run_presence`]:
+//!
+//! 1. [`PresenceStore::join`] adds a holder and says whether the member is new;
+//!    [`PresenceStore::leave`] removes one and says whether the member is gone.
+//! 2. [`PresenceStore::stats`] counts members and distinct users in constant time, however
+//!    many members the channel has.
+//! 3. [`PresenceStore::members`] pages through members in id order after a cursor, at most
+//!    `limit` at a time: a member present for the whole paging is listed exactly once.
+//! 4. A store shared by several nodes removes the members of a node that stopped (killed,
+//!    cut off) within a bounded time, and tells the surviving nodes
+//!    ([`PresenceEvents::expired`]). It carries batches of joins and leaves between
+//!    nodes ([`PresenceStore::announce`]).
+
+use std::{
+    collections::{hash_map::RandomState, BTreeMap, HashMap},
+    hash::BuildHasher,
+    sync::{Arc, Weak},
+};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use herald_protocol::ChannelName;
+use parking_lot::Mutex;
+
+use crate::BrokerError;
+
+/// One client in one channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Public id, unique within the channel.
+    pub id: u64,
+    /// Its public JSON object (`{"user": …, "info": …, "channel_info": …}`), empty for an
+    /// anonymous client.
+    pub info: Bytes,
+}
+
+/// How many are in a channel.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PresenceStats {
+    /// Members (clients).
+    pub clients: u64,
+    /// Distinct users among them (anonymous clients count for none).
+    pub users: u64,
+}
+
+/// What a node hears from the store about other nodes.
+pub trait PresenceEvents: Send + Sync + 'static {
+    /// Another node's batch (see [`PresenceStore::announce`]).
+    fn heard(&self, batch: Bytes);
+    /// Members held only by a node that stopped were removed.
+    fn expired(&self, channel: &ChannelName, ids: Vec<u64>);
+}
+
+/// Where a cluster's presence lives. See the module docs for the contract.
+#[async_trait]
+pub trait PresenceStore: Send + Sync + 'static {
+    /// One more holder of `member` in `channel`; true when the member is new there. `user`
+    /// (none for an anonymous client) is counted for [`PresenceStats::users`].
+    async fn join(
+        &self,
+        channel: &ChannelName,
+        member: &Member,
+        user: Option<&str>,
+    ) -> Result<bool, BrokerError>;
+
+    /// One holder less of member `id`; true when it was the last (the member left).
+    async fn leave(&self, channel: &ChannelName, id: u64) -> Result<bool, BrokerError>;
+
+    /// Members and distinct users, in constant time.
+    async fn stats(&self, channel: &ChannelName) -> Result<PresenceStats, BrokerError>;
+
+    /// At most `limit` members with ids above `after`, in id order.
+    async fn members(
+        &self,
+        channel: &ChannelName,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<Member>, BrokerError>;
+
+    /// Hands `batch` to every other node's [`PresenceEvents::heard`]; nothing for a store
+    /// that serves one node.
+    async fn announce(&self, batch: Bytes) {
+        let _ = batch;
+    }
+
+    /// Where this node hears other nodes' batches and expiries.
+    fn listen(&self, events: Weak<dyn PresenceEvents>) {
+        let _ = events;
+    }
+}
+
+/// A shared presence store.
+pub type SharedPresence = Arc<dyn PresenceStore>;
+
+const SHARDS: usize = 32;
+
+/// Presence of one node, in memory: for the memory and durable brokers (presence is about
+/// who is connected now, so there is nothing to keep over a restart).
+#[derive(Debug)]
+pub struct MemoryPresence {
+    shards: Box<[Mutex<HashMap<ChannelName, Set>>]>,
+    hasher: RandomState,
+}
+
+#[derive(Debug, Default)]
+struct Set {
+    /// By id: ordered, so pages continue after a cursor.
+    members: BTreeMap<u64, Entry>,
+    /// Members per user (by the user's hash): its length is the distinct users.
+    users: HashMap<u64, u32>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    info: Bytes,
+    /// The user's hash, 0 for none.
+    user: u64,
+    holders: u32,
+}
+
+impl Default for MemoryPresence {
+    fn default() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::new(),
+        }
+    }
+}
+
+impl MemoryPresence {
+    /// An empty store.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    fn shard(&self, channel: &ChannelName) -> &Mutex<HashMap<ChannelName, Set>> {
+        &self.shards[self.hasher.hash_one(channel) as usize % SHARDS]
+    }
+
+    fn user_key(&self, user: Option<&str>) -> u64 {
+        // Never 0, which stands for "no user".
+        user.map_or(0, |u| self.hasher.hash_one(u) | 1)
+    }
+}
+
+#[async_trait]
+impl PresenceStore for MemoryPresence {
+    async fn join(
+        &self,
+        channel: &ChannelName,
+        member: &Member,
+        user: Option<&str>,
+    ) -> Result<bool, BrokerError> {
+        let user = self.user_key(user);
+        let mut shard = self.shard(channel).lock();
+        let set = shard.entry(channel.clone()).or_default();
+        if let Some(entry) = set.members.get_mut(&member.id) {
+            entry.holders += 1;
+            return Ok(false);
+        }
+        set.members.insert(
+            member.id,
+            Entry {
+                info: member.info.clone(),
+                user,
+                holders: 1,
+            },
+        );
+        if user != 0 {
+            *set.users.entry(user).or_default() += 1;
+        }
+        Ok(true)
+    }
+
+    async fn leave(&self, channel: &ChannelName, id: u64) -> Result<bool, BrokerError> {
+        let mut shard = self.shard(channel).lock();
+        let Some(set) = shard.get_mut(channel) else {
+            return Ok(false);
+        };
+        let Some(entry) = set.members.get_mut(&id) else {
+            return Ok(false);
+        };
+        entry.holders -= 1;
+        if entry.holders > 0 {
+            return Ok(false);
+        }
+        let user = entry.user;
+        set.members.remove(&id);
+        if user != 0 {
+            if let Some(count) = set.users.get_mut(&user) {
+                *count -= 1;
+                if *count == 0 {
+                    set.users.remove(&user);
+                }
+            }
+        }
+        if set.members.is_empty() {
+            shard.remove(channel);
+        }
+        Ok(true)
+    }
+
+    async fn stats(&self, channel: &ChannelName) -> Result<PresenceStats, BrokerError> {
+        let shard = self.shard(channel).lock();
+        Ok(shard
+            .get(channel)
+            .map_or_else(Default::default, |set| PresenceStats {
+                clients: set.members.len() as u64,
+                users: set.users.len() as u64,
+            }))
+    }
+
+    async fn members(
+        &self,
+        channel: &ChannelName,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<Member>, BrokerError> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let shard = self.shard(channel).lock();
+        let Some(set) = shard.get(channel) else {
+            return Ok(Vec::new());
+        };
+        let from = after.map_or(Unbounded, Excluded);
+        Ok(set
+            .members
+            .range((from, Unbounded))
+            .take(limit)
+            .map(|(id, e)| Member {
+                id: *id,
+                info: e.info.clone(),
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,350 @@
+//! Presence on this node: who joins and leaves, kept in the cluster's presence store, and
+//! join/leave pushes that do not flood.
+//!
+//! **Members.** A client is a member of each channel it subscribes to in a namespace with
+//! `presence`. Its public id is derived from a secret only it knows (its first
+//! connection's client id, which it sends again when it reconnects: see [`member_id`]),
+//! so a reconnecting client is the same member, and nobody can learn a connection's own
+//! id (the capability for `send?session=`) from a presence page.
+//!
+//! **Grace.** When a connection ends, its memberships are held for `presence.grace`
+//! (pollers: `presence.poll_grace`) before they leave. A connection that takes a held
+//! membership over in time (the same client reconnecting) causes neither a leave nor a
+//! join; store calls are not even made.
+//!
+//! **Batches.** Joins and leaves of namespaces with `join_leave` are gathered per channel
+//! for `presence.join_leave_window`; then a member that joined and left again meanwhile
+//! cancels out, and the rest goes to the channel's subscribers as one `presence` push
+//! (on this node, and through the store to every other node). A channel with more than
+//! `presence.join_leave_max_members` members gets none. So a mass reconnect of N clients
+//! sends each subscriber at most one push per window per node, never N² messages in all.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Weak},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use herald_broker::{BrokerError, Member, PresenceEvents, PresenceStats, SharedPresence};
+use herald_protocol::{json, ChannelName};
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use super::Hub;
+use crate::{config::PresenceConfig, error::Failure};
+use herald_protocol::ErrorCode;
+
+/// Members per page when the caller gives no limit.
+const DEFAULT_PAGE: usize = 100;
+
+/// A member's public id: the first 8 bytes of SHA-256 over the client's secret and its
+/// user. The same on every node (and every version), so a client that reconnects to
+/// another node is still the same member; one-way, so the id reveals nothing of the
+/// secret; and bound to the user, so a secret replayed under another token is another
+/// member.
+pub fn member_id(secret: &str, user: &str) -> u64 {
+    use sha2::Digest;
+    let mut hash = sha2::Sha256::new();
+    hash.update(secret.as_bytes());
+    hash.update([0]);
+    hash.update(user.as_bytes());
+    let digest = hash.finalize();
+    u64::from_be_bytes(digest[..8].try_into().expect("8 bytes"))
+}
+
+/// A membership of one connection, as the session hands it over.
+#[derive(Debug, Clone)]
+pub struct Joining {
+    /// The member.
+    pub member: Member,
+    /// Its user, counted in stats.
+    pub user: Option<Box<str>>,
+    /// Whether its joins and leaves are pushed (the namespace's `join_leave`).
+    pub announce: bool,
+}
+
+/// A membership whose last connection ended, kept until its deadline.
+#[derive(Debug)]
+struct Held {
+    deadline: Instant,
+    /// Connections that ended and were not taken over (each is a holder in the store).
+    holders: u32,
+    announce: bool,
+    info: Bytes,
+}
+
+/// One join or leave, waiting for its window to end.
+#[derive(Debug)]
+struct Change {
+    member: Member,
+    joined: bool,
+}
+
+/// Presence on one node.
+pub struct Presence {
+    store: SharedPresence,
+    config: PresenceConfig,
+    hub: Weak<Hub>,
+    window: Mutex<HashMap<ChannelName, Vec<Change>>>,
+    held: Mutex<HashMap<(ChannelName, u64), Held>>,
+}
+
+impl std::fmt::Debug for Presence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Presence")
+            .field("held", &self.held.lock().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Presence {
+    /// Presence kept in `store`, pushing to `hub`'s subscribers. Inside a Tokio runtime,
+    /// a task ends each window (expiring held memberships, pushing batches) until the
+    /// presence is dropped.
+    pub fn start(store: SharedPresence, config: PresenceConfig, hub: &Arc<Hub>) -> Arc<Self> {
+        let presence = Arc::new(Self {
+            store,
+            config,
+            hub: Arc::downgrade(hub),
+            window: Mutex::default(),
+            held: Mutex::default(),
+        });
+        let events: Weak<dyn PresenceEvents> = Arc::downgrade(&presence) as _;
+        presence.store.listen(events);
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let weak = Arc::downgrade(&presence);
+            let every = presence.config.join_leave_window;
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let Some(presence) = weak.upgrade() else {
+                        return;
+                    };
+                    presence.end_window().await;
+                }
+            });
+        }
+        presence
+    }
+
+    /// Adds a connection's membership: takes over a held one of the same member (no
+    /// join), or joins it in the store (a join, if the member is new).
+    pub async fn join(&self, channel: &ChannelName, joining: &Joining) -> Result<(), BrokerError> {
+        let key = (channel.clone(), joining.member.id);
+        {
+            let mut held = self.held.lock();
+            if let Some(h) = held.get_mut(&key) {
+                h.holders -= 1;
+                if h.holders == 0 {
+                    held.remove(&key);
+                }
+                return Ok(());
+            }
+        }
+        let new = self
+            .store
+            .join(channel, &joining.member, joining.user.as_deref())
+            .await?;
+        if new && joining.announce {
+            self.record(channel, joining.member.clone(), true);
+        }
+        Ok(())
+    }
+
+    /// Ends a connection's membership: at once (`grace` zero: it unsubscribed), or after
+    /// `grace` unless a connection takes it over meanwhile.
+    pub async fn leave(&self, channel: &ChannelName, joining: Joining, grace: Duration) {
+        if !grace.is_zero() {
+            let mut held = self.held.lock();
+            let h = held
+                .entry((channel.clone(), joining.member.id))
+                .or_insert_with(|| Held {
+                    deadline: Instant::now(),
+                    holders: 0,
+                    announce: joining.announce,
+                    info: joining.member.info.clone(),
+                });
+            h.holders += 1;
+            h.deadline = Instant::now() + grace;
+            return;
+        }
+        self.release(channel, joining.member, joining.announce, 1)
+            .await;
+    }
+
+    /// Removes `holders` holders of `member`; a leave if it was the last.
+    async fn release(&self, channel: &ChannelName, member: Member, announce: bool, holders: u32) {
+        for _ in 0..holders {
+            match self.store.leave(channel, member.id).await {
+                Ok(true) if announce => self.record(channel, member.clone(), false),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(%channel, error = %e, "presence leave failed"),
+            }
+        }
+    }
+
+    fn record(&self, channel: &ChannelName, member: Member, joined: bool) {
+        self.window
+            .lock()
+            .entry(channel.clone())
+            .or_default()
+            .push(Change { member, joined });
+    }
+
+    /// Members and distinct users.
+    pub async fn stats(&self, channel: &ChannelName) -> Result<PresenceStats, BrokerError> {
+        self.store.stats(channel).await
+    }
+
+    /// A page of members as a JSON array, and the cursor of the next page if it was full:
+    /// the `presence` command's and API call's answer. `cursor` is the previous page's;
+    /// `limit` is capped by `presence.max_page` (default 100).
+    pub async fn page(
+        &self,
+        channel: &ChannelName,
+        cursor: Option<&str>,
+        limit: Option<usize>,
+    ) -> Result<(Vec<u8>, Option<String>), Failure> {
+        let after = match cursor {
+            None => None,
+            Some(c) => Some(json::decode_member_id(c).ok_or_else(|| {
+                Failure::new(
+                    ErrorCode::BadRequest,
+                    "cursor must be the cursor of a presence answer",
+                )
+            })?),
+        };
+        let limit = limit.unwrap_or(DEFAULT_PAGE).clamp(1, self.config.max_page);
+        let members = self.store.members(channel, after, limit).await?;
+        let mut out = b"[".to_vec();
+        for (i, m) in members.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            json::encode_member(&mut out, m.id, &m.info);
+        }
+        out.push(b']');
+        let next = (members.len() == limit)
+            .then(|| members.last().map(|m| format!("{:016x}", m.id)))
+            .flatten();
+        Ok((out, next))
+    }
+
+    /// Ends a window: held memberships past their deadline leave, then each channel's
+    /// changes go out as one push.
+    pub async fn end_window(&self) {
+        let now = Instant::now();
+        let expired: Vec<_> = {
+            let mut held = self.held.lock();
+            let keys: Vec<_> = held
+                .iter()
+                .filter(|(_, h)| h.deadline <= now)
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.into_iter()
+                .filter_map(|k| held.remove(&k).map(|h| (k, h)))
+                .collect()
+        };
+        for ((channel, id), h) in expired {
+            let member = Member { id, info: h.info };
+            self.release(&channel, member, h.announce, h.holders).await;
+        }
+        let changes = std::mem::take(&mut *self.window.lock());
+        let mut announced = Vec::new();
+        for (channel, changes) in changes {
+            let Some(push) = self.batch(&channel, changes).await else {
+                continue;
+            };
+            self.push(&channel, push.clone());
+            announced.extend_from_slice(channel.as_str().as_bytes());
+            announced.push(b'\n');
+            announced.extend_from_slice(&push);
+            announced.push(b'\n');
+        }
+        if !announced.is_empty() {
+            self.store.announce(announced.into()).await;
+        }
+    }
+
+    /// One channel's push for a window's changes: none when they cancel out, or when the
+    /// channel is above the member count that gets pushes.
+    async fn batch(&self, channel: &ChannelName, changes: Vec<Change>) -> Option<Bytes> {
+        // Net change per member, in the order members first appeared.
+        let mut net: Vec<(Member, i32)> = Vec::new();
+        let mut index: HashMap<u64, usize> = HashMap::new();
+        for c in changes {
+            let step = if c.joined { 1 } else { -1 };
+            match index.get(&c.member.id) {
+                Some(&i) => net[i].1 += step,
+                None => {
+                    index.insert(c.member.id, net.len());
+                    net.push((c.member, step));
+                }
+            }
+        }
+        if net.iter().all(|(_, n)| *n == 0) {
+            return None;
+        }
+        match self.store.stats(channel).await {
+            Ok(stats) if stats.clients > self.config.join_leave_max_members => return None,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(%channel, error = %e, "presence stats failed; joins and leaves not pushed");
+                return None;
+            }
+        }
+        let list = |joined: bool| {
+            let mut out = b"[".to_vec();
+            for (m, _) in net.iter().filter(|(_, n)| (*n > 0) == joined && *n != 0) {
+                if out.len() > 1 {
+                    out.push(b',');
+                }
+                json::encode_member(&mut out, m.id, &m.info);
+            }
+            out.push(b']');
+            out
+        };
+        let (join, leave) = (list(true), list(false));
+        let mut push = br#"{"presence":{"channel":"#.to_vec();
+        push.extend_from_slice(&serde_json::to_vec(channel.as_str()).expect("strings serialise"));
+        push.extend_from_slice(br#","join":"#);
+        push.extend_from_slice(&join);
+        push.extend_from_slice(br#","leave":"#);
+        push.extend_from_slice(&leave);
+        push.extend_from_slice(b"}}");
+        Some(push.into())
+    }
+
+    fn push(&self, channel: &ChannelName, push: Bytes) {
+        if let Some(hub) = self.hub.upgrade() {
+            hub.push_presence(channel, push);
+        }
+    }
+}
+
+impl PresenceEvents for Presence {
+    fn heard(&self, batch: Bytes) {
+        let mut lines = batch.split(|b| *b == b'\n');
+        while let (Some(name), Some(push)) = (lines.next(), lines.next()) {
+            let name = std::str::from_utf8(name).ok();
+            let Some(channel) = name.and_then(|n| ChannelName::new(n).ok()) else {
+                tracing::warn!("undecodable presence batch from another node");
+                return;
+            };
+            self.push(&channel, batch.slice_ref(push));
+        }
+    }
+
+    fn expired(&self, channel: &ChannelName, ids: Vec<u64>) {
+        for id in ids {
+            let member = Member {
+                id,
+                info: Bytes::new(),
+            };
+            self.record(channel, member, false);
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The session's side of presence: its memberships, and the `presence` and
+//! `presence_stats` commands.
+
+use std::time::Duration;
+
+use herald_protocol::{command::PresenceRequest, json, ChannelName, ErrorCode};
+
+use super::{Reply, Session};
+use crate::{
+    error::Failure,
+    hub::presence::{member_id, Joining},
+    policy::{self, Action},
+};
+
+/// Longest client id a client may send back as its first one.
+const MAX_CLIENT_ID: usize = 64;
+
+impl Session {
+    /// Makes this session's memberships those of the client whose first connection had
+    /// the id `client` (sent back by a reconnecting client).
+    pub fn continues(&mut self, client: &str) -> Result<(), Failure> {
+        if client.is_empty() || client.len() > MAX_CLIENT_ID {
+            return Err(Failure::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "client must be the id of an earlier connection (1 to {MAX_CLIENT_ID} bytes)"
+                ),
+            ));
+        }
+        self.first_client = Some(client.into());
+        Ok(())
+    }
+
+    /// This session's membership of `channel`, if its namespace keeps presence.
+    pub(super) fn membership(&self, channel: &ChannelName) -> Option<Joining> {
+        let rules = self.node().settings.namespace(channel.namespace());
+        rules.presence.access()?;
+        let user = self.identity().map(|i| i.user.clone());
+        let secret = self.first_client.as_deref().unwrap_or(&self.client);
+        Some(Joining {
+            member: herald_broker::Member {
+                id: member_id(secret, user.as_deref().unwrap_or("")),
+                info: self.sender(channel).unwrap_or_default(),
+            },
+            user,
+            announce: rules.join_leave,
+        })
+    }
+
+    /// Whether this session is pushed joins and leaves of `channel`.
+    pub(super) fn takes_join_leave(&self, channel: &ChannelName) -> bool {
+        let node = self.node();
+        node.settings.namespace(channel.namespace()).join_leave
+            && policy::check(node, self.asker(channel), Action::Presence, channel).is_ok()
+    }
+
+    /// Joins presence after subscribing. A store that fails does not fail the
+    /// subscription: publications matter more than the member list.
+    pub(super) async fn join_presence(&self, channel: &ChannelName) {
+        let Some(joining) = self.membership(channel) else {
+            return;
+        };
+        if let Err(e) = self.node().presence.join(channel, &joining).await {
+            tracing::warn!(%channel, error = %e, "presence join failed");
+        }
+    }
+
+    /// How long this session's memberships outlive it: pollers come back with their next
+    /// request, other clients when they reconnect.
+    pub(super) fn presence_grace(&self) -> Duration {
+        let config = &self.node().settings.config.presence;
+        if self.stateless {
+            config.poll_grace
+        } else {
+            config.grace
+        }
+    }
+
+    /// Ends a subscription the client or its expiry ended: out of the hub, and out of
+    /// presence at once (no grace: the client left on purpose). False if not subscribed.
+    pub(super) async fn leave_channel(&mut self, channel: &ChannelName) -> bool {
+        if self.subscriptions.remove(channel).is_none() {
+            return false;
+        }
+        self.event("unsubscribe", Some(channel), None);
+        let membership = self.membership(channel);
+        let node = self.node().clone();
+        node.hub.unsubscribe(&node.broker, channel, self.id()).await;
+        if let Some(joining) = membership {
+            node.presence.leave(channel, joining, Duration::ZERO).await;
+        }
+        true
+    }
+
+    /// `presence`: a page of members.
+    pub(super) async fn presence(
+        &mut self,
+        reply: Reply,
+        req: PresenceRequest,
+    ) -> Result<Option<Vec<u8>>, Failure> {
+        let node = self.node().clone();
+        policy::check(
+            &node,
+            self.asker(&req.channel),
+            Action::Presence,
+            &req.channel,
+        )?;
+        let (members, cursor) = node
+            .presence
+            .page(
+                &req.channel,
+                req.cursor.as_deref(),
+                req.limit.map(|l| l as usize),
+            )
+            .await?;
+        Ok(reply.with(&json::results::Presence {
+            members: json::RawJson(&members),
+            cursor,
+        }))
+    }
+
+    /// `presence_stats`: how many clients and distinct users.
+    pub(super) async fn presence_stats(
+        &mut self,
+        reply: Reply,
+        channel: ChannelName,
+    ) -> Result<Option<Vec<u8>>, Failure> {
+        let node = self.node().clone();
+        policy::check(&node, self.asker(&channel), Action::Presence, &channel)?;
+        let stats = node.presence.stats(&channel).await?;
+        Ok(reply.with(&json::results::PresenceStats {
+            clients: stats.clients,
+            users: stats.users,
+        }))
+    }
+}

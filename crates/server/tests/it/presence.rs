@@ -1,0 +1,408 @@
+//! Presence: who is in a channel, join/leave pushes in batches, and the reconnect grace.
+//!
+//! Windows end when a test says so (`end_window`): the configured window is an hour, so
+//! no batch is cut by the clock behind a test's back.
+
+use std::time::Duration;
+
+use herald_server::config::{Config, NamespaceOverride, Presence};
+use jsonwebtoken::{EncodingKey, Header};
+use serde_json::{json, Value};
+
+use crate::{http::Lines, support::*};
+
+const SECRET: &str = "a-presence-test-secret-of-32-bytes!";
+
+fn presence_config() -> Config {
+    let mut c = config();
+    c.auth.hmac_secret = Some(SECRET.into());
+    c.presence.join_leave_window = Duration::from_secs(3600);
+    c.presence.grace = Duration::from_secs(3600);
+    c.namespaces.insert(
+        "room".into(),
+        NamespaceOverride {
+            subscribe: Some(Access::Anyone),
+            presence: Some(Presence::On(Access::Anyone)),
+            join_leave: Some(true),
+            publish: Some(Access::Anyone),
+            ..Default::default()
+        },
+    );
+    c.namespaces.insert(
+        "quiet".into(),
+        NamespaceOverride {
+            subscribe: Some(Access::Anyone),
+            ..Default::default()
+        },
+    );
+    c.namespaces.insert(
+        "staff".into(),
+        NamespaceOverride {
+            subscribe: Some(Access::Anyone),
+            presence: Some(Presence::On(Access::Granted)),
+            ..Default::default()
+        },
+    );
+    c
+}
+
+fn token(user: &str, info: Value) -> String {
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 600;
+    let claims = json!({ "sub": user, "info": info, "exp": exp });
+    jsonwebtoken::encode(
+        &Header::default(),
+        &claims,
+        &EncodingKey::from_secret(SECRET.as_bytes()),
+    )
+    .unwrap()
+}
+
+/// A WebSocket client connected (with `connect` params) and subscribed to `channel`;
+/// returns it and its client id.
+async fn member(server: &TestServer, connect: Value, channel: &str) -> (Client, String) {
+    let mut c = server.client().await;
+    let reply = c.call("connect", connect).await;
+    let id = reply["connect"]["client"]
+        .as_str()
+        .unwrap_or_else(|| panic!("connected: {reply}"))
+        .to_string();
+    c.subscribe(channel, None).await;
+    (c, id)
+}
+
+/// A client watching `channel`: subscribed, its own join already read.
+async fn watcher(server: &TestServer, channel: &str) -> Client {
+    let (mut c, _) = member(server, json!({}), channel).await;
+    server.node.presence.end_window().await;
+    let own = next_presence(&mut c).await;
+    assert_eq!(
+        own["join"].as_array().unwrap().len(),
+        1,
+        "its own join: {own}"
+    );
+    c
+}
+
+/// The next `presence` push, skipping nothing else: a publication first fails the test.
+async fn next_presence(c: &mut Client) -> Value {
+    let line = c.next_line().await;
+    assert!(
+        line.get("presence").is_some(),
+        "a presence push, got {line}"
+    );
+    line["presence"].clone()
+}
+
+fn clients(list: &Value) -> Vec<String> {
+    let mut ids: Vec<String> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["client"].as_str().unwrap().to_string())
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test]
+async fn presence_pages_members_with_their_info_and_counts_users() {
+    let server = start(presence_config()).await;
+    let ch = "room:pages";
+    let alice = json!({ "token": token("alice", json!({ "name": "Alice" })) });
+    let (_a1, a1) = member(&server, alice.clone(), ch).await;
+    let (_a2, _) = member(&server, alice, ch).await;
+    let (_b, b) = member(&server, json!({ "token": token("bob", json!(null)) }), ch).await;
+    let (mut anon, anon_id) = member(&server, json!({}), ch).await;
+
+    let stats = anon.call("presence_stats", json!({ "channel": ch })).await;
+    assert_eq!(
+        stats["presence_stats"],
+        json!({ "clients": 4, "users": 2 }),
+        "four clients, two of them alice: {stats}"
+    );
+    let first = anon
+        .call("presence", json!({ "channel": ch, "limit": 3 }))
+        .await["presence"]
+        .clone();
+    assert_eq!(first["members"].as_array().unwrap().len(), 3);
+    let cursor = first["cursor"].as_str().expect("a full page has a cursor");
+    let rest = anon
+        .call(
+            "presence",
+            json!({ "channel": ch, "limit": 3, "cursor": cursor }),
+        )
+        .await["presence"]
+        .clone();
+    assert_eq!(rest["members"].as_array().unwrap().len(), 1);
+    assert!(
+        rest.get("cursor").is_none(),
+        "the last page has none: {rest}"
+    );
+    let mut all: Vec<Value> = first["members"].as_array().unwrap().clone();
+    all.extend(rest["members"].as_array().unwrap().iter().cloned());
+    let ids = clients(&Value::Array(all.clone()));
+    let mut unique = ids.clone();
+    unique.dedup();
+    assert_eq!(unique.len(), 4, "every member once: {all:?}");
+    for secret in [&a1, &b, &anon_id] {
+        assert!(
+            !Value::from(all.clone())
+                .to_string()
+                .contains(secret.as_str()),
+            "a connection's own id ({secret}) is a capability and never shown"
+        );
+    }
+    let alices: Vec<&Value> = all.iter().filter(|m| m["user"] == "alice").collect();
+    assert_eq!(alices.len(), 2);
+    assert_eq!(alices[0]["info"], json!({ "name": "Alice" }));
+    assert_eq!(all.iter().filter(|m| m.get("user").is_none()).count(), 1);
+
+    // The API answers the same, with the key.
+    let (status, api) = server
+        .api_get(&format!("/api/presence_stats?channel={ch}"))
+        .await;
+    assert_eq!((status, api), (200, json!({ "clients": 4, "users": 2 })));
+    let (status, page) = server
+        .api_get(&format!("/api/presence?channel={ch}&limit=10"))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(clients(&page["members"]), ids);
+    let bad = anon
+        .call("presence", json!({ "channel": ch, "cursor": "zz" }))
+        .await;
+    assert_eq!(bad["error"]["code"], 107, "{bad}");
+}
+
+#[tokio::test]
+async fn presence_follows_the_namespace_rules() {
+    let server = start(presence_config()).await;
+    let (mut c, _) = member(&server, json!({}), "quiet:x").await;
+    for method in ["presence", "presence_stats"] {
+        let off = c.call(method, json!({ "channel": "quiet:x" })).await;
+        assert_eq!(off["error"]["code"], 108, "presence is off there: {off}");
+        let closed = c.call(method, json!({ "channel": "staff:x" })).await;
+        assert_eq!(
+            closed["error"]["code"], 103,
+            "only granted clients see it: {closed}"
+        );
+    }
+    let (status, body) = server.api_get("/api/presence_stats?channel=quiet:x").await;
+    assert_eq!((status, body["error"]["code"].as_u64()), (503, Some(108)));
+    let granted = json!({ "token": token("boss", json!(null)) });
+    let mut boss = server.client().await;
+    boss.call("connect", granted).await;
+    let refused = boss
+        .call("presence_stats", json!({ "channel": "staff:x" }))
+        .await;
+    assert_eq!(
+        refused["error"]["code"], 103,
+        "a user without a grant: {refused}"
+    );
+}
+
+#[tokio::test]
+async fn joins_and_leaves_arrive_in_one_batch_per_window() {
+    let server = start(presence_config()).await;
+    let ch = "room:batch";
+    let mut watcher = watcher(&server, ch).await;
+    let mut joiners = Vec::new();
+    for i in 0..20 {
+        let connect = json!({ "token": token(&format!("u{i}"), json!(null)) });
+        joiners.push(member(&server, connect, ch).await.0);
+    }
+    server.node.presence.end_window().await;
+    let batch = next_presence(&mut watcher).await;
+    assert_eq!(batch["channel"], ch);
+    assert_eq!(batch["join"].as_array().unwrap().len(), 20, "{batch}");
+    assert_eq!(batch["leave"], json!([]));
+
+    // One that joins and leaves within a window is never announced.
+    let (mut brief, _) = member(&server, json!({}), ch).await;
+    brief.call("unsubscribe", json!({ "channel": ch })).await;
+    for j in &mut joiners[..5] {
+        let r = j.call("unsubscribe", json!({ "channel": ch })).await;
+        assert!(r.get("error").is_none(), "{r}");
+    }
+    server.node.presence.end_window().await;
+    let batch = next_presence(&mut watcher).await;
+    assert_eq!(
+        batch["join"],
+        json!([]),
+        "the brief member cancelled out: {batch}"
+    );
+    assert_eq!(batch["leave"].as_array().unwrap().len(), 5);
+    assert!(
+        batch["leave"][0]["user"].is_string(),
+        "a leave says who: {batch}"
+    );
+}
+
+#[tokio::test]
+async fn above_the_threshold_joins_and_leaves_are_not_pushed() {
+    let mut config = presence_config();
+    config.presence.join_leave_max_members = 5;
+    let server = start(config).await;
+    let ch = "room:big";
+    let (mut watcher, _) = member(&server, json!({}), ch).await;
+    let mut joiners = Vec::new();
+    for _ in 0..10 {
+        joiners.push(member(&server, json!({}), ch).await.0);
+    }
+    server.node.presence.end_window().await;
+    server.publish(ch, json!("marker")).await;
+    let line = watcher.next_line().await;
+    assert!(
+        line.get("pub").is_some(),
+        "no presence push above 5 members, got {line}"
+    );
+    let stats = watcher
+        .call("presence_stats", json!({ "channel": ch }))
+        .await;
+    assert_eq!(
+        stats["presence_stats"]["clients"], 11,
+        "stats still count: {stats}"
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_reconnects_within_the_grace_is_neither_a_leave_nor_a_join() {
+    let server = start(presence_config()).await;
+    let ch = "room:grace";
+    let mut watcher = watcher(&server, ch).await;
+    let alice = token("alice", json!(null));
+    let (first, first_id) = member(&server, json!({ "token": alice }), ch).await;
+    server.node.presence.end_window().await;
+    assert_eq!(
+        next_presence(&mut watcher).await["join"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    drop(first);
+    // The old connection is gone (its membership held) before the new one comes.
+    eventually("the first connection ended", || async {
+        server.node.connection_count() == 1
+    })
+    .await;
+    let again = json!({ "token": alice, "client": first_id });
+    let (_second, _) = member(&server, again, ch).await;
+    server.node.presence.end_window().await;
+    server.publish(ch, json!("marker")).await;
+    let line = watcher.next_line().await;
+    assert!(
+        line.get("pub").is_some(),
+        "no leave and no join, got {line}"
+    );
+    let stats = watcher
+        .call("presence_stats", json!({ "channel": ch }))
+        .await;
+    assert_eq!(stats["presence_stats"]["clients"], 2);
+}
+
+#[tokio::test]
+async fn a_client_that_does_not_come_back_leaves_after_the_grace() {
+    let mut config = presence_config();
+    config.presence.grace = Duration::from_millis(100);
+    let server = start(config).await;
+    let ch = "room:gone";
+    let mut watcher = watcher(&server, ch).await;
+    let (gone, _) = member(&server, json!({ "token": token("bob", json!(null)) }), ch).await;
+    server.node.presence.end_window().await;
+    next_presence(&mut watcher).await;
+    drop(gone);
+    eventually("bob's membership expired", || async {
+        server.node.presence.end_window().await;
+        server
+            .node
+            .presence
+            .stats(&"room:gone".parse().unwrap())
+            .await
+            .unwrap()
+            .clients
+            == 1
+    })
+    .await;
+    let batch = next_presence(&mut watcher).await;
+    assert_eq!(batch["leave"][0]["user"], "bob", "{batch}");
+}
+
+#[tokio::test]
+async fn stream_and_poll_clients_are_members() {
+    let mut config = presence_config();
+    config.presence.poll_grace = Duration::from_millis(100);
+    config.presence.grace = Duration::from_millis(100);
+    let server = start(config).await;
+    let ch = "room:http";
+    let http = reqwest::Client::new();
+    let stats = || async {
+        let (_, body) = server
+            .api_get(&format!("/api/presence_stats?channel={ch}"))
+            .await;
+        body["clients"].as_u64().unwrap()
+    };
+    let sse = http
+        .get(server.url(&format!("/connection/sse?channel={ch}")))
+        .send()
+        .await
+        .unwrap();
+    let mut lines = Lines::new(sse);
+    lines.next().await;
+    eventually("the SSE client is a member", || async {
+        stats().await == 1
+    })
+    .await;
+
+    // Polls that send back their client id count once, however many.
+    let poll = |client: Option<String>| {
+        let mut url = format!("/connection/poll?channel={ch}");
+        if let Some(c) = client {
+            url.push_str(&format!("&client={c}"));
+        }
+        let request = http.get(server.url(&url));
+        async move { response(request.send().await.unwrap()).await.1 }
+    };
+    let first = poll(None).await;
+    let client = first["client"]
+        .as_str()
+        .expect("a poll answer names the client")
+        .to_string();
+    for _ in 0..3 {
+        let again = poll(Some(client.clone())).await;
+        assert_eq!(again["client"], client.as_str());
+    }
+    assert_eq!(stats().await, 2, "the SSE client and one poller");
+    drop(lines);
+    eventually(
+        "both left: the stream closed, the poller stopped",
+        || async {
+            server.node.presence.end_window().await;
+            stats().await == 0
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn nodes_on_redis_share_members_and_pushes() {
+    let redis = RedisServer::start();
+    let a = start_on_redis(presence_config(), &redis).await;
+    let b = start_on_redis(presence_config(), &redis).await;
+    let ch = "room:cluster";
+    let mut watcher = watcher(&a, ch).await;
+    let (_bob, _) = member(&b, json!({ "token": token("bob", json!(null)) }), ch).await;
+    b.node.presence.end_window().await;
+    let batch = next_presence(&mut watcher).await;
+    assert_eq!(
+        batch["join"][0]["user"], "bob",
+        "b's join reached a's subscriber: {batch}"
+    );
+    let stats = watcher
+        .call("presence_stats", json!({ "channel": ch }))
+        .await;
+    assert_eq!(stats["presence_stats"], json!({ "clients": 2, "users": 1 }));
+}
