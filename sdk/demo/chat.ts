@@ -42,6 +42,9 @@ const transportLabel = element<HTMLSpanElement>("transport");
 const nickField = element<HTMLInputElement>("nick");
 const textField = element<HTMLInputElement>("text");
 const form = element<HTMLFormElement>("composer");
+const people = element<HTMLDivElement>("people");
+const hereCount = element<HTMLSpanElement>("here");
+const memberList = element<HTMLUListElement>("members");
 
 element<HTMLHeadingElement>("title").textContent = `Herald chat: #${room}`;
 document.title = `#${room} · Herald chat`;
@@ -101,6 +104,51 @@ sub.on("subscribed", (ctx) => {
   }
 });
 sub.on("error", (e) => say(`Subscription error ${e.code}: ${e.message}`));
+
+// Who is here: loaded when subscribed, then kept up to date by join and leave pushes.
+// Guests have no user name, so they show as "guest" and the start of their member id.
+const members = new Map<string, HeraldSdk.Member>();
+const PEOPLE_PAGES = 5;
+
+function showPeople(): void {
+  hereCount.textContent = String(members.size);
+  const items = [...members.values()].map((m) => {
+    const item = document.createElement("li");
+    item.dataset["client"] = m.client;
+    item.textContent = m.user ?? `guest ${m.client.slice(0, 4)}`;
+    return item;
+  });
+  memberList.replaceChildren(...items);
+  people.hidden = false;
+}
+
+async function loadPeople(): Promise<void> {
+  const seen = new Map<string, HeraldSdk.Member>();
+  let cursor: string | undefined;
+  for (let page = 0; page < PEOPLE_PAGES; page += 1) {
+    const answer = await sub.presence({ limit: 100, ...(cursor === undefined ? {} : { cursor }) });
+    for (const m of answer.members) seen.set(m.client, m);
+    cursor = answer.cursor;
+    if (cursor === undefined) break;
+  }
+  members.clear();
+  for (const [id, m] of seen) members.set(id, m);
+  showPeople();
+}
+
+sub.on("subscribed", () => {
+  loadPeople().catch(() => {
+    // The server keeps no presence for this room: the list stays hidden.
+  });
+});
+sub.on("join", ({ member }) => {
+  members.set(member.client, member);
+  showPeople();
+});
+sub.on("leave", ({ member }) => {
+  members.delete(member.client);
+  showPeople();
+});
 
 function showState(): void {
   stateLabel.textContent = client.state;

@@ -92,6 +92,29 @@ describe.each(TRANSPORTS)("transport=%s", (transport) => {
   });
 });
 
+describe("who is here", () => {
+  it("three pages see each other, and the others see one leave", async () => {
+    const room = "e2e-presence";
+    const pages = [
+      await openChat(server.url, `transport=ws&room=${room}`),
+      await openChat(server.url, `transport=sse&room=${room}`),
+      await openChat(server.url, `transport=longpoll&room=${room}`),
+    ];
+    const here = (count: number) => (page: Page) =>
+      page.waitForFunction((n) => document.querySelectorAll("#members li").length === n && document.getElementById("here")?.textContent === String(n), count, { timeout: 15_000 });
+    await Promise.all(pages.map(here(3)));
+    const ids = await Promise.all(pages.map((p) => p.$$eval("#members li", (items) => items.map((i) => (i as HTMLElement).dataset["client"]).sort())));
+    expect(ids[1]).toEqual(ids[0]);
+    expect(ids[2]).toEqual(ids[0]);
+    mkdirSync(ARTIFACTS, { recursive: true });
+    await pages[0]!.screenshot({ path: join(ARTIFACTS, "chat-presence.png") });
+    // The third page goes away: after the server's reconnect grace, the others show two.
+    await pages[2]!.context().close();
+    await Promise.all(pages.slice(0, 2).map(here(2)));
+    for (const page of pages.slice(0, 2)) await page.context().close();
+  });
+});
+
 describe("recovery", () => {
   it.each(TRANSPORTS)("transport=%s: after a server restart every message shows exactly once", async (transport) => {
     const first = await Herald.start();

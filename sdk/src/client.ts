@@ -9,6 +9,8 @@ import {
   type ErrorBody,
   type HistoryResult,
   type Method,
+  type PresenceResult,
+  type PresenceStatsResult,
   type PublishResult,
   type RefreshResult,
   type RpcResult,
@@ -80,6 +82,13 @@ export interface HistoryOptions {
   since?: Position;
 }
 
+export interface PresenceOptions {
+  /** At most this many members (the server's default is 100, its cap 1000). */
+  limit?: number;
+  /** The previous page's `cursor`: members after it. */
+  cursor?: string;
+}
+
 export interface ClientEvents {
   state: { state: ClientState; previous: ClientState };
   connecting: { code: number; reason: string; transport: TransportName };
@@ -145,6 +154,8 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
   private lastReceived = 0;
   private pingPending = false;
   private clientId = "";
+  /** The id of this client's first connection, sent again on every reconnect and poll. */
+  private firstClient: string | undefined;
   private nextId = 0;
   private readonly pending = new Map<number, Pending>();
   private outbox: Command[] = [];
@@ -254,6 +265,19 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
     const since = sinceParam(options.since);
     if (since !== undefined) params["since"] = since;
     return this.call<HistoryResult>("history", params);
+  }
+
+  /** A page of `channel`'s members (namespaces with `presence`); see `Subscription.presence`. */
+  presence(channel: string, options: PresenceOptions = {}): Promise<PresenceResult> {
+    const params: Record<string, unknown> = { channel };
+    if (options.limit !== undefined) params["limit"] = options.limit;
+    if (options.cursor !== undefined) params["cursor"] = options.cursor;
+    return this.call<PresenceResult>("presence", params);
+  }
+
+  /** How many clients and distinct users `channel` has, however many. */
+  presenceStats(channel: string): Promise<PresenceStatsResult> {
+    return this.call<PresenceStatsResult>("presence_stats", { channel });
   }
 
   // --- SubscriptionHost ---
@@ -388,6 +412,10 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
       websocket: this.options.websocket,
       token: () => this.token,
       subscriptionTokens: () => [...this.subs.values()].flatMap((s) => (s.state !== "unsubscribed" && s.token !== undefined ? [s.token] : [])),
+      firstClient: () => this.firstClient,
+      rememberClient: (client) => {
+        this.firstClient ??= client;
+      },
       events: {
         message: (m) => this.onMessage(m),
         close: (code, reason) => this.onTransportClose(code, reason),
@@ -418,6 +446,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
           const params: Record<string, unknown> = { version: VERSION };
           if (this.token !== undefined) params["token"] = this.token;
           if (this.options.name !== undefined) params["name"] = this.options.name;
+          if (this.firstClient !== undefined) params["client"] = this.firstClient;
           this.nextId += 1;
           const id = this.nextId;
           this.expect(id, (r) => this.onConnected(r as ConnectResult), (e) => this.dropTransport(e.code >= 3000 ? e.code : 3500, e.message));
@@ -459,6 +488,8 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
         sub.confirmed({ epoch: sub.position.epoch, offset: sub.position.offset, recovered: true }, true);
       }
       sub.deliver(m.pub.offset, m.pub.data, m.pub.from);
+    } else if (m.presence !== undefined) {
+      this.subs.get(m.presence.channel)?.presenceChanged(m.presence.join, m.presence.leave);
     } else if (m.subscribe?.channel !== undefined) {
       this.subs.get(m.subscribe.channel)?.confirmed(m.subscribe, true);
     } else if (m.unsubscribe?.channel !== undefined) {
@@ -484,6 +515,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
     if (this.current !== "connecting" || this.transport === undefined) return;
     clearTimeout(this.connectTimer);
     this.clientId = result.client;
+    if (result.client !== "") this.firstClient ??= result.client;
     this.attempt = 0;
     this.lastWorking = this.transportIndex;
     this.failuresOfWorking = 0;
@@ -729,7 +761,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
 }
 
 function firstResult(m: ServerMessage): unknown {
-  for (const key of ["connect", "subscribe", "unsubscribe", "publish", "history", "refresh", "rpc", "ping"] as const) {
+  for (const key of ["connect", "subscribe", "unsubscribe", "publish", "history", "refresh", "rpc", "presence", "presence_stats", "ping"] as const) {
     if (m[key] !== undefined) return m[key];
   }
   return {};

@@ -1,5 +1,5 @@
 export { Client, HeraldError, AUTO_TRANSPORTS, VERSION } from "./client.js";
-export type { ClientEvents, ClientOptions, ClientState, HistoryOptions } from "./client.js";
+export type { ClientEvents, ClientOptions, ClientState, HistoryOptions, PresenceOptions } from "./client.js";
 export { Subscription } from "./subscription.js";
 export type { Publication, SubscribedContext, SubscriptionEvents, SubscriptionOptions, SubscriptionState } from "./subscription.js";
 export type { TransportName } from "./transport/types.js";
@@ -7,4 +7,13 @@ export type { Position } from "./cursor.js";
 export { encodeCursor, decodeCursor } from "./cursor.js";
 export { backoffDelay } from "./backoff.js";
 export { shouldReconnect, ClientCode } from "./codes.js";
-export type { HistoryResult, PublishResult, PublicationData, RpcResult, Sender } from "./protocol.js";
+export type {
+  HistoryResult,
+  Member,
+  PresenceResult,
+  PresenceStatsResult,
+  PublishResult,
+  PublicationData,
+  RpcResult,
+  Sender,
+} from "./protocol.js";

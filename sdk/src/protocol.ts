@@ -2,7 +2,17 @@
 
 import type { Position } from "./cursor.js";
 
-export type Method = "connect" | "subscribe" | "unsubscribe" | "publish" | "history" | "refresh" | "rpc" | "ping";
+export type Method =
+  | "connect"
+  | "subscribe"
+  | "unsubscribe"
+  | "publish"
+  | "history"
+  | "refresh"
+  | "rpc"
+  | "presence"
+  | "presence_stats"
+  | "ping";
 
 /** One command: `{"id": N, "METHOD": {PARAMS}}`. */
 export interface Command {
@@ -23,6 +33,30 @@ export interface Sender {
   info?: unknown;
   /** The `info` of the subscription token the sender joined the channel with. */
   channel_info?: unknown;
+}
+
+/** A client in a channel (presence): its public id, and who it is when it signed in. */
+export interface Member {
+  /** The member's public id (not the connection's id, which stays secret). */
+  client: string;
+  user?: string;
+  info?: unknown;
+  /** The `info` of the subscription token it joined the channel with. */
+  channel_info?: unknown;
+}
+
+/** A page of members; pass `cursor` back for the next one (absent on the last). */
+export interface PresenceResult {
+  members: Member[];
+  cursor?: string;
+}
+
+/** How many are in a channel. */
+export interface PresenceStatsResult {
+  /** Members (clients). */
+  clients: number;
+  /** Distinct users among them. */
+  users: number;
 }
 
 export interface PublicationData {
@@ -94,6 +128,9 @@ export interface ServerMessage {
   rpc?: RpcResult;
   ping?: Record<string, never>;
   pub?: { channel: string; offset: number; data: unknown; from?: Sender };
+  /** Who joined and left a channel during the server's last window (a batch). */
+  presence?: { channel: string; join: Member[]; leave: Member[] };
+  presence_stats?: PresenceStatsResult;
   disconnect?: DisconnectBody;
 }
 

@@ -1,7 +1,7 @@
 import { Emitter } from "./emitter.js";
 import type { Position } from "./cursor.js";
-import type { HistoryResult, PublishResult, Sender, SubscribeResult } from "./protocol.js";
-import type { HistoryOptions } from "./client.js";
+import type { HistoryResult, Member, PresenceResult, PresenceStatsResult, PublishResult, Sender, SubscribeResult } from "./protocol.js";
+import type { HistoryOptions, PresenceOptions } from "./client.js";
 
 export type SubscriptionState = "unsubscribed" | "subscribing" | "subscribed";
 
@@ -38,6 +38,11 @@ export interface SubscriptionEvents {
   subscribed: SubscribedContext;
   unsubscribed: { channel: string; code: number; reason: string };
   publication: Publication;
+  /** A member joined the channel (namespaces with `join_leave`; batched by the server,
+   * and not sent for channels above its member threshold: use `presenceStats()` there). */
+  join: { channel: string; member: Member };
+  /** A member left the channel (after the server's reconnect grace). */
+  leave: { channel: string; member: Member };
   error: { channel: string; code: number; message: string };
 }
 
@@ -47,6 +52,8 @@ export interface SubscriptionHost {
   unsubscribeChannel(sub: Subscription): void;
   publish(channel: string, data: unknown): Promise<PublishResult>;
   history(channel: string, options?: HistoryOptions): Promise<HistoryResult>;
+  presence(channel: string, options?: PresenceOptions): Promise<PresenceResult>;
+  presenceStats(channel: string): Promise<PresenceStatsResult>;
   /** A publication arrived out of order: resubscribe every channel from its position. */
   resync(reason: string): void;
 }
@@ -108,6 +115,24 @@ export class Subscription extends Emitter<SubscriptionEvents> {
 
   history(options?: HistoryOptions): Promise<HistoryResult> {
     return this.host.history(this.channel, options);
+  }
+
+  /** A page of the channel's members, in id order; pass the answer's `cursor` back for the
+   * next page. Rejects with 108 when the channel's namespace keeps no presence. */
+  presence(options?: PresenceOptions): Promise<PresenceResult> {
+    return this.host.presence(this.channel, options);
+  }
+
+  /** How many clients and distinct users the channel has, however many (constant time). */
+  presenceStats(): Promise<PresenceStatsResult> {
+    return this.host.presenceStats(this.channel);
+  }
+
+  /** A batch of joins and leaves from the server. */
+  presenceChanged(join: readonly Member[], leave: readonly Member[]): void {
+    if (this.current !== "subscribed") return;
+    for (const member of join) this.emit("join", { channel: this.channel, member });
+    for (const member of leave) this.emit("leave", { channel: this.channel, member });
   }
 
   /** The connection dropped (or the server ended this subscription): wait to be

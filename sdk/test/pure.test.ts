@@ -110,6 +110,8 @@ describe("subscription state machine", () => {
       unsubscribeChannel: (s) => calls.push(`unsubscribe ${s.channel}`),
       publish: () => Promise.reject(new Error("unused")),
       history: () => Promise.reject(new Error("unused")),
+      presence: () => Promise.reject(new Error("unused")),
+      presenceStats: () => Promise.reject(new Error("unused")),
       resync: (reason) => calls.push(`resync ${reason}`),
     };
     return { h, calls };

@@ -1,7 +1,7 @@
 // Generated from sdk/demo/chat.ts by `npm run build` in sdk/; do not edit.
 "use strict";
 (() => {
-  // demo/chat.ts
+  // sdk/demo/chat.ts
   var TRANSPORT_ALIASES = {
     ws: "websocket",
     websocket: "websocket",
@@ -29,6 +29,9 @@
   var nickField = element("nick");
   var textField = element("text");
   var form = element("composer");
+  var people = element("people");
+  var hereCount = element("here");
+  var memberList = element("members");
   element("title").textContent = `Herald chat: #${room}`;
   document.title = `#${room} \xB7 Herald chat`;
   nickField.value = localStorage.getItem("herald-chat-nick") ?? `guest-${Math.floor(Math.random() * 9e3 + 1e3)}`;
@@ -80,6 +83,44 @@
     }
   });
   sub.on("error", (e) => say(`Subscription error ${e.code}: ${e.message}`));
+  var members = /* @__PURE__ */ new Map();
+  var PEOPLE_PAGES = 5;
+  function showPeople() {
+    hereCount.textContent = String(members.size);
+    const items = [...members.values()].map((m) => {
+      const item = document.createElement("li");
+      item.dataset["client"] = m.client;
+      item.textContent = m.user ?? `guest ${m.client.slice(0, 4)}`;
+      return item;
+    });
+    memberList.replaceChildren(...items);
+    people.hidden = false;
+  }
+  async function loadPeople() {
+    const seen = /* @__PURE__ */ new Map();
+    let cursor;
+    for (let page = 0; page < PEOPLE_PAGES; page += 1) {
+      const answer = await sub.presence({ limit: 100, ...cursor === void 0 ? {} : { cursor } });
+      for (const m of answer.members) seen.set(m.client, m);
+      cursor = answer.cursor;
+      if (cursor === void 0) break;
+    }
+    members.clear();
+    for (const [id, m] of seen) members.set(id, m);
+    showPeople();
+  }
+  sub.on("subscribed", () => {
+    loadPeople().catch(() => {
+    });
+  });
+  sub.on("join", ({ member }) => {
+    members.set(member.client, member);
+    showPeople();
+  });
+  sub.on("leave", ({ member }) => {
+    members.delete(member.client);
+    showPeople();
+  });
   function showState() {
     stateLabel.textContent = client.state;
     stateLabel.dataset["state"] = client.state;

@@ -19,7 +19,7 @@ var Herald = (() => {
   };
   var __toCommonJS = (mod) => __copyProps(__defProp({}, "__esModule", { value: true }), mod);
 
-  // src/index.ts
+  // sdk/src/index.ts
   var index_exports = {};
   __export(index_exports, {
     AUTO_TRANSPORTS: () => AUTO_TRANSPORTS,
@@ -34,7 +34,7 @@ var Herald = (() => {
     shouldReconnect: () => shouldReconnect
   });
 
-  // src/backoff.ts
+  // sdk/src/backoff.ts
   function backoffDelay(attempt, options, random = Math.random) {
     const exponent = Math.min(Math.max(attempt, 0), 30);
     const ceiling = Math.min(options.maxDelay, options.minDelay * 2 ** exponent);
@@ -42,7 +42,7 @@ var Herald = (() => {
     return Math.round(half + random() * half);
   }
 
-  // src/codes.ts
+  // sdk/src/codes.ts
   var ClientCode = {
     /** `disconnect()` was called. */
     Disconnected: 0,
@@ -69,7 +69,7 @@ var Herald = (() => {
     return code === 100 || code === 106 || code === 111 || code === 117;
   }
 
-  // src/emitter.ts
+  // sdk/src/emitter.ts
   var Emitter = class {
     constructor() {
       this.listeners = /* @__PURE__ */ new Map();
@@ -109,7 +109,7 @@ var Herald = (() => {
     }
   };
 
-  // src/protocol.ts
+  // sdk/src/protocol.ts
   function encodeCommands(commands) {
     return commands.map((c) => {
       const wire = {};
@@ -147,7 +147,7 @@ var Herald = (() => {
     return position.epoch === void 0 ? { offset: position.offset } : { offset: position.offset, epoch: position.epoch };
   }
 
-  // src/subscription.ts
+  // sdk/src/subscription.ts
   var Subscription = class extends Emitter {
     constructor(channel, host, options = {}) {
       super();
@@ -183,6 +183,21 @@ var Herald = (() => {
     }
     history(options) {
       return this.host.history(this.channel, options);
+    }
+    /** A page of the channel's members, in id order; pass the answer's `cursor` back for the
+     * next page. Rejects with 108 when the channel's namespace keeps no presence. */
+    presence(options) {
+      return this.host.presence(this.channel, options);
+    }
+    /** How many clients and distinct users the channel has, however many (constant time). */
+    presenceStats() {
+      return this.host.presenceStats(this.channel);
+    }
+    /** A batch of joins and leaves from the server. */
+    presenceChanged(join, leave) {
+      if (this.current !== "subscribed") return;
+      for (const member of join) this.emit("join", { channel: this.channel, member });
+      for (const member of leave) this.emit("leave", { channel: this.channel, member });
     }
     /** The connection dropped (or the server ended this subscription): wait to be
      * resubscribed. */
@@ -253,7 +268,7 @@ var Herald = (() => {
     }
   };
 
-  // src/transport/types.ts
+  // sdk/src/transport/types.ts
   function authClose(code) {
     return code === 101 ? 3500 : code === 109 ? 3504 : code;
   }
@@ -269,7 +284,7 @@ var Herald = (() => {
     return { code: response.status === 401 ? authClose(code) : code, reason };
   }
 
-  // src/transport/session.ts
+  // sdk/src/transport/session.ts
   var HttpSessionTransport = class {
     constructor(ctx) {
       this.ctx = ctx;
@@ -282,6 +297,8 @@ var Herald = (() => {
       const params = new URLSearchParams(query);
       const token = this.ctx.token();
       if (token !== void 0) params.set("token", token);
+      const first = this.ctx.firstClient();
+      if (first !== void 0) params.set("client", first);
       const q = params.toString();
       return `${this.ctx.baseUrl}/connection/${path}${q === "" ? "" : "?" + q}`;
     }
@@ -323,7 +340,7 @@ var Herald = (() => {
     }
   };
 
-  // src/transport/iframe.ts
+  // sdk/src/transport/iframe.ts
   var serial = 0;
   var IframeTransport = class extends HttpSessionTransport {
     constructor(ctx) {
@@ -348,7 +365,7 @@ var Herald = (() => {
     }
   };
 
-  // src/cursor.ts
+  // sdk/src/cursor.ts
   function encodeCursor(positions) {
     const parts = [];
     for (const [channel, p] of positions) {
@@ -372,7 +389,7 @@ var Herald = (() => {
     return out;
   }
 
-  // src/transport/poll.ts
+  // sdk/src/transport/poll.ts
   var PollTransport = class {
     constructor(name, ctx, source, options) {
       this.name = name;
@@ -474,6 +491,8 @@ var Herald = (() => {
       }
       if (positioned.length > 0) params.set("cursor", encodeCursor(positioned));
       if (held) params.set("timeout", String(this.options.longpollTimeout));
+      const first = this.ctx.firstClient();
+      if (first !== void 0) params.set("client", first);
       const token = this.ctx.token();
       if (token !== void 0) params.set("token", token);
       for (const t of this.ctx.subscriptionTokens()) params.append("sub_token", t);
@@ -496,6 +515,7 @@ var Herald = (() => {
         }
         this.etag = response.headers.get("ETag") ?? void 0;
         const answer = await response.json();
+        if (typeof answer.client === "string") this.ctx.rememberClient(answer.client);
         const announced = /* @__PURE__ */ new Set();
         for (const m of answer.messages ?? []) {
           if (m.subscribe?.channel !== void 0) announced.add(m.subscribe.channel);
@@ -527,7 +547,7 @@ var Herald = (() => {
     }
   };
 
-  // src/transport/sse.ts
+  // sdk/src/transport/sse.ts
   var SseTransport = class extends HttpSessionTransport {
     constructor(ctx) {
       super(ctx);
@@ -548,7 +568,7 @@ var Herald = (() => {
     }
   };
 
-  // src/transport/stream.ts
+  // sdk/src/transport/stream.ts
   var StreamTransport = class extends HttpSessionTransport {
     constructor(ctx) {
       super(ctx);
@@ -584,7 +604,7 @@ var Herald = (() => {
     }
   };
 
-  // src/transport/websocket.ts
+  // sdk/src/transport/websocket.ts
   var WebSocketTransport = class {
     constructor(ctx) {
       this.ctx = ctx;
@@ -637,7 +657,7 @@ var Herald = (() => {
     }
   };
 
-  // src/client.ts
+  // sdk/src/client.ts
   var VERSION = "0.1.0";
   var AUTO_TRANSPORTS = ["websocket", "sse", "stream", "longpoll", "poll"];
   var HeraldError = class extends Error {
@@ -754,6 +774,17 @@ var Herald = (() => {
       const since = sinceParam(options.since);
       if (since !== void 0) params["since"] = since;
       return this.call("history", params);
+    }
+    /** A page of `channel`'s members (namespaces with `presence`); see `Subscription.presence`. */
+    presence(channel, options = {}) {
+      const params = { channel };
+      if (options.limit !== void 0) params["limit"] = options.limit;
+      if (options.cursor !== void 0) params["cursor"] = options.cursor;
+      return this.call("presence", params);
+    }
+    /** How many clients and distinct users `channel` has, however many. */
+    presenceStats(channel) {
+      return this.call("presence_stats", { channel });
     }
     // --- SubscriptionHost ---
     subscribeChannel(sub) {
@@ -874,6 +905,10 @@ var Herald = (() => {
         websocket: this.options.websocket,
         token: () => this.token,
         subscriptionTokens: () => [...this.subs.values()].flatMap((s) => s.state !== "unsubscribed" && s.token !== void 0 ? [s.token] : []),
+        firstClient: () => this.firstClient,
+        rememberClient: (client) => {
+          this.firstClient ?? (this.firstClient = client);
+        },
         events: {
           message: (m) => this.onMessage(m),
           close: (code, reason) => this.onTransportClose(code, reason)
@@ -902,6 +937,7 @@ var Herald = (() => {
             const params = { version: VERSION };
             if (this.token !== void 0) params["token"] = this.token;
             if (this.options.name !== void 0) params["name"] = this.options.name;
+            if (this.firstClient !== void 0) params["client"] = this.firstClient;
             this.nextId += 1;
             const id = this.nextId;
             this.expect(id, (r) => this.onConnected(r), (e) => this.dropTransport(e.code >= 3e3 ? e.code : 3500, e.message));
@@ -941,6 +977,8 @@ var Herald = (() => {
           sub.confirmed({ epoch: sub.position.epoch, offset: sub.position.offset, recovered: true }, true);
         }
         sub.deliver(m.pub.offset, m.pub.data, m.pub.from);
+      } else if (m.presence !== void 0) {
+        this.subs.get(m.presence.channel)?.presenceChanged(m.presence.join, m.presence.leave);
       } else if (m.subscribe?.channel !== void 0) {
         this.subs.get(m.subscribe.channel)?.confirmed(m.subscribe, true);
       } else if (m.unsubscribe?.channel !== void 0) {
@@ -963,6 +1001,7 @@ var Herald = (() => {
       if (this.current !== "connecting" || this.transport === void 0) return;
       clearTimeout(this.connectTimer);
       this.clientId = result.client;
+      if (result.client !== "") this.firstClient ?? (this.firstClient = result.client);
       this.attempt = 0;
       this.lastWorking = this.transportIndex;
       this.failuresOfWorking = 0;
@@ -1182,7 +1221,7 @@ var Herald = (() => {
     }
   };
   function firstResult(m) {
-    for (const key of ["connect", "subscribe", "unsubscribe", "publish", "history", "refresh", "rpc", "ping"]) {
+    for (const key of ["connect", "subscribe", "unsubscribe", "publish", "history", "refresh", "rpc", "presence", "presence_stats", "ping"]) {
       if (m[key] !== void 0) return m[key];
     }
     return {};

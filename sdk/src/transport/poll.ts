@@ -142,6 +142,8 @@ export class PollTransport implements Transport {
     }
     if (positioned.length > 0) params.set("cursor", encodeCursor(positioned));
     if (held) params.set("timeout", String(this.options.longpollTimeout));
+    const first = this.ctx.firstClient();
+    if (first !== undefined) params.set("client", first);
     // Stateless: every request carries the tokens, and the server checks them every time.
     const token = this.ctx.token();
     if (token !== undefined) params.set("token", token);
@@ -164,7 +166,8 @@ export class PollTransport implements Transport {
         return;
       }
       this.etag = response.headers.get("ETag") ?? undefined;
-      const answer = (await response.json()) as { messages?: ServerMessage[] };
+      const answer = (await response.json()) as { messages?: ServerMessage[]; client?: string };
+      if (typeof answer.client === "string") this.ctx.rememberClient(answer.client);
       const announced = new Set<string>();
       for (const m of answer.messages ?? []) {
         if (m.subscribe?.channel !== undefined) announced.add(m.subscribe.channel);

@@ -22,6 +22,8 @@ export abstract class HttpSessionTransport implements Transport {
     const params = new URLSearchParams(query);
     const token = this.ctx.token();
     if (token !== undefined) params.set("token", token);
+    const first = this.ctx.firstClient();
+    if (first !== undefined) params.set("client", first);
     const q = params.toString();
     return `${this.ctx.baseUrl}/connection/${path}${q === "" ? "" : "?" + q}`;
   }

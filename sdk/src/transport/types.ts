@@ -34,6 +34,11 @@ export interface TransportContext {
   token(): string | undefined;
   /** Subscription tokens of the channels that have one (polling sends them each time). */
   subscriptionTokens(): string[];
+  /** The client id of this client's first connection: sent again (`client`) so that
+   * presence sees the same member come back, not a leave and a join. */
+  firstClient(): string | undefined;
+  /** A poll answer's `client`, to send back with the next request. */
+  rememberClient(client: string): void;
 }
 
 /** HTTP answers about tokens (401 with error 101 or 109), as the close codes WebSocket
