@@ -24,14 +24,28 @@ fn rss_bytes() -> u64 {
 fn member(i: u64, info: &Bytes) -> (Member, Option<String>) {
     let id = i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     if i % 2 == 0 {
-        (Member { id, info: info.clone() }, Some(format!("user-{i}")))
+        (
+            Member {
+                id,
+                info: info.clone(),
+            },
+            Some(format!("user-{i}")),
+        )
     } else {
-        (Member { id, info: Bytes::new() }, None)
+        (
+            Member {
+                id,
+                info: Bytes::new(),
+            },
+            None,
+        )
     }
 }
 
 fn presence(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     let channel = ChannelName::new("chat:everyone").unwrap();
     let info = Bytes::from_static(br#"{"user":"someone","info":{"name":"Someone"}}"#);
     let store = MemoryPresence::new();
