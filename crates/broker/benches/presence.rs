@@ -23,7 +23,7 @@ fn rss_bytes() -> u64 {
 /// info shared, as a connection's `from` is), none for the rest.
 fn member(i: u64, info: &Bytes) -> (Member, Option<String>) {
     let id = i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         (
             Member {
                 id,
