@@ -1,7 +1,7 @@
 // Generated from sdk/demo/chat.ts by `npm run build` in sdk/; do not edit.
 "use strict";
 (() => {
-  // sdk/demo/chat.ts
+  // demo/chat.ts
   var TRANSPORT_ALIASES = {
     ws: "websocket",
     websocket: "websocket",

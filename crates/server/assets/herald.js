@@ -19,7 +19,7 @@ var Herald = (() => {
   };
   var __toCommonJS = (mod) => __copyProps(__defProp({}, "__esModule", { value: true }), mod);
 
-  // sdk/src/index.ts
+  // src/index.ts
   var index_exports = {};
   __export(index_exports, {
     AUTO_TRANSPORTS: () => AUTO_TRANSPORTS,
@@ -34,7 +34,7 @@ var Herald = (() => {
     shouldReconnect: () => shouldReconnect
   });
 
-  // sdk/src/backoff.ts
+  // src/backoff.ts
   function backoffDelay(attempt, options, random = Math.random) {
     const exponent = Math.min(Math.max(attempt, 0), 30);
     const ceiling = Math.min(options.maxDelay, options.minDelay * 2 ** exponent);
@@ -42,7 +42,7 @@ var Herald = (() => {
     return Math.round(half + random() * half);
   }
 
-  // sdk/src/codes.ts
+  // src/codes.ts
   var ClientCode = {
     /** `disconnect()` was called. */
     Disconnected: 0,
@@ -69,7 +69,7 @@ var Herald = (() => {
     return code === 100 || code === 106 || code === 111 || code === 117;
   }
 
-  // sdk/src/emitter.ts
+  // src/emitter.ts
   var Emitter = class {
     constructor() {
       this.listeners = /* @__PURE__ */ new Map();
@@ -109,7 +109,7 @@ var Herald = (() => {
     }
   };
 
-  // sdk/src/protocol.ts
+  // src/protocol.ts
   function encodeCommands(commands) {
     return commands.map((c) => {
       const wire = {};
@@ -147,7 +147,7 @@ var Herald = (() => {
     return position.epoch === void 0 ? { offset: position.offset } : { offset: position.offset, epoch: position.epoch };
   }
 
-  // sdk/src/subscription.ts
+  // src/subscription.ts
   var Subscription = class extends Emitter {
     constructor(channel, host, options = {}) {
       super();
@@ -268,7 +268,7 @@ var Herald = (() => {
     }
   };
 
-  // sdk/src/transport/types.ts
+  // src/transport/types.ts
   function authClose(code) {
     return code === 101 ? 3500 : code === 109 ? 3504 : code;
   }
@@ -284,7 +284,7 @@ var Herald = (() => {
     return { code: response.status === 401 ? authClose(code) : code, reason };
   }
 
-  // sdk/src/transport/session.ts
+  // src/transport/session.ts
   var HttpSessionTransport = class {
     constructor(ctx) {
       this.ctx = ctx;
@@ -340,7 +340,7 @@ var Herald = (() => {
     }
   };
 
-  // sdk/src/transport/iframe.ts
+  // src/transport/iframe.ts
   var serial = 0;
   var IframeTransport = class extends HttpSessionTransport {
     constructor(ctx) {
@@ -365,7 +365,7 @@ var Herald = (() => {
     }
   };
 
-  // sdk/src/cursor.ts
+  // src/cursor.ts
   function encodeCursor(positions) {
     const parts = [];
     for (const [channel, p] of positions) {
@@ -389,7 +389,7 @@ var Herald = (() => {
     return out;
   }
 
-  // sdk/src/transport/poll.ts
+  // src/transport/poll.ts
   var PollTransport = class {
     constructor(name, ctx, source, options) {
       this.name = name;
@@ -547,7 +547,7 @@ var Herald = (() => {
     }
   };
 
-  // sdk/src/transport/sse.ts
+  // src/transport/sse.ts
   var SseTransport = class extends HttpSessionTransport {
     constructor(ctx) {
       super(ctx);
@@ -568,7 +568,7 @@ var Herald = (() => {
     }
   };
 
-  // sdk/src/transport/stream.ts
+  // src/transport/stream.ts
   var StreamTransport = class extends HttpSessionTransport {
     constructor(ctx) {
       super(ctx);
@@ -604,7 +604,7 @@ var Herald = (() => {
     }
   };
 
-  // sdk/src/transport/websocket.ts
+  // src/transport/websocket.ts
   var WebSocketTransport = class {
     constructor(ctx) {
       this.ctx = ctx;
@@ -657,7 +657,7 @@ var Herald = (() => {
     }
   };
 
-  // sdk/src/client.ts
+  // src/client.ts
   var VERSION = "0.1.0";
   var AUTO_TRANSPORTS = ["websocket", "sse", "stream", "longpoll", "poll"];
   var HeraldError = class extends Error {
