@@ -1,5 +1,5 @@
 /** Runs a real `herald serve` for tests: random port on 127.0.0.1, its own data directory. */
-import { spawn, type ChildProcess } from "node:child_process";
+import { execFileSync, spawn, type ChildProcess } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -11,6 +11,16 @@ export const API_KEY = "sdk-test-key";
 /** The herald binary, built once by `test/global-setup.ts` (or `HERALD_BIN`). */
 export function heraldBinary(): string {
   return inject("heraldBinary");
+}
+
+/** A connection token for `user` with public `info`, signed by `herald token` with the
+ * HMAC secret `secret` (the one the server under test was started with). */
+export function signedToken(secret: string, user: string, info: unknown): string {
+  return execFileSync(heraldBinary(), ["token", "--user", user, "--info", JSON.stringify(info)], {
+    env: { PATH: process.env["PATH"] ?? "", HERALD_AUTH__HMAC_SECRET: secret },
+  })
+    .toString()
+    .trim();
 }
 
 export class Herald {

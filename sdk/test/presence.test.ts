@@ -1,9 +1,8 @@
 /** Presence over every transport Node has: who is in a channel, counts, and join/leave. */
-import { execFileSync } from "node:child_process";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import type { Member, TransportName } from "../src/index.js";
 import { disconnectAll, next, subscribed } from "./clients.js";
-import { Herald, heraldBinary } from "./herald.js";
+import { Herald, signedToken } from "./herald.js";
 
 const SECRET = "a-presence-test-secret-of-at-least-32-bytes";
 let server: Herald;
@@ -24,11 +23,7 @@ afterAll(async () => {
 });
 
 function token(user: string, info: unknown): string {
-  return execFileSync(heraldBinary(), ["token", "--user", user, "--info", JSON.stringify(info)], {
-    env: { PATH: process.env["PATH"] ?? "", HERALD_AUTH__HMAC_SECRET: SECRET },
-  })
-    .toString()
-    .trim();
+  return signedToken(SECRET, user, info);
 }
 
 describe.each(["websocket", "stream", "longpoll", "poll"] as TransportName[])("over %s", (transport) => {

@@ -1,10 +1,9 @@
 /** Who sent a publication: a signed-in client's publications carry `from` (the token's user
  * and `info`) live and from history, over every transport Node has; the backend's do not. */
-import { execFileSync } from "node:child_process";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import type { TransportName } from "../src/index.js";
 import { client, disconnectAll, subscribed } from "./clients.js";
-import { Herald, heraldBinary, until } from "./herald.js";
+import { Herald, signedToken, until } from "./herald.js";
 
 const SECRET = "a-sender-test-secret-of-at-least-32-bytes";
 let server: Herald;
@@ -18,11 +17,7 @@ afterAll(async () => {
 });
 
 function token(user: string, info: unknown): string {
-  return execFileSync(heraldBinary(), ["token", "--user", user, "--info", JSON.stringify(info)], {
-    env: { PATH: process.env["PATH"] ?? "", HERALD_AUTH__HMAC_SECRET: SECRET },
-  })
-    .toString()
-    .trim();
+  return signedToken(SECRET, user, info);
 }
 
 describe.each(["websocket", "stream", "longpoll", "poll"] as TransportName[])("over %s", (transport) => {

@@ -12,7 +12,9 @@
 //! Per node: `P:pnode:NODE` hash: `C\nID` → holders on that node; and `P:palive`, a
 //! sorted set of nodes by their last heartbeat (Redis's clock). Every node beats every
 //! [`BEAT_EVERY`]; a beat also removes the members of nodes silent for [`NODE_TTL`], so a
-//! member of a node killed with `kill -9` is gone within `NODE_TTL + BEAT_EVERY`.
+//! member of a node killed with `kill -9` is gone within `NODE_TTL + 2 × BEAT_EVERY`
+//! (14 s): its last beat may be up to one beat before its death, and the first survivor
+//! beat past the TTL up to one beat after it.
 //!
 //! Joins and leaves batched by a node reach the others on the pub/sub channel
 //! `P:presence`, as `NODE\nBATCH`.

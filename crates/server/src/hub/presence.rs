@@ -158,17 +158,18 @@ impl Presence {
     /// `grace` unless a connection takes it over meanwhile.
     pub async fn leave(&self, channel: &ChannelName, joining: Joining, grace: Duration) {
         if !grace.is_zero() {
+            let deadline = Instant::now() + grace;
             let mut held = self.held.lock();
             let h = held
                 .entry((channel.clone(), joining.member.id))
                 .or_insert_with(|| Held {
-                    deadline: Instant::now(),
+                    deadline,
                     holders: 0,
                     announce: joining.announce,
                     info: joining.member.info.clone(),
                 });
             h.holders += 1;
-            h.deadline = Instant::now() + grace;
+            h.deadline = deadline;
             return;
         }
         self.release(channel, joining.member, joining.announce, 1)

@@ -94,12 +94,8 @@ pub fn check(
     channel: &ChannelName,
 ) -> Result<(), Failure> {
     let rules = node.settings.namespace(channel.namespace());
-    if action == Action::Presence && rules.presence.access().is_none() {
-        let namespace = channel.namespace();
-        return Err(Failure::new(
-            ErrorCode::NotAvailable,
-            format!("presence is off for {channel}: turn it on with `presence = true` in the rules of namespace {namespace:?}"),
-        ));
+    if action == Action::Presence {
+        presence_kept(node, channel)?;
     }
     let granted = granted(rules, asker, action, channel);
     // Own personal channels count as granted, so this refuses only other users' ones.
@@ -127,6 +123,25 @@ pub fn check(
             let message = format!("clients may not {} {channel}: {why}", action.verb());
             return Err(refuse(message));
         }
+    }
+    Ok(())
+}
+
+/// Whether `channel`'s namespace keeps presence at all (108 if not), whoever asks: the
+/// HTTP API asks this alone, clients through [`check`].
+pub fn presence_kept(node: &Node, channel: &ChannelName) -> Result<(), Failure> {
+    let namespace = channel.namespace();
+    if node
+        .settings
+        .namespace(namespace)
+        .presence
+        .access()
+        .is_none()
+    {
+        return Err(Failure::new(
+            ErrorCode::NotAvailable,
+            format!("presence is off for {channel}: turn it on with `presence = true` in the rules of namespace {namespace:?}"),
+        ));
     }
     Ok(())
 }

@@ -285,18 +285,7 @@ struct PresenceParams {
 /// whoever the namespace shows it to).
 fn presence_channel(node: &Node, name: &str) -> Result<ChannelName, Failure> {
     let channel = channel(name)?;
-    if node
-        .settings
-        .namespace(channel.namespace())
-        .presence
-        .access()
-        .is_none()
-    {
-        return Err(Failure::new(
-            ErrorCode::NotAvailable,
-            format!("presence is off for {channel}: turn it on with `presence = true` in its namespace's rules"),
-        ));
-    }
+    crate::policy::presence_kept(node, &channel)?;
     Ok(channel)
 }
 

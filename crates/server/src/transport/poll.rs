@@ -79,16 +79,7 @@ async fn answer(
     let session = Session::new(&node)
         .at_address(address)
         .came_by(transport, node.settings.hooks.facts(&headers));
-    let mut session = request::authenticate(
-        &node,
-        session,
-        request.token.as_deref(),
-        &request.sub_tokens,
-    )
-    .await?;
-    if let Some(client) = request.client.as_deref() {
-        session.continues(client)?;
-    }
+    let mut session = request.authenticate(&node, session).await?;
     let request = request.with_token_channels(&session).require_channels()?;
     session.may_open(&request.channels)?;
     let mut messages = Vec::new();

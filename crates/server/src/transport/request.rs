@@ -124,6 +124,17 @@ impl OpenRequest {
         Ok(request)
     }
 
+    /// Says who the request's client is ([`authenticate`] with its token and subscription
+    /// tokens), and which earlier client it continues (`client=`, for presence).
+    pub async fn authenticate(&self, node: &Node, session: Session) -> Result<Session, Failure> {
+        let mut session =
+            authenticate(node, session, self.token.as_deref(), &self.sub_tokens).await?;
+        if let Some(client) = self.client.as_deref() {
+            session.continues(client)?;
+        }
+        Ok(session)
+    }
+
     /// Polling requests carry their whole subscription, so one without channels asks for
     /// nothing. (A stream may open empty: its channels then come through `/connection/send`.)
     pub fn require_channels(self) -> Result<Self, Failure> {

@@ -240,16 +240,7 @@ async fn start(
     if framing == Framing::Sse {
         session = session.cursor_bound(MAX_SSE_ID);
     }
-    let mut session = request::authenticate(
-        &node,
-        session,
-        request.token.as_deref(),
-        &request.sub_tokens,
-    )
-    .await?;
-    if let Some(client) = request.client.as_deref() {
-        session.continues(client)?;
-    }
+    let session = request.authenticate(&node, session).await?;
     let request = request.with_token_channels(&session);
     // What can refuse the request is checked now, so the answer can still be an HTTP error;
     // the channels are opened by the pump, one replay at a time as the client reads.

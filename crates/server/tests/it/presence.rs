@@ -205,6 +205,19 @@ async fn presence_follows_the_namespace_rules() {
 }
 
 #[tokio::test]
+async fn an_earlier_client_id_that_cannot_be_one_is_refused() {
+    let server = start(presence_config()).await;
+    let long = "k".repeat(65);
+    let mut c = server.client().await;
+    let reply = c.call("connect", json!({ "client": long })).await;
+    assert_eq!(reply["error"]["code"], 107, "{reply}");
+    let r = reqwest::get(server.url(&format!("/connection/poll?channel=room:x&client={long}")))
+        .await
+        .unwrap();
+    assert_eq!(status_and_code(r).await, (400, Some(107)));
+}
+
+#[tokio::test]
 async fn joins_and_leaves_arrive_in_one_batch_per_window() {
     let server = start(presence_config()).await;
     let ch = "room:batch";
