@@ -149,6 +149,10 @@ sub.on("leave", ({ member }) => {
   members.delete(member.client);
   showPeople();
 });
+// The room passed the server's member threshold: some joins or leaves were not sent.
+sub.on("missed", () => {
+  loadPeople().catch(() => undefined);
+});
 
 function showState(): void {
   stateLabel.textContent = client.state;

@@ -489,7 +489,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
       }
       sub.deliver(m.pub.offset, m.pub.data, m.pub.from);
     } else if (m.presence !== undefined) {
-      this.subs.get(m.presence.channel)?.presenceChanged(m.presence.join, m.presence.leave);
+      this.subs.get(m.presence.channel)?.presenceChanged(m.presence.join, m.presence.leave, m.presence.missed === true);
     } else if (m.subscribe?.channel !== undefined) {
       this.subs.get(m.subscribe.channel)?.confirmed(m.subscribe, true);
     } else if (m.unsubscribe?.channel !== undefined) {

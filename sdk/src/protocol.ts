@@ -129,7 +129,7 @@ export interface ServerMessage {
   ping?: Record<string, never>;
   pub?: { channel: string; offset: number; data: unknown; from?: Sender };
   /** Who joined and left a channel during the server's last window (a batch). */
-  presence?: { channel: string; join: Member[]; leave: Member[] };
+  presence?: { channel: string; join: Member[]; leave: Member[]; missed?: boolean };
   presence_stats?: PresenceStatsResult;
   disconnect?: DisconnectBody;
 }

@@ -43,6 +43,10 @@ export interface SubscriptionEvents {
   join: { channel: string; member: Member };
   /** A member left the channel (after the server's reconnect grace). */
   leave: { channel: string; member: Member };
+  /** Joins and leaves were, or are about to be, left out: the channel passed the server's
+   * member threshold (either way). A list kept from `join` and `leave` is stale: read it
+   * again with `presence()`, or count with `presenceStats()` while the channel is large. */
+  missed: { channel: string };
   error: { channel: string; code: number; message: string };
 }
 
@@ -129,10 +133,11 @@ export class Subscription extends Emitter<SubscriptionEvents> {
   }
 
   /** A batch of joins and leaves from the server. */
-  presenceChanged(join: readonly Member[], leave: readonly Member[]): void {
+  presenceChanged(join: readonly Member[], leave: readonly Member[], missed: boolean): void {
     if (this.current !== "subscribed") return;
     for (const member of join) this.emit("join", { channel: this.channel, member });
     for (const member of leave) this.emit("leave", { channel: this.channel, member });
+    if (missed) this.emit("missed", { channel: this.channel });
   }
 
   /** The connection dropped (or the server ended this subscription): wait to be

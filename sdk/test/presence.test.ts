@@ -14,6 +14,7 @@ beforeAll(async () => {
       HERALD_PRESENCE__JOIN_LEAVE_WINDOW: "50ms",
       HERALD_PRESENCE__GRACE: "200ms",
       HERALD_PRESENCE__POLL_GRACE: "300ms",
+      HERALD_PRESENCE__JOIN_LEAVE_MAX_MEMBERS: "3",
     },
   });
 });
@@ -47,6 +48,17 @@ describe.each(["websocket", "stream", "longpoll", "poll"] as TransportName[])("o
     member.client.disconnect();
     expect((await left).member.user).toBe("bob");
   });
+});
+
+it("says when joins and leaves stop being pushed, above the member threshold", async () => {
+  const channel = "chat:presence-crowd";
+  const watcher = await subscribed(server.url, channel, { transports: "websocket", token: token("ann", null) });
+  const missed = next(watcher.sub, "missed", () => true);
+  for (const user of ["bob", "cy", "dee"]) {
+    await subscribed(server.url, channel, { transports: "websocket", token: token(user, null) });
+  }
+  expect(await missed).toEqual({ channel });
+  expect(await watcher.sub.presenceStats()).toEqual({ clients: 4, users: 4 });
 });
 
 it("presence of a namespace without it is refused with 108", async () => {

@@ -121,6 +121,9 @@
     members.delete(member.client);
     showPeople();
   });
+  sub.on("missed", () => {
+    loadPeople().catch(() => void 0);
+  });
   function showState() {
     stateLabel.textContent = client.state;
     stateLabel.dataset["state"] = client.state;

@@ -194,10 +194,11 @@ var Herald = (() => {
       return this.host.presenceStats(this.channel);
     }
     /** A batch of joins and leaves from the server. */
-    presenceChanged(join, leave) {
+    presenceChanged(join, leave, missed) {
       if (this.current !== "subscribed") return;
       for (const member of join) this.emit("join", { channel: this.channel, member });
       for (const member of leave) this.emit("leave", { channel: this.channel, member });
+      if (missed) this.emit("missed", { channel: this.channel });
     }
     /** The connection dropped (or the server ended this subscription): wait to be
      * resubscribed. */
@@ -978,7 +979,7 @@ var Herald = (() => {
         }
         sub.deliver(m.pub.offset, m.pub.data, m.pub.from);
       } else if (m.presence !== void 0) {
-        this.subs.get(m.presence.channel)?.presenceChanged(m.presence.join, m.presence.leave);
+        this.subs.get(m.presence.channel)?.presenceChanged(m.presence.join, m.presence.leave, m.presence.missed === true);
       } else if (m.subscribe?.channel !== void 0) {
         this.subs.get(m.subscribe.channel)?.confirmed(m.subscribe, true);
       } else if (m.unsubscribe?.channel !== void 0) {

@@ -88,6 +88,8 @@ pub struct Presence {
     hub: Weak<Hub>,
     window: Mutex<HashMap<ChannelName, Vec<Change>>>,
     held: Mutex<HashMap<(ChannelName, u64), Held>>,
+    /// Channels whose changes this node stopped pushing (above the member threshold).
+    over: Mutex<std::collections::HashSet<ChannelName>>,
 }
 
 impl std::fmt::Debug for Presence {
@@ -109,6 +111,7 @@ impl Presence {
             hub: Arc::downgrade(hub),
             window: Mutex::default(),
             held: Mutex::default(),
+            over: Mutex::default(),
         });
         let events: Weak<dyn PresenceEvents> = Arc::downgrade(&presence) as _;
         presence.store.listen(events);
@@ -271,7 +274,9 @@ impl Presence {
     }
 
     /// One channel's push for a window's changes: none when they cancel out, or when the
-    /// channel is above the member count that gets pushes.
+    /// channel is above the member count that gets pushes. Crossing that count either way
+    /// is pushed with `"missed": true`: subscribers that keep a member list learn that
+    /// changes were (or are about to be) left out, and read the list again.
     async fn batch(&self, channel: &ChannelName, changes: Vec<Change>) -> Option<Bytes> {
         // Net change per member, in the order members first appeared.
         let mut net: Vec<(Member, i32)> = Vec::new();
@@ -289,14 +294,25 @@ impl Presence {
         if net.iter().all(|(_, n)| *n == 0) {
             return None;
         }
-        match self.store.stats(channel).await {
-            Ok(stats) if stats.clients > self.config.join_leave_max_members => return None,
-            Ok(_) => {}
+        let over = match self.store.stats(channel).await {
+            Ok(stats) => stats.clients > self.config.join_leave_max_members,
             Err(e) => {
                 tracing::warn!(%channel, error = %e, "presence stats failed; joins and leaves not pushed");
                 return None;
             }
-        }
+        };
+        let missed = {
+            let mut channels = self.over.lock();
+            if over {
+                if !channels.insert(channel.clone()) {
+                    return None;
+                }
+                net.clear();
+                true
+            } else {
+                channels.remove(channel)
+            }
+        };
         let list = |joined: bool| {
             let mut out = b"[".to_vec();
             for (m, _) in net.iter().filter(|(_, n)| (*n > 0) == joined && *n != 0) {
@@ -315,6 +331,9 @@ impl Presence {
         push.extend_from_slice(&join);
         push.extend_from_slice(br#","leave":"#);
         push.extend_from_slice(&leave);
+        if missed {
+            push.extend_from_slice(br#","missed":true"#);
+        }
         push.extend_from_slice(b"}}");
         Some(push.into())
     }

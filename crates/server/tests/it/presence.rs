@@ -255,16 +255,30 @@ async fn joins_and_leaves_arrive_in_one_batch_per_window() {
 }
 
 #[tokio::test]
-async fn above_the_threshold_joins_and_leaves_are_not_pushed() {
+async fn above_the_threshold_nothing_is_pushed_and_crossing_it_says_so() {
     let mut config = presence_config();
     config.presence.join_leave_max_members = 5;
     let server = start(config).await;
     let ch = "room:big";
-    let (mut watcher, _) = member(&server, json!({}), ch).await;
+    let mut watcher = watcher(&server, ch).await;
     let mut joiners = Vec::new();
     for _ in 0..10 {
         joiners.push(member(&server, json!({}), ch).await.0);
     }
+    // Crossing the threshold: one push that lists nothing and says changes are left out.
+    server.node.presence.end_window().await;
+    let crossed = next_presence(&mut watcher).await;
+    assert_eq!(
+        (
+            crossed["join"].clone(),
+            crossed["leave"].clone(),
+            crossed["missed"].clone()
+        ),
+        (json!([]), json!([]), json!(true)),
+        "{crossed}"
+    );
+    // Above it: nothing at all.
+    joiners.push(member(&server, json!({}), ch).await.0);
     server.node.presence.end_window().await;
     server.publish(ch, json!("marker")).await;
     let line = watcher.next_line().await;
@@ -276,9 +290,22 @@ async fn above_the_threshold_joins_and_leaves_are_not_pushed() {
         .call("presence_stats", json!({ "channel": ch }))
         .await;
     assert_eq!(
-        stats["presence_stats"]["clients"], 11,
+        stats["presence_stats"]["clients"], 12,
         "stats still count: {stats}"
     );
+    // Back under it: the changes of that window, again marked, then plain batches.
+    for mut c in joiners.drain(..8) {
+        c.call("unsubscribe", json!({ "channel": ch })).await;
+    }
+    server.node.presence.end_window().await;
+    let back = next_presence(&mut watcher).await;
+    assert_eq!(back["leave"].as_array().unwrap().len(), 8, "{back}");
+    assert_eq!(back["missed"], true, "{back}");
+    let _late = member(&server, json!({}), ch).await;
+    server.node.presence.end_window().await;
+    let plain = next_presence(&mut watcher).await;
+    assert_eq!(plain["join"].as_array().unwrap().len(), 1, "{plain}");
+    assert!(plain.get("missed").is_none(), "{plain}");
 }
 
 #[tokio::test]
