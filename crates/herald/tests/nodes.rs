@@ -139,3 +139,106 @@ fn a_killed_node_loses_nothing_and_its_subscribers_resume_on_another() {
     );
     drop(a);
 }
+
+mod presence {
+    //! Presence over Redis when a node dies without a word.
+
+    use std::time::{Duration, Instant};
+
+    use futures_util::{SinkExt, StreamExt};
+    use herald_broker_redis::testkit::RedisServer;
+    use serde_json::{json, Value};
+    use tokio_tungstenite::tungstenite::Message;
+
+    use super::support::{api_get, Server};
+
+    type Ws = tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >;
+
+    /// What docs/configuration.md promises: a silent node's members are removed within 14 s.
+    const DOCUMENTED: Duration = Duration::from_secs(14);
+    /// The test's own delays on top: polling every 100 ms and one join/leave window.
+    const SLACK: Duration = Duration::from_secs(1);
+
+    async fn subscribed(url: &str, channel: &str) -> Ws {
+        let url = format!("{}/connection/websocket", url.replacen("http", "ws", 1));
+        let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+        let subscribe = json!({"id": 1, "subscribe": {"channel": channel}});
+        ws.send(Message::text(subscribe.to_string())).await.unwrap();
+        next(&mut ws, Duration::from_secs(5), |v| v["id"] == 1).await;
+        ws
+    }
+
+    /// The next message that `wanted` accepts, failing after `limit`.
+    async fn next(ws: &mut Ws, limit: Duration, wanted: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let frame = tokio::time::timeout_at(deadline, ws.next())
+                .await
+                .unwrap_or_else(|_| panic!("nothing wanted arrived within {limit:?}"))
+                .expect("connection open")
+                .unwrap();
+            let Message::Text(text) = frame else { continue };
+            for line in text.as_str().lines() {
+                let v: Value = serde_json::from_str(line).unwrap();
+                if wanted(&v) {
+                    return v;
+                }
+            }
+        }
+    }
+
+    /// The one member a `presence` push announces as joined (or left).
+    fn announced(v: &Value, key: &str) -> Option<String> {
+        let list = v["presence"][key].as_array()?;
+        (list.len() == 1).then(|| list[0]["client"].as_str().unwrap().to_string())
+    }
+
+    async fn clients(url: &str, channel: &str) -> u64 {
+        let stats = api_get(&format!("{url}/api/presence_stats?channel={channel}")).await;
+        stats["clients"].as_u64().unwrap()
+    }
+
+    #[test]
+    fn a_killed_nodes_members_leave_within_the_documented_time() {
+        let redis = RedisServer::start();
+        let shared = ["--storage", "redis", "--redis-url", &redis.url()];
+        let mut a = Server::start(&shared);
+        let b = Server::start(&shared);
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let channel = "chat:who";
+        rt.block_on(async {
+            // The watcher on B sees its own join first, then the member's on A (through Redis).
+            let mut watcher = subscribed(&b.url, channel).await;
+            let wait = Duration::from_secs(5);
+            let own = announced(
+                &next(&mut watcher, wait, |v| announced(v, "join").is_some()).await,
+                "join",
+            );
+            let _member = subscribed(&a.url, channel).await;
+            let joined = next(&mut watcher, wait, |v| {
+                announced(v, "join").is_some_and(|id| Some(&id) != own.as_ref())
+            })
+            .await;
+            let member = announced(&joined, "join").unwrap();
+            assert_eq!(clients(&b.url, channel).await, 2);
+
+            a.child.kill().unwrap(); // SIGKILL: A says nothing to Redis or B
+            a.child.wait().unwrap();
+            let killed = Instant::now();
+            while clients(&b.url, channel).await != 1 {
+                assert!(
+                    killed.elapsed() < DOCUMENTED + SLACK,
+                    "the killed node's member still counted after {:?}",
+                    killed.elapsed()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let gone_in = killed.elapsed();
+            let left = next(&mut watcher, SLACK, |v| announced(v, "leave").is_some()).await;
+            assert_eq!(announced(&left, "leave"), Some(member), "{left}");
+            eprintln!("the killed node's member left after {gone_in:?}");
+        });
+    }
+}

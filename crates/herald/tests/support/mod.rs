@@ -25,19 +25,22 @@ pub fn herald() -> Command {
 
 /// A channel's whole history (up to 1,000) through the API of the server at `url`.
 pub fn history(rt: &tokio::runtime::Runtime, url: &str, channel: &str) -> Value {
-    rt.block_on(async {
-        reqwest::Client::new()
-            .get(format!(
-                "{url}/api/history?channel={channel}&since=0&limit=1000"
-            ))
-            .header("Authorization", "apikey k")
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    })
+    rt.block_on(api_get(&format!(
+        "{url}/api/history?channel={channel}&since=0&limit=1000"
+    )))
+}
+
+/// A GET of the HTTP API (key `k`, as [`Server`] starts it), answered with JSON.
+pub async fn api_get(url: &str) -> Value {
+    reqwest::Client::new()
+        .get(url)
+        .header("Authorization", "apikey k")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 /// Runs `command` to its end and returns its output, failing the test (with its stderr)
