@@ -99,6 +99,28 @@ pub struct ClientSpec {
     pub channel: String,
     pub source: IpAddr,
     pub generic: Option<Generic>,
+    /// Presence runs: connect first (to learn the client id a reconnect sends back) and
+    /// count `presence` pushes. WebSocket only.
+    #[serde(default)]
+    pub presence: bool,
+}
+
+/// Told to every client at once: drop the connection and connect again, either sending the
+/// first connection's client id back (`resume`: presence sees the same member) or as a new
+/// client.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reconnect {
+    pub generation: u64,
+    pub resume: bool,
+}
+
+/// Who a client was, kept over its reconnects.
+#[derive(Default)]
+struct Identity {
+    /// The client id its first connection got.
+    first: Option<String>,
+    /// Send it back on the next connect.
+    resume: bool,
 }
 
 fn now_ns() -> u64 {
@@ -211,28 +233,51 @@ fn path_of(url: &str) -> String {
     rest.find('/').map_or("/".into(), |i| rest[i..].to_string())
 }
 
-/// Runs one client until `stop` turns true. Errors before the subscription is confirmed are
-/// connection failures; later ones are drops. Both are recorded by kind.
+/// Runs one client until `stop` turns true, reconnecting whenever `reconnect` changes.
+/// Errors before the subscription is confirmed are connection failures; later ones are
+/// drops. Both are recorded by kind.
 pub async fn run(
     spec: ClientSpec,
     speak: Option<Speak>,
     rec: Arc<Recorder>,
     mut stop: watch::Receiver<bool>,
+    mut reconnect: watch::Receiver<Reconnect>,
 ) {
+    enum Next {
+        Ended(anyhow::Result<()>),
+        Reconnect,
+    }
     let tracker = Tracker::new(rec);
-    let result = tokio::select! {
-        r = session(&spec, speak.as_ref(), &tracker) => r,
-        _ = stop.wait_for(|s| *s) => Ok(()),
-    };
-    tracker.ended(result.err());
+    let mut identity = Identity::default();
+    loop {
+        let next = tokio::select! {
+            r = session(&spec, speak.as_ref(), &tracker, &mut identity) => Next::Ended(r),
+            _ = stop.wait_for(|s| *s) => Next::Ended(Ok(())),
+            Ok(()) = reconnect.changed() => Next::Reconnect,
+        };
+        match next {
+            Next::Ended(result) => return tracker.ended(result.err()),
+            Next::Reconnect => {
+                // Dropping the session closes its socket at once, with no close frame: a
+                // connection lost, as in a network cut or a server restart.
+                identity.resume = reconnect.borrow_and_update().resume;
+                tracker.ended(None);
+            }
+        }
+    }
 }
 
-async fn session(spec: &ClientSpec, speak: Option<&Speak>, rec: &Tracker) -> anyhow::Result<()> {
+async fn session(
+    spec: &ClientSpec,
+    speak: Option<&Speak>,
+    rec: &Tracker,
+    identity: &mut Identity,
+) -> anyhow::Result<()> {
     if let Some(generic) = &spec.generic {
         return generic_session(spec, generic, rec).await;
     }
     match spec.transport {
-        Transport::Ws => ws_session(spec, speak, rec).await,
+        Transport::Ws => ws_session(spec, speak, rec, identity).await,
         Transport::Sse | Transport::Stream => stream_session(spec, speak, rec).await,
         Transport::Longpoll | Transport::Poll { .. } => poll_session(spec, speak, rec).await,
     }
@@ -259,7 +304,12 @@ async fn handshake(url: &str, tcp: Tcp) -> anyhow::Result<tokio_tungstenite::Web
     Ok(ws)
 }
 
-async fn ws_session(spec: &ClientSpec, speak: Option<&Speak>, rec: &Tracker) -> anyhow::Result<()> {
+async fn ws_session(
+    spec: &ClientSpec,
+    speak: Option<&Speak>,
+    rec: &Tracker,
+    identity: &mut Identity,
+) -> anyhow::Result<()> {
     let target = address(&spec.url)?;
     let tcp = connect_tcp(spec, target, rec).await?;
     let url = format!(
@@ -267,11 +317,20 @@ async fn ws_session(spec: &ClientSpec, speak: Option<&Speak>, rec: &Tracker) -> 
         spec.url.replacen("http", "ws", 1)
     );
     let mut ws = handshake(&url, tcp).await?;
-    ws.send(Message::text(format!(
+    let mut frame = String::new();
+    if spec.presence {
+        let first = identity.first.as_ref().filter(|_| identity.resume);
+        let connect = match first {
+            Some(id) => serde_json::json!({"id": 2, "connect": {"client": id}}),
+            None => serde_json::json!({"id": 2, "connect": {}}),
+        };
+        frame = format!("{connect}\n");
+    }
+    frame.push_str(&format!(
         "{{\"id\":1,\"subscribe\":{{\"channel\":\"{}\"}}}}",
         spec.channel
-    )))
-    .await?;
+    ));
+    ws.send(Message::text(frame)).await?;
     let mut positions = Positions::default();
     let mut subscribed = false;
     let mut ticker = speaker(speak);
@@ -289,6 +348,13 @@ async fn ws_session(spec: &ClientSpec, speak: Option<&Speak>, rec: &Tracker) -> 
                                 }
                                 subscribed = true;
                                 rec.connected();
+                            } else if line.starts_with("{\"presence\"") {
+                                rec.presence_push(line);
+                            } else if line.starts_with("{\"id\":2,") {
+                                if identity.first.is_none() {
+                                    let reply: serde_json::Value = serde_json::from_str(line)?;
+                                    identity.first = reply["connect"]["client"].as_str().map(String::from);
+                                }
                             } else {
                                 positions.push(line, rec);
                             }

@@ -54,6 +54,9 @@ pub struct Totals {
     /// Worst worker's p99 over the last interval, µs.
     pub interval_p99_us: u64,
     pub interval_max_us: u64,
+    pub presence_pushes: u64,
+    pub presence_changes: u64,
+    pub presence_bytes: u64,
 }
 
 /// Source addresses 127.0.0.2 ... so that `clients` never need more than
@@ -161,6 +164,9 @@ impl Fleet {
             t.packets_out += r.packets_out;
             t.interval_p99_us = t.interval_p99_us.max(r.interval_p99_us);
             t.interval_max_us = t.interval_max_us.max(r.interval_max_us);
+            t.presence_pushes += r.presence_pushes;
+            t.presence_changes += r.presence_changes;
+            t.presence_bytes += r.presence_bytes;
         }
         t
     }
@@ -190,6 +196,21 @@ impl Fleet {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Every client drops its connection at once and connects again: with the first
+    /// connection's client id (`resume`), or as a new client.
+    pub async fn reconnect(&mut self, resume: bool) -> anyhow::Result<()> {
+        let line: &[u8] = if resume {
+            b"reconnect resume\n"
+        } else {
+            b"reconnect\n"
+        };
+        for (_, stdin, _) in &mut self.workers {
+            stdin.write_all(line).await?;
+            stdin.flush().await?;
+        }
+        Ok(())
     }
 
     /// Stops every worker; returns the final totals and the merged latency histogram (µs).

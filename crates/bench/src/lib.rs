@@ -45,6 +45,10 @@ pub enum Scenario {
     /// Study 4: clients fetch a 130 KB document every second through the server from a backend
     /// (Herald's rpc hook), one more every 2 s, until the server degrades.
     Fetch(scenarios::fetch::FetchArgs),
+    /// Presence at scale: members of one channel (several nodes on Redis for more than one
+    /// process holds), presence_stats and pages over the wire, join cost, and the pushes of a
+    /// mass reconnect.
+    Presence(scenarios::presence::PresenceArgs),
 }
 
 #[derive(Debug, Args, Clone)]

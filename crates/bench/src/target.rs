@@ -22,6 +22,8 @@ pub struct Server {
     /// Every process whose CPU and memory count as the server's (its nodes, and the Redis
     /// this tool started for them).
     pub pids: Vec<u32>,
+    /// The Redis the nodes share, when there are several.
+    pub redis_url: Option<String>,
     children: Vec<Child>,
     _redis: Option<RedisServer>,
     _data: Option<tempfile::TempDir>,
@@ -36,6 +38,7 @@ impl Server {
         let data = tempfile::tempdir()?;
         let mut args: Vec<String> = extra.to_vec();
         let mut redis = None;
+        let mut shared = None;
         if nodes > 1 {
             let url = match redis_url {
                 Some(url) => url.to_string(),
@@ -51,6 +54,7 @@ impl Server {
             args.extend(
                 ["--storage", "redis", "--redis-url", &url, "--reuse-port"].map(String::from),
             );
+            shared = Some(url);
         }
         let (first, address) = spawn_node("127.0.0.1:0", data.path(), &args)?;
         let mut children = vec![first];
@@ -62,6 +66,7 @@ impl Server {
         Ok(Self {
             url: format!("http://{address}"),
             pids,
+            redis_url: shared,
             children,
             _redis: redis,
             _data: Some(data),
@@ -72,6 +77,7 @@ impl Server {
         Self {
             url: url.trim_end_matches('/').to_string(),
             pids: pids.to_vec(),
+            redis_url: None,
             children: Vec::new(),
             _redis: None,
             _data: None,
@@ -118,6 +124,8 @@ fn spawn_node(
         .arg(data)
         .args(extra)
         .env_remove("HERALD_CONFIG")
+        // The bench's own switch, not a server setting.
+        .env_remove("HERALD_BENCH_DEBUG")
         // Every bench client comes from a few loopback addresses: no per-address limits.
         .env("HERALD_LIMITS__CONNECTIONS_PER_ADDRESS", "0")
         .env("HERALD_LIMITS__CONNECTION_RATE_PER_ADDRESS", "0")
@@ -140,8 +148,16 @@ fn spawn_node(
                 .to_string();
         }
     };
-    // Keep draining stderr so the server never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
+    // Keep draining stderr so the server never blocks on a full pipe; with
+    // HERALD_BENCH_DEBUG set, show what it logs.
+    let show = std::env::var_os("HERALD_BENCH_DEBUG").is_some();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            if show {
+                eprintln!("server: {line}");
+            }
+        }
+    });
     Ok((child, address))
 }
 

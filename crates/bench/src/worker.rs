@@ -54,6 +54,9 @@ pub struct WorkerSpec {
     pub histogram: PathBuf,
     /// Churn: each client leaves after this long and a new one takes its place.
     pub lifetime_ms: Option<u64>,
+    /// Presence runs (WebSocket): see [`ClientSpec::presence`].
+    #[serde(default)]
+    pub presence: bool,
 }
 
 /// What a worker tells its parent, every 250 ms and once at the end.
@@ -79,6 +82,13 @@ pub struct Report {
     pub interval_max_us: u64,
     /// Per publication (`seq`) updated since the previous report: (seq, count, min µs, max µs).
     pub seqs: Vec<(u64, u64, u64, u64)>,
+    /// `presence` pushes received, the joins and leaves they listed, and their bytes.
+    #[serde(default)]
+    pub presence_pushes: u64,
+    #[serde(default)]
+    pub presence_changes: u64,
+    #[serde(default)]
+    pub presence_bytes: u64,
     pub done: bool,
 }
 
@@ -96,6 +106,9 @@ pub struct Recorder {
     first_error: Mutex<Option<f64>>,
     latency: Mutex<(Histogram<u64>, Histogram<u64>)>,
     seqs: Mutex<HashMap<u64, (u64, u64, u64, bool)>>,
+    presence_pushes: AtomicU64,
+    presence_changes: AtomicU64,
+    presence_bytes: AtomicU64,
 }
 
 impl Recorder {
@@ -114,6 +127,9 @@ impl Recorder {
             first_error: Mutex::default(),
             latency: Mutex::new((h(), h())),
             seqs: Mutex::default(),
+            presence_pushes: AtomicU64::new(0),
+            presence_changes: AtomicU64::new(0),
+            presence_bytes: AtomicU64::new(0),
         }
     }
 
@@ -133,6 +149,14 @@ impl Recorder {
             e.2 = e.2.max(us);
             e.3 = true;
         }
+    }
+
+    /// A `presence` push: each member it lists (joined or left) carries one `"client"`.
+    pub fn presence_push(&self, line: &str) {
+        self.presence_pushes.fetch_add(1, Relaxed);
+        self.presence_changes
+            .fetch_add(line.matches("\"client\":").count() as u64, Relaxed);
+        self.presence_bytes.fetch_add(line.len() as u64, Relaxed);
     }
 
     pub fn received_unstamped(&self) {
@@ -196,6 +220,9 @@ impl Recorder {
             interval_p99_us: p99,
             interval_max_us: max,
             seqs,
+            presence_pushes: self.presence_pushes.load(Relaxed),
+            presence_changes: self.presence_changes.load(Relaxed),
+            presence_bytes: self.presence_bytes.load(Relaxed),
             done,
         }
     }
@@ -314,21 +341,32 @@ async fn run(spec: WorkerSpec) -> anyhow::Result<()> {
     let rec = Arc::new(Recorder::new());
     let (stop_tx, stop_rx) = watch::channel(false);
     let started = Arc::new(AtomicU64::new(0));
-    // Stdin: the parent's `stop`, read on a thread (blocking I/O).
+    let (reconnect_tx, reconnect_rx) = watch::channel(client::Reconnect::default());
+    // Stdin: the parent's `stop` and `reconnect [resume]`, read on a thread (blocking I/O).
     let (quit_tx, mut quit_rx) = tokio::sync::mpsc::channel::<()>(1);
     std::thread::spawn(move || {
         for line in std::io::stdin().lock().lines() {
-            match line {
-                Ok(l) if l.trim() == "stop" => break,
+            match line.as_deref().map(str::trim) {
+                Ok("stop") | Err(_) => break,
+                Ok(l) if l.starts_with("reconnect") => {
+                    reconnect_tx.send_modify(|r| {
+                        r.generation += 1;
+                        r.resume = l.ends_with("resume");
+                    });
+                }
                 Ok(_) => continue,
-                Err(_) => break,
             }
         }
         let _ = quit_tx.blocking_send(());
     });
     let launcher = {
-        let (rec, spec, started, stop_rx) =
-            (rec.clone(), spec.clone(), started.clone(), stop_rx.clone());
+        let (rec, spec, started, stop_rx, reconnect_rx) = (
+            rec.clone(),
+            spec.clone(),
+            started.clone(),
+            stop_rx.clone(),
+            reconnect_rx.clone(),
+        );
         tokio::spawn(async move {
             let mut tasks = tokio::task::JoinSet::new();
             let gap = (spec.rate > 0.0).then(|| Duration::from_secs_f64(1.0 / spec.rate));
@@ -349,14 +387,16 @@ async fn run(spec: WorkerSpec) -> anyhow::Result<()> {
                     channel: spec.channels[i % spec.channels.len()].clone(),
                     source: spec.sources[i % spec.sources.len()],
                     generic: spec.generic.clone(),
+                    presence: spec.presence,
                 };
                 let speak = (i < spec.speakers).then(|| spec.speak.clone()).flatten();
                 started.fetch_add(1, Relaxed);
                 let (rec, mut stop_rx, started) = (rec.clone(), stop_rx.clone(), started.clone());
+                let reconnect_rx = reconnect_rx.clone();
                 let lifetime = spec.lifetime_ms.map(Duration::from_millis);
                 tasks.spawn(async move {
                     let Some(lifetime) = lifetime else {
-                        return client::run(client, speak, rec, stop_rx).await;
+                        return client::run(client, speak, rec, stop_rx, reconnect_rx).await;
                     };
                     // Churn: stay a while, leave, come back as a new connection.
                     loop {
@@ -367,6 +407,7 @@ async fn run(spec: WorkerSpec) -> anyhow::Result<()> {
                                 speak.clone(),
                                 rec.clone(),
                                 stop_rx.clone(),
+                                reconnect_rx.clone(),
                             ),
                         )
                         .await;

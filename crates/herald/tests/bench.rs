@@ -209,3 +209,49 @@ fn fetch_brings_the_backends_document_through_the_rpc_hook() {
     let per_answer = held["MB/s"].as_f64().unwrap() * 1e6 / held["answers/s"].as_f64().unwrap();
     assert!((150_000.0..250_000.0).contains(&per_answer), "{held}");
 }
+
+#[test]
+fn presence_pages_every_member_once_and_a_resumed_reconnect_pushes_nothing() {
+    let out = succeeds(herald().args([
+        "bench",
+        "presence",
+        "--members",
+        "150",
+        "--reconnect",
+        "40",
+        "--calls",
+        "20",
+        "--json",
+    ]));
+    let rows = rows(&out.stdout);
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    let crowd = &rows[0];
+    assert_eq!(crowd["members"], 150, "{crowd}");
+    assert_eq!(crowd["members listed / distinct"], "150 / 150", "{crowd}");
+    assert!(
+        crowd["presence_stats p50 ms"].as_f64().unwrap() > 0.0,
+        "{crowd}"
+    );
+    let phase = |name: &str| {
+        rows.iter()
+            .find(|r| r["phase"].as_str().is_some_and(|p| p.starts_with(name)))
+            .unwrap_or_else(|| panic!("no {name} row in {rows:?}"))
+    };
+    // Joining in a few batches: pushes, but far fewer than one per join per member.
+    let joining = phase("joining");
+    let pushes = joining["presence pushes"].as_u64().unwrap();
+    assert!((40..=40 * 10).contains(&pushes), "{joining}");
+    let resumed = phase("reconnect, same clients");
+    assert_eq!(resumed["presence pushes"], 0, "{resumed}");
+    assert_eq!(resumed["members after"], 40, "{resumed}");
+    // New clients: each member hears the leaves and the joins, in a few batches.
+    let renewed = phase("reconnect, new clients");
+    let pushes = renewed["presence pushes"].as_u64().unwrap();
+    assert!((40..=40 * 10).contains(&pushes), "{renewed}");
+    let listed = renewed["joins+leaves listed"].as_u64().unwrap();
+    assert!(
+        listed >= 40 * 40,
+        "every member hears the 40 leaves: {renewed}"
+    );
+    assert_eq!(renewed["members after"], 40, "{renewed}");
+}

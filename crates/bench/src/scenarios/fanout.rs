@@ -9,7 +9,6 @@ use serde_json::json;
 use super::{median_of, percentiles, round, Monitor, Target};
 use crate::{
     client::Transport,
-    fleet::Fleet,
     report::{Outcome, Table},
     Common,
 };
@@ -54,7 +53,7 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
         .map(|c| super::fresh_channel(&format!("bench:fanout-{c}")))
         .collect();
     let mut monitor = Monitor::new(&target, "fanout");
-    let fleet = Fleet::launch(
+    let (fleet, joined) = super::launch_and_join(
         target.clients(
             &args.transport,
             channels.clone(),
@@ -62,20 +61,10 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
             args.connect_rate,
         ),
         common.workers,
+        &mut monitor,
+        "subscribers",
     )
     .await?;
-    let join_limit = Duration::from_secs(30 + args.subscribers as u64 / 500);
-    let joined = fleet
-        .wait_for(
-            "subscribers",
-            join_limit,
-            |t| {
-                t.connected as usize >= args.subscribers
-                    || t.accepted + t.error_count >= args.subscribers as u64
-            },
-            |t| monitor.observe(t),
-        )
-        .await?;
     let subscribed = joined.connected as usize;
     if !target.is_herald {
         // Another server's subscribe is not acknowledged in a way the bench knows: give the

@@ -7,6 +7,7 @@ pub mod churn;
 pub mod fanout;
 pub mod fetch;
 pub mod payload;
+pub mod presence;
 pub mod pushpull;
 pub mod ramp;
 pub mod transports;
@@ -38,6 +39,7 @@ pub async fn run(scenario: Scenario, common: &Common) -> anyhow::Result<Outcome>
         Scenario::Burst(a) => burst::run(a, common).await,
         Scenario::Churn(a) => churn::run(a, common).await,
         Scenario::Fetch(a) => fetch::run(a, common).await,
+        Scenario::Presence(a) => presence::run(a, common).await,
     }
 }
 
@@ -105,6 +107,7 @@ impl Target {
             generic: self.generic.clone(),
             histogram: Default::default(),
             lifetime_ms: None,
+            presence: false,
         }
     }
 
@@ -224,6 +227,32 @@ impl Monitor {
     pub fn finish(&self) {
         self.bar.finish_and_clear();
     }
+}
+
+/// Starts the clients of `spec` and waits until every one is connected, or has failed
+/// (allowing 30 s and a second more per 500 clients).
+pub async fn launch_and_join(
+    spec: WorkerSpec,
+    workers: usize,
+    monitor: &mut Monitor,
+    what: &str,
+) -> anyhow::Result<(crate::fleet::Fleet, Totals)> {
+    let n = spec.clients;
+    let fleet = crate::fleet::Fleet::launch(spec, workers).await?;
+    let joined = fleet
+        .wait_for(
+            what,
+            join_limit(n),
+            |t| t.connected as usize >= n || t.accepted + t.error_count >= n as u64,
+            |t| monitor.observe(t),
+        )
+        .await?;
+    Ok((fleet, joined))
+}
+
+/// How long `n` clients may take to connect.
+pub fn join_limit(n: usize) -> Duration {
+    Duration::from_secs(30 + n as u64 / 500)
 }
 
 pub fn ms(us: u64) -> Value {
