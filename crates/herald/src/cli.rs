@@ -1,6 +1,12 @@
 //! Command-line arguments, and the `pub` / `sub` clients.
 
-use std::{io::Write, net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
+use std::{
+    io::{Read, Write},
+    net::SocketAddr,
+    path::PathBuf,
+    process::ExitCode,
+    time::Duration,
+};
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
@@ -40,9 +46,12 @@ pub struct ServeArgs {
     /// TOML configuration file. Flags override environment variables, which override it.
     #[arg(long, short, env = "HERALD_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Address to listen on [env: HERALD_LISTEN] [default: 127.0.0.1:8080]
-    #[arg(long)]
+    /// Address to listen on, IP:PORT or HOST:PORT (0.0.0.0:8080 for every interface) [env: HERALD_LISTEN] [default: 127.0.0.1:8080]
+    #[arg(long, value_parser = listen_address)]
     pub listen: Option<SocketAddr>,
+    /// Not an option: `--listen` takes the port. Kept to say so.
+    #[arg(long, hide = true)]
+    pub port: Option<String>,
     /// Key for the HTTP API (`Authorization: apikey KEY`) [env: HERALD_API_KEY]
     #[arg(long)]
     pub api_key: Option<String>,
@@ -81,17 +90,56 @@ pub struct ServeArgs {
 #[derive(Debug, Args)]
 pub struct ServerArgs {
     /// Herald's base URL.
-    #[arg(long, env = "HERALD_URL", default_value = "http://127.0.0.1:8080")]
+    #[arg(long, env = "HERALD_URL", default_value = "http://127.0.0.1:8080", value_parser = base_url)]
     pub url: String,
+}
+
+/// `--listen`: an IP address and port, or a host name and port (resolved here).
+fn listen_address(s: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(address) = s.parse() {
+        return Ok(address);
+    }
+    if s.parse::<u16>().is_ok() {
+        return Err(format!(
+            "give an address with the port: 127.0.0.1:{s} (or 0.0.0.0:{s} for every interface)"
+        ));
+    }
+    match s.to_socket_addrs() {
+        Ok(mut found) => found
+            .next()
+            .ok_or_else(|| format!("{s} resolves to no address")),
+        Err(e) => Err(format!(
+            "not IP:PORT or HOST:PORT ({e}); for example 127.0.0.1:8080"
+        )),
+    }
+}
+
+/// `--url`: an absolute http(s) or ws(s) URL.
+fn base_url(s: &str) -> Result<String, String> {
+    if !s.contains("://") {
+        return Err(format!("the URL needs its scheme: http://{s}"));
+    }
+    let url = reqwest::Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
+    match url.scheme() {
+        "http" | "https" | "ws" | "wss" => Ok(s.trim_end_matches('/').to_string()),
+        other => Err(format!(
+            "{other}:// is not Herald's: use http:// or https://"
+        )),
+    }
 }
 
 #[derive(Debug, Args)]
 pub struct PubArgs {
     /// Channel to publish to.
     pub channel: String,
-    /// The message: JSON (`{"text":"hi"}`, `42`); anything that is not JSON is sent as a
-    /// JSON string.
+    /// The message, as JSON (`{"text":"hi"}`, `42`, `"hi"`), or `-` to read it from standard
+    /// input. A bare word (`hello`) is sent as a string; anything else that is not valid
+    /// JSON is refused, unless --string says to send the text as it is.
     pub data: String,
+    /// Send the message as a JSON string, exactly as given.
+    #[arg(long)]
+    pub string: bool,
     #[command(flatten)]
     pub server: ServerArgs,
     /// API key.
@@ -132,7 +180,7 @@ pub async fn publish(a: PubArgs) -> anyhow::Result<ExitCode> {
     let Some(key) = a.api_key else {
         bail!("an API key is needed: pass --api-key or set HERALD_API_KEY");
     };
-    let data: Value = serde_json::from_str(&a.data).unwrap_or(Value::String(a.data));
+    let data = message(&a.data, a.string, std::io::stdin().lock())?;
     let url = format!("{}/api/publish", a.server.url.trim_end_matches('/'));
     let response = reqwest::Client::new()
         .post(&url)
@@ -154,6 +202,46 @@ pub async fn publish(a: PubArgs) -> anyhow::Result<ExitCode> {
     }
     println!("{}", body["offset"]);
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `herald pub` sends: `text` (or standard input for `-`) as JSON, or as a string with
+/// `as_string`. Text that is not JSON is sent as a string only when it is plainly words,
+/// not when it looks like JSON gone wrong (`{"text": hi}`).
+fn message(text: &str, as_string: bool, stdin: impl std::io::Read) -> anyhow::Result<Value> {
+    let text = if text == "-" {
+        let mut read = String::new();
+        std::io::BufReader::new(stdin)
+            .read_to_string(&mut read)
+            .context("reading the message from standard input")?;
+        read.strip_suffix('\n').map(String::from).unwrap_or(read)
+    } else {
+        text.to_string()
+    };
+    if as_string {
+        return Ok(Value::String(text));
+    }
+    match serde_json::from_str(&text) {
+        Ok(value) => Ok(value),
+        Err(e) => {
+            let looks_like_json = text.trim_start().starts_with(['{', '[', '"']);
+            if looks_like_json || text.trim().is_empty() {
+                bail!("the message is not valid JSON ({e}); to send it as a string, add --string");
+            }
+            Ok(Value::String(text))
+        }
+    }
+}
+
+/// An error and what caused it, on one line (reqwest's own text leaves the cause out).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 fn websocket_url(base: &str) -> anyhow::Result<String> {
@@ -280,7 +368,19 @@ enum Ended {
 /// Handles one push (any transport); true once `--count` publications are printed.
 fn on_push(v: &Value, a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<bool> {
     let publications: Vec<Value> = if let Some(r) = v.get("subscribe") {
-        if r["recovered"] == false {
+        let epoch_changed = cursor
+            .epoch
+            .as_deref()
+            .is_some_and(|given| r["epoch"].as_str().is_some_and(|now| now != given));
+        if r["recovered"] == false && epoch_changed {
+            eprintln!(
+                "herald sub: epoch {} is not the channel's (it is {}): its history was started anew, so offset {} means nothing there; continuing from offset {}",
+                cursor.epoch.as_deref().unwrap_or_default(),
+                r["epoch"],
+                cursor.offset.unwrap_or(0),
+                r["offset"]
+            );
+        } else if r["recovered"] == false {
             eprintln!(
                 "herald sub: history does not cover offset {} any more; continuing from offset {}",
                 cursor.offset.unwrap_or(0),
@@ -368,7 +468,8 @@ async fn stream_session(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<Ende
     );
     let response = match reqwest::get(&url).await {
         Ok(r) => r,
-        Err(e) => return Ok(Ended::Reconnect(e.to_string())),
+        Err(e) if cursor.printed == 0 => bail!("cannot connect to {url}: {}", with_causes(&e)),
+        Err(e) => return Ok(Ended::Reconnect(with_causes(&e))),
     };
     if !response.status().is_success() {
         let status = response.status();
@@ -379,7 +480,7 @@ async fn stream_session(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<Ende
     while let Some(chunk) = body.next().await {
         let chunk = match chunk {
             Ok(c) => c,
-            Err(e) => return Ok(Ended::Reconnect(e.to_string())),
+            Err(e) => return Ok(Ended::Reconnect(with_causes(&e))),
         };
         pending.extend_from_slice(&chunk);
         while let Some(end) = pending.iter().position(|b| *b == b'\n') {
@@ -408,7 +509,8 @@ async fn polling_session(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<End
         let answer: Value = match client.get(&url).send().await {
             Ok(r) if r.status().is_success() => r.json().await?,
             Ok(r) => bail!("{}: {}", r.status(), r.text().await.unwrap_or_default()),
-            Err(e) => return Ok(Ended::Reconnect(e.to_string())),
+            Err(e) if cursor.printed == 0 => bail!("cannot connect to {url}: {}", with_causes(&e)),
+            Err(e) => return Ok(Ended::Reconnect(with_causes(&e))),
         };
         for m in answer["messages"].as_array().into_iter().flatten() {
             if on_push(m, a, cursor)? {
@@ -431,7 +533,7 @@ async fn websocket_session(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<E
         Err(e) if cursor.printed == 0 => {
             return Err(e).with_context(|| format!("cannot connect to {url}"))
         }
-        Err(e) => return Ok(Ended::Reconnect(e.to_string())),
+        Err(e) => return Ok(Ended::Reconnect(with_causes(&e))),
     };
     if let Some(token) = &a.token {
         let connect = json!({ "id": 0, "connect": { "token": token } }).to_string();

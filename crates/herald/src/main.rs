@@ -42,6 +42,11 @@ fn runtime(workers: usize) -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
+    if let Some(port) = &args.port {
+        anyhow::bail!(
+            "herald serve has no --port: use --listen 127.0.0.1:{port} (or 0.0.0.0:{port} for every interface)"
+        );
+    }
     let config = settings::load(&args)?;
     if args.print_config {
         print!("{}", toml::to_string_pretty(&config)?);
@@ -178,16 +183,32 @@ fn fit_connections_to_descriptors(config: &mut herald_server::Config) {
         return;
     };
     let room = soft.saturating_sub(SPARE_DESCRIPTORS) as usize;
-    if config.max_connections == 0 || config.max_connections > room {
+    let configured = config.max_connections;
+    if configured != 0 && configured <= room {
+        return;
+    }
+    config.max_connections = room;
+    // The default asks for more than most machines allow by default: that is worth a line,
+    // not a warning. A limit the operator set, or a limit too low to serve, is a warning.
+    let asked = configured != herald_server::Config::default().max_connections;
+    if asked || room < TOO_FEW_CONNECTIONS {
         tracing::warn!(
             open_files = soft,
-            configured = config.max_connections,
+            configured,
             max_connections = room,
-            "the open-file limit is lower than max_connections; holding at most {room} connections (raise `ulimit -n` for more)"
+            "the open-file limit allows only {room} connections; raise it (`ulimit -n 200000`, or LimitNOFILE= in a systemd unit) for more"
         );
-        config.max_connections = room;
+    } else {
+        tracing::info!(
+            open_files = soft,
+            max_connections = room,
+            "holding at most {room} connections (the open-file limit is {soft}; raise it with `ulimit -n` or LimitNOFILE= for more)"
+        );
     }
 }
+
+/// Fewer connections than this is a machine that cannot really serve: say so loudly.
+const TOO_FEW_CONNECTIONS: usize = 1000;
 
 /// A write past the file-size limit (`ulimit -f`) raises SIGXFSZ, which kills a process by
 /// default. Handled, the write fails with EFBIG instead: the store treats it like a full disk

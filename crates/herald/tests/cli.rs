@@ -350,10 +350,185 @@ fn max_connections_is_kept_under_the_open_file_limit() {
     let _ = child.kill();
     let _ = child.wait();
     // No limit asked, but a process has only so many descriptors: the cap leaves 256 spare.
-    let f = capped.expect("a warning names the cap");
+    let f = capped.expect("a line names the cap");
     assert_eq!(
         f["max_connections"].as_u64().unwrap() + 256,
         f["open_files"].as_u64().unwrap(),
         "{f}"
     );
+}
+
+/// What `herald` printed on standard error when it failed (exit code 2).
+fn fails(command: &mut Command) -> String {
+    let out = command.output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    String::from_utf8(out.stderr).unwrap()
+}
+
+/// Issue #18, item 3: broken JSON is refused, not published as a string; `-` reads stdin.
+#[test]
+fn pub_refuses_broken_json_reads_standard_input_and_sends_strings_when_asked() {
+    let server = Server::start(&[]);
+    let publish_args = ["pub", "--url", &server.url, "--api-key", "k", "chat:json"];
+    let said = fails(herald().args(publish_args).arg(r#"{"text": hi}"#));
+    assert!(
+        said.contains("not valid JSON") && said.contains("--string"),
+        "{said}"
+    );
+    let mut piped = herald()
+        .args(publish_args)
+        .arg("-")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    piped
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"{\"text\": \"from stdin\"}\n")
+        .unwrap();
+    assert!(piped.wait_with_output().unwrap().status.success());
+    succeeds(
+        herald()
+            .args(publish_args)
+            .args(["--string", r#"{"text": hi}"#]),
+    );
+    succeeds(herald().args(publish_args).arg("plain words"));
+    let history = support::history(
+        &tokio::runtime::Runtime::new().unwrap(),
+        &server.url,
+        "chat:json",
+    );
+    let data: Vec<Value> = history["publications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["data"].clone())
+        .collect();
+    assert_eq!(
+        data,
+        [
+            serde_json::json!({"text": "from stdin"}),
+            serde_json::json!(r#"{"text": hi}"#),
+            serde_json::json!("plain words"),
+        ],
+        "nothing of the refused one was published"
+    );
+}
+
+/// Issue #18, item 9: mistakes in addresses and URLs say how to put them right.
+#[test]
+fn address_and_url_mistakes_say_how_to_fix_them() {
+    let said = fails(herald().args(["serve", "--port", "9000"]));
+    assert!(said.contains("--listen 127.0.0.1:9000"), "{said}");
+    let said = fails(herald().args(["serve", "--listen", "9000"]));
+    assert!(said.contains("127.0.0.1:9000"), "{said}");
+    let said = fails(herald().args(["pub", "--url", "127.0.0.1:8080", "--api-key", "k", "c", "1"]));
+    assert!(said.contains("http://127.0.0.1:8080"), "{said}");
+    // A host name is resolved: the server listens and says where.
+    let server = Server::start_at("localhost:0", tempfile::tempdir().unwrap().path(), &[]);
+    assert!(
+        server.url.starts_with("http://127.0.0.1:"),
+        "{}",
+        server.url
+    );
+}
+
+/// Issue #18, item 9: every transport stops at once when nothing listens, saying why.
+#[test]
+fn sub_over_http_transports_stops_at_once_when_the_server_is_not_there() {
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    for transport in ["ws", "sse", "stream", "longpoll", "poll"] {
+        let started = std::time::Instant::now();
+        let said = fails(herald().args([
+            "sub",
+            "chat:nobody",
+            "--transport",
+            transport,
+            "--url",
+            &format!("http://{closed}"),
+        ]));
+        assert!(said.contains("refused"), "{transport}: {said}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{transport} gave up after {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+/// Issue #18, item 7: an epoch that is not the channel's is named as the reason.
+#[test]
+fn sub_with_a_wrong_epoch_says_the_epoch_differs() {
+    let server = Server::start(&[]);
+    for n in 1..=6 {
+        publish(&server, "chat:epoch", &n.to_string());
+    }
+    let mut sub = herald()
+        .args(["sub", "chat:epoch", "--since", "5", "--epoch", "nonsense"])
+        .args(["--count", "1", "--url", &server.url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // What it says when its subscription is answered; then it waits for the next one.
+    let mut said = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(sub.stderr.take().unwrap()),
+        &mut said,
+    )
+    .unwrap();
+    assert!(
+        said.contains("epoch nonsense is not the channel's"),
+        "{said}"
+    );
+    assert!(!said.contains("does not cover"), "{said}");
+    publish(&server, "chat:epoch", "7");
+    let out = sub.wait_with_output().unwrap();
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        printed["offset"], 7,
+        "it goes on from the channel's position"
+    );
+}
+
+/// Issue #18, item 6: a normal start says nothing alarming about the open-file limit.
+#[test]
+fn a_default_start_does_not_warn_about_the_open_file_limit() {
+    let data = tempfile::tempdir().unwrap();
+    let mut child = herald()
+        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+        .arg("--data-dir")
+        .arg(data.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
+    let mut said = Vec::new();
+    for line in lines {
+        let v: Value = serde_json::from_str(&line.unwrap()).unwrap_or_default();
+        if v["fields"]["message"] == "herald is listening" {
+            break;
+        }
+        if v["fields"]["max_connections"].is_u64() {
+            said.push(v);
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    for v in &said {
+        assert_eq!(v["level"], "INFO", "{v}");
+        assert!(
+            v["fields"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("ulimit -n"),
+            "{v}"
+        );
+    }
 }
