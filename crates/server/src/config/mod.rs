@@ -621,6 +621,22 @@ mod tests {
         );
     }
 
+    /// Issue #18, item 2: a channel of any namespace is still replayable hours later.
+    #[test]
+    fn ordinary_channels_keep_a_thousand_publications_for_a_week() {
+        let s = Config::default().validate().unwrap();
+        for namespace in ["", "news", "chat"] {
+            let rules = s.namespace(namespace);
+            assert_eq!(rules.history_size, 1000, "{namespace:?}");
+            assert_eq!(
+                rules.history_ttl,
+                Duration::from_secs(7 * 24 * 3600),
+                "{namespace:?}"
+            );
+            assert!(rules.history_meta_ttl >= rules.history_ttl, "{namespace:?}");
+        }
+    }
+
     #[test]
     fn errors_name_the_key() {
         let mut c = Config::default();

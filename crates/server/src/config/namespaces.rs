@@ -133,14 +133,15 @@ macro_rules! namespace_rules {
 }
 
 namespace_rules! { |keyed|
-    /// Publications kept per channel. Default 100.
-    history_size: usize = 100;
-    /// Age after which publications leave history. Default `5m`.
+    /// Publications kept per channel. Default 1000: a durable server should still have
+    /// this morning's messages this afternoon.
+    history_size: usize = 1000;
+    /// Age after which publications leave history. Default `7days`.
     #[serde(with = "humantime_serde")]
-    history_ttl: Duration = Duration::from_secs(300);
-    /// How long an idle channel's epoch and offset are remembered. Default `24h`.
+    history_ttl: Duration = Duration::from_secs(7 * 24 * 3600);
+    /// How long an idle channel's epoch and offset are remembered. Default `30days`.
     #[serde(with = "humantime_serde")]
-    history_meta_ttl: Duration = Duration::from_secs(24 * 3600);
+    history_meta_ttl: Duration = Duration::from_secs(30 * 24 * 3600);
     /// Who may subscribe. Default `anyone` without token keys, `authenticated` with one.
     subscribe: Access = if keyed { Access::Authenticated } else { Access::Anyone };
     /// Who may read history (the `history` command, and replays when resuming). Reading
