@@ -532,3 +532,68 @@ fn a_default_start_does_not_warn_about_the_open_file_limit() {
         );
     }
 }
+
+/// Issue #18, item 1: a page of another origin gets an answer it can read (error 119, the
+/// origin to add), and the server says so in its log, once however many are refused.
+#[test]
+fn a_refused_origin_is_told_why_and_logged_once() {
+    let data = tempfile::tempdir().unwrap();
+    let mut child = herald()
+        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+        .arg("--data-dir")
+        .arg(data.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
+    let address = loop {
+        let v: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap_or_default();
+        if v["fields"]["message"] == "herald is listening" {
+            break v["fields"]["address"].as_str().unwrap().to_string();
+        }
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let origin = "http://127.0.0.1:1";
+    for _ in 0..5 {
+        let answer = rt.block_on(
+            reqwest::Client::new()
+                .get(format!("http://{address}/connection/stream?channel=chat:x"))
+                .header("Origin", origin)
+                .send(),
+        );
+        let answer = answer.unwrap();
+        assert_eq!(answer.status(), 403);
+        assert_eq!(
+            answer.headers()["access-control-allow-origin"],
+            origin,
+            "the refused page may read why"
+        );
+        assert!(answer.headers().get("x-herald-refused-origin").is_none());
+        let body: Value = rt.block_on(answer.json()).unwrap();
+        assert_eq!(body["error"]["code"], 119, "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(origin) && message.contains("allowed_origins"),
+            "{body}"
+        );
+    }
+    assert!(Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let logged: Vec<Value> = lines
+        .map(|l| serde_json::from_str::<Value>(&l.unwrap()).unwrap_or_default())
+        .filter(|v| {
+            v["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("refused a browser connection"))
+        })
+        .collect();
+    child.wait().unwrap();
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    assert!(logged[0]["fields"]["message"]
+        .as_str()
+        .unwrap()
+        .contains(origin));
+}

@@ -89,6 +89,9 @@ codes! {
         /// The application's backend, which a hook asks, did not answer in time, answered
         /// something that is not a hook answer, or is failing; retry later.
         BackendUnavailable = 118, "backend unavailable";
+        /// The page's origin is not in the server's `allowed_origins`: reconnecting from it
+        /// cannot help (HTTP 403; a client stops as on close code 3502).
+        OriginNotAllowed = 119, "origin not allowed";
     }
 }
 

@@ -282,6 +282,7 @@ var Herald = (() => {
       if (body.error?.message !== void 0) reason = `${reason}: ${body.error.message}`;
     } catch {
     }
+    if (code === 119) return { code: 3502, reason };
     return { code: response.status === 401 ? authClose(code) : code, reason };
   }
 

@@ -45,7 +45,7 @@ impl Failure {
         match self.code {
             ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             ErrorCode::Unauthorized | ErrorCode::TokenExpired => StatusCode::UNAUTHORIZED,
-            ErrorCode::PermissionDenied => StatusCode::FORBIDDEN,
+            ErrorCode::PermissionDenied | ErrorCode::OriginNotAllowed => StatusCode::FORBIDDEN,
             ErrorCode::MethodNotFound => StatusCode::NOT_FOUND,
             ErrorCode::AlreadySubscribed | ErrorCode::BadConnectState => StatusCode::CONFLICT,
             ErrorCode::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
@@ -114,11 +114,19 @@ impl Disconnect {
 impl axum::response::IntoResponse for Failure {
     fn into_response(self) -> axum::response::Response {
         let body = herald_protocol::json::encode_error(None, self.wire_code(), &self.message);
-        (
+        let mut response = (
             self.status(),
             [(axum::http::header::CONTENT_TYPE, "application/json")],
             body,
         )
-            .into_response()
+            .into_response();
+        if self.code == ErrorCode::OriginNotAllowed {
+            // For the router's `readable_refusal`, which removes it again.
+            response.headers_mut().insert(
+                crate::router::REFUSED_ORIGIN,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        response
     }
 }

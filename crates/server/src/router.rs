@@ -45,6 +45,31 @@ async fn known_host(
     }
 }
 
+/// A page whose origin is refused may read the refusal (only that: the answer holds the
+/// error and nothing else), so that a client can tell its user what to configure instead
+/// of retrying blind. Every other cross-origin answer follows `allowed_origins`.
+async fn readable_refusal(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let origin = request.headers().get(header::ORIGIN).cloned();
+    let mut response = next.run(request).await;
+    if let Some(origin) = origin {
+        let headers = response.headers_mut();
+        if !headers.contains_key(header::ACCESS_CONTROL_ALLOW_ORIGIN)
+            && headers.get(REFUSED_ORIGIN).is_some()
+        {
+            headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+            headers.append(header::VARY, HeaderValue::from_static("origin"));
+        }
+        headers.remove(REFUSED_ORIGIN);
+    }
+    response
+}
+
+/// Marks an answer as an origin refusal, for [`readable_refusal`]; never sent.
+pub(crate) const REFUSED_ORIGIN: HeaderName = HeaderName::from_static("x-herald-refused-origin");
+
 /// The whole HTTP surface of a node.
 pub fn router(node: Arc<Node>) -> Router {
     let connection = Router::new()
@@ -58,7 +83,8 @@ pub fn router(node: Arc<Node>) -> Router {
         .layer(DefaultBodyLimit::max(
             node.settings.config.client.max_frame_size,
         ))
-        .layer(cors(&node.settings.config.allowed_origins));
+        .layer(cors(&node.settings.config.allowed_origins))
+        .layer(axum::middleware::from_fn(readable_refusal));
     let mut all = Router::new()
         .merge(connection)
         .route("/healthz", get(healthz));

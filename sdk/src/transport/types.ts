@@ -60,5 +60,8 @@ export async function httpFailure(response: Response): Promise<{ code: number; r
   } catch {
     // A proxy's HTML error page, say: the status is all there is.
   }
+  // An origin refusal: retrying from this page cannot help, so it ends the client (3502,
+  // "forbidden") with the server's words, which say what to add to `allowed_origins`.
+  if (code === 119) return { code: 3502, reason };
   return { code: response.status === 401 ? authClose(code) : code, reason };
 }
