@@ -47,7 +47,31 @@ pub struct Outcome {
     pub tables: Vec<Table>,
     /// How things were measured, and caveats.
     pub notes: Vec<String>,
+    /// What changed over time, per run (a transport, say): one chart per metric, a line
+    /// per run.
     pub series: Vec<(String, Vec<Point>)>,
+    /// Comparisons: one picture each.
+    #[serde(skip)]
+    pub bars: Vec<Bars>,
+}
+
+/// Grouped bars: for each metric a panel, in it for each category (a transport) a bar per
+/// source (this run, a study's published figure), each labelled with its value.
+#[derive(Debug, Clone, Default)]
+pub struct Bars {
+    /// File name part.
+    pub name: String,
+    pub title: String,
+    pub categories: Vec<String>,
+    pub sources: Vec<String>,
+    pub metrics: Vec<BarMetric>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct BarMetric {
+    pub label: String,
+    /// `values[source][category]`; None where a source has no figure.
+    pub values: Vec<Vec<Option<f64>>>,
 }
 
 fn cell(v: &Value) -> String {
@@ -174,59 +198,205 @@ pub fn json_lines(outcome: &Outcome) -> String {
 /// A chart: file name part, axis label, and the value it plots.
 type Metric = (&'static str, &'static str, fn(&Point) -> f64);
 
-/// Four charts per series (latency, connections, CPU, memory over time), as SVG in `dir`.
+/// Colours of the runs (lines) and sources (bars), in order.
+const PALETTE: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(150, 150, 150),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(255, 127, 14),
+];
+
+/// A value as a label: as many decimals as its size needs (2.82, 0.046, 1,234 → 1234).
+pub fn label(v: f64) -> String {
+    let a = v.abs();
+    if a == 0.0 {
+        "0".into()
+    } else if a >= 100.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else if a >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// An axis tick: the same decimals on every tick of an axis whose top is `top`.
+fn tick(v: f64, top: f64) -> String {
+    let decimals = if top >= 50.0 {
+        0
+    } else if top >= 5.0 {
+        1
+    } else if top >= 0.5 {
+        2
+    } else {
+        3
+    };
+    format!("{v:.decimals$}")
+}
+
+fn file_name(dir: &Path, parts: &[&str]) -> std::path::PathBuf {
+    let safe: String = parts
+        .join("-")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    dir.join(format!("{safe}.svg"))
+}
+
+/// The charts as SVG in `dir`: over time, one per metric with a line per run (metrics that
+/// stayed at zero are left out), and each comparison of [`Outcome::bars`].
 pub fn charts(outcome: &Outcome, dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
     std::fs::create_dir_all(dir)?;
     let mut written = Vec::new();
-    for (name, points) in &outcome.series {
-        if points.len() < 2 {
+    let runs: Vec<&(String, Vec<Point>)> = outcome
+        .series
+        .iter()
+        .filter(|(_, p)| p.len() >= 2)
+        .collect();
+    let metrics: [Metric; 4] = [
+        ("latency", "p99 latency (ms)", |p| p.p99_ms),
+        ("connections", "connections", |p| p.connections as f64),
+        ("cpu", "server CPU (% of one core)", |p| p.cpu_percent),
+        ("memory", "server RSS (MB)", |p| p.rss_mb),
+    ];
+    for (slug, axis, get) in metrics {
+        let y_top = runs
+            .iter()
+            .flat_map(|(_, points)| points.iter().map(get))
+            .fold(0.0, f64::max);
+        if runs.is_empty() || y_top <= 0.0 {
             continue;
         }
-        let metrics: [Metric; 4] = [
-            ("latency", "p99 latency (ms)", |p| p.p99_ms),
-            ("connections", "connections", |p| p.connections as f64),
-            ("cpu", "server CPU (% of one core)", |p| p.cpu_percent),
-            ("memory", "server RSS (MB)", |p| p.rss_mb),
-        ];
-        for (slug, label, get) in metrics {
-            let safe: String = format!("{}-{name}-{slug}", outcome.scenario)
-                .chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() || c == '-' {
-                        c
-                    } else {
-                        '_'
-                    }
-                })
-                .collect();
-            let path = dir.join(format!("{safe}.svg"));
-            let t_max = points.last().map_or(1.0, |p| p.t).max(1.0);
-            let y_max = points.iter().map(get).fold(0.0, f64::max).max(1e-9) * 1.1;
-            let file = path.clone();
-            let root = SVGBackend::new(&file, (800, 360)).into_drawing_area();
+        let path = file_name(dir, &[&outcome.scenario, slug]);
+        let t_max = runs
+            .iter()
+            .filter_map(|(_, p)| p.last().map(|p| p.t))
+            .fold(1.0, f64::max);
+        {
+            let root = SVGBackend::new(&path, (800, 380)).into_drawing_area();
             root.fill(&WHITE)?;
             let mut chart = ChartBuilder::on(&root)
-                .caption(
-                    format!("{} · {name} · {label}", outcome.scenario),
-                    ("sans-serif", 18),
-                )
+                .caption(format!("{} · {axis}", outcome.scenario), ("sans-serif", 18))
                 .margin(12)
                 .x_label_area_size(36)
                 .y_label_area_size(64)
-                .build_cartesian_2d(0.0..t_max, 0.0..y_max)?;
+                .build_cartesian_2d(0.0..t_max, 0.0..y_top * 1.1)?;
             chart
                 .configure_mesh()
                 .x_desc("seconds")
-                .y_desc(label)
+                .y_desc(axis)
+                .y_label_formatter(&|v| tick(*v, y_top))
                 .draw()?;
-            chart.draw_series(LineSeries::new(points.iter().map(|p| (p.t, get(p))), &BLUE))?;
+            for (i, (name, points)) in runs.iter().enumerate() {
+                let colour = PALETTE[i % PALETTE.len()];
+                chart
+                    .draw_series(LineSeries::new(
+                        points.iter().map(|p| (p.t, get(p))),
+                        colour.stroke_width(2),
+                    ))?
+                    .label(name.as_str())
+                    .legend(move |(x, y)| {
+                        PathElement::new([(x, y), (x + 16, y)], colour.stroke_width(2))
+                    });
+            }
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()?;
             root.present()?;
-            drop(chart);
-            drop(root);
-            written.push(path);
         }
+        written.push(path);
+    }
+    for bars in &outcome.bars {
+        let path = file_name(dir, &[&outcome.scenario, &bars.name]);
+        draw_bars(bars, &path)?;
+        written.push(path);
     }
     Ok(written)
+}
+
+/// One SVG: a panel per metric, bars grouped by category, a colour per source, the value
+/// above each bar, the category under each group.
+fn draw_bars(bars: &Bars, path: &Path) -> anyhow::Result<()> {
+    let panels = bars.metrics.len().max(1);
+    let root = SVGBackend::new(path, (380 * panels as u32, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (top, body) = root.split_vertically(56);
+    top.draw(&Text::new(bars.title.clone(), (12, 8), ("sans-serif", 18)))?;
+    let mut x = 12;
+    for (i, source) in bars.sources.iter().enumerate() {
+        let colour = PALETTE[i % PALETTE.len()];
+        top.draw(&Rectangle::new([(x, 34), (x + 14, 48)], colour.filled()))?;
+        top.draw(&Text::new(source.clone(), (x + 20, 34), ("sans-serif", 14)))?;
+        x += 30 + 8 * source.chars().count() as i32;
+    }
+    let n = bars.categories.len().max(1);
+    let per_group = bars.sources.len().max(1) as f64;
+    for (panel, metric) in body.split_evenly((1, panels)).iter().zip(&bars.metrics) {
+        let y_top = metric
+            .values
+            .iter()
+            .flatten()
+            .flatten()
+            .fold(0.0f64, |a, b| a.max(*b))
+            .max(1e-9);
+        // Below zero: room for the category names.
+        let floor = -y_top * 0.12;
+        let mut chart = ChartBuilder::on(panel)
+            .caption(metric.label.clone(), ("sans-serif", 15))
+            .margin(10)
+            .y_label_area_size(56)
+            .build_cartesian_2d(0.0..n as f64, floor..y_top * 1.15)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(0)
+            .y_label_formatter(&|v| {
+                if *v < 0.0 {
+                    String::new()
+                } else {
+                    tick(*v, y_top)
+                }
+            })
+            .draw()?;
+        for (c, category) in bars.categories.iter().enumerate() {
+            chart.draw_series([Text::new(
+                category.clone(),
+                (c as f64 + 0.1, floor * 0.4),
+                ("sans-serif", 13),
+            )])?;
+            for (s, values) in metric.values.iter().enumerate() {
+                let Some(Some(v)) = values.get(c) else {
+                    continue;
+                };
+                let width = 0.8 / per_group;
+                let left = c as f64 + 0.1 + s as f64 * width;
+                let colour = PALETTE[s % PALETTE.len()];
+                chart.draw_series([Rectangle::new(
+                    [(left, 0.0), (left + width * 0.9, *v)],
+                    colour.filled(),
+                )])?;
+                chart.draw_series([Text::new(
+                    label(*v),
+                    (left, *v + y_top * 0.03),
+                    ("sans-serif", 11),
+                )])?;
+            }
+        }
+    }
+    root.present()?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -253,6 +423,16 @@ mod tests {
                     })
                     .collect(),
             )],
+            bars: vec![Bars {
+                name: "compare".into(),
+                title: "two sources".into(),
+                categories: vec!["ws".into(), "sse".into()],
+                sources: vec!["this run".into(), "study".into()],
+                metrics: vec![BarMetric {
+                    label: "p99 ms".into(),
+                    values: vec![vec![Some(2.82), Some(0.046)], vec![None, Some(31.0)]],
+                }],
+            }],
         }
     }
 
@@ -271,7 +451,26 @@ mod tests {
         assert_eq!(line["p99 ms"], 3.25);
         let dir = tempfile::tempdir().unwrap();
         let files = charts(&o, dir.path()).unwrap();
-        assert_eq!(files.len(), 4);
-        assert!(std::fs::read_to_string(&files[0]).unwrap().contains("<svg"));
+        let names: Vec<_> = files
+            .iter()
+            .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        // CPU and memory stayed at zero: no empty charts for them.
+        assert_eq!(
+            names,
+            [
+                "fanout-latency.svg",
+                "fanout-connections.svg",
+                "fanout-compare.svg"
+            ]
+        );
+        let latency = std::fs::read_to_string(&files[0]).unwrap();
+        assert!(latency.contains("<svg"), "{latency}");
+        // The axis says what the line shows: 0 to 4 ms, not 0.0 everywhere.
+        assert!(latency.contains("\n2.00\n"), "{latency}");
+        let bars = std::fs::read_to_string(&files[2]).unwrap();
+        for value in ["2.82", "0.046", "31.0", "ws", "sse", "study"] {
+            assert!(bars.contains(&format!("\n{value}\n")), "{value} in {bars}");
+        }
     }
 }

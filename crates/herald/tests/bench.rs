@@ -57,11 +57,12 @@ fn fanout_delivers_everything_once_across_worker_processes() {
     assert!(std::fs::read_to_string(&markdown)
         .unwrap()
         .contains("| transport |"));
-    assert!(dir.path().join("fanout-ws-latency.svg").exists());
+    assert!(dir.path().join("fanout-latency.svg").exists());
 }
 
 #[test]
 fn transports_counts_bytes_and_packets_both_ways() {
+    let charts = tempfile::tempdir().unwrap();
     let out = succeeds(
         herald()
             .args([
@@ -72,7 +73,9 @@ fn transports_counts_bytes_and_packets_both_ways() {
                 "--every",
                 "500ms",
             ])
-            .args(["--transports", "ws,sse,longpoll,poll@200ms", "--json"]),
+            .args(["--transports", "ws,sse,longpoll,poll@200ms", "--json"])
+            .arg("--charts")
+            .arg(charts.path()),
     );
     let rows = rows(&out.stdout);
     let ours: Vec<&Value> = rows
@@ -95,6 +98,30 @@ fn transports_counts_bytes_and_packets_both_ways() {
     assert!(
         rows.iter().any(|r| r["transport"] == "WebSocket"),
         "the study's figures are printed beside"
+    );
+    // Issue #18, item 8: one picture compares the transports, with the table's values
+    // (scaled to the study's 60 s) written on the bars, beside the study's.
+    let files: Vec<_> = std::fs::read_dir(charts.path())
+        .unwrap()
+        .map(|f| f.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(files, ["transports-comparison.svg"]);
+    let svg = std::fs::read_to_string(charts.path().join("transports-comparison.svg")).unwrap();
+    for r in rows.iter().filter(|r| r["packets per 60 s"].is_number()) {
+        let transport = r["transport"].as_str().unwrap();
+        let packets = r["packets per 60 s"].as_f64().unwrap();
+        assert_eq!(
+            packets,
+            r["packets"].as_f64().unwrap() * 30.0,
+            "2 s scaled to 60: {r}"
+        );
+        for text in [transport.to_string(), format!("{packets:.0}")] {
+            assert!(svg.contains(&format!("\n{text}\n")), "{text} on the chart");
+        }
+    }
+    assert!(
+        svg.contains("\n568\n"),
+        "the study's WebSocket packets beside"
     );
 }
 

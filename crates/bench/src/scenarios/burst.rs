@@ -104,5 +104,6 @@ pub async fn run(args: BurstArgs, common: &Common) -> anyhow::Result<Outcome> {
         tables: vec![t],
         notes: vec!["study 5 ran bursts of 600 every 120 s (peaks of 3,600 and 4,200 connections); the interval is a flag".into()],
         series: vec![(args.transport.label(), monitor.points)],
+        bars: Vec::new(),
     })
 }

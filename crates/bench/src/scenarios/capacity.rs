@@ -141,5 +141,6 @@ async fn once(args: CapacityArgs, common: &Common) -> anyhow::Result<Outcome> {
         tables: vec![t],
         notes,
         series: vec![(args.transport.label(), monitor.points)],
+        bars: Vec::new(),
     })
 }

@@ -86,5 +86,6 @@ pub async fn run(args: ChurnArgs, common: &Common) -> anyhow::Result<Outcome> {
         tables: vec![t],
         notes: vec!["a publication every second; a client that is between connections misses what is published meanwhile (it resumes nothing: churn measures connection handling)".into()],
         series: vec![(args.transport.label(), monitor.points)],
+        bars: Vec::new(),
     })
 }

@@ -212,5 +212,6 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
         tables: vec![t],
         notes,
         series: vec![(args.transport.label(), monitor.points)],
+        bars: Vec::new(),
     })
 }

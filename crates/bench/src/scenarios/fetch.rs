@@ -315,6 +315,7 @@ pub async fn run(args: FetchArgs, common: &Common) -> anyhow::Result<Outcome> {
             "the study: 304 clients at about 46 MB/s on 2 CPUs / 4 GB before memory ran out".into(),
         ],
         series: vec![("fetch".into(), points)],
+        bars: Vec::new(),
     };
     if let Some(w) = &last_held {
         outcome.notes.push(format!(

@@ -90,6 +90,7 @@ join_leave = true
             ),
         ],
         series: Vec::new(),
+        bars: Vec::new(),
     };
     if common.nodes > 1 {
         outcome.notes.push(format!(

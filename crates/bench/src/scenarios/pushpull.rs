@@ -132,5 +132,6 @@ pub async fn run(args: PushpullArgs, common: &Common) -> anyhow::Result<Outcome>
             "study 2 (2011): 1 s polling got up to 184 messages for 10 published, 5 s polling lost up to 70 %, long-polling 10/10 with 243-946 ms trips, streaming lost 1-2 with 505-2,005 ms trips".into(),
         ],
         series,
+        bars: Vec::new(),
     })
 }

@@ -178,5 +178,6 @@ async fn once(args: RampArgs, common: &Common) -> anyhow::Result<Outcome> {
         tables: vec![t, study, probes_table],
         notes,
         series: vec![(args.transport.label(), monitor.points)],
+        bars: Vec::new(),
     })
 }
