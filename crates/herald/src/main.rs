@@ -81,6 +81,18 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
             "herald is listening"
         );
         say_what_is_open(&node.settings);
+        if let Some(address) = node.settings.config.metrics_listen {
+            let metrics = tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {address} (metrics_listen): {e}"))?;
+            tracing::info!(address = %metrics.local_addr()?, "metrics at /metrics, without a key");
+            let served = herald_server::router::serve_metrics(metrics, node.clone());
+            tokio::spawn(async move {
+                if let Err(e) = served.await {
+                    tracing::warn!(error = %e, "the metrics listener stopped");
+                }
+            });
+        }
         herald_server::serve(listener, node.clone(), shutdown).await?;
         // Dropping the last handle closes the data file cleanly.
         drop(node);

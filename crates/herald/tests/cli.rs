@@ -597,3 +597,48 @@ fn a_refused_origin_is_told_why_and_logged_once() {
         .unwrap()
         .contains(origin));
 }
+
+/// Issue #16: `metrics_listen` serves `/metrics` without a key, on its own address only.
+#[test]
+fn metrics_listen_serves_metrics_without_a_key() {
+    let data = tempfile::tempdir().unwrap();
+    let mut child = herald()
+        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+        .args(["--api-key", "k", "--data-dir"])
+        .arg(data.path())
+        .env("HERALD_METRICS_LISTEN", "127.0.0.1:0")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
+    let (mut main, mut metrics) = (None, None);
+    for line in lines {
+        let v: Value = serde_json::from_str(&line.unwrap()).unwrap_or_default();
+        let address = v["fields"]["address"].as_str().map(String::from);
+        match v["fields"]["message"].as_str() {
+            Some("herald is listening") => main = address,
+            Some(m) if m.starts_with("metrics at /metrics") => metrics = address,
+            _ => {}
+        }
+        if main.is_some() && metrics.is_some() {
+            break;
+        }
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let get = |url: String| {
+        rt.block_on(async {
+            let r = reqwest::get(url).await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        })
+    };
+    let (status, text) = get(format!("http://{}/metrics", metrics.unwrap()));
+    assert_eq!(status, 200);
+    assert!(
+        text.contains("herald_connections_accepted_total{transport=\"websocket\"} 0"),
+        "{text}"
+    );
+    let (status, _) = get(format!("http://{}/metrics", main.unwrap()));
+    assert_eq!(status, 401, "the main address still needs the key");
+    let _ = child.kill();
+    let _ = child.wait();
+}

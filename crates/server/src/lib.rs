@@ -19,6 +19,7 @@ pub mod history;
 pub mod hooks;
 pub mod hub;
 pub mod limits;
+pub mod metrics;
 pub mod node;
 pub mod policy;
 pub mod publish;

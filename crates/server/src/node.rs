@@ -62,6 +62,8 @@ pub struct Node {
     pub sockets: Arc<AtomicUsize>,
     /// Where sessions record events for the backend (`hooks.events_url`).
     pub events: Option<Arc<crate::hooks::events::EventLog>>,
+    /// What `GET /metrics` reports.
+    pub metrics: crate::metrics::Metrics,
     connections: AtomicUsize,
     next_session: AtomicU64,
     started: Instant,
@@ -129,6 +131,7 @@ impl Node {
             tasks: TaskTracker::new(),
             inboxes: Mutex::default(),
             sockets: Arc::default(),
+            metrics: crate::metrics::Metrics::default(),
             connections: AtomicUsize::new(0),
             next_session: AtomicU64::new(1),
             started: Instant::now(),
@@ -201,6 +204,18 @@ impl Node {
     /// Time since start.
     pub fn uptime(&self) -> std::time::Duration {
         self.started.elapsed()
+    }
+
+    /// `GET /metrics`: the Prometheus text of this node.
+    pub fn metrics_text(&self) -> String {
+        let (publications_fanned_out, deliveries) = self.hub.counters();
+        self.metrics.encode(crate::metrics::Snapshot {
+            publications_fanned_out,
+            deliveries,
+            channels: self.broker.channel_count() as u64,
+            subscribed_channels: self.hub.channel_count() as u64,
+            sockets: self.sockets.load(Ordering::Relaxed) as u64,
+        })
     }
 }
 

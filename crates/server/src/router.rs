@@ -70,6 +70,21 @@ async fn readable_refusal(
 /// Marks an answer as an origin refusal, for [`readable_refusal`]; never sent.
 pub(crate) const REFUSED_ORIGIN: HeaderName = HeaderName::from_static("x-herald-refused-origin");
 
+/// Serves `metrics_listen`'s surface on `listener` until the node shuts down: `GET
+/// /metrics` without a key, and nothing else.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    node: Arc<Node>,
+) -> std::io::Result<()> {
+    let stop = node.shutdown.clone();
+    let router = Router::new()
+        .route("/metrics", get(http_api::metrics))
+        .with_state(node);
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await
+}
+
 /// The whole HTTP surface of a node.
 pub fn router(node: Arc<Node>) -> Router {
     let connection = Router::new()

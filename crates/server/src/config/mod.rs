@@ -73,6 +73,10 @@ pub struct Config {
     pub sync: SyncMode,
     /// Serve the browser SDK at `/herald.js` and the chat demo at `/chat`. Default true.
     pub web: bool,
+    /// Also serve `GET /metrics` on this address, without the API key (for a Prometheus
+    /// on a private network). On the main address `/metrics` always needs a key. Default:
+    /// none.
+    pub metrics_listen: Option<SocketAddr>,
     /// Most connections (of every transport, long-polls included) at once; more are refused
     /// with 503 and error 106. 0 = no limit. Default 100000.
     pub max_connections: usize,
@@ -370,6 +374,7 @@ impl Default for Config {
             allowed_origins: Vec::new(),
             allowed_hosts: Vec::new(),
             web: true,
+            metrics_listen: None,
             data_dir: "herald-data".into(),
             storage: StorageEngine::Durable,
             redis: RedisConfig::default(),
@@ -560,6 +565,14 @@ impl Settings {
         self.namespaces
             .get(namespace)
             .unwrap_or(&self.default_namespace)
+    }
+
+    /// A channel's namespace as metrics label it: its name when the configuration lists it
+    /// (bounded by the configuration), else `_other` (clients can make up any).
+    pub fn namespace_label<'a>(&'a self, namespace: &str) -> &'a str {
+        self.namespaces
+            .get_key_value(namespace)
+            .map_or("_other", |(name, _)| name.as_str())
     }
 
     /// Each channel's retention by its namespace's rules, for the broker.

@@ -56,6 +56,27 @@ pub enum Transport {
     Send,
 }
 
+impl Transport {
+    /// Its name, as hooks and metrics say it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Websocket => "websocket",
+            Self::Sse => "sse",
+            Self::Stream => "stream",
+            Self::Iframe => "iframe",
+            Self::Longpoll => "longpoll",
+            Self::Poll => "poll",
+            Self::Send => "send",
+        }
+    }
+
+    /// Whether each of its sessions is one request (polls, sends), not a connection that
+    /// lives.
+    pub fn is_request(self) -> bool {
+        matches!(self, Self::Longpoll | Self::Poll | Self::Send)
+    }
+}
+
 /// What the connect hook is told about a client's request, beyond its address (which the
 /// session holds).
 #[derive(Debug, Clone, Default)]

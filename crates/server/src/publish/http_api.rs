@@ -29,7 +29,20 @@ pub fn routes(node: Arc<Node>) -> Router<Arc<Node>> {
         .route("/api/info", get(info))
         .route("/api/presence", get(presence))
         .route("/api/presence_stats", get(presence_stats))
+        .route("/metrics", get(metrics))
         .layer(middleware::from_fn_with_state(node, require_key))
+}
+
+/// `GET /metrics`: Prometheus text (docs/observability.md).
+pub async fn metrics(State(node): State<Arc<Node>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        node.metrics_text(),
+    )
+        .into_response()
 }
 
 async fn require_key(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {

@@ -80,8 +80,24 @@ pub async fn publish(
             "server is shutting down",
         ));
     }
-    Ok(node
+    let started = std::time::Instant::now();
+    let position = node
         .broker
         .publish(channel, Publication::record(data, from), ns.stream_policy())
-        .await?)
+        .await?;
+    let storage = match node.settings.config.storage {
+        crate::config::StorageEngine::Redis => "redis",
+        _ if ns.durable
+            && node.settings.config.storage == crate::config::StorageEngine::Durable =>
+        {
+            "durable"
+        }
+        _ => "memory",
+    };
+    node.metrics.published(
+        node.settings.namespace_label(channel.namespace()),
+        storage,
+        started.elapsed(),
+    );
+    Ok(position)
 }

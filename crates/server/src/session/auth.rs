@@ -85,6 +85,11 @@ impl Session {
     /// the request that opened it (see [`hooks::Hooks::facts`]).
     pub fn came_by(mut self, transport: Transport, facts: Option<Box<RequestFacts>>) -> Self {
         self.transport = transport;
+        // Sends without a stream are commands, not connections: not counted as one.
+        if transport != Transport::Send && self.counted.is_none() {
+            self.node().metrics.opened(transport.name());
+            self.counted = Some(transport.name());
+        }
         if facts.is_some() {
             self.credentials().facts = facts;
         }

@@ -63,6 +63,10 @@ pub struct Session {
     /// `client`, `client=`): its presence memberships are that client's.
     first_client: Option<Box<str>>,
     scratch: Vec<Arc<Delivery>>,
+    /// The transport this session is counted under in the metrics, once it said.
+    counted: Option<&'static str>,
+    /// Whether its end (close code) was counted.
+    end_counted: bool,
 }
 
 impl Session {
@@ -92,6 +96,8 @@ impl Session {
             announced: false,
             first_client: None,
             scratch: Vec::new(),
+            counted: None,
+            end_counted: false,
         }
     }
 
@@ -206,11 +212,15 @@ impl Session {
             );
             return Ok(());
         }
+        let method = command.method.name();
         let reply = Reply {
             id: command.id,
-            method: command.method.name(),
+            method,
         };
-        match self.dispatch(reply, command.method).await {
+        let started = std::time::Instant::now();
+        let done = self.dispatch(reply, command.method).await;
+        self.node().metrics.command(method, started.elapsed());
+        match done {
             Ok(Some(bytes)) => line(out, &bytes),
             Ok(None) => {}
             Err(Refusal::Command(f)) => line(
@@ -462,8 +472,7 @@ impl Session {
     /// Tells the backend this connection is open: for connections that live (WebSocket
     /// and the streams), once; polls and sends are requests, not connections.
     pub fn announce(&mut self) {
-        use hooks::Transport::{Longpoll, Poll, Send};
-        let request = matches!(self.transport, Longpoll | Poll | Send);
+        let request = self.transport.is_request();
         if self.announced || request || self.node().events.is_none() {
             return;
         }
@@ -493,6 +502,11 @@ impl Session {
         let end = why.map_or((1000, "closed by the client"), |d| {
             (d.code.code(), &d.reason)
         });
+        // Connections that live end once; a poll's end is its request's.
+        if self.counted.is_some() && !self.transport.is_request() && !self.end_counted {
+            self.end_counted = true;
+            self.node().metrics.disconnected(end.0);
+        }
         self.event("disconnect", None, Some(end));
         self.announced = false;
     }
@@ -533,6 +547,9 @@ impl Drop for Session {
         // The transport ended without saying why: the client left (or a defect's panic
         // unwound it). Nothing is recorded when the transport said already.
         self.ending(None);
+        if let Some(transport) = self.counted {
+            self.node().metrics.closed(transport);
+        }
         if self.subscriptions.is_empty() {
             return;
         }

@@ -10,6 +10,7 @@ mod hooks;
 mod http;
 mod lifecycle;
 mod limits;
+mod metrics;
 mod nodes;
 mod ordering;
 mod presence;

@@ -1,0 +1,359 @@
+//! What an operator scrapes from `GET /metrics` (Prometheus text format): counted where
+//! things happen, by code that knows nothing else of the server. Everything here is an
+//! atomic add on a counter found once per label set, never a lock per delivery: deliveries
+//! are counted by the hub per publication (one add for all its subscribers), and figures
+//! the node already keeps (channels, connections, process CPU and memory) are read when
+//! scraped. Label values are bounded: transports, namespaces the configuration names
+//! (others count as `_other`), close codes, command methods; never channel names.
+
+use std::{sync::Arc, time::Duration};
+
+use parking_lot::Mutex;
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::{ConstGauge, Gauge},
+        histogram::{exponential_buckets, Histogram},
+    },
+    registry::Registry,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransportLabel {
+    transport: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodeLabel {
+    code: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NamespaceLabel {
+    namespace: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabel {
+    method: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StorageLabel {
+    storage: &'static str,
+}
+
+/// Figures the node keeps anyway, read at each scrape.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Publications fanned out and deliveries handed to queues since start.
+    pub publications_fanned_out: u64,
+    pub deliveries: u64,
+    /// Channels the broker holds, and channels with subscribers on this node.
+    pub channels: u64,
+    pub subscribed_channels: u64,
+    /// Open TCP sockets, whatever they carry.
+    pub sockets: u64,
+}
+
+/// The transports, for counters made once and then touched without a lookup.
+const TRANSPORTS: [&str; 7] = [
+    "websocket",
+    "sse",
+    "stream",
+    "iframe",
+    "longpoll",
+    "poll",
+    "send",
+];
+
+/// One node's metrics.
+pub struct Metrics {
+    registry: Registry,
+    /// Per entry of [`TRANSPORTS`]: open and accepted connections (shared with the
+    /// families, so opening a connection takes no lock).
+    by_transport: Vec<(Gauge, Counter)>,
+    connections: Family<TransportLabel, Gauge>,
+    accepted: Family<TransportLabel, Counter>,
+    disconnects: Family<CodeLabel, Counter>,
+    publications: Family<NamespaceLabel, Counter>,
+    publish_seconds: Family<StorageLabel, Histogram>,
+    command_seconds: Family<MethodLabel, Histogram>,
+    snapshot: Arc<Mutex<Snapshot>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+/// Durations from 50 µs to about 3 s, doubling.
+fn durations() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 17))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("herald");
+        let connections = Family::<TransportLabel, Gauge>::default();
+        registry.register(
+            "connections",
+            "Open connections by transport (long-polls and polls: requests in progress)",
+            connections.clone(),
+        );
+        let accepted = Family::<TransportLabel, Counter>::default();
+        registry.register(
+            "connections_accepted",
+            "Connections accepted by transport (long-polls and polls: requests)",
+            accepted.clone(),
+        );
+        let disconnects = Family::<CodeLabel, Counter>::default();
+        registry.register(
+            "disconnects",
+            "Connections ended, by close code (1000: the client left; 3003: slow consumer cut; see docs/protocol.md)",
+            disconnects.clone(),
+        );
+        let publications = Family::<NamespaceLabel, Counter>::default();
+        registry.register(
+            "publications",
+            "Publications accepted (from clients and the API), by namespace (_other: namespaces the configuration does not name)",
+            publications.clone(),
+        );
+        let publish_seconds =
+            Family::<StorageLabel, Histogram>::new_with_constructor(durations as fn() -> Histogram);
+        registry.register(
+            "publish_duration_seconds",
+            "From a publication's arrival to its acknowledgement (stored, offset given), by storage",
+            publish_seconds.clone(),
+        );
+        let command_seconds =
+            Family::<MethodLabel, Histogram>::new_with_constructor(durations as fn() -> Histogram);
+        registry.register(
+            "command_duration_seconds",
+            "Client commands from arrival to reply, by method",
+            command_seconds.clone(),
+        );
+        let snapshot = Arc::new(Mutex::new(Snapshot::default()));
+        registry.register_collector(Box::new(Scraped(snapshot.clone())));
+        let by_transport = TRANSPORTS
+            .iter()
+            .map(|&transport| {
+                let label = TransportLabel { transport };
+                (
+                    connections.get_or_create(&label).clone(),
+                    accepted.get_or_create(&label).clone(),
+                )
+            })
+            .collect();
+        Self {
+            registry,
+            by_transport,
+            connections,
+            accepted,
+            disconnects,
+            publications,
+            publish_seconds,
+            command_seconds,
+            snapshot,
+        }
+    }
+}
+
+impl Metrics {
+    /// A connection (or poll request) of `transport` opened.
+    pub fn opened(&self, transport: &'static str) {
+        let (open, accepted) = self.transport(transport);
+        accepted.inc();
+        open.inc();
+    }
+
+    /// A connection counted by [`Metrics::opened`] is gone.
+    pub fn closed(&self, transport: &'static str) {
+        self.transport(transport).0.dec();
+    }
+
+    fn transport(&self, transport: &'static str) -> (Gauge, Counter) {
+        match TRANSPORTS.iter().position(|t| *t == transport) {
+            Some(i) => self.by_transport[i].clone(),
+            None => {
+                let label = TransportLabel { transport };
+                (
+                    self.connections.get_or_create(&label).clone(),
+                    self.accepted.get_or_create(&label).clone(),
+                )
+            }
+        }
+    }
+
+    /// A connection ended with close `code` (1000 when the client left).
+    pub fn disconnected(&self, code: u16) {
+        self.disconnects.get_or_create(&CodeLabel { code }).inc();
+    }
+
+    /// A publication was accepted in `namespace` (a name the configuration lists, or
+    /// `_other`) after `took`, on `storage`.
+    pub fn published(&self, namespace: &str, storage: &'static str, took: Duration) {
+        self.publications
+            .get_or_create(&NamespaceLabel {
+                namespace: namespace.to_string(),
+            })
+            .inc();
+        self.publish_seconds
+            .get_or_create(&StorageLabel { storage })
+            .observe(took.as_secs_f64());
+    }
+
+    /// A client command of `method` was answered after `took`.
+    pub fn command(&self, method: &'static str, took: Duration) {
+        self.command_seconds
+            .get_or_create(&MethodLabel { method })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Everything, in the Prometheus text format, with `snapshot` as the node's figures.
+    pub fn encode(&self, snapshot: Snapshot) -> String {
+        *self.snapshot.lock() = snapshot;
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// The figures read at scrape time: the node's snapshot and this process's CPU, memory and
+/// descriptors (from /proc; absent elsewhere).
+#[derive(Debug)]
+struct Scraped(Arc<Mutex<Snapshot>>);
+
+impl Collector for Scraped {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = self.0.lock().clone();
+        let counters = [
+            (
+                "publications_fanned_out",
+                "Publications handed to this node's subscribers",
+                s.publications_fanned_out,
+            ),
+            (
+                "deliveries",
+                "Publications queued for a subscriber (one per publication per subscriber)",
+                s.deliveries,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let metric = ConstCounter::new(value);
+            metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)?;
+        }
+        let mut gauges = vec![
+            ("channels", "Channels the broker holds", s.channels as i64),
+            (
+                "subscribed_channels",
+                "Channels with subscribers on this node",
+                s.subscribed_channels as i64,
+            ),
+            (
+                "sockets",
+                "Open TCP sockets, whatever they carry",
+                s.sockets as i64,
+            ),
+        ];
+        if let Some(p) = process() {
+            gauges.push((
+                "process_resident_memory_bytes",
+                "Resident memory of this process",
+                p.rss_bytes as i64,
+            ));
+            gauges.push((
+                "process_open_fds",
+                "Open file descriptors of this process",
+                p.open_fds as i64,
+            ));
+            let cpu = ConstCounter::new(p.cpu_seconds);
+            cpu.encode(encoder.encode_descriptor(
+                "process_cpu_seconds",
+                "User and system CPU time of this process",
+                None,
+                cpu.metric_type(),
+            )?)?;
+        }
+        for (name, help, value) in gauges {
+            let metric = ConstGauge::new(value);
+            metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)?;
+        }
+        Ok(())
+    }
+}
+
+struct Process {
+    cpu_seconds: f64,
+    rss_bytes: u64,
+    open_fds: u64,
+}
+
+/// This process's figures from /proc (Linux): CPU in clock ticks of 1/100 s (USER_HZ,
+/// which /proc always uses), resident memory from `VmRSS`.
+fn process() -> Option<Process> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let rss_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    let open_fds = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
+    Some(Process {
+        cpu_seconds: ticks as f64 / 100.0,
+        rss_bytes: rss_kb * 1024,
+        open_fds,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_by_label_and_reads_the_snapshot_when_encoded() {
+        let m = Metrics::default();
+        m.opened("websocket");
+        m.opened("websocket");
+        m.closed("websocket");
+        m.opened("sse");
+        m.disconnected(3003);
+        m.published("chat", "durable", Duration::from_micros(300));
+        m.command("subscribe", Duration::from_micros(80));
+        let text = m.encode(Snapshot {
+            deliveries: 42,
+            channels: 3,
+            ..Snapshot::default()
+        });
+        for line in [
+            "herald_connections{transport=\"websocket\"} 1",
+            "herald_connections{transport=\"sse\"} 1",
+            "herald_connections_accepted_total{transport=\"websocket\"} 2",
+            "herald_disconnects_total{code=\"3003\"} 1",
+            "herald_publications_total{namespace=\"chat\"} 1",
+            "herald_publish_duration_seconds_count{storage=\"durable\"} 1",
+            "herald_command_duration_seconds_count{method=\"subscribe\"} 1",
+            "herald_deliveries_total 42",
+            "herald_channels 3",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+        assert!(
+            text.contains("herald_process_resident_memory_bytes "),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+}
