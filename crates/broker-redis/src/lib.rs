@@ -188,7 +188,42 @@ impl Names {
     pub(crate) fn node(&self, node: &str) -> String {
         format!("{}:n:{node}", self.prefix)
     }
+
+    /// The nodes' latest figures (hash: node → JSON), and when each reported (sorted set).
+    fn nodes(&self) -> (String, String) {
+        (
+            format!("{}:nodes", self.prefix),
+            format!("{}:nodes:seen", self.prefix),
+        )
+    }
 }
+
+/// How long a node that stopped reporting stays in [`Broker::nodes`]: nodes report every
+/// 2 s (the server's choice), so a node that dies leaves the list within this.
+pub const NODE_REPORT_TTL: Duration = Duration::from_secs(10);
+
+/// KEYS: figures hash, seen set. ARGV: TTL ms, then node and figures to record (or none,
+/// to read only). Drops nodes not seen within the TTL; returns the figures of the rest.
+const NODES_SCRIPT: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if ARGV[2] then
+  redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+  redis.call('ZADD', KEYS[2], now, ARGV[2])
+end
+local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[1]))
+for _, node in ipairs(gone) do
+  redis.call('HDEL', KEYS[1], node)
+  redis.call('ZREM', KEYS[2], node)
+end
+if ARGV[2] then return {} end
+local live = redis.call('ZRANGE', KEYS[2], 0, -1)
+if #live == 0 then return {} end
+return redis.call('HMGET', KEYS[1], unpack(live))
+"#;
+
+static NODES: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(NODES_SCRIPT));
 
 /// `url` without its password, for logs and errors.
 pub fn redacted(url: &str) -> String {
@@ -453,6 +488,34 @@ impl Broker for RedisBroker {
 
     fn answer_nodes_with(&self, handler: std::sync::Weak<dyn NodeRequests>) {
         self.listener.answer_with(handler);
+    }
+
+    async fn report_node(&self, figures: Bytes) -> Result<(), BrokerError> {
+        let (hash, seen) = self.store.names.nodes();
+        let mut script = NODES.prepare_invoke();
+        script
+            .key(hash)
+            .key(seen)
+            .arg(NODE_REPORT_TTL.as_millis() as u64)
+            .arg(&self.listener.node_id)
+            .arg(figures.as_ref());
+        self.store
+            .call(|mut c| async move { script.invoke_async::<()>(&mut c).await })
+            .await
+    }
+
+    async fn nodes(&self) -> Option<Result<Vec<Bytes>, BrokerError>> {
+        let (hash, seen) = self.store.names.nodes();
+        let mut script = NODES.prepare_invoke();
+        script
+            .key(hash)
+            .key(seen)
+            .arg(NODE_REPORT_TTL.as_millis() as u64);
+        let figures: Result<Vec<Option<Vec<u8>>>, BrokerError> = self
+            .store
+            .call(|mut c| async move { script.invoke_async(&mut c).await })
+            .await;
+        Some(figures.map(|all| all.into_iter().flatten().map(Bytes::from).collect()))
     }
 }
 

@@ -232,6 +232,19 @@ pub trait Broker: Send + Sync + 'static {
     fn presence(&self) -> Option<SharedPresence> {
         None
     }
+
+    /// Tells the nodes that share the broker that this one is alive, with its `figures`
+    /// (JSON, opaque here), for [`Broker::nodes`]. Nothing to do for a broker of one node.
+    async fn report_node(&self, figures: Bytes) -> Result<(), BrokerError> {
+        let _ = figures;
+        Ok(())
+    }
+
+    /// The latest figures of every node that shares the broker and reported within the
+    /// broker's time to live; `None` for a broker of one node.
+    async fn nodes(&self) -> Option<Result<Vec<Bytes>, BrokerError>> {
+        None
+    }
 }
 
 /// Answers what other nodes [ask](Broker::ask_node) this one.

@@ -223,6 +223,18 @@ mod presence {
             .await;
             let member = announced(&joined, "join").unwrap();
             assert_eq!(clients(&b.url, channel).await, 2);
+            // Issue #16: B lists both nodes, until A dies.
+            let nodes = || async {
+                api_get(&format!("{}/api/nodes", b.url)).await["nodes"]
+                    .as_array()
+                    .unwrap()
+                    .len()
+            };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while nodes().await != 2 {
+                assert!(Instant::now() < deadline, "B never listed A");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
 
             a.child.kill().unwrap(); // SIGKILL: A says nothing to Redis or B
             a.child.wait().unwrap();
@@ -238,6 +250,15 @@ mod presence {
             let gone_in = killed.elapsed();
             let left = next(&mut watcher, SLACK, |v| announced(v, "leave").is_some()).await;
             assert_eq!(announced(&left, "leave"), Some(member), "{left}");
+            // A node's figures last 10 s after its last report (every 2 s).
+            while nodes().await != 1 {
+                assert!(
+                    killed.elapsed() < Duration::from_secs(12) + SLACK,
+                    "the killed node still listed after {:?}",
+                    killed.elapsed()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             eprintln!("the killed node's member left after {gone_in:?}");
         });
     }

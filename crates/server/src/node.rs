@@ -139,6 +139,7 @@ impl Node {
         // Other nodes forward commands for this node's stream sessions (`transport::send`).
         let weak: std::sync::Weak<dyn herald_broker::NodeRequests> = Arc::downgrade(&node) as _;
         node.broker.answer_nodes_with(weak);
+        report_figures(&node);
         Ok(node)
     }
 
@@ -206,6 +207,22 @@ impl Node {
         self.started.elapsed()
     }
 
+    /// This node's figures, as `/api/info` and `/api/nodes` give them.
+    pub fn figures(&self) -> serde_json::Value {
+        let (publications, deliveries) = self.hub.counters();
+        serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "node": &*self.id,
+            "storage": self.settings.config.storage,
+            "uptime_seconds": self.uptime().as_secs(),
+            "connections": self.connection_count(),
+            "channels": self.broker.channel_count(),
+            "subscribed_channels": self.hub.channel_count(),
+            "publications_fanned_out": publications,
+            "deliveries": deliveries,
+        })
+    }
+
     /// `GET /metrics`: the Prometheus text of this node.
     pub fn metrics_text(&self) -> String {
         let (publications_fanned_out, deliveries) = self.hub.counters();
@@ -217,6 +234,30 @@ impl Node {
             sockets: self.sockets.load(Ordering::Relaxed) as u64,
         })
     }
+}
+
+/// How often a node of several tells the others its figures (`/api/nodes`).
+pub const REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// With a broker shared by several nodes (and inside a Tokio runtime), reports this node's
+/// figures every [`REPORT_EVERY`] until the node is dropped.
+fn report_figures(node: &Arc<Node>) {
+    if node.broker.node_id().is_none() || tokio::runtime::Handle::try_current().is_err() {
+        return;
+    }
+    let weak = Arc::downgrade(node);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(REPORT_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(node) = weak.upgrade() else { return };
+            let figures = Bytes::from(node.figures().to_string());
+            if let Err(e) = node.broker.report_node(figures).await {
+                tracing::warn!(error = %e, "could not report this node's figures to the others");
+            }
+        }
+    });
 }
 
 /// Why a node could not start.

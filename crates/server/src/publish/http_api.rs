@@ -27,6 +27,7 @@ pub fn routes(node: Arc<Node>) -> Router<Arc<Node>> {
         .route("/api/broadcast", post(broadcast))
         .route("/api/history", get(read_history).delete(remove_history))
         .route("/api/info", get(info))
+        .route("/api/nodes", get(nodes))
         .route("/api/presence", get(presence))
         .route("/api/presence_stats", get(presence_stats))
         .route("/metrics", get(metrics))
@@ -272,18 +273,26 @@ async fn remove_history(
 
 /// `GET /api/info`.
 async fn info(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {
-    let (publications, deliveries) = node.hub.counters();
-    Json(serde_json::json!({
-        "version": env!("CARGO_PKG_VERSION"),
-        "node": &*node.id,
-        "storage": node.settings.config.storage,
-        "uptime_seconds": node.uptime().as_secs(),
-        "connections": node.connection_count(),
-        "channels": node.broker.channel_count(),
-        "subscribed_channels": node.hub.channel_count(),
-        "publications_fanned_out": publications,
-        "deliveries": deliveries,
-    }))
+    Json(node.figures())
+}
+
+/// `GET /api/nodes`: every live node's figures (this one's fresh), by node id. A node
+/// that stops reporting leaves the list within the broker's time to live (10 s on Redis).
+async fn nodes(State(node): State<Arc<Node>>) -> Result<Json<serde_json::Value>, Failure> {
+    let mut all = vec![node.figures()];
+    let own = all[0]["node"].clone();
+    if let Some(reported) = node.broker.nodes().await {
+        // Shared storage: anyone who can write there could put anything, so only objects
+        // with a node id are listed.
+        all.extend(
+            reported?
+                .iter()
+                .filter_map(|f| serde_json::from_slice::<serde_json::Value>(f).ok())
+                .filter(|f| f["node"].is_string() && f["node"] != own),
+        );
+    }
+    all.sort_by(|a, b| a["node"].as_str().cmp(&b["node"].as_str()));
+    Ok(Json(serde_json::json!({ "nodes": all })))
 }
 
 #[derive(Deserialize)]

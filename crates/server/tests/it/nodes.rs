@@ -53,3 +53,42 @@ async fn a_send_reaches_a_stream_held_by_another_node() {
     a.stop().await.unwrap();
     b.stop().await.unwrap();
 }
+
+/// Issue #16, item 2: one request lists every live node with its figures.
+#[tokio::test]
+async fn every_node_lists_every_live_node() {
+    let redis = RedisServer::start();
+    let a = start_on_redis(config(), &redis).await;
+    let b = start_on_redis(config(), &redis).await;
+    let ids = |v: &Value| -> Vec<String> {
+        v["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["node"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let mut expected = vec![a.node.id.to_string(), b.node.id.to_string()];
+    expected.sort();
+    // Each node reports when it starts, then every 2 s.
+    eventually("both nodes listed by each", || async {
+        ids(&a.api_get("/api/nodes").await.1) == expected
+            && ids(&b.api_get("/api/nodes").await.1) == expected
+    })
+    .await;
+    let (_, listed) = a.api_get("/api/nodes").await;
+    for n in listed["nodes"].as_array().unwrap() {
+        assert_eq!(n["storage"], "redis", "{n}");
+        assert!(n["connections"].is_u64() && n["deliveries"].is_u64(), "{n}");
+    }
+}
+
+#[tokio::test]
+async fn a_node_alone_lists_itself() {
+    let server = start(config()).await;
+    let (status, listed) = server.api_get("/api/nodes").await;
+    assert_eq!(status, 200);
+    let nodes = listed["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 1, "{listed}");
+    assert_eq!(nodes[0]["node"], &*server.node.id);
+}
