@@ -34,6 +34,9 @@ pub enum Command {
     Sub(SubArgs),
     /// Mint a client token with the configured key, for tests and scripts.
     Token(crate::token::TokenArgs),
+    /// A live view of a running Herald, every node of it: connections, deliveries/s, how
+    /// connections ended.
+    Top(crate::top::TopArgs),
     /// Measure Herald (or another server): the studies' experiments and the performance goals.
     Bench(Box<herald_bench::BenchArgs>),
     /// A load-generating process of `herald bench` (started by it, not by hand).

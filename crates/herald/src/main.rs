@@ -3,6 +3,7 @@
 mod cli;
 mod settings;
 mod token;
+mod top;
 
 use std::process::ExitCode;
 
@@ -15,6 +16,7 @@ fn main() -> ExitCode {
         cli::Command::Pub(a) => runtime(1).and_then(|rt| rt.block_on(cli::publish(a))),
         cli::Command::Sub(a) => runtime(1).and_then(|rt| rt.block_on(cli::subscribe(a))),
         cli::Command::Token(a) => token::mint(a),
+        cli::Command::Top(a) => runtime(1).and_then(|rt| rt.block_on(top::run(a))),
         cli::Command::Bench(a) => herald_bench::run(*a).map(|()| ExitCode::SUCCESS),
         cli::Command::BenchWorker { spec } => {
             herald_bench::worker::main(&spec).map(|()| ExitCode::SUCCESS)

@@ -642,3 +642,27 @@ fn metrics_listen_serves_metrics_without_a_key() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// Issue #16, item 5: `herald top` shows every node with its figures.
+#[test]
+fn top_shows_the_nodes_and_their_connections() {
+    let server = Server::start(&[]);
+    let out = succeeds(herald().args([
+        "top",
+        "--once",
+        "--interval",
+        "200ms",
+        "--api-key",
+        "k",
+        "--url",
+        &server.url,
+    ]));
+    let view = String::from_utf8(out.stdout).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let info = rt.block_on(support::api_get(&format!("{}/api/info", server.url)));
+    assert!(view.contains("1 node, "), "{view}");
+    assert!(view.contains(info["node"].as_str().unwrap()), "{view}");
+    assert!(view.contains("open:  websocket 0"), "{view}");
+    let said = fails(herald().args(["top", "--once", "--url", &server.url]));
+    assert!(said.contains("API key"), "{said}");
+}

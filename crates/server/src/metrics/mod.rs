@@ -59,16 +59,9 @@ pub struct Snapshot {
     pub sockets: u64,
 }
 
-/// The transports, for counters made once and then touched without a lookup.
-const TRANSPORTS: [&str; 7] = [
-    "websocket",
-    "sse",
-    "stream",
-    "iframe",
-    "longpoll",
-    "poll",
-    "send",
-];
+/// The transports, for counters made once and then touched without a lookup. (Sends
+/// without a stream are commands, not connections: not counted.)
+const TRANSPORTS: [&str; 6] = ["websocket", "sse", "stream", "iframe", "longpoll", "poll"];
 
 /// One node's metrics.
 pub struct Metrics {
