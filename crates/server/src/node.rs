@@ -139,6 +139,9 @@ impl Node {
         // Other nodes forward commands for this node's stream sessions (`transport::send`).
         let weak: std::sync::Weak<dyn herald_broker::NodeRequests> = Arc::downgrade(&node) as _;
         node.broker.answer_nodes_with(weak);
+        for caller in node.settings.hooks.callers() {
+            caller.count_into(node.metrics.hook(caller.name()));
+        }
         report_figures(&node);
         Ok(node)
     }

@@ -70,6 +70,8 @@ pub struct Caller {
     /// Until when (milliseconds since `epoch`) the circuit stays open.
     open_until: AtomicU64,
     epoch: Instant,
+    /// Where its durations and failures are counted, once the node's metrics exist.
+    counted: std::sync::OnceLock<crate::metrics::HookCounters>,
 }
 
 impl Caller {
@@ -87,7 +89,18 @@ impl Caller {
             failures: AtomicU32::new(0),
             open_until: AtomicU64::new(0),
             epoch: Instant::now(),
+            counted: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The hook's name (`connect`, `subscribe`, …).
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Counts this hook's calls in `counters` from now on.
+    pub fn count_into(&self, counters: crate::metrics::HookCounters) {
+        let _ = self.counted.set(counters);
     }
 
     fn now_ms(&self) -> u64 {
@@ -107,6 +120,7 @@ impl Caller {
             )));
         }
         let body = serde_json::to_vec(request).expect("hook requests serialise");
+        let started = Instant::now();
         let answered = tokio::time::timeout(self.timeout, self.exchange(body)).await;
         let answer = match answered {
             Ok(Ok(bytes)) => parse::<R>(&bytes),
@@ -116,6 +130,12 @@ impl Caller {
                 self.timeout
             ))),
         };
+        if let Some(counted) = self.counted.get() {
+            counted.called(
+                started.elapsed(),
+                matches!(answer, Err(HookError::Failed(_))),
+            );
+        }
         match &answer {
             Err(HookError::Failed(why)) => {
                 tracing::warn!(hook = self.name, url = %self.url, "hook failed: {why}");

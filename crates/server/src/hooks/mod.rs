@@ -107,6 +107,19 @@ pub struct Hooks {
 }
 
 impl Hooks {
+    /// The hooks configured, each once.
+    pub fn callers(&self) -> impl Iterator<Item = &Caller> {
+        [
+            &self.connect,
+            &self.subscribe,
+            &self.publish,
+            &self.refresh,
+            &self.rpc,
+        ]
+        .into_iter()
+        .flatten()
+    }
+
     /// The hooks `[hooks]` configures (addresses checked by [`HooksConfig`]).
     pub fn new(c: &HooksConfig) -> Self {
         // One pool for every hook: they usually share a backend. Kept-alive connections

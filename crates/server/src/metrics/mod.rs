@@ -42,6 +42,29 @@ struct MethodLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HookLabel {
+    hook: &'static str,
+}
+
+/// One backend hook's counters, held by its caller (shared with the families).
+#[derive(Clone, Debug)]
+pub struct HookCounters {
+    duration: Histogram,
+    failures: Counter,
+}
+
+impl HookCounters {
+    /// A call answered (or failed: no answer in time, not a hook answer, the circuit
+    /// open) after `took`. A refusal the backend answered is an answer, not a failure.
+    pub fn called(&self, took: Duration, failed: bool) {
+        self.duration.observe(took.as_secs_f64());
+        if failed {
+            self.failures.inc();
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StorageLabel {
     storage: &'static str,
 }
@@ -75,6 +98,8 @@ pub struct Metrics {
     publications: Family<NamespaceLabel, Counter>,
     publish_seconds: Family<StorageLabel, Histogram>,
     command_seconds: Family<MethodLabel, Histogram>,
+    hook_seconds: Family<HookLabel, Histogram>,
+    hook_failures: Family<HookLabel, Counter>,
     snapshot: Arc<Mutex<Snapshot>>,
 }
 
@@ -130,6 +155,19 @@ impl Default for Metrics {
             "Client commands from arrival to reply, by method",
             command_seconds.clone(),
         );
+        let hook_seconds =
+            Family::<HookLabel, Histogram>::new_with_constructor(durations as fn() -> Histogram);
+        registry.register(
+            "hook_duration_seconds",
+            "Calls of the application backend's hooks, from asking to the answer (or the failure), by hook",
+            hook_seconds.clone(),
+        );
+        let hook_failures = Family::<HookLabel, Counter>::default();
+        registry.register(
+            "hook_failures",
+            "Hook calls that failed: no answer within hooks.timeout, not a hook answer, HTTP errors, or the circuit open (clients got 118 or 3008)",
+            hook_failures.clone(),
+        );
         let snapshot = Arc::new(Mutex::new(Snapshot::default()));
         registry.register_collector(Box::new(Scraped(snapshot.clone())));
         let by_transport = TRANSPORTS
@@ -151,6 +189,8 @@ impl Default for Metrics {
             publications,
             publish_seconds,
             command_seconds,
+            hook_seconds,
+            hook_failures,
             snapshot,
         }
     }
@@ -205,6 +245,15 @@ impl Metrics {
         self.command_seconds
             .get_or_create(&MethodLabel { method })
             .observe(took.as_secs_f64());
+    }
+
+    /// The counters of the backend hook `hook`, for its caller to hold.
+    pub fn hook(&self, hook: &'static str) -> HookCounters {
+        let label = HookLabel { hook };
+        HookCounters {
+            duration: self.hook_seconds.get_or_create(&label).clone(),
+            failures: self.hook_failures.get_or_create(&label).clone(),
+        }
     }
 
     /// Everything, in the Prometheus text format, with `snapshot` as the node's figures.

@@ -844,3 +844,45 @@ async fn a_backends_pretty_printed_data_keeps_one_message_per_line() {
         "{subscribed}"
     );
 }
+
+/// Issue #16: each hook's calls are timed and its failures counted in `/metrics`.
+#[tokio::test]
+async fn hook_calls_and_failures_are_counted_in_the_metrics() {
+    let backend = Backend::start(application).await;
+    let server = start(hooked_config(&backend)).await;
+    let mut alice = ws_with_cookie(&server, "sid=alice-session").await;
+    for _ in 0..2 {
+        let reply = alice.call("rpc", json!({ "method": "m" })).await;
+        assert!(reply.get("rpc").is_some(), "{reply}");
+    }
+    let text = server.metrics().await;
+    assert!(
+        text.contains("herald_hook_duration_seconds_count{hook=\"rpc\"} 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("herald_hook_duration_seconds_count{hook=\"connect\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("herald_hook_failures_total{hook=\"rpc\"} 0"),
+        "{text}"
+    );
+
+    let erring = Backend::start(|_, _| Answer::Status(500)).await;
+    let mut c = failing_config(&erring.url);
+    c.hooks.connect_url = None;
+    let server = start(c).await;
+    let mut client = server.client().await;
+    let reply = client.call("rpc", json!({ "method": "m" })).await;
+    assert_eq!(reply["error"]["code"], 118, "{reply}");
+    let text = server.metrics().await;
+    assert!(
+        text.contains("herald_hook_failures_total{hook=\"rpc\"} 1"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("hook=\"connect\""),
+        "no connect hook here: {text}"
+    );
+}

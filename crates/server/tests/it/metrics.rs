@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use crate::support::{config, eventually, start, KEY};
+use crate::support::{config, eventually, start};
 
 /// The value of the sample `name{labels}` in a scrape (0 when absent).
 fn sample(text: &str, series: &str) -> f64 {
@@ -16,20 +16,7 @@ fn sample(text: &str, series: &str) -> f64 {
 async fn metrics_count_connections_disconnects_publications_and_commands() {
     let server = start(config()).await;
     let http = reqwest::Client::new();
-    let scrape = || async {
-        let r = http
-            .get(server.url("/metrics"))
-            .header("Authorization", format!("apikey {KEY}"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        assert!(r.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("application/openmetrics-text"));
-        r.text().await.unwrap()
-    };
+    let scrape = || server.metrics();
     // Without the key: refused, like the rest of the API.
     let r = http.get(server.url("/metrics")).send().await.unwrap();
     assert_eq!(r.status(), 401);
@@ -131,15 +118,7 @@ async fn the_http_transports_are_counted_under_their_own_names() {
         .await
         .unwrap();
     assert_eq!(poll.status(), 200);
-    let text = reqwest::Client::new()
-        .get(server.url("/metrics"))
-        .header("Authorization", format!("apikey {KEY}"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = server.metrics().await;
     assert_eq!(
         sample(&text, "herald_connections{transport=\"sse\"}"),
         1.0,

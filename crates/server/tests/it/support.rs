@@ -148,6 +148,21 @@ impl TestServer {
         response(r.send().await.unwrap()).await
     }
 
+    /// A scrape of `/metrics` (with the key).
+    pub async fn metrics(&self) -> String {
+        let r = self
+            .http
+            .get(self.url("/metrics"))
+            .header("Authorization", format!("apikey {KEY}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let kind = r.headers()["content-type"].to_str().unwrap();
+        assert!(kind.starts_with("application/openmetrics-text"), "{kind}");
+        r.text().await.unwrap()
+    }
+
     pub async fn stop(mut self) -> std::io::Result<()> {
         let _ = self.stop.take().unwrap().send(());
         tokio::time::timeout(PATIENCE, &mut self.handle)
