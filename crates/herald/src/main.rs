@@ -62,8 +62,20 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
     };
+    // The workers are started with the runtime, so they take the first names; threads the
+    // runtime starts later (blocking work) share one name, so `/metrics` shows a row per
+    // worker and per fan-out thread, and one for the rest.
+    let named = std::sync::atomic::AtomicUsize::new(0);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers.max(1))
+        .thread_name_fn(move || {
+            let i = named.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if i < workers.max(1) {
+                format!("{}{i}", herald_server::metrics::WORKER_THREAD)
+            } else {
+                "herald-blocking".into()
+            }
+        })
         .enable_all()
         .build()?;
     rt.block_on(async move {

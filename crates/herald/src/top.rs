@@ -126,7 +126,7 @@ fn render(before: &Look, now: &Look, over: Duration, base: &str) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "this node's connections by transport, and how they ended:"
+        "this node's connections by transport, CPU per thread (% of a core), and how connections ended:"
     );
     let mut open = samples(&now.metrics, "herald_connections{transport=\"");
     // Best transport first, as clients try them.
@@ -137,6 +137,19 @@ fn render(before: &Look, now: &Look, over: Duration, base: &str) -> String {
     let mut ends = samples(&now.metrics, "herald_disconnects_total{code=\"");
     ends.sort_by(|a, b| a.0.cmp(&b.0));
     let line: Vec<String> = ends.iter().map(|(c, v)| format!("{c}: {v:.0}")).collect();
+    // Per-thread CPU between the two looks: the load on each worker and fan-out thread.
+    let cpu = |l: &Look| samples(&l.metrics, "herald_thread_cpu_seconds_total{thread=\"");
+    let earlier: BTreeMap<String, f64> = cpu(before).into_iter().collect();
+    let load: Vec<String> = cpu(now)
+        .into_iter()
+        .map(|(t, v)| {
+            let was = earlier.get(&t).copied().unwrap_or(v);
+            format!("{t} {:.0}%", (v - was).max(0.0) / seconds * 100.0)
+        })
+        .collect();
+    if !load.is_empty() {
+        let _ = writeln!(out, "  CPU:   {}", load.join("  "));
+    }
     let _ = writeln!(
         out,
         "  ended: {}",
@@ -175,9 +188,12 @@ mod tests {
             )]),
             metrics: metrics.to_string(),
         };
-        let metrics = "herald_connections{transport=\"websocket\"} 2\nherald_connections{transport=\"sse\"} 1\nherald_disconnects_total{code=\"3003\"} 4\n";
+        let metrics = "herald_connections{transport=\"websocket\"} 2\nherald_connections{transport=\"sse\"} 1\nherald_disconnects_total{code=\"3003\"} 4\nherald_thread_cpu_seconds_total{thread=\"herald-f-0\"} 10.25\n";
         let view = render(
-            &look(100, ""),
+            &look(
+                100,
+                "herald_thread_cpu_seconds_total{thread=\"herald-f-0\"} 10.0\n",
+            ),
             &look(600, metrics),
             Duration::from_millis(500),
             "http://h",
@@ -188,6 +204,10 @@ mod tests {
         );
         assert!(view.contains("websocket 2  sse 1"), "{view}");
         assert!(view.contains("3003: 4"), "{view}");
+        assert!(
+            view.contains("herald-f-0 50%"),
+            "a quarter second in half a second: {view}"
+        );
         assert!(view.contains("1m 1s"), "{view}");
     }
 }

@@ -637,6 +637,11 @@ fn metrics_listen_serves_metrics_without_a_key() {
         text.contains("herald_connections_accepted_total{transport=\"websocket\"} 0"),
         "{text}"
     );
+    // CPU per runtime worker and per fan-out thread (the multi-core study's view).
+    for thread in ["herald-w-0", "herald-f-0", "other"] {
+        let row = format!("herald_thread_cpu_seconds_total{{thread=\"{thread}\"}}");
+        assert!(text.contains(&row), "{row} in {text}");
+    }
     let (status, _) = get(format!("http://{}/metrics", main.unwrap()));
     assert_eq!(status, 401, "the main address still needs the key");
     let _ = child.kill();

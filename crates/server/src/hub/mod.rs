@@ -117,7 +117,7 @@ impl Hub {
                 let backlog = Arc::new(AtomicUsize::new(0));
                 let held = backlog.clone();
                 std::thread::Builder::new()
-                    .name(format!("herald-fanout-{i}"))
+                    .name(format!("{}{i}", crate::metrics::FANOUT_THREAD))
                     .spawn(move || {
                         for job in rx {
                             // Another job waiting: this thread is behind, so let the

@@ -69,6 +69,17 @@ struct StorageLabel {
     storage: &'static str,
 }
 
+/// Name prefixes of the threads whose CPU `/metrics` shows one by one (a thread's name is
+/// at most 15 bytes): the runtime's workers (named by `herald serve`) and the hub's fan-out
+/// threads. Others are summed as `other`.
+pub const WORKER_THREAD: &str = "herald-w-";
+pub const FANOUT_THREAD: &str = "herald-f-";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ThreadLabel {
+    thread: String,
+}
+
 /// Figures the node keeps anyway, read at each scrape.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
@@ -326,8 +337,53 @@ impl Collector for Scraped {
             let metric = ConstGauge::new(value);
             metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)?;
         }
+        let threads = threads();
+        if !threads.is_empty() {
+            let mut family = encoder.encode_descriptor(
+                "thread_cpu_seconds",
+                "CPU time of each runtime worker (herald-w-N) and fan-out thread (herald-f-N); every other thread summed as `other`. Uneven rates mean uneven load",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (thread, seconds) in threads {
+                let metric = ConstCounter::new(seconds);
+                metric.encode(family.encode_family(&ThreadLabel { thread })?)?;
+            }
+        }
         Ok(())
     }
+}
+
+/// CPU seconds per thread of this process (Linux: /proc/self/task), for the workers and
+/// fan-out threads by name, the rest summed as `other`.
+fn threads() -> Vec<(String, f64)> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    let mut by_name: std::collections::BTreeMap<String, f64> = Default::default();
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        let Some((name, seconds)) = thread_cpu(&stat) else {
+            continue;
+        };
+        let kept = name.starts_with(WORKER_THREAD) || name.starts_with(FANOUT_THREAD);
+        let label = if kept { name } else { "other".to_string() };
+        *by_name.entry(label).or_default() += seconds;
+    }
+    by_name.into_iter().collect()
+}
+
+/// A thread's name and CPU seconds from its `stat` line: `TID (NAME) STATE …`, user and
+/// system time the 14th and 15th fields, in ticks of 1/100 s.
+fn thread_cpu(stat: &str) -> Option<(String, f64)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let name = stat.get(open + 1..close)?.to_string();
+    let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some((name, ticks as f64 / 100.0))
 }
 
 struct Process {
@@ -363,6 +419,30 @@ fn process() -> Option<Process> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_named_thread_has_its_own_row_and_the_rest_are_summed() {
+        let (started, stop) = std::sync::mpsc::channel::<()>();
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let fanout = std::thread::Builder::new()
+            .name(format!("{FANOUT_THREAD}7"))
+            .spawn(move || {
+                started.send(()).unwrap();
+                let _ = wait.recv();
+            })
+            .unwrap();
+        stop.recv().unwrap();
+        let rows = threads();
+        let names: Vec<&str> = rows.iter().map(|(n, _)| n.as_str()).collect();
+        assert!(names.contains(&"herald-f-7"), "{names:?}");
+        assert!(names.contains(&"other"), "{names:?}");
+        assert_eq!(
+            thread_cpu("42 (herald-w-0) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0"),
+            Some(("herald-w-0".to_string(), 3.0))
+        );
+        done.send(()).unwrap();
+        fanout.join().unwrap();
+    }
 
     #[test]
     fn counts_by_label_and_reads_the_snapshot_when_encoded() {
