@@ -319,38 +319,68 @@ fn lists_in_the_environment_use_toml_array_syntax_as_documented() {
     assert_eq!(config["allowed_origins"].as_array().unwrap().len(), 2);
 }
 
+/// `herald serve` on a free port, logging JSON to a pipe: its log lines, parsed (a line
+/// that is not JSON is `Null`). Stopped when dropped.
+struct Logging {
+    child: std::process::Child,
+    lines: Box<dyn Iterator<Item = Value>>,
+    _data: tempfile::TempDir,
+}
+
+fn serve_logging(configure: impl FnOnce(&mut Command)) -> Logging {
+    let data = tempfile::tempdir().unwrap();
+    let mut command = herald();
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+        .arg("--data-dir")
+        .arg(data.path())
+        .stderr(Stdio::piped());
+    configure(&mut command);
+    let mut child = command.spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let lines = std::io::BufRead::lines(std::io::BufReader::new(stderr))
+        .map(|l| serde_json::from_str(&l.unwrap()).unwrap_or_default());
+    Logging {
+        child,
+        lines: Box::new(lines),
+        _data: data,
+    }
+}
+
+impl Logging {
+    /// The lines logged before "herald is listening" (which ends the iteration), and the
+    /// address it names.
+    fn until_listening(&mut self) -> (Vec<Value>, String) {
+        let mut before = Vec::new();
+        for v in self.lines.by_ref() {
+            if v["fields"]["message"] == "herald is listening" {
+                return (before, v["fields"]["address"].as_str().unwrap().to_string());
+            }
+            before.push(v);
+        }
+        panic!("the server ended before listening: {before:?}");
+    }
+}
+
+impl Drop for Logging {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 #[test]
 fn max_connections_is_kept_under_the_open_file_limit() {
-    let data = tempfile::tempdir().unwrap();
-    let mut child = herald()
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--log-format",
-            "json",
-            "--data-dir",
-        ])
-        .arg(data.path())
-        .env("HERALD_MAX_CONNECTIONS", "0")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
-    let mut capped = None;
-    for line in lines {
-        let v: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap_or_default();
-        if v["fields"]["max_connections"].is_u64() {
-            capped = Some(v["fields"].clone());
-        }
-        if v["fields"]["message"] == "herald is listening" {
-            break;
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    let mut server = serve_logging(|c| {
+        c.env("HERALD_MAX_CONNECTIONS", "0");
+    });
+    let (said, _) = server.until_listening();
     // No limit asked, but a process has only so many descriptors: the cap leaves 256 spare.
-    let f = capped.expect("a line names the cap");
+    let f = said
+        .iter()
+        .map(|v| &v["fields"])
+        .find(|f| f["max_connections"].is_u64())
+        .expect("a line names the cap");
     assert_eq!(
         f["max_connections"].as_u64().unwrap() + 256,
         f["open_files"].as_u64().unwrap(),
@@ -500,28 +530,11 @@ fn sub_with_a_wrong_epoch_says_the_epoch_differs() {
 /// Issue #18, item 6: a normal start says nothing alarming about the open-file limit.
 #[test]
 fn a_default_start_does_not_warn_about_the_open_file_limit() {
-    let data = tempfile::tempdir().unwrap();
-    let mut child = herald()
-        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
-        .arg("--data-dir")
-        .arg(data.path())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
-    let mut said = Vec::new();
-    for line in lines {
-        let v: Value = serde_json::from_str(&line.unwrap()).unwrap_or_default();
-        if v["fields"]["message"] == "herald is listening" {
-            break;
-        }
-        if v["fields"]["max_connections"].is_u64() {
-            said.push(v);
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    for v in &said {
+    let (said, _) = serve_logging(|_| {}).until_listening();
+    for v in said
+        .iter()
+        .filter(|v| v["fields"]["max_connections"].is_u64())
+    {
         assert_eq!(v["level"], "INFO", "{v}");
         assert!(
             v["fields"]["message"]
@@ -537,21 +550,8 @@ fn a_default_start_does_not_warn_about_the_open_file_limit() {
 /// origin to add), and the server says so in its log, once however many are refused.
 #[test]
 fn a_refused_origin_is_told_why_and_logged_once() {
-    let data = tempfile::tempdir().unwrap();
-    let mut child = herald()
-        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
-        .arg("--data-dir")
-        .arg(data.path())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
-    let address = loop {
-        let v: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap_or_default();
-        if v["fields"]["message"] == "herald is listening" {
-            break v["fields"]["address"].as_str().unwrap().to_string();
-        }
-    };
+    let mut server = serve_logging(|_| {});
+    let (_, address) = server.until_listening();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let origin = "http://127.0.0.1:1";
     for _ in 0..5 {
@@ -577,20 +577,21 @@ fn a_refused_origin_is_told_why_and_logged_once() {
             "{body}"
         );
     }
+    // Stopped, the server logs no more: every line it wrote is read.
     assert!(Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &server.child.id().to_string()])
         .status()
         .unwrap()
         .success());
-    let logged: Vec<Value> = lines
-        .map(|l| serde_json::from_str::<Value>(&l.unwrap()).unwrap_or_default())
+    let logged: Vec<Value> = server
+        .lines
+        .by_ref()
         .filter(|v| {
             v["fields"]["message"]
                 .as_str()
                 .is_some_and(|m| m.contains("refused a browser connection"))
         })
         .collect();
-    child.wait().unwrap();
     assert_eq!(logged.len(), 1, "{logged:?}");
     assert!(logged[0]["fields"]["message"]
         .as_str()
@@ -601,29 +602,23 @@ fn a_refused_origin_is_told_why_and_logged_once() {
 /// Issue #16: `metrics_listen` serves `/metrics` without a key, on its own address only.
 #[test]
 fn metrics_listen_serves_metrics_without_a_key() {
-    let data = tempfile::tempdir().unwrap();
-    let mut child = herald()
-        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
-        .args(["--api-key", "k", "--data-dir"])
-        .arg(data.path())
-        .env("HERALD_METRICS_LISTEN", "127.0.0.1:0")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
-    let (mut main, mut metrics) = (None, None);
-    for line in lines {
-        let v: Value = serde_json::from_str(&line.unwrap()).unwrap_or_default();
-        let address = v["fields"]["address"].as_str().map(String::from);
-        match v["fields"]["message"].as_str() {
-            Some("herald is listening") => main = address,
-            Some(m) if m.starts_with("metrics at /metrics") => metrics = address,
-            _ => {}
-        }
-        if main.is_some() && metrics.is_some() {
-            break;
-        }
-    }
+    let mut server = serve_logging(|c| {
+        c.args(["--api-key", "k"])
+            .env("HERALD_METRICS_LISTEN", "127.0.0.1:0");
+    });
+    let (_, main) = server.until_listening();
+    let metrics = server
+        .lines
+        .by_ref()
+        .find(|v| {
+            v["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("metrics at /metrics"))
+        })
+        .expect("the metrics address is logged")["fields"]["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let get = |url: String| {
         rt.block_on(async {
@@ -631,7 +626,7 @@ fn metrics_listen_serves_metrics_without_a_key() {
             (r.status().as_u16(), r.text().await.unwrap())
         })
     };
-    let (status, text) = get(format!("http://{}/metrics", metrics.unwrap()));
+    let (status, text) = get(format!("http://{metrics}/metrics"));
     assert_eq!(status, 200);
     assert!(
         text.contains("herald_connections_accepted_total{transport=\"websocket\"} 0"),
@@ -642,10 +637,8 @@ fn metrics_listen_serves_metrics_without_a_key() {
         let row = format!("herald_thread_cpu_seconds_total{{thread=\"{thread}\"}}");
         assert!(text.contains(&row), "{row} in {text}");
     }
-    let (status, _) = get(format!("http://{}/metrics", main.unwrap()));
+    let (status, _) = get(format!("http://{main}/metrics"));
     assert_eq!(status, 401, "the main address still needs the key");
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// Issue #16, item 5: `herald top` shows every node with its figures.

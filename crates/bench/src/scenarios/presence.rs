@@ -13,10 +13,7 @@ use clap::Args;
 use futures_util::{SinkExt, StreamExt};
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpStream,
-};
+use tokio::net::TcpStream;
 use tokio_tungstenite::{tungstenite::Message, MaybeTlsStream, WebSocketStream};
 
 use super::{percentiles, round, Monitor, Target};
@@ -446,23 +443,17 @@ fn histogram() -> Histogram<u64> {
 /// Redis's `used_memory`, when the nodes share one.
 async fn redis_used_memory(target: &Target) -> Option<u64> {
     let url = target.server.redis_url.as_deref()?;
-    let address = url.strip_prefix("redis://")?.trim_end_matches('/');
-    let mut tcp = TcpStream::connect(address).await.ok()?;
-    tcp.write_all(b"*2\r\n$4\r\nINFO\r\n$6\r\nmemory\r\n")
+    let mut redis = redis::Client::open(url)
+        .ok()?
+        .get_multiplexed_async_connection()
         .await
         .ok()?;
-    let mut reply = Vec::new();
-    let mut buf = [0u8; 8192];
-    // A bulk string: `$LEN\r\n…`; read until `used_memory:` and its line are in.
-    while !String::from_utf8_lossy(&reply).contains("used_memory_human") {
-        let n = tcp.read(&mut buf).await.ok()?;
-        if n == 0 {
-            break;
-        }
-        reply.extend_from_slice(&buf[..n]);
-    }
-    let text = String::from_utf8_lossy(&reply);
-    text.lines()
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut redis)
+        .await
+        .ok()?;
+    info.lines()
         .find_map(|l| l.strip_prefix("used_memory:"))
         .and_then(|v| v.trim().parse().ok())
 }

@@ -1,9 +1,10 @@
 //! What an operator scrapes from `GET /metrics` (Prometheus text format): counted where
-//! things happen, by code that knows nothing else of the server. Everything here is an
-//! atomic add on a counter found once per label set, never a lock per delivery: deliveries
-//! are counted by the hub per publication (one add for all its subscribers), and figures
-//! the node already keeps (channels, connections, process CPU and memory) are read when
-//! scraped. Label values are bounded: transports, namespaces the configuration names
+//! things happen, by code that knows nothing else of the server. Nothing here runs per
+//! delivery: deliveries are counted by the hub per publication (one add for all its
+//! subscribers), and figures the node already keeps (channels, sockets, process CPU and
+//! memory) are read when scraped. A connection's open and close are atomic adds on
+//! counters made once per transport; a publication, a command, a close code or a hook call
+//! looks its counter up under a shared read lock and observes a histogram (a short lock). Label values are bounded: transports, namespaces the configuration names
 //! (others count as `_other`), close codes, command methods; never channel names.
 
 use std::{sync::Arc, time::Duration};
@@ -93,8 +94,8 @@ pub struct Snapshot {
     pub sockets: u64,
 }
 
-/// The transports, for counters made once and then touched without a lookup. (Sends
-/// without a stream are commands, not connections: not counted.)
+/// The transports sessions are counted under, for counters made once and then touched
+/// without a lookup. (Sends without a stream are commands, not connections: not counted.)
 const TRANSPORTS: [&str; 6] = ["websocket", "sse", "stream", "iframe", "longpoll", "poll"];
 
 /// One node's metrics.
@@ -103,8 +104,6 @@ pub struct Metrics {
     /// Per entry of [`TRANSPORTS`]: open and accepted connections (shared with the
     /// families, so opening a connection takes no lock).
     by_transport: Vec<(Gauge, Counter)>,
-    connections: Family<TransportLabel, Gauge>,
-    accepted: Family<TransportLabel, Counter>,
     disconnects: Family<CodeLabel, Counter>,
     publications: Family<NamespaceLabel, Counter>,
     publish_seconds: Family<StorageLabel, Histogram>,
@@ -194,8 +193,6 @@ impl Default for Metrics {
         Self {
             registry,
             by_transport,
-            connections,
-            accepted,
             disconnects,
             publications,
             publish_seconds,
@@ -210,27 +207,24 @@ impl Default for Metrics {
 impl Metrics {
     /// A connection (or poll request) of `transport` opened.
     pub fn opened(&self, transport: &'static str) {
-        let (open, accepted) = self.transport(transport);
-        accepted.inc();
-        open.inc();
+        if let Some((open, accepted)) = self.transport(transport) {
+            accepted.inc();
+            open.inc();
+        }
     }
 
     /// A connection counted by [`Metrics::opened`] is gone.
     pub fn closed(&self, transport: &'static str) {
-        self.transport(transport).0.dec();
+        if let Some((open, _)) = self.transport(transport) {
+            open.dec();
+        }
     }
 
-    fn transport(&self, transport: &'static str) -> (Gauge, Counter) {
-        match TRANSPORTS.iter().position(|t| *t == transport) {
-            Some(i) => self.by_transport[i].clone(),
-            None => {
-                let label = TransportLabel { transport };
-                (
-                    self.connections.get_or_create(&label).clone(),
-                    self.accepted.get_or_create(&label).clone(),
-                )
-            }
-        }
+    /// The counters of one of [`TRANSPORTS`] (the only names sessions count under).
+    fn transport(&self, transport: &str) -> Option<&(Gauge, Counter)> {
+        let i = TRANSPORTS.iter().position(|t| *t == transport);
+        debug_assert!(i.is_some(), "{transport} is not a counted transport");
+        self.by_transport.get(i?)
     }
 
     /// A connection ended with close `code` (1000 when the client left).

@@ -86,9 +86,9 @@ impl Session {
     pub fn came_by(mut self, transport: Transport, facts: Option<Box<RequestFacts>>) -> Self {
         self.transport = transport;
         // Sends without a stream are commands, not connections: not counted as one.
-        if transport != Transport::Send && self.counted.is_none() {
+        if transport != Transport::Send && !self.counted {
             self.node().metrics.opened(transport.name());
-            self.counted = Some(transport.name());
+            self.counted = true;
         }
         if facts.is_some() {
             self.credentials().facts = facts;

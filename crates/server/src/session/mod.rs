@@ -63,8 +63,9 @@ pub struct Session {
     /// `client`, `client=`): its presence memberships are that client's.
     first_client: Option<Box<str>>,
     scratch: Vec<Arc<Delivery>>,
-    /// The transport this session is counted under in the metrics, once it said.
-    counted: Option<&'static str>,
+    /// Whether it is counted as a connection of its transport in the metrics (once the
+    /// transport said which, and unless it is a send).
+    counted: bool,
     /// Whether its end (close code) was counted.
     end_counted: bool,
 }
@@ -96,7 +97,7 @@ impl Session {
             announced: false,
             first_client: None,
             scratch: Vec::new(),
-            counted: None,
+            counted: false,
             end_counted: false,
         }
     }
@@ -503,7 +504,7 @@ impl Session {
             (d.code.code(), &d.reason)
         });
         // Connections that live end once; a poll's end is its request's.
-        if self.counted.is_some() && !self.transport.is_request() && !self.end_counted {
+        if self.counted && !self.transport.is_request() && !self.end_counted {
             self.end_counted = true;
             self.node().metrics.disconnected(end.0);
         }
@@ -547,8 +548,8 @@ impl Drop for Session {
         // The transport ended without saying why: the client left (or a defect's panic
         // unwound it). Nothing is recorded when the transport said already.
         self.ending(None);
-        if let Some(transport) = self.counted {
-            self.node().metrics.closed(transport);
+        if self.counted {
+            self.node().metrics.closed(self.transport.name());
         }
         if self.subscriptions.is_empty() {
             return;
