@@ -504,6 +504,10 @@ impl Broker for RedisBroker {
             .await
     }
 
+    fn delivery_lag(&self) -> Option<Duration> {
+        Some(self.listener.lag())
+    }
+
     async fn nodes(&self) -> Option<Result<Vec<Bytes>, BrokerError>> {
         let (hash, seen) = self.store.names.nodes();
         let mut script = NODES.prepare_invoke();

@@ -10,7 +10,7 @@ use std::{
         atomic::{AtomicU64, Ordering},
         Arc,
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use bytes::Bytes;
@@ -47,6 +47,10 @@ const CONNECT_WAIT: Duration = Duration::from_secs(5);
 /// reset is otherwise never noticed.
 const PING_EVERY: Duration = Duration::from_secs(2);
 const PING_WAIT: Duration = Duration::from_secs(3);
+
+/// A lag probe not back after this long was lost (with a dropped connection): another is
+/// sent. Until then, its age is the lag reported.
+const PROBE_LOST: Duration = Duration::from_secs(10);
 
 /// How often streams nobody published to, but that this node listens to, are kept alive
 /// (well inside [`herald_broker::EMPTY_STREAM_GRACE`]).
@@ -128,6 +132,10 @@ pub(crate) struct Listener {
     /// after it did: for stats and tests.
     pub(crate) reconnects: AtomicU64,
     pub(crate) caught_up: AtomicU64,
+    /// The lag probe out (its number and when it was published), and the last one's
+    /// round trip in microseconds (see [`Listener::lag`]).
+    probe: Mutex<Option<(u64, Instant)>>,
+    lag_micros: AtomicU64,
 }
 
 impl Listener {
@@ -154,6 +162,8 @@ impl Listener {
             task: Mutex::default(),
             reconnects: AtomicU64::new(0),
             caught_up: AtomicU64::new(0),
+            probe: Mutex::default(),
+            lag_micros: AtomicU64::new(0),
         });
         let task = tokio::spawn(run(Arc::downgrade(&listener), client));
         *listener.task.lock() = Some(task.abort_handle());
@@ -261,9 +271,57 @@ impl Listener {
         answer
     }
 
-    /// A message on this node's own channel: a request to answer, or an answer.
+    /// Publishes a lag probe on this node's own channel through the command connection,
+    /// the way publications travel: [`Listener::lag`] is how long it takes to come back.
+    /// One at a time; a probe lost with a dropped connection is replaced after
+    /// [`PROBE_LOST`].
+    fn send_probe(&self) {
+        let number = {
+            let mut probe = self.probe.lock();
+            if matches!(*probe, Some((_, sent)) if sent.elapsed() < PROBE_LOST) {
+                return;
+            }
+            let number = self.next_request.fetch_add(1, Ordering::Relaxed);
+            *probe = Some((number, Instant::now()));
+            number
+        };
+        let (store, to) = (self.store.clone(), self.node_channel.clone());
+        tokio::spawn(async move {
+            if let Err(e) = store.send(to, format!("t{number}").into_bytes()).await {
+                tracing::debug!(error = %e, "could not publish a lag probe");
+            }
+        });
+    }
+
+    fn on_probe(&self, number: &[u8]) {
+        let number: Option<u64> = std::str::from_utf8(number)
+            .ok()
+            .and_then(|n| n.parse().ok());
+        let mut probe = self.probe.lock();
+        if let Some((sent_number, sent)) = *probe {
+            if Some(sent_number) == number {
+                let micros = sent.elapsed().as_micros() as u64;
+                self.lag_micros.store(micros, Ordering::Relaxed);
+                *probe = None;
+            }
+        }
+    }
+
+    /// How long the last probe took from PUBLISH to this listener, or how long the one
+    /// still out has been on its way, if that is longer.
+    pub(crate) fn lag(&self) -> Duration {
+        let last = Duration::from_micros(self.lag_micros.load(Ordering::Relaxed));
+        let out = self
+            .probe
+            .lock()
+            .map_or(Duration::ZERO, |(_, sent)| sent.elapsed());
+        last.max(out)
+    }
+
+    /// A message on this node's own channel: a request to answer, an answer, or a probe.
     fn on_node_message(self: &Arc<Self>, payload: &[u8]) {
         match payload.split_first() {
+            Some((b't', number)) => self.on_probe(number),
             Some((b'q', rest)) => {
                 let mut parts = rest.splitn(3, |b| *b == b'\n');
                 let (Some(origin), Some(number), Some(request)) =
@@ -559,6 +617,9 @@ async fn run(listener: std::sync::Weak<Listener>, client: redis::Client) {
                     me.finish_catch_up(&catch_up.name, read);
                 }
                 _ = ping.tick(), if pinging.is_none() => {
+                    if let Some(me) = listener.upgrade() {
+                        me.send_probe();
+                    }
                     let mut sink = connection.sink.clone();
                     pinging = Some(Box::pin(async move {
                         matches!(

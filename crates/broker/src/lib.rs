@@ -245,6 +245,13 @@ pub trait Broker: Send + Sync + 'static {
     async fn nodes(&self) -> Option<Result<Vec<Bytes>, BrokerError>> {
         None
     }
+
+    /// How long publications take, at the last check, from being published to reaching
+    /// this node's sink; `None` for a broker that hands them over inside
+    /// [`Broker::publish`] (nothing to lag behind).
+    fn delivery_lag(&self) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 /// Answers what other nodes [ask](Broker::ask_node) this one.

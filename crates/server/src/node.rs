@@ -99,7 +99,8 @@ impl Node {
             n => n,
         };
         let hub = Arc::new(Hub::new(threads));
-        let broker = make_broker(hub.clone())?;
+        let metrics = crate::metrics::Metrics::default();
+        let broker = crate::metrics::Counted::wrap(make_broker(hub.clone())?, &metrics);
         let id = broker.node_id().map_or_else(
             || {
                 herald_protocol::Epoch::random(|| fastrand::u64(..))
@@ -117,6 +118,7 @@ impl Node {
         let limits = crate::limits::AddressLimits::new(settings.config.limits.clone());
         crate::limits::spawn_sweeper(&limits);
         let events = settings.hooks.events(&settings.config.hooks).map(|caller| {
+            caller.count_into(metrics.hook(caller.name()));
             crate::hooks::events::EventLog::start(&settings.config.hooks, caller, broker.clone())
         });
         let node = Arc::new(Self {
@@ -131,7 +133,7 @@ impl Node {
             tasks: TaskTracker::new(),
             inboxes: Mutex::default(),
             sockets: Arc::default(),
-            metrics: crate::metrics::Metrics::default(),
+            metrics,
             connections: AtomicUsize::new(0),
             next_session: AtomicU64::new(1),
             started: Instant::now(),
@@ -235,6 +237,8 @@ impl Node {
             channels: self.broker.channel_count() as u64,
             subscribed_channels: self.hub.channel_count() as u64,
             sockets: self.sockets.load(Ordering::Relaxed) as u64,
+            broker_lag: self.broker.delivery_lag(),
+            events_dropped: self.events.as_ref().map_or(0, |e| e.dropped()),
         })
     }
 }

@@ -77,7 +77,10 @@ pub struct EventLog {
     queue: mpsc::UnboundedSender<Vec<u8>>,
     pending: Arc<AtomicUsize>,
     max_pending: usize,
+    /// Dropped since the backend was last told (it is told with the next delivery).
     dropped: Arc<AtomicU64>,
+    /// Dropped since start, for the metrics.
+    dropped_total: AtomicU64,
 }
 
 impl EventLog {
@@ -89,6 +92,7 @@ impl EventLog {
             pending: Arc::default(),
             max_pending: config.events_max_pending,
             dropped: Arc::default(),
+            dropped_total: AtomicU64::new(0),
         });
         let policy = config.events_policy();
         let stored = Arc::new(Notify::new());
@@ -107,14 +111,24 @@ impl EventLog {
     /// Records an event; never waits.
     pub fn record(&self, event: &Event<'_>) {
         if self.pending.load(Ordering::Relaxed) >= self.max_pending {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+            self.drop_one();
             return;
         }
         self.pending.fetch_add(1, Ordering::Relaxed);
         let json = serde_json::to_vec(event).expect("events serialise");
         if self.queue.send(json).is_err() {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+            self.drop_one();
         }
+    }
+
+    fn drop_one(&self) {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+        self.dropped_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Events dropped since start.
+    pub fn dropped(&self) -> u64 {
+        self.dropped_total.load(Ordering::Relaxed)
     }
 }
 

@@ -7,6 +7,13 @@
 //! looks its counter up under a shared read lock and observes a histogram (a short lock). Label values are bounded: transports, namespaces the configuration names
 //! (others count as `_other`), close codes, command methods; never channel names.
 
+mod broker;
+mod sharded;
+mod wire;
+
+pub use broker::Counted;
+pub use wire::Wire;
+
 use std::{sync::Arc, time::Duration};
 
 use parking_lot::Mutex;
@@ -92,11 +99,16 @@ pub struct Snapshot {
     pub subscribed_channels: u64,
     /// Open TCP sockets, whatever they carry.
     pub sockets: u64,
+    /// How far behind the broker's hand-over of publications to this node was at its last
+    /// check (Redis: pub/sub), when the broker measures it.
+    pub broker_lag: Option<Duration>,
+    /// Events the backend's events hook never got: dropped while too many were pending.
+    pub events_dropped: u64,
 }
 
 /// The transports sessions are counted under, for counters made once and then touched
 /// without a lookup. (Sends without a stream are commands, not connections: not counted.)
-const TRANSPORTS: [&str; 6] = ["websocket", "sse", "stream", "iframe", "longpoll", "poll"];
+pub const TRANSPORTS: [&str; 6] = ["websocket", "sse", "stream", "iframe", "longpoll", "poll"];
 
 /// One node's metrics.
 pub struct Metrics {
@@ -104,13 +116,23 @@ pub struct Metrics {
     /// Per entry of [`TRANSPORTS`]: open and accepted connections (shared with the
     /// families, so opening a connection takes no lock).
     by_transport: Vec<(Gauge, Counter)>,
+    /// Per entry of [`TRANSPORTS`]: what its connections were written (held by their
+    /// queues).
+    wires: Arc<[Arc<Wire>]>,
     disconnects: Family<CodeLabel, Counter>,
+    slow_cuts: Counter,
     publications: Family<NamespaceLabel, Counter>,
     publish_seconds: Family<StorageLabel, Histogram>,
     command_seconds: Family<MethodLabel, Histogram>,
     hook_seconds: Family<HookLabel, Histogram>,
     hook_failures: Family<HookLabel, Counter>,
+    broker_errors: Family<OperationLabel, Counter>,
     snapshot: Arc<Mutex<Snapshot>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabel {
+    operation: &'static str,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -178,8 +200,38 @@ impl Default for Metrics {
             "Hook calls that failed: no answer within hooks.timeout, not a hook answer, HTTP errors, or the circuit open (clients got 118 or 3008)",
             hook_failures.clone(),
         );
+        let slow_cuts = Counter::default();
+        registry.register(
+            "slow_consumer_cuts",
+            "Connections closed with 3003 because their queue passed client.queue_max_bytes (they resume from history)",
+            slow_cuts.clone(),
+        );
+        let latency = Family::<TransportLabel, Histogram>::new_with_constructor(
+            durations as fn() -> Histogram,
+        );
+        registry.register(
+            "delivery_latency_seconds",
+            "From the hub receiving a publication to its push being handed to a client's socket, by transport; one write in 64 per thread is observed",
+            latency.clone(),
+        );
+        let broker_errors = Family::<OperationLabel, Counter>::default();
+        registry.register(
+            "broker_errors",
+            "Broker calls that failed (storage or Redis unavailable, refused), by operation",
+            broker_errors.clone(),
+        );
+        let wires: Arc<[Arc<Wire>]> = TRANSPORTS
+            .iter()
+            .map(|&transport| {
+                let histogram = latency.get_or_create(&TransportLabel { transport }).clone();
+                Arc::new(Wire::new(transport, histogram))
+            })
+            .collect();
         let snapshot = Arc::new(Mutex::new(Snapshot::default()));
-        registry.register_collector(Box::new(Scraped(snapshot.clone())));
+        registry.register_collector(Box::new(Scraped {
+            snapshot: snapshot.clone(),
+            wires: wires.clone(),
+        }));
         let by_transport = TRANSPORTS
             .iter()
             .map(|&transport| {
@@ -193,7 +245,10 @@ impl Default for Metrics {
         Self {
             registry,
             by_transport,
+            wires,
             disconnects,
+            slow_cuts,
+            broker_errors,
             publications,
             publish_seconds,
             command_seconds,
@@ -227,9 +282,25 @@ impl Metrics {
         self.by_transport.get(i?)
     }
 
+    /// The write counters of `transport`'s connections, for their queues to hold.
+    pub fn wire(&self, transport: &'static str) -> Option<Arc<Wire>> {
+        let i = TRANSPORTS.iter().position(|t| *t == transport)?;
+        self.wires.get(i).cloned()
+    }
+
     /// A connection ended with close `code` (1000 when the client left).
     pub fn disconnected(&self, code: u16) {
+        if code == herald_protocol::DisconnectCode::Slow.code() {
+            self.slow_cuts.inc();
+        }
         self.disconnects.get_or_create(&CodeLabel { code }).inc();
+    }
+
+    /// The counter of failed broker calls of `operation`, for [`Counted`] to hold.
+    fn broker_errors(&self, operation: &'static str) -> Counter {
+        self.broker_errors
+            .get_or_create(&OperationLabel { operation })
+            .clone()
     }
 
     /// A publication was accepted in `namespace` (a name the configuration lists, or
@@ -271,14 +342,69 @@ impl Metrics {
     }
 }
 
-/// The figures read at scrape time: the node's snapshot and this process's CPU, memory and
-/// descriptors (from /proc; absent elsewhere).
+/// The figures read at scrape time: the node's snapshot, the sums of the transports'
+/// sharded counts, and this process's CPU, memory and descriptors (from /proc; absent
+/// elsewhere).
 #[derive(Debug)]
-struct Scraped(Arc<Mutex<Snapshot>>);
+struct Scraped {
+    snapshot: Arc<Mutex<Snapshot>>,
+    wires: Arc<[Arc<Wire>]>,
+}
+
+impl Scraped {
+    /// One family with a value per transport, read from its [`Wire`].
+    fn by_transport(
+        &self,
+        encoder: &mut DescriptorEncoder,
+        (name, help): (&str, &str),
+        counter: bool,
+        value: impl Fn(&Wire) -> i64,
+    ) -> Result<(), std::fmt::Error> {
+        let kind = if counter {
+            prometheus_client::metrics::MetricType::Counter
+        } else {
+            prometheus_client::metrics::MetricType::Gauge
+        };
+        let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+        for wire in self.wires.iter() {
+            let label = TransportLabel {
+                transport: wire.transport,
+            };
+            let v = value(wire).max(0);
+            if counter {
+                ConstCounter::new(v as u64).encode(family.encode_family(&label)?)?;
+            } else {
+                ConstGauge::new(v).encode(family.encode_family(&label)?)?;
+            }
+        }
+        Ok(())
+    }
+}
 
 impl Collector for Scraped {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let s = self.0.lock().clone();
+        self.by_transport(
+            &mut encoder,
+            ("pushes", "Pushes (publications and presence changes) handed to clients' sockets, by transport"),
+            true,
+            |w| w.pushes.sum(),
+        )?;
+        self.by_transport(
+            &mut encoder,
+            (
+                "pushed_bytes",
+                "Bytes of those pushes as encoded, before the transport's framing, by transport",
+            ),
+            true,
+            |w| w.bytes.sum(),
+        )?;
+        self.by_transport(
+            &mut encoder,
+            ("queued_bytes", "Bytes of pushes waiting in connections' queues (slow or busy clients), by transport"),
+            false,
+            |w| w.queued.sum(),
+        )?;
+        let s = self.snapshot.lock().clone();
         let counters = [
             (
                 "publications_fanned_out",
@@ -289,6 +415,11 @@ impl Collector for Scraped {
                 "deliveries",
                 "Publications queued for a subscriber (one per publication per subscriber)",
                 s.deliveries,
+            ),
+            (
+                "events_dropped",
+                "Events for the backend's events hook dropped while hooks.events_max_pending were waiting",
+                s.events_dropped,
             ),
         ];
         for (name, help, value) in counters {
@@ -330,6 +461,15 @@ impl Collector for Scraped {
         for (name, help, value) in gauges {
             let metric = ConstGauge::new(value);
             metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)?;
+        }
+        if let Some(lag) = s.broker_lag {
+            let metric = ConstGauge::new(lag.as_secs_f64());
+            metric.encode(encoder.encode_descriptor(
+                "broker_lag_seconds",
+                "Redis: how long this node's own probe took from PUBLISH to its pub/sub listener at the last check (every 2 s; a probe still out counts as its age)",
+                None,
+                metric.metric_type(),
+            )?)?;
         }
         let threads = threads();
         if !threads.is_empty() {

@@ -21,12 +21,15 @@ use std::{
         atomic::{AtomicU64, Ordering},
         Arc, OnceLock,
     },
+    time::Instant,
 };
 
 use bytes::Bytes;
 use herald_protocol::{ChannelName, Epoch};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
+
+use crate::metrics::Wire;
 
 /// A publication encoded once by the hub and shared by every subscriber's queue.
 #[derive(Debug)]
@@ -42,6 +45,8 @@ pub struct Delivery {
     /// The push framed for a [`DirectSocket`], made by the first one that writes it and
     /// shared by the rest.
     pub framed: OnceLock<Bytes>,
+    /// When the hub got it: the start of its delivery latency.
+    pub at: Instant,
 }
 
 impl Delivery {
@@ -53,6 +58,7 @@ impl Delivery {
             offset,
             json,
             framed: OnceLock::new(),
+            at: Instant::now(),
         }
     }
 }
@@ -143,6 +149,9 @@ struct Inner {
     /// The tail of a write the socket did not take whole; it goes out before anything else,
     /// so frames never interleave.
     unsent: Bytes,
+    /// Where its transport's pushes and queued bytes are counted, once the transport is
+    /// known.
+    wire: Option<Arc<Wire>>,
 }
 
 impl Queue {
@@ -156,10 +165,21 @@ impl Queue {
                 busy: true,
                 direct: None,
                 unsent: Bytes::new(),
+                wire: None,
             }),
             wake: Notify::new(),
             max_bytes,
         }
+    }
+
+    /// Counts what this queue hands over, and holds, in `wire` from now on.
+    pub fn count_in(&self, wire: Arc<Wire>) {
+        let mut inner = self.inner.lock();
+        if let Some(old) = inner.wire.replace(wire) {
+            old.queued(-(inner.bytes as i64));
+        }
+        let (wire, bytes) = (inner.wire.as_ref().expect("just set"), inner.bytes);
+        wire.queued(bytes as i64);
     }
 
     /// Opens the direct lane to `socket`; it is used once the transport is first idle.
@@ -189,6 +209,9 @@ impl Queue {
                     // waits for the socket or finds the error.
                     if let Ok(n) = socket.try_write(frame) {
                         position.set(delivery.offset);
+                        if let Some(wire) = &inner.wire {
+                            wire.written(1, delivery.json.len(), delivery.at);
+                        }
                         if n < frame.len() {
                             inner.unsent = frame.slice(n..);
                             inner.busy = true;
@@ -223,9 +246,15 @@ impl Queue {
         let (wake, accepted) = if inner.bytes > self.max_bytes {
             inner.overflowed = true;
             inner.items = VecDeque::new();
+            if let Some(wire) = &inner.wire {
+                wire.queued(-((inner.bytes - delivery.json.len()) as i64));
+            }
             inner.bytes = 0;
             (true, false)
         } else {
+            if let Some(wire) = &inner.wire {
+                wire.queued(delivery.json.len() as i64);
+            }
             inner.items.push_back(delivery);
             // One wake-up per batch: the transport drains everything queued meanwhile.
             (inner.items.len() == 1, true)
@@ -299,7 +328,7 @@ impl Queue {
         if inner.overflowed {
             return Err(Overflowed);
         }
-        let mut taken = 0;
+        let (mut taken, first) = (0, out.len());
         while taken < max_bytes {
             let Some(d) = inner.items.pop_front() else {
                 break;
@@ -308,6 +337,10 @@ impl Queue {
             out.push(d);
         }
         inner.bytes -= taken;
+        if let (Some(wire), Some(oldest)) = (&inner.wire, out.get(first)) {
+            wire.queued(-(taken as i64));
+            wire.written(out.len() - first, taken, oldest.at);
+        }
         if inner.items.is_empty() && inner.items.capacity() > 64 {
             // Give back a burst's memory once it has drained.
             inner.items = VecDeque::new();
@@ -335,6 +368,15 @@ impl Inner {
             let _ = self.unsent.split_to(n);
         }
         Ok(())
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        let inner = self.inner.get_mut();
+        if let Some(wire) = &inner.wire {
+            wire.queued(-(inner.bytes as i64));
+        }
     }
 }
 

@@ -89,6 +89,9 @@ impl Session {
         if transport != Transport::Send && !self.counted {
             self.node().metrics.opened(transport.name());
             self.counted = true;
+            if let Some(wire) = self.node().metrics.wire(transport.name()) {
+                self.queue.count_in(wire);
+            }
         }
         if facts.is_some() {
             self.credentials().facts = facts;

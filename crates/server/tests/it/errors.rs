@@ -125,6 +125,13 @@ async fn a_slow_consumer_is_disconnected_and_others_keep_receiving() {
     let (after, _) = server.publish("flood", json!("after")).await;
     while fast.next_pub().await.1 != after {}
     assert!(after > offset);
+    // Operators see the cut, and the slow client's queue no longer counts as queued.
+    eventually("the cut is counted and its queue let go", || async {
+        let text = server.metrics().await;
+        text.contains("herald_slow_consumer_cuts_total 1\n")
+            && text.contains("herald_queued_bytes{transport=\"websocket\"} 0\n")
+    })
+    .await;
     drop(slow);
     server.stop().await.unwrap();
 }

@@ -137,3 +137,61 @@ async fn the_http_transports_are_counted_under_their_own_names() {
         "the poll ended"
     );
 }
+
+/// Pushes, their bytes and queued bytes by transport, and the sampled delivery latency.
+#[tokio::test]
+async fn pushes_and_their_latency_are_counted_by_transport() {
+    let server = start(config()).await;
+    let mut ws = server.client().await;
+    ws.subscribe("open:w", None).await;
+    let http = reqwest::Client::new();
+    let mut sse = http
+        .get(server.url("/connection/sse?channel=open:w"))
+        .send()
+        .await
+        .unwrap();
+    sse.chunk().await.unwrap();
+    // One write in 64 per thread is timed; 300 writes over a few threads time some.
+    const N: u64 = 300;
+    for i in 1..=N {
+        server.publish("open:w", json!(i)).await;
+    }
+    while ws.next_pub().await.1 < N {}
+    let mut seen = String::new();
+    while !seen.contains(&format!("\"offset\":{N}")) {
+        seen.push_str(&String::from_utf8_lossy(
+            &sse.chunk().await.unwrap().unwrap(),
+        ));
+    }
+    eventually("every push counted and nothing left queued", || async {
+        let text = server.metrics().await;
+        ["websocket", "sse"].iter().all(|t| {
+            sample(&text, &format!("herald_pushes_total{{transport=\"{t}\"}}")) == N as f64
+                && sample(&text, &format!("herald_queued_bytes{{transport=\"{t}\"}}")) == 0.0
+        })
+    })
+    .await;
+    let text = server.metrics().await;
+    for t in ["websocket", "sse"] {
+        let bytes = sample(
+            &text,
+            &format!("herald_pushed_bytes_total{{transport=\"{t}\"}}"),
+        );
+        // Each push is a JSON line of at least `{"pub":…}` with channel and offset.
+        assert!(bytes > 30.0 * N as f64, "{t}: {bytes} bytes");
+    }
+    let timed: f64 = ["websocket", "sse"]
+        .iter()
+        .map(|t| {
+            sample(
+                &text,
+                &format!("herald_delivery_latency_seconds_count{{transport=\"{t}\"}}"),
+            )
+        })
+        .sum();
+    assert!(timed >= 1.0, "{text}");
+    assert_eq!(
+        sample(&text, "herald_pushes_total{transport=\"poll\"}"),
+        0.0
+    );
+}

@@ -39,6 +39,13 @@ async fn a_send_reaches_a_stream_held_by_another_node() {
             .contains("not connected"),
         "{body}"
     );
+    // The failed request counts as a broker error; the pub/sub lag probe is measured.
+    eventually("the failed ask is counted and the lag measured", || async {
+        let text = b.metrics().await;
+        text.contains("herald_broker_errors_total{operation=\"ask_node\"} 1\n")
+            && text.contains("herald_broker_lag_seconds ")
+    })
+    .await;
     // One that cannot be any node's is refused without asking anyone.
     let (status, body): (u16, Value) =
         response(send("not%20a%20node-1-0".into()).await.unwrap()).await;

@@ -1,0 +1,70 @@
+//! What reaches the clients of one transport: pushes written, their bytes, bytes waiting in
+//! queues, and how long a publication took from the hub to the socket (sampled). A
+//! connection's queue holds its transport's [`Wire`] and counts as it hands pushes over, a
+//! batch at a time; every count is a [`Sharded`] add, so fan-out threads never share a
+//! cache line for it.
+
+use std::{cell::Cell, time::Instant};
+
+use prometheus_client::metrics::histogram::Histogram;
+
+use super::sharded::Sharded;
+
+/// One write in this many (per thread) has its latency observed: a histogram observation
+/// takes a lock, which must not happen per delivery.
+const SAMPLE_EVERY: u32 = 64;
+
+thread_local! {
+    static UNTIL_SAMPLE: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether this thread's next write is the sampled one.
+fn sample_now() -> bool {
+    UNTIL_SAMPLE.with(|left| match left.get() {
+        0 => {
+            left.set(SAMPLE_EVERY - 1);
+            true
+        }
+        n => {
+            left.set(n - 1);
+            false
+        }
+    })
+}
+
+/// One transport's counters.
+#[derive(Debug)]
+pub struct Wire {
+    pub(super) transport: &'static str,
+    pub(super) pushes: Sharded,
+    pub(super) bytes: Sharded,
+    pub(super) queued: Sharded,
+    latency: Histogram,
+}
+
+impl Wire {
+    pub(super) fn new(transport: &'static str, latency: Histogram) -> Self {
+        Self {
+            transport,
+            pushes: Sharded::default(),
+            bytes: Sharded::default(),
+            queued: Sharded::default(),
+            latency,
+        }
+    }
+
+    /// `pushes` pushes of `bytes` (encoded, before the transport's framing) were handed to
+    /// the socket; the oldest reached the hub at `oldest`.
+    pub fn written(&self, pushes: usize, bytes: usize, oldest: Instant) {
+        self.pushes.add(pushes as i64);
+        self.bytes.add(bytes as i64);
+        if sample_now() {
+            self.latency.observe(oldest.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Bytes entered (positive) or left (negative) a queue of this transport.
+    pub fn queued(&self, bytes: i64) {
+        self.queued.add(bytes);
+    }
+}
