@@ -493,11 +493,16 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
     } else if (m.subscribe?.channel !== undefined) {
       this.subs.get(m.subscribe.channel)?.confirmed(m.subscribe, true);
     } else if (m.unsubscribe?.channel !== undefined) {
-      // The server ended one subscription (its token expired, 109): get a new token and
-      // resume from the position held, so nothing is missed.
+      // The server ended one subscription. Its operator did (120): it stays ended. Its
+      // token expired (109): get a new token and resume from the position held, so
+      // nothing is missed.
       const sub = this.subs.get(m.unsubscribe.channel);
       if (sub !== undefined && sub.state === "subscribed") {
         const code = m.unsubscribe.code ?? 0;
+        if (code === 120) {
+          sub.endedByServer(code, m.unsubscribe.reason ?? "unsubscribed by the server");
+          return;
+        }
         sub.interrupted(code, m.unsubscribe.reason ?? "ended by the server");
         if (code === 109) sub.token = undefined;
         this.subscribeChannel(sub);

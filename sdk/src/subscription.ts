@@ -198,6 +198,12 @@ export class Subscription extends Emitter<SubscriptionEvents> {
     this.end(code, message);
   }
 
+  /** The server's operator ended the subscription (code 120): it stays ended until the
+   * application subscribes again. */
+  endedByServer(code: number, reason: string): void {
+    this.end(code, reason);
+  }
+
   /** Reports an error that did not end the subscription. */
   warn(code: number, message: string): void {
     this.emit("error", { channel: this.channel, code, message });

@@ -105,6 +105,26 @@ it("stops, without reconnecting, when the server says the client is at fault", a
   expect(await tooBig).toBeInstanceOf(Error);
 });
 
+describe.each(["websocket", "stream"] as const)("an operator's actions over %s", (transport) => {
+  it("an unsubscribe ends the subscription for good; a do-not-reconnect disconnect stops the client", async () => {
+    const c = client(server.url, { transports: transport });
+    const room = c.subscribe(`chat:op-${transport}`);
+    const connected = next(c, "connected");
+    c.connect();
+    const { client: id } = await connected;
+    await next(room, "subscribed");
+    const ended = next(room, "unsubscribed");
+    expect(await server.api("/api/unsubscribe", { client: id, channel: room.channel })).toEqual({ unsubscribed: 1 });
+    expect(await ended).toMatchObject({ code: 120 });
+    expect(room.state).toBe("unsubscribed");
+    const disconnected = next(c, "disconnected");
+    expect(await server.api("/api/disconnect", { client: id, code: 4501, reason: "banned" })).toEqual({ disconnected: 1 });
+    expect(await disconnected).toMatchObject({ code: 4501, reason: "banned" });
+    expect(c.state).toBe("disconnected");
+    expect(room.state).toBe("unsubscribed");
+  });
+});
+
 describe("fallback", () => {
   it("past a proxy that refuses WebSocket and buffers streams, polling still delivers", async () => {
     const proxy = await BufferingProxy.start(server.url);

@@ -88,6 +88,17 @@ export class Herald {
     if (!response.ok) throw new Error(`publish: HTTP ${response.status} ${await response.text()}`);
     return (await response.json()) as { offset: number; epoch: string };
   }
+
+  /** POSTs `body` to an API route and returns the answer. */
+  async api(path: string, body: unknown): Promise<unknown> {
+    const response = await fetch(`${this.url}${path}`, {
+      method: "POST",
+      headers: { Authorization: `apikey ${API_KEY}`, "Content-Type": "application/json" },
+      body: JSON.stringify(body),
+    });
+    if (!response.ok) throw new Error(`${path}: HTTP ${response.status} ${await response.text()}`);
+    return response.json();
+  }
 }
 
 /** Resolves when `condition` holds, checking on every event loop turn up to `ms`. */

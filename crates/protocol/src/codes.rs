@@ -92,6 +92,10 @@ codes! {
         /// The page's origin is not in the server's `allowed_origins`: reconnecting from it
         /// cannot help (HTTP 403; a client stops as on close code 3502).
         OriginNotAllowed = 119, "origin not allowed";
+        /// The code of an `unsubscribe` push that ends a subscription because the server's
+        /// operator (or the application's backend, through the API) ended it: do not
+        /// subscribe again by yourself.
+        Unsubscribed = 120, "unsubscribed by the server";
     }
 }
 

@@ -15,7 +15,7 @@ use crate::{
         ConnectRequest, HistoryRequest, PresenceRequest, RefreshRequest, RpcRequest,
         SubscribeRequest,
     },
-    ChannelName, Command, DisconnectCode, ErrorCode, Method, Publication, Since,
+    ChannelName, Command, ErrorCode, Method, Publication, Since,
 };
 
 /// Why a line is not a command.
@@ -350,21 +350,21 @@ pub fn encode_pub(channel: &ChannelName, publication: &Publication) -> Bytes {
 
 /// Encodes a disconnect push: `{"disconnect":{"code":N,"reason":"…","reconnect":BOOL}}`.
 /// Sent before closing on transports that have no close code of their own.
-pub fn encode_disconnect(code: DisconnectCode, reason: &str) -> Vec<u8> {
+pub fn encode_disconnect(code: u16, reason: &str) -> Vec<u8> {
     #[derive(Serialize)]
     struct Push<'a> {
         disconnect: Body<'a>,
     }
     #[derive(Serialize)]
     struct Body<'a> {
-        code: DisconnectCode,
+        code: u16,
         reason: &'a str,
         reconnect: bool,
     }
     let body = Body {
         code,
         reason,
-        reconnect: code.reconnect(),
+        reconnect: crate::reconnect_allowed(code),
     };
     serde_json::to_vec(&Push { disconnect: body }).expect("disconnect pushes always serialise")
 }
@@ -824,8 +824,11 @@ mod tests {
             serde_json::from_slice(&encode_error(Some(4), ErrorCode::PermissionDenied, "no"))
                 .unwrap();
         assert_eq!(e["error"]["code"], 103);
-        let d: serde_json::Value =
-            serde_json::from_slice(&encode_disconnect(DisconnectCode::Slow, "slow")).unwrap();
+        let d: serde_json::Value = serde_json::from_slice(&encode_disconnect(
+            crate::DisconnectCode::Slow.code(),
+            "slow",
+        ))
+        .unwrap();
         assert_eq!(d["disconnect"]["reconnect"], true);
     }
 }

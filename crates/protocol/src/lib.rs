@@ -21,7 +21,7 @@ pub mod json;
 mod position;
 
 pub use channel::{ChannelError, ChannelName, MAX_CHANNEL_LEN};
-pub use codes::{DisconnectCode, ErrorCode};
+pub use codes::{reconnect_allowed, DisconnectCode, ErrorCode};
 pub use command::{Command, Method};
 pub use cursor::Cursor;
 pub use position::{Epoch, Publication, Since, StreamPosition};

@@ -252,6 +252,11 @@ var Herald = (() => {
       this.emit("error", { channel: this.channel, code, message });
       this.end(code, message);
     }
+    /** The server's operator ended the subscription (code 120): it stays ended until the
+     * application subscribes again. */
+    endedByServer(code, reason) {
+      this.end(code, reason);
+    }
     /** Reports an error that did not end the subscription. */
     warn(code, message) {
       this.emit("error", { channel: this.channel, code, message });
@@ -987,6 +992,10 @@ var Herald = (() => {
         const sub = this.subs.get(m.unsubscribe.channel);
         if (sub !== void 0 && sub.state === "subscribed") {
           const code = m.unsubscribe.code ?? 0;
+          if (code === 120) {
+            sub.endedByServer(code, m.unsubscribe.reason ?? "unsubscribed by the server");
+            return;
+          }
           sub.interrupted(code, m.unsubscribe.reason ?? "ended by the server");
           if (code === 109) sub.token = void 0;
           this.subscribeChannel(sub);

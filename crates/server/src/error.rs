@@ -47,7 +47,9 @@ impl Failure {
             ErrorCode::Unauthorized | ErrorCode::TokenExpired => StatusCode::UNAUTHORIZED,
             ErrorCode::PermissionDenied | ErrorCode::OriginNotAllowed => StatusCode::FORBIDDEN,
             ErrorCode::MethodNotFound => StatusCode::NOT_FOUND,
-            ErrorCode::AlreadySubscribed | ErrorCode::BadConnectState => StatusCode::CONFLICT,
+            ErrorCode::AlreadySubscribed | ErrorCode::BadConnectState | ErrorCode::Unsubscribed => {
+                StatusCode::CONFLICT
+            }
             ErrorCode::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
             // Per-connection limits answer 429; the server-wide connection limit is the
             // only one a transport sees before a session exists, and says 503 there.
@@ -78,19 +80,18 @@ impl From<BrokerError> for Failure {
 /// Why a connection is being closed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Disconnect {
-    /// Close code.
+    /// Close code (for an operator's own code, the server code whose advice it shares).
     pub code: DisconnectCode,
     /// Close reason, for people (WebSocket allows at most 123 bytes; longer ones are cut).
     pub reason: String,
+    /// The code an operator chose (`POST /api/disconnect`), sent instead of `code`.
+    pub chosen: Option<u16>,
 }
 
 impl Disconnect {
     /// A disconnect with the code's own text as reason.
     pub fn new(code: DisconnectCode) -> Self {
-        Self {
-            code,
-            reason: code.text().to_string(),
-        }
+        Self::because(code, code.text())
     }
 
     /// A disconnect with its own reason.
@@ -98,7 +99,27 @@ impl Disconnect {
         Self {
             code,
             reason: reason.into(),
+            chosen: None,
         }
+    }
+
+    /// A disconnect with a code an operator chose: a server code (3000–3999) or an
+    /// application's (4000–4999). Its reconnect advice follows the code's range.
+    pub fn chosen(code: u16, reason: impl Into<String>) -> Self {
+        let like = if herald_protocol::reconnect_allowed(code) {
+            DisconnectCode::ForceReconnect
+        } else {
+            DisconnectCode::Forbidden
+        };
+        Self {
+            chosen: Some(code),
+            ..Self::because(like, reason)
+        }
+    }
+
+    /// The code sent to the client.
+    pub fn wire_code(&self) -> u16 {
+        self.chosen.unwrap_or(self.code.code())
     }
 
     /// The reason cut to fit a WebSocket close frame (123 bytes) on a character boundary.

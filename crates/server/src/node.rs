@@ -64,6 +64,8 @@ pub struct Node {
     pub events: Option<Arc<crate::hooks::events::EventLog>>,
     /// What `GET /metrics` reports.
     pub metrics: crate::metrics::Metrics,
+    /// Open connections by client id, for operators' actions.
+    pub sessions: crate::session::registry::Registry,
     connections: AtomicUsize,
     next_session: AtomicU64,
     started: Instant,
@@ -134,6 +136,7 @@ impl Node {
             inboxes: Mutex::default(),
             sockets: Arc::default(),
             metrics,
+            sessions: Default::default(),
             connections: AtomicUsize::new(0),
             next_session: AtomicU64::new(1),
             started: Instant::now(),

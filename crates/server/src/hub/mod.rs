@@ -245,6 +245,61 @@ impl Hub {
         }
     }
 
+    /// Whether `session` is subscribed to `channel` here.
+    pub fn is_member(&self, channel: &ChannelName, session: u64) -> bool {
+        let subs = self.shard(channel).subscribers.read();
+        subs.get(channel).is_some_and(|entry| {
+            entry
+                .parts
+                .iter()
+                .any(|p| p.iter().any(|m| m.session == session))
+        })
+    }
+
+    /// Up to `limit` channels with local subscribers, by name, after `after` and starting
+    /// with `prefix`, each with its number of local subscribers: a page of an operator's
+    /// listing (a walk over every channel, for an action that is rare).
+    pub fn channels_page(&self, after: &str, prefix: &str, limit: usize) -> Vec<(String, usize)> {
+        let mut page: Vec<(String, usize)> = Vec::new();
+        for shard in self.shards.iter() {
+            let subs = shard.subscribers.read();
+            page.extend(
+                subs.iter()
+                    .filter(|(c, _)| c.as_str() > after && c.as_str().starts_with(prefix))
+                    .map(|(c, entry)| (c.as_str().to_string(), entry.len())),
+            );
+            // Keep the first `limit` by name, so a page never holds every channel.
+            if page.len() > 2 * limit.max(1) {
+                page.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                page.truncate(limit);
+            }
+        }
+        page.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        page.truncate(limit);
+        page
+    }
+
+    /// The channels each of `sessions` is subscribed to here (a walk over every channel).
+    pub fn channels_of(&self, sessions: &[u64]) -> HashMap<u64, Vec<String>> {
+        let mut found: HashMap<u64, Vec<String>> = HashMap::new();
+        for shard in self.shards.iter() {
+            for (channel, entry) in shard.subscribers.read().iter() {
+                for m in entry.parts.iter().flat_map(|p| p.iter()) {
+                    if sessions.contains(&m.session) {
+                        found
+                            .entry(m.session)
+                            .or_default()
+                            .push(channel.as_str().to_string());
+                    }
+                }
+            }
+        }
+        for channels in found.values_mut() {
+            channels.sort_unstable();
+        }
+        found
+    }
+
     /// Channels with at least one local subscriber.
     pub fn channel_count(&self) -> usize {
         self.shards.iter().map(|s| s.subscribers.read().len()).sum()

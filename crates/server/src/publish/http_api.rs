@@ -18,7 +18,7 @@ use herald_protocol::{json, ChannelName, Epoch, ErrorCode, Publication, Since};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::{config::ApiScope, error::Failure, history, node::Node};
+use crate::{admin, config::ApiScope, error::Failure, history, node::Node, session::registry::Who};
 
 /// The API's routes, behind the key check.
 pub fn routes(node: Arc<Node>) -> Router<Arc<Node>> {
@@ -30,6 +30,10 @@ pub fn routes(node: Arc<Node>) -> Router<Arc<Node>> {
         .route("/api/nodes", get(nodes))
         .route("/api/presence", get(presence))
         .route("/api/presence_stats", get(presence_stats))
+        .route("/api/disconnect", post(disconnect))
+        .route("/api/unsubscribe", post(unsubscribe))
+        .route("/api/connections", get(connections))
+        .route("/api/channels", get(channels))
         .route("/metrics", get(metrics))
         .layer(middleware::from_fn_with_state(node, require_key))
 }
@@ -56,9 +60,12 @@ async fn require_key(State(node): State<Arc<Node>>, request: Request, next: Next
         )
         .into_response();
     }
-    // Reads are GETs; everything else changes channels.
+    // Reads are GETs; acting on connections needs a full key; everything else changes
+    // channels.
     let needed = if request.method() == axum::http::Method::GET {
         ApiScope::Read
+    } else if ADMIN_ACTIONS.contains(&request.uri().path()) {
+        ApiScope::All
     } else {
         ApiScope::Publish
     };
@@ -91,7 +98,7 @@ async fn require_key(State(node): State<Arc<Node>>, request: Request, next: Next
                         if scope == ApiScope::Read {
                             "read (GET routes)"
                         } else {
-                            "publish (POST and DELETE routes)"
+                            "publish (POST and DELETE routes other than /api/disconnect and /api/unsubscribe, which need a key without a scope)"
                         }
                     ),
                 )
@@ -101,6 +108,9 @@ async fn require_key(State(node): State<Arc<Node>>, request: Request, next: Next
         }
     }
 }
+
+/// Routes that act on other people's connections: only a key without a scope may.
+const ADMIN_ACTIONS: [&str; 2] = ["/api/disconnect", "/api/unsubscribe"];
 
 /// Compares without stopping at the first difference, so timing does not reveal a key.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -342,4 +352,116 @@ async fn presence_stats(
         clients: stats.clients,
         users: stats.users,
     }))
+}
+
+/// Whose connections an action is for: exactly one of `user` and `client`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WhoParams {
+    user: Option<String>,
+    client: Option<String>,
+}
+
+impl WhoParams {
+    fn who(self) -> Result<Who, Failure> {
+        who(self.user, self.client)
+    }
+}
+
+fn who(user: Option<String>, client: Option<String>) -> Result<Who, Failure> {
+    match (user, client) {
+        (Some(user), None) if !user.is_empty() => Ok(Who::User(user)),
+        (None, Some(client)) if !client.is_empty() => Ok(Who::Client(client)),
+        _ => Err(Failure::new(
+            ErrorCode::BadRequest,
+            "give exactly one of user and client",
+        )),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DisconnectRequest {
+    user: Option<String>,
+    client: Option<String>,
+    code: Option<u16>,
+    reason: Option<String>,
+}
+
+/// `POST /api/disconnect {"user": U | "client": C, "code"?: N, "reason"?: "…"}` →
+/// `{"disconnected": N}`: closes the connections on every node (default code 3007, which
+/// tells clients to reconnect; 3500–3999 and 4500–4999 tell them not to).
+async fn disconnect(
+    State(node): State<Arc<Node>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<serde_json::Value>, Failure> {
+    let req: DisconnectRequest = body(raw)?;
+    let action = admin::checked(admin::Action::Disconnect {
+        who: who(req.user, req.client)?,
+        code: req
+            .code
+            .unwrap_or(herald_protocol::DisconnectCode::ForceReconnect.code()),
+        reason: req
+            .reason
+            .unwrap_or_else(|| "disconnected by the server's operator".into()),
+    })?;
+    Ok(Json(admin::everywhere(&node, action).await?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UnsubscribeRequest {
+    user: Option<String>,
+    client: Option<String>,
+    channel: String,
+}
+
+/// `POST /api/unsubscribe {"user": U | "client": C, "channel": "…"}` →
+/// `{"unsubscribed": N}`: ends those subscriptions on every node; each client gets an
+/// `unsubscribe` push with code 120 and does not subscribe again by itself.
+async fn unsubscribe(
+    State(node): State<Arc<Node>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<serde_json::Value>, Failure> {
+    let req: UnsubscribeRequest = body(raw)?;
+    let action = admin::checked(admin::Action::Unsubscribe {
+        who: who(req.user, req.client)?,
+        channel: req.channel,
+    })?;
+    Ok(Json(admin::everywhere(&node, action).await?))
+}
+
+/// `GET /api/connections?user=U` (or `client=C`) → `{"connections": [{client, user,
+/// transport, node, since, channels}]}`, from every node, oldest first.
+async fn connections(
+    State(node): State<Arc<Node>>,
+    params: Result<Query<WhoParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<serde_json::Value>, Failure> {
+    let Query(p) = params.map_err(|e| Failure::new(ErrorCode::BadRequest, e.body_text()))?;
+    let action = admin::Action::Connections { who: p.who()? };
+    Ok(Json(admin::everywhere(&node, action).await?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChannelsParams {
+    limit: Option<usize>,
+    cursor: Option<String>,
+    prefix: Option<String>,
+}
+
+/// `GET /api/channels[?limit=N][&cursor=C][&prefix=P]` → `{"channels": [{channel,
+/// subscribers}], "cursor"?}`: channels with subscribers on any node, by name, with their
+/// subscribers summed over the nodes; pass `cursor` back for the next page.
+async fn channels(
+    State(node): State<Arc<Node>>,
+    params: Result<Query<ChannelsParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<serde_json::Value>, Failure> {
+    let Query(p) = params.map_err(|e| Failure::new(ErrorCode::BadRequest, e.body_text()))?;
+    let action = admin::checked(admin::Action::Channels {
+        after: p.cursor.unwrap_or_default(),
+        prefix: p.prefix.unwrap_or_default(),
+        limit: p.limit.unwrap_or(100),
+    })?;
+    Ok(Json(admin::everywhere(&node, action).await?))
 }

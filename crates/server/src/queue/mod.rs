@@ -152,6 +152,19 @@ struct Inner {
     /// Where its transport's pushes and queued bytes are counted, once the transport is
     /// known.
     wire: Option<Arc<Wire>>,
+    /// What an operator ordered and the transport has not carried out yet (boxed: almost
+    /// every queue never gets an order).
+    orders: Option<Box<Orders>>,
+}
+
+/// What an operator ordered a connection to do (`/api/disconnect`, `/api/unsubscribe`),
+/// carried out by its session when its transport next drains the queue.
+#[derive(Debug, Default)]
+pub struct Orders {
+    /// Close with this code and reason.
+    pub end: Option<crate::error::Disconnect>,
+    /// Leave these channels, telling the client with an `unsubscribe` push (code 120).
+    pub unsubscribe: Vec<ChannelName>,
 }
 
 impl Queue {
@@ -166,6 +179,7 @@ impl Queue {
                 direct: None,
                 unsent: Bytes::new(),
                 wire: None,
+                orders: None,
             }),
             wake: Notify::new(),
             max_bytes,
@@ -180,6 +194,18 @@ impl Queue {
         }
         let (wire, bytes) = (inner.wire.as_ref().expect("just set"), inner.bytes);
         wire.queued(bytes as i64);
+    }
+
+    /// Hands the connection an operator's order and wakes its transport. Publications
+    /// written before it are not taken back; later ones wait behind it.
+    pub fn order(&self, give: impl FnOnce(&mut Orders)) {
+        give(self.inner.lock().orders.get_or_insert_with(Box::default));
+        self.wake.notify_one();
+    }
+
+    /// The orders given since the last call.
+    pub fn take_orders(&self) -> Option<Box<Orders>> {
+        self.inner.lock().orders.take()
     }
 
     /// Opens the direct lane to `socket`; it is used once the transport is first idle.
@@ -277,7 +303,10 @@ impl Queue {
 
     fn has_work(&self) -> bool {
         let inner = self.inner.lock();
-        inner.overflowed || !inner.items.is_empty() || !inner.unsent.is_empty()
+        inner.overflowed
+            || !inner.items.is_empty()
+            || !inner.unsent.is_empty()
+            || inner.orders.is_some()
     }
 
     /// The transport starts writing or handling a command: the hub queues until
@@ -290,7 +319,10 @@ impl Queue {
     /// still held) when something arrived meanwhile, which the transport must write first.
     pub fn release(&self) -> bool {
         let mut inner = self.inner.lock();
-        let done = inner.items.is_empty() && inner.unsent.is_empty() && !inner.overflowed;
+        let done = inner.items.is_empty()
+            && inner.unsent.is_empty()
+            && !inner.overflowed
+            && inner.orders.is_none();
         if done {
             inner.busy = false;
         }
@@ -353,7 +385,12 @@ impl Inner {
     /// The lane's socket, if it is open and idle: nothing queued, nothing half-sent, the
     /// transport not busy.
     fn idle_lane(&self) -> Option<&dyn DirectSocket> {
-        if self.busy || !self.items.is_empty() || !self.unsent.is_empty() || self.overflowed {
+        if self.busy
+            || !self.items.is_empty()
+            || !self.unsent.is_empty()
+            || self.overflowed
+            || self.orders.is_some()
+        {
             return None;
         }
         self.direct.as_deref()

@@ -92,6 +92,16 @@ impl Session {
             if let Some(wire) = self.node().metrics.wire(transport.name()) {
                 self.queue.count_in(wire);
             }
+            if !transport.is_request() {
+                let entry = super::registry::Entry {
+                    session: self.id(),
+                    queue: self.queue.clone(),
+                    transport: transport.name(),
+                    user: None,
+                    since: unix_now(),
+                };
+                self.node().sessions.insert(self.client.clone(), entry);
+            }
         }
         if facts.is_some() {
             self.credentials().facts = facts;
@@ -132,6 +142,7 @@ impl Session {
             (None, None) => None,
         };
         if let Some(identity) = identity {
+            node.sessions.identified(&self.client, &identity.user);
             self.credentials().identity = Some(Arc::new(identity));
         }
         Ok(())

@@ -10,6 +10,7 @@
 
 mod auth;
 mod presence;
+pub mod registry;
 mod subscribe;
 mod subscriptions;
 
@@ -43,7 +44,7 @@ pub struct Session {
     subscriptions: Subscriptions,
     connected: bool,
     stateless: bool,
-    client: Box<str>,
+    client: Arc<str>,
     rate: crate::limits::Bucket,
     /// The client's address, when the transport knows it: channels its publications make
     /// exist are charged to it.
@@ -80,7 +81,7 @@ impl Session {
         // `send?session=` needs (no counter: it would tell how many connections came before).
         let mut secret = [0u8; 16];
         getrandom::fill(&mut secret).expect("the operating system's random generator works");
-        let client = format!("{}-{:032x}", node.id, u128::from_le_bytes(secret)).into_boxed_str();
+        let client: Arc<str> = format!("{}-{:032x}", node.id, u128::from_le_bytes(secret)).into();
         Self {
             guard,
             queue,
@@ -371,6 +372,7 @@ impl Session {
         max_bytes: usize,
         mut emit: impl FnMut(&[u8], Positions<'_>),
     ) -> Result<(), Disconnect> {
+        self.obey(&mut emit)?;
         let mut batch = std::mem::take(&mut self.scratch);
         let result = match self.queue.take(max_bytes, &mut batch) {
             Err(_) => Err(Disconnect::because(
@@ -501,7 +503,7 @@ impl Session {
     /// Tells the backend the connection ended, and why (`None`: the client closed it).
     pub fn ending(&mut self, why: Option<&Disconnect>) {
         let end = why.map_or((1000, "closed by the client"), |d| {
-            (d.code.code(), &d.reason)
+            (d.wire_code(), &d.reason)
         });
         // Connections that live end once; a poll's end is its request's.
         if self.counted && !self.transport.is_request() && !self.end_counted {
@@ -550,20 +552,27 @@ impl Drop for Session {
         self.ending(None);
         if self.counted {
             self.node().metrics.closed(self.transport.name());
+            self.node().sessions.remove(&self.client);
         }
         if self.subscriptions.is_empty() {
             return;
         }
+        let channels = self.subscriptions.take_channels();
+        self.leave_later(channels, self.presence_grace());
+    }
+}
+
+impl Session {
+    /// Leaves the hub's `channels` (and their presence, after `grace`) in a task of its
+    /// own: leaving is async (the broker may need a round trip), and the caller cannot
+    /// wait (a session being dropped, a transport draining its queue).
+    fn leave_later(&self, channels: Vec<ChannelName>, grace: std::time::Duration) {
         let node = self.node().clone();
         let id = self.id();
-        let channels = self.subscriptions.take_channels();
         let memberships: Vec<_> = channels
             .iter()
             .filter_map(|c| Some((c.clone(), self.membership(c)?)))
             .collect();
-        let grace = self.presence_grace();
-        // Leaving the hub is async (the broker may need a round trip); it must not wait for
-        // the transport, which is already gone.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 for channel in channels {
@@ -574,6 +583,32 @@ impl Drop for Session {
                 }
             });
         }
+    }
+
+    /// Carries out what an operator ordered (see [`crate::admin`]): subscriptions ended
+    /// with an `unsubscribe` push (code 120) through `emit`, or the connection's end.
+    fn obey(&mut self, emit: &mut impl FnMut(&[u8], Positions<'_>)) -> Result<(), Disconnect> {
+        let Some(orders) = self.queue.take_orders() else {
+            return Ok(());
+        };
+        for channel in orders.unsubscribe {
+            let Some(position) = self.subscriptions.remove(&channel) else {
+                continue;
+            };
+            // Until the hub lets go (in the background), the direct lane would still
+            // write the channel's publications: past the last offset, each is a duplicate.
+            position.set(u64::MAX);
+            self.event("unsubscribe", Some(&channel), None);
+            self.drop_grant(&channel);
+            self.leave_later(vec![channel.clone()], std::time::Duration::ZERO);
+            let push = json::encode_unsubscribe(
+                &channel,
+                ErrorCode::Unsubscribed,
+                "unsubscribed by the server",
+            );
+            emit(&push, Positions(&self.subscriptions));
+        }
+        orders.end.map_or(Ok(()), Err)
     }
 }
 

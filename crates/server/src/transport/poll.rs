@@ -115,7 +115,7 @@ async fn answer(
         if let Err(d) = session.drain(MAX_BATCH_BYTES, |json, _| item(&mut messages, json)) {
             item(
                 &mut messages,
-                &json::encode_disconnect(d.code, d.short_reason()),
+                &json::encode_disconnect(d.wire_code(), d.short_reason()),
             );
             break;
         }

@@ -198,10 +198,13 @@ async fn deliver(node: &Node, id: &str, frame: Bytes) -> Result<(), Failure> {
 }
 
 /// Another node's send for a session of this one: `SESSION\nFRAME` in, and out `{}` or the
-/// failure as the API's error body.
+/// failure as the API's error body. (Or an operator's action: see [`crate::admin`].)
 #[async_trait::async_trait]
 impl NodeRequests for Node {
     async fn answer(&self, request: Bytes) -> Bytes {
+        if let Some(action) = request.strip_prefix(crate::admin::NODE_REQUEST) {
+            return crate::admin::answer(self, action).to_string().into();
+        }
         let mut parts = request.splitn(2, |b| *b == b'\n');
         let (Some(id), Some(frame)) = (parts.next(), parts.next()) else {
             return json::encode_error(None, ErrorCode::BadRequest, "malformed node request")

@@ -410,7 +410,7 @@ async fn pump(
     if let Some(d) = ended {
         let mut out = Vec::new();
         framing.push(
-            &json::encode_disconnect(d.code, d.short_reason()),
+            &json::encode_disconnect(d.wire_code(), d.short_reason()),
             None,
             &mut out,
         );

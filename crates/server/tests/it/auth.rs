@@ -30,7 +30,7 @@ fn now() -> u64 {
 
 /// A config whose tokens are HS256 with [`SECRET`], with a namespace of granted channels
 /// (`private`) and one of personal channels (`user`).
-fn auth_config() -> Config {
+pub(crate) fn auth_config() -> Config {
     let mut c = config();
     c.auth.hmac_secret = Some(SECRET.into());
     c.auth.audience = Some(AUDIENCE.into());
@@ -56,7 +56,7 @@ fn auth_config() -> Config {
 }
 
 /// Claims a valid token carries, with `extra` over them.
-fn claims(user: &str, extra: Value) -> Value {
+pub(crate) fn claims(user: &str, extra: Value) -> Value {
     let mut c = json!({ "sub": user, "aud": AUDIENCE, "iss": ISSUER, "exp": now() + 600 });
     for (k, v) in extra.as_object().unwrap() {
         if v.is_null() {
@@ -74,7 +74,7 @@ fn sign_with(alg: Algorithm, key: &EncodingKey, kid: Option<&str>, claims: &Valu
     jsonwebtoken::encode(&header, claims, key).unwrap()
 }
 
-fn hs256(claims: &Value) -> String {
+pub(crate) fn hs256(claims: &Value) -> String {
     sign_with(
         Algorithm::HS256,
         &EncodingKey::from_secret(SECRET.as_bytes()),

@@ -2,6 +2,7 @@
 
 mod support;
 
+mod admin;
 mod api;
 mod auth;
 mod cross;

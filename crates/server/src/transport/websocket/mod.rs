@@ -132,10 +132,10 @@ async fn run(
 /// Says why (unless the socket is broken) and waits briefly for the peer's Close.
 async fn close(mut socket: Socket, id: u64, ended: Option<Disconnect>) {
     if let Some(d) = ended {
-        tracing::debug!(session = id, code = d.code.code(), reason = %d.reason, "websocket closed by server");
+        tracing::debug!(session = id, code = d.wire_code(), reason = %d.reason, "websocket closed by server");
         if d.code != DisconnectCode::WriteError {
             let frame = CloseFrame {
-                code: d.code.code().into(),
+                code: d.wire_code().into(),
                 reason: Utf8Bytes::from(d.short_reason()),
             };
             if send(&mut socket, Message::Close(Some(frame)), CLOSE_GRACE)
