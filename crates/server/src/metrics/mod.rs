@@ -1,15 +1,26 @@
 //! What an operator scrapes from `GET /metrics` (Prometheus text format): counted where
-//! things happen, by code that knows nothing else of the server. Nothing here runs per
-//! delivery: deliveries are counted by the hub per publication (one add for all its
-//! subscribers), and figures the node already keeps (channels, sockets, process CPU and
-//! memory) are read when scraped. A connection's open and close are atomic adds on
-//! counters made once per transport; a publication, a command, a close code or a hook call
-//! looks its counter up under a shared read lock and observes a histogram (a short lock). Label values are bounded: transports, namespaces the configuration names
-//! (others count as `_other`), close codes, command methods; never channel names.
+//! things happen, by code that knows nothing else of the server. Nothing here takes a lock
+//! per delivery:
+//! - deliveries are counted by the hub per publication (one add for all its subscribers);
+//! - pushes and their bytes by transport are added by each queue a batch at a time, into
+//!   [`Sharded`](sharded::Sharded) sums (a slot per thread, summed when scraped), and one
+//!   write in 64 per thread has its latency observed;
+//! - histograms ([`Durations`]) are atomic bucket counts, not locked;
+//! - figures the node already keeps (channels, sockets, process CPU and memory) are read
+//!   when scraped.
+//!
+//! A connection's open and close are atomic adds on counters made once per transport; a
+//! publication, a command, a close code or a hook call looks its counter up under a shared
+//! read lock. Label values are bounded: transports, namespaces the configuration names
+//! (others count as `_other`), close codes, command methods, broker operations; never
+//! channel names.
 
 mod broker;
+mod histogram;
 mod sharded;
 mod wire;
+
+pub use histogram::{Durations, Snapshot as DurationsSnapshot};
 
 pub use broker::Counted;
 pub use wire::Wire;
@@ -24,7 +35,6 @@ use prometheus_client::{
         counter::{ConstCounter, Counter},
         family::Family,
         gauge::{ConstGauge, Gauge},
-        histogram::{exponential_buckets, Histogram},
     },
     registry::Registry,
 };
@@ -57,7 +67,7 @@ struct HookLabel {
 /// One backend hook's counters, held by its caller (shared with the families).
 #[derive(Clone, Debug)]
 pub struct HookCounters {
-    duration: Histogram,
+    duration: Durations,
     failures: Counter,
 }
 
@@ -65,7 +75,7 @@ impl HookCounters {
     /// A call answered (or failed: no answer in time, not a hook answer, the circuit
     /// open) after `took`. A refusal the backend answered is an answer, not a failure.
     pub fn called(&self, took: Duration, failed: bool) {
-        self.duration.observe(took.as_secs_f64());
+        self.duration.observe(took);
         if failed {
             self.failures.inc();
         }
@@ -122,9 +132,9 @@ pub struct Metrics {
     disconnects: Family<CodeLabel, Counter>,
     slow_cuts: Counter,
     publications: Family<NamespaceLabel, Counter>,
-    publish_seconds: Family<StorageLabel, Histogram>,
-    command_seconds: Family<MethodLabel, Histogram>,
-    hook_seconds: Family<HookLabel, Histogram>,
+    publish_seconds: Family<StorageLabel, Durations>,
+    command_seconds: Family<MethodLabel, Durations>,
+    hook_seconds: Family<HookLabel, Durations>,
     hook_failures: Family<HookLabel, Counter>,
     broker_errors: Family<OperationLabel, Counter>,
     snapshot: Arc<Mutex<Snapshot>>,
@@ -139,11 +149,6 @@ impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Metrics").finish_non_exhaustive()
     }
-}
-
-/// Durations from 50 µs to about 3 s, doubling.
-fn durations() -> Histogram {
-    Histogram::new(exponential_buckets(0.000_05, 2.0, 17))
 }
 
 impl Default for Metrics {
@@ -174,21 +179,21 @@ impl Default for Metrics {
             publications.clone(),
         );
         let publish_seconds =
-            Family::<StorageLabel, Histogram>::new_with_constructor(durations as fn() -> Histogram);
+            Family::<StorageLabel, Durations>::default();
         registry.register(
             "publish_duration_seconds",
             "From a publication's arrival to its acknowledgement (stored, offset given), by storage",
             publish_seconds.clone(),
         );
         let command_seconds =
-            Family::<MethodLabel, Histogram>::new_with_constructor(durations as fn() -> Histogram);
+            Family::<MethodLabel, Durations>::default();
         registry.register(
             "command_duration_seconds",
             "Client commands from arrival to reply, by method",
             command_seconds.clone(),
         );
         let hook_seconds =
-            Family::<HookLabel, Histogram>::new_with_constructor(durations as fn() -> Histogram);
+            Family::<HookLabel, Durations>::default();
         registry.register(
             "hook_duration_seconds",
             "Calls of the application backend's hooks, from asking to the answer (or the failure), by hook",
@@ -206,9 +211,7 @@ impl Default for Metrics {
             "Connections closed with 3003 because their queue passed client.queue_max_bytes (they resume from history)",
             slow_cuts.clone(),
         );
-        let latency = Family::<TransportLabel, Histogram>::new_with_constructor(
-            durations as fn() -> Histogram,
-        );
+        let latency = Family::<TransportLabel, Durations>::default();
         registry.register(
             "delivery_latency_seconds",
             "From the hub receiving a publication to its push being handed to a client's socket, by transport; one write in 64 per thread is observed",
@@ -313,14 +316,14 @@ impl Metrics {
             .inc();
         self.publish_seconds
             .get_or_create(&StorageLabel { storage })
-            .observe(took.as_secs_f64());
+            .observe(took);
     }
 
     /// A client command of `method` was answered after `took`.
     pub fn command(&self, method: &'static str, took: Duration) {
         self.command_seconds
             .get_or_create(&MethodLabel { method })
-            .observe(took.as_secs_f64());
+            .observe(took);
     }
 
     /// The counters of the backend hook `hook`, for its caller to hold.

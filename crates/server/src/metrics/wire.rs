@@ -6,9 +6,8 @@
 
 use std::{cell::Cell, time::Instant};
 
-use prometheus_client::metrics::histogram::Histogram;
 
-use super::sharded::Sharded;
+use super::{sharded::Sharded, Durations};
 
 /// One write in this many (per thread) has its latency observed: a histogram observation
 /// takes a lock, which must not happen per delivery.
@@ -39,11 +38,11 @@ pub struct Wire {
     pub(super) pushes: Sharded,
     pub(super) bytes: Sharded,
     pub(super) queued: Sharded,
-    latency: Histogram,
+    latency: Durations,
 }
 
 impl Wire {
-    pub(super) fn new(transport: &'static str, latency: Histogram) -> Self {
+    pub(super) fn new(transport: &'static str, latency: Durations) -> Self {
         Self {
             transport,
             pushes: Sharded::default(),
@@ -59,7 +58,7 @@ impl Wire {
         self.pushes.add(pushes as i64);
         self.bytes.add(bytes as i64);
         if sample_now() {
-            self.latency.observe(oldest.elapsed().as_secs_f64());
+            self.latency.observe(oldest.elapsed());
         }
     }
 
