@@ -13,6 +13,13 @@ const check = process.argv.includes("--check");
 const targets = [
   { entry: "src/index.ts", out: "herald.js", globalName: "Herald" },
   { entry: "demo/chat.ts", out: "chat.js" },
+  // Minified: it bundles uPlot (MIT, see the banner), most of its size.
+  {
+    entry: "demo/dashboard.ts",
+    out: "dashboard.js",
+    minify: true,
+    banner: "// Bundles uPlot 1.6 (https://github.com/leeoniya/uPlot), Copyright (c) 2022 Leon Sorokin, MIT License.\n",
+  },
 ];
 
 let stale = [];
@@ -23,11 +30,11 @@ for (const t of targets) {
     format: "iife",
     globalName: t.globalName,
     target: "es2020",
-    minify: false,
+    minify: t.minify ?? false,
     legalComments: "none",
     write: false,
   });
-  const text = `// Generated from sdk/${t.entry} by \`npm run build\` in sdk/; do not edit.\n` + result.outputFiles[0].text;
+  const text = `// Generated from sdk/${t.entry} by \`npm run build\` in sdk/; do not edit.\n` + (t.banner ?? "") + result.outputFiles[0].text;
   const path = join(assets, t.out);
   if (check) {
     let committed = "";
@@ -38,6 +45,25 @@ for (const t of targets) {
   } else {
     writeFileSync(path, text);
     console.log(`wrote ${path} (${text.length} bytes)`);
+  }
+}
+// The dashboard's styles: its own, then uPlot's (the charts it bundles).
+{
+  const css =
+    "/* Generated from sdk/demo/dashboard.css and uplot/dist/uPlot.min.css by `npm run build` in sdk/; do not edit. */\n" +
+    readFileSync(join(root, "demo", "dashboard.css"), "utf8") +
+    readFileSync(join(root, "node_modules", "uplot", "dist", "uPlot.min.css"), "utf8") +
+    "\n";
+  const path = join(assets, "dashboard.css");
+  if (check) {
+    let committed = "";
+    try {
+      committed = readFileSync(path, "utf8");
+    } catch {}
+    if (committed !== css) stale.push(path);
+  } else {
+    writeFileSync(path, css);
+    console.log(`wrote ${path} (${css.length} bytes)`);
   }
 }
 if (stale.length > 0) {

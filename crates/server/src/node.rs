@@ -147,7 +147,7 @@ impl Node {
         for caller in node.settings.hooks.callers() {
             caller.count_into(node.metrics.hook(caller.name()));
         }
-        report_figures(&node);
+        crate::web::dashboard::spawn_sampler(&node);
         Ok(node)
     }
 
@@ -246,29 +246,9 @@ impl Node {
     }
 }
 
-/// How often a node of several tells the others its figures (`/api/nodes`).
+/// How often a node of several tells the others its figures (`/api/nodes`; sent by
+/// [`crate::web::dashboard::spawn_sampler`], with the dashboard's digest).
 pub const REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// With a broker shared by several nodes (and inside a Tokio runtime), reports this node's
-/// figures every [`REPORT_EVERY`] until the node is dropped.
-fn report_figures(node: &Arc<Node>) {
-    if node.broker.node_id().is_none() || tokio::runtime::Handle::try_current().is_err() {
-        return;
-    }
-    let weak = Arc::downgrade(node);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(REPORT_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let Some(node) = weak.upgrade() else { return };
-            let figures = Bytes::from(node.figures().to_string());
-            if let Err(e) = node.broker.report_node(figures).await {
-                tracing::warn!(error = %e, "could not report this node's figures to the others");
-            }
-        }
-    });
-}
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]

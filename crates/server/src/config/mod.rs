@@ -544,11 +544,21 @@ impl Config {
                     "a namespace name uses the channel-name characters and no `:`",
                 ));
             }
+            if name == crate::policy::operator::NAMESPACE {
+                return Err(bad(
+                    key,
+                    "the `herald` namespace is Herald's own (the dashboard's figures); choose another name",
+                ));
+            }
             o.check_replaced(&key)?;
             let ns = base.apply(o);
             ns.check(&key, &self.hooks)?;
             namespaces.insert(name.clone(), ns);
         }
+        namespaces.insert(
+            crate::policy::operator::NAMESPACE.to_string(),
+            operator_namespace(&base),
+        );
         Ok(Settings {
             tokens,
             hooks: Arc::new(crate::hooks::Hooks::new(&self.hooks)),
@@ -557,6 +567,29 @@ impl Config {
             config: self,
         })
     }
+}
+
+/// The rules of Herald's own channels (`herald:stats`, which the dashboard reads): the
+/// last ten minutes of figures, in memory, read only by dashboard tickets (see
+/// [`crate::policy::operator`]), published only by the node itself.
+fn operator_namespace(base: &NamespaceConfig) -> NamespaceConfig {
+    let ten_minutes = std::time::Duration::from_secs(600);
+    base.apply(&NamespaceOverride {
+        history_size: Some(600),
+        history_ttl: Some(ten_minutes),
+        history_meta_ttl: Some(ten_minutes),
+        subscribe: Some(Access::Granted),
+        history: Some(Access::Granted),
+        presence: Some(Presence::Off),
+        join_leave: Some(false),
+        publish: Some(Access::Nobody),
+        personal: Some(false),
+        max_message_size: Some(1 << 20),
+        subscribe_hook: Some(false),
+        publish_hook: Some(false),
+        durable: Some(false),
+        ..Default::default()
+    })
 }
 
 impl Settings {

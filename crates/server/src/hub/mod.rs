@@ -245,6 +245,12 @@ impl Hub {
         }
     }
 
+    /// How many local sessions are subscribed to `channel`.
+    pub fn subscriber_count(&self, channel: &ChannelName) -> usize {
+        let subs = self.shard(channel).subscribers.read();
+        subs.get(channel).map_or(0, Channel::len)
+    }
+
     /// Whether `session` is subscribed to `channel` here.
     pub fn is_member(&self, channel: &ChannelName, session: u64) -> bool {
         let subs = self.shard(channel).subscribers.read();

@@ -104,16 +104,16 @@ impl TypedMetric for Durations {
 
 impl EncodeMetric for Durations {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        // The encoder takes each bucket's own count and writes the running sums.
         let counts = self.snapshot().counts;
-        let mut cumulative = 0;
-        let mut buckets = Vec::with_capacity(BUCKETS + 1);
-        for (i, n) in counts.iter().enumerate() {
-            cumulative += n;
-            let upper = if i < BUCKETS { bound(i) } else { f64::MAX };
-            buckets.push((upper, cumulative));
-        }
+        let buckets: Vec<(f64, u64)> = counts
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (if i < BUCKETS { bound(i) } else { f64::INFINITY }, n))
+            .collect();
+        let count = counts.iter().sum();
         let sum = self.0.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        encoder.encode_histogram::<NoLabelSet>(sum, cumulative, &buckets, None)
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
     }
 
     fn metric_type(&self) -> MetricType {
@@ -135,6 +135,27 @@ mod tests {
         assert_eq!(bucket(FIRST_NANOS << 16), 16);
         assert_eq!(bucket((FIRST_NANOS << 16) + 1), BUCKETS);
         assert_eq!(bucket(u64::MAX), BUCKETS);
+    }
+
+    #[test]
+    fn encodes_running_sums_up_to_inf() {
+        let h = Durations::default();
+        h.observe(Duration::from_micros(10));
+        h.observe(Duration::from_micros(70));
+        h.observe(Duration::from_secs(60));
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register("d", "d", h);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "d_count 3\n",
+            "d_bucket{le=\"0.00005\"} 1\n",
+            "d_bucket{le=\"0.0001\"} 2\n",
+            "d_bucket{le=\"3.2768\"} 2\n",
+            "d_bucket{le=\"+Inf\"} 3\n",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
     }
 
     #[test]

@@ -178,22 +178,19 @@ impl Default for Metrics {
             "Publications accepted (from clients and the API), by namespace (_other: namespaces the configuration does not name)",
             publications.clone(),
         );
-        let publish_seconds =
-            Family::<StorageLabel, Durations>::default();
+        let publish_seconds = Family::<StorageLabel, Durations>::default();
         registry.register(
             "publish_duration_seconds",
             "From a publication's arrival to its acknowledgement (stored, offset given), by storage",
             publish_seconds.clone(),
         );
-        let command_seconds =
-            Family::<MethodLabel, Durations>::default();
+        let command_seconds = Family::<MethodLabel, Durations>::default();
         registry.register(
             "command_duration_seconds",
             "Client commands from arrival to reply, by method",
             command_seconds.clone(),
         );
-        let hook_seconds =
-            Family::<HookLabel, Durations>::default();
+        let hook_seconds = Family::<HookLabel, Durations>::default();
         registry.register(
             "hook_duration_seconds",
             "Calls of the application backend's hooks, from asking to the answer (or the failure), by hook",

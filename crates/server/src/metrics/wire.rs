@@ -6,7 +6,6 @@
 
 use std::{cell::Cell, time::Instant};
 
-
 use super::{sharded::Sharded, Durations};
 
 /// One write in this many (per thread) has its latency observed: a histogram observation

@@ -23,6 +23,7 @@
 
 pub mod grants;
 mod jwks;
+pub mod operator;
 pub mod token;
 
 use herald_protocol::{ChannelName, ErrorCode};
@@ -94,6 +95,13 @@ pub fn check(
     channel: &ChannelName,
 ) -> Result<(), Failure> {
     let rules = node.settings.namespace(channel.namespace());
+    if channel.namespace() == operator::NAMESPACE && !asker.identity.is_some_and(|i| i.operator) {
+        return Err(refuse(format!(
+            "{channel} is one of Herald's own channels (the `{}` namespace): only the dashboard, with a ticket from /api/dashboard/ticket, may {} it",
+            operator::NAMESPACE,
+            action.verb()
+        )));
+    }
     if action == Action::Presence {
         presence_kept(node, channel)?;
     }

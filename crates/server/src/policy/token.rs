@@ -84,6 +84,9 @@ pub struct Identity {
     /// `{"user":…,"info":…}`, encoded once: the sender shown with the connection's
     /// publications.
     pub from: Bytes,
+    /// A dashboard's connection ([`super::operator`]): the only identity that may read
+    /// Herald's own channels.
+    pub operator: bool,
 }
 
 /// The largest `info` a token or connect hook may give: it goes out with every publication
@@ -118,6 +121,7 @@ impl Identity {
             subscribe: Grants::new(subscribe).map_err(|e| format!("subscribe: {e}"))?,
             publish: Grants::new(publish).map_err(|e| format!("publish: {e}"))?,
             expires,
+            operator: false,
         })
     }
 }

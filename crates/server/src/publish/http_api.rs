@@ -34,6 +34,7 @@ pub fn routes(node: Arc<Node>) -> Router<Arc<Node>> {
         .route("/api/unsubscribe", post(unsubscribe))
         .route("/api/connections", get(connections))
         .route("/api/channels", get(channels))
+        .route("/api/dashboard/ticket", get(dashboard_ticket))
         .route("/metrics", get(metrics))
         .layer(middleware::from_fn_with_state(node, require_key))
 }
@@ -464,4 +465,18 @@ async fn channels(
         limit: p.limit.unwrap_or(100),
     })?;
     Ok(Json(admin::everywhere(&node, action).await?))
+}
+
+/// `GET /api/dashboard/ticket` → `{"token": "…", "expires": UNIX}`: what the dashboard
+/// connects with to read Herald's own channels (see [`crate::policy::operator`]).
+async fn dashboard_ticket(
+    State(node): State<Arc<Node>>,
+) -> Result<Json<serde_json::Value>, Failure> {
+    let (token, expires) = crate::policy::operator::ticket(&node.settings)
+        .ok_or_else(|| Failure::new(ErrorCode::NotAvailable, "no API key is configured"))?;
+    Ok(Json(serde_json::json!({
+        "token": token,
+        "expires": expires,
+        "channel": crate::web::dashboard::STATS_CHANNEL,
+    })))
 }

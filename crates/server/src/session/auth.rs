@@ -118,6 +118,10 @@ impl Session {
         let tokens = &node.settings.tokens;
         let hook = node.settings.hooks.connect.as_ref();
         let identity = match (token, hook) {
+            // A dashboard's ticket is checked as one only, whatever else is configured.
+            (Some(ticket), _) if crate::policy::operator::is_ticket(ticket) => Some(
+                crate::policy::operator::verify(&node.settings, ticket).map_err(Denied::Token)?,
+            ),
             (Some(token), None) => Some(tokens.connection(token).await.map_err(Denied::Token)?),
             (Some(token), Some(_)) if tokens.keyed() => {
                 Some(tokens.connection(token).await.map_err(Denied::Token)?)

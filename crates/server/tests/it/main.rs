@@ -6,6 +6,7 @@ mod admin;
 mod api;
 mod auth;
 mod cross;
+mod dashboard;
 mod errors;
 mod hooks;
 mod http;
