@@ -83,3 +83,34 @@ fn a_configuration_cannot_take_the_herald_namespace() {
     let e = c.validate().unwrap_err().to_string();
     assert!(e.contains("namespaces.herald"), "{e}");
 }
+
+/// With several nodes, the watched node publishes every node's figures (the others'
+/// from their reports, every 2 s).
+#[tokio::test]
+async fn a_dashboard_on_one_node_sees_every_node() {
+    let redis = RedisServer::start();
+    let a = start_on_redis(config(), &redis).await;
+    let b = start_on_redis(config(), &redis).await;
+    let _on_a = a.client().await;
+    let (_, ticket) = b.api_get("/api/dashboard/ticket").await;
+    let mut dashboard = b.client().await;
+    dashboard
+        .call("connect", json!({ "token": ticket["token"] }))
+        .await;
+    dashboard.subscribe("herald:stats", None).await;
+    loop {
+        let (_, _, data) = dashboard.next_pub().await;
+        let nodes = data["nodes"].as_array().unwrap();
+        if let Some(other) = nodes.iter().find(|n| n["node"] == a.node.id.as_ref()) {
+            assert_eq!(nodes[0]["node"], b.node.id.as_ref(), "the watched node first");
+            assert_eq!(other["connections"]["websocket"], 1.0, "{other}");
+            break;
+        }
+    }
+    let (_, listed) = b.api_get("/api/nodes").await;
+    assert!(listed["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|n| n["digest"]["node"] == a.node.id.as_ref()));
+}
