@@ -41,7 +41,6 @@ async function openChat(url: string, query: string, context?: BrowserContext): P
   const ctx = context ?? (await browser.newContext({ viewport: { width: 900, height: 560 } }));
   const page = await ctx.newPage();
   page.on("pageerror", (e) => pageErrors.push(`${query}: ${e.message}`));
-  // The forever frame never finishes loading, so the page is ready at DOMContentLoaded.
   await page.goto(`${url}/chat?${query}`, { waitUntil: "domcontentloaded" });
   await page.waitForSelector('body[data-state="connected"]');
   return page;
@@ -89,6 +88,29 @@ describe.each(TRANSPORTS)("transport=%s", (transport) => {
     await waitForText(carol, `hello alice via ${transport}`);
     expect(await texts(carol)).toEqual([hostile, `hello alice via ${transport}`]);
     for (const page of [alice, bob, carol]) await page.context().close();
+  });
+});
+
+describe("forever frame", () => {
+  it("the page's load event fires while messages keep flowing", async () => {
+    const context = await browser.newContext({ viewport: { width: 900, height: 560 } });
+    const page = await context.newPage();
+    page.on("pageerror", (e) => pageErrors.push(`iframe load: ${e.message}`));
+    // The page's own `load`, as an application's onload code would see it.
+    await page.addInitScript(() => window.addEventListener("load", () => (document.documentElement.dataset["loaded"] = "yes")));
+    // Waiting for `load` (Playwright's default) used to time out: the frame held it forever.
+    await page.goto(`${server.url}/chat?transport=iframe&room=e2e-onload`, { waitUntil: "load", timeout: 10_000 });
+    await page.waitForSelector('body[data-state="connected"]');
+    expect(await page.evaluate(() => [document.readyState, document.documentElement.dataset["loaded"]])).toEqual(["complete", "yes"]);
+    expect(await page.textContent("#transport")).toBe("iframe");
+    // Messages flow both ways after `load`.
+    const other = await openChat(server.url, "transport=ws&room=e2e-onload");
+    await speak(other, "ws", "to the frame");
+    await waitForText(page, "to the frame");
+    await speak(page, "frame", "from the frame");
+    await waitForText(other, "from the frame");
+    await context.close();
+    await other.context().close();
   });
 });
 

@@ -361,10 +361,21 @@ var Herald = (() => {
       this.frame.style.display = "none";
       this.frame.setAttribute("aria-hidden", "true");
       this.frame.onload = () => this.fail(ClientCode.TransportClosed, "forever frame ended");
+      if (document.readyState === "complete") {
+        this.open();
+      } else {
+        this.waitingForPage = () => this.open();
+        globalThis.addEventListener("load", this.waitingForPage, { once: true });
+      }
+    }
+    open() {
+      this.waitingForPage = void 0;
+      if (this.closed) return;
       this.frame.src = this.streamUrl("iframe", `callback=${this.callback}`);
       document.body.appendChild(this.frame);
     }
     stop() {
+      if (this.waitingForPage !== void 0) globalThis.removeEventListener("load", this.waitingForPage);
       delete globalThis[this.callback];
       this.frame.onload = null;
       this.frame.src = "about:blank";

@@ -6,11 +6,16 @@ import type { TransportContext } from "./types.js";
 let serial = 0;
 
 /** The forever frame: a hidden iframe whose document calls back into this page with each
- * push. Same origin only (the frame calls `parent.NAME`). */
+ * push. Same origin only (the frame calls `parent.NAME`).
+ *
+ * Its document never finishes while it streams, and a page's `load` waits for the frames it
+ * holds when its own document is parsed. So the frame is only added once the page has
+ * loaded: `load` fires (and the page's own `onload` code runs) as it would without Herald. */
 export class IframeTransport extends HttpSessionTransport {
   readonly name = "iframe" as const;
   private frame: HTMLIFrameElement;
   private callback: string;
+  private waitingForPage: (() => void) | undefined;
 
   constructor(ctx: TransportContext) {
     super(ctx);
@@ -24,11 +29,24 @@ export class IframeTransport extends HttpSessionTransport {
     // `load` fires when the document ends: the server closed it (a `disconnect` push comes
     // first when it says why) or the request failed.
     this.frame.onload = () => this.fail(ClientCode.TransportClosed, "forever frame ended");
+    if (document.readyState === "complete") {
+      this.open();
+    } else {
+      this.waitingForPage = () => this.open();
+      globalThis.addEventListener("load", this.waitingForPage, { once: true });
+    }
+  }
+
+  private open(): void {
+    this.waitingForPage = undefined;
+    if (this.closed) return;
+    // The URL is made now, so it carries the token and client id current at opening.
     this.frame.src = this.streamUrl("iframe", `callback=${this.callback}`);
     document.body.appendChild(this.frame);
   }
 
   protected stop(): void {
+    if (this.waitingForPage !== undefined) globalThis.removeEventListener("load", this.waitingForPage);
     delete (globalThis as unknown as Record<string, unknown>)[this.callback];
     this.frame.onload = null;
     this.frame.src = "about:blank";
