@@ -239,6 +239,7 @@ impl Node {
             deliveries,
             channels: self.broker.channel_count() as u64,
             subscribed_channels: self.hub.channel_count() as u64,
+            subscriptions: self.hub.subscription_count() as u64,
             sockets: self.sockets.load(Ordering::Relaxed) as u64,
             broker_lag: self.broker.delivery_lag(),
             events_dropped: self.events.as_ref().map_or(0, |e| e.dropped()),

@@ -306,6 +306,20 @@ impl Hub {
         found
     }
 
+    /// Local subscriptions: every session's, over every channel.
+    pub fn subscription_count(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                s.subscribers
+                    .read()
+                    .values()
+                    .map(Channel::len)
+                    .sum::<usize>()
+            })
+            .sum()
+    }
+
     /// Channels with at least one local subscriber.
     pub fn channel_count(&self) -> usize {
         self.shards.iter().map(|s| s.subscribers.read().len()).sum()

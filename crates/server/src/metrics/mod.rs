@@ -107,6 +107,8 @@ pub struct Snapshot {
     /// Channels the broker holds, and channels with subscribers on this node.
     pub channels: u64,
     pub subscribed_channels: u64,
+    /// Subscriptions of this node's sessions, over every channel.
+    pub subscriptions: u64,
     /// Open TCP sockets, whatever they carry.
     pub sockets: u64,
     /// How far behind the broker's hand-over of publications to this node was at its last
@@ -432,6 +434,11 @@ impl Collector for Scraped {
                 "subscribed_channels",
                 "Channels with subscribers on this node",
                 s.subscribed_channels as i64,
+            ),
+            (
+                "subscriptions",
+                "Subscriptions of this node's connections, over every channel",
+                s.subscriptions as i64,
             ),
             (
                 "sockets",

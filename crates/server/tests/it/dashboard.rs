@@ -102,7 +102,11 @@ async fn a_dashboard_on_one_node_sees_every_node() {
         let (_, _, data) = dashboard.next_pub().await;
         let nodes = data["nodes"].as_array().unwrap();
         if let Some(other) = nodes.iter().find(|n| n["node"] == a.node.id.as_ref()) {
-            assert_eq!(nodes[0]["node"], b.node.id.as_ref(), "the watched node first");
+            assert_eq!(
+                nodes[0]["node"],
+                b.node.id.as_ref(),
+                "the watched node first"
+            );
             assert_eq!(other["connections"]["websocket"], 1.0, "{other}");
             break;
         }

@@ -86,6 +86,7 @@ async fn metrics_count_connections_disconnects_publications_and_commands() {
         "{before_close}"
     );
     assert_eq!(sample(&before_close, "herald_subscribed_channels"), 1.0);
+    assert_eq!(sample(&before_close, "herald_subscriptions"), 2.0);
     assert!(sample(&before_close, "herald_process_resident_memory_bytes") > 0.0);
 
     // A client that leaves is a 1000; one cut off for a bad frame, its code.
