@@ -9,11 +9,11 @@ import { execFileSync } from "node:child_process";
 import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { chromium, type Browser, type Page } from "playwright-core";
+import type { Browser, Page } from "playwright-core";
+import { launchChromium } from "./browser.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Herald, heraldBinary } from "../test/herald.js";
 
-const CHROMIUM = process.env["CHROMIUM"] ?? "/usr/bin/chromium";
 const TRANSPORTS = ["websocket", "sse", "longpoll"] as const;
 
 let browser: Browser;
@@ -34,11 +34,7 @@ beforeAll(async () => {
       "",
     ].join("\n"),
   );
-  browser = await chromium.launch({
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-  });
+  browser = await launchChromium();
   server = await Herald.start({ args: ["--config", configFile] });
 });
 

@@ -3,15 +3,13 @@
  * every transport both ways, recovery after a server restart with nothing lost or doubled,
  * and the automatic fallback when WebSocket is blocked.
  */
-import { existsSync, mkdirSync } from "node:fs";
-import { dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
-import { chromium, type Browser, type BrowserContext, type Page } from "playwright-core";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import type { Browser, BrowserContext, Page } from "playwright-core";
+import { ARTIFACTS, launchChromium } from "./browser.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Herald } from "../test/herald.js";
 
-const CHROMIUM = process.env["CHROMIUM"] ?? "/usr/bin/chromium";
-const ARTIFACTS = join(dirname(fileURLToPath(import.meta.url)), "..", "test-artifacts");
 const TRANSPORTS = ["ws", "sse", "stream", "iframe", "longpoll", "poll"] as const;
 const SHOWN: Record<string, string> = { ws: "websocket" };
 
@@ -20,14 +18,7 @@ let server: Herald;
 const pageErrors: string[] = [];
 
 beforeAll(async () => {
-  if (!existsSync(CHROMIUM)) {
-    throw new Error(`no Chromium at ${CHROMIUM}: install Debian's (apt-get install --no-install-recommends chromium) or set CHROMIUM`);
-  }
-  browser = await chromium.launch({
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-  });
+  browser = await launchChromium();
   server = await Herald.start();
 });
 

@@ -5,16 +5,14 @@
  * A screenshot is left in test-artifacts/dashboard.png.
  */
 import { spawn, type ChildProcess } from "node:child_process";
-import { existsSync, mkdirSync } from "node:fs";
-import { dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
-import { chromium, type Browser, type Page } from "playwright-core";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import type { Browser, Page } from "playwright-core";
+import { ARTIFACTS, launchChromium } from "./browser.js";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { client, next } from "../test/clients.js";
 import { API_KEY, Herald, heraldBinary } from "../test/herald.js";
 
-const CHROMIUM = process.env["CHROMIUM"] ?? "/usr/bin/chromium";
-const ARTIFACTS = join(dirname(fileURLToPath(import.meta.url)), "..", "test-artifacts");
 
 let browser: Browser;
 let server: Herald;
@@ -22,14 +20,7 @@ let bench: ChildProcess | undefined;
 const pageErrors: string[] = [];
 
 beforeAll(async () => {
-  if (!existsSync(CHROMIUM)) {
-    throw new Error(`no Chromium at ${CHROMIUM}: install Debian's (apt-get install --no-install-recommends chromium) or set CHROMIUM`);
-  }
-  browser = await chromium.launch({
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-  });
+  browser = await launchChromium();
   server = await Herald.start();
 });
 

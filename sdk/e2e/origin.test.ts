@@ -6,11 +6,11 @@
  */
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
-import { chromium, type Browser } from "playwright-core";
+import type { Browser } from "playwright-core";
+import { launchChromium } from "./browser.js";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { Herald } from "../test/herald.js";
 
-const CHROMIUM = process.env["CHROMIUM"] ?? "/usr/bin/chromium";
 
 let browser: Browser;
 let herald: Herald;
@@ -18,11 +18,7 @@ let other: Server;
 let otherOrigin: string;
 
 beforeAll(async () => {
-  browser = await chromium.launch({
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-  });
+  browser = await launchChromium();
   herald = await Herald.start();
   // The application's own page, on another port: another origin.
   other = createServer((_, res) => {
