@@ -95,7 +95,16 @@ pub fn check(
     channel: &ChannelName,
 ) -> Result<(), Failure> {
     let rules = node.settings.namespace(channel.namespace());
-    if channel.namespace() == operator::NAMESPACE && !asker.identity.is_some_and(|i| i.operator) {
+    let operator = asker.identity.is_some_and(|i| i.operator);
+    if operator && channel.namespace() != operator::NAMESPACE {
+        // A ticket comes with any API key, a read-only one included: it must not become a
+        // way to act as an authenticated user of the application's channels.
+        return Err(refuse(format!(
+            "a dashboard ticket reads Herald's own channels (`{}:*`) only, not {channel}",
+            operator::NAMESPACE
+        )));
+    }
+    if channel.namespace() == operator::NAMESPACE && !operator {
         return Err(refuse(format!(
             "{channel} is one of Herald's own channels (the `{}` namespace): only the dashboard, with a ticket from /api/dashboard/ticket, may {} it",
             operator::NAMESPACE,

@@ -333,6 +333,12 @@ impl Session {
         req: herald_protocol::command::RpcRequest,
     ) -> Result<Option<Vec<u8>>, Failure> {
         let node = self.node().clone();
+        if self.identity().is_some_and(|i| i.operator) {
+            return Err(Failure::new(
+                ErrorCode::PermissionDenied,
+                "a dashboard ticket reads Herald's own channels only; rpc needs the application's token",
+            ));
+        }
         let Some(hook) = node.settings.hooks.rpc.as_ref() else {
             return Err(Failure::new(
                 ErrorCode::NotAvailable,

@@ -58,6 +58,21 @@ async fn herald_channels_are_read_by_dashboard_tickets_only() {
         .call("publish", json!({ "channel": "herald:stats", "data": 1 }))
         .await;
     assert_eq!(refused["error"]["code"], 103, "{refused}");
+    // And a ticket (which any API key gets, a read-only one too) is no application user:
+    // the channels authenticated users may read or write stay closed to it.
+    for (method, params) in [
+        ("subscribe", json!({ "channel": "user:42" })),
+        ("subscribe", json!({ "channel": "chat:room" })),
+        ("history", json!({ "channel": "chat:room" })),
+        ("publish", json!({ "channel": "open:room", "data": 1 })),
+        ("rpc", json!({ "method": "x", "data": {} })),
+    ] {
+        let refused = dashboard.call(method, params.clone()).await;
+        assert_eq!(
+            refused["error"]["code"], 103,
+            "{method} {params}: {refused}"
+        );
+    }
 
     // A ticket of a server with other API keys is refused like a bad token (nodes that
     // share their keys accept each other's).
