@@ -79,7 +79,15 @@ async fn answer(
     let session = Session::new(&node)
         .at_address(address)
         .came_by(transport, node.settings.hooks.facts(&headers));
-    let mut session = request.authenticate(&node, session).await?;
+    // Header values share the buffer the request was read into: kept across the hold,
+    // they would keep that buffer alive beside the one the server reads into next.
+    let if_none_match = headers
+        .get(header::IF_NONE_MATCH)
+        .map(|v| v.as_bytes().to_vec());
+    drop(headers);
+    // Boxed, as are the replays below: a held poll's future is as large as its largest
+    // step, and these (a hook's request, a history read) are done before the hold.
+    let mut session = Box::pin(request.authenticate(&node, session)).await?;
     let request = request.with_token_channels(&session).require_channels()?;
     session.may_open(&request.channels)?;
     let mut messages = Vec::new();
@@ -91,8 +99,7 @@ async fn answer(
         match since {
             Some(since) if messages.len() >= MAX_ANSWER_BYTES => later.push((channel, since)),
             since => {
-                session
-                    .open_channel(channel, since, |json, _| item(&mut messages, json))
+                Box::pin(session.open_channel(channel, since, |json, _| item(&mut messages, json)))
                     .await?
             }
         }
@@ -132,11 +139,8 @@ async fn answer(
         cursor.hash(&mut h);
         format!("\"{:016x}\"", h.finish())
     };
-    let unchanged = !hold
-        && messages.is_empty()
-        && headers
-            .get(header::IF_NONE_MATCH)
-            .is_some_and(|v| v.as_bytes() == etag.as_bytes());
+    let unchanged =
+        !hold && messages.is_empty() && if_none_match.is_some_and(|v| v == etag.as_bytes());
     let mut response = if unchanged {
         StatusCode::NOT_MODIFIED.into_response()
     } else {

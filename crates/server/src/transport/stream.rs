@@ -324,11 +324,12 @@ async fn pump(
     let mut opened = Ok(());
     for (channel, since) in channels {
         let mut out = Vec::new();
-        let replayed = session
-            .open_channel(channel.clone(), since, |json, at| {
-                framing.push_at(json, at, &mut out)
-            })
-            .await;
+        // Boxed, as every rare step of the pump: a waiting stream's task is as large as its
+        // largest step, and most of its life is spent waiting.
+        let replayed = Box::pin(session.open_channel(channel.clone(), since, |json, at| {
+            framing.push_at(json, at, &mut out)
+        }))
+        .await;
         written += out.len();
         if !send(&tx, out, client.write_timeout, &abort).await {
             return;
@@ -351,7 +352,7 @@ async fn pump(
             biased;
             _ = node.shutdown.cancelled() => Err(Disconnect::new(DisconnectCode::Shutdown)),
             _ = tx.closed() => break None,
-            _ = expiry.wait() => session.expire().await.map(|pushes| {
+            _ = expiry.wait() => Box::pin(session.expire()).await.map(|pushes| {
                 for push in pushes {
                     framing.push_at(&push, session.positions(), &mut out);
                 }
@@ -361,7 +362,7 @@ async fn pump(
                 let mut rest = &frame[..];
                 let handled = loop {
                     let mut replies = Vec::new();
-                    let step = session.handle_frame_until(rest, &mut replies, MAX_BATCH_BYTES).await;
+                    let step = Box::pin(session.handle_frame_until(rest, &mut replies, MAX_BATCH_BYTES)).await;
                     for reply in replies.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
                         framing.push_at(reply, session.positions(), &mut out);
                     }
