@@ -172,22 +172,48 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let app = app.clone();
-        let socket = Arc::new(socket);
-        let service = hyper::service::service_fn(
-            move |mut request: hyper::Request<hyper::body::Incoming>| {
-                // The peer, and the socket's count, which an upgraded WebSocket carries on.
-                request.extensions_mut().insert(limits::Peer(peer));
-                request.extensions_mut().insert(socket.clone());
-                tower::ServiceExt::oneshot(app.clone(), request)
-            },
+        let (app, builder, token) = (app.clone(), builder.clone(), token.clone());
+        let (header_timeout, write_timeout) = (
+            http.header_timeout,
+            node.settings.config.client.write_timeout,
         );
-        let connection = builder
-            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-            .with_upgrades();
-        let token = token.clone();
-        connections.spawn(async move {
-            let mut connection = std::pin::pin!(connection);
+        let task = async move {
+            let socket = Arc::new(socket);
+            // Streams are served on the socket itself (see `transport::http1`); the rest,
+            // and whatever follows them on the connection, by hyper.
+            let stream = match transport::http1::next(&stream, header_timeout).await {
+                transport::http1::Next::Gone => return,
+                transport::http1::Next::Other => stream,
+                transport::http1::Next::Held => {
+                    // Boxed, as is hyper's connection below: a task is as large as the
+                    // largest of them, and only one of them serves the connection.
+                    let held = Box::pin(transport::http1::serve(
+                        &app,
+                        stream,
+                        peer,
+                        socket.clone(),
+                        header_timeout,
+                        write_timeout,
+                        &token,
+                    ));
+                    match held.await {
+                        Some(stream) => stream,
+                        None => return,
+                    }
+                }
+            };
+            let service = hyper::service::service_fn(
+                move |mut request: hyper::Request<hyper::body::Incoming>| {
+                    // The peer, and the socket's count, which an upgraded WebSocket carries on.
+                    request.extensions_mut().insert(limits::Peer(peer));
+                    request.extensions_mut().insert(socket.clone());
+                    tower::ServiceExt::oneshot(app.clone(), request)
+                },
+            );
+            let connection = builder
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .with_upgrades();
+            let mut connection = Box::pin(connection);
             tokio::select! {
                 _ = connection.as_mut() => {}
                 _ = token.cancelled() => {
@@ -196,7 +222,8 @@ pub async fn serve(
                     let _ = connection.await;
                 }
             }
-        });
+        };
+        connections.spawn(task);
     }
     tracing::info!(connections = node.connection_count(), "shutting down");
     drop(listener);

@@ -448,3 +448,84 @@ async fn an_sse_stream_takes_no_more_channels_than_its_event_id_can_carry() {
     assert_eq!(fits.status(), 200);
     server.stop().await.unwrap();
 }
+
+/// Streams are served on the socket itself (`transport::http1`), not by hyper: the answer
+/// is framed right for HTTP/1.1 (chunks) and 1.0 (until the close), a request it cannot
+/// frame is closed, and a client that leaves is noticed at once.
+#[tokio::test]
+async fn streams_are_framed_on_the_socket_and_a_client_that_leaves_is_noticed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = start(config()).await;
+    async fn read_until(s: &mut tokio::net::TcpStream, text: &str) -> String {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&got).contains(text) {
+            let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
+                .await
+                .expect("answer in time")
+                .unwrap();
+            assert!(
+                n > 0,
+                "closed before {text:?}: {}",
+                String::from_utf8_lossy(&got)
+            );
+            got.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8(got).unwrap()
+    }
+
+    let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let request = format!(
+        "GET /connection/stream?channel=open:raw HTTP/1.1\r\nHost: {}\r\n\r\n",
+        server.addr
+    );
+    s.write_all(request.as_bytes()).await.unwrap();
+    let answer = read_until(&mut s, "\"subscribe\"").await;
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert!(
+        answer.contains("transfer-encoding: chunked\r\n"),
+        "{answer}"
+    );
+    assert!(
+        answer.contains("content-type: application/x-ndjson\r\n"),
+        "{answer}"
+    );
+    assert!(!answer.contains("content-length"), "{answer}");
+    // The connect push is the first chunk: its size, in hex, then the line.
+    let body = &answer[answer.find("\r\n\r\n").unwrap() + 4..];
+    let (size, rest) = body.split_once("\r\n").unwrap();
+    let size = usize::from_str_radix(size, 16).unwrap();
+    assert!(rest[..size].starts_with("{\"connect\""), "{body}");
+    let (offset, _) = server.publish("open:raw", json!("hi")).await;
+    read_until(&mut s, &format!("\"offset\":{offset}")).await;
+    assert_eq!(server.node.connection_count(), 1);
+    drop(s);
+    eventually("the stream's session ends with its socket", || async {
+        server.node.connection_count() == 0
+    })
+    .await;
+
+    // HTTP/1.0 has no chunks: the answer runs until the connection closes.
+    let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    s.write_all(b"GET /connection/sse?channel=open:raw HTTP/1.0\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_until(&mut s, "data: {\"subscribe\"").await;
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert!(!answer.contains("transfer-encoding"), "{answer}");
+    assert!(answer.contains("connection: close\r\n"), "{answer}");
+    drop(s);
+
+    // A GET with a body is not one to frame: the connection closes without an answer.
+    let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    s.write_all(b"GET /connection/sse HTTP/1.1\r\nContent-Length: 2\r\n\r\nab")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(PATIENCE, s.read_to_end(&mut rest)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?} {rest:?}");
+    // Everything else still goes to hyper on the same listener.
+    let (status, info) = server.api_get("/api/info").await;
+    assert_eq!(status, 200, "{info}");
+    server.stop().await.unwrap();
+}
