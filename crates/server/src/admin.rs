@@ -46,18 +46,16 @@ pub enum Action {
 }
 
 impl Action {
-    /// The one node that can hold the connection, when the action names a client (its
-    /// id starts with its node's).
-    fn only_node(&self) -> Option<&str> {
-        let who = match self {
+    /// The client the action names, if it names one (then only its node can hold it).
+    fn client(&self) -> Option<&str> {
+        match self {
             Action::Disconnect { who, .. }
             | Action::Unsubscribe { who, .. }
-            | Action::Connections { who } => who,
-            Action::Channels { .. } => return None,
-        };
-        match who {
-            Who::Client(id) => Some(id.split('-').next().unwrap_or_default()),
-            Who::User(_) => None,
+            | Action::Connections { who } => match who {
+                Who::Client(id) => Some(id),
+                Who::User(_) => None,
+            },
+            Action::Channels { .. } => None,
         }
     }
 }
@@ -165,21 +163,27 @@ pub fn answer(node: &Node, request: &[u8]) -> Value {
 pub async fn everywhere(node: &Node, action: Action) -> Result<Value, Failure> {
     let mut answers = Vec::new();
     let mut unreachable = Vec::new();
-    let only = action.only_node().map(str::to_string);
-    if only.as_deref().is_none_or(|n| n == &*node.id) {
+    // A client id names its node: only that one is asked (none, for an id no node has).
+    let owner = action.client().map(crate::session::node_of);
+    if owner.is_none_or(|o| o == Some(&*node.id)) {
         answers.push(here(node, &action));
     }
-    if only.as_deref() != Some(&*node.id) {
-        let others: Vec<String> = match (&only, node.broker.nodes().await) {
-            (Some(owner), Some(_)) => vec![owner.clone()],
-            (None, Some(reported)) => reported?
+    let linked = node.broker.node_id().is_some();
+    let others: Vec<String> = match owner {
+        _ if !linked => Vec::new(),
+        Some(Some(owner)) if owner != &*node.id => vec![owner.to_string()],
+        Some(_) => Vec::new(),
+        None => match node.broker.nodes().await {
+            Some(reported) => reported?
                 .iter()
                 .filter_map(|f| serde_json::from_slice::<Value>(f).ok())
                 .filter_map(|f| f["node"].as_str().map(str::to_string))
                 .filter(|id| id != &*node.id)
                 .collect(),
-            (_, None) => Vec::new(),
-        };
+            None => Vec::new(),
+        },
+    };
+    if !others.is_empty() {
         let mut request = NODE_REQUEST.to_vec();
         request.extend(serde_json::to_vec(&action).expect("actions serialise"));
         let request = bytes::Bytes::from(request);

@@ -153,6 +153,8 @@ pub async fn serve(
     builder
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(http.header_timeout);
+    // Shared: every connection's task holds it while hyper serves the connection.
+    let builder = Arc::new(builder);
     // HTTP connections (upgraded WebSockets live on in `node.tasks`).
     let connections = tokio_util::task::TaskTracker::new();
     loop {

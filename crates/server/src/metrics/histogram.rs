@@ -1,5 +1,5 @@
 //! A histogram of durations that observes without a lock: fixed buckets doubling from
-//! 50 µs (the last one holds everything from about 1.6 s up), each an atomic count, and
+//! 50 µs to about 3.3 s and one for the rest, each an atomic count, and
 //! the sum in nanoseconds. prometheus-client's own histogram takes a lock per observation;
 //! this one is two atomic adds, and shares its counts by `Arc` like the crate's metrics,
 //! so families can hand a clone to whoever observes.
@@ -46,39 +46,6 @@ fn bound(i: usize) -> f64 {
     (FIRST_NANOS << i) as f64 / 1e9
 }
 
-/// A histogram's counts at one moment, for percentiles between two moments.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Snapshot {
-    counts: Vec<u64>,
-}
-
-impl Snapshot {
-    /// The `q`-quantile (0 < q ≤ 1) of what was observed between `earlier` and this one,
-    /// as the upper bound of the bucket it falls in (seconds); `None` when nothing was.
-    pub fn quantile_since(&self, earlier: &Snapshot, q: f64) -> Option<f64> {
-        let delta: Vec<u64> = self
-            .counts
-            .iter()
-            .enumerate()
-            .map(|(i, c)| c - earlier.counts.get(i).copied().unwrap_or(0))
-            .collect();
-        let total: u64 = delta.iter().sum();
-        if total == 0 {
-            return None;
-        }
-        let rank = (q * total as f64).ceil().max(1.0) as u64;
-        let mut seen = 0;
-        for (i, n) in delta.iter().enumerate() {
-            seen += n;
-            if seen >= rank {
-                // The overflow bucket has no bound: report the last one.
-                return Some(bound(i.min(BUCKETS - 1)));
-            }
-        }
-        None
-    }
-}
-
 impl Durations {
     pub fn observe(&self, took: Duration) {
         let nanos = took.as_nanos().min(u64::MAX as u128) as u64;
@@ -86,15 +53,13 @@ impl Durations {
         self.0.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
-    pub fn snapshot(&self) -> Snapshot {
-        Snapshot {
-            counts: self
-                .0
-                .buckets
-                .iter()
-                .map(|b| b.load(Ordering::Relaxed))
-                .collect(),
-        }
+    /// Each bucket's own count (not running sums).
+    fn counts(&self) -> Vec<u64> {
+        self.0
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect()
     }
 }
 
@@ -105,7 +70,7 @@ impl TypedMetric for Durations {
 impl EncodeMetric for Durations {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
         // The encoder takes each bucket's own count and writes the running sums.
-        let counts = self.snapshot().counts;
+        let counts = self.counts();
         let buckets: Vec<(f64, u64)> = counts
             .iter()
             .enumerate()
@@ -156,24 +121,5 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} in\n{text}");
         }
-    }
-
-    #[test]
-    fn quantiles_between_two_snapshots() {
-        let h = Durations::default();
-        for _ in 0..10 {
-            h.observe(Duration::from_millis(5));
-        }
-        let before = h.snapshot();
-        for _ in 0..99 {
-            h.observe(Duration::from_micros(40));
-        }
-        h.observe(Duration::from_millis(3));
-        let now = h.snapshot();
-        assert_eq!(now.quantile_since(&before, 0.5), Some(0.000_05));
-        // 99 of 100 at or under 50 µs; the 100th is 3 ms, in the bucket up to 3.2 ms.
-        assert_eq!(now.quantile_since(&before, 0.99), Some(0.000_05));
-        assert_eq!(now.quantile_since(&before, 1.0), Some(0.0032));
-        assert_eq!(now.quantile_since(&now, 0.5), None);
     }
 }

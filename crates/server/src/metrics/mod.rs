@@ -20,7 +20,7 @@ mod histogram;
 mod sharded;
 mod wire;
 
-pub use histogram::{Durations, Snapshot as DurationsSnapshot};
+pub use histogram::Durations;
 
 pub use broker::Counted;
 pub use wire::Wire;
@@ -125,11 +125,7 @@ pub const TRANSPORTS: [&str; 6] = ["websocket", "sse", "stream", "iframe", "long
 /// One node's metrics.
 pub struct Metrics {
     registry: Registry,
-    /// Per entry of [`TRANSPORTS`]: open and accepted connections (shared with the
-    /// families, so opening a connection takes no lock).
-    by_transport: Vec<(Gauge, Counter)>,
-    /// Per entry of [`TRANSPORTS`]: what its connections were written (held by their
-    /// queues).
+    /// Per entry of [`TRANSPORTS`]: its connections' counts (also held by their queues).
     wires: Arc<[Arc<Wire>]>,
     disconnects: Family<CodeLabel, Counter>,
     slow_cuts: Counter,
@@ -207,7 +203,7 @@ impl Default for Metrics {
         let slow_cuts = Counter::default();
         registry.register(
             "slow_consumer_cuts",
-            "Connections closed with 3003 because their queue passed client.queue_max_bytes (they resume from history)",
+            "Connections closed with 3003, slow consumers: their queue passed client.queue_max_bytes or a write took longer than client.write_timeout (they resume from history)",
             slow_cuts.clone(),
         );
         let latency = Family::<TransportLabel, Durations>::default();
@@ -225,8 +221,13 @@ impl Default for Metrics {
         let wires: Arc<[Arc<Wire>]> = TRANSPORTS
             .iter()
             .map(|&transport| {
-                let histogram = latency.get_or_create(&TransportLabel { transport }).clone();
-                Arc::new(Wire::new(transport, histogram))
+                let label = TransportLabel { transport };
+                Arc::new(Wire::new(
+                    transport,
+                    latency.get_or_create(&label).clone(),
+                    connections.get_or_create(&label).clone(),
+                    accepted.get_or_create(&label).clone(),
+                ))
             })
             .collect();
         let snapshot = Arc::new(Mutex::new(Snapshot::default()));
@@ -234,19 +235,8 @@ impl Default for Metrics {
             snapshot: snapshot.clone(),
             wires: wires.clone(),
         }));
-        let by_transport = TRANSPORTS
-            .iter()
-            .map(|&transport| {
-                let label = TransportLabel { transport };
-                (
-                    connections.get_or_create(&label).clone(),
-                    accepted.get_or_create(&label).clone(),
-                )
-            })
-            .collect();
         Self {
             registry,
-            by_transport,
             wires,
             disconnects,
             slow_cuts,
@@ -264,30 +254,28 @@ impl Default for Metrics {
 impl Metrics {
     /// A connection (or poll request) of `transport` opened.
     pub fn opened(&self, transport: &'static str) {
-        if let Some((open, accepted)) = self.transport(transport) {
-            accepted.inc();
-            open.inc();
+        if let Some(wire) = self.transport(transport) {
+            wire.opened();
         }
     }
 
     /// A connection counted by [`Metrics::opened`] is gone.
     pub fn closed(&self, transport: &'static str) {
-        if let Some((open, _)) = self.transport(transport) {
-            open.dec();
+        if let Some(wire) = self.transport(transport) {
+            wire.closed();
         }
     }
 
-    /// The counters of one of [`TRANSPORTS`] (the only names sessions count under).
-    fn transport(&self, transport: &str) -> Option<&(Gauge, Counter)> {
+    /// The counts of one of [`TRANSPORTS`] (the only names sessions count under).
+    fn transport(&self, transport: &str) -> Option<&Arc<Wire>> {
         let i = TRANSPORTS.iter().position(|t| *t == transport);
         debug_assert!(i.is_some(), "{transport} is not a counted transport");
-        self.by_transport.get(i?)
+        self.wires.get(i?)
     }
 
-    /// The write counters of `transport`'s connections, for their queues to hold.
+    /// The counts of `transport`'s connections, for their queues to hold.
     pub fn wire(&self, transport: &'static str) -> Option<Arc<Wire>> {
-        let i = TRANSPORTS.iter().position(|t| *t == transport)?;
-        self.wires.get(i).cloned()
+        self.transport(transport).cloned()
     }
 
     /// A connection ended with close `code` (1000 when the client left).

@@ -1,10 +1,12 @@
-//! What reaches the clients of one transport: pushes written, their bytes, bytes waiting in
-//! queues, and how long a publication took from the hub to the socket (sampled). A
+//! One transport's connections: open and accepted, pushes written, their bytes, bytes
+//! waiting in queues, and how long a publication took from the hub to the socket (sampled). A
 //! connection's queue holds its transport's [`Wire`] and counts as it hands pushes over, a
 //! batch at a time; every count is a [`Sharded`] add, so fan-out threads never share a
 //! cache line for it.
 
 use std::{cell::Cell, time::Instant};
+
+use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
 
 use super::{sharded::Sharded, Durations};
 
@@ -38,17 +40,37 @@ pub struct Wire {
     pub(super) bytes: Sharded,
     pub(super) queued: Sharded,
     latency: Durations,
+    /// Shared with the `connections` and `connections_accepted` families: opening a
+    /// connection takes no lock.
+    open: Gauge,
+    accepted: Counter,
 }
 
 impl Wire {
-    pub(super) fn new(transport: &'static str, latency: Durations) -> Self {
+    pub(super) fn new(
+        transport: &'static str,
+        latency: Durations,
+        open: Gauge,
+        accepted: Counter,
+    ) -> Self {
         Self {
             transport,
             pushes: Sharded::default(),
             bytes: Sharded::default(),
             queued: Sharded::default(),
             latency,
+            open,
+            accepted,
         }
+    }
+
+    pub(super) fn opened(&self) {
+        self.accepted.inc();
+        self.open.inc();
+    }
+
+    pub(super) fn closed(&self) {
+        self.open.dec();
     }
 
     /// `pushes` pushes of `bytes` (encoded, before the transport's framing) were handed to

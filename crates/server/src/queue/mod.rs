@@ -186,14 +186,16 @@ impl Queue {
         }
     }
 
-    /// Counts what this queue hands over, and holds, in `wire` from now on.
+    /// Counts what this queue hands over, and holds, in `wire` from now on (once: a
+    /// session's transport is said once).
     pub fn count_in(&self, wire: Arc<Wire>) {
         let mut inner = self.inner.lock();
-        if let Some(old) = inner.wire.replace(wire) {
-            old.queued(-(inner.bytes as i64));
-        }
-        let (wire, bytes) = (inner.wire.as_ref().expect("just set"), inner.bytes);
-        wire.queued(bytes as i64);
+        debug_assert!(
+            inner.wire.is_none(),
+            "a queue is counted under one transport"
+        );
+        wire.queued(inner.bytes as i64);
+        inner.wire = Some(wire);
     }
 
     /// Hands the connection an operator's order and wakes its transport. Publications

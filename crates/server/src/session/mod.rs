@@ -521,6 +521,16 @@ impl Session {
     }
 }
 
+/// The node a client id names (ids are `NODE-RANDOM`, see [`Session::new`]), if it can be
+/// one: node ids are short and alphanumeric, and anything else is not worth a round trip
+/// through the broker.
+pub fn node_of(client: &str) -> Option<&str> {
+    let node = client.split('-').next()?;
+    let plausible =
+        (1..=32).contains(&node.len()) && node.bytes().all(|b| b.is_ascii_alphanumeric());
+    plausible.then_some(node)
+}
+
 /// A view of a session's positions, encodable as a [`Cursor`](herald_protocol::Cursor).
 #[derive(Debug, Clone, Copy)]
 pub struct Positions<'a>(&'a Subscriptions);
@@ -558,7 +568,10 @@ impl Drop for Session {
         self.ending(None);
         if self.counted {
             self.node().metrics.closed(self.transport.name());
-            self.node().sessions.remove(&self.client);
+            // Only connections are registered (`came_by`): a poll's end takes no lock.
+            if !self.transport.is_request() {
+                self.node().sessions.remove(&self.client);
+            }
         }
         if self.subscriptions.is_empty() {
             return;

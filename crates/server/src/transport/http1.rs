@@ -51,7 +51,8 @@ pub enum Next {
 }
 
 /// Whether a request line (its first bytes) is one served here: the path is one of
-/// [`HELD`], followed by its query, a space or the end of what arrived so far.
+/// [`HELD`], followed by its query or a space. `None` while what arrived so far is a
+/// prefix of one of them (undecided).
 fn held(line: &[u8]) -> Option<bool> {
     for route in HELD {
         let n = route.len().min(line.len());
@@ -62,13 +63,6 @@ fn held(line: &[u8]) -> Option<bool> {
                 Some(_) => Some(false),
             };
         }
-    }
-    // Not a prefix of any: decided once the bytes differ, which they do at once unless
-    // the line is still short.
-    if line.len() < HELD.iter().map(|r| r.len()).max().unwrap_or(0)
-        && HELD.iter().any(|r| r.starts_with(line))
-    {
-        return None;
     }
     Some(false)
 }
@@ -106,26 +100,36 @@ struct Head {
     version: http::Version,
 }
 
-/// Reads one request head (and nothing after it). `None` when the client went away, sent
-/// too much, or something that is not a bodiless HTTP/1 GET: the connection then closes.
-async fn read_head(stream: &mut TcpStream, wait: Duration) -> Option<Head> {
+/// Why no head was read.
+enum Refused {
+    /// The client went away, or sent nothing whole in time: closed without a word.
+    Gone,
+    /// What it sent cannot be served here: answered 400 with why, then closed.
+    Bad(&'static str),
+}
+
+/// Reads one request head (and nothing after it).
+async fn read_head(stream: &mut TcpStream, wait: Duration) -> Result<Head, Refused> {
     let read = async {
         let mut want = 1024;
         loop {
             // Peek, then take exactly the head: what follows it is the next request's.
             let mut chunk = vec![0u8; want];
-            let n = stream.peek(&mut chunk).await.ok()?;
+            let n = stream.peek(&mut chunk).await.map_err(|_| Refused::Gone)?;
             if n == 0 {
-                return None;
+                return Err(Refused::Gone);
             }
             if let Some(end) = chunk[..n].windows(4).position(|w| w == b"\r\n\r\n") {
                 let mut head = vec![0u8; end + 4];
-                stream.read_exact(&mut head).await.ok()?;
-                return Some(head);
+                stream
+                    .read_exact(&mut head)
+                    .await
+                    .map_err(|_| Refused::Gone)?;
+                return Ok(head);
             }
             if n == want {
                 if want >= MAX_HEAD {
-                    return None;
+                    return Err(Refused::Bad("the request head is larger than 24 KiB"));
                 }
                 want = (want * 2).min(MAX_HEAD);
             } else {
@@ -135,31 +139,35 @@ async fn read_head(stream: &mut TcpStream, wait: Duration) -> Option<Head> {
             }
         }
     };
-    let head = tokio::time::timeout(wait, read).await.ok()??;
-    parse(&head)
+    let head = tokio::time::timeout(wait, read)
+        .await
+        .map_err(|_| Refused::Gone)??;
+    parse(&head).map_err(Refused::Bad)
 }
 
-fn parse(head: &[u8]) -> Option<Head> {
+/// A head as a request, or why it cannot be served here.
+fn parse(head: &[u8]) -> Result<Head, &'static str> {
+    const MALFORMED: &str = "malformed request head";
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut headers);
-    if !parsed.parse(head).ok()?.is_complete() {
-        return None;
+    if !parsed.parse(head).map_err(|_| MALFORMED)?.is_complete() {
+        return Err(MALFORMED);
     }
-    let version = match parsed.version? {
-        1 => http::Version::HTTP_11,
+    let version = match parsed.version {
+        Some(1) => http::Version::HTTP_11,
         _ => http::Version::HTTP_10,
     };
     let mut builder = http::Request::builder()
-        .method(parsed.method?)
-        .uri(parsed.path?)
+        .method(parsed.method.ok_or(MALFORMED)?)
+        .uri(parsed.path.ok_or(MALFORMED)?)
         .version(version);
     let mut keep_alive = version == http::Version::HTTP_11;
     for h in parsed.headers.iter() {
         let name = h.name.to_ascii_lowercase();
         match name.as_str() {
-            // A GET with a body is not one of ours to frame: refuse it by closing.
-            "content-length" if h.value != b"0" => return None,
-            "transfer-encoding" => return None,
+            // A stream's GET has no body, and there is no framing here to skip one.
+            "content-length" if h.value != b"0" => return Err(NO_BODY),
+            "transfer-encoding" => return Err(NO_BODY),
             "connection" => {
                 let v = String::from_utf8_lossy(h.value).to_ascii_lowercase();
                 if v.split(',').any(|t| t.trim() == "close") {
@@ -172,11 +180,27 @@ fn parse(head: &[u8]) -> Option<Head> {
         }
         builder = builder.header(h.name, h.value);
     }
-    Some(Head {
-        request: builder.body(Body::empty()).ok()?,
+    Ok(Head {
+        request: builder.body(Body::empty()).map_err(|_| MALFORMED)?,
         keep_alive,
         version,
     })
+}
+
+const NO_BODY: &str = "a stream's request takes no body";
+
+/// Answers 400 with why (as the API's errors are: `{"error": {"code": 107, …}}`).
+async fn refuse(stream: &mut TcpStream, why: &str, wait: Duration) {
+    let body =
+        herald_protocol::json::encode_error(None, herald_protocol::ErrorCode::BadRequest, why);
+    let mut answer = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    answer.extend_from_slice(&body);
+    write(stream, &answer, wait).await;
+    let _ = stream.shutdown().await;
 }
 
 /// Serves held requests on `stream` while they come; returns the stream when the next
@@ -191,7 +215,14 @@ pub async fn serve(
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> Option<TcpStream> {
     loop {
-        let mut head = read_head(&mut stream, header_timeout).await?;
+        let mut head = match read_head(&mut stream, header_timeout).await {
+            Ok(head) => head,
+            Err(Refused::Gone) => return None,
+            Err(Refused::Bad(why)) => {
+                refuse(&mut stream, why, write_timeout).await;
+                return None;
+            }
+        };
         let extensions = head.request.extensions_mut();
         extensions.insert(Peer(peer));
         extensions.insert(socket.clone());
@@ -367,9 +398,17 @@ mod tests {
         assert!(!h.keep_alive);
         let h = parse(b"GET /connection/sse HTTP/1.0\r\n\r\n").unwrap();
         assert!(!h.keep_alive);
-        assert!(parse(b"GET /connection/sse HTTP/1.1\r\nContent-Length: 5\r\n\r\n").is_none());
-        assert!(
-            parse(b"GET /connection/sse HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n").is_none()
+        assert_eq!(
+            parse(b"GET /connection/sse HTTP/1.1\r\nContent-Length: 5\r\n\r\n").err(),
+            Some(NO_BODY)
+        );
+        assert_eq!(
+            parse(b"GET /connection/sse HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n").err(),
+            Some(NO_BODY)
+        );
+        assert_eq!(
+            parse(b"GET \x01 HTTP/9\r\n\r\n").err(),
+            Some("malformed request head")
         );
     }
 }

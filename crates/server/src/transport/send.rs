@@ -100,12 +100,7 @@ async fn handle(
             "with session=ID, the stream's own token applies: send a new one as a refresh command",
         ));
     }
-    let owner = id.split('-').next().unwrap_or_default();
-    // Node ids are short and alphanumeric; anything else cannot be a session of any node,
-    // and is not worth a round trip through the broker.
-    let plausible =
-        (1..=32).contains(&owner.len()) && owner.bytes().all(|b| b.is_ascii_alphanumeric());
-    if owner != &*node.id && plausible {
+    if let Some(owner) = session::node_of(&id).filter(|owner| *owner != &*node.id) {
         let mut request = Vec::with_capacity(id.len() + 1 + frame.len());
         request.extend_from_slice(id.as_bytes());
         request.push(b'\n');

@@ -113,19 +113,20 @@ async fn a_dashboard_on_one_node_sees_every_node() {
         .call("connect", json!({ "token": ticket["token"] }))
         .await;
     dashboard.subscribe("herald:stats", None).await;
-    loop {
-        let (_, _, data) = dashboard.next_pub().await;
-        let nodes = data["nodes"].as_array().unwrap();
-        if let Some(other) = nodes.iter().find(|n| n["node"] == a.node.id.as_ref()) {
-            assert_eq!(
-                nodes[0]["node"],
-                b.node.id.as_ref(),
-                "the watched node first"
-            );
-            assert_eq!(other["connections"]["websocket"], 1.0, "{other}");
-            break;
+    // Each publication comes within a second; the other node's within two reports.
+    let (first, other) = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let (_, _, data) = dashboard.next_pub().await;
+            let nodes = data["nodes"].as_array().unwrap().clone();
+            if let Some(other) = nodes.iter().find(|n| n["node"] == a.node.id.as_ref()) {
+                return (nodes[0]["node"].clone(), other.clone());
+            }
         }
-    }
+    })
+    .await
+    .expect("the other node's figures in time");
+    assert_eq!(first, b.node.id.as_ref(), "the watched node first");
+    assert_eq!(other["connections"]["websocket"], 1.0, "{other}");
     let (_, listed) = b.api_get("/api/nodes").await;
     assert!(listed["nodes"]
         .as_array()

@@ -451,7 +451,7 @@ async fn an_sse_stream_takes_no_more_channels_than_its_event_id_can_carry() {
 
 /// Streams are served on the socket itself (`transport::http1`), not by hyper: the answer
 /// is framed right for HTTP/1.1 (chunks) and 1.0 (until the close), a request it cannot
-/// frame is closed, and a client that leaves is noticed at once.
+/// frame is refused with a 400 that says why, and a client that leaves is noticed at once.
 #[tokio::test]
 async fn streams_are_framed_on_the_socket_and_a_client_that_leaves_is_noticed() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -516,14 +516,32 @@ async fn streams_are_framed_on_the_socket_and_a_client_that_leaves_is_noticed() 
     assert!(answer.contains("connection: close\r\n"), "{answer}");
     drop(s);
 
-    // A GET with a body is not one to frame: the connection closes without an answer.
+    // A GET with a body is not one to frame: a 400 that says why, then the close.
     let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     s.write_all(b"GET /connection/sse HTTP/1.1\r\nContent-Length: 2\r\n\r\nab")
         .await
         .unwrap();
-    let mut rest = Vec::new();
-    let read = tokio::time::timeout(PATIENCE, s.read_to_end(&mut rest)).await;
-    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?} {rest:?}");
+    let mut answer = Vec::new();
+    tokio::time::timeout(PATIENCE, s.read_to_end(&mut answer))
+        .await
+        .expect("closed in time")
+        .unwrap();
+    let answer = String::from_utf8(answer).unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 400 Bad Request\r\n"),
+        "{answer}"
+    );
+    assert!(answer.contains("connection: close\r\n"), "{answer}");
+    let body: Value =
+        serde_json::from_str(&answer[answer.find("\r\n\r\n").unwrap() + 4..]).unwrap();
+    assert_eq!(body["error"]["code"], 107, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no body"),
+        "{body}"
+    );
     // Everything else still goes to hyper on the same listener.
     let (status, info) = server.api_get("/api/info").await;
     assert_eq!(status, 200, "{info}");
