@@ -183,7 +183,8 @@ pub async fn serve(
             let socket = Arc::new(socket);
             // Streams are served on the socket itself (see `transport::http1`); the rest,
             // and whatever follows them on the connection, by hyper.
-            let stream = match transport::http1::next(&stream, header_timeout).await {
+            let next = transport::http1::next(&stream, header_timeout);
+            let stream = match transport::http1::until_shutdown(next, &token).await {
                 transport::http1::Next::Gone => return,
                 transport::http1::Next::Other => stream,
                 transport::http1::Next::Held => {

@@ -203,6 +203,18 @@ async fn refuse(stream: &mut TcpStream, why: &str, wait: Duration) {
     let _ = stream.shutdown().await;
 }
 
+/// What `next` says, or `Gone` as soon as the node shuts down: a connection between
+/// requests holds no one's data, and shutdown must not wait out its header timeout.
+pub async fn until_shutdown(
+    next: impl std::future::Future<Output = Next>,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> Next {
+    tokio::select! {
+        next = next => next,
+        _ = shutdown.cancelled() => Next::Gone,
+    }
+}
+
 /// Serves held requests on `stream` while they come; returns the stream when the next
 /// request is one for hyper, `None` when the connection is done.
 pub async fn serve(
@@ -215,7 +227,12 @@ pub async fn serve(
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> Option<TcpStream> {
     loop {
-        let mut head = match read_head(&mut stream, header_timeout).await {
+        // A head still coming when the node shuts down is not waited for.
+        let head = tokio::select! {
+            head = read_head(&mut stream, header_timeout) => head,
+            _ = shutdown.cancelled() => return None,
+        };
+        let mut head = match head {
             Ok(head) => head,
             Err(Refused::Gone) => return None,
             Err(Refused::Bad(why)) => {
@@ -245,7 +262,7 @@ pub async fn serve(
             let _ = stream.shutdown().await;
             return None;
         }
-        match next(&stream, header_timeout).await {
+        match until_shutdown(next(&stream, header_timeout), shutdown).await {
             Next::Held => continue,
             Next::Other => return Some(stream),
             Next::Gone => return None,

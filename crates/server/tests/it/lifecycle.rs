@@ -58,3 +58,28 @@ async fn shutdown_tells_clients_to_reconnect_and_returns() {
     assert_eq!(b.closed().await.code, 3001);
     stopping.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn shutdown_does_not_wait_for_connections_between_requests() {
+    // Long timeouts, so that waiting for either would show.
+    let mut c = config();
+    c.http.header_timeout = Duration::from_secs(60);
+    c.shutdown_timeout = Duration::from_secs(60);
+    let server = start(c).await;
+    // One connection that sent nothing yet (a browser's preconnect), one cut short in the
+    // middle of a stream's request head.
+    let _silent = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let mut partial = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut partial, b"GET /connection/sse HTTP/1.1\r\nHost:")
+        .await
+        .unwrap();
+    let node = server.node.clone();
+    eventually("the server holds both sockets", || async {
+        node.sockets.load(std::sync::atomic::Ordering::Relaxed) == 2
+    })
+    .await;
+    tokio::time::timeout(Duration::from_secs(5), server.stop())
+        .await
+        .expect("shutdown returns without waiting out the header timeout")
+        .unwrap();
+}
