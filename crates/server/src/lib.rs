@@ -175,16 +175,18 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let (app, builder, token) = (app.clone(), builder.clone(), token.clone());
-        let (header_timeout, write_timeout) = (
-            http.header_timeout,
-            node.settings.config.client.write_timeout,
-        );
+        let limits = transport::http1::Limits {
+            header_timeout: http.header_timeout,
+            write_timeout: node.settings.config.client.write_timeout,
+        };
         let task = async move {
             let socket = Arc::new(socket);
             // Streams are served on the socket itself (see `transport::http1`); the rest,
             // and whatever follows them on the connection, by hyper.
-            let next = transport::http1::next(&stream, header_timeout);
-            let stream = match transport::http1::until_shutdown(next, &token).await {
+            let next = transport::http1::next(&stream, limits.header_timeout);
+            // Boxed: only the first request waits in it, and the task is as large as its
+            // largest step.
+            let stream = match Box::pin(transport::http1::until_shutdown(next, &token)).await {
                 transport::http1::Next::Gone => return,
                 transport::http1::Next::Other => stream,
                 transport::http1::Next::Held => {
@@ -195,8 +197,7 @@ pub async fn serve(
                         stream,
                         peer,
                         socket.clone(),
-                        header_timeout,
-                        write_timeout,
+                        limits,
                         &token,
                     ));
                     match held.await {

@@ -8,32 +8,16 @@ use std::{
     time::Instant,
 };
 
-use bytes::Bytes;
 use herald_broker::{
     BrokerError, DurableBroker, MemoryBroker, OpenError, PublicationSink, Routed, SharedBroker,
 };
 use herald_broker_redis::{RedisBroker, RedisOptions};
-use parking_lot::Mutex;
-use std::collections::HashMap;
-use tokio::sync::{mpsc, oneshot};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{
     config::{Settings, StorageEngine},
-    error::Disconnect,
     hub::Hub,
 };
-
-/// A frame of commands sent over HTTP to a session that lives in a stream. The stream's
-/// task answers through `done` once the commands are handled (their replies travel in the
-/// stream, in order with publications).
-#[derive(Debug)]
-pub struct Inbound {
-    /// Commands, one JSON object per line.
-    pub frame: Bytes,
-    /// Ok once handled; the disconnect if the frame ended the session.
-    pub done: oneshot::Sender<Result<(), Disconnect>>,
-}
 
 /// Shared state of one Herald process.
 pub struct Node {
@@ -52,9 +36,6 @@ pub struct Node {
     pub shutdown: CancellationToken,
     /// Connection tasks, awaited (with a bound) on shutdown.
     pub tasks: TaskTracker,
-    /// Sessions that live in a stream (SSE, HTTP streaming, forever frame), by client id:
-    /// `POST /connection/send?session=ID` hands their commands over here.
-    pub inboxes: Mutex<HashMap<Box<str>, mpsc::Sender<Inbound>>>,
     /// Per-client-address counters.
     pub limits: Arc<crate::limits::AddressLimits>,
     /// Open TCP sockets, whatever they carry (counted from `accept`, so a socket that never
@@ -133,7 +114,6 @@ impl Node {
             presence,
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
-            inboxes: Mutex::default(),
             sockets: Arc::default(),
             metrics,
             sessions: Default::default(),

@@ -158,14 +158,38 @@ struct Inner {
 }
 
 /// What an operator ordered a connection to do (`/api/disconnect`, `/api/unsubscribe`),
-/// carried out by its session when its transport next drains the queue.
+/// carried out by its session when its transport next drains the queue; and the commands
+/// a stream's client sent from elsewhere (`POST /connection/send`), which its transport
+/// handles one by one.
 #[derive(Debug, Default)]
 pub struct Orders {
     /// Close with this code and reason.
     pub end: Option<crate::error::Disconnect>,
     /// Leave these channels, telling the client with an `unsubscribe` push (code 120).
     pub unsubscribe: Vec<ChannelName>,
+    /// Commands waiting for the transport, oldest first (at most [`MAX_COMMANDS`]).
+    commands: VecDeque<Command>,
 }
+
+impl Orders {
+    fn is_empty(&self) -> bool {
+        self.end.is_none() && self.unsubscribe.is_empty() && self.commands.is_empty()
+    }
+}
+
+/// A frame of commands a stream's client sent with `POST /connection/send`, handed to the
+/// connection that holds its session.
+#[derive(Debug)]
+pub struct Command {
+    /// Commands, one JSON object per line.
+    pub frame: Bytes,
+    /// Ok once handled; the disconnect if the frame ended the session.
+    pub done: tokio::sync::oneshot::Sender<Result<(), crate::error::Disconnect>>,
+}
+
+/// Commands a connection holds before further sends are refused as busy: a client sends
+/// one at a time, waiting for each answer.
+pub const MAX_COMMANDS: usize = 4;
 
 impl Queue {
     /// An empty queue that overflows past `max_bytes` of encoded publications.
@@ -205,9 +229,47 @@ impl Queue {
         self.wake.notify_one();
     }
 
-    /// The orders given since the last call.
-    pub fn take_orders(&self) -> Option<Box<Orders>> {
-        self.inner.lock().orders.take()
+    /// The orders given since the last call (commands stay for [`Queue::take_command`]).
+    pub fn take_orders(&self) -> Option<Orders> {
+        let mut inner = self.inner.lock();
+        let orders = inner.orders.as_mut()?;
+        if orders.end.is_none() && orders.unsubscribe.is_empty() {
+            return None;
+        }
+        let taken = Orders {
+            end: orders.end.take(),
+            unsubscribe: std::mem::take(&mut orders.unsubscribe),
+            commands: VecDeque::new(),
+        };
+        if orders.is_empty() {
+            inner.orders = None;
+        }
+        Some(taken)
+    }
+
+    /// Hands the connection a command frame and wakes its transport; gives it back when
+    /// [`MAX_COMMANDS`] are already waiting.
+    pub fn command(&self, command: Command) -> Result<(), Command> {
+        let mut inner = self.inner.lock();
+        let orders = inner.orders.get_or_insert_with(Box::default);
+        if orders.commands.len() >= MAX_COMMANDS {
+            return Err(command);
+        }
+        orders.commands.push_back(command);
+        drop(inner);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// The oldest command waiting, if any.
+    pub fn take_command(&self) -> Option<Command> {
+        let mut inner = self.inner.lock();
+        let orders = inner.orders.as_mut()?;
+        let command = orders.commands.pop_front();
+        if orders.is_empty() {
+            inner.orders = None;
+        }
+        command
     }
 
     /// Opens the direct lane to `socket`; it is used once the transport is first idle.

@@ -74,6 +74,14 @@ impl Registry {
         }
     }
 
+    /// The queue of the stream (SSE, NDJSON, forever frame) with this client id: where its
+    /// client's `POST /connection/send` commands go. Other transports read their own.
+    pub fn stream_queue(&self, client: &str) -> Option<Arc<Queue>> {
+        let all = self.by_client.lock();
+        let entry = all.get(client)?;
+        matches!(entry.transport, "sse" | "stream" | "iframe").then(|| entry.queue.clone())
+    }
+
     pub fn len(&self) -> usize {
         self.by_client.lock().len()
     }

@@ -1,36 +1,83 @@
-//! The lean path for streams: a connection whose request opens a stream
-//! (`GET /connection/{sse,stream,iframe}`) is served here, on the socket itself, instead
-//! of by hyper's HTTP/1.1 connection, which keeps two 8 KiB buffers for every connection
-//! whatever it carries. A stream spends its life waiting, so those buffers were most of
-//! what it cost. (Long-polls stay with hyper: served here they measured larger, 21.6 KB
-//! against 20.2 KB per held request, for reasons not found yet.)
+//! The lean path for held requests: a connection whose request holds it open (a stream:
+//! `GET /connection/{sse,stream,iframe}`, or a long-poll) is served here, on the socket
+//! itself, instead of by hyper's HTTP/1.1 connection, which keeps two 8 KiB buffers for
+//! every connection whatever it carries. Such a request spends its life waiting, so those
+//! buffers were most of what it cost.
 //!
 //! The request goes through the same router as every other (admission, origins, tokens,
 //! the handlers); only reading its head and writing its answer happen here: the head is
-//! parsed by `httparse`, the answer written with `content-length` or chunked. The decision
-//! is made on the first bytes of each request, peeked without reading them, so a connection
-//! whose request is anything else goes to hyper untouched (and stays there: WebSocket
-//! upgrades, the API, pages). After a held answer the connection is kept alive, and its
-//! next request is sorted the same way.
+//! parsed by `httparse`, the answer written with `content-length` or chunked. A handler
+//! that would hold the connection hands what it holds back ([`Handover`]): the stream, or
+//! the waiting poll, then runs in the connection's own task with nothing else kept from the
+//! request, so a held request costs about what an idle WebSocket does. The decision is made
+//! on the first bytes of each request, peeked without reading them, so a connection whose
+//! request is anything else goes to hyper untouched (and stays there: WebSocket upgrades,
+//! the API, pages). After a held answer the connection is kept alive, and its next request
+//! is sorted the same way.
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use axum::{body::Body, http, response::Response, Router};
-use bytes::{Buf, Bytes};
+use bytes::Buf;
 use http_body_util::BodyExt;
 use tokio::{
     io::{AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::TcpStream,
 };
 
+use super::{poll, stream};
 use crate::limits::Peer;
 
 /// The request lines served here.
-const HELD: [&[u8]; 3] = [
+const HELD: [&[u8]; 5] = [
     b"GET /connection/sse",
     b"GET /connection/stream",
     b"GET /connection/iframe",
+    b"GET /connection/longpoll",
+    // Not held, but a poller's other request: a long-poller that starts with a poll (to
+    // learn its cursor) keeps its connection here.
+    b"GET /connection/poll",
 ];
+
+/// In a request's extensions when it is served here: a handler that would hold the
+/// connection hands what it holds back instead (as a [`Handover`]), to be run on the socket
+/// in the connection's own task.
+#[derive(Debug, Clone, Copy)]
+pub struct Lean;
+
+/// What a handler hands back to hold on the socket.
+#[derive(Debug)]
+pub enum Held {
+    /// A stream, from its first bytes to its end.
+    Stream(Box<stream::Accepted>),
+    /// A long-poll waiting for something to answer with.
+    Poll(Box<poll::Prepared>),
+}
+
+/// A response's [`Held`], in its extensions (which must be `Clone`: hence the shared slot,
+/// taken once). The response's status and headers are the answer's head.
+#[derive(Debug, Clone)]
+pub struct Handover(Arc<parking_lot::Mutex<Option<Held>>>);
+
+impl Handover {
+    /// Hands `held` back.
+    pub fn new(held: Held) -> Self {
+        Self(Arc::new(parking_lot::Mutex::new(Some(held))))
+    }
+
+    /// What was handed back, the first time.
+    pub fn take(&self) -> Option<Held> {
+        self.0.lock().take()
+    }
+}
+
+impl axum::response::IntoResponse for Handover {
+    fn into_response(self) -> Response {
+        let mut response = Response::new(Body::empty());
+        response.extensions_mut().insert(self);
+        response
+    }
+}
 
 /// The longest request head read here (hyper's default allows more, but a held request
 /// carries a cursor of at most 16 KiB and a token).
@@ -222,47 +269,56 @@ pub async fn serve(
     mut stream: TcpStream,
     peer: SocketAddr,
     socket: Arc<crate::Counted>,
-    header_timeout: Duration,
-    write_timeout: Duration,
+    limits: Limits,
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> Option<TcpStream> {
     loop {
-        // A head still coming when the node shuts down is not waited for.
-        let head = tokio::select! {
-            head = read_head(&mut stream, header_timeout) => head,
-            _ = shutdown.cancelled() => return None,
-        };
-        let mut head = match head {
-            Ok(head) => head,
-            Err(Refused::Gone) => return None,
-            Err(Refused::Bad(why)) => {
-                refuse(&mut stream, why, write_timeout).await;
-                return None;
+        // Everything but a stream's life is boxed, and freed before the stream runs: the
+        // connection's task is as large as its largest step, and a stream spends its life
+        // running. (The boxed future is made in a statement of its own: a temporary lives
+        // to the end of its statement, and one that spans an await takes room in the task.)
+        let handling = Box::pin(handle(app, &mut stream, peer, &socket, limits, shutdown));
+        let handled = handling.await;
+        let keep_alive = match handled {
+            Handled::Closed => return None,
+            Handled::Answered { keep_alive } => keep_alive,
+            Handled::Stream(head, accepted, framing) => {
+                run_stream(&mut stream, head, accepted, framing, limits.write_timeout).await
+            }
+            Handled::Poll(prepared, (version, keep_alive)) => {
+                // Held until something arrives, the hold is over, the node shuts down or
+                // the client leaves.
+                let (mut reader, _) = stream.split();
+                let left = tokio::select! {
+                    () = prepared.hold() => false,
+                    _ = prepared.node.shutdown.cancelled() => false,
+                    () = client_left(&mut reader) => true,
+                };
+                if left {
+                    return None;
+                }
+                let response = poll::finish(*prepared);
+                let answering = Box::pin(answer(
+                    &mut stream,
+                    response,
+                    version,
+                    keep_alive,
+                    limits.write_timeout,
+                ));
+                answering.await
             }
         };
-        let extensions = head.request.extensions_mut();
-        extensions.insert(Peer(peer));
-        extensions.insert(socket.clone());
-        let response = tower::ServiceExt::oneshot(app.clone(), head.request)
-            .await
-            .unwrap_or_else(|never| match never {});
-        // Whether the client asked to keep the connection is `answer`'s to weigh (it says
-        // so in the head it writes), after writing: the answer goes out either way.
-        let keep_alive = answer(
-            &mut stream,
-            response,
-            head.version,
-            head.keep_alive,
-            write_timeout,
-        )
-        .await;
         // Shutting down: the answer told the client (a `disconnect` push, or an answer at
         // once); the connection takes no more.
         if !keep_alive || shutdown.is_cancelled() {
             let _ = stream.shutdown().await;
             return None;
         }
-        match until_shutdown(next(&stream, header_timeout), shutdown).await {
+        let waiting = Box::pin(until_shutdown(
+            next(&stream, limits.header_timeout),
+            shutdown,
+        ));
+        match waiting.await {
             Next::Held => continue,
             Next::Other => return Some(stream),
             Next::Gone => return None,
@@ -270,18 +326,102 @@ pub async fn serve(
     }
 }
 
-/// Writes `response`; false when the connection cannot carry another request (the client
-/// left, a write failed or took longer than `write_timeout`, or the answer had no length).
-async fn answer(
+/// How long a connection's reads and writes may take.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// For a request's head to arrive whole (and for the first bytes of the next one).
+    pub header_timeout: Duration,
+    /// For a write to go out.
+    pub write_timeout: Duration,
+}
+
+/// What became of a request.
+enum Handled {
+    /// The connection is done (the client left, or was refused).
+    Closed,
+    /// It was answered; whether the connection may carry another request.
+    Answered { keep_alive: bool },
+    /// Its handler accepted a stream, to run on the socket after the response's head.
+    Stream(Vec<u8>, Box<stream::Accepted>, Framing),
+    /// A long-poll to hold, then answer (the request's version, and whether the client
+    /// asked to keep the connection).
+    Poll(Box<poll::Prepared>, (http::Version, bool)),
+}
+
+/// Reads a request, hands it to the router and writes the answer, unless it opened a stream.
+async fn handle(
+    app: &Router,
     stream: &mut TcpStream,
-    response: Response,
+    peer: SocketAddr,
+    socket: &Arc<crate::Counted>,
+    limits: Limits,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> Handled {
+    // A head still coming when the node shuts down is not waited for.
+    let head = tokio::select! {
+        head = read_head(stream, limits.header_timeout) => head,
+        _ = shutdown.cancelled() => return Handled::Closed,
+    };
+    let Head {
+        mut request,
+        keep_alive,
+        version,
+    } = match head {
+        Ok(head) => head,
+        Err(Refused::Gone) => return Handled::Closed,
+        Err(Refused::Bad(why)) => {
+            refuse(stream, why, limits.write_timeout).await;
+            return Handled::Closed;
+        }
+    };
+    let extensions = request.extensions_mut();
+    extensions.insert(Peer(peer));
+    extensions.insert(socket.clone());
+    extensions.insert(Lean);
+    let response = tower::ServiceExt::oneshot(app.clone(), request)
+        .await
+        .unwrap_or_else(|never| match never {});
+    // Whether the client asked to keep the connection is weighed by what writes the answer
+    // (it says so in the head it writes): the answer goes out either way.
+    match response
+        .extensions()
+        .get::<Handover>()
+        .and_then(Handover::take)
+    {
+        Some(Held::Stream(accepted)) => {
+            let (head, framing) = head_of(&response.into_parts().0, None, version, keep_alive);
+            Handled::Stream(head, accepted, framing)
+        }
+        Some(Held::Poll(prepared)) => Handled::Poll(prepared, (version, keep_alive)),
+        None => Handled::Answered {
+            keep_alive: answer(stream, response, version, keep_alive, limits.write_timeout).await,
+        },
+    }
+}
+
+/// How an answer is framed on the wire.
+struct Framing {
+    /// `transfer-encoding: chunked`, for a body of unknown length on HTTP/1.1 (HTTP/1.0 has
+    /// no chunks: such an answer ends with the connection).
+    chunked: bool,
+    /// Whether the connection may carry another request after this answer.
+    keep_alive: bool,
+}
+
+/// The head of an answer with `parts` whose body is `length` bytes long (`None`: unknown),
+/// and how its body is framed.
+fn head_of(
+    parts: &http::response::Parts,
+    length: Option<u64>,
     version: http::Version,
     keep_alive: bool,
-    write_timeout: Duration,
-) -> bool {
-    let (parts, mut body) = response.into_parts();
-    let length = http_body::Body::size_hint(&body).exact();
-    // HTTP/1.0 has no chunks: an answer without a length ends with the connection.
+) -> (Vec<u8>, Framing) {
+    // 204 and 304 have no body, and say nothing of its length (RFC 9110, 8.6).
+    let bodiless = matches!(
+        parts.status,
+        http::StatusCode::NO_CONTENT | http::StatusCode::NOT_MODIFIED
+    );
+    let length = if bodiless { Some(0) } else { length };
     let chunked = length.is_none() && version == http::Version::HTTP_11;
     let mut head = Vec::with_capacity(256);
     head.extend_from_slice(b"HTTP/1.1 ");
@@ -309,6 +449,7 @@ async fn answer(
         head.extend_from_slice(b"\r\n");
     }
     match length {
+        Some(_) if bodiless => {}
         Some(n) => head.extend_from_slice(format!("content-length: {n}\r\n").as_bytes()),
         None if chunked => head.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         None => {}
@@ -319,22 +460,71 @@ async fn answer(
     } else {
         b"connection: close\r\n\r\n"
     });
+    (
+        head,
+        Framing {
+            chunked,
+            keep_alive,
+        },
+    )
+}
+
+/// Runs a stream its handler handed back on the socket, after the response's `head`; false
+/// when the connection cannot carry another request.
+async fn run_stream(
+    stream: &mut TcpStream,
+    head: Vec<u8>,
+    accepted: Box<stream::Accepted>,
+    Framing {
+        chunked,
+        keep_alive,
+    }: Framing,
+    write_timeout: Duration,
+) -> bool {
+    if !write(stream, &head, write_timeout).await {
+        return false;
+    }
+    drop(head);
+    let (reader, writer) = stream.split();
+    let mut out = ToSocket {
+        reader,
+        writer,
+        chunked,
+    };
+    if !stream::run(accepted, &mut out).await {
+        return false;
+    }
+    // The last chunk, then the connection may carry the next request.
+    let ended = !chunked || write(&mut out.writer, b"0\r\n\r\n", write_timeout).await;
+    ended && keep_alive
+}
+
+/// Writes `response`; false when the connection cannot carry another request (the client
+/// left, a write failed or took longer than `write_timeout`, or the answer had no length).
+async fn answer(
+    stream: &mut TcpStream,
+    response: Response,
+    version: http::Version,
+    keep_alive: bool,
+    write_timeout: Duration,
+) -> bool {
+    let (parts, mut body) = response.into_parts();
+    let length = http_body::Body::size_hint(&body).exact();
+    let (
+        head,
+        Framing {
+            chunked,
+            keep_alive,
+        },
+    ) = head_of(&parts, length, version, keep_alive);
     drop(parts);
     let (mut reader, mut writer) = stream.split();
     if !write(&mut writer, &head, write_timeout).await {
         return false;
     }
     drop(head);
-    // While the answer is open, a client that leaves is noticed by its end of stream (it
-    // sends nothing else meanwhile: a next request waits for this answer, and is left
-    // unread for after it).
-    let mut gone = std::pin::pin!(async move {
-        let mut one = [0u8; 1];
-        match reader.peek(&mut one).await {
-            Ok(0) | Err(_) => {}
-            Ok(_) => std::future::pending::<()>().await,
-        }
-    });
+    // While the answer is open, a client that leaves is noticed by its end of stream.
+    let mut gone = std::pin::pin!(client_left(&mut reader));
     loop {
         let frame = tokio::select! {
             frame = body.frame() => frame,
@@ -353,7 +543,7 @@ async fn answer(
             continue;
         }
         let ok = if chunked {
-            write_chunk(&mut writer, data, write_timeout).await
+            write_chunk(&mut writer, &data, write_timeout).await
         } else {
             write(&mut writer, data.chunk(), write_timeout).await
         };
@@ -367,11 +557,45 @@ async fn answer(
     keep_alive
 }
 
-async fn write_chunk(stream: &mut (impl AsyncWrite + Unpin), data: Bytes, wait: Duration) -> bool {
+/// A stream's socket, as the stream writes to it.
+struct ToSocket<'s> {
+    reader: tokio::net::tcp::ReadHalf<'s>,
+    writer: tokio::net::tcp::WriteHalf<'s>,
+    chunked: bool,
+}
+
+impl stream::Out for ToSocket<'_> {
+    async fn send(&mut self, bytes: Vec<u8>, timeout: Duration) -> bool {
+        if bytes.is_empty() {
+            true
+        } else if self.chunked {
+            write_chunk(&mut self.writer, &bytes, timeout).await
+        } else {
+            write(&mut self.writer, &bytes, timeout).await
+        }
+    }
+
+    async fn gone(&mut self) {
+        client_left(&mut self.reader).await;
+    }
+}
+
+/// Resolves when the client closes its side. It sends nothing else while an answer is
+/// open (a next request waits for the answer, and is left unread for after it), so
+/// anything it does send is not an end.
+async fn client_left(reader: &mut tokio::net::tcp::ReadHalf<'_>) {
+    let mut one = [0u8; 1];
+    match reader.peek(&mut one).await {
+        Ok(0) | Err(_) => {}
+        Ok(_) => std::future::pending::<()>().await,
+    }
+}
+
+async fn write_chunk(stream: &mut (impl AsyncWrite + Unpin), data: &[u8], wait: Duration) -> bool {
     let size = format!("{:x}\r\n", data.len());
     let mut frame = Vec::with_capacity(size.len() + data.len() + 2);
     frame.extend_from_slice(size.as_bytes());
-    frame.extend_from_slice(&data);
+    frame.extend_from_slice(data);
     frame.extend_from_slice(b"\r\n");
     write(stream, &frame, wait).await
 }
@@ -391,8 +615,9 @@ mod tests {
     fn sorts_request_lines_by_their_first_bytes() {
         assert_eq!(held(b"GET /connection/sse?channel=a HTTP/1.1"), Some(true));
         assert_eq!(held(b"GET /connection/sse HTTP/1.1"), Some(true));
-        assert_eq!(held(b"GET /connection/longpoll?x"), Some(false));
-        assert_eq!(held(b"GET /connection/poll?x"), Some(false));
+        assert_eq!(held(b"GET /connection/longpoll?x"), Some(true));
+        assert_eq!(held(b"GET /connection/poll?x"), Some(true));
+        assert_eq!(held(b"GET /connection/polls"), Some(false));
         assert_eq!(held(b"GET /connection/websocket"), Some(false));
         assert_eq!(held(b"GET /connection/sses"), Some(false));
         assert_eq!(held(b"POST /connection/sse"), Some(false));

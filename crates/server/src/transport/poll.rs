@@ -10,6 +10,7 @@
 use std::{
     hash::{DefaultHasher, Hash, Hasher},
     sync::Arc,
+    time::Duration,
 };
 
 use axum::{
@@ -18,13 +19,20 @@ use axum::{
     response::{IntoResponse, Response},
     Extension,
 };
-use herald_protocol::{cursor, json};
+use herald_protocol::{cursor, json, ChannelName, Since};
 
+use super::http1::{Handover, Held, Lean};
 use super::{
     request::{self, OpenRequest},
     MAX_BATCH_BYTES,
 };
-use crate::{error::Failure, hooks::Transport, limits::Peer, node::Node, session::Session};
+use crate::{
+    error::Failure,
+    hooks::Transport,
+    limits::{AddressGuard, Peer},
+    node::Node,
+    session::Session,
+};
 
 /// Most bytes of publications in one answer; the rest comes with the next request.
 const MAX_ANSWER_BYTES: usize = 1 << 20;
@@ -36,22 +44,39 @@ pub async fn poll(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    answer(node, peer, headers, query, false)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+    match prepare(node, peer, headers, query, false).await {
+        Ok(prepared) => finish(*prepared),
+        Err(f) => f.into_response(),
+    }
 }
 
 /// `GET /connection/longpoll`: answers at once if anything is new, otherwise holds the
-/// request until something is or the timeout passes.
+/// request until something is or the timeout passes. On the lean path the hold is handed
+/// back to run on the socket, in the connection's own task.
 pub async fn longpoll(
     State(node): State<Arc<Node>>,
     peer: Option<Extension<Peer>>,
+    lean: Option<Extension<Lean>>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    answer(node, peer, headers, query, true)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+    let mut prepared = match prepare(node, peer, headers, query, true).await {
+        Ok(prepared) => prepared,
+        Err(f) => return f.into_response(),
+    };
+    if prepared.wait.is_none() {
+        return finish(*prepared);
+    }
+    if lean.is_some() {
+        return Handover::new(Held::Poll(prepared)).into_response();
+    }
+    let node = prepared.node.clone();
+    let wait = prepared.wait.take();
+    tokio::select! {
+        () = hold(&prepared.session, wait) => {}
+        _ = node.shutdown.cancelled() => {}
+    }
+    finish(*prepared)
 }
 
 fn item(messages: &mut Vec<u8>, json: &[u8]) {
@@ -61,13 +86,48 @@ fn item(messages: &mut Vec<u8>, json: &[u8]) {
     messages.extend_from_slice(json);
 }
 
-async fn answer(
+/// A poll whose channels are opened and replayed, to answer now or after its hold.
+#[derive(Debug)]
+pub struct Prepared {
+    // Counts the request against its address until it is answered.
+    _admitted: Option<AddressGuard>,
+    /// The node, for its shutdown.
+    pub node: Arc<Node>,
+    session: Session,
+    /// What the answer carries so far (pushes, comma-separated).
+    messages: Vec<u8>,
+    /// Positions of channels left for the next poll.
+    later: Vec<(ChannelName, Since)>,
+    if_none_match: Option<Vec<u8>>,
+    hold: bool,
+    /// How long to hold before answering (a long-poll with nothing to say yet).
+    pub wait: Option<Duration>,
+}
+
+impl Prepared {
+    /// Waits until something is queued for it or its hold is over (not for shutdown, nor
+    /// for a client that leaves: the caller watches those).
+    pub async fn hold(&self) {
+        hold(&self.session, self.wait).await;
+    }
+}
+
+async fn hold(session: &Session, wait: Option<Duration>) {
+    if let Some(wait) = wait {
+        tokio::select! {
+            _ = session.queue().ready() => {}
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+async fn prepare(
     node: Arc<Node>,
     peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     query: Option<String>,
     hold: bool,
-) -> Result<Response, Failure> {
+) -> Result<Box<Prepared>, Failure> {
     let admitted = request::admit(&node, &headers, peer)?;
     let request = OpenRequest::parse(query.as_deref(), &headers)?;
     let address = admitted.as_ref().map(|a| a.ip());
@@ -87,7 +147,8 @@ async fn answer(
     drop(headers);
     // Boxed, as are the replays below: a held poll's future is as large as its largest
     // step, and these (a hook's request, a history read) are done before the hold.
-    let mut session = Box::pin(request.authenticate(&node, session)).await?;
+    let authenticating = Box::pin(request.authenticate(&node, session));
+    let mut session = authenticating.await?;
     let request = request.with_token_channels(&session).require_channels()?;
     session.may_open(&request.channels)?;
     let mut messages = Vec::new();
@@ -99,24 +160,42 @@ async fn answer(
         match since {
             Some(since) if messages.len() >= MAX_ANSWER_BYTES => later.push((channel, since)),
             since => {
-                Box::pin(session.open_channel(channel, since, |json, _| item(&mut messages, json)))
-                    .await?
+                let opening = Box::pin(
+                    session.open_channel(channel, since, |json, _| item(&mut messages, json)),
+                );
+                opening.await?
             }
         }
     }
-    if hold && messages.is_empty() {
+    let wait = (hold && messages.is_empty()).then(|| {
         let http = &node.settings.config.http;
-        let wait = request
+        request
             .timeout
             .unwrap_or(http.longpoll_timeout)
-            .min(http.longpoll_max_timeout);
-        tokio::select! {
-            _ = session.queue().ready() => {}
-            _ = tokio::time::sleep(wait) => {}
-            _ = node.shutdown.cancelled() => {}
-        }
-    }
-    // Everything that arrived meanwhile goes out in this one answer.
+            .min(http.longpoll_max_timeout)
+    });
+    Ok(Box::new(Prepared {
+        _admitted: admitted,
+        node,
+        session,
+        messages,
+        later,
+        if_none_match,
+        hold,
+        wait,
+    }))
+}
+
+/// The answer: what was replayed and everything that arrived meanwhile, with the cursor.
+pub fn finish(prepared: Prepared) -> Response {
+    let Prepared {
+        mut session,
+        mut messages,
+        later,
+        if_none_match,
+        hold,
+        ..
+    } = prepared;
     while messages.len() < MAX_ANSWER_BYTES {
         let before = messages.len();
         if let Err(d) = session.drain(MAX_BATCH_BYTES, |json, _| item(&mut messages, json)) {
@@ -171,5 +250,5 @@ async fn answer(
             HeaderValue::from_str(&etag).expect("hex is a valid header"),
         );
     }
-    Ok(response)
+    response
 }

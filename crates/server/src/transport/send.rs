@@ -27,7 +27,8 @@ use crate::{
     error::Failure,
     hooks::Transport,
     limits::Peer,
-    node::{Inbound, Node},
+    node::Node,
+    queue::Command,
     session::{self, Session},
 };
 
@@ -172,23 +173,28 @@ fn sent() -> Response {
 
 /// Hands a frame to a stream session of this node and waits until it is handled.
 async fn deliver(node: &Node, id: &str, frame: Bytes) -> Result<(), Failure> {
-    let inbox = node.inboxes.lock().get(id).cloned();
-    let Some(inbox) = inbox else {
+    let Some(queue) = node.sessions.stream_queue(id) else {
         return Err(Failure::new(
             ErrorCode::BadConnectState,
             "no open stream has this session id; reopen the stream",
         ));
     };
     let (done, handled) = oneshot::channel();
-    let timeout = node.settings.config.client.write_timeout;
-    let gone = || Failure::new(ErrorCode::BadConnectState, "the stream closed; reopen it");
-    tokio::time::timeout(timeout, inbox.send(Inbound { frame, done }))
-        .await
-        .map_err(|_| Failure::new(ErrorCode::TooManyRequests, "the session is busy; retry"))?
-        .map_err(|_| gone())?;
-    match handled.await.map_err(|_| gone())? {
-        Ok(()) => Ok(()),
-        Err(d) => Err(Failure::new(ErrorCode::BadRequest, d.reason)),
+    if queue.command(Command { frame, done }).is_err() {
+        return Err(Failure::new(
+            ErrorCode::TooManyRequests,
+            "the session is busy; wait for the answers to earlier sends",
+        ));
+    }
+    // The queue is the session's: a stream that closes drops it, and `done` with it.
+    drop(queue);
+    match handled.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(d)) => Err(Failure::new(ErrorCode::BadRequest, d.reason)),
+        Err(_) => Err(Failure::new(
+            ErrorCode::BadConnectState,
+            "the stream closed; reopen it",
+        )),
     }
 }
 

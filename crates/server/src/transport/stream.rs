@@ -2,7 +2,7 @@
 //! response, and the forever frame (an HTML document fed `<script>` chunks). All three carry
 //! the same pushes as WebSocket; clients send commands with `POST /connection/send`.
 
-use std::{io, sync::Arc, time::Duration};
+use std::{future::Future, io, sync::Arc, time::Duration};
 
 use axum::{
     body::Body,
@@ -17,6 +17,7 @@ use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::{
+    http1::{Handover, Held, Lean},
     request::{self, OpenRequest},
     MAX_BATCH_BYTES,
 };
@@ -24,7 +25,8 @@ use crate::{
     error::{Disconnect, Failure},
     hooks::Transport,
     limits::{AddressGuard, Peer},
-    node::{Inbound, Node},
+    node::Node,
+    queue::Command,
     session::{ExpiryTimer, Positions, Session},
 };
 
@@ -166,30 +168,33 @@ pub fn is_identifier(name: &str) -> bool {
 pub async fn sse(
     State(node): State<Arc<Node>>,
     peer: Option<Extension<Peer>>,
+    lean: Option<Extension<Lean>>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    open(node, peer, headers, query, |_| Ok(Framing::Sse)).await
+    open(node, peer, lean, headers, query, |_| Ok(Framing::Sse)).await
 }
 
 /// `GET /connection/stream`.
 pub async fn ndjson(
     State(node): State<Arc<Node>>,
     peer: Option<Extension<Peer>>,
+    lean: Option<Extension<Lean>>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    open(node, peer, headers, query, |_| Ok(Framing::Ndjson)).await
+    open(node, peer, lean, headers, query, |_| Ok(Framing::Ndjson)).await
 }
 
 /// `GET /connection/iframe?callback=NAME`.
 pub async fn iframe(
     State(node): State<Arc<Node>>,
     peer: Option<Extension<Peer>>,
+    lean: Option<Extension<Lean>>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    open(node, peer, headers, query, |req| {
+    open(node, peer, lean, headers, query, |req| {
         match req.callback.clone() {
             Some(callback) if is_identifier(&callback) => Ok(Framing::Iframe { callback }),
             Some(_) => Err(Failure::new(
@@ -205,26 +210,40 @@ pub async fn iframe(
     .await
 }
 
+/// A stream that has been accepted and not started: its session, the channels still to
+/// open, and what it starts with.
+#[derive(Debug)]
+pub struct Accepted {
+    // Counts the connection against its address while the stream lives.
+    admitted: Option<AddressGuard>,
+    node: Arc<Node>,
+    session: Session,
+    channels: Vec<(ChannelName, Option<Since>)>,
+    framing: Framing,
+    first: Vec<u8>,
+}
+
 async fn open(
     node: Arc<Node>,
     peer: Option<Extension<Peer>>,
+    lean: Option<Extension<Lean>>,
     headers: HeaderMap,
     query: Option<String>,
     framing: impl FnOnce(&OpenRequest) -> Result<Framing, Failure>,
 ) -> Response {
-    match start(node, peer, headers, query, framing).await {
-        Ok(response) => response,
+    match accept(node, peer, headers, query, framing).await {
+        Ok(accepted) => respond(accepted, lean.is_some()),
         Err(f) => f.into_response(),
     }
 }
 
-async fn start(
+async fn accept(
     node: Arc<Node>,
     peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     query: Option<String>,
     framing: impl FnOnce(&OpenRequest) -> Result<Framing, Failure>,
-) -> Result<Response, Failure> {
+) -> Result<Box<Accepted>, Failure> {
     let admitted = request::admit(&node, &headers, peer)?;
     let request = OpenRequest::parse(query.as_deref(), &headers)?;
     let framing = framing(&request)?;
@@ -248,35 +267,40 @@ async fn start(
     let mut first = Vec::new();
     framing.prelude(node.settings.config.http.sse_retry, &mut first);
     framing.push(&session.connect_push(), None, &mut first);
-
-    let (tx, rx) = mpsc::channel::<Bytes>(1);
-    tx.try_send(Bytes::from(first))
-        .expect("a new channel has room");
-    let (inbox_tx, inbox_rx) = mpsc::channel(4);
-    node.inboxes
-        .lock()
-        .insert(session.client().into(), inbox_tx);
-    let abort = CancellationToken::new();
-    let content_type = framing.content_type();
-    node.tasks.spawn(pump(
+    Ok(Box::new(Accepted {
         admitted,
-        node.clone(),
-        (session, request.channels),
+        node,
+        session,
+        channels: request.channels,
         framing,
-        tx,
-        inbox_rx,
-        abort.clone(),
-    ));
+        first,
+    }))
+}
 
-    let body = futures_util::stream::unfold((rx, abort), |(mut rx, abort)| async move {
-        tokio::select! {
-            biased;
-            // A client that stopped reading: fail the body so the connection is dropped.
-            _ = abort.cancelled() => Some((Err(io::Error::other("slow consumer")), (rx, CancellationToken::new()))),
-            chunk = rx.recv() => chunk.map(|b| (Ok::<_, io::Error>(b), (rx, abort))),
-        }
-    });
-    let mut response = Body::from_stream(body).into_response();
+/// The stream's response: handed over to the lean path to run on its socket, or (served by
+/// hyper) a body fed by a task of its own.
+fn respond(accepted: Box<Accepted>, lean: bool) -> Response {
+    let content_type = accepted.framing.content_type();
+    let mut response = if lean {
+        Handover::new(Held::Stream(accepted)).into_response()
+    } else {
+        let (tx, rx) = mpsc::channel::<Bytes>(1);
+        let abort = CancellationToken::new();
+        let node = accepted.node.clone();
+        node.tasks.spawn({
+            let abort = abort.clone();
+            async move { run(accepted, &mut ToBody { tx, abort }).await }
+        });
+        let body = futures_util::stream::unfold((rx, abort), |(mut rx, abort)| async move {
+            tokio::select! {
+                biased;
+                // A client that stopped reading: fail the body so the connection is dropped.
+                _ = abort.cancelled() => Some((Err(io::Error::other("slow consumer")), (rx, CancellationToken::new()))),
+                chunk = rx.recv() => chunk.map(|b| (Ok::<_, io::Error>(b), (rx, abort))),
+            }
+        });
+        Body::from_stream(body).into_response()
+    };
     let h = response.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(
@@ -285,54 +309,95 @@ async fn start(
     );
     // nginx and similar proxies buffer responses unless told not to.
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    Ok(response)
+    response
 }
 
-async fn pump(
-    // Counts the connection against its address while the stream lives.
-    _admitted: Option<AddressGuard>,
-    node: Arc<Node>,
-    // The session, and the channels it is still to open.
-    (mut session, channels): (Session, Vec<(ChannelName, Option<Since>)>),
-    framing: Framing,
+/// Where a stream's bytes go: straight to its socket ([`super::http1`]), or into hyper's
+/// response body.
+pub trait Out: Send {
+    /// Writes `bytes` whole, waiting at most `timeout` for the client to take them; false
+    /// once the stream is over (the client left, or read nothing for `timeout`).
+    fn send(&mut self, bytes: Vec<u8>, timeout: Duration) -> impl Future<Output = bool> + Send;
+    /// Resolves when the client has left.
+    fn gone(&mut self) -> impl Future<Output = ()> + Send;
+}
+
+/// hyper's response body, fed through a channel of one chunk.
+struct ToBody {
     tx: mpsc::Sender<Bytes>,
-    mut inbox: mpsc::Receiver<Inbound>,
     abort: CancellationToken,
-) {
+}
+
+impl Out for ToBody {
+    async fn send(&mut self, bytes: Vec<u8>, timeout: Duration) -> bool {
+        if bytes.is_empty() {
+            return true;
+        }
+        match tokio::time::timeout(timeout, self.tx.send(Bytes::from(bytes))).await {
+            Ok(Ok(())) => true,
+            Ok(Err(_)) => false,
+            Err(_) => {
+                // Fails the body, so that hyper drops the connection.
+                self.abort.cancel();
+                false
+            }
+        }
+    }
+
+    async fn gone(&mut self) {
+        self.tx.closed().await;
+    }
+}
+
+/// Runs an accepted stream until it ends: the replays of the channels it opens, then
+/// publications, replies to the commands its client sends with `POST /connection/send`,
+/// keepalives, and the push that says why it ended (unless the client left). True when it
+/// ended with that push written, false when the client left or stopped reading.
+pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
+    let Accepted {
+        admitted: _admitted,
+        node,
+        mut session,
+        channels,
+        framing,
+        first,
+    } = *accepted;
     let client = &node.settings.config.client;
     let http = &node.settings.config.http;
     let mut ping =
         tokio::time::interval_at(Instant::now() + client.ping_interval, client.ping_interval);
-    let (max_bytes, lifetime) = match framing {
-        Framing::Iframe { .. } => (http.iframe_max_bytes, http.iframe_max_lifetime),
-        // About a century: no limit.
-        _ => (usize::MAX, Duration::from_secs(3_000_000_000)),
+    // Only forever frames have limits (a document's size and age): boxed, so that other
+    // streams carry no timer for them.
+    let (max_bytes, mut deadline) = match framing {
+        Framing::Iframe { .. } => (
+            http.iframe_max_bytes,
+            Some(Box::pin(tokio::time::sleep(http.iframe_max_lifetime))),
+        ),
+        _ => (usize::MAX, None),
     };
-    let deadline = tokio::time::sleep(lifetime);
-    tokio::pin!(deadline);
     let mut expiry = ExpiryTimer::default();
-    let mut written = 0usize;
+    let mut written = first.len();
     session.announce();
-    // Leaves `inboxes` however the pump ends, a defect's panic included.
-    let _registered = Registered {
-        node: &node,
-        client: session.client().into(),
-    };
+    if !out.send(first, client.write_timeout).await {
+        return false;
+    }
 
     // Each channel's replay goes out before the next is read: what is held at once is one
-    // replay (at most `max_history_bytes`) and the one chunk the body has room for.
+    // replay (at most `max_history_bytes`).
     let mut opened = Ok(());
     for (channel, since) in channels {
-        let mut out = Vec::new();
-        // Boxed, as every rare step of the pump: a waiting stream's task is as large as its
-        // largest step, and most of its life is spent waiting.
-        let replayed = Box::pin(session.open_channel(channel.clone(), since, |json, at| {
-            framing.push_at(json, at, &mut out)
-        }))
-        .await;
-        written += out.len();
-        if !send(&tx, out, client.write_timeout, &abort).await {
-            return;
+        let mut bytes = Vec::new();
+        // Boxed, as every rare step: a waiting stream's task is as large as its largest
+        // step, and most of its life is spent waiting. (Each in a statement of its own: a
+        // temporary lives to the end of its statement, and one that spans an await takes
+        // room in the task.)
+        let opening = Box::pin(session.open_channel(channel.clone(), since, |json, at| {
+            framing.push_at(json, at, &mut bytes)
+        }));
+        let replayed = opening.await;
+        written += bytes.len();
+        if !out.send(bytes, client.write_timeout).await {
+            return false;
         }
         if let Err(f) = replayed {
             opened = Err(Disconnect::because(
@@ -342,116 +407,116 @@ async fn pump(
             break;
         }
     }
-    let ended: Option<Disconnect> = loop {
+    let ended: Result<Disconnect, ()> = loop {
         if let Err(d) = std::mem::replace(&mut opened, Ok(())) {
-            break Some(d);
+            break Ok(d);
         }
-        let mut out = Vec::new();
+        let mut bytes = Vec::new();
         expiry.follow(&session);
         let step: Result<(), Disconnect> = tokio::select! {
             biased;
             _ = node.shutdown.cancelled() => Err(Disconnect::new(DisconnectCode::Shutdown)),
-            _ = tx.closed() => break None,
-            _ = expiry.wait() => Box::pin(session.expire()).await.map(|pushes| {
-                for push in pushes {
-                    framing.push_at(&push, session.positions(), &mut out);
-                }
-            }),
-            Some(Inbound { frame, done }) = inbox.recv() => {
-                // Replies go out in pieces as they are made, each waiting for the client.
-                let mut rest = &frame[..];
-                let handled = loop {
-                    let mut replies = Vec::new();
-                    let step = Box::pin(session.handle_frame_until(rest, &mut replies, MAX_BATCH_BYTES)).await;
-                    for reply in replies.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-                        framing.push_at(reply, session.positions(), &mut out);
+            () = out.gone() => break Err(()),
+            _ = expiry.wait() => {
+                let expiring = Box::pin(session.expire());
+                let expired = expiring.await;
+                expired.map(|pushes| {
+                    for push in pushes {
+                        framing.push_at(&push, session.positions(), &mut bytes);
                     }
-                    match step {
-                        Ok(more) if !more.is_empty() => {
-                            rest = more;
-                            written += out.len();
-                            if !send(&tx, std::mem::take(&mut out), client.write_timeout, &abort).await {
-                                break Err(Disconnect::new(DisconnectCode::WriteError));
-                            }
-                        }
-                        Ok(_) => break Ok(()),
-                        Err(d) => break Err(d),
-                    }
-                };
-                let _ = done.send(handled.clone());
-                handled
+                })
             }
-            _ = session.queue().ready() => Ok(()),
+            _ = session.queue().ready() => match session.queue().take_command() {
+                Some(command) => {
+                    let obeying = Box::pin(obey(&mut session, &framing, command, out, (&mut written, client.write_timeout)));
+                    obeying.await
+                }
+                None => Ok(()),
+            },
             _ = ping.tick() => {
-                framing.keepalive(&mut out);
+                framing.keepalive(&mut bytes);
                 Ok(())
             }
-            _ = &mut deadline => Err(Disconnect::because(DisconnectCode::ForceReconnect, "stream reached its maximum lifetime; reopen it")),
+            () = until(&mut deadline) => Err(Disconnect::because(DisconnectCode::ForceReconnect, "stream reached its maximum lifetime; reopen it")),
         };
         let step = step.and_then(|()| {
             session.drain(MAX_BATCH_BYTES, |json, at| {
-                framing.push_at(json, at, &mut out)
+                framing.push_at(json, at, &mut bytes)
             })
         });
-        written += out.len();
-        if !send(&tx, out, client.write_timeout, &abort).await {
-            break None;
+        written += bytes.len();
+        if !out.send(bytes, client.write_timeout).await {
+            break Err(());
         }
         if let Err(d) = step {
-            break Some(d);
+            break Ok(d);
         }
         if written >= max_bytes {
-            break Some(Disconnect::because(
+            break Ok(Disconnect::because(
                 DisconnectCode::ForceReconnect,
                 "stream reached its size limit; reopen it",
             ));
         }
     };
-    session.ending(ended.as_ref());
-    if let Some(d) = ended {
-        let mut out = Vec::new();
-        framing.push(
-            &json::encode_disconnect(d.wire_code(), d.short_reason()),
-            None,
-            &mut out,
-        );
-        framing.epilogue(&mut out);
-        let _ = tx.try_send(Bytes::from(out));
+    // Sends still waiting are answered "closed" (their `done` dropped).
+    while session.queue().take_command().is_some() {}
+    session.ending(ended.as_ref().ok());
+    let Ok(d) = ended else {
+        return false;
+    };
+    let mut bytes = Vec::new();
+    framing.push(
+        &json::encode_disconnect(d.wire_code(), d.short_reason()),
+        None,
+        &mut bytes,
+    );
+    framing.epilogue(&mut bytes);
+    out.send(bytes, CLOSE_GRACE).await
+}
+
+/// Resolves at `deadline`, never without one.
+async fn until(deadline: &mut Option<std::pin::Pin<Box<tokio::time::Sleep>>>) {
+    match deadline {
+        Some(sleep) => sleep.await,
+        None => std::future::pending().await,
     }
 }
 
-/// Hands a chunk to the response body, waiting while the client reads the previous one; false
-/// once the stream is over: the client left, or read nothing for `timeout` (then the body
-/// fails, so the connection is dropped).
-async fn send(
-    tx: &mpsc::Sender<Bytes>,
-    out: Vec<u8>,
-    timeout: Duration,
-    abort: &CancellationToken,
-) -> bool {
-    if out.is_empty() {
-        return true;
-    }
-    match tokio::time::timeout(timeout, tx.send(Bytes::from(out))).await {
-        Ok(Ok(())) => true,
-        Ok(Err(_)) => false,
-        Err(_) => {
-            abort.cancel();
-            false
+/// How long the push that ends a stream may take to go out.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// Handles a frame of commands sent with `POST /connection/send`: replies go out in
+/// pieces as they are made, each waiting for the client; the last piece stays for the
+/// caller to send with what the queue holds.
+async fn obey(
+    session: &mut Session,
+    framing: &Framing,
+    Command { frame, done }: Command,
+    out: &mut impl Out,
+    (written, write_timeout): (&mut usize, Duration),
+) -> Result<(), Disconnect> {
+    let mut rest = &frame[..];
+    let mut bytes = Vec::new();
+    let handled = loop {
+        let mut replies = Vec::new();
+        let step = session
+            .handle_frame_until(rest, &mut replies, MAX_BATCH_BYTES)
+            .await;
+        for reply in replies.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            framing.push_at(reply, session.positions(), &mut bytes);
         }
-    }
-}
-
-/// A stream session's entry in [`Node::inboxes`], removed when dropped.
-struct Registered<'a> {
-    node: &'a Node,
-    client: Box<str>,
-}
-
-impl Drop for Registered<'_> {
-    fn drop(&mut self) {
-        self.node.inboxes.lock().remove(&self.client);
-    }
+        *written += bytes.len();
+        if !out.send(std::mem::take(&mut bytes), write_timeout).await {
+            break Err(Disconnect::new(DisconnectCode::WriteError));
+        }
+        match step {
+            Ok(more) if !more.is_empty() => rest = more,
+            Ok(_) => break Ok(()),
+            Err(d) => break Err(d),
+        }
+    };
+    let _ = done.send(handled.clone());
+    handled
 }
 
 #[cfg(test)]

@@ -547,3 +547,104 @@ async fn streams_are_framed_on_the_socket_and_a_client_that_leaves_is_noticed() 
     assert_eq!(status, 200, "{info}");
     server.stop().await.unwrap();
 }
+
+/// Polls are served on the socket too (`transport::http1`): one keep-alive connection
+/// carries a poll, its revalidation (304, no length), and held long-polls, each answered
+/// with a length; a long-poller that leaves while held ends its session at once.
+#[tokio::test]
+async fn polls_are_answered_on_the_socket_and_a_held_poll_ends_with_its_client() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = start(config()).await;
+    /// One answer: its head, and the body its content-length says.
+    async fn answer(s: &mut tokio::net::TcpStream, request: &str) -> (String, String) {
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let text = String::from_utf8_lossy(&got).into_owned();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let head = text[..end].to_ascii_lowercase();
+                let length = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .map_or(0, |n| n.parse::<usize>().unwrap());
+                if got.len() >= end + 4 + length {
+                    return (head, text[end + 4..end + 4 + length].to_owned());
+                }
+            }
+            let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
+                .await
+                .expect("answer in time")
+                .unwrap();
+            assert!(n > 0, "closed before the answer: {text}");
+            got.extend_from_slice(&buf[..n]);
+        }
+    }
+    let host = server.addr;
+    let get =
+        |path: &str, extra: &str| format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n");
+
+    let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let (head, body) = answer(&mut s, &get("/connection/poll?channel=open:lp", "")).await;
+    assert!(head.starts_with("http/1.1 200 ok"), "{head}\n{body}");
+    assert!(head.contains("connection: keep-alive"), "{head}");
+    let etag = head
+        .lines()
+        .find_map(|l| l.strip_prefix("etag: "))
+        .expect("an etag")
+        .to_owned();
+    let cursor = serde_json::from_str::<Value>(&body).unwrap()["cursor"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (head, body) = answer(
+        &mut s,
+        &get(
+            &format!("/connection/poll?cursor={}", urlencode(&cursor)),
+            &format!("If-None-Match: {etag}\r\n"),
+        ),
+    )
+    .await;
+    assert!(head.starts_with("http/1.1 304"), "{head}");
+    assert!(!head.contains("content-length"), "{head}");
+    assert!(body.is_empty());
+
+    // Held on the same connection until a publication arrives.
+    let held = get(
+        &format!("/connection/longpoll?cursor={}", urlencode(&cursor)),
+        "",
+    );
+    let publish = async {
+        eventually("the long-poll is held", || async {
+            server.node.connection_count() == 1
+        })
+        .await;
+        server.publish("open:lp", json!("hi")).await
+    };
+    let ((head, body), (offset, _)) = tokio::join!(answer(&mut s, &held), publish);
+    assert!(head.starts_with("http/1.1 200 ok"), "{head}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["messages"][0]["pub"]["offset"], offset, "{body}");
+
+    // Held again, then the client leaves: its session ends without waiting for the hold.
+    let cursor = body["cursor"].as_str().unwrap().to_owned();
+    s.write_all(
+        get(
+            &format!("/connection/longpoll?cursor={}", urlencode(&cursor)),
+            "",
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    eventually("the long-poll is held", || async {
+        server.node.connection_count() == 1
+    })
+    .await;
+    drop(s);
+    eventually("the held poll's session ends with its socket", || async {
+        server.node.connection_count() == 0
+    })
+    .await;
+    server.stop().await.unwrap();
+}
