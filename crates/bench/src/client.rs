@@ -32,6 +32,8 @@ pub enum Transport {
     Ws,
     Sse,
     Stream,
+    /// The forever frame, read as the page's iframe would be.
+    Iframe,
     Longpoll,
     /// Interval polling, every `ms`.
     Poll {
@@ -45,6 +47,7 @@ impl Transport {
             "ws" | "websocket" => Self::Ws,
             "sse" => Self::Sse,
             "stream" => Self::Stream,
+            "iframe" => Self::Iframe,
             "longpoll" => Self::Longpoll,
             "poll" => Self::Poll { ms: 1000 },
             other => match other.strip_prefix("poll@") {
@@ -54,7 +57,7 @@ impl Transport {
                         .as_millis() as u64,
                 },
                 None => {
-                    bail!("unknown transport {other:?}: ws, sse, stream, longpoll, poll, poll@5s")
+                    bail!("unknown transport {other:?}: ws, sse, stream, iframe, longpoll, poll, poll@5s")
                 }
             },
         })
@@ -65,6 +68,7 @@ impl Transport {
             Self::Ws => "ws".into(),
             Self::Sse => "sse".into(),
             Self::Stream => "stream".into(),
+            Self::Iframe => "iframe".into(),
             Self::Longpoll => "longpoll".into(),
             Self::Poll { ms } => format!(
                 "poll@{}",
@@ -278,7 +282,9 @@ async fn session(
     }
     match spec.transport {
         Transport::Ws => ws_session(spec, speak, rec, identity).await,
-        Transport::Sse | Transport::Stream => stream_session(spec, speak, rec).await,
+        Transport::Sse | Transport::Stream | Transport::Iframe => {
+            stream_session(spec, speak, rec).await
+        }
         Transport::Longpoll | Transport::Poll { .. } => poll_session(spec, speak, rec).await,
     }
 }
@@ -433,15 +439,15 @@ async fn stream_session(
     rec: &Tracker,
 ) -> anyhow::Result<()> {
     let (mut sender, _conn) = http_connection(spec, rec).await?;
-    let path = if spec.transport == Transport::Sse {
-        "sse"
-    } else {
-        "stream"
+    let path = match spec.transport {
+        Transport::Sse => "sse?",
+        Transport::Iframe => "iframe?callback=cb&",
+        _ => "stream?",
     };
     let res = sender
         .send_request(get(
             spec,
-            &format!("/connection/{path}?channel={}", spec.channel),
+            &format!("/connection/{path}channel={}", spec.channel),
         )?)
         .await?;
     if !res.status().is_success() {
@@ -465,6 +471,12 @@ async fn stream_session(
             let line: String = pending.drain(..=end).collect();
             let line = line.trim_end();
             let line = line.strip_prefix("data: ").unwrap_or(line);
+            // A forever frame's push: `<script>parent.cb(PUSH);</script>` (the rest of the
+            // document is padding).
+            let line = line
+                .strip_prefix("<script>parent.cb(")
+                .and_then(|l| l.strip_suffix(");</script>"))
+                .unwrap_or(line);
             if !subscribed && line.contains("\"subscribe\"") {
                 subscribed = true;
                 rec.connected();

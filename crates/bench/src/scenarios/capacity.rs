@@ -19,7 +19,7 @@ pub struct CapacityArgs {
     /// Connections to open (stops earlier at the first failure).
     #[arg(long, default_value_t = 10_000)]
     pub connections: usize,
-    /// ws, sse, stream, longpoll, poll or poll@INTERVAL.
+    /// ws, sse, stream, iframe, longpoll, poll or poll@INTERVAL.
     #[arg(long, default_value = "ws", value_parser = Transport::parse)]
     pub transport: Transport,
     /// New connections per second; 0 = as fast as they connect.

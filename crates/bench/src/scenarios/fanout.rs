@@ -30,7 +30,7 @@ pub struct FanoutArgs {
     /// Bytes of each publication's data.
     #[arg(long, default_value_t = 64)]
     pub payload: usize,
-    /// ws, sse, stream, longpoll, poll or poll@INTERVAL.
+    /// ws, sse, stream, iframe, longpoll, poll or poll@INTERVAL.
     #[arg(long, default_value = "ws", value_parser = Transport::parse)]
     pub transport: Transport,
     /// New connections per second while subscribers join; 0 = as fast as they connect.

@@ -23,7 +23,7 @@ pub struct RampArgs {
     /// How long users keep arriving.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "300s")]
     pub duration: Duration,
-    /// ws, sse, stream, longpoll, poll or poll@INTERVAL.
+    /// ws, sse, stream, iframe, longpoll, poll or poll@INTERVAL.
     #[arg(long, default_value = "ws", value_parser = Transport::parse)]
     pub transport: Transport,
     /// Time between probe publications.
