@@ -125,7 +125,7 @@ pub fn here(node: &Node, action: &Action) -> Value {
                     json!({
                         "client": &*client,
                         "user": e.user.as_deref().unwrap_or(""),
-                        "transport": e.transport,
+                        "transport": e.transport.name(),
                         "node": &*node.id,
                         "since": e.since,
                         "channels": channels.remove(&e.session).unwrap_or_default(),

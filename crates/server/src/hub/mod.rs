@@ -402,8 +402,8 @@ mod tests {
     }
 
     impl DirectSocket for Socket {
-        fn frame<'d>(&self, d: &'d Delivery) -> &'d Bytes {
-            d.framed.get_or_init(|| d.json.clone())
+        fn frame<'d>(&self, d: &'d Delivery) -> Option<&'d Bytes> {
+            Some(d.framed(crate::queue::Lane::WebSocket, |d| d.json.clone()))
         }
 
         fn try_write(&self, buf: &[u8]) -> io::Result<usize> {

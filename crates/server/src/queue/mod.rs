@@ -42,9 +42,9 @@ pub struct Delivery {
     pub offset: u64,
     /// The encoded push, one JSON line without the newline.
     pub json: Bytes,
-    /// The push framed for a [`DirectSocket`], made by the first one that writes it and
-    /// shared by the rest.
-    pub framed: OnceLock<Bytes>,
+    /// The push framed for each kind of [`DirectSocket`] (by [`Lane`]), made by the first
+    /// one that writes it and shared by the rest.
+    pub framed: [OnceLock<Bytes>; LANES],
     /// When the hub got it: the start of its delivery latency.
     pub at: Instant,
 }
@@ -57,7 +57,7 @@ impl Delivery {
             epoch,
             offset,
             json,
-            framed: OnceLock::new(),
+            framed: Default::default(),
             at: Instant::now(),
         }
     }
@@ -120,10 +120,32 @@ impl Position {
     }
 }
 
+/// The kinds of socket the hub writes to directly, each with its framing of a push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// A WebSocket text frame.
+    WebSocket,
+    /// An NDJSON line in an HTTP chunk.
+    Ndjson,
+    /// An SSE event (id: the channel's position) in an HTTP chunk.
+    Sse,
+}
+
+/// How many kinds of [`Lane`] there are.
+pub const LANES: usize = 3;
+
+impl Delivery {
+    /// The delivery framed for `lane`, made by `make` the first time.
+    pub fn framed(&self, lane: Lane, make: impl FnOnce(&Self) -> Bytes) -> &Bytes {
+        self.framed[lane as usize].get_or_init(|| make(self))
+    }
+}
+
 /// A socket the hub may write publications to itself (see the module's "direct lane").
 pub trait DirectSocket: Send + Sync + std::fmt::Debug {
-    /// The bytes that carry `delivery` on this kind of socket, made once per delivery.
-    fn frame<'d>(&self, delivery: &'d Delivery) -> &'d Bytes;
+    /// The bytes that carry `delivery` on this kind of socket, made once per delivery;
+    /// `None` when this socket cannot take it directly now (it goes through the queue).
+    fn frame<'d>(&self, delivery: &'d Delivery) -> Option<&'d Bytes>;
     /// Writes what the socket takes now, without waiting.
     fn try_write(&self, buf: &[u8]) -> io::Result<usize>;
 }
@@ -293,8 +315,10 @@ impl Queue {
         if let Some(socket) = inner.idle_lane() {
             match position.step(delivery) {
                 Step::Duplicate => return true,
-                Step::Next => {
-                    let frame = socket.frame(delivery);
+                Step::Next => 'direct: {
+                    let Some(frame) = socket.frame(delivery) else {
+                        break 'direct;
+                    };
                     // WouldBlock or a broken socket: queue it; the transport's own write
                     // waits for the socket or finds the error.
                     if let Ok(n) = socket.try_write(frame) {
@@ -547,13 +571,13 @@ mod tests {
     }
 
     impl DirectSocket for Buffer {
-        fn frame<'d>(&self, d: &'d Delivery) -> &'d Bytes {
-            d.framed.get_or_init(|| {
+        fn frame<'d>(&self, d: &'d Delivery) -> Option<&'d Bytes> {
+            Some(d.framed(Lane::WebSocket, |d| {
                 let mut f = b"<".to_vec();
                 f.extend_from_slice(&d.json);
                 f.push(b'>');
                 f.into()
-            })
+            }))
         }
 
         fn try_write(&self, buf: &[u8]) -> io::Result<usize> {

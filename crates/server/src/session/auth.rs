@@ -96,7 +96,7 @@ impl Session {
                 let entry = super::registry::Entry {
                     session: self.id(),
                     queue: self.queue.clone(),
-                    transport: transport.name(),
+                    transport,
                     user: None,
                     since: unix_now(),
                 };

@@ -63,7 +63,6 @@ pub struct Session {
     /// The client id of this client's first connection, when it sent one (`connect`'s
     /// `client`, `client=`): its presence memberships are that client's.
     first_client: Option<Box<str>>,
-    scratch: Vec<Arc<Delivery>>,
     /// Whether it is counted as a connection of its transport in the metrics (once the
     /// transport said which, and unless it is a send).
     counted: bool,
@@ -97,7 +96,6 @@ impl Session {
             transport: Default::default(),
             announced: false,
             first_client: None,
-            scratch: Vec::new(),
             counted: false,
             end_counted: false,
         }
@@ -379,7 +377,8 @@ impl Session {
         mut emit: impl FnMut(&[u8], Positions<'_>),
     ) -> Result<(), Disconnect> {
         self.obey(&mut emit)?;
-        let mut batch = std::mem::take(&mut self.scratch);
+        // The batch's vector is the thread's, reused: a session keeps none of its own.
+        let mut batch = SCRATCH.with_borrow_mut(std::mem::take);
         let result = match self.queue.take(max_bytes, &mut batch) {
             Err(_) => Err(Disconnect::because(
                 DisconnectCode::Slow,
@@ -393,7 +392,11 @@ impl Session {
             }),
         };
         batch.clear();
-        self.scratch = batch;
+        SCRATCH.with_borrow_mut(|scratch| {
+            if batch.capacity() > scratch.capacity() {
+                *scratch = batch;
+            }
+        });
         result
     }
 
@@ -421,6 +424,11 @@ impl Session {
     /// Every subscription's position.
     pub fn positions(&self) -> Positions<'_> {
         Positions(&self.subscriptions)
+    }
+
+    /// How many channels it is subscribed to.
+    pub fn subscription_count(&self) -> usize {
+        self.subscriptions.len()
     }
 
     fn set_offset(&mut self, channel: &ChannelName, offset: u64) {
@@ -529,6 +537,11 @@ pub fn node_of(client: &str) -> Option<&str> {
     let plausible =
         (1..=32).contains(&node.len()) && node.bytes().all(|b| b.is_ascii_alphanumeric());
     plausible.then_some(node)
+}
+
+thread_local! {
+    /// The vector `Session::drain` takes a batch into, one per thread.
+    static SCRATCH: std::cell::RefCell<Vec<Arc<Delivery>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// A view of a session's positions, encodable as a [`Cursor`](herald_protocol::Cursor).

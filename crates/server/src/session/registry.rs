@@ -16,7 +16,7 @@ pub struct Entry {
     pub session: u64,
     /// Where orders are handed to it.
     pub queue: Arc<Queue>,
-    pub transport: &'static str,
+    pub transport: crate::hooks::Transport,
     /// Its user, once identified (anonymous: none).
     pub user: Option<Box<str>>,
     /// When it opened, in Unix seconds.
@@ -79,7 +79,12 @@ impl Registry {
     pub fn stream_queue(&self, client: &str) -> Option<Arc<Queue>> {
         let all = self.by_client.lock();
         let entry = all.get(client)?;
-        matches!(entry.transport, "sse" | "stream" | "iframe").then(|| entry.queue.clone())
+        use crate::hooks::Transport;
+        matches!(
+            entry.transport,
+            Transport::Sse | Transport::Stream | Transport::Iframe
+        )
+        .then(|| entry.queue.clone())
     }
 
     pub fn len(&self) -> usize {

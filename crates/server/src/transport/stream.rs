@@ -26,7 +26,7 @@ use crate::{
     hooks::Transport,
     limits::{AddressGuard, Peer},
     node::Node,
-    queue::Command,
+    queue::{Command, Lane},
     session::{ExpiryTimer, Positions, Session},
 };
 
@@ -223,6 +223,23 @@ pub struct Accepted {
     first: Vec<u8>,
 }
 
+impl Accepted {
+    /// The session's queue, for a socket's direct lane.
+    pub fn queue(&self) -> &Arc<crate::queue::Queue> {
+        self.session.queue()
+    }
+
+    /// The direct lane its framing can use (the forever frame's pushes name the page's
+    /// callback, so they are not the same for every connection: it has none).
+    pub fn lane(&self) -> Option<Lane> {
+        match self.framing {
+            Framing::Sse => Some(Lane::Sse),
+            Framing::Ndjson => Some(Lane::Ndjson),
+            Framing::Iframe { .. } => None,
+        }
+    }
+}
+
 async fn open(
     node: Arc<Node>,
     peer: Option<Extension<Peer>>,
@@ -320,6 +337,9 @@ pub trait Out: Send {
     fn send(&mut self, bytes: Vec<u8>, timeout: Duration) -> impl Future<Output = bool> + Send;
     /// Resolves when the client has left.
     fn gone(&mut self) -> impl Future<Output = ()> + Send;
+    /// The stream is about to wait with everything written: the hub may write to the
+    /// socket directly until it wakes, if the socket allows it for `session`.
+    fn idle(&self, _session: &Session) {}
 }
 
 /// hyper's response body, fed through a channel of one chunk.
@@ -364,17 +384,19 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
     } = *accepted;
     let client = &node.settings.config.client;
     let http = &node.settings.config.http;
-    let mut ping =
-        tokio::time::interval_at(Instant::now() + client.ping_interval, client.ping_interval);
-    // Only forever frames have limits (a document's size and age): boxed, so that other
-    // streams carry no timer for them.
-    let (max_bytes, mut deadline) = match framing {
+    // Only forever frames have limits (a document's size and age).
+    let (max_bytes, deadline) = match framing {
         Framing::Iframe { .. } => (
             http.iframe_max_bytes,
-            Some(Box::pin(tokio::time::sleep(http.iframe_max_lifetime))),
+            Some(Instant::now() + http.iframe_max_lifetime),
         ),
         _ => (usize::MAX, None),
     };
+    // One timer, in place, for the next keepalive or the deadline, whichever comes first
+    // (an `Interval` boxes a timer of its own): every idle stream carries one.
+    let wake_at = |ping: Instant| deadline.map_or(ping, |d| d.min(ping));
+    let timer = tokio::time::sleep_until(wake_at(Instant::now() + client.ping_interval));
+    tokio::pin!(timer);
     let mut expiry = ExpiryTimer::default();
     let mut written = first.len();
     session.announce();
@@ -413,11 +435,28 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
         }
         let mut bytes = Vec::new();
         expiry.follow(&session);
-        let step: Result<(), Disconnect> = tokio::select! {
+        // Everything is written: the hub may write publications itself until something
+        // wakes the stream (unless something arrived meanwhile; then `ready` is at once).
+        out.idle(&session);
+        session.queue().release();
+        let woke = tokio::select! {
             biased;
-            _ = node.shutdown.cancelled() => Err(Disconnect::new(DisconnectCode::Shutdown)),
-            () = out.gone() => break Err(()),
-            _ = expiry.wait() => {
+            _ = node.shutdown.cancelled() => Woke::Shutdown,
+            () = out.gone() => Woke::Gone,
+            _ = expiry.wait() => Woke::Expiry,
+            _ = session.queue().ready() => Woke::Queue,
+            () = &mut timer => match deadline {
+                Some(d) if Instant::now() >= d => Woke::Deadline,
+                _ => Woke::Ping,
+            },
+        };
+        // From here the stream writes: the hub queues until the next `release`, so that
+        // replies and queued publications keep their order.
+        session.queue().hold();
+        let step: Result<(), Disconnect> = match woke {
+            Woke::Shutdown => Err(Disconnect::new(DisconnectCode::Shutdown)),
+            Woke::Gone => break Err(()),
+            Woke::Expiry => {
                 let expiring = Box::pin(session.expire());
                 let expired = expiring.await;
                 expired.map(|pushes| {
@@ -426,18 +465,30 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
                     }
                 })
             }
-            _ = session.queue().ready() => match session.queue().take_command() {
+            Woke::Queue => match session.queue().take_command() {
                 Some(command) => {
-                    let obeying = Box::pin(obey(&mut session, &framing, command, out, (&mut written, client.write_timeout)));
+                    let obeying = Box::pin(obey(
+                        &mut session,
+                        &framing,
+                        command,
+                        out,
+                        (&mut written, client.write_timeout),
+                    ));
                     obeying.await
                 }
                 None => Ok(()),
             },
-            _ = ping.tick() => {
+            Woke::Ping => {
+                timer
+                    .as_mut()
+                    .reset(wake_at(Instant::now() + client.ping_interval));
                 framing.keepalive(&mut bytes);
                 Ok(())
             }
-            () = until(&mut deadline) => Err(Disconnect::because(DisconnectCode::ForceReconnect, "stream reached its maximum lifetime; reopen it")),
+            Woke::Deadline => Err(Disconnect::because(
+                DisconnectCode::ForceReconnect,
+                "stream reached its maximum lifetime; reopen it",
+            )),
         };
         let step = step.and_then(|()| {
             session.drain(MAX_BATCH_BYTES, |json, at| {
@@ -458,7 +509,9 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
             ));
         }
     };
-    // Sends still waiting are answered "closed" (their `done` dropped).
+    // The hub writes no more, whatever the stream's end; sends still waiting are answered
+    // "closed" (their `done` dropped).
+    session.queue().detach();
     while session.queue().take_command().is_some() {}
     session.ending(ended.as_ref().ok());
     let Ok(d) = ended else {
@@ -474,12 +527,14 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
     out.send(bytes, CLOSE_GRACE).await
 }
 
-/// Resolves at `deadline`, never without one.
-async fn until(deadline: &mut Option<std::pin::Pin<Box<tokio::time::Sleep>>>) {
-    match deadline {
-        Some(sleep) => sleep.await,
-        None => std::future::pending().await,
-    }
+/// What woke a waiting stream.
+enum Woke {
+    Shutdown,
+    Gone,
+    Expiry,
+    Queue,
+    Ping,
+    Deadline,
 }
 
 /// How long the push that ends a stream may take to go out.

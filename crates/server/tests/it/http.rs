@@ -648,3 +648,82 @@ async fn polls_are_answered_on_the_socket_and_a_held_poll_ends_with_its_client()
     .await;
     server.stop().await.unwrap();
 }
+
+/// While a stream waits, the hub writes publications to its socket itself (the direct
+/// lane); a socket that takes only part of one keeps the rest for the stream's task, which
+/// sends it before anything else. A client that reads slowly through a small buffer still
+/// gets every publication once, in order, whole.
+#[tokio::test]
+async fn a_stream_read_slowly_gets_every_publication_once_in_order() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = start(config()).await;
+    for (path, prefix) in [("stream", ""), ("sse", "data: ")] {
+        let channel = format!("open:slow-{path}");
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut s = socket.connect(server.addr).await.unwrap();
+        let request = format!(
+            "GET /connection/{path}?channel={channel} HTTP/1.1\r\nHost: {}\r\n\r\n",
+            server.addr
+        );
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 512];
+        while !String::from_utf8_lossy(&got).contains("\"subscribe\"") {
+            let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
+                .await
+                .expect("subscribed in time")
+                .unwrap();
+            assert!(n > 0);
+            got.extend_from_slice(&buf[..n]);
+        }
+        // Publications of 3 KB, while the client reads nothing: the socket's buffers fill
+        // and writes are cut short.
+        let text = "x".repeat(3000);
+        let mut last = 0;
+        for _ in 0..100 {
+            last = server.publish(&channel, json!(text)).await.0;
+        }
+        let want = format!("\"offset\":{last},");
+        let whole = |got: &[u8]| {
+            let got = String::from_utf8_lossy(got);
+            got.rfind(&want).is_some_and(|at| got[at..].contains('\n'))
+        };
+        while !whole(&got) {
+            let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
+                .await
+                .expect("every publication in time")
+                .unwrap();
+            assert!(n > 0, "closed early");
+            got.extend_from_slice(&buf[..n]);
+        }
+        let got = String::from_utf8(got).unwrap();
+        let offsets: Vec<u64> = got
+            .split('\n')
+            .filter_map(|line| line.strip_prefix(prefix))
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter_map(|push| push["pub"]["offset"].as_u64())
+            .collect();
+        assert_eq!(offsets, (1..=last).collect::<Vec<_>>(), "{path}");
+
+        // Everything read, the stream idle: one publication larger than the socket takes
+        // at once is cut by the hub's direct write; its task sends the rest by itself.
+        let big = "y".repeat(60_000);
+        let offset = server.publish(&channel, json!(big)).await.0;
+        let want = format!("\"offset\":{offset},");
+        let mut got = Vec::new();
+        loop {
+            let text = String::from_utf8_lossy(&got);
+            if text.find(&want).is_some_and(|at| text[at..].contains('\n')) {
+                break;
+            }
+            let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
+                .await
+                .expect("the large publication whole in time")
+                .unwrap();
+            assert!(n > 0, "closed early");
+            got.extend_from_slice(&buf[..n]);
+        }
+    }
+    server.stop().await.unwrap();
+}

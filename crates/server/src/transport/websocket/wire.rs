@@ -22,15 +22,15 @@ use tungstenite::protocol::frame::{
     FrameHeader,
 };
 
-use crate::queue::{Delivery, DirectSocket, Queue};
+use crate::queue::{Delivery, DirectSocket, Lane, Queue};
 
 /// The TCP socket under a WebSocket connection.
 #[derive(Debug)]
 pub struct Wire(TcpStream);
 
 impl DirectSocket for Wire {
-    fn frame<'d>(&self, delivery: &'d Delivery) -> &'d Bytes {
-        delivery.framed.get_or_init(|| text_frame(&delivery.json))
+    fn frame<'d>(&self, delivery: &'d Delivery) -> Option<&'d Bytes> {
+        Some(delivery.framed(Lane::WebSocket, |d| text_frame(&d.json)))
     }
 
     fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
