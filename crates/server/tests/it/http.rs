@@ -727,3 +727,43 @@ async fn a_stream_read_slowly_gets_every_publication_once_in_order() {
     }
     server.stop().await.unwrap();
 }
+
+/// With the direct lane an SSE event's id is its own channel's position, which is the
+/// connection's whole cursor only while it has one channel: with two, every event's id
+/// still names both (the lane stays closed), so `Last-Event-ID` resumes both.
+#[tokio::test]
+async fn sse_ids_carry_every_channel_of_a_connection_with_several() {
+    let server = start(config()).await;
+    let http = reqwest::Client::new();
+    let r = http
+        .get(server.url("/connection/sse?channel=open:a&channel=open:b"))
+        .send()
+        .await
+        .unwrap();
+    let mut sse = Lines::new(r);
+    let mut subscribed = 0;
+    while subscribed < 2 {
+        let (_, e) = sse.next_event().await.unwrap();
+        if e.get("subscribe").is_some() {
+            subscribed += 1;
+        }
+    }
+    for i in 1..=3 {
+        server.publish("open:a", json!(i)).await;
+        server.publish("open:b", json!(i)).await;
+    }
+    let mut ids = Vec::new();
+    while ids.len() < 6 {
+        let (id, e) = sse.next_event().await.unwrap();
+        if e.get("pub").is_some() {
+            ids.push(id.expect("every publication has an id"));
+        }
+    }
+    for id in &ids {
+        assert!(
+            id.contains("open:a;") && id.contains("open:b;"),
+            "an id names both channels: {id}"
+        );
+    }
+    server.stop().await.unwrap();
+}
