@@ -312,9 +312,14 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
     const since = sinceParam(sub.position);
     if (since !== undefined) params["since"] = since;
     if (sub.token !== undefined) params["token"] = sub.token;
-    this.request<SubscribeResult>("subscribe", params).then(
+    // Answered in the same turn as the reply, not a promise's turn later: a publication that
+    // raced with the subscribe may follow the reply in the same frame, and must find the
+    // subscription confirmed.
+    this.command(
+      "subscribe",
+      params,
       (result) => {
-        if (this.subs.get(sub.channel) === sub && sub.state === "subscribing") sub.confirmed(result, false);
+        if (this.subs.get(sub.channel) === sub && sub.state === "subscribing") sub.confirmed(result as SubscribeResult, false);
       },
       (error: HeraldError) => {
         if (sub.state !== "subscribing") return;
@@ -728,14 +733,17 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
 
   /** Queues a command on the open connection; commands queued in one tick share a frame. */
   private request<T>(method: Method, params: Record<string, unknown>): Promise<T> {
+    return new Promise<T>((resolve, reject) => this.command(method, params, resolve as (r: unknown) => void, reject));
+  }
+
+  /** Sends a command with the next batch; `resolve` or `reject` is called as its reply is
+   * read, before the rest of that frame. */
+  private command(method: Method, params: Record<string, unknown>, resolve: (r: unknown) => void, reject: (e: HeraldError) => void): void {
     this.nextId += 1;
     const id = this.nextId;
-    const promise = new Promise<T>((resolve, reject) => {
-      this.expect(id, resolve as (r: unknown) => void, reject);
-    });
+    this.expect(id, resolve, reject);
     this.outbox.push({ id, method, params });
     this.scheduleFlush();
-    return promise;
   }
 
   private expect(id: number, resolve: (r: unknown) => void, reject: (e: HeraldError) => void): void {

@@ -5,7 +5,7 @@ import WebSocket from "ws";
 import { type ClientOptions, type TransportName } from "../src/index.js";
 import { client, collect, disconnectAll, next } from "./clients.js";
 import { Herald, until } from "./herald.js";
-import { BufferingProxy, SilenceableRelay } from "./proxy.js";
+import { BufferingProxy, Relay } from "./proxy.js";
 
 let server: Herald;
 
@@ -157,9 +157,35 @@ describe("fallback", () => {
   });
 });
 
+describe.each(["websocket", "stream"] as const)("over %s, in one read", (transport) => {
+  // The server writes a publication that raced with a subscribe right behind its reply,
+  // often in the same frame; the subscription must take it, not drop it as early.
+  it("a publication right behind the subscribe reply is delivered", async () => {
+    const relay = await Relay.start(server.url);
+    try {
+      const c = client(relay.url, { transports: transport });
+      c.connect();
+      await next(c, "connected");
+      relay.hold();
+      const channel = `chat:behind-${transport}`;
+      const sub = c.newSubscription(channel);
+      const got = collect(sub);
+      sub.subscribe();
+      await until("the subscribe reply, held", () => relay.held().includes('"subscribe"'));
+      await server.publish(channel, "right behind");
+      await until("the publication, held", () => relay.held().includes('"pub"'));
+      relay.release();
+      await until("the publication", () => got.length === 1);
+      expect(got.map((p) => [p.offset, p.data])).toEqual([[1, "right behind"]]);
+    } finally {
+      relay.close();
+    }
+  });
+});
+
 describe("dead connections", () => {
   it("a silent connection is noticed by ping, and the subscription resumes with nothing lost", async () => {
-    const relay = await SilenceableRelay.start(server.url);
+    const relay = await Relay.start(server.url);
     try {
       const c = client(relay.url, { transports: "websocket", pingInterval: 200, timeout: 600 });
       const sub = c.subscribe("chat:silent");

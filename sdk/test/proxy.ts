@@ -1,26 +1,35 @@
 /**
  * Things between the client and the server that tests control: a TCP relay that can go
- * silent (a dead connection whose socket never says so), and an HTTP proxy that does not
- * speak WebSocket and buffers streamed responses (the kind that breaks real-time).
+ * silent or hold bytes back, and an HTTP proxy that does not speak WebSocket and buffers
+ * streamed responses (the kind that breaks real-time).
  */
 import { createServer as createHttpServer, request, type Server as HttpServer } from "node:http";
 import { createServer, connect, type Server, type Socket } from "node:net";
 
-export class SilenceableRelay {
+/** A TCP relay. It can go silent (a dead connection whose socket never says so), or hold
+ * back what the server sends and then hand it over in one piece, as one read (what a busy
+ * network or a client that was not scheduled for a while gets). */
+export class Relay {
   private sockets = new Set<Socket>();
+  /** While holding: what each connection's server side sent, not passed on yet. */
+  private heldBack: Map<Socket, Buffer[]> | undefined;
   private constructor(
     private server: Server,
     readonly url: string,
   ) {}
 
-  static async start(target: string): Promise<SilenceableRelay> {
+  static async start(target: string): Promise<Relay> {
     const { hostname, port } = new URL(target);
-    let relay: SilenceableRelay | undefined;
+    let relay: Relay | undefined;
     const server = createServer((inbound) => {
       const outbound = connect(Number(port), hostname);
       relay!.sockets.add(inbound).add(outbound);
       inbound.pipe(outbound);
-      outbound.pipe(inbound);
+      outbound.on("data", (chunk: Buffer) => {
+        const held = relay!.heldBack;
+        if (held === undefined) inbound.write(chunk);
+        else held.set(inbound, [...(held.get(inbound) ?? []), chunk]);
+      });
       const end = () => {
         inbound.destroy();
         outbound.destroy();
@@ -30,7 +39,7 @@ export class SilenceableRelay {
     });
     await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
     const address = server.address() as { port: number };
-    relay = new SilenceableRelay(server, `http://127.0.0.1:${address.port}`);
+    relay = new Relay(server, `http://127.0.0.1:${address.port}`);
     return relay;
   }
 
@@ -42,6 +51,22 @@ export class SilenceableRelay {
       s.removeAllListeners("data");
     }
     this.sockets.clear();
+  }
+
+  /** From now on, what the server sends is kept here until [`release`]. */
+  hold(): void {
+    this.heldBack ??= new Map();
+  }
+
+  /** Everything held so far, as text. */
+  held(): string {
+    return [...(this.heldBack?.values() ?? [])].map((chunks) => Buffer.concat(chunks).toString()).join("");
+  }
+
+  /** Passes on what was held, each connection's in one write, and stops holding. */
+  release(): void {
+    for (const [socket, chunks] of this.heldBack ?? []) socket.write(Buffer.concat(chunks));
+    this.heldBack = undefined;
   }
 
   get connections(): number {

@@ -834,7 +834,9 @@ var Herald = (() => {
       const since = sinceParam(sub.position);
       if (since !== void 0) params["since"] = since;
       if (sub.token !== void 0) params["token"] = sub.token;
-      this.request("subscribe", params).then(
+      this.command(
+        "subscribe",
+        params,
         (result) => {
           if (this.subs.get(sub.channel) === sub && sub.state === "subscribing") sub.confirmed(result, false);
         },
@@ -1209,14 +1211,16 @@ var Herald = (() => {
     }
     /** Queues a command on the open connection; commands queued in one tick share a frame. */
     request(method, params) {
+      return new Promise((resolve, reject) => this.command(method, params, resolve, reject));
+    }
+    /** Sends a command with the next batch; `resolve` or `reject` is called as its reply is
+     * read, before the rest of that frame. */
+    command(method, params, resolve, reject) {
       this.nextId += 1;
       const id = this.nextId;
-      const promise = new Promise((resolve, reject) => {
-        this.expect(id, resolve, reject);
-      });
+      this.expect(id, resolve, reject);
       this.outbox.push({ id, method, params });
       this.scheduleFlush();
-      return promise;
     }
     expect(id, resolve, reject) {
       const timer = setTimeout(() => {
