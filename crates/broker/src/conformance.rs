@@ -264,6 +264,20 @@ async fn gaps_history_cannot_cover_are_unrecoverable(
         matches!(wrong, Err(BrokerError::Unrecoverable { .. })),
         "another epoch is never trusted"
     );
+    let wrong_at_top = broker
+        .history(
+            &c,
+            HistoryQuery {
+                since: since(10, &Epoch::new("other")),
+                limit: 10,
+                max_bytes: None,
+            },
+        )
+        .await;
+    assert!(
+        matches!(wrong_at_top, Err(BrokerError::Unrecoverable { .. })),
+        "another epoch is not trusted at the top either"
+    );
     let future = broker
         .history(
             &c,

@@ -344,7 +344,13 @@ impl Broker for DurableBroker {
             let cutoff = now_ms().saturating_sub(m.ttl_ms());
             (position, cutoff, m.policy.history_size)
         };
-        if query.limit == 0 && query.since.is_none() {
+        // Nothing to read: no publications asked for, or a reader already at the top (every
+        // long-poll that follows a delivery is; the file read would cost a thread handoff).
+        let at_top = query.since.as_ref().is_some_and(|since| {
+            since.offset == position.offset
+                && crate::check_since(since, &position, position.offset + 1).is_ok()
+        });
+        if at_top || (query.limit == 0 && query.since.is_none()) {
             return Ok(History {
                 position,
                 publications: Vec::new(),
