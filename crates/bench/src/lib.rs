@@ -96,7 +96,9 @@ pub struct Common {
 /// Any other server: where its clients connect and how they subscribe; how to publish to it.
 #[derive(Debug, Args, Clone, Default)]
 pub struct GenericArgs {
-    /// A non-Herald WebSocket (`ws://…`) or SSE (`http://…`) endpoint; `{channel}` is replaced.
+    /// A non-Herald WebSocket (`ws://…`), SSE (`http://…`) or long-polling
+    /// (`longpoll+http://…`, Nchan's `Last-Modified`/`ETag` protocol) endpoint; `{channel}` is
+    /// replaced.
     #[arg(long, global = true)]
     pub client_url: Option<String>,
     /// Frame a WebSocket client sends after connecting (repeatable); `{channel}` is replaced.
