@@ -282,3 +282,124 @@ fn presence_pages_every_member_once_and_a_resumed_reconnect_pushes_nothing() {
     );
     assert_eq!(renewed["members after"], 40, "{renewed}");
 }
+
+/// A real Nchan (Debian's `nginx` with `libnginx-mod-nchan`) on a free port, configured as
+/// `docs/benchmarks.md` shows; stopped when dropped.
+struct Nchan {
+    child: std::process::Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Nchan {
+    fn start() -> Self {
+        const MODULE: &str = "/usr/lib/nginx/modules/ngx_nchan_module.so";
+        assert!(
+            std::path::Path::new(MODULE).exists(),
+            "Nchan must be installed (Debian: nginx and libnginx-mod-nchan; .ci/run installs them)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let d = dir.path().display();
+        let config = format!(
+            "load_module {MODULE};\n\
+             worker_processes 1;\n\
+             daemon off;\n\
+             pid {d}/nginx.pid;\n\
+             error_log {d}/error.log warn;\n\
+             events {{ worker_connections 1024; }}\n\
+             http {{\n\
+               access_log off;\n\
+               client_body_temp_path {d}/body;\n\
+               proxy_temp_path {d}/proxy;\n\
+               fastcgi_temp_path {d}/fastcgi;\n\
+               uwsgi_temp_path {d}/uwsgi;\n\
+               scgi_temp_path {d}/scgi;\n\
+               server {{\n\
+                 listen 127.0.0.1:{port};\n\
+                 location ~ ^/sub/(.+)$ {{ nchan_subscriber; nchan_channel_id $1; nchan_subscriber_first_message newest; }}\n\
+                 location ~ ^/lp/(.+)$ {{ nchan_subscriber longpoll; nchan_channel_id $1; nchan_subscriber_first_message oldest; }}\n\
+                 location ~ ^/pub/(.+)$ {{ nchan_publisher; nchan_channel_id $1; }}\n\
+               }}\n\
+             }}\n"
+        );
+        let path = dir.path().join("nginx.conf");
+        std::fs::write(&path, config).unwrap();
+        let child = std::process::Command::new("nginx")
+            .arg("-e")
+            .arg(dir.path().join("error.log"))
+            .arg("-p")
+            .arg(dir.path())
+            .arg("-c")
+            .arg(&path)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nginx must be installed (Debian: nginx and libnginx-mod-nchan)");
+        let url = format!("http://127.0.0.1:{port}");
+        // Ready once it accepts connections (or fail with its log).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "nginx did not listen: {}",
+                std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default()
+            );
+            std::thread::yield_now();
+        }
+        Self {
+            child,
+            url,
+            _dir: dir,
+        }
+    }
+
+    /// The master's and the worker's process ids, for `--pid`.
+    fn pids(&self) -> Vec<String> {
+        let master = self.child.id();
+        let children = std::fs::read_to_string(format!("/proc/{master}/task/{master}/children"))
+            .unwrap_or_default();
+        std::iter::once(master.to_string())
+            .chain(children.split_whitespace().map(String::from))
+            .collect()
+    }
+}
+
+impl Drop for Nchan {
+    fn drop(&mut self) {
+        // SIGTERM: the master stops its worker, then exits (a killed master would leave the
+        // worker running, holding the port).
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn the_generic_adapter_measures_nchan_over_sse_and_long_polling() {
+    let nchan = Nchan::start();
+    for (transport, client_url) in [
+        ("sse", format!("{}/sub/{{channel}}", nchan.url)),
+        ("longpoll", format!("longpoll+{}/lp/{{channel}}", nchan.url)),
+    ] {
+        let mut command = herald();
+        command
+            .args(["bench", "fanout", "--transport", transport])
+            .args(["--subscribers", "10", "--publications", "4"])
+            .args(["--rate", "40", "--json", "--url", &nchan.url])
+            .args(["--client-url", &client_url])
+            .args(["--publish-url", &format!("{}/pub/{{channel}}", nchan.url)])
+            .args(["--publish-body", "{data}"]);
+        for pid in nchan.pids() {
+            command.args(["--pid", &pid]);
+        }
+        let out = succeeds(&mut command);
+        let rows = rows(&out.stdout);
+        every_delivery_once(&rows[0], 40);
+    }
+}
