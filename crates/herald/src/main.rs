@@ -269,3 +269,10 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
         let _ = tokio::signal::ctrl_c().await;
     })
 }
+
+/// jemalloc rather than the system's allocator: a held request makes and frees many small
+/// allocations (its head, its session, its answer), and glibc's malloc spent 13 % of a
+/// long-poll run; jemalloc's size classes also keep idle connections smaller (see
+/// docs/benchmarks.md, "Allocator").
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
