@@ -11,6 +11,10 @@ const seenEvents = new Set();
 const ok = (result) => ({ result });
 const refuse = (code, message) => ({ error: { code, message } });
 
+/** The one access rule, asked by every hook that reads or writes a room: `room:staff` is
+ * alice's only. Keep such a rule in one place, so that no way in forgets it. */
+const mayUse = (user, room) => room !== "room:staff" || user === "alice";
+
 /** Answers one hook request: `path` is the hook's, `body` what Herald posted. */
 export function handle(path, body) {
   switch (path) {
@@ -20,11 +24,12 @@ export function handle(path, body) {
       return ok({ user: session.user, info: { name: session.name }, subscribe: ["room:*"] });
     }
     case "/subscribe": {
-      if (body.channel === "room:staff" && body.user !== "alice") return refuse(1003, "staff only");
+      if (!mayUse(body.user, body.channel)) return refuse(1003, "staff only");
       const messages = rooms.get(body.channel) ?? [];
       return ok({ data: { topic: `Welcome to ${body.channel}`, messages: messages.length } });
     }
     case "/publish": {
+      if (!mayUse(body.user, body.channel)) return refuse(1003, "staff only");
       const text = body.data?.text;
       if (typeof text !== "string" || text.trim() === "") return refuse(1001, "a message needs text");
       // Store, then broadcast: Herald publishes what this answers.
@@ -34,7 +39,11 @@ export function handle(path, body) {
     }
     case "/rpc":
       if (body.method === "whoami") return ok({ data: { user: body.user ?? null, transport: body.transport } });
-      if (body.method === "messages") return ok({ data: rooms.get(body.data?.room) ?? [] });
+      if (body.method === "messages") {
+        const room = body.data?.room;
+        if (typeof room !== "string" || !mayUse(body.user, room)) return refuse(1003, "not your room");
+        return ok({ data: rooms.get(room) ?? [] });
+      }
       return refuse(1004, `unknown method ${body.method}`);
     case "/events":
       for (const event of body.events) {
@@ -55,7 +64,15 @@ export function server() {
     let text = "";
     req.on("data", (chunk) => (text += chunk));
     req.on("end", () => {
-      const answer = req.method === "POST" ? handle(req.url, JSON.parse(text)) : undefined;
+      let answer;
+      try {
+        answer = req.method === "POST" ? handle(req.url, JSON.parse(text)) : undefined;
+      } catch {
+        // Not JSON, or not the shape Herald sends: say so, and keep serving.
+        res.writeHead(400, { "content-type": "application/json" });
+        res.end(JSON.stringify({ error: "not a hook request" }));
+        return;
+      }
       res.writeHead(answer === undefined ? 404 : 200, { "content-type": "application/json" });
       res.end(JSON.stringify(answer ?? { error: "not a hook" }));
     });

@@ -13,6 +13,9 @@ pub struct Failure {
     pub message: String,
     /// An application's own code, from its backend's hook answer: sent instead of `code`.
     pub application: Option<u16>,
+    /// The channel refused, when a request named several (an HTTP transport's): its error
+    /// body says which, so a client can drop that one and keep the others.
+    pub channel: Option<herald_protocol::ChannelName>,
 }
 
 impl Failure {
@@ -22,7 +25,14 @@ impl Failure {
             code,
             message: message.into(),
             application: None,
+            channel: None,
         }
+    }
+
+    /// This failure, saying it is about `channel`.
+    pub fn about(mut self, channel: &herald_protocol::ChannelName) -> Self {
+        self.channel = Some(channel.clone());
+        self
     }
 
     /// A refusal by the application's backend with its own code (see
@@ -63,6 +73,21 @@ impl Failure {
             ErrorCode::UnrecoverablePosition => StatusCode::CONFLICT,
             ErrorCode::MessageTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         }
+    }
+}
+
+impl Failure {
+    /// The end of a connection whose client this failure refused after its stream began
+    /// (a channel it could no longer open): the close code that gives the same advice.
+    pub fn disconnect(&self) -> Disconnect {
+        let code = match self.code {
+            ErrorCode::Unauthorized => DisconnectCode::InvalidToken,
+            ErrorCode::TokenExpired => DisconnectCode::Expired,
+            ErrorCode::PermissionDenied | ErrorCode::OriginNotAllowed => DisconnectCode::Forbidden,
+            ErrorCode::BackendUnavailable => DisconnectCode::BackendUnavailable,
+            _ => DisconnectCode::ServerError,
+        };
+        Disconnect::because(code, self.message.clone())
     }
 }
 
@@ -134,7 +159,13 @@ impl Disconnect {
 
 impl axum::response::IntoResponse for Failure {
     fn into_response(self) -> axum::response::Response {
-        let body = herald_protocol::json::encode_error(None, self.wire_code(), &self.message);
+        let body = match &self.channel {
+            None => herald_protocol::json::encode_error(None, self.wire_code(), &self.message),
+            Some(channel) => serde_json::to_vec(&serde_json::json!({
+                "error": { "code": self.wire_code(), "message": self.message, "channel": channel }
+            }))
+            .expect("serialises"),
+        };
         let mut response = (
             self.status(),
             [(axum::http::header::CONTENT_TYPE, "application/json")],

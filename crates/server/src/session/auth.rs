@@ -34,6 +34,10 @@ pub(super) struct Credentials {
     /// Channels granted by subscription tokens or the subscribe hook, at most one per
     /// subscription.
     pub(super) channels: Vec<ChannelGrant>,
+    /// The subscribe hook's answers (its state, if any) for channels an HTTP request
+    /// names, asked before the request is answered and taken when each is opened, so a
+    /// refusal is still an HTTP status and the backend is asked once per channel.
+    pub(super) admitted: Vec<(ChannelName, super::subscribe::HookAnswer)>,
     /// What the connect hook may see of the request that opened the session; taken when
     /// the client is identified, so its presence means "not asked yet".
     pub(super) facts: Option<Box<RequestFacts>>,
@@ -202,7 +206,7 @@ impl Session {
         self.identity().map_or("", |i| &i.user)
     }
 
-    fn credentials(&mut self) -> &mut Credentials {
+    pub(super) fn credentials(&mut self) -> &mut Credentials {
         self.auth.get_or_insert_with(Box::default)
     }
 

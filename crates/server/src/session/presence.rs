@@ -99,12 +99,7 @@ impl Session {
         req: PresenceRequest,
     ) -> Result<Option<Vec<u8>>, Failure> {
         let node = self.node().clone();
-        policy::check(
-            &node,
-            self.asker(&req.channel),
-            Action::Presence,
-            &req.channel,
-        )?;
+        self.may_read(&req.channel, Action::Presence).await?;
         let (members, cursor) = node
             .presence
             .page(
@@ -126,7 +121,7 @@ impl Session {
         channel: ChannelName,
     ) -> Result<Option<Vec<u8>>, Failure> {
         let node = self.node().clone();
-        policy::check(&node, self.asker(&channel), Action::Presence, &channel)?;
+        self.may_read(&channel, Action::Presence).await?;
         let stats = node.presence.stats(&channel).await?;
         Ok(reply.with(&json::results::PresenceStats {
             clients: stats.clients,

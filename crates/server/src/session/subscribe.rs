@@ -44,10 +44,16 @@ impl Session {
     }
 
     /// Whether this session may open `channels` (one HTTP request's), checked before the
-    /// request is answered: each must allow subscribing, and together they must fit within
-    /// `max_subscriptions`. Opening them can still fail later (the broker), not for these.
-    pub fn may_open(&self, channels: &[(ChannelName, Option<Since>)]) -> Result<(), Failure> {
-        let node = self.node();
+    /// request is answered, so that a refusal is still an HTTP status: each must allow
+    /// subscribing, by the rules and by the subscribe hook where its namespace has one
+    /// (whose answers [`Session::join`] then uses instead of asking again), and together
+    /// they must fit within `max_subscriptions`. Opening them can still fail later (the
+    /// broker), not for these.
+    pub async fn admit(
+        &mut self,
+        channels: &[(ChannelName, Option<Since>)],
+    ) -> Result<(), Failure> {
+        let node = self.node().clone();
         let limit = node.settings.config.client.max_subscriptions;
         if self.subscriptions.len() + channels.len() > limit {
             return Err(Failure::new(
@@ -56,9 +62,63 @@ impl Session {
             ));
         }
         self.cursor_fits(channels.iter().map(|(c, _)| c))?;
+        // The rules for every channel first: a request they refuse costs the backend nothing.
         channels.iter().try_for_each(|(channel, _)| {
-            policy::check(node, self.asker(channel), Action::Subscribe, channel)
-        })
+            policy::check(&node, self.asker(channel), Action::Subscribe, channel)
+                .map_err(|f| f.about(channel))
+        })?;
+        for (channel, _) in channels {
+            if node.settings.namespace(channel.namespace()).subscribe_hook {
+                let asking = self.ask_subscribe_hook(channel);
+                let answer = asking.await.map_err(|f| f.about(channel))?;
+                self.credentials().admitted.push((channel.clone(), answer));
+            }
+        }
+        Ok(())
+    }
+
+    /// Asks the subscribe hook whether this client may read `channel`; its answer's state
+    /// on yes. Keeps nothing: the caller decides whether the yes outlives the call.
+    async fn ask_subscribe_hook(&self, channel: &ChannelName) -> Result<HookAnswer, Failure> {
+        let node = self.node();
+        let Some(hook) = node.settings.hooks.subscribe.as_ref() else {
+            // Configuration refuses a namespace switch without its hook's address.
+            return Err(Failure::new(
+                ErrorCode::BackendUnavailable,
+                "backend unavailable",
+            ));
+        };
+        let request = hooks::SubscribeRequest {
+            client: self.hook_client(),
+            channel,
+        };
+        let answer: hooks::SubscribeResult = hook
+            .call(&request)
+            .await
+            .map_err(|e| e.failure("subscribe"))?;
+        let data = answer
+            .data
+            .map(|data| hooks::checked_data(&data, "subscribe"))
+            .transpose()?;
+        Ok((data, answer.expires))
+    }
+
+    /// Whether this client may read what was published to `channel` (`action`: history or
+    /// presence): the rules, and in a namespace whose subscribe hook is on, the hook too,
+    /// whose yes this connection holds only while subscribed (every subscription asked it).
+    /// A hook that fails refuses (118): reading never reaches further than subscribing.
+    pub(super) async fn may_read(
+        &self,
+        channel: &ChannelName,
+        action: Action,
+    ) -> Result<(), Failure> {
+        let node = self.node();
+        policy::check(node, self.asker(channel), action, channel)?;
+        let hooked = node.settings.namespace(channel.namespace()).subscribe_hook;
+        if hooked && !self.subscriptions.contains_key(channel) {
+            self.ask_subscribe_hook(channel).await?;
+        }
+        Ok(())
     }
 
     /// Whether the cursor still fits the transport's bound with `more` channels added. An
@@ -164,30 +224,25 @@ impl Session {
                 format!("at most {limit} subscriptions per connection"),
             ));
         }
-        let data = match node.settings.hooks.subscribe.as_ref().filter(|_| hooked) {
-            None => None,
-            Some(hook) => {
-                let request = hooks::SubscribeRequest {
-                    client: self.hook_client(),
-                    channel: &channel,
-                };
-                let answer: hooks::SubscribeResult = hook
-                    .call(&request)
-                    .await
-                    .map_err(|e| e.failure("subscribe"))?;
-                let data = answer
-                    .data
-                    .map(|data| hooks::checked_data(&data, "subscribe"))
-                    .transpose()?;
-                // The allowance is a grant for as long as the subscription lives (or
-                // until its `expires`), so history and presence follow it.
-                self.grant(ChannelGrant {
-                    channel: channel.clone(),
-                    expires: answer.expires,
-                    info: None,
-                });
-                data
-            }
+        let data = if hooked {
+            let admitted = self.auth.as_mut().and_then(|a| {
+                let i = a.admitted.iter().position(|(c, _)| *c == channel)?;
+                Some(a.admitted.swap_remove(i).1)
+            });
+            let (data, expires) = match admitted {
+                Some(answer) => answer,
+                None => self.ask_subscribe_hook(&channel).await?,
+            };
+            // The allowance is a grant for as long as the subscription lives (or
+            // until its `expires`), so history and presence follow it.
+            self.grant(ChannelGrant {
+                channel: channel.clone(),
+                expires,
+                info: None,
+            });
+            data
+        } else {
+            None
         };
         let may_read =
             policy::check(&node, self.asker(&channel), Action::History, &channel).is_ok();
@@ -245,12 +300,7 @@ impl Session {
         req: HistoryRequest,
     ) -> Result<Option<Vec<u8>>, Failure> {
         let node = self.node().clone();
-        policy::check(
-            &node,
-            self.asker(&req.channel),
-            Action::History,
-            &req.channel,
-        )?;
+        self.may_read(&req.channel, Action::History).await?;
         let h = history::read(
             &node,
             &req.channel,
@@ -267,6 +317,10 @@ impl Session {
         }))
     }
 }
+
+/// The subscribe hook's yes: the channel's state (checked JSON) and when the allowance
+/// ends (Unix seconds).
+pub(super) type HookAnswer = (Option<bytes::Bytes>, Option<u64>);
 
 /// What joining a channel gives: where its stream is, what was replayed, and the
 /// subscribe hook's state (checked JSON, without line breaks).

@@ -150,7 +150,8 @@ async fn prepare(
     let authenticating = Box::pin(request.authenticate(&node, session));
     let mut session = authenticating.await?;
     let request = request.with_token_channels(&session).require_channels()?;
-    session.may_open(&request.channels)?;
+    let admitting = Box::pin(session.admit(&request.channels));
+    admitting.await?;
     let mut messages = Vec::new();
     // Positions of channels left for the next poll: once the answer is full, a channel
     // behind is not replayed (that could make the answer as large as every history) but

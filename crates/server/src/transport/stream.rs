@@ -276,11 +276,12 @@ async fn accept(
     if framing == Framing::Sse {
         session = session.cursor_bound(MAX_SSE_ID);
     }
-    let session = request.authenticate(&node, session).await?;
+    let mut session = request.authenticate(&node, session).await?;
     let request = request.with_token_channels(&session);
-    // What can refuse the request is checked now, so the answer can still be an HTTP error;
-    // the channels are opened by the pump, one replay at a time as the client reads.
-    session.may_open(&request.channels)?;
+    // What can refuse the request (the rules, the subscribe hook) is checked now, so the
+    // answer can still be an HTTP error; the channels are opened by the pump, one replay
+    // at a time as the client reads.
+    session.admit(&request.channels).await?;
     let mut first = Vec::new();
     framing.prelude(node.settings.config.http.sse_retry, &mut first);
     framing.push(&session.connect_push(), None, &mut first);
@@ -422,9 +423,10 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
             return false;
         }
         if let Err(f) = replayed {
+            let ending = f.disconnect();
             opened = Err(Disconnect::because(
-                DisconnectCode::ServerError,
-                format!("could not open {channel}: {}", f.message),
+                ending.code,
+                format!("could not open {channel}: {}", ending.reason),
             ));
             break;
         }

@@ -11,7 +11,7 @@ use crate::{
     support::*,
 };
 
-const SECRET: &str = "a-test-secret-of-at-least-32-bytes!";
+pub(crate) const SECRET: &str = "a-test-secret-of-at-least-32-bytes!";
 const AUDIENCE: &str = "herald-test";
 const ISSUER: &str = "test-backend";
 

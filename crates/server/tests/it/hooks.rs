@@ -356,25 +356,23 @@ async fn the_subscribe_hook_allows_with_state_or_refuses_with_the_applications_c
         subscribed["subscribe"]["data"]["members"], 2,
         "{subscribed}"
     );
-    let r = get_with_cookie(
-        &server,
-        "/connection/sse?channel=room:closed",
-        "sid=alice-session",
-    )
-    .await;
-    assert_eq!(r.status(), 200, "refused after the stream started");
-    let mut lines = Lines::new(r);
-    let mut seen = Vec::new();
-    while let Some(line) = lines.next().await {
-        seen.push(line);
-        if seen.iter().any(|l| l.contains("1003")) {
-            break;
-        }
+    // A refusal is an HTTP refusal on every transport, before anything streams, with the
+    // backend's code and words (issue #29: SSE used to answer 200, then end with 3006).
+    for open in HTTP_OPENS {
+        let r = get_with_cookie(
+            &server,
+            &format!("{open}channel=room:closed"),
+            "sid=alice-session",
+        )
+        .await;
+        let (status, body) = response(r).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_u64()),
+            (403, Some(1003)),
+            "{open}: {body}"
+        );
+        assert_eq!(body["error"]["message"], "this room is closed", "{open}");
     }
-    assert!(
-        seen.iter().any(|l| l.contains("this room is closed")),
-        "{seen:?}"
-    );
 }
 
 #[tokio::test]

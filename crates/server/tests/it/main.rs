@@ -2,6 +2,7 @@
 
 mod support;
 
+mod access;
 mod admin;
 mod api;
 mod auth;
