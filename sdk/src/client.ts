@@ -1,5 +1,5 @@
 import { backoffDelay } from "./backoff.js";
-import { ClientCode, isTemporaryError, shouldReconnect } from "./codes.js";
+import { ClientCode, isRefusal, isTemporaryError, shouldReconnect } from "./codes.js";
 import type { Position } from "./cursor.js";
 import { Emitter } from "./emitter.js";
 import {
@@ -22,7 +22,7 @@ import { IframeTransport } from "./transport/iframe.js";
 import { PollTransport, type PollSource } from "./transport/poll.js";
 import { SseTransport } from "./transport/sse.js";
 import { StreamTransport } from "./transport/stream.js";
-import type { Transport, TransportContext, TransportName, WebSocketConstructor } from "./transport/types.js";
+import type { EventSourceConstructor, Transport, TransportContext, TransportName, WebSocketConstructor } from "./transport/types.js";
 import { WebSocketTransport } from "./transport/websocket.js";
 
 export const VERSION = "0.1.0";
@@ -71,6 +71,9 @@ export interface ClientOptions {
   retriesBeforeFallback?: number;
   /** A WebSocket implementation where there is no global one (Node 20: the `ws` package). */
   websocket?: WebSocketConstructor;
+  /** An EventSource implementation where there is no global one (Node: the `eventsource`
+   * package's `EventSource`). */
+  eventSource?: EventSourceConstructor;
   /** A fetch implementation (default: the global one). */
   fetch?: typeof fetch;
 }
@@ -131,9 +134,9 @@ const SESSION_TRANSPORTS = new Set<TransportName>(["websocket", "sse", "stream",
 export class Client extends Emitter<ClientEvents> implements SubscriptionHost, PollSource {
   readonly baseUrl: string;
   private readonly options: Required<
-    Omit<ClientOptions, "token" | "name" | "pingInterval" | "websocket" | "fetch" | "transports" | "getToken" | "getSubscriptionToken">
+    Omit<ClientOptions, "token" | "name" | "pingInterval" | "websocket" | "eventSource" | "fetch" | "transports" | "getToken" | "getSubscriptionToken">
   > &
-    Pick<ClientOptions, "name" | "pingInterval" | "websocket" | "getToken" | "getSubscriptionToken">;
+    Pick<ClientOptions, "name" | "pingInterval" | "websocket" | "eventSource" | "getToken" | "getSubscriptionToken">;
   /** The connection token in use. */
   private token: string | undefined;
   /** Set when the server said the token expired: get a new one before reconnecting. */
@@ -162,6 +165,8 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
   private flushScheduled = false;
   private readyWaiters: { resolve(): void; reject(e: HeraldError): void }[] = [];
   private readonly subs = new Map<string, Subscription>();
+  /** Transports that do not exist in this environment, with why. */
+  private readonly unavailable = new Map<TransportName, string>();
 
   /** `url`: the server's HTTP(S) base URL; in a browser it defaults to the page's origin. */
   constructor(url?: string, options: ClientOptions = {}) {
@@ -184,6 +189,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
       name: options.name,
       pingInterval: options.pingInterval,
       websocket: options.websocket,
+      eventSource: options.eventSource,
       getToken: options.getToken,
       getSubscriptionToken: options.getSubscriptionToken,
     };
@@ -326,7 +332,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
         if (isTemporaryError(error.code)) {
           sub.warn(error.code, error.message);
           this.retrySubscribe(sub);
-        } else if (error.code >= 100 && error.code < 1000) {
+        } else if (isRefusal(error.code)) {
           sub.failed(error.code, error.message);
         }
         // Otherwise the connection dropped: the subscription is resubscribed on reconnect.
@@ -369,11 +375,18 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
     }
   }
 
-  refused(code: number, reason: string): boolean {
+  refused(code: number, reason: string, channel?: string): boolean {
+    if (!isRefusal(code)) return false;
+    // The server names the channel it refused; older servers only in their words.
+    const named = channel === undefined ? undefined : this.subs.get(channel);
+    if (named !== undefined && named.state !== "unsubscribed") {
+      named.failed(code, reason);
+      return true;
+    }
     const unconfirmed = [...this.subs.values()].filter((s) => s.state === "subscribing" && !s.confirmedOnce);
-    const named = unconfirmed.filter((s) => reason.includes(s.channel));
-    const culprits = named.length > 0 ? named : unconfirmed;
-    if (culprits.length === 0 || code < 100 || code >= 1000 || isTemporaryError(code)) return false;
+    const mentioned = unconfirmed.filter((s) => reason.includes(s.channel));
+    const culprits = mentioned.length > 0 ? mentioned : unconfirmed;
+    if (culprits.length === 0) return false;
     for (const sub of culprits) sub.failed(code, reason);
     return true;
   }
@@ -430,9 +443,20 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
     try {
       transport = this.makeTransport(name, ctx);
     } catch (error) {
-      // Not available in this environment: the same as blocked.
+      // Not available in this environment: the same as blocked, unless no transport asked
+      // for is available, when trying again cannot help: the client stops, once, saying why.
       this.transport = undefined;
-      queueMicrotask(() => this.onTransportClose(ClientCode.TransportClosed, `${name}: ${String(error)}`));
+      const why = `${name}: ${error instanceof Error ? error.message : String(error)}`;
+      this.unavailable.set(name, why);
+      if (this.order.every((n) => this.unavailable.has(n))) {
+        const reasons = [...new Set(this.order.map((n) => this.unavailable.get(n)!))].join("; ");
+        queueMicrotask(() => {
+          this.emit("error", { type: "transport", code: ClientCode.NoTransport, message: reasons, transport: name });
+          this.stop(ClientCode.NoTransport, reasons);
+        });
+        return;
+      }
+      queueMicrotask(() => this.onTransportClose(ClientCode.TransportClosed, why));
       return;
     }
     this.transport = transport;
@@ -460,7 +484,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
         return ws;
       }
       case "sse":
-        return new SseTransport(ctx);
+        return new SseTransport(ctx, this.options.eventSource);
       case "stream":
         return new StreamTransport(ctx);
       case "iframe":

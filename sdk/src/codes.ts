@@ -17,6 +17,9 @@ export const ClientCode = {
   OutOfOrder: 3403,
   /** `getToken` or `getSubscriptionToken` threw; the client retries. */
   TokenUnavailable: 3404,
+  /** None of the transports asked for exists in this environment (SSE in Node without an
+   * `EventSource`, say): the client stops, since trying again cannot help. */
+  NoTransport: 3510,
 } as const;
 
 /** WebSocket close codes (RFC 6455) after which reconnecting cannot help. */
@@ -33,8 +36,16 @@ export function shouldReconnect(code: number): boolean {
 
 /**
  * Error codes in command replies after which the same command may succeed later
- * (internal, limit, rate, shutting down).
+ * (internal, limit, rate, shutting down, the application's backend unavailable).
  */
 export function isTemporaryError(code: number): boolean {
-  return code === 100 || code === 106 || code === 111 || code === 117;
+  return code === 100 || code === 106 || code === 111 || code === 117 || code === 118;
+}
+
+/**
+ * Error codes that refuse a subscription for good: the server's own (100-999) other than
+ * the temporary ones, and an application's (1000-1999, from its backend's hooks).
+ */
+export function isRefusal(code: number): boolean {
+  return code >= 100 && code < 2000 && !isTemporaryError(code);
 }

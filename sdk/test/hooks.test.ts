@@ -6,8 +6,8 @@ import type { AddressInfo } from "node:net";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 // @ts-expect-error: a plain JavaScript example, checked by running it here.
 import { server as exampleBackend } from "../../docs/examples/hooks-backend.mjs";
-import { HeraldError, type TransportName } from "../src/index.js";
-import { client, disconnectAll, next, subscribed } from "./clients.js";
+import { ClientCode, HeraldError, type TransportName } from "../src/index.js";
+import { client, collect, disconnectAll, next, subscribed } from "./clients.js";
 import { Herald, until } from "./herald.js";
 
 let backend: Server;
@@ -61,5 +61,50 @@ describe.each(NODE_TRANSPORTS)("over %s", (transport) => {
     expect(await c.rpc("messages", { room })).toEqual([got[0]!.data]);
     const refused = await c.publish(room, { text: "" }).catch((e: unknown) => e);
     expect((refused as HeraldError).code).toBe(1001);
+  });
+});
+
+describe.each(NODE_TRANSPORTS)("a room the backend refuses, over %s", (transport) => {
+  it("ends that subscription with the backend's code and keeps the others and the connection", async () => {
+    const c = client(server.url, { transports: transport });
+    const staff = c.newSubscription("room:staff");
+    const lobby = c.newSubscription(`room:lobby-${transport}`);
+    const got = collect(lobby);
+    const ended = next(staff, "unsubscribed");
+    const errored = next(staff, "error");
+    const ready = next(lobby, "subscribed");
+    const disconnects: unknown[] = [];
+    c.on("connecting", (e) => {
+      if (e.code !== 0) disconnects.push(e);
+    });
+    // Both asked for at once: one request carries both on the polling transports.
+    staff.subscribe();
+    lobby.subscribe();
+    c.connect();
+    const [unsubscribed, error] = await Promise.all([ended, errored]);
+    expect(unsubscribed.code).toBe(1003);
+    expect(unsubscribed.reason).toContain("staff only");
+    expect(error.code).toBe(1003);
+    await ready;
+    await server.publish(`room:lobby-${transport}`, { text: "still here" });
+    await until("the lobby's publication", () => got.length === 1);
+    expect(staff.state).toBe("unsubscribed");
+    expect(c.state).toBe("connected");
+    expect(disconnects).toEqual([]);
+  });
+});
+
+describe("SSE where there is no EventSource (Node)", () => {
+  it("fails once, naming the package that provides one", async () => {
+    const c = client(server.url, { transports: "sse" });
+    const errors: { code: number; message: string }[] = [];
+    c.on("error", (e) => errors.push(e));
+    const stopped = next(c, "disconnected");
+    c.connect();
+    const { code, reason } = await stopped;
+    expect(code).toBe(ClientCode.NoTransport);
+    expect(reason).toContain("eventsource");
+    expect(errors).toHaveLength(1);
+    expect(c.state).toBe("disconnected");
   });
 });

@@ -55,7 +55,10 @@ var Herald = (() => {
     /** A publication arrived out of order; the client resubscribes to resume cleanly. */
     OutOfOrder: 3403,
     /** `getToken` or `getSubscriptionToken` threw; the client retries. */
-    TokenUnavailable: 3404
+    TokenUnavailable: 3404,
+    /** None of the transports asked for exists in this environment (SSE in Node without an
+     * `EventSource`, say): the client stops, since trying again cannot help. */
+    NoTransport: 3510
   };
   var FATAL_WEBSOCKET = /* @__PURE__ */ new Set([1002, 1003, 1007, 1008, 1009, 1010]);
   function shouldReconnect(code) {
@@ -66,7 +69,10 @@ var Herald = (() => {
     return !FATAL_WEBSOCKET.has(code);
   }
   function isTemporaryError(code) {
-    return code === 100 || code === 106 || code === 111 || code === 117;
+    return code === 100 || code === 106 || code === 111 || code === 117 || code === 118;
+  }
+  function isRefusal(code) {
+    return code >= 100 && code < 2e3 && !isTemporaryError(code);
   }
 
   // src/emitter.ts
@@ -281,14 +287,16 @@ var Herald = (() => {
   async function httpFailure(response) {
     let code = 0;
     let reason = `HTTP ${response.status}`;
+    let channel;
     try {
       const body = await response.json();
       if (body.error?.code !== void 0) code = body.error.code;
       if (body.error?.message !== void 0) reason = `${reason}: ${body.error.message}`;
+      if (typeof body.error?.channel === "string") channel = body.error.channel;
     } catch {
     }
     if (code === 119) return { code: 3502, reason };
-    return { code: response.status === 401 ? authClose(code) : code, reason };
+    return { code: response.status === 401 ? authClose(code) : code, reason, ...channel !== void 0 ? { channel } : {} };
   }
 
   // src/transport/session.ts
@@ -526,8 +534,8 @@ var Herald = (() => {
         );
         if (response.status === 304) return;
         if (!response.ok) {
-          const { code, reason } = await httpFailure(response);
-          if (!this.source.refused(code, reason)) this.fail(code || ClientCode.TransportClosed, reason);
+          const { code, reason, channel } = await httpFailure(response);
+          if (!this.source.refused(code, reason, channel)) this.fail(code || ClientCode.TransportClosed, reason);
           this.fresh = true;
           return;
         }
@@ -567,11 +575,15 @@ var Herald = (() => {
 
   // src/transport/sse.ts
   var SseTransport = class extends HttpSessionTransport {
-    constructor(ctx) {
+    constructor(ctx, eventSource = globalThis.EventSource) {
       super(ctx);
       this.name = "sse";
-      if (globalThis.EventSource === void 0) throw new Error("EventSource is not available here");
-      this.source = new EventSource(this.streamUrl("sse"));
+      if (eventSource === void 0) {
+        throw new Error(
+          "EventSource is not available here: in Node, install the `eventsource` package and pass its EventSource as the `eventSource` option, or use another transport"
+        );
+      }
+      this.source = new eventSource(this.streamUrl("sse"));
       this.source.onmessage = (event) => {
         try {
           for (const m of decodeMessages(String(event.data))) this.deliver(m);
@@ -705,6 +717,8 @@ var Herald = (() => {
       this.flushScheduled = false;
       this.readyWaiters = [];
       this.subs = /* @__PURE__ */ new Map();
+      /** Transports that do not exist in this environment, with why. */
+      this.unavailable = /* @__PURE__ */ new Map();
       const base = url ?? globalThis.location?.origin;
       if (base === void 0) throw new Error("give the server's URL, e.g. new Client('http://127.0.0.1:8080')");
       this.baseUrl = base.replace(/\/+$/, "");
@@ -723,6 +737,7 @@ var Herald = (() => {
         name: options.name,
         pingInterval: options.pingInterval,
         websocket: options.websocket,
+        eventSource: options.eventSource,
         getToken: options.getToken,
         getSubscriptionToken: options.getSubscriptionToken
       };
@@ -845,7 +860,7 @@ var Herald = (() => {
           if (isTemporaryError(error.code)) {
             sub.warn(error.code, error.message);
             this.retrySubscribe(sub);
-          } else if (error.code >= 100 && error.code < 1e3) {
+          } else if (isRefusal(error.code)) {
             sub.failed(error.code, error.message);
           }
         }
@@ -880,11 +895,17 @@ var Herald = (() => {
         if (position?.epoch !== void 0) sub.confirmed({ epoch: position.epoch, offset: position.offset, recovered: true }, true);
       }
     }
-    refused(code, reason) {
+    refused(code, reason, channel) {
+      if (!isRefusal(code)) return false;
+      const named = channel === void 0 ? void 0 : this.subs.get(channel);
+      if (named !== void 0 && named.state !== "unsubscribed") {
+        named.failed(code, reason);
+        return true;
+      }
       const unconfirmed = [...this.subs.values()].filter((s) => s.state === "subscribing" && !s.confirmedOnce);
-      const named = unconfirmed.filter((s) => reason.includes(s.channel));
-      const culprits = named.length > 0 ? named : unconfirmed;
-      if (culprits.length === 0 || code < 100 || code >= 1e3 || isTemporaryError(code)) return false;
+      const mentioned = unconfirmed.filter((s) => reason.includes(s.channel));
+      const culprits = mentioned.length > 0 ? mentioned : unconfirmed;
+      if (culprits.length === 0) return false;
       for (const sub of culprits) sub.failed(code, reason);
       return true;
     }
@@ -939,7 +960,17 @@ var Herald = (() => {
         transport = this.makeTransport(name, ctx);
       } catch (error) {
         this.transport = void 0;
-        queueMicrotask(() => this.onTransportClose(ClientCode.TransportClosed, `${name}: ${String(error)}`));
+        const why = `${name}: ${error instanceof Error ? error.message : String(error)}`;
+        this.unavailable.set(name, why);
+        if (this.order.every((n) => this.unavailable.has(n))) {
+          const reasons = [...new Set(this.order.map((n) => this.unavailable.get(n)))].join("; ");
+          queueMicrotask(() => {
+            this.emit("error", { type: "transport", code: ClientCode.NoTransport, message: reasons, transport: name });
+            this.stop(ClientCode.NoTransport, reasons);
+          });
+          return;
+        }
+        queueMicrotask(() => this.onTransportClose(ClientCode.TransportClosed, why));
         return;
       }
       this.transport = transport;
@@ -966,7 +997,7 @@ var Herald = (() => {
           return ws;
         }
         case "sse":
-          return new SseTransport(ctx);
+          return new SseTransport(ctx, this.options.eventSource);
         case "stream":
           return new StreamTransport(ctx);
         case "iframe":

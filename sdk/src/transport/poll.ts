@@ -10,9 +10,10 @@ export interface PollSource {
   channels(): Map<string, Position | undefined>;
   /** An answer covered `requested`; `announced` got a `subscribe` push in it. */
   answered(requested: string[], announced: Set<string>): void;
-  /** The server refused the request (a channel it will not open, say). True if the client
-   * dealt with it (dropped the channels that had not been confirmed yet). */
-  refused(code: number, reason: string): boolean;
+  /** The server refused the request (a channel it will not open, say: `channel` when the
+   * answer names it). True if the client dealt with it (dropped that channel, or the
+   * channels that had not been confirmed yet). */
+  refused(code: number, reason: string, channel?: string): boolean;
 }
 
 export interface PollOptions {
@@ -160,8 +161,8 @@ export class PollTransport implements Transport {
       );
       if (response.status === 304) return;
       if (!response.ok) {
-        const { code, reason } = await httpFailure(response);
-        if (!this.source.refused(code, reason)) this.fail(code || ClientCode.TransportClosed, reason);
+        const { code, reason, channel } = await httpFailure(response);
+        if (!this.source.refused(code, reason, channel)) this.fail(code || ClientCode.TransportClosed, reason);
         this.fresh = true;
         return;
       }

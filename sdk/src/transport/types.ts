@@ -49,19 +49,30 @@ export function authClose(code: number): number {
 
 export type WebSocketConstructor = new (url: string, protocols?: string | string[]) => WebSocket;
 
-/** Reads an HTTP error answer (`{"error": {code, message}}`) into a code and reason. */
-export async function httpFailure(response: Response): Promise<{ code: number; reason: string }> {
+export type EventSourceConstructor = new (url: string) => EventSource;
+
+/** An HTTP error answer: its code, its words, and the channel it refused when it names one. */
+export interface HttpFailure {
+  code: number;
+  reason: string;
+  channel?: string;
+}
+
+/** Reads an HTTP error answer (`{"error": {code, message, channel?}}`). */
+export async function httpFailure(response: Response): Promise<HttpFailure> {
   let code = 0;
   let reason = `HTTP ${response.status}`;
+  let channel: string | undefined;
   try {
-    const body = (await response.json()) as { error?: { code?: number; message?: string } };
+    const body = (await response.json()) as { error?: { code?: number; message?: string; channel?: string } };
     if (body.error?.code !== undefined) code = body.error.code;
     if (body.error?.message !== undefined) reason = `${reason}: ${body.error.message}`;
+    if (typeof body.error?.channel === "string") channel = body.error.channel;
   } catch {
     // A proxy's HTML error page, say: the status is all there is.
   }
   // An origin refusal: retrying from this page cannot help, so it ends the client (3502,
   // "forbidden") with the server's words, which say what to add to `allowed_origins`.
   if (code === 119) return { code: 3502, reason };
-  return { code: response.status === 401 ? authClose(code) : code, reason };
+  return { code: response.status === 401 ? authClose(code) : code, reason, ...(channel !== undefined ? { channel } : {}) };
 }
