@@ -191,7 +191,7 @@ pub async fn publish(a: PubArgs) -> anyhow::Result<ExitCode> {
         .json(&json!({ "channel": a.channel, "data": data }))
         .send()
         .await
-        .with_context(|| format!("cannot reach {url}"))?;
+        .map_err(|e| unreachable(&a.server.url, &e))?;
     let status = response.status();
     let body: Value = response
         .json()
@@ -232,6 +232,36 @@ fn message(text: &str, as_string: bool, stdin: impl std::io::Read) -> anyhow::Re
             }
             Ok(Value::String(text))
         }
+    }
+}
+
+/// A server that could not be reached, on one line: the innermost cause says it best
+/// ("Connection refused"; the outer ones repeat it), then where to look.
+fn unreachable(base: &str, e: &(dyn std::error::Error + 'static)) -> anyhow::Error {
+    let mut cause = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        cause = inner.to_string();
+        source = inner.source();
+    }
+    anyhow::anyhow!(
+        "cannot reach {base} ({cause}): is `herald serve` running there? (set the address with --url or HERALD_URL)"
+    )
+}
+
+/// A transport's refusal (an HTTP error answer) as the reason the server gave.
+fn refused(a: &SubArgs, status: reqwest::StatusCode, body: &str) -> anyhow::Error {
+    let answer: Value = serde_json::from_str(body).unwrap_or_default();
+    match (
+        answer["error"]["code"].as_u64(),
+        answer["error"]["message"].as_str(),
+    ) {
+        (Some(code), Some(message)) => anyhow::anyhow!(
+            "the server refused {}: {message} (error {code}, HTTP {})",
+            a.channel,
+            status.as_u16()
+        ),
+        _ => anyhow::anyhow!("the server answered {status}: {body}"),
     }
 }
 
@@ -333,7 +363,7 @@ async fn catch_up(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<bool> {
             .body(command.to_string())
             .send()
             .await
-            .with_context(|| format!("cannot reach {url}"))?;
+            .map_err(|e| unreachable(&a.server.url, &e))?;
         if !response.status().is_success() {
             return Ok(false);
         }
@@ -409,9 +439,10 @@ fn on_push(v: &Value, a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<bool> 
         Vec::new()
     } else if let Some(err) = v.get("error") {
         bail!(
-            "server error {}: {}",
-            err["code"],
-            err["message"].as_str().unwrap_or("")
+            "the server refused {}: {} (error {})",
+            a.channel,
+            err["message"].as_str().unwrap_or(""),
+            err["code"]
         );
     } else {
         Vec::new()
@@ -423,7 +454,11 @@ fn on_push(v: &Value, a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<bool> 
 fn print(a: &SubArgs, cursor: &mut Cursor, publications: Vec<Value>) -> anyhow::Result<bool> {
     let mut out = std::io::stdout().lock();
     for p in publications {
-        let line = json!({ "channel": a.channel, "offset": p["offset"], "epoch": cursor.epoch, "data": p["data"] });
+        let mut line = json!({ "channel": a.channel, "offset": p["offset"], "epoch": cursor.epoch, "data": p["data"] });
+        // Who sent it, when a client did (its user and info): the API's publications say nothing.
+        if let Some(from) = p.get("from") {
+            line["from"] = from.clone();
+        }
         writeln!(out, "{line}")?;
         out.flush()?;
         cursor.offset = p["offset"].as_u64();
@@ -471,12 +506,16 @@ async fn stream_session(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<Ende
     );
     let response = match reqwest::get(&url).await {
         Ok(r) => r,
-        Err(e) if cursor.printed == 0 => bail!("cannot connect to {url}: {}", with_causes(&e)),
+        Err(e) if cursor.printed == 0 => return Err(unreachable(&a.server.url, &e)),
         Err(e) => return Ok(Ended::Reconnect(with_causes(&e))),
     };
     if !response.status().is_success() {
         let status = response.status();
-        bail!("{status}: {}", response.text().await.unwrap_or_default());
+        return Err(refused(
+            a,
+            status,
+            &response.text().await.unwrap_or_default(),
+        ));
     }
     let mut body = response.bytes_stream();
     let mut pending = Vec::new();
@@ -511,8 +550,11 @@ async fn polling_session(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<End
         let url = http_url(a, &a.transport, cursor);
         let answer: Value = match client.get(&url).send().await {
             Ok(r) if r.status().is_success() => r.json().await?,
-            Ok(r) => bail!("{}: {}", r.status(), r.text().await.unwrap_or_default()),
-            Err(e) if cursor.printed == 0 => bail!("cannot connect to {url}: {}", with_causes(&e)),
+            Ok(r) => {
+                let status = r.status();
+                return Err(refused(a, status, &r.text().await.unwrap_or_default()));
+            }
+            Err(e) if cursor.printed == 0 => return Err(unreachable(&a.server.url, &e)),
             Err(e) => return Ok(Ended::Reconnect(with_causes(&e))),
         };
         for m in answer["messages"].as_array().into_iter().flatten() {
@@ -533,9 +575,7 @@ async fn websocket_session(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<E
     let url = websocket_url(&a.server.url)?;
     let (mut ws, _) = match tokio_tungstenite::connect_async(&url).await {
         Ok(ws) => ws,
-        Err(e) if cursor.printed == 0 => {
-            return Err(e).with_context(|| format!("cannot connect to {url}"))
-        }
+        Err(e) if cursor.printed == 0 => return Err(unreachable(&a.server.url, &e)),
         Err(e) => return Ok(Ended::Reconnect(with_causes(&e))),
     };
     if let Some(token) = &a.token {

@@ -484,12 +484,110 @@ fn sub_over_http_transports_stops_at_once_when_the_server_is_not_there() {
             &format!("http://{closed}"),
         ]));
         assert!(said.contains("refused"), "{transport}: {said}");
+        // Issue #29: one line, the cause once, and where to look.
+        assert_eq!(said.lines().count(), 1, "{transport}: {said}");
+        assert_eq!(
+            said.matches("Connection refused").count(),
+            1,
+            "{transport}: {said}"
+        );
+        assert!(
+            said.contains("is `herald serve` running there?"),
+            "{transport}: {said}"
+        );
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "{transport} gave up after {:?}",
             started.elapsed()
         );
     }
+    let said = fails(herald().args([
+        "pub",
+        "--api-key",
+        "k",
+        "--url",
+        &format!("http://{closed}"),
+        "chat:nobody",
+        "hi",
+    ]));
+    assert_eq!(said.lines().count(), 1, "pub: {said}");
+    assert!(
+        said.contains("is `herald serve` running there?"),
+        "pub: {said}"
+    );
+}
+
+/// Issue #29: a channel the server refuses ends `herald sub` at once on every transport,
+/// with the server's reason and code, instead of resuming forever; a publication a client
+/// sent is printed with `from`, who sent it.
+#[test]
+fn sub_stops_with_the_servers_reason_when_refused_and_prints_who_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("herald.toml");
+    std::fs::write(
+        &config,
+        "[auth]\nhmac_secret = \"a-cli-test-secret-of-at-least-32-bytes\"\n\
+         [namespaces.team]\nsubscribe = \"granted\"\npublish = \"authenticated\"\n",
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let server = Server::start(&["--config", config]);
+    for transport in ["ws", "sse", "stream", "longpoll", "poll"] {
+        let started = std::time::Instant::now();
+        let said = fails(herald().args([
+            "sub",
+            "team:ops",
+            "--transport",
+            transport,
+            "--url",
+            &server.url,
+        ]));
+        assert!(said.contains("refused team:ops"), "{transport}: {said}");
+        assert!(said.contains("(error 103"), "{transport}: {said}");
+        assert!(said.contains("needs a grant"), "{transport}: {said}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{transport}");
+    }
+
+    let token = String::from_utf8(
+        succeeds(herald().args([
+            "token",
+            "--config",
+            config,
+            "--user",
+            "42",
+            "--grant",
+            "team:*",
+            "--info",
+            r#"{"name":"Ada"}"#,
+        ]))
+        .stdout,
+    )
+    .unwrap();
+    let token = token.trim();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let sent = rt.block_on(
+        reqwest::Client::new()
+            .post(format!("{}/connection/send?token={token}", server.url))
+            .body(r#"{"id":1,"publish":{"channel":"team:ops","data":"from ada"}}"#)
+            .send(),
+    );
+    assert_eq!(sent.unwrap().status(), 200);
+    let out = succeeds(herald().args([
+        "sub",
+        "team:ops",
+        "--since",
+        "0",
+        "--count",
+        "1",
+        "--token",
+        token,
+        "--url",
+        &server.url,
+    ]));
+    let line: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(line["data"], "from ada", "{line}");
+    assert_eq!(line["from"]["user"], "42", "{line}");
+    assert_eq!(line["from"]["info"]["name"], "Ada", "{line}");
 }
 
 /// Issue #18, item 7: an epoch that is not the channel's is named as the reason.
