@@ -111,9 +111,6 @@ pub fn check(
             action.verb()
         )));
     }
-    if action == Action::Presence {
-        presence_kept(node, channel)?;
-    }
     let granted = granted(rules, asker, action, channel);
     // Own personal channels count as granted, so this refuses only other users' ones.
     if rules.personal && !granted {
@@ -125,6 +122,11 @@ pub fn check(
         ));
     }
     for (name, level) in action.levels(rules).into_iter().flatten() {
+        if name == "presence" && rules.presence.access().is_none() {
+            // Only now, after the subscribe rule: a client that may not read the channel
+            // learns nothing of whether it keeps presence.
+            return Err(presence_off_for_clients(node, channel));
+        }
         let admitted = match level {
             Access::Anyone => true,
             Access::Authenticated => asker.identity.is_some(),
@@ -144,8 +146,8 @@ pub fn check(
     Ok(())
 }
 
-/// Whether `channel`'s namespace keeps presence at all (108 if not), whoever asks: the
-/// HTTP API asks this alone, clients through [`check`].
+/// Whether `channel`'s namespace keeps presence at all (108 if not, with the operator's
+/// advice): the HTTP API asks this alone; clients are told less, through [`check`].
 pub fn presence_kept(node: &Node, channel: &ChannelName) -> Result<(), Failure> {
     let namespace = channel.namespace();
     if node
@@ -161,6 +163,26 @@ pub fn presence_kept(node: &Node, channel: &ChannelName) -> Result<(), Failure> 
         ));
     }
     Ok(())
+}
+
+/// What a client asking for presence where it is off is told (108), without the operator's
+/// advice, which goes to the log once per namespace.
+fn presence_off_for_clients(node: &Node, channel: &ChannelName) -> Failure {
+    static TOLD: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    // Labels are bounded by the configuration (any other namespace is `_other`).
+    let label = node.settings.namespace_label(channel.namespace());
+    let mut told = TOLD.lock().unwrap_or_else(|e| e.into_inner());
+    if !told.iter().any(|t| t == label) {
+        told.push(label.to_string());
+        tracing::info!(
+            namespace = label,
+            "a client asked for presence where it is off; turn it on with `presence = true` in the namespace's rules if clients should see it"
+        );
+    }
+    Failure::new(
+        ErrorCode::NotAvailable,
+        format!("presence is not available for {channel}"),
+    )
 }
 
 /// A refusal by the rules: 103, whoever asks. (101 and 109 are kept for tokens that fail

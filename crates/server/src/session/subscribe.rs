@@ -113,12 +113,20 @@ impl Session {
         action: Action,
     ) -> Result<(), Failure> {
         let node = self.node();
-        policy::check(node, self.asker(channel), action, channel)?;
+        let ruled = policy::check(node, self.asker(channel), action, channel);
+        // "Presence is off" (108) is no refusal of this client: the hook still decides
+        // whether it may learn even that.
+        if ruled
+            .as_ref()
+            .is_err_and(|f| f.code != ErrorCode::NotAvailable)
+        {
+            return ruled;
+        }
         let hooked = node.settings.namespace(channel.namespace()).subscribe_hook;
         if hooked && !self.subscriptions.contains_key(channel) {
             self.ask_subscribe_hook(channel).await?;
         }
-        Ok(())
+        ruled
     }
 
     /// Whether the cursor still fits the transport's bound with `more` channels added. An

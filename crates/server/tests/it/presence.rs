@@ -184,6 +184,13 @@ async fn presence_follows_the_namespace_rules() {
     for method in ["presence", "presence_stats"] {
         let off = c.call(method, json!({ "channel": "quiet:x" })).await;
         assert_eq!(off["error"]["code"], 108, "presence is off there: {off}");
+        // Issue #29: what a client is told holds no advice for the operator, and a client
+        // that may not read a channel (anonymous, where `[channels]` needs a token) learns
+        // nothing of whether presence is on: the rules refuse first.
+        let said = off["error"]["message"].as_str().unwrap();
+        assert!(!said.contains("turn it on"), "{said}");
+        let unread = c.call(method, json!({ "channel": "other:x" })).await;
+        assert_eq!(unread["error"]["code"], 103, "{unread}");
         let closed = c.call(method, json!({ "channel": "staff:x" })).await;
         assert_eq!(
             closed["error"]["code"], 103,
