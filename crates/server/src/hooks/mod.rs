@@ -351,17 +351,23 @@ impl HookError {
                 }
                 match ErrorCode::from_code(code) {
                     Some(code) => Failure::new(code, message),
-                    None => HookError::Failed(format!(
-                        "answered error code {code}, which is neither Herald's nor an application code (1000-1999)"
-                    ))
-                    .failure(hook),
+                    None => {
+                        tracing::warn!(
+                            hook,
+                            "hook answered error code {code}, which is neither Herald's nor an application code (1000-1999): clients get 118"
+                        );
+                        HookError::Failed(format!("error code {code}")).failure(hook)
+                    }
                 }
             }
             HookError::Failed(why) => {
+                // The cause (an address, an OS error, the backend's own words) is the
+                // operator's: it is logged where the call failed, and clients get the
+                // generic reason.
                 tracing::debug!(hook, "hook failure answered with 118: {why}");
                 Failure::new(
                     ErrorCode::BackendUnavailable,
-                    format!("the application's backend did not answer the {hook} hook ({why}); retry later"),
+                    "backend unavailable; retry later",
                 )
             }
         }
@@ -386,8 +392,13 @@ impl HookError {
 /// its raw line breaks (an indented answer), so that it is safe in every framing. Send
 /// these bytes, never the value as it came.
 pub fn checked_data(raw: &RawValue, hook: &str) -> Result<bytes::Bytes, Failure> {
-    herald_protocol::json::payload(raw)
-        .map_err(|e| HookError::Failed(format!("its `data`: {e}")).failure(hook))
+    herald_protocol::json::payload(raw).map_err(|e| {
+        tracing::warn!(
+            hook,
+            "hook answered a `data` that cannot be sent: {e}; clients get 118"
+        );
+        HookError::Failed(format!("its `data`: {e}")).failure(hook)
+    })
 }
 
 #[cfg(test)]

@@ -511,6 +511,11 @@ async fn every_hook_answers_118(what: &str, url: &str, backend: Option<&Backend>
     ] {
         let reply = client.call(method, params).await;
         assert_eq!(reply["error"]["code"], 118, "{what} {method}: {reply}");
+        // The cause is the operator's (the log has it); the client gets the generic reason.
+        assert_eq!(
+            reply["error"]["message"], "backend unavailable; retry later",
+            "{what} {method}"
+        );
     }
     // Four calls (plus the two connects), each at most the timeout and a little.
     let elapsed = started.elapsed();
