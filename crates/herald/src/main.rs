@@ -130,8 +130,12 @@ fn say_what_is_open(settings: &herald_server::config::Settings) {
         } else {
             format!("namespace {namespace}")
         };
+        // Publishing is writing: anonymous writers are worth a warning whatever else is set.
+        let publish = can.contains(&"publish");
         let can = can.join(", ");
-        if keyed {
+        if publish {
+            tracing::warn!("anonymous clients may {can} in {which}; see docs/auth.md");
+        } else if keyed {
             tracing::info!("anonymous clients may {can} in {which}");
         } else {
             tracing::warn!(

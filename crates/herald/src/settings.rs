@@ -46,7 +46,16 @@ struct RedisFlags<'a> {
 
 /// Reads every source into one [`Config`]; errors name the key and the source.
 pub fn load(args: &ServeArgs) -> anyhow::Result<Config> {
-    let mut figment = Figment::from(Serialized::defaults(Config::default()));
+    // Built-in namespaces are not merged key by key with the configuration's: a namespace
+    // the configuration names is its own whole, and keys it leaves out take `[channels]`'
+    // values, as for any namespace (added back below only when the configuration does not
+    // name them).
+    let built_in = Config::default().namespaces;
+    let defaults = Config {
+        namespaces: Default::default(),
+        ..Config::default()
+    };
+    let mut figment = Figment::from(Serialized::defaults(defaults));
     if let Some(path) = &args.config {
         figment = figment.merge(Toml::file_exact(path));
     }
@@ -65,7 +74,7 @@ pub fn load(args: &ServeArgs) -> anyhow::Result<Config> {
             log_format: args.log_format.as_deref(),
             allowed_origins: &args.allowed_origin,
         }));
-    figment.extract::<Config>().map_err(|e| {
+    let mut config = figment.extract::<Config>().map_err(|e| {
         let mut message = String::from("invalid configuration:");
         for e in e {
             // Figment names keys by profile ("default.client.x"); users write "client.x".
@@ -75,7 +84,11 @@ pub fn load(args: &ServeArgs) -> anyhow::Result<Config> {
             ));
         }
         anyhow::anyhow!(message)
-    })
+    })?;
+    for (name, rules) in built_in {
+        config.namespaces.entry(name).or_insert(rules);
+    }
+    Ok(config)
 }
 
 /// Starts structured logging at the configured level.

@@ -65,6 +65,8 @@ pub fn mint(a: TokenArgs) -> anyhow::Result<ExitCode> {
         ..ServeArgs::default()
     })?;
     let auth = &config.auth;
+    // The same rules as `serve`: a token signed with a key it refuses would be useless.
+    auth.check()?;
     let (key, default_alg) = match (&a.private_key, &auth.hmac_secret) {
         (Some(path), _) => {
             let pem = std::fs::read(path)

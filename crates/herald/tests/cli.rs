@@ -762,3 +762,72 @@ fn top_shows_the_nodes_and_their_connections() {
     let said = fails(herald().args(["top", "--once", "--url", &server.url]));
     assert!(said.contains("API key"), "{said}");
 }
+
+/// Issue #29, section 3: `herald token` refuses a secret `serve` refuses, with the same
+/// words; a namespace the configuration names replaces the built-in one whole (keys left
+/// out take `[channels]` values), in what `--print-config` shows and in what clients may
+/// do; anonymous publishing is a warning even with a token key.
+#[test]
+fn token_config_and_start_up_say_what_serve_does() {
+    let short = [("HERALD_AUTH__HMAC_SECRET", "too-short")];
+    let minted = fails(herald().args(["token", "--user", "1"]).envs(short));
+    let served = fails(
+        herald()
+            .args(["serve", "--api-key", "an-api-key-of-16-bytes"])
+            .envs(short),
+    );
+    assert!(minted.contains("at least 32 bytes"), "{minted}");
+    assert_eq!(minted, served);
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("herald.toml");
+    std::fs::write(
+        &config,
+        "[auth]\nhmac_secret = \"a-cli-test-secret-of-at-least-32-bytes\"\n\
+         [namespaces.chat]\nsubscribe = \"authenticated\"\n\
+         [namespaces.wall]\npublish = \"anyone\"\n",
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let printed = String::from_utf8(
+        succeeds(herald().args(["serve", "--config", config, "--print-config"])).stdout,
+    )
+    .unwrap();
+    let chat = printed
+        .split("[namespaces.chat]")
+        .nth(1)
+        .expect("the chat namespace is printed")
+        .split("\n[")
+        .next()
+        .unwrap();
+    assert_eq!(chat.trim(), "subscribe = \"authenticated\"", "{printed}");
+
+    let server = Server::start(&["--config", config]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let publish = |channel: &str| {
+        let body = format!(r#"{{"id":1,"publish":{{"channel":"{channel}","data":1}}}}"#);
+        let url = format!("{}/connection/send", server.url);
+        rt.block_on(async {
+            let r = reqwest::Client::new().post(url).body(body).send().await;
+            r.unwrap().json::<Value>().await.unwrap()
+        })
+    };
+    // `publish` was left out of chat: `[channels]`' nobody, not the built-in's anyone.
+    assert_eq!(publish("chat:lobby")["error"]["code"], 103);
+    assert!(publish("wall:x")["publish"]["offset"].is_u64());
+
+    let mut logging = serve_logging(|c| {
+        c.args(["--config", config]);
+    });
+    let warned = logging
+        .lines
+        .by_ref()
+        .take(40)
+        .find(|v| {
+            v["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("anonymous clients may publish in namespace wall"))
+        })
+        .expect("a start-up line says anonymous clients may publish in wall");
+    assert_eq!(warned["level"], "WARN", "{warned}");
+}

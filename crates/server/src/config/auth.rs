@@ -94,7 +94,9 @@ impl AuthConfig {
         humantime_serde::re::humantime::parse_rfc3339_weak(until).ok()
     }
 
-    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+    /// Checks the keys as `herald serve` does (`herald token` asks the same, so it never
+    /// mints with a key the server refuses).
+    pub fn check(&self) -> Result<(), ConfigError> {
         let short = |s: &String| s.len() < MIN_HMAC_SECRET;
         if self.hmac_secret.as_ref().is_some_and(short) {
             return Err(bad(
