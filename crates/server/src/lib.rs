@@ -27,6 +27,7 @@ pub mod publish;
 pub mod queue;
 pub mod router;
 pub mod session;
+pub mod throttle;
 pub mod transport;
 pub mod web;
 

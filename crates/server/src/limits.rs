@@ -122,6 +122,8 @@ struct Entry {
     commands: Bucket,
     /// Channels this address made exist by publishing.
     created: Bucket,
+    /// Calls to the application's backend its clients caused.
+    hooked: Bucket,
 }
 
 /// The per-address counters of a node.
@@ -149,6 +151,7 @@ impl AddressLimits {
             opened: Bucket::full(c.connection_rate_per_address),
             commands: Bucket::full(c.commands_per_address),
             created: Bucket::full(Rate::per_minute(c.new_channels_per_address)),
+            hooked: Bucket::full(c.hook_calls_per_address),
         });
         f(entry)
     }
@@ -240,6 +243,21 @@ impl AddressLimits {
         self.with_entry(ip, |e| e.commands.take(rate))
     }
 
+    /// Takes one backend call of `ip` from its allowance (`limits.hook_calls_per_address`);
+    /// the refusal when over it.
+    pub fn hook_call(&self, ip: IpAddr) -> Result<(), Failure> {
+        let rate = self.config.hook_calls_per_address;
+        if self.with_entry(ip, |e| e.hooked.take(rate)) {
+            return Ok(());
+        }
+        Err(Failure::new(
+            ErrorCode::TooManyRequests,
+            format!(
+                "more than {rate} calls to the application's backend per second from this address; retry later"
+            ),
+        ))
+    }
+
     /// Whether `ip` may make another channel exist now (see
     /// `limits.new_channels_per_address`).
     pub fn may_create_channel(&self, ip: IpAddr) -> bool {
@@ -265,6 +283,7 @@ impl AddressLimits {
                 || !e
                     .created
                     .is_full(Rate::per_minute(c.new_channels_per_address))
+                || !e.hooked.is_full(c.hook_calls_per_address)
         });
     }
 

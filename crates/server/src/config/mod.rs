@@ -262,6 +262,12 @@ pub struct LimitsConfig {
     /// publications get error 111; publications to channels that exist are not counted.
     /// API publications are not limited. 0 = no limit. Default 60.
     pub new_channels_per_address: u32,
+    /// Calls to the application's backend (connect, subscribe, publish, rpc hooks) that one
+    /// address's clients may cause per second, on average; bursts of twice this pass. Past
+    /// it, what would ask the backend is refused (111, or 3008 for a WebSocket connect)
+    /// without asking it, so that one address cannot make the backend slow (or open its
+    /// circuit) for everyone. 0 = no limit. Default 50.
+    pub hook_calls_per_address: u32,
     /// Proxies (addresses or networks such as `10.0.0.0/8`) whose `X-Forwarded-For` is
     /// believed. Default none: the TCP peer is the client.
     pub trusted_proxies: Vec<crate::limits::Network>,
@@ -274,6 +280,7 @@ impl Default for LimitsConfig {
             connection_rate_per_address: 200,
             commands_per_address: 400,
             new_channels_per_address: 60,
+            hook_calls_per_address: 50,
             trusted_proxies: Vec::new(),
         }
     }

@@ -72,6 +72,8 @@ pub struct Caller {
     epoch: Instant,
     /// Where its durations and failures are counted, once the node's metrics exist.
     counted: std::sync::OnceLock<crate::metrics::HookCounters>,
+    /// Its failures' log lines.
+    failure_log: crate::throttle::Throttle,
 }
 
 impl Caller {
@@ -90,6 +92,7 @@ impl Caller {
             open_until: AtomicU64::new(0),
             epoch: Instant::now(),
             counted: std::sync::OnceLock::new(),
+            failure_log: crate::throttle::Throttle::new(10),
         }
     }
 
@@ -138,7 +141,11 @@ impl Caller {
         }
         match &answer {
             Err(HookError::Failed(why)) => {
-                tracing::warn!(hook = self.name, url = %self.url, "hook failed: {why}");
+                // Clients can make a failing backend fail as often as they ask: one line
+                // per 10 s per hook, saying how many failed meanwhile.
+                if let Some(failed) = self.failure_log.due() {
+                    tracing::warn!(hook = self.name, url = %self.url, failed, "hook failed: {why}");
+                }
                 let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
                 if failures >= self.circuit_failures {
                     let until = self.now_ms() + self.circuit_open.as_millis() as u64;

@@ -169,7 +169,7 @@ impl Hooks {
                     .insert(name.as_str().to_string(), v.to_string());
             }
         }
-        if !self.cookies.is_empty() {
+        if !self.cookies.is_empty() && !cross_site(headers) {
             let all = headers
                 .get_all(axum::http::header::COOKIE)
                 .iter()
@@ -183,6 +183,27 @@ impl Hooks {
             }
         }
         Some(Box::new(facts))
+    }
+}
+
+/// Whether a browser made this request for a page of another site, or of another origin
+/// that does not say which (an `<img>` or `<iframe>` sends no `Origin`): then its cookies
+/// are not the client's say-so, and the connect hook is not shown them. Browsers tell by
+/// `Sec-Fetch-Site`; a request without it (a script, an old browser) is judged by the
+/// origin check alone, as before.
+fn cross_site(headers: &HeaderMap) -> bool {
+    let site = headers
+        .get("sec-fetch-site")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_ascii_lowercase);
+    let has_origin = headers.contains_key(axum::http::header::ORIGIN);
+    match site.as_deref() {
+        None | Some("same-origin") | Some("none") => false,
+        // Another origin of the same site: only with an `Origin`, which the origin check
+        // has admitted (it is this server's or one of `allowed_origins`).
+        Some("same-site") => !has_origin,
+        // `cross-site`, and anything unknown.
+        Some(_) => true,
     }
 }
 

@@ -61,9 +61,14 @@ async fn require_key(State(node): State<Arc<Node>>, request: Request, next: Next
         )
         .into_response();
     }
-    // Reads are GETs; acting on connections needs a full key; everything else changes
+    // Reads are GETs (and HEADs, which the router answers as GETs without the body, so
+    // they read as much); acting on connections needs a full key; everything else changes
     // channels.
-    let needed = if request.method() == axum::http::Method::GET {
+    let reads = matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    );
+    let needed = if reads {
         ApiScope::Read
     } else if ADMIN_ACTIONS.contains(&request.uri().path()) {
         ApiScope::All

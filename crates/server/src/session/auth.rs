@@ -50,6 +50,9 @@ pub enum Denied {
     Token(TokenError),
     /// The connect hook refused, or the backend failed.
     Hook(HookError),
+    /// The client's address asked the backend too often (`limits.hook_calls_per_address`):
+    /// the hook was not asked.
+    Limited(Failure),
 }
 
 impl Denied {
@@ -58,6 +61,7 @@ impl Denied {
         match self {
             Denied::Token(e) => e.failure(),
             Denied::Hook(e) => e.failure("connect"),
+            Denied::Limited(f) => f,
         }
     }
 
@@ -66,6 +70,10 @@ impl Denied {
         match self {
             Denied::Token(e) => e.disconnect(),
             Denied::Hook(e) => e.disconnect("connect"),
+            // Reconnect later, as when the backend fails.
+            Denied::Limited(f) => {
+                Disconnect::because(DisconnectCode::BackendUnavailable, f.message)
+            }
         }
     }
 }
@@ -131,6 +139,7 @@ impl Session {
                 Some(tokens.connection(token).await.map_err(Denied::Token)?)
             }
             (_, Some(hook)) => {
+                self.hook_budget().map_err(Denied::Limited)?;
                 let facts = facts.unwrap_or_default();
                 let request = hooks::ConnectRequest {
                     client: self.hook_client(),
@@ -154,6 +163,15 @@ impl Session {
             self.credentials().identity = Some(Arc::new(identity));
         }
         Ok(())
+    }
+
+    /// Takes one call to the application's backend from the client address's allowance
+    /// (`limits.hook_calls_per_address`), before any hook is asked for this client.
+    pub(super) fn hook_budget(&self) -> Result<(), Failure> {
+        match self.address {
+            Some(ip) => self.node().limits.hook_call(ip),
+            None => Ok(()),
+        }
     }
 
     /// Whether the connect hook is still to be asked about this session.

@@ -299,6 +299,7 @@ impl Session {
         let data = match node.settings.hooks.publish.as_ref().filter(|_| hooked) {
             None => data,
             Some(hook) => {
+                self.hook_budget()?;
                 let raw = raw_json(&data);
                 let request = hooks::PublishRequest {
                     client: self.hook_client(),
@@ -343,6 +344,7 @@ impl Session {
                 "rpc needs a backend to answer it: this server has no hooks.rpc_url",
             ));
         };
+        self.hook_budget()?;
         let request = hooks::RpcRequest {
             client: self.hook_client(),
             method: &req.method,

@@ -88,6 +88,7 @@ impl Session {
                 "backend unavailable",
             ));
         };
+        self.hook_budget()?;
         let request = hooks::SubscribeRequest {
             client: self.hook_client(),
             channel,

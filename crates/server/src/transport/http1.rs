@@ -161,33 +161,47 @@ enum Refused {
 }
 
 /// Reads one request head (and nothing after it).
+///
+/// What has arrived is peeked, and taken only as far as it belongs to the head: all of it
+/// while the head is not whole, exactly the head once it is (what follows is the next
+/// request's). Taking what was peeked empties the socket's buffer, so the next peek waits
+/// for new bytes: a head that trickles in, or stops halfway, costs a wake-up per arrival
+/// and nothing while it waits. Where the head ends is httparse's answer, the same parser
+/// (and rules: bare LF, header count) that hyper reads every other request with.
 async fn read_head(stream: &mut TcpStream, wait: Duration) -> Result<Head, Refused> {
     let read = async {
-        let mut want = 1024;
+        let mut head: Vec<u8> = Vec::with_capacity(1024);
+        let mut chunk = vec![0u8; 4096];
         loop {
-            // Peek, then take exactly the head: what follows it is the next request's.
-            let mut chunk = vec![0u8; want];
             let n = stream.peek(&mut chunk).await.map_err(|_| Refused::Gone)?;
             if n == 0 {
                 return Err(Refused::Gone);
             }
-            if let Some(end) = chunk[..n].windows(4).position(|w| w == b"\r\n\r\n") {
-                let mut head = vec![0u8; end + 4];
-                stream
-                    .read_exact(&mut head)
-                    .await
-                    .map_err(|_| Refused::Gone)?;
-                return Ok(head);
-            }
-            if n == want {
-                if want >= MAX_HEAD {
-                    return Err(Refused::Bad("the request head is larger than 24 KiB"));
+            let before = head.len();
+            head.extend_from_slice(&chunk[..n]);
+            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let parsed = httparse::Request::new(&mut headers).parse(&head);
+            let complete = match parsed {
+                Ok(httparse::Status::Complete(length)) if length > before => {
+                    head.truncate(length);
+                    true
                 }
-                want = (want * 2).min(MAX_HEAD);
-            } else {
-                // All that arrived is peeked and the head is not whole: peeking again at
-                // once would see the same bytes, so give the rest a moment.
-                tokio::time::sleep(Duration::from_millis(2)).await;
+                Ok(httparse::Status::Partial) => false,
+                Err(httparse::Error::TooManyHeaders) => {
+                    return Err(Refused::Bad("the request has more than 64 headers"));
+                }
+                _ => return Err(Refused::Bad(MALFORMED)),
+            };
+            if head.len() > MAX_HEAD {
+                return Err(Refused::Bad("the request head is larger than 24 KiB"));
+            }
+            // Take what belongs to the head, no more.
+            stream
+                .read_exact(&mut chunk[..head.len() - before])
+                .await
+                .map_err(|_| Refused::Gone)?;
+            if complete {
+                return Ok(head);
             }
         }
     };
@@ -197,9 +211,10 @@ async fn read_head(stream: &mut TcpStream, wait: Duration) -> Result<Head, Refus
     parse(&head).map_err(Refused::Bad)
 }
 
+const MALFORMED: &str = "malformed request head";
+
 /// A head as a request, or why it cannot be served here.
 fn parse(head: &[u8]) -> Result<Head, &'static str> {
-    const MALFORMED: &str = "malformed request head";
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut headers);
     if !parsed.parse(head).map_err(|_| MALFORMED)?.is_complete() {

@@ -1,7 +1,5 @@
 //! Which browser origins may open connections, and which host names the server answers to.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-
 use axum::http::{header, HeaderMap};
 use herald_protocol::ErrorCode;
 
@@ -34,29 +32,14 @@ pub fn check(settings: &Settings, headers: &HeaderMap) -> Result<(), Failure> {
     Err(Failure::new(ErrorCode::OriginNotAllowed, why))
 }
 
-/// Refusals since the last one logged, and when that was (seconds since the Unix epoch).
-static REFUSED: AtomicU64 = AtomicU64::new(0);
-static LOGGED_AT: AtomicU64 = AtomicU64::new(0);
-
-/// Logs a refused origin, at most once per [`LOG_EVERY_SECONDS`] whatever the number of
-/// origins (a hostile page must not fill the log), with how many were refused meanwhile.
-/// The first a newcomer sees is often a page served from another port being refused.
+/// Logs a refused origin, at most once per 10 s whatever the number of origins (a hostile
+/// page must not fill the log), with how many were refused meanwhile. The first a newcomer
+/// sees is often a page served from another port being refused.
 fn log_refusal(why: &str) {
-    const LOG_EVERY_SECONDS: u64 = 10;
-    let refused = REFUSED.fetch_add(1, Relaxed) + 1;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let last = LOGGED_AT.load(Relaxed);
-    if now < last + LOG_EVERY_SECONDS
-        || LOGGED_AT
-            .compare_exchange(last, now, Relaxed, Relaxed)
-            .is_err()
-    {
-        return;
+    static REFUSALS: crate::throttle::Throttle = crate::throttle::Throttle::new(10);
+    if let Some(refused) = REFUSALS.due() {
+        tracing::warn!(refused, "refused a browser connection: {why}");
     }
-    REFUSED.fetch_sub(refused, Relaxed);
-    tracing::warn!(refused, "refused a browser connection: {why}");
 }
 
 /// Whether the request names a host this server answers to (`allowed_hosts`); requests

@@ -26,7 +26,7 @@ use super::{origin, request, MAX_BATCH_BYTES};
 use crate::{
     error::Failure,
     hooks::Transport,
-    limits::Peer,
+    limits::{AddressGuard, Peer},
     node::Node,
     queue::Command,
     session::{self, Session},
@@ -84,14 +84,17 @@ async fn handle(
         }
     }
     let Some(id) = session_id else {
+        // A stateless send is a request of its own, as a poll is: it counts against its
+        // address's connections and their rate before anything (a hook) is asked for it.
+        let admitted = request::admit(&node, &headers, peer)?;
         let mut session = Session::new(&node).stateless();
-        if let Some(Extension(Peer(peer))) = peer {
-            session = session.charged_to(node.limits.client_address(peer.ip(), &headers));
+        if let Some(guard) = &admitted {
+            session = session.charged_to(guard.ip());
         }
         let facts = node.settings.hooks.facts(&headers);
         let session = session.came_by(Transport::Send, facts);
         let session = request::authenticate(&node, session, token.as_deref(), &sub_tokens).await?;
-        return answer(session, frame).await;
+        return answer(session, frame, admitted).await;
     };
     if token.is_some() || !sub_tokens.is_empty() {
         // The stream's session has its own identity; changing it is `refresh`'s job, so a
@@ -124,7 +127,11 @@ async fn handle(
 /// HTTP error; the rest is handled as the client reads (in pieces of about
 /// [`MAX_BATCH_BYTES`]), so one request of many history reads is never answered whole.
 /// A malformed line later on ends the answer with an error line.
-async fn answer(mut session: Session, frame: Bytes) -> Result<Response, Failure> {
+async fn answer(
+    mut session: Session,
+    frame: Bytes,
+    admitted: Option<AddressGuard>,
+) -> Result<Response, Failure> {
     let mut out = Vec::new();
     let rest = session
         .handle_frame_until(&frame, &mut out, MAX_BATCH_BYTES)
@@ -138,31 +145,33 @@ async fn answer(mut session: Session, frame: Bytes) -> Result<Response, Failure>
     }
     let first = Bytes::from(out);
     let rest = frame.slice(frame.len() - rest..);
-    let pieces = futures_util::stream::unfold(Some((session, rest)), |state| async move {
-        let (mut session, frame) = state?;
-        let mut out = Vec::new();
-        let next = match session
-            .handle_frame_until(&frame, &mut out, MAX_BATCH_BYTES)
-            .await
-        {
-            Ok([]) => None,
-            Ok(rest) => {
-                let rest = frame.slice_ref(rest);
-                Some((session, rest))
+    // The address's count holds until the last piece is answered.
+    let pieces =
+        futures_util::stream::unfold(Some((session, rest, admitted)), |state| async move {
+            let (mut session, frame, admitted) = state?;
+            let mut out = Vec::new();
+            let next = match session
+                .handle_frame_until(&frame, &mut out, MAX_BATCH_BYTES)
+                .await
+            {
+                Ok([]) => None,
+                Ok(rest) => {
+                    let rest = frame.slice_ref(rest);
+                    Some((session, rest, admitted))
+                }
+                Err(d) => {
+                    session::line(
+                        &mut out,
+                        &json::encode_error(None, ErrorCode::BadRequest, &d.reason),
+                    );
+                    None
+                }
+            };
+            if !out.is_empty() {
+                out.push(b'\n');
             }
-            Err(d) => {
-                session::line(
-                    &mut out,
-                    &json::encode_error(None, ErrorCode::BadRequest, &d.reason),
-                );
-                None
-            }
-        };
-        if !out.is_empty() {
-            out.push(b'\n');
-        }
-        Some((Ok::<_, std::io::Error>(Bytes::from(out)), next))
-    });
+            Some((Ok::<_, std::io::Error>(Bytes::from(out)), next))
+        });
     let body = futures_util::stream::once(async { Ok(first) }).chain(pieces);
     Ok((ndjson, Body::from_stream(body)).into_response())
 }

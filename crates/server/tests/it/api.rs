@@ -157,6 +157,12 @@ async fn api_keys_can_be_limited_to_publishing_or_reading() {
         403
     );
     assert_eq!(call(Method::POST, "/api/publish", "wrong").await.0, 401);
+    // Issue #38, item 6: HEAD is a read, authorised as GET (it used to be the other way
+    // round: 200 for the publish-only key, 403 for the read-only one).
+    for path in ["/api/history?channel=news", "/api/info"] {
+        assert_eq!(call(Method::HEAD, path, "pub-only").await.0, 403, "{path}");
+        assert_eq!(call(Method::HEAD, path, "read-only").await.0, 200, "{path}");
+    }
     // The full key still may do everything.
     assert_eq!(call(Method::GET, "/api/info", KEY).await.0, 200);
     server.stop().await.unwrap();

@@ -26,6 +26,8 @@ pub enum Answer {
     Text(&'static str),
     /// Never.
     Hang,
+    /// HTTP 200 with this JSON, after this long.
+    Slow(Duration, Value),
 }
 
 type Handler = dyn Fn(&str, &Value) -> Answer + Send + Sync;
@@ -58,6 +60,10 @@ async fn answer(State(s): State<BackendState>, uri: Uri, body: String) -> axum::
             .into_response(),
         Answer::Text(t) => t.into_response(),
         Answer::Hang => std::future::pending().await,
+        Answer::Slow(wait, v) => {
+            tokio::time::sleep(wait).await;
+            axum::Json(v).into_response()
+        }
     }
 }
 
@@ -888,4 +894,124 @@ async fn hook_calls_and_failures_are_counted_in_the_metrics() {
         !text.contains("hook=\"connect\""),
         "no connect hook here: {text}"
     );
+}
+
+/// Issue #38, item 5: a cookie that a browser sent for another site's page (an `<img>` or
+/// `<iframe>` load, which carries no `Origin`) does not sign its request in: the connect
+/// hook is not shown it. The same cookie from the page's own origin still does.
+#[tokio::test]
+async fn a_cross_site_request_is_not_signed_in_by_its_cookie() {
+    let backend = Backend::start(application).await;
+    let server = start(hooked_config(&backend)).await;
+    let http = reqwest::Client::new();
+    let poll = |site: &str, origin: Option<String>| {
+        let mut r = http
+            .get(server.url("/connection/poll?channel=private:alice-notes"))
+            .header("cookie", "sid=alice-session")
+            .header("sec-fetch-site", site);
+        if let Some(origin) = origin {
+            r = r.header("origin", origin);
+        }
+        async move { status_and_code(r.send().await.unwrap()).await }
+    };
+    let own = format!("http://{}", server.addr);
+    for (site, origin) in [
+        ("cross-site", None),
+        ("same-site", None),
+        ("cross-site", Some(own.clone())),
+    ] {
+        assert_eq!(
+            poll(site, origin.clone()).await,
+            (403, Some(103)),
+            "{site} {origin:?}: not signed in"
+        );
+    }
+    for (site, origin) in [
+        ("same-origin", None),
+        ("none", None),
+        ("same-site", Some(own)),
+    ] {
+        assert_eq!(
+            poll(site, origin.clone()).await,
+            (200, None),
+            "{site} {origin:?}"
+        );
+    }
+    let asked = backend.requests("/connect");
+    assert!(
+        asked[..3].iter().all(|r| r["cookies"] == json!({})),
+        "{asked:?}"
+    );
+    server.stop().await.unwrap();
+}
+
+/// Issue #38, item 4: one address cannot make the backend fail for everyone. A flood of
+/// stateless sends from one address (each of which would ask the connect hook) is held to
+/// that address's `limits.hook_calls_per_address`, so the backend (slow, with few slots)
+/// keeps up, its circuit stays closed, and a signed-in user at another address is answered
+/// throughout. Addresses are told apart by `X-Forwarded-For` from a trusted proxy (the
+/// test's own 127.0.0.1).
+#[tokio::test]
+async fn one_address_cannot_open_the_hook_circuit_for_everyone() {
+    let backend = Backend::start(|path, body| match (path, body["cookies"]["sid"].as_str()) {
+        ("/connect", Some("alice-session")) => Answer::Slow(
+            Duration::from_millis(100),
+            json!({ "result": { "user": "alice" } }),
+        ),
+        ("/connect", _) => Answer::Slow(Duration::from_millis(100), json!({ "result": {} })),
+        _ => Answer::Status(404),
+    })
+    .await;
+    let mut c = config();
+    c.hooks.connect_url = backend.at("/connect");
+    c.hooks.cookies = vec!["sid".into()];
+    c.hooks.max_in_flight = 16;
+    c.hooks.timeout = Duration::from_secs(1);
+    c.limits.trusted_proxies = vec!["127.0.0.1".parse().unwrap()];
+    c.limits.hook_calls_per_address = 50;
+    c.limits.connection_rate_per_address = 200;
+    let server = start(c).await;
+    let http = reqwest::Client::new();
+    let send = |from: &'static str, cookie: &'static str| {
+        let r = http
+            .post(server.url("/connection/send"))
+            .header("x-forwarded-for", from)
+            .header("cookie", cookie)
+            .body(r#"{"id":1,"ping":{}}"#)
+            .send();
+        async move { r.await.map(|r| r.status().as_u16()).unwrap_or(0) }
+    };
+    let flooding = Instant::now();
+    let flood = futures_util::future::join_all((0..50).map(|_| async {
+        let mut answered = 0u32;
+        while flooding.elapsed() < Duration::from_secs(3) {
+            send("10.9.9.9", "sid=nobody").await;
+            answered += 1;
+        }
+        answered
+    }));
+    let alice = async {
+        let mut statuses = Vec::new();
+        while flooding.elapsed() < Duration::from_secs(3) {
+            statuses.push(send("10.1.1.1", "sid=alice-session").await);
+        }
+        statuses
+    };
+    let (sent, statuses) = tokio::join!(flood, alice);
+    let sent: u32 = sent.iter().sum();
+    assert!(
+        statuses.iter().all(|s| *s == 200),
+        "alice's sends during a flood of {sent}: {statuses:?}"
+    );
+    // The flood's address got at most its burst and three seconds of its rate.
+    let asked = backend
+        .requests("/connect")
+        .iter()
+        .filter(|r| r["address"] == "10.9.9.9")
+        .count();
+    assert!(
+        asked <= 100 + 3 * 50 + 10,
+        "the backend was asked {asked} times for the flood"
+    );
+    server.stop().await.unwrap();
 }

@@ -767,3 +767,46 @@ async fn sse_ids_carry_every_channel_of_a_connection_with_several() {
     }
     server.stop().await.unwrap();
 }
+
+/// Issue #38, item 7: heads are read by one set of rules on both paths. Two pipelined
+/// requests whose lines end in a bare LF (which httparse, and so hyper, accept) get two
+/// answers on a route served on the socket, as on one served by hyper; a head that arrives
+/// a few bytes at a time is read whole.
+#[tokio::test]
+async fn heads_are_read_by_one_set_of_rules_on_both_paths() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = start(config()).await;
+    let host = server.addr;
+    /// Reads until `n` answers have begun.
+    async fn answers(s: &mut tokio::net::TcpStream, n: usize) -> String {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let text = String::from_utf8_lossy(&got).into_owned();
+            if text.matches("HTTP/1.1 200 OK\r\n").count() >= n {
+                return text;
+            }
+            let read = tokio::time::timeout(PATIENCE, s.read(&mut buf))
+                .await
+                .unwrap_or_else(|_| panic!("{n} answers in time, got: {text}"))
+                .unwrap();
+            assert!(read > 0, "closed before {n} answers: {text}");
+            got.extend_from_slice(&buf[..read]);
+        }
+    }
+    for path in ["/connection/poll?channel=open:lf", "/healthz"] {
+        let mut s = tokio::net::TcpStream::connect(host).await.unwrap();
+        let one = format!("GET {path} HTTP/1.1\nHost: {host}\n\n");
+        s.write_all(format!("{one}{one}").as_bytes()).await.unwrap();
+        answers(&mut s, 2).await;
+    }
+    let mut s = tokio::net::TcpStream::connect(host).await.unwrap();
+    let request = format!("GET /connection/poll?channel=open:lf HTTP/1.1\r\nHost: {host}\r\n\r\n");
+    for piece in request.as_bytes().chunks(7) {
+        s.write_all(piece).await.unwrap();
+        s.flush().await.unwrap();
+        tokio::task::yield_now().await;
+    }
+    answers(&mut s, 1).await;
+    server.stop().await.unwrap();
+}

@@ -27,6 +27,7 @@ pub fn config() -> Config {
     c.limits.connection_rate_per_address = 0;
     c.limits.commands_per_address = 0;
     c.limits.new_channels_per_address = 0;
+    c.limits.hook_calls_per_address = 0;
     c.namespaces.insert(
         "open".into(),
         NamespaceOverride {

@@ -1,0 +1,79 @@
+//! Issue #38: what one hostile client address can make a real `herald serve` process spend,
+//! counted from outside (its CPU time in /proc), with the server's default limits.
+
+use std::{
+    io::{Read, Write},
+    net::TcpStream,
+    time::{Duration, Instant},
+};
+
+mod support;
+
+use support::Server;
+
+/// CPU time the process has used so far (user + system), from /proc/PID/stat.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces, inside parentheses).
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // The kernel counts in USER_HZ, 100 a second on Linux.
+    Duration::from_millis(ticks * 10)
+}
+
+/// Item 2: a request head that never ends costs nothing while it waits, on the routes
+/// served on the socket (SSE, streams, polls) as on hyper's. Each of 300 sockets sends
+/// 16 KiB of a head without its blank line; over the next second the server may use at
+/// most a tenth of a core (it used most of both, re-reading every head every 2 ms), and
+/// `/healthz` still answers at once.
+#[test]
+fn unfinished_request_heads_cost_no_cpu_while_they_wait() {
+    let server = Server::start(&[]);
+    let addr = server.url.trim_start_matches("http://").to_string();
+    let padding = "a".repeat(16 * 1024);
+    let mut sockets = Vec::new();
+    for i in 0..300 {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        let path = if i % 2 == 0 { "sse" } else { "longpoll" };
+        write!(
+            s,
+            "GET /connection/{path}?channel=chat:a&_={padding} HTTP/1.1\r\nHost: {addr}\r\n"
+        )
+        .unwrap();
+        sockets.push(s);
+    }
+    // Each head has reached the server once /healthz, asked after them all, answers.
+    let healthz = || {
+        let started = Instant::now();
+        let mut s = TcpStream::connect(&addr).unwrap();
+        write!(
+            s,
+            "GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        started.elapsed()
+    };
+    healthz();
+    let pid = server.child.id();
+    let before = cpu_time(pid);
+    let window = Instant::now();
+    let mut slowest = Duration::ZERO;
+    while window.elapsed() < Duration::from_secs(1) {
+        slowest = slowest.max(healthz());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let used = cpu_time(pid) - before;
+    let elapsed = window.elapsed();
+    assert!(
+        used < elapsed / 10,
+        "300 unfinished heads cost {used:?} of CPU in {elapsed:?}"
+    );
+    assert!(
+        slowest < Duration::from_millis(100),
+        "/healthz took {slowest:?}"
+    );
+    drop(sockets);
+}
