@@ -153,7 +153,9 @@ pub async fn serve(
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(http.header_timeout);
+        .header_read_timeout(http.header_timeout)
+        // The lean path's limit too: both read heads with httparse, by the same rules.
+        .max_headers(transport::http1::MAX_HEADERS);
     // Shared: every connection's task holds it while hyper serves the connection.
     let builder = Arc::new(builder);
     // HTTP connections (upgraded WebSockets live on in `node.tasks`).

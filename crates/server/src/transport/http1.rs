@@ -88,8 +88,8 @@ impl axum::response::IntoResponse for Handover {
 /// carries a cursor of at most 16 KiB and a token).
 const MAX_HEAD: usize = 24 * 1024;
 
-/// Headers read here at most.
-const MAX_HEADERS: usize = 64;
+/// Headers a request may have, here and on hyper's path alike (one set of rules).
+pub const MAX_HEADERS: usize = 64;
 
 /// What a connection's next request is.
 #[derive(Debug, PartialEq, Eq)]

@@ -800,6 +800,20 @@ async fn heads_are_read_by_one_set_of_rules_on_both_paths() {
         s.write_all(format!("{one}{one}").as_bytes()).await.unwrap();
         answers(&mut s, 2).await;
     }
+    // The same header limit: a head of 70 headers is refused on both paths.
+    let many: String = (0..70).map(|i| format!("x-h{i}: v\r\n")).collect();
+    for path in ["/connection/poll?channel=open:lf", "/healthz"] {
+        let mut s = tokio::net::TcpStream::connect(host).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{many}\r\n");
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(PATIENCE, s.read_to_end(&mut answer)).await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.starts_with("HTTP/1.1 400") || answer.starts_with("HTTP/1.1 431"),
+            "{path}: {answer}"
+        );
+    }
     let mut s = tokio::net::TcpStream::connect(host).await.unwrap();
     let request = format!("GET /connection/poll?channel=open:lf HTTP/1.1\r\nHost: {host}\r\n\r\n");
     for piece in request.as_bytes().chunks(7) {
