@@ -217,8 +217,10 @@ pub async fn serve(
                     tower::ServiceExt::oneshot(app.clone(), request)
                 },
             );
+            // Every answer hyper writes has a deadline (see `transport::deadline`).
+            let io = transport::deadline::WriteDeadline::new(stream, limits.write_timeout);
             let connection = builder
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .serve_connection(hyper_util::rt::TokioIo::new(io), service)
                 .with_upgrades();
             let mut connection = Box::pin(connection);
             tokio::select! {

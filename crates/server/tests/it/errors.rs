@@ -224,3 +224,45 @@ async fn payloads_with_odd_numbers_deep_nesting_or_lone_surrogates_get_answers()
     bystander_still_served(&server, &mut calm).await;
     server.stop().await.unwrap();
 }
+
+/// Issue #38, item 1: an answer hyper writes has a write deadline too. A stateless send of
+/// history reads whose client never reads the (20 MB) answer is dropped once its writes
+/// have waited `client.write_timeout`, and what it held (its session, the answer) is freed:
+/// it used to be kept for as long as the client stayed connected.
+#[tokio::test]
+async fn an_answer_nobody_reads_is_dropped_at_the_write_deadline() {
+    use tokio::io::AsyncWriteExt;
+    let mut cfg = config();
+    cfg.client.write_timeout = std::time::Duration::from_millis(500);
+    let server = start(cfg).await;
+    let payload = "h".repeat(60 * 1024);
+    for _ in 0..18 {
+        server.publish("open:big", json!(payload)).await;
+    }
+    let body: String = (0..20)
+        .map(|i| {
+            json!({ "id": i, "history": { "channel": "open:big", "limit": 1000 } }).to_string()
+                + "\n"
+        })
+        .collect();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut s = socket.connect(server.addr).await.unwrap();
+    let request = format!(
+        "POST /connection/send HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n\r\n{body}",
+        server.addr,
+        body.len()
+    );
+    s.write_all(request.as_bytes()).await.unwrap();
+    eventually("the send's session is held while it answers", || async {
+        server.node.connection_count() == 1
+    })
+    .await;
+    // Never read: the server gives up after the deadline and lets the answer go.
+    eventually("the unread answer is dropped", || async {
+        server.node.connection_count() == 0
+    })
+    .await;
+    drop(s);
+    server.stop().await.unwrap();
+}

@@ -13,6 +13,8 @@ use axum::{
 use herald_protocol::ErrorCode;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
+
+use crate::transport::deadline::WriteDeadline;
 use tokio::net::TcpStream;
 use tungstenite::handshake::derive_accept_key;
 
@@ -58,14 +60,22 @@ pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Res
                 return;
             }
         };
-        // The accept loop serves every connection as `TokioIo<TcpStream>`.
-        match upgraded.downcast::<TokioIo<TcpStream>>() {
+        // The accept loop serves every connection as `TokioIo<WriteDeadline<TcpStream>>`;
+        // a WebSocket times its writes itself, on the socket.
+        match upgraded.downcast::<TokioIo<WriteDeadline<TcpStream>>>() {
             Ok(parts) => {
                 // `read_buf` is a view of hyper's whole read buffer (8 KiB): copy what the
                 // client sent early and let the buffer go, or every connection keeps it.
                 let early = parts.read_buf.to_vec();
                 drop(parts.read_buf);
-                run(parts.io.into_inner(), early, node, address, facts).await
+                run(
+                    parts.io.into_inner().into_inner(),
+                    early,
+                    node,
+                    address,
+                    facts,
+                )
+                .await
             }
             Err(_) => tracing::error!("upgraded connection is not a TCP stream"),
         }

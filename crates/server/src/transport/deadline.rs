@@ -1,0 +1,126 @@
+//! A write deadline for the connections hyper serves (the API, `POST /connection/send`,
+//! pages): hyper has a timeout for reading a request's head but none for writing its
+//! answer, so a client that asks for a large answer and never reads it would keep the
+//! answer, and its connection, for as long as it stays connected. Here a write that makes
+//! no progress for the deadline fails, hyper drops the connection, and what it held is
+//! freed. (The lean path and WebSocket time their writes themselves.)
+
+use std::{
+    future::Future,
+    io,
+    pin::Pin,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    time::{Instant, Sleep},
+};
+
+/// `io` whose writes (and flushes) fail once one has waited `limit` without progress.
+#[derive(Debug)]
+pub struct WriteDeadline<T> {
+    io: T,
+    limit: Duration,
+    /// Armed while a write waits; made on the first wait only (most connections never
+    /// wait to write).
+    timer: Option<Pin<Box<Sleep>>>,
+    armed: bool,
+}
+
+impl<T> WriteDeadline<T> {
+    /// Wraps `io`.
+    pub fn new(io: T, limit: Duration) -> Self {
+        Self {
+            io,
+            limit,
+            timer: None,
+            armed: false,
+        }
+    }
+
+    /// The wrapped connection.
+    pub fn into_inner(self) -> T {
+        self.io
+    }
+
+    /// Called when a write is pending: fails once it has been pending for the limit.
+    fn waited(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        let limit = self.limit;
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        if !self.armed {
+            timer.as_mut().reset(Instant::now() + limit);
+            self.armed = true;
+        }
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client read nothing for {limit:?}"),
+            )),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn timed<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<R>>,
+    ) -> Poll<io::Result<R>> {
+        match polled {
+            Poll::Pending => match self.waited(cx) {
+                Poll::Ready(e) => Poll::Ready(Err(e)),
+                Poll::Pending => Poll::Pending,
+            },
+            done => {
+                self.armed = false;
+                done
+            }
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for WriteDeadline<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.timed(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.timed(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.io).poll_flush(cx);
+        self.timed(cx, polled)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
