@@ -3,7 +3,10 @@
 //! answer, so a client that asks for a large answer and never reads it would keep the
 //! answer, and its connection, for as long as it stays connected. Here a write that makes
 //! no progress for the deadline fails, hyper drops the connection, and what it held is
-//! freed. (The lean path and WebSocket time their writes themselves.)
+//! freed, in the kernel too: the socket is reset rather than closed, since a closed socket
+//! keeps what it could not send (up to its send buffer, megabytes on a fast link) until
+//! the client reads it, which this one does not. (The lean path and WebSocket time their
+//! writes themselves.)
 
 use std::{
     future::Future,
@@ -15,8 +18,21 @@ use std::{
 
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::TcpStream,
     time::{Instant, Sleep},
 };
+
+/// What a deadline needs of a connection: a way to drop what it could not send.
+pub trait Resettable {
+    /// Makes closing the connection reset it, discarding unsent data.
+    fn reset_on_close(&self);
+}
+
+impl Resettable for TcpStream {
+    fn reset_on_close(&self) {
+        let _ = self.set_zero_linger();
+    }
+}
 
 /// `io` whose writes (and flushes) fail once one has waited `limit` without progress.
 #[derive(Debug)]
@@ -29,7 +45,7 @@ pub struct WriteDeadline<T> {
     armed: bool,
 }
 
-impl<T> WriteDeadline<T> {
+impl<T: Resettable> WriteDeadline<T> {
     /// Wraps `io`.
     pub fn new(io: T, limit: Duration) -> Self {
         Self {
@@ -56,10 +72,13 @@ impl<T> WriteDeadline<T> {
             self.armed = true;
         }
         match timer.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("the client read nothing for {limit:?}"),
-            )),
+            Poll::Ready(()) => Poll::Ready({
+                self.io.reset_on_close();
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the client read nothing for {limit:?}"),
+                )
+            }),
             Poll::Pending => Poll::Pending,
         }
     }
@@ -82,7 +101,7 @@ impl<T> WriteDeadline<T> {
     }
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for WriteDeadline<T> {
+impl<T: AsyncRead + Unpin + Resettable> AsyncRead for WriteDeadline<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -92,7 +111,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for WriteDeadline<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<T> {
+impl<T: AsyncWrite + Unpin + Resettable> AsyncWrite for WriteDeadline<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
