@@ -51,7 +51,10 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let config = settings::load(&args)?;
     if args.print_config {
-        print!("{}", toml::to_string_pretty(&config)?);
+        let printed = toml::to_string_pretty(&config)?;
+        // Checked as `serve` checks it: a configuration it would refuse is refused here too.
+        config.validate()?;
+        print!("{printed}");
         return Ok(ExitCode::SUCCESS);
     }
     let mut settings = config.validate()?;

@@ -778,6 +778,9 @@ fn token_config_and_start_up_say_what_serve_does() {
     );
     assert!(minted.contains("at least 32 bytes"), "{minted}");
     assert_eq!(minted, served);
+    // Issue #37, item 5: --print-config refuses what serve refuses, in the same words.
+    let printed = fails(herald().args(["serve", "--print-config"]).envs(short));
+    assert_eq!(printed, served);
 
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("herald.toml");
