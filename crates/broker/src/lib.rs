@@ -96,6 +96,13 @@ pub fn default_policies() -> Policies {
 /// enough that naming channels costs a client nothing lasting.
 pub const EMPTY_STREAM_GRACE: Duration = Duration::from_secs(60);
 
+/// Most streams nobody published to (made by readers and subscribers) a broker keeps past
+/// their readers: beyond it, the longest unread are forgotten before their
+/// [`EMPTY_STREAM_GRACE`] is over, so that reads naming new channels, however fast, never
+/// grow the process by more than this many (a few hundred bytes each). Streams with a
+/// subscriber are kept whatever their number.
+pub const MAX_UNWRITTEN_STREAMS: usize = 50_000;
+
 /// What to read from history.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct HistoryQuery {

@@ -15,7 +15,10 @@ use std::{
     collections::{BinaryHeap, HashMap},
     hash::BuildHasher,
     path::Path,
-    sync::Arc,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
     time::{SystemTime, UNIX_EPOCH},
 };
 
@@ -77,6 +80,9 @@ pub(crate) struct Meta {
     /// Counts write failures that took offsets back: records handed out before one carry an
     /// older generation and are refused, because their offsets are handed out again.
     pub(crate) generation: u64,
+    /// Made here by a reader or subscriber, with nothing of it in the store: forgetting it
+    /// writes nothing, and it counts against [`crate::MAX_UNWRITTEN_STREAMS`].
+    pub(crate) unwritten: bool,
 }
 
 impl Meta {
@@ -92,6 +98,7 @@ impl Meta {
             forgotten: false,
             generation: 0,
             filed_ms: None,
+            unwritten: false,
         }
     }
 
@@ -143,13 +150,21 @@ impl Deadlines {
     }
 
     fn take_due(&self, now: u64) -> Vec<ChannelName> {
+        self.take(SWEEP_BATCH, now)
+            .into_iter()
+            .map(|(_, channel)| channel)
+            .collect()
+    }
+
+    /// At most `n` entries due by `by_ms`, earliest first, with the time each was filed for.
+    fn take(&self, n: usize, by_ms: u64) -> Vec<(u64, ChannelName)> {
         let mut heap = self.0.lock();
         let mut due = Vec::new();
-        while due.len() < SWEEP_BATCH && heap.peek().is_some_and(|Reverse((at, _))| *at <= now) {
-            let Some(Reverse((_, channel))) = heap.pop() else {
+        while due.len() < n && heap.peek().is_some_and(|Reverse((at, _))| *at <= by_ms) {
+            let Some(Reverse(entry)) = heap.pop() else {
                 break;
             };
-            due.push(channel);
+            due.push(entry);
         }
         due
     }
@@ -162,6 +177,8 @@ pub struct DurableBroker {
     store: Arc<Store>,
     policies: Policies,
     deadlines: Arc<Deadlines>,
+    /// How many streams are `unwritten` (see [`Meta::unwritten`]).
+    unwritten: AtomicUsize,
 }
 
 impl std::fmt::Debug for DurableBroker {
@@ -200,6 +217,7 @@ impl DurableBroker {
             store,
             policies,
             deadlines,
+            unwritten: AtomicUsize::new(0),
         });
         let now = now_ms();
         for (channel, mut meta) in streams {
@@ -231,6 +249,8 @@ impl DurableBroker {
                 let now = now_ms();
                 let epoch = Epoch::random(|| fastrand::u64(..));
                 let mut meta = Meta::new(epoch, 0, (self.policies)(channel), now);
+                meta.unwritten = true;
+                self.unwritten.fetch_add(1, Ordering::Relaxed);
                 let due = now + meta.keep_ms();
                 self.deadlines.file(&mut meta, channel, due);
                 Arc::new(Mutex::new(meta))
@@ -238,10 +258,70 @@ impl DurableBroker {
             .clone()
     }
 
+    /// The stream is about to be written (a publication, a reset): it counts as unwritten
+    /// no more.
+    fn written(&self, m: &mut Meta) {
+        if std::mem::take(&mut m.unwritten) {
+            self.unwritten.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Removes `channel`'s stream (whose shard is locked as `shard`), telling the store
+    /// when it has something of it.
+    fn forget(&self, shard: &mut Metas, channel: &ChannelName, m: &mut Meta) {
+        m.forgotten = true;
+        if std::mem::take(&mut m.unwritten) {
+            self.unwritten.fetch_sub(1, Ordering::Relaxed);
+        } else {
+            // Submitted under the shard's lock: a publication that makes the channel anew
+            // reaches the committer after this, so it cannot be deleted by it.
+            self.store.submit(Job::Forget {
+                channel: channel.clone(),
+            });
+        }
+        shard.remove(channel);
+    }
+
+    /// Forgets the streams readers made (unwritten, with no subscriber) longest unread
+    /// first, beyond [`crate::MAX_UNWRITTEN_STREAMS`], before their grace is over: a flood
+    /// of reads naming new channels must not grow the process faster than the grace lets
+    /// them go. What it costs a reader: a poller of an empty channel that was forgotten
+    /// is told a new epoch at offset 0, which loses nothing.
+    fn evict_unwritten(&self, now: u64) {
+        let mut excess = self
+            .unwritten
+            .load(Ordering::Relaxed)
+            .saturating_sub(crate::MAX_UNWRITTEN_STREAMS);
+        if excess == 0 {
+            return;
+        }
+        // One pass over the earliest filed: entries that are not evictable (subscribed,
+        // written) are filed again, so looking at more than this could find them again.
+        for (due, channel) in self.deadlines.take(2 * excess + 1024, u64::MAX) {
+            let mut shard = self.shard(&channel).lock();
+            let Some(meta) = shard.get(&channel).cloned() else {
+                continue;
+            };
+            let mut m = meta.lock();
+            if m.filed_ms == Some(due) {
+                m.filed_ms = None;
+            }
+            if excess > 0 && m.unwritten && !m.subscribed && m.assigned == 0 {
+                self.forget(&mut shard, &channel, &mut m);
+                excess -= 1;
+            } else {
+                // Not one to evict: filed again for what it has due.
+                drop(shard);
+                self.deadlines.refile(&mut m, &channel, now);
+            }
+        }
+    }
+
     /// Drops expired history and forgets idle streams, through the committer. Looks only at
     /// channels with something due (see [`Deadlines`]).
     pub fn sweep(&self) {
         let now = now_ms();
+        self.evict_unwritten(now);
         for channel in self.deadlines.take_due(now) {
             let mut shard = self.shard(&channel).lock();
             let Some(meta) = shard.get(&channel).cloned() else {
@@ -253,13 +333,7 @@ impl DurableBroker {
             }
             let idle = now.saturating_sub(m.last_publish_ms);
             if !m.subscribed && m.assigned == m.committed && idle >= m.keep_ms() {
-                // Submitted under the shard's lock: a publication that makes the channel
-                // anew reaches the committer after this, so it cannot be deleted by it.
-                m.forgotten = true;
-                self.store.submit(Job::Forget {
-                    channel: channel.clone(),
-                });
-                shard.remove(&channel);
+                self.forget(&mut shard, &channel, &mut m);
                 continue;
             }
             drop(shard);
@@ -295,6 +369,7 @@ impl Broker for DurableBroker {
                 // Swept away after we found it: the next look makes it anew.
                 continue;
             }
+            self.written(&mut m);
             m.assigned += 1;
             m.policy = policy;
             m.last_publish_ms = now_ms();
@@ -375,6 +450,7 @@ impl Broker for DurableBroker {
             if m.forgotten {
                 continue;
             }
+            self.written(&mut m);
             m.epoch = Epoch::random(|| fastrand::u64(..));
             m.assigned = 0;
             m.committed = 0;

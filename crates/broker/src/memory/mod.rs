@@ -3,7 +3,10 @@
 use std::{
     collections::{HashMap, VecDeque},
     hash::BuildHasher,
-    sync::Arc,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
 };
 
 use async_trait::async_trait;
@@ -27,6 +30,8 @@ pub struct MemoryBroker {
     hasher: std::collections::hash_map::RandomState,
     sink: Arc<dyn PublicationSink>,
     policies: Policies,
+    /// Streams nobody published to (see [`crate::MAX_UNWRITTEN_STREAMS`]).
+    empty: AtomicUsize,
 }
 
 impl std::fmt::Debug for MemoryBroker {
@@ -124,6 +129,7 @@ impl MemoryBroker {
             hasher: Default::default(),
             sink,
             policies,
+            empty: AtomicUsize::new(0),
         });
         crate::spawn_sweeper(&broker, Self::sweep);
         broker
@@ -137,7 +143,10 @@ impl MemoryBroker {
         self.shard(channel)
             .lock()
             .entry(channel.clone())
-            .or_insert_with(|| Arc::new(Mutex::new(Stream::new((self.policies)(channel)))))
+            .or_insert_with(|| {
+                self.empty.fetch_add(1, Ordering::Relaxed);
+                Arc::new(Mutex::new(Stream::new((self.policies)(channel))))
+            })
             .clone()
     }
 
@@ -146,14 +155,27 @@ impl MemoryBroker {
     }
 
     /// Drops expired publications everywhere and forgets streams idle past their meta TTL.
-    /// One shard at a time, so publishers never wait for the whole sweep.
+    /// One shard at a time, so publishers never wait for the whole sweep. Beyond
+    /// [`crate::MAX_UNWRITTEN_STREAMS`] streams nobody published to, those without a
+    /// subscriber are forgotten before their grace is over (a poller of one is then told a
+    /// new epoch at offset 0, which loses nothing).
     pub fn sweep(&self) {
         let now = Instant::now();
+        let mut excess = self
+            .empty
+            .load(Ordering::Relaxed)
+            .saturating_sub(crate::MAX_UNWRITTEN_STREAMS);
         for shard in self.shards.iter() {
             shard.lock().retain(|_, stream| {
                 let mut stream = stream.lock();
                 stream.trim(now);
-                !stream.expired(now)
+                let evicted = excess > 0 && stream.top == 0 && !stream.subscribed;
+                let keep = !evicted && !stream.expired(now);
+                if !keep && stream.top == 0 {
+                    excess = excess.saturating_sub(1);
+                    self.empty.fetch_sub(1, Ordering::Relaxed);
+                }
+                keep
             });
         }
     }
@@ -171,6 +193,9 @@ impl Broker for MemoryBroker {
         let mut stream = stream.lock();
         let now = Instant::now();
         stream.policy = policy;
+        if stream.top == 0 {
+            self.empty.fetch_sub(1, Ordering::Relaxed);
+        }
         stream.top += 1;
         stream.last_publish = now;
         let publication = Publication {
@@ -203,7 +228,11 @@ impl Broker for MemoryBroker {
     }
 
     async fn remove_history(&self, channel: &ChannelName) -> Result<(), BrokerError> {
-        self.shard(channel).lock().remove(channel);
+        if let Some(removed) = self.shard(channel).lock().remove(channel) {
+            if removed.lock().top == 0 {
+                self.empty.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
         Ok(())
     }
 
