@@ -5,43 +5,27 @@
  * anonymous page that asks for the staff room and a lobby at once gets `unsubscribed` with
  * the backend's code for the first, the lobby's publications, and no disconnect.
  */
-import type { Server } from "node:http";
-import type { AddressInfo } from "node:net";
 import type { Browser } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-// @ts-expect-error: a plain JavaScript example, checked by running it here.
-import { server as exampleBackend } from "../../docs/examples/hooks-backend.mjs";
-import { Herald } from "../test/herald.js";
+import { startTryIt, type TryIt } from "../test/example.js";
+import type { Herald } from "../test/herald.js";
 import { launchChromium } from "./browser.js";
 
 const TRANSPORTS = ["websocket", "sse", "stream", "iframe", "longpoll", "poll"] as const;
 
 let browser: Browser;
-let backend: Server;
+let tryIt: TryIt;
 let server: Herald;
 
 beforeAll(async () => {
-  backend = (exampleBackend as () => Server)();
-  await new Promise<void>((resolve) => backend.listen(0, "127.0.0.1", resolve));
-  const base = `http://127.0.0.1:${(backend.address() as AddressInfo).port}`;
-  server = await Herald.start({
-    env: {
-      HERALD_HOOKS__CONNECT_URL: `${base}/connect`,
-      HERALD_HOOKS__SUBSCRIBE_URL: `${base}/subscribe`,
-      HERALD_HOOKS__PUBLISH_URL: `${base}/publish`,
-      HERALD_HOOKS__COOKIES: '["session"]',
-      HERALD_NAMESPACES__ROOM__SUBSCRIBE_HOOK: "true",
-      HERALD_NAMESPACES__ROOM__PUBLISH_HOOK: "true",
-      HERALD_NAMESPACES__ROOM__PUBLISH: "anyone",
-    },
-  });
+  tryIt = await startTryIt();
+  server = tryIt.server;
   browser = await launchChromium();
 });
 
 afterAll(async () => {
   await browser?.close();
-  await server?.dispose();
-  backend?.close();
+  await tryIt?.dispose();
 });
 
 describe.each(TRANSPORTS)("in Chromium over %s", (transport) => {

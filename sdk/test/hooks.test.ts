@@ -1,41 +1,22 @@
 /** The SDK with Herald's backend hooks, answered by the example backend of docs/hooks.md
  * (a real Node HTTP server): `rpc`, a channel's state on subscribe, and a stored-then-
  * broadcast publication, over every transport Node has. */
-import type { Server } from "node:http";
-import type { AddressInfo } from "node:net";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-// @ts-expect-error: a plain JavaScript example, checked by running it here.
-import { server as exampleBackend } from "../../docs/examples/hooks-backend.mjs";
 import { ClientCode, HeraldError, type TransportName } from "../src/index.js";
 import { client, collect, disconnectAll, next, subscribed } from "./clients.js";
+import { startTryIt, type TryIt } from "./example.js";
 import { Herald, until } from "./herald.js";
 
-let backend: Server;
+let tryIt: TryIt;
 let server: Herald;
 
 beforeAll(async () => {
-  backend = (exampleBackend as () => Server)();
-  await new Promise<void>((resolve) => backend.listen(0, "127.0.0.1", resolve));
-  const base = `http://127.0.0.1:${(backend.address() as AddressInfo).port}`;
-  // The configuration docs/hooks.md gives, as environment variables.
-  server = await Herald.start({
-    env: {
-      HERALD_HOOKS__CONNECT_URL: `${base}/connect`,
-      HERALD_HOOKS__SUBSCRIBE_URL: `${base}/subscribe`,
-      HERALD_HOOKS__PUBLISH_URL: `${base}/publish`,
-      HERALD_HOOKS__RPC_URL: `${base}/rpc`,
-      HERALD_HOOKS__EVENTS_URL: `${base}/events`,
-      HERALD_HOOKS__COOKIES: '["session"]',
-      HERALD_NAMESPACES__ROOM__SUBSCRIBE_HOOK: "true",
-      HERALD_NAMESPACES__ROOM__PUBLISH_HOOK: "true",
-      HERALD_NAMESPACES__ROOM__PUBLISH: "anyone",
-    },
-  });
+  tryIt = await startTryIt();
+  server = tryIt.server;
 });
 afterEach(disconnectAll);
 afterAll(async () => {
-  await server.dispose();
-  backend.close();
+  await tryIt?.dispose();
 });
 
 const NODE_TRANSPORTS: TransportName[] = ["websocket", "stream", "longpoll", "poll"];

@@ -457,6 +457,53 @@ async fn records_keep_their_sender(make: &impl Fn(Arc<dyn PublicationSink>) -> S
     assert_eq!(stored, records);
 }
 
+/// For the embedded brokers (issue #38, item 3): however fast reads name new channels, one
+/// `sweep` leaves at most [`crate::MAX_UNWRITTEN_STREAMS`] of the streams they made (the
+/// longest unread go first, before their grace is over); a stream with a subscriber keeps
+/// its epoch and one with publications its offsets.
+pub async fn reads_are_bounded_by_the_sweep(broker: &SharedBroker, sweep: impl Fn()) {
+    let ch = |name: &str| ChannelName::new(name).unwrap();
+    let subscribed = ch("flood:subscribed");
+    broker.subscribe(&subscribed).await.unwrap();
+    let epoch = broker
+        .history(&subscribed, HistoryQuery::default())
+        .await
+        .unwrap()
+        .position
+        .epoch;
+    let published = ch("flood:published");
+    broker
+        .publish(&published, Bytes::from("1"), StreamPolicy::default())
+        .await
+        .unwrap();
+    let made = crate::MAX_UNWRITTEN_STREAMS + 5_000;
+    for i in 0..made {
+        let c = ch(&format!("flood:{i}"));
+        // As a poll does: subscribe, read the position, leave.
+        broker.subscribe(&c).await.unwrap();
+        broker.history(&c, HistoryQuery::default()).await.unwrap();
+        broker.unsubscribe(&c).await.unwrap();
+    }
+    assert_eq!(broker.channel_count(), made + 2);
+    sweep();
+    // The subscribed stream counts among them; the published one does not.
+    assert!(
+        broker.channel_count() <= crate::MAX_UNWRITTEN_STREAMS + 1,
+        "{} streams after a sweep",
+        broker.channel_count()
+    );
+    let kept = broker
+        .history(&subscribed, HistoryQuery::default())
+        .await
+        .unwrap();
+    assert_eq!(kept.position.epoch, epoch, "a subscribed stream is kept");
+    let h = broker
+        .history(&published, HistoryQuery::default())
+        .await
+        .unwrap();
+    assert_eq!(h.position.offset, 1, "a stream with publications is kept");
+}
+
 /// Runs every presence check; `make` builds a fresh, empty store.
 pub async fn run_presence(make: impl Fn() -> crate::SharedPresence) {
     presence_counts_holders(&make()).await;
