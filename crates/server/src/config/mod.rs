@@ -309,6 +309,11 @@ pub struct PresenceConfig {
     /// Longest page of members a `presence` command or API call returns (default 100
     /// when the caller gives no limit). Default 1000.
     pub max_page: usize,
+    /// Most memberships held through their grace at once on this node; past it, a
+    /// membership whose connection or poll ended leaves at once. Bounds what a flood of
+    /// polls naming channels (each a membership held for `poll_grace`) can make the server
+    /// keep. Default 50000.
+    pub max_held: usize,
 }
 
 impl Default for PresenceConfig {
@@ -319,6 +324,7 @@ impl Default for PresenceConfig {
             grace: Duration::from_secs(5),
             poll_grace: Duration::from_secs(15),
             max_page: 1000,
+            max_held: 50_000,
         }
     }
 }

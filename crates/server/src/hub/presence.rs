@@ -160,23 +160,31 @@ impl Presence {
     /// Ends a connection's membership: at once (`grace` zero: it unsubscribed), or after
     /// `grace` unless a connection takes it over meanwhile.
     pub async fn leave(&self, channel: &ChannelName, joining: Joining, grace: Duration) {
-        if !grace.is_zero() {
-            let deadline = Instant::now() + grace;
-            let mut held = self.held.lock();
-            let h = held
-                .entry((channel.clone(), joining.member.id))
-                .or_insert_with(|| Held {
-                    deadline,
-                    holders: 0,
-                    announce: joining.announce,
-                    info: joining.member.info.clone(),
-                });
-            h.holders += 1;
-            h.deadline = deadline;
+        if !grace.is_zero() && self.hold(channel, &joining, Instant::now() + grace) {
             return;
         }
         self.release(channel, joining.member, joining.announce, 1)
             .await;
+    }
+
+    /// Holds a membership until `deadline`; false when as many are held as allowed
+    /// (`presence.max_held`: a flood of polls naming channels, say), and this one must
+    /// leave now, as after an unsubscribe.
+    fn hold(&self, channel: &ChannelName, joining: &Joining, deadline: Instant) -> bool {
+        let mut held = self.held.lock();
+        let key = (channel.clone(), joining.member.id);
+        if held.len() >= self.config.max_held && !held.contains_key(&key) {
+            return false;
+        }
+        let h = held.entry(key).or_insert_with(|| Held {
+            deadline,
+            holders: 0,
+            announce: joining.announce,
+            info: joining.member.info.clone(),
+        });
+        h.holders += 1;
+        h.deadline = deadline;
+        true
     }
 
     /// Removes `holders` holders of `member`; a leave if it was the last.

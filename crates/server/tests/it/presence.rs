@@ -453,3 +453,31 @@ async fn nodes_on_redis_share_members_and_pushes() {
         .await;
     assert_eq!(stats["presence_stats"], json!({ "clients": 2, "users": 1 }));
 }
+
+/// Issue #38: a poll's memberships are held for `presence.poll_grace` after it is answered,
+/// but never more than `presence.max_held` at once: past it, a poll's membership leaves at
+/// once. A flood of polls naming new channels of a presence namespace cannot make the server
+/// keep one membership per channel named for the grace.
+#[tokio::test]
+async fn memberships_held_through_their_grace_are_bounded() {
+    let mut c = presence_config();
+    c.presence.poll_grace = Duration::from_secs(3600);
+    c.presence.max_held = 5;
+    let server = start(c).await;
+    for i in 0..10 {
+        let r = reqwest::get(server.url(&format!("/connection/poll?channel=room:held{i}")))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.text().await.unwrap();
+    }
+    let mut held = 0;
+    for i in 0..10 {
+        let (_, stats) = server
+            .api_get(&format!("/api/presence_stats?channel=room:held{i}"))
+            .await;
+        held += stats["clients"].as_u64().unwrap();
+    }
+    assert_eq!(held, 5, "memberships still held after their polls");
+    server.stop().await.unwrap();
+}
