@@ -130,6 +130,7 @@ fn spawn_node(
         .env("HERALD_LIMITS__CONNECTIONS_PER_ADDRESS", "0")
         .env("HERALD_LIMITS__CONNECTION_RATE_PER_ADDRESS", "0")
         .env("HERALD_LIMITS__COMMANDS_PER_ADDRESS", "0")
+        .env("HERALD_LIMITS__HOOK_CALLS_PER_ADDRESS", "0")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
