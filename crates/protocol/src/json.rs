@@ -301,6 +301,16 @@ pub fn encode_reply(id: u64, method: &str, result: &impl Serialize) -> Vec<u8> {
 /// Encodes an error reply: `{"id":ID,"error":{"code":N,"message":"…"}}` (no id when the
 /// command had none or it could not be read).
 pub fn encode_error(id: Option<u64>, code: impl Into<u16>, message: &str) -> Vec<u8> {
+    encode_error_body(id, code.into(), message, None)
+}
+
+/// Encodes an HTTP transport's refusal of one of the channels its request named:
+/// `{"error":{"code":N,"message":"…","channel":"…"}}`, so that a client can drop that one.
+pub fn encode_channel_error(code: impl Into<u16>, message: &str, channel: &ChannelName) -> Vec<u8> {
+    encode_error_body(None, code.into(), message, Some(channel.as_str()))
+}
+
+fn encode_error_body(id: Option<u64>, code: u16, message: &str, channel: Option<&str>) -> Vec<u8> {
     #[derive(Serialize)]
     struct ErrorReply<'a> {
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -310,8 +320,9 @@ pub fn encode_error(id: Option<u64>, code: impl Into<u16>, message: &str) -> Vec
     serde_json::to_vec(&ErrorReply {
         id,
         error: ErrorBody {
-            code: code.into(),
+            code,
             message,
+            channel,
         },
     })
     .expect("error replies always serialise")
@@ -325,6 +336,9 @@ pub struct ErrorBody<'a> {
     pub code: u16,
     /// What went wrong, for people.
     pub message: &'a str,
+    /// The channel refused, when a request named several.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub channel: Option<&'a str>,
 }
 
 /// Encodes a publication push: `{"pub":{"channel":"…","offset":N,"data":…,"from"?:{…}}}`.

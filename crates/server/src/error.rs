@@ -161,10 +161,11 @@ impl axum::response::IntoResponse for Failure {
     fn into_response(self) -> axum::response::Response {
         let body = match &self.channel {
             None => herald_protocol::json::encode_error(None, self.wire_code(), &self.message),
-            Some(channel) => serde_json::to_vec(&serde_json::json!({
-                "error": { "code": self.wire_code(), "message": self.message, "channel": channel }
-            }))
-            .expect("serialises"),
+            Some(channel) => herald_protocol::json::encode_channel_error(
+                self.wire_code(),
+                &self.message,
+                channel,
+            ),
         };
         let mut response = (
             self.status(),

@@ -22,22 +22,11 @@ use tokio::{
     time::{Instant, Sleep},
 };
 
-/// What a deadline needs of a connection: a way to drop what it could not send.
-pub trait Resettable {
-    /// Makes closing the connection reset it, discarding unsent data.
-    fn reset_on_close(&self);
-}
-
-impl Resettable for TcpStream {
-    fn reset_on_close(&self) {
-        let _ = self.set_zero_linger();
-    }
-}
-
-/// `io` whose writes (and flushes) fail once one has waited `limit` without progress.
+/// A connection whose writes (and flushes) fail once one has waited `limit` without
+/// progress.
 #[derive(Debug)]
-pub struct WriteDeadline<T> {
-    io: T,
+pub struct WriteDeadline {
+    io: TcpStream,
     limit: Duration,
     /// Armed while a write waits; made on the first wait only (most connections never
     /// wait to write).
@@ -45,9 +34,9 @@ pub struct WriteDeadline<T> {
     armed: bool,
 }
 
-impl<T: Resettable> WriteDeadline<T> {
+impl WriteDeadline {
     /// Wraps `io`.
-    pub fn new(io: T, limit: Duration) -> Self {
+    pub fn new(io: TcpStream, limit: Duration) -> Self {
         Self {
             io,
             limit,
@@ -57,7 +46,7 @@ impl<T: Resettable> WriteDeadline<T> {
     }
 
     /// The wrapped connection.
-    pub fn into_inner(self) -> T {
+    pub fn into_inner(self) -> TcpStream {
         self.io
     }
 
@@ -73,7 +62,8 @@ impl<T: Resettable> WriteDeadline<T> {
         }
         match timer.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready({
-                self.io.reset_on_close();
+                // Closed now, it resets: what it could not send is dropped.
+                let _ = self.io.set_zero_linger();
                 io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!("the client read nothing for {limit:?}"),
@@ -101,7 +91,7 @@ impl<T: Resettable> WriteDeadline<T> {
     }
 }
 
-impl<T: AsyncRead + Unpin + Resettable> AsyncRead for WriteDeadline<T> {
+impl AsyncRead for WriteDeadline {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -111,7 +101,7 @@ impl<T: AsyncRead + Unpin + Resettable> AsyncRead for WriteDeadline<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin + Resettable> AsyncWrite for WriteDeadline<T> {
+impl AsyncWrite for WriteDeadline {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

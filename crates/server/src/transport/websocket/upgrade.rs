@@ -15,7 +15,6 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 
 use crate::transport::deadline::WriteDeadline;
-use tokio::net::TcpStream;
 use tungstenite::handshake::derive_accept_key;
 
 use super::{run, JSON_SUBPROTOCOL};
@@ -60,9 +59,9 @@ pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Res
                 return;
             }
         };
-        // The accept loop serves every connection as `TokioIo<WriteDeadline<TcpStream>>`;
+        // The accept loop serves every connection as `TokioIo<WriteDeadline>`;
         // a WebSocket times its writes itself, on the socket.
-        match upgraded.downcast::<TokioIo<WriteDeadline<TcpStream>>>() {
+        match upgraded.downcast::<TokioIo<WriteDeadline>>() {
             Ok(parts) => {
                 // `read_buf` is a view of hyper's whole read buffer (8 KiB): copy what the
                 // client sent early and let the buffer go, or every connection keeps it.
