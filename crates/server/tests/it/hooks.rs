@@ -1015,3 +1015,55 @@ async fn one_address_cannot_open_the_hook_circuit_for_everyone() {
     );
     server.stop().await.unwrap();
 }
+
+/// The budget's refusal on WebSocket: past `hook_calls_per_address` a subscribe that would
+/// ask the backend gets 111, and a connect closes with 3008 (reconnect later), neither
+/// asking the backend. (The bucket refills at 1/s, so each is tried until the budget is
+/// spent, which takes its burst of two on a machine of any speed.)
+#[tokio::test]
+async fn past_the_hook_budget_a_websocket_is_told_to_come_back_later() {
+    let backend = Backend::start(application).await;
+    let mut c = hooked_config(&backend);
+    c.limits.hook_calls_per_address = 1;
+    let server = start(c).await;
+    let mut alice = ws_with_cookie(&server, "sid=alice-session").await;
+    let reply = alice.call("connect", json!({})).await;
+    assert_eq!(reply["connect"]["user"], "alice", "{reply}");
+    let mut refused = None;
+    for i in 0..20 {
+        let asked = backend.arrived();
+        let reply = alice
+            .call("subscribe", json!({ "channel": format!("room:r{i}") }))
+            .await;
+        if reply.get("error").is_some() {
+            assert_eq!(backend.arrived(), asked, "the backend was not asked");
+            refused = Some(reply);
+            break;
+        }
+    }
+    let refused = refused.expect("a subscribe past the budget is refused");
+    assert_eq!(refused["error"]["code"], 111, "{refused}");
+    let mut closed = None;
+    for _ in 0..20 {
+        use futures_util::StreamExt;
+        use tokio_tungstenite::tungstenite::Message;
+        let asked = backend.arrived();
+        let mut late = ws_with_cookie(&server, "sid=alice-session").await;
+        late.send_text(json!({ "id": 1, "connect": {} }).to_string())
+            .await;
+        let answer = tokio::time::timeout(PATIENCE, late.ws.next())
+            .await
+            .expect("an answer in time");
+        if let Some(Ok(Message::Close(Some(frame)))) = answer {
+            assert_eq!(backend.arrived(), asked, "the backend was not asked");
+            closed = Some(u16::from(frame.code));
+            break;
+        }
+    }
+    assert_eq!(
+        closed,
+        Some(3008),
+        "a connect past the budget closes with 3008"
+    );
+    server.stop().await.unwrap();
+}
