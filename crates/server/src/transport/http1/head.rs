@@ -56,51 +56,57 @@ pub(super) async fn read_head(stream: &mut TcpStream, wait: Duration) -> Result<
             // A head can only end (or grow a header too many) at a line's end: bytes
             // without one are taken without parsing again what came before, so a head sent
             // a byte at a time costs a scan of each byte, not of the whole head each time.
+            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut request = httparse::Request::new(&mut headers);
             let parsed = if chunk[..n].contains(&b'\n') {
-                let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-                httparse::Request::new(&mut headers).parse(&head)
+                request.parse(&head)
             } else {
                 Ok(httparse::Status::Partial)
             };
-            let complete = match parsed {
+            // Once whole, the head is built from this very parse (it is not parsed again).
+            let (length, built) = match parsed {
                 Ok(httparse::Status::Complete(length)) if length > before => {
-                    head.truncate(length);
-                    true
+                    (length, Some(build(&request)))
                 }
-                Ok(httparse::Status::Partial) => false,
+                Ok(httparse::Status::Partial) => (head.len(), None),
                 Err(httparse::Error::TooManyHeaders) => {
                     return Err(Refused::Bad("the request has more than 64 headers"));
                 }
                 _ => return Err(Refused::Bad(MALFORMED)),
             };
-            if head.len() > MAX_HEAD {
+            if length > MAX_HEAD {
                 return Err(Refused::Bad("the request head is larger than 24 KiB"));
             }
             // Take what belongs to the head, no more.
             stream
-                .read_exact(&mut chunk[..head.len() - before])
+                .read_exact(&mut chunk[..length - before])
                 .await
                 .map_err(|_| Refused::Gone)?;
-            if complete {
-                return Ok(head);
+            if let Some(built) = built {
+                return built.map_err(Refused::Bad);
             }
         }
     };
-    let head = tokio::time::timeout(wait, read)
+    tokio::time::timeout(wait, read)
         .await
-        .map_err(|_| Refused::Gone)??;
-    parse(&head).map_err(Refused::Bad)
+        .map_err(|_| Refused::Gone)?
 }
 
 const MALFORMED: &str = "malformed request head";
 
-/// A head as a request, or why it cannot be served here.
+/// A whole head's bytes as a request, or why it cannot be served here.
+#[cfg(test)]
 fn parse(head: &[u8]) -> Result<Head, &'static str> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut headers);
     if !parsed.parse(head).map_err(|_| MALFORMED)?.is_complete() {
         return Err(MALFORMED);
     }
+    build(&parsed)
+}
+
+/// A parsed head as a request, or why it cannot be served here.
+fn build(parsed: &httparse::Request<'_, '_>) -> Result<Head, &'static str> {
     let version = match parsed.version {
         Some(1) => http::Version::HTTP_11,
         _ => http::Version::HTTP_10,
