@@ -8,13 +8,18 @@ Starts the given binary on 127.0.0.1:18099 with its defaults, then, from this on
      the server's CPU over 5 s, and /healthz's latency meanwhile;
   2. 300 sockets (4 KiB receive buffers) each POST N history reads of a ~1 MiB channel to
      /connection/send and never read the answer: the server's RSS and the machine's memory
-     in use before, 3 s after, and after the write deadline (15 s, 25 s).
+     in use before, 3 s after, and after the write deadline (15 s, 25 s);
+  3. FLOOD seconds (60 by default; 0 skips it) of polls naming 512 new channels each, over 4
+     kept-alive connections, in a namespace with presence (`chat:`) and in one without: the
+     server's RSS during the flood, and 5 s and 90 s after it (streams nobody wrote to are
+     forgotten a minute after their last reader).
 Run it with `ulimit -n 8192`. Loopback only; it stops by itself.
 """
-import json, os, socket, statistics, subprocess, sys, tempfile, time, urllib.request
+import json, os, socket, statistics, subprocess, sys, tempfile, threading, time, urllib.request
 
 BIN = sys.argv[1]
 N = int(os.environ.get("N", "12"))
+FLOOD = int(os.environ.get("FLOOD", "60"))
 PORT = 18099
 HOST = f"127.0.0.1:{PORT}"
 B = f"http://{HOST}"
@@ -90,5 +95,40 @@ try:
               f"machine memory in use {in_use() - m0:+d} MB")
     for s in socks:
         s.close()
+    time.sleep(15)
+
+    def poll_flood(prefix, until, counts):
+        s = socket.create_connection(("127.0.0.1", PORT))
+        f = s.makefile("rb")
+        n = 0
+        while time.time() < until:
+            q = "&".join(f"channel={prefix}{n}y{i}" for i in range(512))
+            n += 1
+            s.sendall(f"GET /connection/poll?{q} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
+            status = f.readline().split()[1].decode()
+            counts[status] = counts.get(status, 0) + 1
+            length = 0
+            while (h := f.readline()) not in (b"\r\n", b""):
+                if h.lower().startswith(b"content-length"):
+                    length = int(h.split(b":")[1])
+            f.read(length)
+        s.close()
+
+    for ns in ("chat:", "") if FLOOD else ():
+        r0, counts, peak = rss(), {}, 0
+        until = time.time() + FLOOD
+        workers = [threading.Thread(target=poll_flood, args=(f"{ns}flood{w}x", until, counts)) for w in range(4)]
+        for w in workers:
+            w.start()
+        while time.time() < until:
+            time.sleep(1)
+            peak = max(peak, rss() - r0)
+        for w in workers:
+            w.join()
+        time.sleep(5)
+        soon = rss() - r0
+        time.sleep(85)
+        print(f"{FLOOD} s read flood in {ns or 'a namespace without presence'} ({counts}): "
+              f"server RSS at most {peak:+.0f} MB during it, {soon:+.0f} MB 5 s after, {rss() - r0:+.0f} MB 90 s after")
 finally:
     srv.kill()

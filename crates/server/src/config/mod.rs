@@ -314,6 +314,10 @@ pub struct PresenceConfig {
     /// polls naming channels (each a membership held for `poll_grace`) can make the server
     /// keep. Default 50000.
     pub max_held: usize,
+    /// Most of those held for one client address: one address flooding polls cannot
+    /// take every place, so other clients' memberships still outlive their polls.
+    /// Default 5000.
+    pub max_held_per_address: usize,
 }
 
 impl Default for PresenceConfig {
@@ -325,6 +329,7 @@ impl Default for PresenceConfig {
             poll_grace: Duration::from_secs(15),
             max_page: 1000,
             max_held: 50_000,
+            max_held_per_address: 5_000,
         }
     }
 }

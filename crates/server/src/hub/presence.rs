@@ -21,6 +21,7 @@
 
 use std::{
     collections::HashMap,
+    net::IpAddr,
     sync::{Arc, Weak},
     time::Duration,
 };
@@ -62,6 +63,9 @@ pub struct Joining {
     pub user: Option<Box<str>>,
     /// Whether its joins and leaves are pushed (the namespace's `join_leave`).
     pub announce: bool,
+    /// The client's address, when the transport knows it: memberships held through their
+    /// grace are counted per address (`presence.max_held_per_address`).
+    pub address: Option<IpAddr>,
 }
 
 /// A membership whose last connection ended, kept until its deadline.
@@ -72,6 +76,44 @@ struct Held {
     holders: u32,
     announce: bool,
     info: Bytes,
+    address: Option<IpAddr>,
+}
+
+/// Memberships held through their grace, and how many each client address holds.
+#[derive(Debug, Default)]
+struct Holds {
+    members: HashMap<(ChannelName, u64), Held>,
+    per_address: HashMap<IpAddr, usize>,
+}
+
+impl Holds {
+    fn remove(&mut self, key: &(ChannelName, u64)) -> Option<Held> {
+        let held = self.members.remove(key)?;
+        if let Some(ip) = held.address {
+            if let std::collections::hash_map::Entry::Occupied(mut count) =
+                self.per_address.entry(ip)
+            {
+                *count.get_mut() -= 1;
+                if *count.get() == 0 {
+                    count.remove();
+                }
+            }
+        }
+        Some(held)
+    }
+
+    /// Gives back what a flood made the maps allocate once it has drained: a `HashMap`
+    /// keeps its largest capacity otherwise.
+    fn shrink(&mut self) {
+        if self.members.capacity() > 1024 && self.members.len() < self.members.capacity() / 4 {
+            self.members.shrink_to(self.members.len() * 2);
+        }
+        if self.per_address.capacity() > 1024
+            && self.per_address.len() < self.per_address.capacity() / 4
+        {
+            self.per_address.shrink_to(self.per_address.len() * 2);
+        }
+    }
 }
 
 /// One join or leave, waiting for its window to end.
@@ -87,7 +129,7 @@ pub struct Presence {
     config: PresenceConfig,
     hub: Weak<Hub>,
     window: Mutex<HashMap<ChannelName, Vec<Change>>>,
-    held: Mutex<HashMap<(ChannelName, u64), Held>>,
+    held: Mutex<Holds>,
     /// Channels whose changes this node stopped pushing (above the member threshold).
     over: Mutex<std::collections::HashSet<ChannelName>>,
 }
@@ -95,7 +137,7 @@ pub struct Presence {
 impl std::fmt::Debug for Presence {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Presence")
-            .field("held", &self.held.lock().len())
+            .field("held", &self.held.lock().members.len())
             .finish_non_exhaustive()
     }
 }
@@ -139,7 +181,7 @@ impl Presence {
         let key = (channel.clone(), joining.member.id);
         {
             let mut held = self.held.lock();
-            if let Some(h) = held.get_mut(&key) {
+            if let Some(h) = held.members.get_mut(&key) {
                 h.holders -= 1;
                 if h.holders == 0 {
                     held.remove(&key);
@@ -167,23 +209,39 @@ impl Presence {
             .await;
     }
 
-    /// Holds a membership until `deadline`; false when as many are held as allowed
-    /// (`presence.max_held`: a flood of polls naming channels, say), and this one must
-    /// leave now, as after an unsubscribe.
+    /// Holds a membership until `deadline`; false when as many are held as allowed, on
+    /// this node (`presence.max_held`) or for the client's address
+    /// (`presence.max_held_per_address`): a flood of polls naming channels, say. Then this
+    /// one must leave now, as after an unsubscribe.
     fn hold(&self, channel: &ChannelName, joining: &Joining, deadline: Instant) -> bool {
         let mut held = self.held.lock();
+        let held = &mut *held;
         let key = (channel.clone(), joining.member.id);
-        if held.len() >= self.config.max_held && !held.contains_key(&key) {
+        if let Some(h) = held.members.get_mut(&key) {
+            h.holders += 1;
+            h.deadline = deadline;
+            return true;
+        }
+        if held.members.len() >= self.config.max_held {
             return false;
         }
-        let h = held.entry(key).or_insert_with(|| Held {
-            deadline,
-            holders: 0,
-            announce: joining.announce,
-            info: joining.member.info.clone(),
-        });
-        h.holders += 1;
-        h.deadline = deadline;
+        if let Some(ip) = joining.address {
+            let count = held.per_address.entry(ip).or_default();
+            if *count >= self.config.max_held_per_address {
+                return false;
+            }
+            *count += 1;
+        }
+        held.members.insert(
+            key,
+            Held {
+                deadline,
+                holders: 1,
+                announce: joining.announce,
+                info: joining.member.info.clone(),
+                address: joining.address,
+            },
+        );
         true
     }
 
@@ -252,13 +310,17 @@ impl Presence {
         let expired: Vec<_> = {
             let mut held = self.held.lock();
             let keys: Vec<_> = held
+                .members
                 .iter()
                 .filter(|(_, h)| h.deadline <= now)
                 .map(|(k, _)| k.clone())
                 .collect();
-            keys.into_iter()
+            let expired = keys
+                .into_iter()
                 .filter_map(|k| held.remove(&k).map(|h| (k, h)))
-                .collect()
+                .collect();
+            held.shrink();
+            expired
         };
         for ((channel, id), h) in expired {
             let member = Member { id, info: h.info };

@@ -44,6 +44,7 @@ impl Session {
             },
             user,
             announce: rules.join_leave,
+            address: self.address,
         })
     }
 

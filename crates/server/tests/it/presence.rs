@@ -481,3 +481,50 @@ async fn memberships_held_through_their_grace_are_bounded() {
     assert_eq!(held, 5, "memberships still held after their polls");
     server.stop().await.unwrap();
 }
+
+/// Issue #38: one client address holds at most `presence.max_held_per_address` memberships
+/// through their grace. A flood of polls from one address cannot take every place, so
+/// another address's poller is still held between its polls.
+#[tokio::test]
+async fn one_address_cannot_take_every_held_membership() {
+    let mut c = presence_config();
+    c.presence.poll_grace = Duration::from_secs(3600);
+    c.presence.max_held = 10;
+    c.presence.max_held_per_address = 3;
+    let server = start(c).await;
+    let from = |ip: [u8; 4]| {
+        reqwest::Client::builder()
+            .local_address(std::net::IpAddr::from(ip))
+            .build()
+            .unwrap()
+    };
+    let poll = |client: reqwest::Client, channel: String| {
+        let url = server.url(&format!("/connection/poll?channel={channel}"));
+        async move {
+            let r = client.get(url).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.text().await.unwrap();
+        }
+    };
+    let flood = from([127, 0, 0, 2]);
+    for i in 0..10 {
+        poll(flood.clone(), format!("room:flood{i}")).await;
+    }
+    poll(from([127, 0, 0, 3]), "room:other".into()).await;
+    let mut held = 0;
+    for i in 0..10 {
+        let (_, stats) = server
+            .api_get(&format!("/api/presence_stats?channel=room:flood{i}"))
+            .await;
+        held += stats["clients"].as_u64().unwrap();
+    }
+    assert_eq!(held, 3, "the flooding address's memberships still held");
+    let (_, stats) = server
+        .api_get("/api/presence_stats?channel=room:other")
+        .await;
+    assert_eq!(
+        stats["clients"], 1,
+        "another address's poller is still held: {stats}"
+    );
+    server.stop().await.unwrap();
+}
