@@ -200,8 +200,29 @@ const charts = {
   threads: new Chart(element("chart-threads"), "%"),
 };
 
-/** Disconnect totals of the last minute's looks, to say how many happened in it. */
-const disconnectLooks: { t: number; totals: ByLabel }[] = [];
+/** Totals by label of a counter over every node, kept for a minute of looks, to say how
+ * many happened in the last minute. */
+class MinuteTotals {
+  private looks: { t: number; totals: ByLabel }[] = [];
+  constructor(private readonly metric: string) {}
+
+  /** This look's totals and, per label, how many of them are from the last minute. */
+  look(time: number, all: NodeState[]): [string, number, number][] {
+    const totals: ByLabel = {};
+    for (const n of all) for (const [label, v] of Object.entries(byLabel(n.digest, this.metric))) totals[label] = (totals[label] ?? 0) + v;
+    this.looks.push({ t: time, totals });
+    while (this.looks.length > 1 && this.looks[0]!.t < time - 60) this.looks.shift();
+    const minuteAgo = this.looks[0]!.totals;
+    return Object.entries(totals)
+      .sort((a, b) => b[1] - a[1])
+      .map(([label, total]) => [label, total - (minuteAgo[label] ?? 0), total]);
+  }
+}
+
+const disconnectTotals = new MinuteTotals("disconnects_total");
+/** Clients refused by a limit (`herald_refusals_total`): behind a proxy that is not trusted,
+ * per-address limits refuse the whole audience, and this is where an operator sees it. */
+const refusalTotals = new MinuteTotals("refusals_total");
 
 function onDigest(d: Digest): void {
   const previous = nodes.get(d.node);
@@ -299,16 +320,18 @@ function render(): void {
       .map(([ns, [r, total]]) => [ns, fixed(r), String(total)]),
   );
 
-  const totals: ByLabel = {};
-  for (const n of all) for (const [code, v] of Object.entries(byLabel(n.digest, "disconnects_total"))) totals[code] = (totals[code] ?? 0) + v;
-  disconnectLooks.push({ t: time, totals });
-  while (disconnectLooks.length > 1 && disconnectLooks[0]!.t < time - 60) disconnectLooks.shift();
-  const minuteAgo = disconnectLooks[0]!.totals;
   fill(
     "disconnects",
-    Object.entries(totals)
-      .sort((a, b) => b[1] - a[1])
-      .map(([code, total]) => [code, MEANINGS[code] ?? (Number(code) >= 4000 ? "application" : ""), String(total - (minuteAgo[code] ?? 0)), String(total)]),
+    disconnectTotals
+      .look(time, all)
+      .map(([code, minute, total]) => [code, MEANINGS[code] ?? (Number(code) >= 4000 ? "application" : ""), String(minute), String(total)]),
+  );
+  fill(
+    "refusals",
+    refusalTotals
+      .look(time, all)
+      .filter(([, , total]) => total > 0)
+      .map(([limit, minute, total]) => [limit, String(minute), String(total)]),
   );
 
   const totalConnections = all.reduce((a, n) => a + sum(byLabel(n.digest, "connections")), 0);

@@ -88,6 +88,7 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
         let node = herald_server::Node::open(settings).await?;
         let shutdown = shutdown_signal()?;
         survive_file_size_limit()?;
+        warn_of_a_shared_address(&node.settings.config);
         tracing::info!(
             address = %listener.local_addr()?,
             workers,
@@ -145,6 +146,18 @@ fn say_what_is_open(settings: &herald_server::config::Settings) {
                 "no token keys ([auth]): anonymous clients may {can} in {which}; see docs/auth.md"
             );
         }
+    }
+}
+
+/// A server on a loopback address usually sits behind a proxy on the same machine. If that
+/// proxy is not in `limits.trusted_proxies`, every client it forwards has its address, and
+/// the per-address limits meet the whole audience at once (about 450 users at the defaults).
+fn warn_of_a_shared_address(config: &herald_server::Config) {
+    if config.listen.ip().is_loopback() && config.limits.trusted_proxies.is_empty() {
+        tracing::warn!(
+            "listening on a loopback address with no limits.trusted_proxies: if a proxy on this machine forwards clients, they all share its address's limits ({} connections); list it in limits.trusted_proxies and have it send X-Forwarded-For (docs/deployment.md)",
+            config.limits.connections_per_address
+        );
     }
 }
 

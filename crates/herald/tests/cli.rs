@@ -9,7 +9,7 @@ use serde_json::Value;
 
 mod support;
 
-use support::{herald, succeeds, Server};
+use support::{herald, serve_logging, succeeds, Server};
 
 fn publish(server: &Server, channel: &str, data: &str) -> u64 {
     let out =
@@ -319,75 +319,6 @@ fn lists_in_the_environment_use_toml_array_syntax_as_documented() {
     assert_eq!(config["allowed_origins"].as_array().unwrap().len(), 2);
 }
 
-/// `herald serve` on a free port, logging JSON to a pipe: its log lines, parsed (a line
-/// that is not JSON is `Null`). Stopped when dropped.
-struct Logging {
-    child: std::process::Child,
-    lines: Box<dyn Iterator<Item = Value>>,
-    _data: tempfile::TempDir,
-}
-
-fn serve_logging(configure: impl FnOnce(&mut Command)) -> Logging {
-    let data = tempfile::tempdir().unwrap();
-    let mut command = herald();
-    command
-        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
-        .arg("--data-dir")
-        .arg(data.path())
-        .stderr(Stdio::piped());
-    configure(&mut command);
-    let mut child = command.spawn().unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let lines = std::io::BufRead::lines(std::io::BufReader::new(stderr))
-        .map(|l| serde_json::from_str(&l.unwrap()).unwrap_or_default());
-    Logging {
-        child,
-        lines: Box::new(lines),
-        _data: data,
-    }
-}
-
-impl Logging {
-    /// The lines logged before "herald is listening" (which ends the iteration), and the
-    /// address it names.
-    fn until_listening(&mut self) -> (Vec<Value>, String) {
-        let mut before = Vec::new();
-        for v in self.lines.by_ref() {
-            if v["fields"]["message"] == "herald is listening" {
-                return (before, v["fields"]["address"].as_str().unwrap().to_string());
-            }
-            before.push(v);
-        }
-        panic!("the server ended before listening: {before:?}");
-    }
-}
-
-impl Drop for Logging {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-#[test]
-fn max_connections_is_kept_under_the_open_file_limit() {
-    let mut server = serve_logging(|c| {
-        c.env("HERALD_MAX_CONNECTIONS", "0");
-    });
-    let (said, _) = server.until_listening();
-    // No limit asked, but a process has only so many descriptors: the cap leaves 256 spare.
-    let f = said
-        .iter()
-        .map(|v| &v["fields"])
-        .find(|f| f["max_connections"].is_u64())
-        .expect("a line names the cap");
-    assert_eq!(
-        f["max_connections"].as_u64().unwrap() + 256,
-        f["open_files"].as_u64().unwrap(),
-        "{f}"
-    );
-}
-
 /// What `herald` printed on standard error when it failed (exit code 2).
 fn fails(command: &mut Command) -> String {
     let out = command.output().unwrap();
@@ -623,78 +554,6 @@ fn sub_with_a_wrong_epoch_says_the_epoch_differs() {
         printed["offset"], 7,
         "it goes on from the channel's position"
     );
-}
-
-/// Issue #18, item 6: a normal start says nothing alarming about the open-file limit.
-#[test]
-fn a_default_start_does_not_warn_about_the_open_file_limit() {
-    let (said, _) = serve_logging(|_| {}).until_listening();
-    for v in said
-        .iter()
-        .filter(|v| v["fields"]["max_connections"].is_u64())
-    {
-        assert_eq!(v["level"], "INFO", "{v}");
-        assert!(
-            v["fields"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("ulimit -n"),
-            "{v}"
-        );
-    }
-}
-
-/// Issue #18, item 1: a page of another origin gets an answer it can read (error 119, the
-/// origin to add), and the server says so in its log, once however many are refused.
-#[test]
-fn a_refused_origin_is_told_why_and_logged_once() {
-    let mut server = serve_logging(|_| {});
-    let (_, address) = server.until_listening();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let origin = "http://127.0.0.1:1";
-    for _ in 0..5 {
-        let answer = rt.block_on(
-            reqwest::Client::new()
-                .get(format!("http://{address}/connection/stream?channel=chat:x"))
-                .header("Origin", origin)
-                .send(),
-        );
-        let answer = answer.unwrap();
-        assert_eq!(answer.status(), 403);
-        assert_eq!(
-            answer.headers()["access-control-allow-origin"],
-            origin,
-            "the refused page may read why"
-        );
-        assert!(answer.headers().get("x-herald-refused-origin").is_none());
-        let body: Value = rt.block_on(answer.json()).unwrap();
-        assert_eq!(body["error"]["code"], 119, "{body}");
-        let message = body["error"]["message"].as_str().unwrap();
-        assert!(
-            message.contains(origin) && message.contains("allowed_origins"),
-            "{body}"
-        );
-    }
-    // Stopped, the server logs no more: every line it wrote is read.
-    assert!(Command::new("kill")
-        .args(["-TERM", &server.child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
-    let logged: Vec<Value> = server
-        .lines
-        .by_ref()
-        .filter(|v| {
-            v["fields"]["message"]
-                .as_str()
-                .is_some_and(|m| m.contains("refused a browser connection"))
-        })
-        .collect();
-    assert_eq!(logged.len(), 1, "{logged:?}");
-    assert!(logged[0]["fields"]["message"]
-        .as_str()
-        .unwrap()
-        .contains(origin));
 }
 
 /// Issue #16: `metrics_listen` serves `/metrics` without a key, on its own address only.

@@ -57,6 +57,9 @@ fn admit_socket(
 ) -> Option<(tokio::net::TcpStream, Counted)> {
     let limit = node.settings.config.max_connections;
     let message = if limit > 0 && node.sockets.load(Ordering::Relaxed) >= limit {
+        node.limits
+            .refusals
+            .count(limits::Limit::MaxConnections, Some(peer.ip()), limit);
         "the server holds its maximum of connections; retry later"
     } else if let Some(guard) = node.limits.socket(peer.ip()) {
         node.sockets.fetch_add(1, Ordering::Relaxed);

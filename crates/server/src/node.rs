@@ -223,6 +223,7 @@ impl Node {
             sockets: self.sockets.load(Ordering::Relaxed) as u64,
             broker_lag: self.broker.delivery_lag(),
             events_dropped: self.events.as_ref().map_or(0, |e| e.dropped()),
+            refusals: self.limits.refusals.counts(),
         })
     }
 }

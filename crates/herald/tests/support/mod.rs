@@ -148,3 +148,53 @@ impl Drop for Server {
         let _ = self.child.wait();
     }
 }
+
+/// `herald serve` on a free port, logging JSON to a pipe: its log lines, parsed (a line
+/// that is not JSON is `Null`). Stopped when dropped.
+pub struct Logging {
+    pub child: std::process::Child,
+    pub lines: Box<dyn Iterator<Item = Value>>,
+    _data: tempfile::TempDir,
+}
+
+pub fn serve_logging(configure: impl FnOnce(&mut Command)) -> Logging {
+    let data = tempfile::tempdir().unwrap();
+    let mut command = herald();
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+        .arg("--data-dir")
+        .arg(data.path())
+        .stderr(Stdio::piped());
+    configure(&mut command);
+    let mut child = command.spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let lines = std::io::BufRead::lines(std::io::BufReader::new(stderr))
+        .map(|l| serde_json::from_str(&l.unwrap()).unwrap_or_default());
+    Logging {
+        child,
+        lines: Box::new(lines),
+        _data: data,
+    }
+}
+
+impl Logging {
+    /// The lines logged before "herald is listening" (which ends the iteration), and the
+    /// address it names.
+    pub fn until_listening(&mut self) -> (Vec<Value>, String) {
+        let mut before = Vec::new();
+        for v in self.lines.by_ref() {
+            if v["fields"]["message"] == "herald is listening" {
+                return (before, v["fields"]["address"].as_str().unwrap().to_string());
+            }
+            before.push(v);
+        }
+        panic!("the server ended before listening: {before:?}");
+    }
+}
+
+impl Drop for Logging {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -94,6 +94,11 @@ pub const WORKER_THREAD: &str = "herald-w-";
 pub const FANOUT_THREAD: &str = "herald-f-";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabel {
+    limit: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ThreadLabel {
     thread: String,
 }
@@ -116,6 +121,8 @@ pub struct Snapshot {
     pub broker_lag: Option<Duration>,
     /// Events the backend's events hook never got: dropped while too many were pending.
     pub events_dropped: u64,
+    /// Clients refused, by the setting of the limit that refused them.
+    pub refusals: Vec<(&'static str, u64)>,
 }
 
 /// The transports sessions are counted under, for counters made once and then touched
@@ -465,6 +472,15 @@ impl Collector for Scraped {
                 None,
                 metric.metric_type(),
             )?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "refusals",
+            "Clients refused by a limit, by its setting: max_connections (503, 106), and the per-address limits (106 or 111). Behind a proxy not in limits.trusted_proxies every client counts as the proxy's address",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (limit, count) in &s.refusals {
+            ConstCounter::new(*count).encode(family.encode_family(&LimitLabel { limit })?)?;
         }
         let threads = threads();
         if !threads.is_empty() {

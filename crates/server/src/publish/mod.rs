@@ -27,6 +27,11 @@ pub async fn from_client(
         // and are charged afterwards if the publication was its channel's first.
         if !node.limits.may_create_channel(ip) && !exists(node, channel).await? {
             let limit = node.settings.config.limits.new_channels_per_address;
+            node.limits.refusals.count(
+                crate::limits::Limit::NewChannelsPerAddress,
+                Some(ip),
+                format_args!("{limit}/min"),
+            );
             return Err(Failure::new(
                 ErrorCode::TooManyRequests,
                 format!(

@@ -34,6 +34,12 @@ pub fn admit(
     }
     let limit = node.settings.config.max_connections;
     if limit > 0 && node.connection_count() >= limit {
+        let ip = peer
+            .as_ref()
+            .map(|Extension(Peer(p))| node.limits.client_address(p.ip(), headers));
+        node.limits
+            .refusals
+            .count(crate::limits::Limit::MaxConnections, ip, limit);
         return Err(Failure::new(
             ErrorCode::LimitExceeded,
             format!("the server holds its maximum of {limit} connections; retry later"),

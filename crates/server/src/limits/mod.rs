@@ -16,6 +16,9 @@ use parking_lot::Mutex;
 
 use crate::{config::LimitsConfig, error::Failure};
 
+mod refusals;
+pub use refusals::{Limit, Refusals};
+
 /// The TCP peer of a request, put into its extensions by the accept loop.
 #[derive(Debug, Clone, Copy)]
 pub struct Peer(pub SocketAddr);
@@ -131,12 +134,15 @@ struct Entry {
 pub struct AddressLimits {
     config: LimitsConfig,
     table: Mutex<HashMap<IpAddr, Entry>>,
+    /// Refusals by limit (these and the node's `max_connections`).
+    pub refusals: Refusals,
 }
 
 impl AddressLimits {
     /// Counters for `config`'s limits.
     pub fn new(config: LimitsConfig) -> Arc<Self> {
         Arc::new(Self {
+            refusals: Refusals::new(&config),
             config,
             table: Mutex::default(),
         })
@@ -199,6 +205,10 @@ impl AddressLimits {
             e.sockets += 1;
             true
         });
+        if !admitted {
+            self.refusals
+                .count(Limit::ConnectionsPerAddress, Some(peer), limit);
+        }
         admitted.then(|| SocketGuard {
             limits: Some(self.clone()),
             ip: peer,
@@ -209,8 +219,13 @@ impl AddressLimits {
     /// and the concurrent connections of that address. The guard counts it while it lives.
     pub fn connection(self: &Arc<Self>, ip: IpAddr) -> Result<AddressGuard, Failure> {
         let c = &self.config;
-        self.with_entry(ip, |e| {
+        let admitted = self.with_entry(ip, |e| {
             if c.connections_per_address > 0 && e.connections >= c.connections_per_address {
+                self.refusals.count(
+                    Limit::ConnectionsPerAddress,
+                    Some(ip),
+                    c.connections_per_address,
+                );
                 return Err(Failure::new(
                     ErrorCode::LimitExceeded,
                     format!(
@@ -220,6 +235,11 @@ impl AddressLimits {
                 ));
             }
             if !e.opened.take(c.connection_rate_per_address) {
+                self.refusals.count(
+                    Limit::ConnectionRatePerAddress,
+                    Some(ip),
+                    format_args!("{}/s", c.connection_rate_per_address),
+                );
                 return Err(Failure::new(
                     ErrorCode::TooManyRequests,
                     format!(
@@ -230,7 +250,8 @@ impl AddressLimits {
             }
             e.connections += 1;
             Ok(())
-        })?;
+        });
+        admitted?;
         Ok(AddressGuard {
             limits: self.clone(),
             ip,
@@ -240,7 +261,15 @@ impl AddressLimits {
     /// Takes one stateless command of `ip` from its allowance; false when over the rate.
     pub fn command(&self, ip: IpAddr) -> bool {
         let rate = self.config.commands_per_address;
-        self.with_entry(ip, |e| e.commands.take(rate))
+        let taken = self.with_entry(ip, |e| e.commands.take(rate));
+        if !taken {
+            self.refusals.count(
+                Limit::CommandsPerAddress,
+                Some(ip),
+                format_args!("{rate}/s"),
+            );
+        }
+        taken
     }
 
     /// Takes one backend call of `ip` from its allowance (`limits.hook_calls_per_address`);
@@ -250,6 +279,11 @@ impl AddressLimits {
         if self.with_entry(ip, |e| e.hooked.take(rate)) {
             return Ok(());
         }
+        self.refusals.count(
+            Limit::HookCallsPerAddress,
+            Some(ip),
+            format_args!("{rate}/s"),
+        );
         Err(Failure::new(
             ErrorCode::TooManyRequests,
             format!(
