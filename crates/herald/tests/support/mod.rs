@@ -10,6 +10,8 @@ use std::{
 
 use serde_json::Value;
 
+pub mod nginx;
+
 const BIN: &str = env!("CARGO_BIN_EXE_herald");
 
 /// The binary, with no `HERALD_*` variable from the developer's environment.

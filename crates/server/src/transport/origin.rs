@@ -55,18 +55,19 @@ pub fn check_host(settings: &Settings, headers: &HeaderMap) -> Result<(), Failur
         None => host.rsplit_once(':').map_or(host, |(name, _)| name),
     };
     let config = &settings.config;
-    let allowed = if !config.allowed_hosts.is_empty() {
-        config
+    // A loopback name can only be in a page's URL on this machine itself, never in a
+    // hostile page's (which names its own host), so a server listening on loopback always
+    // answers to them: its proxy, a backend or a probe on the machine may use them.
+    let loopback = config.listen.ip().is_loopback()
+        && ["localhost", "127.0.0.1", "::1"]
+            .iter()
+            .any(|a| a.eq_ignore_ascii_case(name));
+    let allowed = loopback
+        || config
             .allowed_hosts
             .iter()
             .any(|a| a.eq_ignore_ascii_case(name))
-    } else if config.listen.ip().is_loopback() {
-        ["localhost", "127.0.0.1", "::1"]
-            .iter()
-            .any(|a| a.eq_ignore_ascii_case(name))
-    } else {
-        true
-    };
+        || (config.allowed_hosts.is_empty() && !config.listen.ip().is_loopback());
     if allowed {
         return Ok(());
     }
@@ -125,7 +126,9 @@ mod tests {
         c.allowed_hosts = vec!["chat.example".into()];
         let s = c.validate().unwrap();
         assert!(check_host(&s, &headers(None, "chat.example:443")).is_ok());
-        assert!(check_host(&s, &headers(None, "localhost:8080")).is_err());
+        // Still answers to loopback names on a loopback address: only this machine uses them.
+        assert!(check_host(&s, &headers(None, "localhost:8080")).is_ok());
+        assert!(check_host(&s, &headers(None, "evil.example")).is_err());
         let mut c = Config::default();
         c.listen = "0.0.0.0:8080".parse().unwrap();
         assert!(check_host(&c.validate().unwrap(), &headers(None, "any.example")).is_ok());
