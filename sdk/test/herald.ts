@@ -6,7 +6,7 @@ import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { inject } from "vitest";
 
-export const API_KEY = "sdk-test-key";
+export const API_KEY = "sdk-test-api-key-01";
 
 /** The herald binary, built once by `test/global-setup.ts` (or `HERALD_BIN`). */
 export function heraldBinary(): string {

@@ -14,7 +14,7 @@ use herald_broker_redis::testkit::RedisServer;
 
 use crate::procstat::{self, ProcSample};
 
-pub const BENCH_API_KEY: &str = "herald-bench";
+pub const BENCH_API_KEY: &str = "herald-bench-api-key";
 
 pub struct Server {
     /// `http://IP:PORT`.

@@ -301,7 +301,34 @@ impl Deref for Tracker {
     }
 }
 
-/// A short name for a failure, for the errors-by-kind table.
+/// How long a churning client waits after a failed connection: 100 ms, doubling up to 5 s,
+/// with jitter so that refused clients do not come back in step.
+#[derive(Debug)]
+struct BackOff {
+    client: usize,
+    failures: u32,
+}
+
+impl BackOff {
+    fn new(client: usize) -> Self {
+        Self {
+            client,
+            failures: 0,
+        }
+    }
+
+    fn next(&mut self) -> Duration {
+        let base = Duration::from_millis(100) * 2u32.pow(self.failures.min(6));
+        self.failures += 1;
+        let base = base.min(Duration::from_secs(5));
+        // Spread by client and attempt (no randomness needed: clients only need to differ).
+        let spread = (self.client as u64 * 7919 + u64::from(self.failures) * 104_729) % 1000;
+        base / 2 + base.mul_f64(spread as f64 / 2000.0)
+    }
+}
+
+/// A short name for a failure, for the errors-by-kind table. Refusals by the server's
+/// limits are named by their status: they say the bench, not the server, is the problem.
 fn classify(e: &anyhow::Error, was_up: bool) -> String {
     let text = format!("{e:#}").to_lowercase();
     let kind = if text.contains("too many open files") {
@@ -314,8 +341,10 @@ fn classify(e: &anyhow::Error, was_up: bool) -> String {
         "refused"
     } else if text.contains("timed out") || text.contains("timeout") {
         "timeout"
+    } else if text.contains("429") || text.contains("too many requests") {
+        "refused: 429 too fast"
     } else if text.contains("503") || text.contains("limit") {
-        "server limit"
+        "refused: 503 limit"
     } else if text.contains("handshake") || text.contains("http ") {
         "handshake"
     } else if text.contains("reset") || text.contains("closed") || text.contains("ended") {
@@ -398,9 +427,13 @@ async fn run(spec: WorkerSpec) -> anyhow::Result<()> {
                     let Some(lifetime) = lifetime else {
                         return client::run(client, speak, rec, stop_rx, reconnect_rx).await;
                     };
-                    // Churn: stay a while, leave, come back as a new connection.
+                    // Churn: stay a while, leave, come back as a new connection. A client
+                    // that ended before its lifetime failed (refused, cut): it waits before
+                    // coming back, longer each time, as a real client backs off, so that a
+                    // server that refuses is not hammered by a retry loop.
+                    let mut backoff = BackOff::new(i);
                     loop {
-                        let _ = tokio::time::timeout(
+                        let lived = tokio::time::timeout(
                             lifetime,
                             client::run(
                                 client.clone(),
@@ -410,8 +443,17 @@ async fn run(spec: WorkerSpec) -> anyhow::Result<()> {
                                 reconnect_rx.clone(),
                             ),
                         )
-                        .await;
+                        .await
+                        .is_err();
                         if *stop_rx.borrow_and_update() {
+                            return;
+                        }
+                        if lived {
+                            backoff = BackOff::new(i);
+                        } else if tokio::time::timeout(backoff.next(), stop_rx.wait_for(|s| *s))
+                            .await
+                            .is_ok()
+                        {
                             return;
                         }
                         started.fetch_add(1, Relaxed);

@@ -26,7 +26,7 @@ const PARALLEL: usize = 32;
 const READ_FOR: Duration = Duration::from_millis(300);
 /// One publication through the API every this many rounds.
 const PUBLISH_EVERY: u64 = 50;
-const KEY: &str = "fuzz-key";
+const KEY: &str = "fuzz-api-key-0123";
 const WATCHED: &str = "chat:watched";
 
 /// What a server fuzz did and found.

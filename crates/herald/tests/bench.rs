@@ -4,7 +4,7 @@
 mod support;
 
 use serde_json::Value;
-use support::{herald, succeeds};
+use support::{herald, succeeds, KEY};
 
 fn rows(stdout: &[u8]) -> Vec<Value> {
     String::from_utf8_lossy(stdout)
@@ -39,9 +39,9 @@ fn fanout_delivers_everything_once_across_worker_processes() {
                 "--subscribers",
                 "30",
                 "--publications",
-                "5",
+                "40",
                 "--rate",
-                "50",
+                "40",
             ])
             .args(["--channels", "2", "--workers", "2", "--json", "--charts"])
             .arg(dir.path())
@@ -51,8 +51,10 @@ fn fanout_delivers_everything_once_across_worker_processes() {
     let rows = rows(&out.stdout);
     assert_eq!(rows.len(), 1, "{rows:?}");
     let r = &rows[0];
-    // 30 subscribers over 2 channels, 5 publications round-robin: 3 to one, 2 to the other.
-    every_delivery_once(r, 15 * 3 + 15 * 2);
+    // 30 subscribers over 2 channels, 40 publications round-robin: 20 to each. (A second
+    // of publishing: the charts need two points, one taken every 500 ms; 5 publications at
+    // 50/s sometimes left one.)
+    every_delivery_once(r, 15 * 20 + 15 * 20);
     assert!(r["p99 ms"].as_f64().unwrap() > 0.0, "{r}");
     assert!(std::fs::read_to_string(&markdown)
         .unwrap()
@@ -158,7 +160,7 @@ fn the_generic_adapter_measures_a_server_through_its_own_endpoints() {
                 r#"{"id":2,"subscribe":{"channel":"{channel}"}}"#,
             ])
             .args(["--publish-url", &format!("{}/api/publish", server.url)])
-            .args(["--publish-header", "Authorization: apikey k"]),
+            .args(["--publish-header", &format!("Authorization: apikey {KEY}")]),
     );
     let rows = rows(&out.stdout);
     every_delivery_once(&rows[0], 40);
@@ -402,4 +404,49 @@ fn the_generic_adapter_measures_nchan_over_sse_and_long_polling() {
         let rows = rows(&out.stdout);
         every_delivery_once(&rows[0], 40);
     }
+}
+
+/// Issue #37, item 5: churn against a server whose per-address limits refuse most of its
+/// clients backs off instead of retrying at once, names the refusals, and says which limits
+/// they are and how to measure past them.
+#[test]
+fn churn_against_a_refusing_server_backs_off_and_says_why() {
+    // One new connection a second per address (bursts of 2).
+    let data = tempfile::tempdir().unwrap();
+    let mut command = herald();
+    command.env("HERALD_LIMITS__CONNECTION_RATE_PER_ADDRESS", "1");
+    let server = support::Server::spawn_with(&mut command, data.path(), &["--storage", "memory"]);
+    let out = succeeds(herald().args([
+        "bench",
+        "churn",
+        "--url",
+        &server.url,
+        "--api-key",
+        KEY,
+        "--clients",
+        "10",
+        "--lifetime",
+        "300ms",
+        "--duration",
+        "3s",
+        "--json",
+    ]));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = &rows(&out.stdout)[0];
+    // Ten clients retrying at once would fail thousands of times in 3 s (a refusal takes a
+    // millisecond); backing off from 100 ms, each fails a few times.
+    let errors = row["errors"].as_u64().unwrap();
+    assert!(errors > 0 && errors < 150, "{errors} errors: {row}");
+    let notes: Value = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|v| v.get("notes").is_some())
+        .expect("notes");
+    let notes = notes["notes"].to_string();
+    assert!(notes.contains("refused: 429 too fast"), "{notes}");
+    assert!(
+        notes.contains("limits.connection_rate_per_address")
+            && notes.contains("HERALD_LIMITS__CONNECTION_RATE_PER_ADDRESS=0"),
+        "{notes}"
+    );
 }

@@ -9,11 +9,11 @@ use serde_json::Value;
 
 mod support;
 
-use support::{herald, serve_logging, succeeds, Server};
+use support::{herald, serve_logging, succeeds, Server, KEY};
 
 fn publish(server: &Server, channel: &str, data: &str) -> u64 {
     let out =
-        succeeds(herald().args(["pub", "--url", &server.url, "--api-key", "k", channel, data]));
+        succeeds(herald().args(["pub", "--url", &server.url, "--api-key", KEY, channel, data]));
     String::from_utf8(out.stdout)
         .unwrap()
         .trim()
@@ -67,7 +67,7 @@ fn sub_since_0_prints_a_history_longer_than_one_replay_then_goes_live() {
         for i in 1..=75 {
             let r = http
                 .post(format!("{}/api/publish", server.url))
-                .header("Authorization", "apikey k")
+                .header("Authorization", format!("apikey {KEY}"))
                 .json(&serde_json::json!({ "channel": "chat:long", "data": i }))
                 .send()
                 .await
@@ -330,7 +330,7 @@ fn fails(command: &mut Command) -> String {
 #[test]
 fn pub_refuses_broken_json_reads_standard_input_and_sends_strings_when_asked() {
     let server = Server::start(&[]);
-    let publish_args = ["pub", "--url", &server.url, "--api-key", "k", "chat:json"];
+    let publish_args = ["pub", "--url", &server.url, "--api-key", KEY, "chat:json"];
     let said = fails(herald().args(publish_args).arg(r#"{"text": hi}"#));
     assert!(
         said.contains("not valid JSON") && said.contains("--string"),
@@ -386,7 +386,7 @@ fn address_and_url_mistakes_say_how_to_fix_them() {
     assert!(said.contains("--listen 127.0.0.1:9000"), "{said}");
     let said = fails(herald().args(["serve", "--listen", "9000"]));
     assert!(said.contains("127.0.0.1:9000"), "{said}");
-    let said = fails(herald().args(["pub", "--url", "127.0.0.1:8080", "--api-key", "k", "c", "1"]));
+    let said = fails(herald().args(["pub", "--url", "127.0.0.1:8080", "--api-key", KEY, "c", "1"]));
     assert!(said.contains("http://127.0.0.1:8080"), "{said}");
     // A host name is resolved: the server listens and says where.
     let server = Server::start_at("localhost:0", tempfile::tempdir().unwrap().path(), &[]);
@@ -435,7 +435,7 @@ fn sub_over_http_transports_stops_at_once_when_the_server_is_not_there() {
     let said = fails(herald().args([
         "pub",
         "--api-key",
-        "k",
+        KEY,
         "--url",
         &format!("http://{closed}"),
         "chat:nobody",
@@ -560,7 +560,7 @@ fn sub_with_a_wrong_epoch_says_the_epoch_differs() {
 #[test]
 fn metrics_listen_serves_metrics_without_a_key() {
     let mut server = serve_logging(|c| {
-        c.args(["--api-key", "k"])
+        c.args(["--api-key", KEY])
             .env("HERALD_METRICS_LISTEN", "127.0.0.1:0");
     });
     let (_, main) = server.until_listening();
@@ -608,7 +608,7 @@ fn top_shows_the_nodes_and_their_connections() {
         "--interval",
         "200ms",
         "--api-key",
-        "k",
+        KEY,
         "--url",
         &server.url,
     ]));

@@ -16,7 +16,7 @@ mod support;
 
 use support::{
     nginx::{deploy_dir, free_port, Nginx, HOST_NAME},
-    Server,
+    Server, KEY,
 };
 
 /// Two nodes as `deploy/herald.toml` configures them (the file given with `--config`; the
@@ -143,7 +143,7 @@ fn the_documented_nginx_serves_every_path_and_counts_people_not_the_proxy() {
     let published = rt
         .block_on(
             me.post(deployment.url("/api/publish"))
-                .header("Authorization", "apikey k")
+                .header("Authorization", format!("apikey {KEY}"))
                 .body(r#"{"channel":"chat:deploy","data":"through nginx"}"#)
                 .send(),
         )

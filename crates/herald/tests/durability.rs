@@ -5,7 +5,7 @@ mod support;
 use std::{collections::BTreeMap, process::Command, sync::Arc};
 
 use serde_json::{json, Value};
-use support::{history, Server};
+use support::{history, Server, KEY};
 
 #[test]
 fn kill_9_during_a_publish_burst_loses_no_acknowledged_publication() {
@@ -27,7 +27,7 @@ fn kill_9_during_a_publish_burst_loses_no_acknowledged_publication() {
                     let body = json!({ "channel": "chat:crash", "data": { "p": p, "i": i } });
                     let sent = http
                         .post(format!("{url}/api/publish"))
-                        .header("Authorization", "apikey k")
+                        .header("Authorization", format!("apikey {KEY}"))
                         .json(&body)
                         .send()
                         .await;
@@ -84,7 +84,7 @@ fn kill_9_during_a_publish_burst_loses_no_acknowledged_publication() {
     let next = rt.block_on(async {
         reqwest::Client::new()
             .post(format!("{}/api/publish", restarted.url))
-            .header("Authorization", "apikey k")
+            .header("Authorization", format!("apikey {KEY}"))
             .json(&json!({ "channel": "chat:crash", "data": "after" }))
             .send()
             .await
@@ -158,7 +158,7 @@ fn a_failed_disk_write_is_recovered_when_space_returns() {
                 json!({ "channel": "chat:full", "data": { "i": i, "pad": "x".repeat(60_000) } });
             let r = http
                 .post(format!("{url}/api/publish"))
-                .header("Authorization", "apikey k")
+                .header("Authorization", format!("apikey {KEY}"))
                 .json(&body)
                 .send()
                 .await
@@ -230,7 +230,7 @@ fn with_sync_none_an_unclean_stop_never_reuses_an_offset() {
         rt.block_on(async {
             let v: Value = reqwest::Client::new()
                 .post(format!("{url}/api/publish"))
-                .header("Authorization", "apikey k")
+                .header("Authorization", format!("apikey {KEY}"))
                 .json(&json!({ "channel": "news", "data": i }))
                 .send()
                 .await

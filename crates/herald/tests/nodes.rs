@@ -11,7 +11,7 @@ use std::{
 
 use herald_broker_redis::testkit::RedisServer;
 use serde_json::{json, Value};
-use support::{herald, history, Server};
+use support::{herald, history, Server, KEY};
 
 const CHANNEL: &str = "chat:ha";
 
@@ -35,7 +35,7 @@ async fn publish(http: &reqwest::Client, url: &str, n: u64) -> u64 {
     for _ in 0..50 {
         let sent = http
             .post(format!("{url}/api/publish"))
-            .header("Authorization", "apikey k")
+            .header("Authorization", format!("apikey {KEY}"))
             .json(&json!({ "channel": CHANNEL, "data": { "n": n } }))
             .send()
             .await;

@@ -188,3 +188,42 @@ fn refusals_are_counted_by_limit_and_logged_once_naming_the_address() {
         "a loopback address may be a proxy's: {f}"
     );
 }
+
+/// Issue #37, item 3: a key copied from an example, or too short to resist guessing, does
+/// not start a server: `serve` refuses it (exit 2) saying how to make one, from the
+/// environment, a flag or the file's `api_keys` alike.
+#[test]
+fn a_short_api_key_is_refused_at_start() {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), "api_keys = [\"short-key\"]\n").unwrap();
+    let tries: [(&[&str], Option<&str>, &str); 3] = [
+        (&[], Some("change-me"), "api_key"),
+        (&["--api-key", "secret"], None, "api_key"),
+        (
+            &["--config", file.path().to_str().unwrap()],
+            None,
+            "api_keys",
+        ),
+    ];
+    for (args, env, key) in tries {
+        let mut command = support::herald();
+        command.args(["serve", "--listen", "127.0.0.1:0", "--storage", "memory"]);
+        command.args(args);
+        if let Some(value) = env {
+            command.env("HERALD_API_KEY", value);
+        }
+        let out = command.output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?} {env:?}: {out:?}");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            said.contains(&format!("`{key}`"))
+                && said.contains("at least 16 bytes")
+                && said.contains("openssl rand -hex 16"),
+            "{said}"
+        );
+        assert!(
+            !said.contains("change-me") && !said.contains("short-key"),
+            "the refused key is not repeated: {said}"
+        );
+    }
+}

@@ -133,9 +133,7 @@ async fn once(args: CapacityArgs, common: &Common) -> anyhow::Result<Outcome> {
     let mut notes = vec![
         "process memory = (server RSS with the connections held - RSS before any) / connections; kernel TCP = the change of /proc/net/sockstat's TCP mem (system-wide: both ends of loopback connections)".into(),
     ];
-    if !totals.errors.is_empty() {
-        notes.push(format!("errors by kind: {:?}", totals.errors));
-    }
+    notes.extend(super::error_notes(&totals));
     Ok(Outcome {
         scenario: "capacity".into(),
         tables: vec![t],

@@ -84,7 +84,9 @@ pub async fn run(args: ChurnArgs, common: &Common) -> anyhow::Result<Outcome> {
     Ok(Outcome {
         scenario: "churn".into(),
         tables: vec![t],
-        notes: vec!["a publication every second; a client that is between connections misses what is published meanwhile (it resumes nothing: churn measures connection handling)".into()],
+        notes: std::iter::once("a publication every second; a client that is between connections misses what is published meanwhile (it resumes nothing: churn measures connection handling)".to_string())
+            .chain(super::error_notes(&totals))
+            .collect(),
         series: vec![(args.transport.label(), monitor.points)],
         bars: Vec::new(),
     })

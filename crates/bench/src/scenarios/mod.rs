@@ -313,6 +313,29 @@ where
 
 /// A channel name of its own for this run: a server that keeps a buffer per channel
 /// (Nchan replays it to new subscribers by default) must not hand one run's messages to the next.
+/// Notes about a run's failed connections: each kind with its count and, when the server
+/// refused clients (429, 503), which limits those are and how to measure past them.
+pub fn error_notes(totals: &crate::fleet::Totals) -> Vec<String> {
+    if totals.errors.is_empty() {
+        return Vec::new();
+    }
+    let mut notes = vec![format!("errors by kind: {:?}", totals.errors)];
+    if totals.errors.keys().any(|k| k.contains("refused: ")) {
+        notes.push(
+            "the server refused clients (429: too fast, error 111; 503: too many held, error 106). \
+             This tool's clients come from a few loopback addresses (127.0.0.2, 127.0.0.3, …), so \
+             a Herald's per-address limits (limits.connections_per_address 1000, \
+             limits.connection_rate_per_address 200/s) meet them long before its capacity: \
+             start the server with HERALD_LIMITS__CONNECTIONS_PER_ADDRESS=0 and \
+             HERALD_LIMITS__CONNECTION_RATE_PER_ADDRESS=0, as the Herald this tool starts is, \
+             or raise max_connections; its /metrics (herald_refusals_total) names the limit \
+             that refused. Refused clients back off (100 ms, doubling to 5 s) before trying again"
+                .into(),
+        );
+    }
+    notes
+}
+
 pub fn fresh_channel(base: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static RUN: AtomicU64 = AtomicU64::new(0);

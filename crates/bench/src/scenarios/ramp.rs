@@ -170,9 +170,7 @@ async fn once(args: RampArgs, common: &Common) -> anyhow::Result<Outcome> {
     let mut notes = vec![
         "full-load response = publish through the HTTP API to receipt by the last subscriber, for the last probe at full load".into(),
     ];
-    if !totals.errors.is_empty() {
-        notes.push(format!("errors by kind: {:?}", totals.errors));
-    }
+    notes.extend(super::error_notes(&totals));
     Ok(Outcome {
         scenario: "ramp".into(),
         tables: vec![t, study, probes_table],

@@ -14,6 +14,9 @@ pub mod nginx;
 
 const BIN: &str = env!("CARGO_BIN_EXE_herald");
 
+/// The API key [`Server`] starts with (`serve` refuses keys shorter than 16 bytes).
+pub const KEY: &str = "herald-test-api-key";
+
 /// The binary, with no `HERALD_*` variable from the developer's environment.
 pub fn herald() -> Command {
     let mut c = Command::new(BIN);
@@ -32,11 +35,11 @@ pub fn history(rt: &tokio::runtime::Runtime, url: &str, channel: &str) -> Value 
     )))
 }
 
-/// A GET of the HTTP API (key `k`, as [`Server`] starts it), answered with JSON.
+/// A GET of the HTTP API (key [`KEY`], as [`Server`] starts it), answered with JSON.
 pub async fn api_get(url: &str) -> Value {
     reqwest::Client::new()
         .get(url)
-        .header("Authorization", "apikey k")
+        .header("Authorization", format!("apikey {KEY}"))
         .send()
         .await
         .unwrap()
@@ -109,6 +112,12 @@ impl Server {
         ]));
     }
 
+    /// Starts `command` (the binary, set up by the caller: its environment, say) on a free
+    /// port.
+    pub fn spawn_with(command: &mut Command, data_dir: &Path, extra: &[&str]) -> Self {
+        Self::spawn(command, "127.0.0.1:0", data_dir, extra)
+    }
+
     fn spawn(command: &mut Command, listen: &str, data_dir: &Path, extra: &[&str]) -> Self {
         let mut child = command
             .args([
@@ -116,7 +125,7 @@ impl Server {
                 "--listen",
                 listen,
                 "--api-key",
-                "k",
+                KEY,
                 "--log-format",
                 "json",
                 "--data-dir",

@@ -11,6 +11,9 @@ use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
+/// Shortest API key `serve` accepts.
+pub const MIN_API_KEY: usize = 16;
+
 pub use auth::{AuthConfig, PreviousKey, MIN_HMAC_SECRET};
 pub use hooks::HooksConfig;
 pub use namespaces::{Access, NamespaceConfig, NamespaceOverride, Presence};
@@ -471,7 +474,24 @@ pub struct Settings {
 
 impl Config {
     /// Checks every value and resolves namespace rules.
+    /// Refuses API keys short enough to guess, or to have been copied from an example
+    /// (`change-me`, `secret`): the key publishes and disconnects on every channel.
+    fn check_api_keys(&self) -> Result<(), ConfigError> {
+        let short = |key: &str| key.len() < MIN_API_KEY;
+        let why = format!(
+            "must be at least {MIN_API_KEY} bytes, and your own: make one with `openssl rand -hex 16`"
+        );
+        if self.api_key.as_deref().is_some_and(short) {
+            return Err(bad("api_key", why));
+        }
+        if self.api_keys.iter().any(|k| short(k.parts().0)) {
+            return Err(bad("api_keys", why));
+        }
+        Ok(())
+    }
+
     pub fn validate(self) -> Result<Settings, ConfigError> {
+        self.check_api_keys()?;
         let c = &self.client;
         if self.presence.join_leave_window.is_zero() {
             return Err(bad("presence.join_leave_window", "must be greater than 0"));
@@ -754,10 +774,22 @@ mod tests {
 
     #[test]
     fn api_keys_may_be_scoped() {
-        let c: Config =
-            toml::from_str("api_keys = [\"all\", { key = \"p\", scope = \"publish\" }]\n").unwrap();
+        let c: Config = toml::from_str(
+            "api_keys = [\"all-0123456789abcdef\", { key = \"pub-0123456789abcdef\", scope = \"publish\" }]\n",
+        )
+        .unwrap();
         let s = c.validate().unwrap();
         let keys: Vec<_> = s.api_keys().collect();
-        assert_eq!(keys, vec![("all", ApiScope::All), ("p", ApiScope::Publish)]);
+        assert_eq!(
+            keys,
+            vec![
+                ("all-0123456789abcdef", ApiScope::All),
+                ("pub-0123456789abcdef", ApiScope::Publish)
+            ]
+        );
+        // Too short to resist guessing, scoped or not.
+        let c: Config =
+            toml::from_str("api_keys = [{ key = \"p\", scope = \"publish\" }]\n").unwrap();
+        assert_eq!(c.validate().unwrap_err().key, "api_keys");
     }
 }

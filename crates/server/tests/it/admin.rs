@@ -155,7 +155,7 @@ async fn an_operator_finds_unsubscribes_and_disconnects_a_users_connections() {
 async fn admin_actions_refuse_what_they_cannot_do_clearly() {
     let mut cfg = auth_config();
     cfg.api_keys = vec![herald_server::config::ApiKey::Scoped {
-        key: "publisher".into(),
+        key: "publisher-key-0123".into(),
         scope: herald_server::config::ApiScope::Publish,
     }];
     let server = start(cfg).await;
@@ -198,9 +198,13 @@ async fn admin_actions_refuse_what_they_cannot_do_clearly() {
     );
     // A key that may only publish may not act on other people's connections.
     let (status, error) = response(
-        post("/api/disconnect", "publisher", json!({ "user": "42" }))
-            .await
-            .unwrap(),
+        post(
+            "/api/disconnect",
+            "publisher-key-0123",
+            json!({ "user": "42" }),
+        )
+        .await
+        .unwrap(),
     )
     .await;
     assert_eq!(status, 403, "{error}");

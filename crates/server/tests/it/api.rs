@@ -117,11 +117,11 @@ async fn api_keys_can_be_limited_to_publishing_or_reading() {
     let mut cfg = config();
     cfg.api_keys = vec![
         ApiKey::Scoped {
-            key: "pub-only".into(),
+            key: "pub-only-key-0123".into(),
             scope: ApiScope::Publish,
         },
         ApiKey::Scoped {
-            key: "read-only".into(),
+            key: "read-only-key-0123".into(),
             scope: ApiScope::Read,
         },
     ];
@@ -135,33 +135,67 @@ async fn api_keys_can_be_limited_to_publishing_or_reading() {
         async move { response(r.send().await.unwrap()).await }
     };
     use reqwest::Method;
-    assert_eq!(call(Method::POST, "/api/publish", "pub-only").await.0, 200);
-    let (status, body) = call(Method::GET, "/api/history?channel=news", "pub-only").await;
+    assert_eq!(
+        call(Method::POST, "/api/publish", "pub-only-key-0123")
+            .await
+            .0,
+        200
+    );
+    let (status, body) = call(
+        Method::GET,
+        "/api/history?channel=news",
+        "pub-only-key-0123",
+    )
+    .await;
     assert_eq!(
         (status, body["error"]["code"].as_u64()),
         (403, Some(103)),
         "{body}"
     );
     assert_eq!(
-        call(Method::GET, "/api/history?channel=news", "read-only")
-            .await
-            .0,
+        call(
+            Method::GET,
+            "/api/history?channel=news",
+            "read-only-key-0123"
+        )
+        .await
+        .0,
         200
     );
-    assert_eq!(call(Method::GET, "/api/info", "read-only").await.0, 200);
-    assert_eq!(call(Method::POST, "/api/publish", "read-only").await.0, 403);
     assert_eq!(
-        call(Method::DELETE, "/api/history?channel=news", "read-only")
+        call(Method::GET, "/api/info", "read-only-key-0123").await.0,
+        200
+    );
+    assert_eq!(
+        call(Method::POST, "/api/publish", "read-only-key-0123")
             .await
             .0,
+        403
+    );
+    assert_eq!(
+        call(
+            Method::DELETE,
+            "/api/history?channel=news",
+            "read-only-key-0123"
+        )
+        .await
+        .0,
         403
     );
     assert_eq!(call(Method::POST, "/api/publish", "wrong").await.0, 401);
     // Issue #38, item 6: HEAD is a read, authorised as GET (it used to be the other way
     // round: 200 for the publish-only key, 403 for the read-only one).
     for path in ["/api/history?channel=news", "/api/info"] {
-        assert_eq!(call(Method::HEAD, path, "pub-only").await.0, 403, "{path}");
-        assert_eq!(call(Method::HEAD, path, "read-only").await.0, 200, "{path}");
+        assert_eq!(
+            call(Method::HEAD, path, "pub-only-key-0123").await.0,
+            403,
+            "{path}"
+        );
+        assert_eq!(
+            call(Method::HEAD, path, "read-only-key-0123").await.0,
+            200,
+            "{path}"
+        );
     }
     // The full key still may do everything.
     assert_eq!(call(Method::GET, "/api/info", KEY).await.0, 200);

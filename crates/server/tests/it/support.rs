@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use tokio::{net::TcpStream, task::JoinHandle};
 use tokio_tungstenite::{tungstenite::Message, MaybeTlsStream, WebSocketStream};
 
-pub const KEY: &str = "test-key";
+pub const KEY: &str = "test-api-key-0123";
 /// Upper bound for any single wait in these tests; reaching it is a failure.
 pub const PATIENCE: Duration = Duration::from_secs(15);
 
