@@ -21,8 +21,13 @@ pub(super) const PUBLICATIONS: TableDefinition<(&str, u64), (u64, u32, &[u8])> =
     TableDefinition::new("publications");
 /// channel → (epoch, newest offset, last publish in ms since the Unix epoch, CRC-32).
 const STREAMS: TableDefinition<&str, (&str, u64, u64, u32)> = TableDefinition::new("streams");
-/// The store's own state: [`UNFLUSHED`].
+/// The store's own state: [`UNFLUSHED`], [`RUN`].
 const STATE: TableDefinition<&str, u64> = TableDefinition::new("state");
+/// A number drawn at every open and kept both in the file and beside it ([`RUN_FILE_NAME`]).
+/// At the next open they match unless the file was put back from a copy (a backup, a
+/// snapshot of the file): then history may have gone backwards while clients saw what came
+/// later, so every stream starts a new epoch rather than hand their offsets out again.
+const RUN: &str = "run";
 /// 1 while a process writes with `sync = "none"`, set durably at open and cleared durably at
 /// a clean close. Found set at open, the last such process stopped uncleanly: its latest
 /// commits were never made durable and are gone, but subscribers saw their offsets, so
@@ -53,6 +58,9 @@ fn stream_crc(channel: &str, epoch: &str, top: u64, last_ms: u64) -> u32 {
 
 /// The file name inside the data directory.
 pub const FILE_NAME: &str = "herald.redb";
+
+/// Beside it: the [`RUN`] mark of the last open, as decimal text.
+pub const RUN_FILE_NAME: &str = "herald.redb.run";
 
 /// Why the data directory cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -245,6 +253,70 @@ fn verify(db: &Database, path: &Path, distrust_all: bool) -> Result<Streams, Ope
         .collect())
 }
 
+/// The [`RUN`] mark the file carries, if any (files written before marks carry none).
+fn file_run(db: &Database) -> Result<Option<u64>, redb::Error> {
+    let read = db.begin_read()?;
+    match read.open_table(STATE) {
+        Ok(table) => Ok(table.get(RUN)?.map(|v| v.value())),
+        Err(TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether the file was put back from a copy: it carries a mark, and the directory's is
+/// another one or none (a whole directory restored from a snapshot, its mark removed as
+/// the deployment guide says).
+fn restored(db: &Database, dir: &Path) -> Result<bool, redb::Error> {
+    let Some(in_file) = file_run(db)? else {
+        return Ok(false);
+    };
+    let beside = std::fs::read_to_string(dir.join(RUN_FILE_NAME))
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok());
+    Ok(beside != Some(in_file))
+}
+
+/// Writes `run` beside the file, replacing the old mark in one step.
+fn write_run_file(dir: &Path, run: u64) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = dir.join(format!("{RUN_FILE_NAME}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    writeln!(f, "{run}")?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(RUN_FILE_NAME))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Gives every stream whose record checks a new epoch, keeping its offsets and history: a
+/// client that resumes with a position of the old epoch is told `recovered: false`. Records
+/// that fail their checksum are left for [`verify`] to drop.
+fn renew_epochs(db: &Database, path: &Path) -> Result<usize, OpenError> {
+    let write = db.begin_write().map_err(|e| damaged(path, e))?;
+    let mut renewed = 0;
+    {
+        let mut streams = write.open_table(STREAMS).map_err(|e| damaged(path, e))?;
+        let mut rows = Vec::new();
+        for entry in streams.iter().map_err(|e| damaged(path, e))? {
+            let (k, v) = entry.map_err(|e| damaged(path, e))?;
+            let (epoch, top, last, crc) = v.value();
+            let channel = k.value().to_string();
+            if crc == stream_crc(&channel, epoch, top, last) {
+                rows.push((channel, top, last));
+            }
+        }
+        for (channel, top, last) in rows {
+            let epoch = Epoch::random(|| fastrand::u64(..));
+            let crc = stream_crc(&channel, epoch.as_str(), top, last);
+            streams
+                .insert(channel.as_str(), (epoch.as_str(), top, last, crc))
+                .map_err(|e| damaged(path, e))?;
+            renewed += 1;
+        }
+    }
+    write.commit().map_err(|e| damaged(path, e))?;
+    Ok(renewed)
+}
+
 /// Whether [`UNFLUSHED`] is set.
 fn unflushed(db: &Database) -> Result<bool, redb::Error> {
     let read = db.begin_read()?;
@@ -256,10 +328,16 @@ fn unflushed(db: &Database) -> Result<bool, redb::Error> {
 }
 
 /// Sets or clears [`UNFLUSHED`] in a durable commit (which also makes every earlier
-/// commit durable).
-fn set_unflushed(db: &Database, on: bool) -> Result<(), redb::Error> {
+/// commit durable), with this open's [`RUN`] mark when given.
+fn set_unflushed(db: &Database, on: bool, run: Option<u64>) -> Result<(), redb::Error> {
     let txn = db.begin_write()?;
-    txn.open_table(STATE)?.insert(UNFLUSHED, u64::from(on))?;
+    {
+        let mut state = txn.open_table(STATE)?;
+        state.insert(UNFLUSHED, u64::from(on))?;
+        if let Some(run) = run {
+            state.insert(RUN, run)?;
+        }
+    }
     txn.commit()?;
     Ok(())
 }
@@ -311,8 +389,25 @@ impl Store {
             // inside a destructor, which aborts the process instead of unwinding.
             db.check_integrity().map_err(|e| damaged(&path, e))?;
             let lost_unflushed = unflushed(&db).map_err(|e| damaged(&path, e))?;
+            if !lost_unflushed && restored(&db, dir).map_err(|e| damaged(&path, e))? {
+                let renewed = renew_epochs(&db, &path)?;
+                tracing::warn!(
+                    channels = renewed,
+                    file = %path.display(),
+                    "the data file is older than the one this directory last used (restored from a backup or a snapshot): every channel starts a new epoch, keeping its history, so clients that saw later publications get recovered: false instead of reused offsets"
+                );
+            }
             let streams = verify(&db, &path, lost_unflushed)?;
-            set_unflushed(&db, sync == SyncPolicy::None).map_err(|e| damaged(&path, e))?;
+            // The mark goes into the file first: a crash before the copy beside it is
+            // written looks like a restore next time, which costs a new epoch, never a
+            // reused offset.
+            let run = fastrand::u64(..);
+            set_unflushed(&db, sync == SyncPolicy::None, Some(run))
+                .map_err(|e| damaged(&path, e))?;
+            write_run_file(dir, run).map_err(|source| OpenError::Directory {
+                path: dir.to_owned(),
+                source,
+            })?;
             Ok((db, streams))
         })?;
         let db: Slot = Arc::new(RwLock::new(Some(Arc::new(db))));
@@ -513,7 +608,7 @@ impl Committer {
             return;
         }
         if let Some(db) = self.db.read().clone() {
-            if let Err(e) = set_unflushed(&db, false) {
+            if let Err(e) = set_unflushed(&db, false, None) {
                 tracing::error!(error = %e, "storage: the final durable commit failed; the next start gives every channel a new epoch");
             }
         }
