@@ -368,6 +368,29 @@ impl Store {
             .await
     }
 
+    /// Gives `channel` a new epoch if it still stands below `seen` in `seen`'s epoch (see
+    /// [`scripts::RENEW_EPOCH`]); the epoch it has afterwards.
+    pub(crate) async fn renew_epoch(
+        &self,
+        channel: &ChannelName,
+        seen: &(Epoch, u64),
+    ) -> Result<String, BrokerError> {
+        let meta = self.names.meta(channel);
+        let (epoch, offset) = (seen.0.as_str().to_string(), seen.1);
+        self.call(|mut c| async move {
+            redis::cmd("EVAL")
+                .arg(scripts::RENEW_EPOCH)
+                .arg(1)
+                .arg(meta)
+                .arg(epoch)
+                .arg(offset)
+                .arg(new_epoch().as_str())
+                .query_async(&mut c)
+                .await
+        })
+        .await
+    }
+
     /// Reads history in one script call (see [`scripts::history`]).
     pub(crate) async fn history(
         &self,

@@ -444,8 +444,25 @@ impl Listener {
     }
 
     /// One channel's catch-up read came back: hands over what it missed, then what was
-    /// held meanwhile, and goes live again.
-    fn finish_catch_up(&self, name: &str, read: Result<History, BrokerError>) {
+    /// held meanwhile, and goes live again. When the stream now stands below what this node
+    /// handed over, in the same epoch, Redis lost writes: that is returned, for a new epoch.
+    fn finish_catch_up(&self, name: &str, read: Result<History, BrokerError>) -> Option<WentBack> {
+        let went_back = match &read {
+            Err(BrokerError::Unrecoverable { current }) => {
+                let channels = self.channels.lock();
+                channels.get(name).and_then(|t| match &t.last {
+                    Some(seen) if seen.0 == current.epoch && current.offset < seen.1 => {
+                        Some(WentBack {
+                            channel: t.channel.clone(),
+                            seen: seen.clone(),
+                            now: current.offset,
+                        })
+                    }
+                    _ => None,
+                })
+            }
+            _ => None,
+        };
         let channel = match read {
             Ok(history) => {
                 let epoch = history.position.epoch;
@@ -461,9 +478,9 @@ impl Listener {
         let held = {
             let mut channels = self.channels.lock();
             let Some(tracked) = channels.get_mut(name) else {
-                return;
+                return None; // unsubscribed meanwhile: nobody here saw it go back
             };
-            if let Some(e) = channel {
+            if let (Some(e), None) = (channel, &went_back) {
                 tracing::warn!(channel = %tracked.channel, error = %e, "missed publications cannot be read back; subscribers will resume from history");
             }
             tracked.held.take()
@@ -472,6 +489,7 @@ impl Listener {
         for (epoch, p) in held.into_iter().flat_map(|h| h.publications) {
             self.deliver(name, &epoch, &p);
         }
+        went_back
     }
 
     /// Channels this node listens to that have seen no publication.
@@ -482,6 +500,37 @@ impl Listener {
             .filter(|t| t.last.is_none() && t.floor.as_ref().is_none_or(|(_, o)| *o == 0))
             .map(|t| t.channel.clone())
             .collect()
+    }
+}
+
+/// A channel whose stream went backwards in Redis while this node listened: it had handed
+/// over `seen` and the stream now stands at `now` in the same epoch.
+struct WentBack {
+    channel: ChannelName,
+    seen: (Epoch, u64),
+    now: u64,
+}
+
+impl WentBack {
+    /// Starts the channel on a new epoch (unless another node did), so that the offsets
+    /// after `now` are not given out again in the epoch subscribers saw them in: the next
+    /// publication reaches them in the new epoch, and they resume from history, told
+    /// `recovered: false`.
+    async fn renew(self, store: &Store) {
+        match store.renew_epoch(&self.channel, &self.seen).await {
+            Ok(epoch) => tracing::warn!(
+                channel = %self.channel,
+                seen = self.seen.1,
+                now = self.now,
+                epoch = %epoch,
+                "the channel's history in Redis went back (a restart from an older dump, or a failover to a replica that lagged): it continues in a new epoch, so clients that saw the lost publications get recovered: false instead of reused offsets"
+            ),
+            Err(e) => tracing::warn!(
+                channel = %self.channel,
+                error = %e,
+                "the channel's history in Redis went back, and a new epoch could not be set"
+            ),
+        }
     }
 }
 
@@ -614,7 +663,10 @@ async fn run(listener: std::sync::Weak<Listener>, client: redis::Client) {
                         continue;
                     }
                     let Some(me) = listener.upgrade() else { return };
-                    me.finish_catch_up(&catch_up.name, read);
+                    if let Some(back) = me.finish_catch_up(&catch_up.name, read) {
+                        let store = store.clone();
+                        tokio::spawn(async move { back.renew(&store).await });
+                    }
                 }
                 _ = ping.tick(), if pinging.is_none() => {
                     if let Some(me) = listener.upgrade() {

@@ -120,3 +120,19 @@ if redis.call('HGET', KEYS[1], 'o') == '0' then
 end
 return 0
 "#;
+
+/// Gives a stream a new epoch when it stands below an offset a node already handed over in
+/// that epoch: Redis lost writes (restarted from an older dump, or failed over to a replica
+/// that lagged), and the offsets after where it stands now must not be given out again in
+/// the epoch clients saw them in. History is kept. When another node noticed first and
+/// renewed it already, nothing is done.
+///
+/// KEYS: meta. ARGV: the epoch seen, the offset seen, the new epoch. Returns the epoch now.
+pub const RENEW_EPOCH: &str = r#"
+local m = redis.call('HMGET', KEYS[1], 'e', 'o')
+if m[1] == ARGV[1] and tonumber(m[2] or 0) < tonumber(ARGV[2]) then
+  redis.call('HSET', KEYS[1], 'e', ARGV[3])
+  return ARGV[3]
+end
+return m[1] or ''
+"#;

@@ -27,35 +27,32 @@ impl RedisServer {
     pub fn try_start() -> std::io::Result<Self> {
         let dir = tempfile::tempdir()?;
         let port = free_port()?;
-        let mut child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()?;
-        let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
-        loop {
-            match lines.next() {
-                Some(Ok(line)) if line.contains("Ready to accept connections") => break,
-                Some(Ok(_)) => {}
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(std::io::Error::other(
-                        "redis-server exited before it was ready",
-                    ));
-                }
-            }
-        }
-        // Keep draining the log so the server never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
+        let child = spawn(dir.path(), port)?;
         Ok(Self {
             child,
             port,
             _dir: dir,
         })
+    }
+
+    /// Writes its data to its dump file now (`SAVE`).
+    pub fn save(&self) {
+        let status = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "SAVE"])
+            .stdout(Stdio::null())
+            .status()
+            .expect("redis-cli must be installed with redis-server");
+        assert!(status.success(), "redis-cli SAVE failed");
+    }
+
+    /// Kills it (SIGKILL: nothing saved) and starts it again on the same port and
+    /// directory. It loads its dump file: its data goes back to the last
+    /// [`save`](RedisServer::save), as after a restart from an older dump (or a failover to
+    /// a replica that lagged).
+    pub fn restart_from_dump(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn(self._dir.path(), self.port).expect("redis-server restarts");
     }
 
     /// Its process id (for CPU and memory figures).
@@ -90,6 +87,36 @@ impl RedisServer {
             .expect("redis-cli must be installed with redis-server");
         assert!(status.success(), "redis-cli CLIENT KILL failed");
     }
+}
+
+/// Starts `redis-server` on `port`, keeping its files in `dir` (where it loads a dump from,
+/// if there is one), and returns once it accepts connections.
+fn spawn(dir: &std::path::Path, port: u16) -> std::io::Result<Child> {
+    let mut child = Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(line)) if line.contains("Ready to accept connections") => break,
+            Some(Ok(_)) => {}
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(std::io::Error::other(
+                    "redis-server exited before it was ready",
+                ));
+            }
+        }
+    }
+    // Keep draining the log so the server never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    Ok(child)
 }
 
 impl Drop for RedisServer {

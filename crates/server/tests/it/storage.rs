@@ -113,3 +113,56 @@ async fn durable_namespaces_survive_a_restart_and_memory_ones_start_a_new_epoch(
     );
     server.stop().await.unwrap();
 }
+
+/// Issue #37, item 4: Redis restarted from an older dump (its data went back from offset 5
+/// to 3) under a node whose subscriber saw 4 and 5. The node notices when it catches up
+/// after the reconnect (the channel stands below what it handed over, in the same epoch)
+/// and gives the channel a new epoch, keeping its history. The next publications are not 4
+/// and 5 again in the old epoch, which the subscriber would skip as duplicates: they arrive
+/// in the new one, the subscriber is cut, and resuming from 5 it is told `recovered: false`.
+#[tokio::test]
+async fn redis_restarted_from_an_older_dump_starts_a_new_epoch_under_a_live_subscriber() {
+    let mut redis = herald_broker_redis::testkit::RedisServer::start();
+    let server = start_on_redis(config(), &redis).await;
+    let channel = "chat:dump";
+    let mut watcher = server.client().await;
+    watcher.subscribe(channel, None).await;
+    for i in 1..=3 {
+        server.publish(channel, json!(i)).await;
+    }
+    redis.save();
+    let mut epoch = String::new();
+    for i in 4..=5 {
+        epoch = server.publish(channel, json!(i)).await.1;
+    }
+    for want in 1..=5 {
+        assert_eq!(watcher.next_pub().await.1, want);
+    }
+
+    redis.restart_from_dump();
+    eventually("the channel continues in a new epoch", || async {
+        let (status, h) = server
+            .api_get(&format!("/api/history?channel={channel}"))
+            .await;
+        status == 200 && h["epoch"].as_str().is_some_and(|e| e != epoch)
+    })
+    .await;
+    let (_, h) = server
+        .api_get(&format!("/api/history?channel={channel}&since=0"))
+        .await;
+    assert_eq!(h["offset"], 3, "the dump's history is kept: {h}");
+    assert_eq!(offsets(&h), [1, 2, 3], "{h}");
+
+    let (offset, new_epoch) = server.publish(channel, json!(6)).await;
+    assert_eq!(offset, 4);
+    assert_ne!(
+        new_epoch, epoch,
+        "offset 4 of epoch {epoch} handed out twice"
+    );
+    let closed = watcher.closed().await;
+    assert_eq!(closed.code, 3002, "{closed:?}");
+    let mut resumed = server.client().await;
+    let reply = resumed.subscribe(channel, Some((5, &epoch))).await;
+    assert_eq!(reply["recovered"], false, "{reply}");
+    assert_eq!(reply["epoch"], new_epoch.as_str(), "{reply}");
+}
