@@ -21,7 +21,9 @@ const pageErrors: string[] = [];
 
 beforeAll(async () => {
   browser = await launchChromium();
-  server = await Herald.start();
+  // One new channel a minute per address (bursts of 2), so that the test can make a
+  // refusal show in the "Clients refused by a limit" table without touching the rest.
+  server = await Herald.start({ env: { HERALD_LIMITS__NEW_CHANNELS_PER_ADDRESS: "1" } });
 });
 
 afterAll(async () => {
@@ -95,6 +97,13 @@ it("signs in with the API key and shows live figures under load; an operator act
   c.connect();
   const { client: id } = await connected;
   await next(room, "subscribed");
+
+  // Refusals by a limit show, by limit (issue #37): this address may make two channels by
+  // publishing; the third is refused.
+  const made = await Promise.allSettled(["a", "b", "c"].map((n) => c.publish(`chat:refused-${n}`, n)));
+  expect(made.filter((m) => m.status === "rejected")).toHaveLength(1);
+  await page.waitForFunction(() => (document.querySelector("#refusals tbody tr td")?.textContent ?? "") === "limits.new_channels_per_address", null, { timeout: 15_000 });
+  expect((await rows(page, "refusals"))[0]).toEqual(["limits.new_channels_per_address", "1", "1"]);
   await page.selectOption("#lookup-kind", "client");
   await page.fill("#lookup-who", id);
   await page.click("#lookup button[type=submit]");
