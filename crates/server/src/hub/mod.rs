@@ -34,7 +34,10 @@ use parking_lot::RwLock;
 
 use crate::queue::{Delivery, Position, Queue};
 
+mod members;
 pub mod presence;
+
+use members::{Member, Members, Snapshot};
 
 const SHARDS: usize = 64;
 
@@ -43,30 +46,25 @@ const INLINE_MAX: usize = 64;
 
 type Subscribers = HashMap<ChannelName, Channel>;
 
-/// One session's subscription to a channel, as the hub sees it.
-#[derive(Debug, Clone)]
-struct Member {
-    session: u64,
-    queue: Arc<Queue>,
-    position: Arc<Position>,
-}
-
-/// A channel's local subscribers, one part per fan-out thread. A part is copied on write
-/// (`Arc::make_mut`) only while a fan-out job still holds it.
+/// A channel's local subscribers, one part per fan-out thread (see [`members`]).
 #[derive(Debug)]
 struct Channel {
-    parts: Box<[Arc<Vec<Member>>]>,
+    parts: Box<[Members]>,
     /// Fan-out jobs handed to threads and not finished yet.
     pending: Arc<AtomicUsize>,
     /// The sessions pushed joins and leaves (they may see presence, and the namespace has
     /// `join_leave`): apart from `parts`, so a publication's fan-out walks no more bytes
     /// per member for them.
-    presence: Vec<(u64, Arc<Queue>)>,
+    presence: HashMap<u64, Arc<Queue>>,
 }
 
 impl Channel {
     fn len(&self) -> usize {
-        self.parts.iter().map(|p| p.len()).sum()
+        self.parts.iter().map(Members::len).sum()
+    }
+
+    fn members(&self) -> impl Iterator<Item = &Member> {
+        self.parts.iter().flat_map(Members::iter)
     }
 }
 
@@ -79,7 +77,7 @@ struct Fanout {
 /// One thread's share of one publication.
 struct Job {
     delivery: Arc<Delivery>,
-    members: Arc<Vec<Member>>,
+    members: Snapshot,
     pending: Arc<AtomicUsize>,
 }
 
@@ -123,7 +121,7 @@ impl Hub {
                             // Another job waiting: this thread is behind, so let the
                             // connections batch.
                             let behind = held.load(Ordering::Acquire) > 1;
-                            for m in job.members.iter() {
+                            for m in members::walk(&job.members) {
                                 if behind {
                                     m.queue.offer_queued(&job.delivery);
                                 } else {
@@ -177,14 +175,14 @@ impl Hub {
         let first = {
             let mut subs = shard.subscribers.write();
             let entry = subs.entry(channel.clone()).or_insert_with(|| Channel {
-                parts: (0..self.fanout.len()).map(|_| Arc::default()).collect(),
+                parts: (0..self.fanout.len()).map(|_| Members::default()).collect(),
                 pending: Arc::default(),
-                presence: Vec::new(),
+                presence: HashMap::new(),
             });
             if presence {
-                entry.presence.push((session, queue.clone()));
+                entry.presence.insert(session, queue.clone());
             }
-            Arc::make_mut(&mut entry.parts[self.part(session)]).push(Member {
+            entry.parts[self.part(session)].insert(Member {
                 session,
                 queue,
                 position,
@@ -218,12 +216,10 @@ impl Hub {
         let Some(entry) = subs.get_mut(channel) else {
             return false;
         };
-        let part = &mut entry.parts[self.part(session)];
-        let Some(i) = part.iter().position(|m| m.session == session) else {
+        if !entry.parts[self.part(session)].remove(session) {
             return false;
-        };
-        Arc::make_mut(part).swap_remove(i);
-        entry.presence.retain(|(s, _)| *s != session);
+        }
+        entry.presence.remove(&session);
         if entry.len() == 0 {
             subs.remove(channel);
             return true;
@@ -240,7 +236,7 @@ impl Hub {
             return;
         };
         let delivery = Arc::new(Delivery::new(channel.clone(), Epoch::new(""), 0, push));
-        for (_, queue) in &entry.presence {
+        for queue in entry.presence.values() {
             queue.offer_queued(&delivery);
         }
     }
@@ -254,12 +250,8 @@ impl Hub {
     /// Whether `session` is subscribed to `channel` here.
     pub fn is_member(&self, channel: &ChannelName, session: u64) -> bool {
         let subs = self.shard(channel).subscribers.read();
-        subs.get(channel).is_some_and(|entry| {
-            entry
-                .parts
-                .iter()
-                .any(|p| p.iter().any(|m| m.session == session))
-        })
+        subs.get(channel)
+            .is_some_and(|entry| entry.parts[self.part(session)].contains(session))
     }
 
     /// Up to `limit` channels with local subscribers, by name, after `after` and starting
@@ -290,7 +282,7 @@ impl Hub {
         let mut found: HashMap<u64, Vec<String>> = HashMap::new();
         for shard in self.shards.iter() {
             for (channel, entry) in shard.subscribers.read().iter() {
-                for m in entry.parts.iter().flat_map(|p| p.iter()) {
+                for m in entry.members() {
                     if sessions.contains(&m.session) {
                         found
                             .entry(m.session)
@@ -348,7 +340,7 @@ impl PublicationSink for Hub {
         ));
         let count = entry.len();
         if count <= INLINE_MAX && entry.pending.load(Ordering::Acquire) == 0 {
-            for m in entry.parts.iter().flat_map(|p| p.iter()) {
+            for m in entry.members() {
                 m.queue.offer(&delivery, &m.position);
             }
         } else {
@@ -360,7 +352,7 @@ impl PublicationSink for Hub {
                 fanout.backlog.fetch_add(1, Ordering::AcqRel);
                 let job = Job {
                     delivery: delivery.clone(),
-                    members: part.clone(),
+                    members: part.snapshot(),
                     pending: entry.pending.clone(),
                 };
                 if fanout.jobs.send(job).is_err() {
