@@ -9,6 +9,7 @@
 //! "insufficient state" so the client resumes from history rather than skip silently.
 
 mod auth;
+mod deliveries;
 mod presence;
 pub mod registry;
 mod subscribe;
@@ -16,6 +17,7 @@ mod subscriptions;
 
 use auth::{Credentials, Refusal};
 pub use auth::{Denied, ExpiryTimer};
+pub use deliveries::Positions;
 use subscriptions::Subscriptions;
 
 use std::sync::Arc;
@@ -31,7 +33,7 @@ use crate::{
     node::{ConnectionGuard, Node},
     policy::{self, Action},
     publish,
-    queue::{Delivery, Queue, Step},
+    queue::Queue,
 };
 
 /// One client's state.
@@ -360,85 +362,6 @@ impl Session {
         }))
     }
 
-    /// Moves queued publications into `out` (one JSON line each, about `max_bytes` at
-    /// most), skipping duplicates. Fails when the queue overflowed or a gap appeared.
-    pub fn write_deliveries(
-        &mut self,
-        out: &mut Vec<u8>,
-        max_bytes: usize,
-    ) -> Result<(), Disconnect> {
-        self.drain(max_bytes, |json, _| line(out, json))
-    }
-
-    /// Takes queued publications (about `max_bytes`), skips duplicates, and calls `emit`
-    /// with each publication's encoded push and the session's positions right after it.
-    /// Fails when the queue overflowed or a publication is missing.
-    pub fn drain(
-        &mut self,
-        max_bytes: usize,
-        mut emit: impl FnMut(&[u8], Positions<'_>),
-    ) -> Result<(), Disconnect> {
-        self.obey(&mut emit)?;
-        // The batch's vector is the thread's, reused: a session keeps none of its own.
-        let mut batch = SCRATCH.with_borrow_mut(std::mem::take);
-        let result = match self.queue.take(max_bytes, &mut batch) {
-            Err(_) => Err(Disconnect::because(
-                DisconnectCode::Slow,
-                "client did not read fast enough; reconnect and resume",
-            )),
-            Ok(()) => batch.drain(..).try_for_each(|d| {
-                if self.advance(&d)? {
-                    emit(&d.json, Positions(&self.subscriptions));
-                }
-                Ok(())
-            }),
-        };
-        batch.clear();
-        SCRATCH.with_borrow_mut(|scratch| {
-            if batch.capacity() > scratch.capacity() {
-                *scratch = batch;
-            }
-        });
-        result
-    }
-
-    /// Moves a subscription's position over a delivery; false for duplicates and
-    /// publications of channels no longer subscribed.
-    fn advance(&mut self, d: &Delivery) -> Result<bool, Disconnect> {
-        let Some(position) = self.subscriptions.get(&d.channel) else {
-            return Ok(false);
-        };
-        if d.offset == 0 {
-            // A presence push: no offset, nothing to check or move.
-            return Ok(true);
-        }
-        match position.step(d) {
-            Step::Next => {
-                position.set(d.offset);
-                Ok(true)
-            }
-            Step::Duplicate => Ok(false),
-            Step::Broken(why) => Err(insufficient(&d.channel, why)),
-            Step::Unset => unreachable!("a session's subscriptions have started positions"),
-        }
-    }
-
-    /// Every subscription's position.
-    pub fn positions(&self) -> Positions<'_> {
-        Positions(&self.subscriptions)
-    }
-
-    /// How many channels it is subscribed to.
-    pub fn subscription_count(&self) -> usize {
-        self.subscriptions.len()
-    }
-
-    fn set_offset(&mut self, channel: &ChannelName, offset: u64) {
-        if let Some(p) = self.subscriptions.get(channel) {
-            p.set(offset);
-        }
-    }
-
     /// The id clients use to address this session (`client` in the connect result);
     /// unguessable, so that only the client that opened a stream can send into it.
     pub fn client(&self) -> &str {
@@ -541,39 +464,10 @@ pub fn node_of(client: &str) -> Option<&str> {
     plausible.then_some(node)
 }
 
-thread_local! {
-    /// The vector `Session::drain` takes a batch into, one per thread.
-    static SCRATCH: std::cell::RefCell<Vec<Arc<Delivery>>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// A view of a session's positions, encodable as a [`Cursor`](herald_protocol::Cursor).
-#[derive(Debug, Clone, Copy)]
-pub struct Positions<'a>(&'a Subscriptions);
-
-impl Positions<'_> {
-    /// The cursor string: `CHANNEL;EPOCH;OFFSET|…`.
-    pub fn cursor(&self) -> String {
-        let mut out = String::new();
-        for (channel, p) in self.0.iter() {
-            if let Some((epoch, offset)) = p.get() {
-                herald_protocol::cursor::write_entry(&mut out, channel, epoch, offset);
-            }
-        }
-        out
-    }
-}
-
 /// Validated JSON text (a payload checked when it was decoded) as a raw value.
 fn raw_json(data: &[u8]) -> &serde_json::value::RawValue {
     let text = std::str::from_utf8(data).expect("payloads are checked UTF-8 JSON");
     serde_json::from_str(text).expect("payloads are checked JSON")
-}
-
-fn insufficient(channel: &ChannelName, why: &str) -> Disconnect {
-    Disconnect::because(
-        DisconnectCode::InsufficientState,
-        format!("{channel}: {why}; reconnect and resume"),
-    )
 }
 
 impl Drop for Session {
@@ -618,32 +512,6 @@ impl Session {
             });
         }
     }
-
-    /// Carries out what an operator ordered (see [`crate::admin`]): subscriptions ended
-    /// with an `unsubscribe` push (code 120) through `emit`, or the connection's end.
-    fn obey(&mut self, emit: &mut impl FnMut(&[u8], Positions<'_>)) -> Result<(), Disconnect> {
-        let Some(orders) = self.queue.take_orders() else {
-            return Ok(());
-        };
-        for channel in orders.unsubscribe {
-            let Some(position) = self.subscriptions.remove(&channel) else {
-                continue;
-            };
-            // Until the hub lets go (in the background), the direct lane would still
-            // write the channel's publications: past the last offset, each is a duplicate.
-            position.set(u64::MAX);
-            self.event("unsubscribe", Some(&channel), None);
-            self.drop_grant(&channel);
-            self.leave_later(vec![channel.clone()], std::time::Duration::ZERO);
-            let push = json::encode_unsubscribe(
-                &channel,
-                ErrorCode::Unsubscribed,
-                "unsubscribed by the server",
-            );
-            emit(&push, Positions(&self.subscriptions));
-        }
-        orders.end.map_or(Ok(()), Err)
-    }
 }
 
 /// How to answer the command being handled: commands without an id get no reply.
@@ -673,136 +541,4 @@ pub(crate) fn line(out: &mut Vec<u8>, json: &[u8]) {
 }
 
 #[cfg(test)]
-mod tests {
-    use bytes::Bytes;
-    use herald_protocol::ChannelName;
-
-    use super::*;
-    use crate::config::Config;
-
-    fn node() -> Arc<Node> {
-        Node::with_memory_broker(Config::default().validate().unwrap())
-    }
-
-    /// A broker whose every call panics: a stand-in for any defect below a command.
-    struct Panicking;
-
-    #[async_trait::async_trait]
-    impl herald_broker::Broker for Panicking {
-        async fn publish(
-            &self,
-            _: &ChannelName,
-            _: Bytes,
-            _: herald_broker::StreamPolicy,
-        ) -> Result<herald_protocol::StreamPosition, herald_broker::BrokerError> {
-            panic!("defect under publish")
-        }
-        async fn history(
-            &self,
-            _: &ChannelName,
-            _: herald_broker::HistoryQuery,
-        ) -> Result<herald_broker::History, herald_broker::BrokerError> {
-            panic!("defect under history")
-        }
-        async fn remove_history(&self, _: &ChannelName) -> Result<(), herald_broker::BrokerError> {
-            panic!("defect")
-        }
-        async fn subscribe(&self, _: &ChannelName) -> Result<(), herald_broker::BrokerError> {
-            Ok(())
-        }
-        async fn unsubscribe(&self, _: &ChannelName) -> Result<(), herald_broker::BrokerError> {
-            Ok(())
-        }
-        fn channel_count(&self) -> usize {
-            0
-        }
-    }
-
-    #[tokio::test]
-    async fn a_panic_under_a_command_ends_the_connection_with_3006_and_releases_it() {
-        let node = Node::new(Config::default().validate().unwrap(), |_| {
-            Arc::new(Panicking)
-        });
-        let mut s = Session::new(&node);
-        assert_eq!(node.connection_count(), 1);
-        let mut out = Vec::new();
-        let err = s
-            .handle_frame(br#"{"id":1,"history":{"channel":"chat:x"}}"#, &mut out)
-            .await
-            .unwrap_err();
-        assert_eq!(err.code, DisconnectCode::ServerError);
-        drop(s);
-        assert_eq!(node.connection_count(), 0);
-    }
-
-    #[tokio::test]
-    async fn one_encoding_is_shared_by_every_subscriber() {
-        let node = node();
-        let (mut a, mut b) = (Session::new(&node), Session::new(&node));
-        let mut out = Vec::new();
-        a.handle_frame(br#"{"id":1,"subscribe":{"channel":"c"}}"#, &mut out)
-            .await
-            .unwrap();
-        b.handle_frame(br#"{"id":1,"subscribe":{"channel":"c"}}"#, &mut out)
-            .await
-            .unwrap();
-        let channel = ChannelName::new("c").unwrap();
-        publish::publish(&node, &channel, Bytes::from("1"), None)
-            .await
-            .unwrap();
-        let (mut da, mut db) = (Vec::new(), Vec::new());
-        a.queue().take(usize::MAX, &mut da).unwrap();
-        b.queue().take(usize::MAX, &mut db).unwrap();
-        assert!(
-            Arc::ptr_eq(&da[0], &db[0]),
-            "both queues hold the same encoded publication"
-        );
-    }
-
-    #[tokio::test]
-    async fn queued_publications_leave_as_one_batch() {
-        let node = node();
-        let mut s = Session::new(&node);
-        let mut out = Vec::new();
-        s.handle_frame(br#"{"id":1,"subscribe":{"channel":"c"}}"#, &mut out)
-            .await
-            .unwrap();
-        let channel = ChannelName::new("c").unwrap();
-        for i in 0..10 {
-            publish::publish(&node, &channel, Bytes::from(i.to_string()), None)
-                .await
-                .unwrap();
-        }
-        let mut frame = Vec::new();
-        s.write_deliveries(&mut frame, usize::MAX).unwrap();
-        let lines: Vec<serde_json::Value> = frame
-            .split(|b| *b == b'\n')
-            .map(|l| serde_json::from_slice(l).unwrap())
-            .collect();
-        assert_eq!(lines.len(), 10);
-        assert_eq!(lines[9]["pub"]["offset"], 10);
-    }
-
-    #[tokio::test]
-    async fn a_missing_offset_ends_the_session_instead_of_skipping() {
-        let node = node();
-        let mut s = Session::new(&node);
-        let mut out = Vec::new();
-        s.handle_frame(br#"{"id":1,"subscribe":{"channel":"c"}}"#, &mut out)
-            .await
-            .unwrap();
-        let channel = ChannelName::new("c").unwrap();
-        let epoch = node
-            .broker
-            .history(&channel, Default::default())
-            .await
-            .unwrap()
-            .position
-            .epoch;
-        let skipped = Arc::new(Delivery::new(channel.clone(), epoch, 2, Bytes::from("{}")));
-        s.queue()
-            .offer(&skipped, &crate::queue::Position::default());
-        let err = s.write_deliveries(&mut Vec::new(), usize::MAX).unwrap_err();
-        assert_eq!(err.code, DisconnectCode::InsufficientState);
-    }
-}
+mod tests;

@@ -1,0 +1,149 @@
+//! What a session hands its transport: queued publications checked against each
+//! subscription's position (duplicates skipped, a gap or an epoch change refused), an
+//! operator's orders, and the positions as a cursor.
+
+use std::sync::Arc;
+
+use herald_protocol::{json, ChannelName, DisconnectCode, ErrorCode};
+
+use super::{line, subscriptions::Subscriptions, Session};
+use crate::{
+    error::Disconnect,
+    queue::{Delivery, Step},
+};
+
+impl Session {
+    /// Moves queued publications into `out` (one JSON line each, about `max_bytes` at
+    /// most), skipping duplicates. Fails when the queue overflowed or a gap appeared.
+    pub fn write_deliveries(
+        &mut self,
+        out: &mut Vec<u8>,
+        max_bytes: usize,
+    ) -> Result<(), Disconnect> {
+        self.drain(max_bytes, |json, _| line(out, json))
+    }
+
+    /// Takes queued publications (about `max_bytes`), skips duplicates, and calls `emit`
+    /// with each publication's encoded push and the session's positions right after it.
+    /// Fails when the queue overflowed or a publication is missing.
+    pub fn drain(
+        &mut self,
+        max_bytes: usize,
+        mut emit: impl FnMut(&[u8], Positions<'_>),
+    ) -> Result<(), Disconnect> {
+        self.obey(&mut emit)?;
+        // The batch's vector is the thread's, reused: a session keeps none of its own.
+        let mut batch = SCRATCH.with_borrow_mut(std::mem::take);
+        let result = match self.queue.take(max_bytes, &mut batch) {
+            Err(_) => Err(Disconnect::because(
+                DisconnectCode::Slow,
+                "client did not read fast enough; reconnect and resume",
+            )),
+            Ok(()) => batch.drain(..).try_for_each(|d| {
+                if self.advance(&d)? {
+                    emit(&d.json, Positions(&self.subscriptions));
+                }
+                Ok(())
+            }),
+        };
+        batch.clear();
+        SCRATCH.with_borrow_mut(|scratch| {
+            if batch.capacity() > scratch.capacity() {
+                *scratch = batch;
+            }
+        });
+        result
+    }
+
+    /// Moves a subscription's position over a delivery; false for duplicates and
+    /// publications of channels no longer subscribed.
+    fn advance(&mut self, d: &Delivery) -> Result<bool, Disconnect> {
+        let Some(position) = self.subscriptions.get(&d.channel) else {
+            return Ok(false);
+        };
+        if d.offset == 0 {
+            // A presence push: no offset, nothing to check or move.
+            return Ok(true);
+        }
+        match position.step(d) {
+            Step::Next => {
+                position.set(d.offset);
+                Ok(true)
+            }
+            Step::Duplicate => Ok(false),
+            Step::Broken(why) => Err(insufficient(&d.channel, why)),
+            Step::Unset => unreachable!("a session's subscriptions have started positions"),
+        }
+    }
+
+    /// Every subscription's position.
+    pub fn positions(&self) -> Positions<'_> {
+        Positions(&self.subscriptions)
+    }
+
+    /// How many channels it is subscribed to.
+    pub fn subscription_count(&self) -> usize {
+        self.subscriptions.len()
+    }
+
+    pub(super) fn set_offset(&mut self, channel: &ChannelName, offset: u64) {
+        if let Some(p) = self.subscriptions.get(channel) {
+            p.set(offset);
+        }
+    }
+
+    /// Carries out what an operator ordered (see [`crate::admin`]): subscriptions ended
+    /// with an `unsubscribe` push (code 120) through `emit`, or the connection's end.
+    fn obey(&mut self, emit: &mut impl FnMut(&[u8], Positions<'_>)) -> Result<(), Disconnect> {
+        let Some(orders) = self.queue.take_orders() else {
+            return Ok(());
+        };
+        for channel in orders.unsubscribe {
+            let Some(position) = self.subscriptions.remove(&channel) else {
+                continue;
+            };
+            // Until the hub lets go (in the background), the direct lane would still
+            // write the channel's publications: past the last offset, each is a duplicate.
+            position.set(u64::MAX);
+            self.event("unsubscribe", Some(&channel), None);
+            self.drop_grant(&channel);
+            self.leave_later(vec![channel.clone()], std::time::Duration::ZERO);
+            let push = json::encode_unsubscribe(
+                &channel,
+                ErrorCode::Unsubscribed,
+                "unsubscribed by the server",
+            );
+            emit(&push, Positions(&self.subscriptions));
+        }
+        orders.end.map_or(Ok(()), Err)
+    }
+}
+
+thread_local! {
+    /// The vector `Session::drain` takes a batch into, one per thread.
+    static SCRATCH: std::cell::RefCell<Vec<Arc<Delivery>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A view of a session's positions, encodable as a [`Cursor`](herald_protocol::Cursor).
+#[derive(Debug, Clone, Copy)]
+pub struct Positions<'a>(&'a Subscriptions);
+
+impl Positions<'_> {
+    /// The cursor string: `CHANNEL;EPOCH;OFFSET|…`.
+    pub fn cursor(&self) -> String {
+        let mut out = String::new();
+        for (channel, p) in self.0.iter() {
+            if let Some((epoch, offset)) = p.get() {
+                herald_protocol::cursor::write_entry(&mut out, channel, epoch, offset);
+            }
+        }
+        out
+    }
+}
+
+pub(super) fn insufficient(channel: &ChannelName, why: &str) -> Disconnect {
+    Disconnect::because(
+        DisconnectCode::InsufficientState,
+        format!("{channel}: {why}; reconnect and resume"),
+    )
+}
