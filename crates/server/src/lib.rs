@@ -14,6 +14,7 @@
 //! Commands travel the other way: transport → session → broker / hub.
 
 pub mod admin;
+pub mod api;
 pub mod config;
 pub mod error;
 pub mod history;

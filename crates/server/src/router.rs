@@ -13,9 +13,9 @@ use herald_protocol::ErrorCode;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::{
+    api,
     error::Failure,
     node::Node,
-    publish::http_api,
     transport::{poll, send, stream, websocket},
 };
 
@@ -82,7 +82,7 @@ pub async fn serve_metrics(
 ) -> std::io::Result<()> {
     let stop = node.shutdown.clone();
     let router = Router::new()
-        .route("/metrics", get(http_api::metrics))
+        .route("/metrics", get(api::metrics))
         .with_state(node);
     axum::serve(listener, router)
         .with_graceful_shutdown(async move { stop.cancelled().await })
@@ -111,7 +111,7 @@ pub fn router(node: Arc<Node>) -> Router {
         all = all.merge(crate::web::routes());
     }
     let body_timeout = node.settings.config.http.body_timeout;
-    all.merge(http_api::routes(node.clone()))
+    all.merge(api::routes(node.clone()))
         .fallback(|| async {
             Failure::new(
                 ErrorCode::MethodNotFound,

@@ -1,7 +1,5 @@
 //! ① Publishing: the checks every publication passes, whoever sends it.
 
-pub mod http_api;
-
 use std::net::IpAddr;
 
 use bytes::Bytes;

@@ -1,0 +1,108 @@
+//! `POST /api/publish` and `POST /api/broadcast`.
+
+use std::sync::Arc;
+
+use axum::{
+    body::Bytes,
+    extract::{rejection::BytesRejection, State},
+    response::{IntoResponse, Response},
+    Json,
+};
+use herald_protocol::{json, Epoch, ErrorCode};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::{body, channel};
+use crate::{error::Failure, node::Node};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PublishRequest {
+    channel: String,
+    data: Box<RawValue>,
+}
+
+#[derive(Serialize)]
+pub(super) struct Position {
+    offset: u64,
+    epoch: Epoch,
+}
+
+/// A request's `data` as a stored payload, or 400 saying why it cannot be one.
+fn data(raw: &RawValue) -> Result<Bytes, Failure> {
+    json::payload(raw).map_err(|m| Failure::new(ErrorCode::BadRequest, m))
+}
+
+/// `POST /api/publish {"channel": "...", "data": ...}` → `{"offset": N, "epoch": "..."}`.
+pub(super) async fn publish(
+    State(node): State<Arc<Node>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<Position>, Failure> {
+    let req: PublishRequest = body(raw)?;
+    let channel = channel(&req.channel)?;
+    let p = crate::publish::publish(&node, &channel, data(&req.data)?, None).await?;
+    Ok(Json(Position {
+        offset: p.offset,
+        epoch: p.epoch,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct BroadcastRequest {
+    channels: Vec<String>,
+    data: Box<RawValue>,
+}
+
+#[derive(Serialize)]
+pub(super) struct BroadcastResult {
+    channel: String,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    position: Option<Position>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<ErrorJson>,
+}
+
+#[derive(Serialize)]
+pub(super) struct ErrorJson {
+    code: ErrorCode,
+    message: String,
+}
+
+/// `POST /api/broadcast {"channels": [...], "data": ...}` → one result per channel, in order.
+pub(super) async fn broadcast(
+    State(node): State<Arc<Node>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, Failure> {
+    let req: BroadcastRequest = body(raw)?;
+    if req.channels.is_empty() {
+        return Err(Failure::new(ErrorCode::BadRequest, "channels is empty"));
+    }
+    let data = data(&req.data)?;
+    let mut results = Vec::with_capacity(req.channels.len());
+    for name in req.channels {
+        let published = match channel(&name) {
+            Ok(c) => crate::publish::publish(&node, &c, data.clone(), None).await,
+            Err(f) => Err(f),
+        };
+        results.push(match published {
+            Ok(p) => BroadcastResult {
+                channel: name,
+                position: Some(Position {
+                    offset: p.offset,
+                    epoch: p.epoch,
+                }),
+                error: None,
+            },
+            Err(f) => BroadcastResult {
+                channel: name,
+                position: None,
+                error: Some(ErrorJson {
+                    code: f.code,
+                    message: f.message,
+                }),
+            },
+        });
+    }
+    Ok(Json(serde_json::json!({ "results": results })).into_response())
+}
