@@ -19,7 +19,7 @@ use axum::{
     response::{IntoResponse, Response},
     Extension,
 };
-use herald_protocol::{cursor, json, ChannelName, Since};
+use herald_protocol::{cursor, json, ChannelName, DisconnectCode, Since};
 
 use super::http1::{Handover, Held, Lean};
 use super::{
@@ -27,7 +27,7 @@ use super::{
     MAX_BATCH_BYTES,
 };
 use crate::{
-    error::Failure,
+    error::{Disconnect, Failure},
     hooks::Transport,
     limits::{AddressGuard, Peer},
     node::Node,
@@ -190,6 +190,7 @@ async fn prepare(
 /// The answer: what was replayed and everything that arrived meanwhile, with the cursor.
 pub fn finish(prepared: Prepared) -> Response {
     let Prepared {
+        node,
         mut session,
         mut messages,
         later,
@@ -197,18 +198,27 @@ pub fn finish(prepared: Prepared) -> Response {
         hold,
         ..
     } = prepared;
+    let mut ending = None;
     while messages.len() < MAX_ANSWER_BYTES {
         let before = messages.len();
         if let Err(d) = session.drain(MAX_BATCH_BYTES, |json, _| item(&mut messages, json)) {
-            item(
-                &mut messages,
-                &json::encode_disconnect(d.wire_code(), d.short_reason()),
-            );
+            ending = Some(d);
             break;
         }
         if messages.len() == before {
             break;
         }
+    }
+    // A long-poll held when the server shuts down ends as a stream does: told to reconnect
+    // (3001), after what it had.
+    if hold && ending.is_none() && node.shutdown.is_cancelled() {
+        ending = Some(Disconnect::new(DisconnectCode::Shutdown));
+    }
+    if let Some(d) = ending {
+        item(
+            &mut messages,
+            &json::encode_disconnect(d.wire_code(), d.short_reason()),
+        );
     }
     let mut cursor = session.positions().cursor();
     for (channel, since) in &later {

@@ -333,14 +333,39 @@ fn respond(accepted: Box<Accepted>, lean: bool) -> Response {
 /// Where a stream's bytes go: straight to its socket ([`super::http1`]), or into hyper's
 /// response body.
 pub trait Out: Send {
-    /// Writes `bytes` whole, waiting at most `timeout` for the client to take them; false
-    /// once the stream is over (the client left, or read nothing for `timeout`).
-    fn send(&mut self, bytes: Vec<u8>, timeout: Duration) -> impl Future<Output = bool> + Send;
+    /// Writes `bytes` whole, waiting at most `timeout` for the client to take them; why
+    /// not, once the stream is over.
+    fn send(
+        &mut self,
+        bytes: Vec<u8>,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<(), Unwritten>> + Send;
     /// Resolves when the client has left.
     fn gone(&mut self) -> impl Future<Output = ()> + Send;
     /// The stream is about to wait with everything written: the hub may write to the
     /// socket directly until it wakes, if the socket allows it for `session`.
     fn idle(&self, _session: &Session) {}
+}
+
+/// Why a stream's write did not go out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unwritten {
+    /// The client left, or its connection broke.
+    Gone,
+    /// The client read nothing for the write timeout: it is cut as a slow consumer (3003),
+    /// as on every transport.
+    Slow,
+}
+
+impl Unwritten {
+    /// How the stream's end is recorded: a client that left says nothing; one that stopped
+    /// reading is a slow consumer.
+    fn ending(self) -> Option<Disconnect> {
+        match self {
+            Unwritten::Gone => None,
+            Unwritten::Slow => Some(super::write_timed_out()),
+        }
+    }
 }
 
 /// hyper's response body, fed through a channel of one chunk.
@@ -350,17 +375,17 @@ struct ToBody {
 }
 
 impl Out for ToBody {
-    async fn send(&mut self, bytes: Vec<u8>, timeout: Duration) -> bool {
+    async fn send(&mut self, bytes: Vec<u8>, timeout: Duration) -> Result<(), Unwritten> {
         if bytes.is_empty() {
-            return true;
+            return Ok(());
         }
         match tokio::time::timeout(timeout, self.tx.send(Bytes::from(bytes))).await {
-            Ok(Ok(())) => true,
-            Ok(Err(_)) => false,
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(Unwritten::Gone),
             Err(_) => {
                 // Fails the body, so that hyper drops the connection.
                 self.abort.cancel();
-                false
+                Err(Unwritten::Slow)
             }
         }
     }
@@ -401,7 +426,8 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
     let mut expiry = ExpiryTimer::default();
     let mut written = first.len();
     session.announce();
-    if !out.send(first, client.write_timeout).await {
+    if let Err(u) = out.send(first, client.write_timeout).await {
+        session.ending(u.ending().as_ref());
         return false;
     }
 
@@ -419,7 +445,8 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
         }));
         let replayed = opening.await;
         written += bytes.len();
-        if !out.send(bytes, client.write_timeout).await {
+        if let Err(u) = out.send(bytes, client.write_timeout).await {
+            session.ending(u.ending().as_ref());
             return false;
         }
         if let Err(f) = replayed {
@@ -431,7 +458,9 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
             break;
         }
     }
-    let ended: Result<Disconnect, ()> = loop {
+    // Ok: why the server ends it, told to the client; Err: the client left (`None`) or
+    // stopped reading, which cannot be told.
+    let ended: Result<Disconnect, Option<Disconnect>> = loop {
         if let Err(d) = std::mem::replace(&mut opened, Ok(())) {
             break Ok(d);
         }
@@ -457,7 +486,7 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
         session.queue().hold();
         let step: Result<(), Disconnect> = match woke {
             Woke::Shutdown => Err(Disconnect::new(DisconnectCode::Shutdown)),
-            Woke::Gone => break Err(()),
+            Woke::Gone => break Err(None),
             Woke::Expiry => {
                 let expiring = Box::pin(session.expire());
                 let expired = expiring.await;
@@ -498,8 +527,8 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
             })
         });
         written += bytes.len();
-        if !out.send(bytes, client.write_timeout).await {
-            break Err(());
+        if let Err(u) = out.send(bytes, client.write_timeout).await {
+            break Err(u.ending());
         }
         if let Err(d) = step {
             break Ok(d);
@@ -515,10 +544,14 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
     // "closed" (their `done` dropped).
     session.queue().detach();
     while session.queue().take_command().is_some() {}
-    session.ending(ended.as_ref().ok());
-    let Ok(d) = ended else {
-        return false;
+    let d = match ended {
+        Ok(d) => d,
+        Err(unwritten) => {
+            session.ending(unwritten.as_ref());
+            return false;
+        }
     };
+    session.ending(Some(&d));
     let mut bytes = Vec::new();
     framing.push(
         &json::encode_disconnect(d.wire_code(), d.short_reason()),
@@ -526,7 +559,7 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
         &mut bytes,
     );
     framing.epilogue(&mut bytes);
-    out.send(bytes, CLOSE_GRACE).await
+    out.send(bytes, CLOSE_GRACE).await.is_ok()
 }
 
 /// What woke a waiting stream.
@@ -563,8 +596,10 @@ async fn obey(
             framing.push_at(reply, session.positions(), &mut bytes);
         }
         *written += bytes.len();
-        if !out.send(std::mem::take(&mut bytes), write_timeout).await {
-            break Err(Disconnect::new(DisconnectCode::WriteError));
+        if let Err(u) = out.send(std::mem::take(&mut bytes), write_timeout).await {
+            break Err(u
+                .ending()
+                .unwrap_or(Disconnect::new(DisconnectCode::WriteError)));
         }
         match step {
             Ok(more) if !more.is_empty() => rest = more,

@@ -6,6 +6,7 @@ mod access;
 mod admin;
 mod api;
 mod auth;
+mod behaviour;
 mod cross;
 mod dashboard;
 mod errors;

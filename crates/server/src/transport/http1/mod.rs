@@ -34,7 +34,7 @@ mod head;
 pub use head::MAX_HEADERS;
 use head::{read_head, refuse, Head, Refused};
 
-use super::{poll, stream};
+use super::{poll, stream, stream::Unwritten};
 use crate::limits::Peer;
 use crate::queue::{Delivery, DirectSocket, Lane, Queue};
 
@@ -521,11 +521,11 @@ struct ToSocket {
 }
 
 impl stream::Out for ToSocket {
-    async fn send(&mut self, bytes: Vec<u8>, timeout: Duration) -> bool {
+    async fn send(&mut self, bytes: Vec<u8>, timeout: Duration) -> Result<(), Unwritten> {
         // Nothing to write still sends what a direct write left unsent: the tail of a
         // publication the socket did not take whole wakes the stream for that alone.
         if bytes.is_empty() && !self.queue.has_unsent() {
-            return true;
+            return Ok(());
         }
         let bytes = if self.chunked && !bytes.is_empty() {
             chunk(&bytes)
@@ -538,14 +538,14 @@ impl stream::Out for ToSocket {
             match queue.write_through(shared, &bytes) {
                 Ok(_) => true,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
-                Err(_) => return false,
+                Err(_) => return Err(Unwritten::Gone),
             }
         };
         if taken {
             match queue.flush_unsent(shared) {
-                Ok(()) => return true,
+                Ok(()) => return Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(_) => return false,
+                Err(_) => return Err(Unwritten::Gone),
             }
         }
         let rest = (!taken).then_some(bytes);
@@ -553,7 +553,11 @@ impl stream::Out for ToSocket {
             timeout,
             wait_and_write(shared, queue, rest),
         ));
-        matches!(waiting.await, Ok(Ok(())))
+        match waiting.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(Unwritten::Gone),
+            Err(_) => Err(Unwritten::Slow),
+        }
     }
 
     async fn gone(&mut self) {

@@ -261,10 +261,7 @@ async fn finish(
     match tokio::time::timeout(timeout, write).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(_)) => Err(Disconnect::new(DisconnectCode::WriteError)),
-        Err(_) => Err(Disconnect::because(
-            DisconnectCode::Slow,
-            "write timed out; reconnect and resume",
-        )),
+        Err(_) => Err(super::write_timed_out()),
     }
 }
 

@@ -1,0 +1,151 @@
+//! The same behaviours over every transport (issue #30, section 1): what a client sees, and
+//! what operators count, when it stops reading or when the server shuts down, row by row.
+//! A transport that differs is a bug this table finds. Where a row cannot apply (a poll is
+//! one request: there is nothing to stop reading from between requests), it says so.
+
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::support::*;
+
+/// The transports that hold a connection open.
+const HELD: [&str; 4] = ["websocket", "sse", "stream", "iframe"];
+
+/// The request that opens `transport` on `channel`, as a raw HTTP/1.1 head.
+fn opening(transport: &str, channel: &str, host: std::net::SocketAddr) -> String {
+    let path = match transport {
+        "websocket" => "/connection/websocket".to_string(),
+        "iframe" => format!("/connection/iframe?channel={channel}&callback=h"),
+        other => format!("/connection/{other}?channel={channel}"),
+    };
+    let upgrade = if transport == "websocket" {
+        "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+    } else {
+        ""
+    };
+    format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{upgrade}\r\n")
+}
+
+/// A WebSocket text frame from the client (masked, as clients must).
+fn client_frame(text: &str) -> Vec<u8> {
+    let bytes = text.as_bytes();
+    assert!(bytes.len() < 126);
+    let mask = [1u8, 2, 3, 4];
+    let mut frame = vec![0x81, 0x80 | bytes.len() as u8];
+    frame.extend_from_slice(&mask);
+    frame.extend(bytes.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    frame
+}
+
+/// Row 1: a client that stops reading is cut as a slow consumer, 3003, on every transport
+/// that holds a connection, when its writes have waited `client.write_timeout` (its queue
+/// is large enough here that the write timeout, not the queue, cuts it). Operators count it
+/// as a 3003 disconnect and a slow-consumer cut. (Polls: their answer is written after
+/// their session ended; an unread one is reset at the same deadline, see
+/// `errors::an_answer_nobody_reads_is_dropped_at_the_write_deadline`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_cut_as_slow_on_every_transport() {
+    for transport in HELD {
+        let mut cfg = config();
+        cfg.client.write_timeout = Duration::from_millis(300);
+        cfg.client.queue_max_bytes = 256 << 20;
+        cfg.http.iframe_max_bytes = 256 << 20;
+        let server = start(cfg).await;
+        let channel = format!("open:slow-{transport}");
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut s = socket.connect(server.addr).await.unwrap();
+        s.write_all(opening(transport, &channel, server.addr).as_bytes())
+            .await
+            .unwrap();
+        if transport == "websocket" {
+            let subscribe = json!({ "id": 1, "subscribe": { "channel": channel } }).to_string();
+            s.write_all(&client_frame(&subscribe)).await.unwrap();
+        }
+        eventually("the client is subscribed", || async {
+            server.node.hub.subscriber_count(&channel.parse().unwrap()) == 1
+        })
+        .await;
+        // Several megabytes: more than the socket buffers take, far less than the queue.
+        let payload = "s".repeat(60 * 1024);
+        for _ in 0..150 {
+            server.publish(&channel, json!(payload)).await;
+            if server.node.connection_count() == 0 {
+                break;
+            }
+        }
+        eventually(&format!("{transport}: the client is cut"), || async {
+            server.node.connection_count() == 0
+        })
+        .await;
+        let metrics = server.metrics().await;
+        assert!(
+            metrics.contains("herald_disconnects_total{code=\"3003\"} 1\n")
+                && metrics.contains("herald_slow_consumer_cuts_total 1\n"),
+            "{transport}: not counted as a slow consumer:\n{}",
+            metrics
+                .lines()
+                .filter(|l| l.contains("disconnects_total") || l.contains("slow"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        drop(s);
+        server.stop().await.unwrap();
+    }
+}
+
+/// Row 2: when the server shuts down, every transport's client is told to reconnect with
+/// 3001: WebSocket in its close frame, streams in a last `disconnect` push, a held long-poll
+/// in its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_tells_every_transport_to_reconnect_with_3001() {
+    let server = start(config()).await;
+    let addr = server.addr;
+    let mut ws = server.client().await;
+    ws.subscribe("open:down", None).await;
+    let mut held = Vec::new();
+    for (i, transport) in ["sse", "stream", "iframe", "longpoll"]
+        .into_iter()
+        .enumerate()
+    {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = if transport == "longpoll" {
+            // The first long-poll answers at once with the subscription; the next one,
+            // with its cursor, is held.
+            let first: serde_json::Value =
+                reqwest::get(server.url("/connection/longpoll?channel=open:down"))
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+            let cursor = crate::http::urlencode(first["cursor"].as_str().unwrap());
+            format!("GET /connection/longpoll?cursor={cursor} HTTP/1.1\r\nHost: {addr}\r\n\r\n")
+        } else {
+            opening(transport, "open:down", addr)
+        };
+        s.write_all(head.as_bytes()).await.unwrap();
+        eventually(&format!("{transport} is held"), || async {
+            server.node.connection_count() == i + 2
+        })
+        .await;
+        held.push((transport, s));
+    }
+    let stopping = tokio::spawn(server.stop());
+    assert_eq!(ws.closed().await.code, 3001, "websocket");
+    for (transport, mut s) in held {
+        let mut answer = Vec::new();
+        tokio::time::timeout(PATIENCE, s.read_to_end(&mut answer))
+            .await
+            .expect("the answer ends")
+            .unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.contains(r#""disconnect":{"code":3001"#),
+            "{transport}: no disconnect 3001 in\n{answer}"
+        );
+    }
+    stopping.await.unwrap().unwrap();
+}
