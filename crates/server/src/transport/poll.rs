@@ -31,7 +31,7 @@ use crate::{
     hooks::Transport,
     limits::{AddressGuard, Peer},
     node::Node,
-    session::Session,
+    session::{ExpiryTimer, Session},
 };
 
 /// Most bytes of publications in one answer; the rest comes with the next request.
@@ -71,9 +71,8 @@ pub async fn longpoll(
         return Handover::new(Held::Poll(prepared)).into_response();
     }
     let node = prepared.node.clone();
-    let wait = prepared.wait.take();
     tokio::select! {
-        () = hold(&prepared.session, wait) => {}
+        () = prepared.hold() => {}
         _ = node.shutdown.cancelled() => {}
     }
     finish(*prepared)
@@ -102,21 +101,44 @@ pub struct Prepared {
     hold: bool,
     /// How long to hold before answering (a long-poll with nothing to say yet).
     pub wait: Option<Duration>,
+    /// Why the session ended while held (its token expired), told in the answer.
+    ended: Option<Disconnect>,
 }
 
 impl Prepared {
-    /// Waits until something is queued for it or its hold is over (not for shutdown, nor
-    /// for a client that leaves: the caller watches those).
-    pub async fn hold(&self) {
-        hold(&self.session, self.wait).await;
-    }
-}
-
-async fn hold(session: &Session, wait: Option<Duration>) {
-    if let Some(wait) = wait {
-        tokio::select! {
-            _ = session.queue().ready() => {}
-            _ = tokio::time::sleep(wait) => {}
+    /// Waits until something is queued for it, its hold is over, or something its token
+    /// granted expires (not for shutdown, nor for a client that leaves: the caller watches
+    /// those). An expired connection token ends it as it ends every transport (3504); an
+    /// expired subscription token answers with that channel's `unsubscribe` (109).
+    pub async fn hold(&mut self) {
+        let Some(wait) = self.wait else {
+            return;
+        };
+        let until = tokio::time::Instant::now() + wait;
+        let mut expiry = ExpiryTimer::default();
+        loop {
+            expiry.follow(&self.session);
+            tokio::select! {
+                _ = self.session.queue().ready() => return,
+                () = tokio::time::sleep_until(until) => return,
+                () = expiry.wait() => {
+                    let expiring = Box::pin(self.session.expire());
+                    match expiring.await {
+                        Err(d) => {
+                            self.ended = Some(d);
+                            return;
+                        }
+                        Ok(pushes) if !pushes.is_empty() => {
+                            for push in pushes {
+                                item(&mut self.messages, &push);
+                            }
+                            return;
+                        }
+                        // Refreshed by the hook: still granted.
+                        Ok(_) => {}
+                    }
+                }
+            }
         }
     }
 }
@@ -184,6 +206,7 @@ async fn prepare(
         if_none_match,
         hold,
         wait,
+        ended: None,
     }))
 }
 
@@ -196,9 +219,10 @@ pub fn finish(prepared: Prepared) -> Response {
         later,
         if_none_match,
         hold,
+        ended,
         ..
     } = prepared;
-    let mut ending = None;
+    let mut ending = ended;
     while messages.len() < MAX_ANSWER_BYTES {
         let before = messages.len();
         if let Err(d) = session.drain(MAX_BATCH_BYTES, |json, _| item(&mut messages, json)) {

@@ -149,3 +149,94 @@ async fn shutdown_tells_every_transport_to_reconnect_with_3001() {
     }
     stopping.await.unwrap().unwrap();
 }
+
+/// Reads from `s` until what it has read contains `needle` (a stream that ends a session
+/// may keep its connection for the next request, so the end of the bytes is no signal).
+async fn read_until(s: &mut tokio::net::TcpStream, needle: &str, what: &str) -> String {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    let found = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if String::from_utf8_lossy(&seen).contains(needle) {
+                return true;
+            }
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .unwrap_or(false);
+    let seen = String::from_utf8_lossy(&seen).into_owned();
+    assert!(found, "{what}: no {needle} in\n{seen}");
+    seen
+}
+
+/// Row 3: a connection token that expires ends the connection with 3504 and `reconnect:
+/// false` on every transport, while it is open: WebSocket in its close frame, streams in a
+/// last `disconnect` push, a held long-poll in its answer (it used to be held to its
+/// timeout and answered with publications past the token's expiry). A poll is refused
+/// with 401 and error 109 (`auth::a_token_that_expires_while_connected_...`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiring_token_ends_every_transport_with_3504() {
+    use crate::auth::{auth_config, claims, hs256};
+    let server = start(auth_config()).await;
+    let addr = server.addr;
+    let soon = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3;
+    let token = hs256(&claims(
+        "42",
+        json!({ "exp": soon, "subscribe": ["private:*"] }),
+    ));
+    let mut ws = server.client().await;
+    let reply = ws.call("connect", json!({ "token": token })).await;
+    assert_eq!(reply["connect"]["expires"], soon, "{reply}");
+    ws.subscribe("private:expiring", None).await;
+    let mut held = Vec::new();
+    for (i, transport) in ["sse", "stream", "iframe", "longpoll"]
+        .into_iter()
+        .enumerate()
+    {
+        let query = if transport == "longpoll" {
+            let first: serde_json::Value = reqwest::get(server.url(&format!(
+                "/connection/longpoll?channel=private:expiring&token={token}"
+            )))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+            let cursor = crate::http::urlencode(first["cursor"].as_str().unwrap());
+            format!("cursor={cursor}&timeout=60")
+        } else if transport == "iframe" {
+            "channel=private:expiring&callback=h".to_string()
+        } else {
+            "channel=private:expiring".to_string()
+        };
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "GET /connection/{transport}?{query}&token={token} HTTP/1.1\r\nHost: {addr}\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        eventually(&format!("{transport} is held"), || async {
+            server.node.connection_count() == i + 2
+        })
+        .await;
+        held.push((transport, s));
+    }
+    let closed = ws.closed().await;
+    assert_eq!(closed.code, 3504, "websocket");
+    for (transport, mut s) in held {
+        let seen = read_until(&mut s, r#""disconnect":{"code":3504"#, transport).await;
+        assert!(seen.contains(r#""reconnect":false"#), "{transport}: {seen}");
+    }
+    eventually("every session ended", || async {
+        server.node.connection_count() == 0
+    })
+    .await;
+    server.stop().await.unwrap();
+}

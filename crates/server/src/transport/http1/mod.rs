@@ -184,12 +184,13 @@ pub async fn serve(
                     None => return None,
                 }
             }
-            Handled::Poll(prepared, (version, keep_alive)) => {
+            Handled::Poll(mut prepared, (version, keep_alive)) => {
                 // Held until something arrives, the hold is over, the node shuts down or
                 // the client leaves.
+                let node = prepared.node.clone();
                 let left = tokio::select! {
                     () = prepared.hold() => false,
-                    _ = prepared.node.shutdown.cancelled() => false,
+                    _ = node.shutdown.cancelled() => false,
                     () = client_left(&stream) => true,
                 };
                 if left {
