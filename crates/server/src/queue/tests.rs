@@ -1,0 +1,195 @@
+use super::*;
+
+/// Offers without a lane: always queued.
+fn queue(q: &Queue, d: Arc<Delivery>) -> bool {
+    q.offer(&d, &Position::default())
+}
+
+fn delivery(offset: u64, size: usize) -> Arc<Delivery> {
+    Arc::new(Delivery::new(
+        ChannelName::new("c").unwrap(),
+        Epoch::new("e"),
+        offset,
+        Bytes::from(vec![b'x'; size]),
+    ))
+}
+
+#[tokio::test]
+async fn takes_in_order_in_bounded_batches() {
+    let q = Queue::new(1000);
+    for i in 1..=5 {
+        assert!(queue(&q, delivery(i, 10)));
+    }
+    q.ready().await;
+    let mut out = Vec::new();
+    q.take(25, &mut out).unwrap();
+    assert_eq!(out.iter().map(|d| d.offset).collect::<Vec<_>>(), [1, 2, 3]);
+    out.clear();
+    q.take(1000, &mut out).unwrap();
+    assert_eq!(out.iter().map(|d| d.offset).collect::<Vec<_>>(), [4, 5]);
+}
+
+#[tokio::test]
+async fn overflow_drops_everything_and_wakes_the_reader() {
+    let q = Arc::new(Queue::new(100));
+    assert!(queue(&q, delivery(1, 60)));
+    let mut out = Vec::new();
+    q.take(usize::MAX, &mut out).unwrap();
+    assert!(queue(&q, delivery(2, 60)));
+    assert!(!queue(&q, delivery(3, 60)), "past the bound");
+    assert!(!queue(&q, delivery(4, 1)), "stays overflowed");
+    q.ready().await;
+    assert_eq!(q.take(usize::MAX, &mut out), Err(Overflowed));
+}
+
+/// A socket that takes at most `room` more bytes, like a kernel buffer filling up.
+#[derive(Debug, Default)]
+struct Buffer {
+    written: Mutex<Vec<u8>>,
+    room: Mutex<usize>,
+}
+
+impl Buffer {
+    fn with_room(room: usize) -> Arc<Self> {
+        let b = Self::default();
+        *b.room.lock() = room;
+        Arc::new(b)
+    }
+}
+
+impl DirectSocket for Buffer {
+    fn frame<'d>(&self, d: &'d Delivery) -> Option<&'d Bytes> {
+        Some(d.framed(Lane::WebSocket, |d| {
+            let mut f = b"<".to_vec();
+            f.extend_from_slice(&d.json);
+            f.push(b'>');
+            f.into()
+        }))
+    }
+
+    fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        let mut room = self.room.lock();
+        if *room == 0 {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let n = buf.len().min(*room);
+        *room -= n;
+        self.written.lock().extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+}
+
+fn started(offset: u64) -> Position {
+    let p = Position::default();
+    p.start(Epoch::new("e"), offset);
+    p
+}
+
+/// A queue whose lane is open to a socket with `room` bytes, and idle.
+fn idle_lane(room: usize) -> (Queue, Arc<Buffer>) {
+    let q = Queue::new(1000);
+    let socket = Buffer::with_room(room);
+    q.attach(socket.clone());
+    assert!(q.release());
+    (q, socket)
+}
+
+fn queued(q: &Queue) -> usize {
+    q.inner.lock().items.len()
+}
+
+#[test]
+fn an_idle_lane_writes_directly_and_a_busy_one_queues() {
+    let q = Queue::new(1000);
+    let socket = Buffer::with_room(1000);
+    q.attach(socket.clone());
+    let position = started(0);
+    assert!(q.offer(&delivery(1, 1), &position));
+    assert_eq!(queued(&q), 1, "held until first released");
+    let mut out = Vec::new();
+    q.take(usize::MAX, &mut out).unwrap();
+    position.set(1);
+    assert!(q.release());
+    assert!(q.offer(&delivery(2, 1), &position));
+    assert!(
+        q.offer(&delivery(2, 1), &position),
+        "a duplicate is dropped"
+    );
+    assert_eq!(&socket.written.lock()[..], b"<x>");
+    assert_eq!(position.get().unwrap().1, 2);
+    q.hold();
+    assert!(q.offer(&delivery(3, 1), &position));
+    assert_eq!(queued(&q), 1, "busy: queued");
+    assert_eq!(&socket.written.lock()[..], b"<x>");
+}
+
+#[test]
+fn a_gap_an_unset_position_or_a_full_socket_goes_to_the_transport() {
+    let (q, socket) = idle_lane(1000);
+    assert!(q.offer(&delivery(1, 1), &Position::default()));
+    assert_eq!(queued(&q), 1, "unset position");
+    let mut out = Vec::new();
+    q.take(usize::MAX, &mut out).unwrap();
+    assert!(q.release());
+    assert!(q.offer(&delivery(5, 1), &started(2)));
+    assert_eq!(queued(&q), 1, "a gap");
+    assert!(socket.written.lock().is_empty());
+
+    let (q, socket) = idle_lane(0);
+    let position = started(0);
+    assert!(q.offer(&delivery(1, 1), &position));
+    assert_eq!(queued(&q), 1, "the socket took nothing");
+    assert_eq!(
+        position.get().unwrap().1,
+        0,
+        "not sent: the transport advances it"
+    );
+    assert!(socket.written.lock().is_empty());
+}
+
+#[test]
+fn a_queued_offer_leaves_even_an_idle_lane_to_the_transport() {
+    let (q, socket) = idle_lane(1000);
+    let position = started(0);
+    assert!(q.offer_queued(&delivery(1, 1)));
+    assert!(q.offer_queued(&delivery(2, 1)));
+    assert_eq!(queued(&q), 2, "both wait for one write by the transport");
+    assert!(socket.written.lock().is_empty());
+    assert_eq!(position.get().unwrap().1, 0, "the transport advances it");
+    assert!(q.offer(&delivery(3, 1), &position));
+    assert_eq!(
+        queued(&q),
+        3,
+        "behind queued ones, a direct write would overtake"
+    );
+    assert!(socket.written.lock().is_empty());
+}
+
+#[test]
+fn a_detached_lane_only_queues() {
+    let (q, socket) = idle_lane(1000);
+    q.detach();
+    assert!(q.release(), "idle, but with no lane");
+    assert!(q.offer(&delivery(1, 1), &started(0)));
+    assert_eq!(queued(&q), 1);
+    assert!(socket.written.lock().is_empty());
+}
+
+#[test]
+fn a_half_written_frame_goes_out_whole_before_anything_else() {
+    let (q, socket) = idle_lane(3);
+    let position = started(0);
+    assert!(q.offer(&delivery(1, 4), &position), "<xxxx> half taken");
+    assert!(q.has_unsent());
+    assert!(!q.release(), "the tail must go first");
+    assert!(q.offer(&delivery(2, 1), &position));
+    assert_eq!(queued(&q), 1, "queued behind the tail");
+    // The transport's own write waits for the tail...
+    let e = q.write_through(&*socket, b"[reply]").unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+    // ...and once the socket has room, the tail leaves first, then the new frame.
+    *socket.room.lock() = 100;
+    assert_eq!(q.write_through(&*socket, b"[reply]").unwrap(), 7);
+    assert_eq!(&socket.written.lock()[..], b"<xxxx>[reply]");
+    assert!(!q.has_unsent());
+}
