@@ -395,16 +395,7 @@ impl Presence {
             out
         };
         let (join, leave) = (list(true), list(false));
-        let mut push = br#"{"presence":{"channel":"#.to_vec();
-        push.extend_from_slice(&serde_json::to_vec(channel.as_str()).expect("strings serialise"));
-        push.extend_from_slice(br#","join":"#);
-        push.extend_from_slice(&join);
-        push.extend_from_slice(br#","leave":"#);
-        push.extend_from_slice(&leave);
-        if missed {
-            push.extend_from_slice(br#","missed":true"#);
-        }
-        push.extend_from_slice(b"}}");
+        let push = json::encode_presence(channel, &join, &leave, missed);
         Some(push.into())
     }
 

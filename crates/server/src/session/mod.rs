@@ -376,8 +376,7 @@ impl Session {
 
     /// The `connect` push that opens streams whose client sent no `connect` command.
     pub fn connect_push(&self) -> Vec<u8> {
-        let result = self.connect_result();
-        serde_json::to_vec(&serde_json::json!({ "connect": result })).expect("serialises")
+        json::encode_connect_push(&self.connect_result())
     }
 
     /// Makes `subscribe` and `unsubscribe` fail: for sessions that live for one request

@@ -6,10 +6,8 @@ use herald_broker::{check_since, BrokerError, History, HistoryQuery};
 use herald_protocol::{
     command::{HistoryRequest, SubscribeRequest},
     json::{self, results},
-    ChannelName, Epoch, ErrorCode, Publication, Since, StreamPosition,
+    ChannelName, ErrorCode, Publication, Since, StreamPosition,
 };
-
-use serde_json::value::RawValue;
 
 use super::{raw_json, Positions, Reply, Session};
 use crate::{
@@ -180,25 +178,13 @@ impl Session {
             || known_epoch.as_ref() != Some(&position.epoch)
             || data.is_some()
         {
-            #[derive(serde::Serialize)]
-            struct Opened<'a> {
-                channel: &'a ChannelName,
-                epoch: &'a Epoch,
-                offset: u64,
-                #[serde(skip_serializing_if = "Option::is_none")]
-                recovered: Option<bool>,
-                #[serde(skip_serializing_if = "Option::is_none")]
-                data: Option<&'a RawValue>,
-            }
-            let opened = Opened {
+            let push = json::encode_subscribe_push(&json::results::Subscribed {
                 channel: &channel,
                 epoch: &position.epoch,
                 offset: position.offset,
                 recovered,
                 data: data.as_deref().map(raw_json),
-            };
-            let push = serde_json::to_vec(&serde_json::json!({ "subscribe": opened }))
-                .expect("serialises");
+            });
             emit(&push, self.positions());
         }
         for p in &history {

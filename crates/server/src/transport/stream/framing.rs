@@ -87,7 +87,7 @@ impl Framing {
     pub fn keepalive(&self, out: &mut Vec<u8>) {
         match self {
             Framing::Sse => out.extend_from_slice(b": ping\n\n"),
-            _ => self.push(b"{\"ping\":{}}", None, out),
+            _ => self.push(herald_protocol::json::PING_PUSH, None, out),
         }
     }
 

@@ -1,0 +1,252 @@
+//! The JSON codec: one JSON object per line, several lines per frame.
+//!
+//! Decoding is strict and total: every input gives either commands or an error that says
+//! what is wrong, never a panic (the decoder is fuzzed). Encoding of publications writes
+//! bytes directly, because it runs once per publication on the fan-out path.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use serde::{de::DeserializeOwned, Deserialize};
+use serde_json::value::RawValue;
+
+use crate::{
+    command::{
+        ConnectRequest, HistoryRequest, PresenceRequest, RefreshRequest, RpcRequest,
+        SubscribeRequest,
+    },
+    ChannelName, Command, ErrorCode, Method, Since,
+};
+
+/// Why a line is not a command.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Not a JSON object: nothing in it can be trusted, not even an id.
+    #[error("malformed command: {0}")]
+    Malformed(String),
+    /// A JSON object that is not a valid command; the error can be answered with its id.
+    #[error("{message}")]
+    Invalid {
+        /// The command's id, when it could be read.
+        id: Option<u64>,
+        /// The error code for the reply.
+        code: ErrorCode,
+        /// What is wrong, for people.
+        message: String,
+    },
+}
+
+/// Splits a frame into its non-empty lines and decodes each.
+pub fn decode_frame(frame: &[u8]) -> impl Iterator<Item = Result<Command, DecodeError>> + '_ {
+    frame
+        .split(|b| *b == b'\n')
+        .filter(|line| line.iter().any(|b| !b.is_ascii_whitespace()))
+        .map(decode_command)
+}
+
+/// Decodes one command from one JSON object.
+pub fn decode_command(line: &[u8]) -> Result<Command, DecodeError> {
+    let fields: HashMap<String, Box<RawValue>> =
+        serde_json::from_slice(line).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    let id = match fields.get("id") {
+        None => None,
+        Some(raw) => match serde_json::from_str::<Option<u64>>(raw.get()) {
+            Ok(id) => id,
+            Err(_) => {
+                return Err(invalid(
+                    None,
+                    ErrorCode::BadRequest,
+                    "id must be an unsigned integer",
+                ))
+            }
+        },
+    };
+    let mut methods = fields.iter().filter(|(k, _)| k.as_str() != "id");
+    let (name, params) = match (methods.next(), methods.next()) {
+        (Some(m), None) => m,
+        (None, _) => return Err(invalid(id, ErrorCode::BadRequest, "command has no method")),
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                id,
+                ErrorCode::BadRequest,
+                "command has more than one method",
+            ))
+        }
+    };
+    let params = params.get();
+    let method = match name.as_str() {
+        "connect" => Method::Connect(parse::<ConnectRequest>(id, params)?),
+        "subscribe" => {
+            let p: SinceParams = parse(id, params)?;
+            Method::Subscribe(SubscribeRequest {
+                channel: channel(id, &p.channel)?,
+                since: p.since,
+                token: p.token,
+            })
+        }
+        "unsubscribe" => {
+            let p: ChannelParams = parse(id, params)?;
+            Method::Unsubscribe { channel: channel(id, &p.channel)? }
+        }
+        "publish" => {
+            let p: PublishParams = parse(id, params)?;
+            let data = payload(&p.data).map_err(|m| invalid(id, ErrorCode::BadRequest, m))?;
+            Method::Publish { channel: channel(id, &p.channel)?, data }
+        }
+        "history" => {
+            let p: HistoryParams = parse(id, params)?;
+            Method::History(HistoryRequest {
+                channel: channel(id, &p.channel)?,
+                since: p.since,
+                limit: p.limit,
+            })
+        }
+        "presence" => {
+            let p: PresenceParams = parse(id, params)?;
+            Method::Presence(PresenceRequest {
+                channel: channel(id, &p.channel)?,
+                limit: p.limit,
+                cursor: p.cursor,
+            })
+        }
+        "presence_stats" => {
+            let p: ChannelParams = parse(id, params)?;
+            Method::PresenceStats { channel: channel(id, &p.channel)? }
+        }
+        "refresh" => {
+            let p: RefreshParams = parse(id, params)?;
+            let channel = match p.channel {
+                Some(name) => Some(channel(id, &name)?),
+                None => None,
+            };
+            Method::Refresh(RefreshRequest { channel, token: p.token })
+        }
+        "ping" => {
+            let _: Empty = parse(id, params)?;
+            Method::Ping
+        }
+        "rpc" => {
+            let p: RpcParams = parse(id, params)?;
+            if p.method.is_empty() || p.method.len() > MAX_RPC_METHOD {
+                return Err(invalid(
+                    id,
+                    ErrorCode::BadRequest,
+                    format!("rpc method must be 1 to {MAX_RPC_METHOD} bytes"),
+                ));
+            }
+            let data = match &p.data {
+                Some(raw) => payload(raw).map_err(|m| invalid(id, ErrorCode::BadRequest, m))?,
+                None => Bytes::from_static(b"null"),
+            };
+            Method::Rpc(RpcRequest { method: p.method, data })
+        }
+        other => {
+            return Err(invalid(
+                id,
+                ErrorCode::MethodNotFound,
+                format!("unknown method {other:?}; expected one of connect, subscribe, unsubscribe, publish, history, refresh, rpc, ping"),
+            ))
+        }
+    };
+    Ok(Command { id, method })
+}
+
+fn invalid(id: Option<u64>, code: ErrorCode, message: impl Into<String>) -> DecodeError {
+    DecodeError::Invalid {
+        id,
+        code,
+        message: message.into(),
+    }
+}
+
+fn parse<T: DeserializeOwned>(id: Option<u64>, params: &str) -> Result<T, DecodeError> {
+    serde_json::from_str(params).map_err(|e| {
+        invalid(
+            id,
+            ErrorCode::BadRequest,
+            format!("invalid parameters: {e}"),
+        )
+    })
+}
+
+fn channel(id: Option<u64>, name: &str) -> Result<ChannelName, DecodeError> {
+    ChannelName::new(name).map_err(|e| invalid(id, ErrorCode::InvalidChannel, e.to_string()))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Empty {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChannelParams {
+    channel: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SinceParams {
+    channel: String,
+    #[serde(default)]
+    since: Option<Since>,
+    #[serde(default)]
+    token: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RefreshParams {
+    #[serde(default)]
+    channel: Option<String>,
+    token: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PublishParams {
+    channel: String,
+    data: Box<RawValue>,
+}
+
+/// Longest `rpc` method name, in bytes.
+pub const MAX_RPC_METHOD: usize = 256;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RpcParams {
+    method: String,
+    #[serde(default)]
+    data: Option<Box<RawValue>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PresenceParams {
+    channel: String,
+    #[serde(default)]
+    limit: Option<u32>,
+    #[serde(default)]
+    cursor: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryParams {
+    channel: String,
+    #[serde(default)]
+    since: Option<Since>,
+    #[serde(default)]
+    limit: Option<u32>,
+}
+
+mod encode;
+mod payload;
+pub mod results;
+
+pub use encode::*;
+pub use payload::*;
+
+#[cfg(test)]
+mod fuzz;
+#[cfg(test)]
+mod tests;

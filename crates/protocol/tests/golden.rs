@@ -1,0 +1,387 @@
+//! Golden frames: every reply and push the JSON codec makes, byte for byte, against
+//! `fixtures/frames.txt`; and every example in `docs/protocol.md` against them, so that the
+//! documentation cannot show a field, or an order of fields, that the server does not send.
+//!
+//! A change to a frame changes the fixture in the same commit (and every client that reads
+//! it: the SDK, `herald sub`, the bench). The fixture is one frame a line: `NAME FRAME`.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use herald_protocol::{
+    json::{self, results},
+    ChannelName, Epoch, ErrorCode, Publication,
+};
+use serde_json::{value::RawValue, Value};
+
+fn channel(name: &str) -> ChannelName {
+    ChannelName::new(name).unwrap()
+}
+
+fn publication(offset: u64, data: &str, from: Option<&str>) -> Publication {
+    Publication {
+        offset,
+        record: Publication::record(
+            Bytes::copy_from_slice(data.as_bytes()),
+            from.map(str::as_bytes),
+        ),
+    }
+}
+
+/// Every frame, by name, as the codec makes it.
+fn frames() -> Vec<(&'static str, Vec<u8>)> {
+    let epoch = Epoch::new("k3x9q1");
+    let lobby = channel("chat:lobby");
+    let state = RawValue::from_string(r#"{"topic":"hi"}"#.into()).unwrap();
+    let answer = RawValue::from_string(r#"{"ok":true}"#.into()).unwrap();
+    let replayed = [
+        publication(5, r#"{"text":"a"}"#, None),
+        publication(6, r#"{"text":"b"}"#, Some(r#"{"user":"42"}"#)),
+    ];
+    let expiry = Some(results::Expiry {
+        expires: 1_900_000_000,
+        ttl: 600,
+    });
+    let mut members = b"[".to_vec();
+    json::encode_member(
+        &mut members,
+        0xabc,
+        br#"{"user":"42","info":{"name":"Ada"}}"#,
+    );
+    members.push(b',');
+    json::encode_member(&mut members, 0xdef, b"{}");
+    members.push(b']');
+    let (join, leave) = (members.clone(), b"[]".to_vec());
+    let connect = results::Connect {
+        client: "n1-8f2c",
+        version: "0.1.0",
+        ping: 25,
+        user: Some("42"),
+        expiry,
+    };
+    vec![
+        ("reply.connect", json::encode_reply(1, "connect", &connect)),
+        (
+            "reply.connect.anonymous",
+            json::encode_reply(
+                1,
+                "connect",
+                &results::Connect {
+                    user: None,
+                    expiry: None,
+                    ..connect
+                },
+            ),
+        ),
+        (
+            "reply.subscribe",
+            json::encode_reply(
+                2,
+                "subscribe",
+                &results::Stream {
+                    epoch: &epoch,
+                    offset: 6,
+                    recovered: Some(true),
+                    publications: &replayed,
+                    data: Some(&state),
+                },
+            ),
+        ),
+        (
+            "reply.history",
+            json::encode_reply(
+                3,
+                "history",
+                &results::Stream {
+                    epoch: &epoch,
+                    offset: 6,
+                    recovered: None,
+                    publications: &replayed,
+                    data: None,
+                },
+            ),
+        ),
+        (
+            "reply.publish",
+            json::encode_reply(
+                4,
+                "publish",
+                &results::Published {
+                    offset: 7,
+                    epoch: &epoch,
+                },
+            ),
+        ),
+        (
+            "reply.refresh",
+            json::encode_reply(5, "refresh", &results::Refreshed { expiry }),
+        ),
+        (
+            "reply.rpc",
+            json::encode_reply(6, "rpc", &results::Rpc { data: &answer }),
+        ),
+        (
+            "reply.presence",
+            json::encode_reply(
+                7,
+                "presence",
+                &results::Presence {
+                    members: json::RawJson(&members),
+                    cursor: Some("0000000000000def".into()),
+                },
+            ),
+        ),
+        (
+            "reply.presence_stats",
+            json::encode_reply(
+                8,
+                "presence_stats",
+                &results::PresenceStats {
+                    clients: 2,
+                    users: 1,
+                },
+            ),
+        ),
+        (
+            "reply.unsubscribe",
+            json::encode_reply(9, "unsubscribe", &results::Empty {}),
+        ),
+        (
+            "reply.ping",
+            json::encode_reply(10, "ping", &results::Empty {}),
+        ),
+        (
+            "reply.error",
+            json::encode_error(Some(11), ErrorCode::PermissionDenied, "not allowed"),
+        ),
+        (
+            "error.unnumbered",
+            json::encode_error(None, ErrorCode::BadRequest, "not JSON"),
+        ),
+        (
+            "error.channel",
+            json::encode_channel_error(1003u16, "staff only", &channel("room:staff")),
+        ),
+        (
+            "push.pub",
+            json::encode_pub(&lobby, &publication(7, r#"{"text":"hi"}"#, None)).to_vec(),
+        ),
+        (
+            "push.pub.from",
+            json::encode_pub(
+                &lobby,
+                &publication(
+                    8,
+                    r#"{"text":"hello"}"#,
+                    Some(r#"{"user":"42","info":{"name":"Ada"}}"#),
+                ),
+            )
+            .to_vec(),
+        ),
+        ("push.connect", json::encode_connect_push(&connect)),
+        (
+            "push.subscribe",
+            json::encode_subscribe_push(&results::Subscribed {
+                channel: &channel("news"),
+                epoch: &epoch,
+                offset: 7,
+                recovered: Some(false),
+                data: Some(&state),
+            }),
+        ),
+        (
+            "push.unsubscribe",
+            json::encode_unsubscribe(
+                &channel("doc:7f3e"),
+                ErrorCode::TokenExpired,
+                "subscription token expired",
+            ),
+        ),
+        ("push.disconnect", json::encode_disconnect(3001, "shutdown")),
+        (
+            "push.disconnect.final",
+            json::encode_disconnect(3504, "token expired"),
+        ),
+        (
+            "push.presence",
+            json::encode_presence(&lobby, &join, &leave, false),
+        ),
+        (
+            "push.presence.missed",
+            json::encode_presence(&lobby, b"[]", &leave, true),
+        ),
+        ("push.ping", json::PING_PUSH.to_vec()),
+    ]
+}
+
+fn fixture() -> BTreeMap<String, String> {
+    let text = include_str!("../fixtures/frames.txt");
+    text.lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let (name, frame) = l.split_once(' ').expect("NAME FRAME");
+            (name.to_string(), frame.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn every_frame_is_the_golden_one_byte_for_byte() {
+    let golden = fixture();
+    let made = frames();
+    let mut wrong = Vec::new();
+    for (name, bytes) in &made {
+        let text = String::from_utf8(bytes.clone()).expect("frames are UTF-8");
+        serde_json::from_str::<Value>(&text).expect("frames are JSON");
+        assert!(!text.contains('\n'), "{name}: one line per frame");
+        match golden.get(*name) {
+            Some(g) if *g == text => {}
+            other => wrong.push(format!("{name} {text}\n  (golden: {other:?})")),
+        }
+    }
+    for name in golden.keys() {
+        assert!(
+            made.iter().any(|(n, _)| n == name),
+            "{name} is in the fixture but the test makes no such frame"
+        );
+    }
+    assert!(wrong.is_empty(), "frames differ:\n{}", wrong.join("\n"));
+}
+
+/// A JSON value with its objects' keys in the order written (`serde_json::Value` sorts
+/// them); only the top two levels matter here.
+enum Ordered {
+    Object(Vec<(String, Ordered)>),
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for Ordered {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Ordered;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("JSON")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Ordered, A::Error> {
+                let mut entries = Vec::new();
+                while let Some((k, v)) = map.next_entry::<String, Ordered>()? {
+                    entries.push((k, v));
+                }
+                Ok(Ordered::Object(entries))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Ordered, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Ordered::Other)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Ordered, E> {
+                Ok(Ordered::Other)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Ordered, E> {
+                Ok(Ordered::Other)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Ordered, E> {
+                Ok(Ordered::Other)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Ordered, E> {
+                Ok(Ordered::Other)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Ordered, E> {
+                Ok(Ordered::Other)
+            }
+            fn visit_unit<E>(self) -> Result<Ordered, E> {
+                Ok(Ordered::Other)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+/// A frame's kind (`reply.subscribe`, `push.pub`, `error`) and its body's keys in the order
+/// written; `None` for what is not a frame (not JSON, or no object body).
+fn shape(frame: &str) -> Option<(String, Vec<String>)> {
+    let Ordered::Object(entries) = serde_json::from_str::<Ordered>(frame).ok()? else {
+        return None;
+    };
+    let has_id = entries.iter().any(|(k, _)| k == "id");
+    let (kind, body) = entries.iter().find(|(k, _)| k != "id")?;
+    let Ordered::Object(body) = body else {
+        return None;
+    };
+    let kind = match (kind.as_str(), has_id) {
+        ("error", _) => "error".to_string(),
+        (k, true) => format!("reply.{k}"),
+        (k, false) => format!("push.{k}"),
+    };
+    Some((kind, body.iter().map(|(k, _)| k.clone()).collect()))
+}
+
+/// The JSON frames `docs/protocol.md` shows: lines of its `json` blocks, and code spans,
+/// that parse as JSON objects (templates with placeholders do not, and are passed over).
+fn documented() -> Vec<String> {
+    let doc = include_str!("../../../docs/protocol.md");
+    let mut found = Vec::new();
+    let mut in_json = false;
+    for line in doc.lines() {
+        if line.starts_with("```") {
+            in_json = line == "```json";
+            continue;
+        }
+        if in_json {
+            found.push(line.trim().to_string());
+        } else {
+            found.extend(
+                line.split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .filter(|span| span.starts_with("{\""))
+                    .map(str::to_string),
+            );
+        }
+    }
+    found.into_iter().filter(|f| shape(f).is_some()).collect()
+}
+
+#[test]
+fn the_protocol_docs_show_frames_as_the_codec_makes_them() {
+    // Each kind's keys, in the order the codec writes them (the union over its frames).
+    let mut golden: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (_, bytes) in frames() {
+        let (kind, keys) = shape(std::str::from_utf8(&bytes).unwrap()).unwrap();
+        let known = golden.entry(kind).or_default();
+        for k in keys {
+            if !known.contains(&k) {
+                known.push(k);
+            }
+        }
+    }
+    let examples = documented();
+    assert!(
+        examples.len() >= 8,
+        "docs/protocol.md's examples were not found: {examples:?}"
+    );
+    for example in examples {
+        let (kind, keys) = shape(&example).unwrap();
+        let known = golden.get(&kind).unwrap_or_else(|| {
+            panic!("docs/protocol.md shows a {kind} the codec never makes: {example}")
+        });
+        let at: Vec<usize> = keys
+            .iter()
+            .map(|k| {
+                known.iter().position(|g| g == k).unwrap_or_else(|| {
+                    panic!("docs/protocol.md shows {kind} with `{k}`, which the codec never writes ({known:?}): {example}")
+                })
+            })
+            .collect();
+        assert!(
+            at.windows(2).all(|w| w[0] < w[1]),
+            "docs/protocol.md shows {kind}'s fields in another order than the codec's {known:?}: {example}"
+        );
+    }
+}
