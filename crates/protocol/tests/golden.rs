@@ -211,6 +211,18 @@ fn frames() -> Vec<(&'static str, Vec<u8>)> {
             json::encode_presence(&lobby, b"[]", &leave, true),
         ),
         ("push.ping", json::PING_PUSH.to_vec()),
+        (
+            "answer.poll",
+            json::encode_poll_answer(
+                "chat:lobby;k3x9q1;7",
+                "n1-8f2c",
+                br#"{"pub":{"channel":"chat:lobby","offset":7,"data":{"text":"hi"}}}"#,
+            ),
+        ),
+        (
+            "answer.poll.empty",
+            json::encode_poll_answer("chat:lobby;k3x9q1;7", "n1-8f2c", b""),
+        ),
     ]
 }
 
@@ -309,6 +321,13 @@ fn shape(frame: &str) -> Option<(String, Vec<String>)> {
     let Ordered::Object(entries) = serde_json::from_str::<Ordered>(frame).ok()? else {
         return None;
     };
+    // A poll's answer is an envelope, not a frame with a body.
+    if entries.iter().any(|(k, _)| k == "messages") {
+        return Some((
+            "answer.poll".into(),
+            entries.iter().map(|(k, _)| k.clone()).collect(),
+        ));
+    }
     let has_id = entries.iter().any(|(k, _)| k == "id");
     let (kind, body) = entries.iter().find(|(k, _)| k != "id")?;
     let Ordered::Object(body) = body else {

@@ -218,3 +218,18 @@ pub fn encode_presence(channel: &ChannelName, join: &[u8], leave: &[u8], missed:
 /// The keepalive push of streams whose framing has no comment of its own (NDJSON, the
 /// forever frame); SSE sends a comment instead.
 pub const PING_PUSH: &[u8] = br#"{"ping":{}}"#;
+
+/// Encodes a poll's answer: `{"cursor":"…","client":"…","messages":[PUSH,…]}`, where
+/// `messages` is the pushes already encoded and separated by commas, `cursor` the position
+/// to poll from next and `client` what the next poll sends as `client=`.
+pub fn encode_poll_answer(cursor: &str, client: &str, messages: &[u8]) -> Vec<u8> {
+    let mut body = Vec::with_capacity(messages.len() + cursor.len() + client.len() + 40);
+    body.extend_from_slice(b"{\"cursor\":");
+    body.extend_from_slice(&serde_json::to_vec(cursor).expect("strings serialise"));
+    body.extend_from_slice(b",\"client\":");
+    body.extend_from_slice(&serde_json::to_vec(client).expect("strings serialise"));
+    body.extend_from_slice(b",\"messages\":[");
+    body.extend_from_slice(messages);
+    body.extend_from_slice(b"]}");
+    body
+}

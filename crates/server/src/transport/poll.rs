@@ -258,17 +258,9 @@ pub fn finish(prepared: Prepared) -> Response {
     let mut response = if unchanged {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
-        let mut body = Vec::with_capacity(messages.len() + cursor.len() + 32);
-        body.extend_from_slice(b"{\"cursor\":");
-        body.extend_from_slice(&serde_json::to_vec(&cursor).expect("strings serialise"));
-        // Sent back as `client=`, so that presence sees one member poll after poll.
-        body.extend_from_slice(b",\"client\":");
-        body.extend_from_slice(
-            &serde_json::to_vec(session.first_client()).expect("strings serialise"),
-        );
-        body.extend_from_slice(b",\"messages\":[");
-        body.extend_from_slice(&messages);
-        body.extend_from_slice(b"]}");
+        // `client` is sent back as `client=`, so that presence sees one member poll after
+        // poll.
+        let body = json::encode_poll_answer(&cursor, session.first_client(), &messages);
         ([(header::CONTENT_TYPE, "application/json")], body).into_response()
     };
     let h = response.headers_mut();
