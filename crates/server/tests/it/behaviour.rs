@@ -96,43 +96,58 @@ async fn a_client_that_stops_reading_is_cut_as_slow_on_every_transport() {
     }
 }
 
+/// Opens SSE, stream, forever frame and a held long-poll with `query` (channels and token),
+/// each on a socket of its own, waiting until the server holds each (`before` connections
+/// are open already). The long-poll's first request answers at once with the subscription;
+/// the one held is the next, with its cursor (and the same token).
+async fn hold_open(
+    server: &TestServer,
+    query: &str,
+    before: usize,
+) -> Vec<(&'static str, tokio::net::TcpStream)> {
+    let addr = server.addr;
+    let mut held = Vec::new();
+    for (i, transport) in ["sse", "stream", "iframe", "longpoll"]
+        .into_iter()
+        .enumerate()
+    {
+        let query = match transport {
+            "longpoll" => {
+                let first: serde_json::Value =
+                    reqwest::get(server.url(&format!("/connection/longpoll?{query}")))
+                        .await
+                        .unwrap()
+                        .json()
+                        .await
+                        .unwrap();
+                let cursor = crate::http::urlencode(first["cursor"].as_str().unwrap());
+                let token = query.split('&').find(|p| p.starts_with("token="));
+                format!("cursor={cursor}&timeout=60&{}", token.unwrap_or(""))
+            }
+            "iframe" => format!("{query}&callback=h"),
+            _ => query.to_string(),
+        };
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!("GET /connection/{transport}?{query} HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+        s.write_all(head.as_bytes()).await.unwrap();
+        eventually(&format!("{transport} is held"), || async {
+            server.node.connection_count() == before + i + 1
+        })
+        .await;
+        held.push((transport, s));
+    }
+    held
+}
+
 /// Row 2: when the server shuts down, every transport's client is told to reconnect with
 /// 3001: WebSocket in its close frame, streams in a last `disconnect` push, a held long-poll
 /// in its answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_tells_every_transport_to_reconnect_with_3001() {
     let server = start(config()).await;
-    let addr = server.addr;
     let mut ws = server.client().await;
     ws.subscribe("open:down", None).await;
-    let mut held = Vec::new();
-    for (i, transport) in ["sse", "stream", "iframe", "longpoll"]
-        .into_iter()
-        .enumerate()
-    {
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let head = if transport == "longpoll" {
-            // The first long-poll answers at once with the subscription; the next one,
-            // with its cursor, is held.
-            let first: serde_json::Value =
-                reqwest::get(server.url("/connection/longpoll?channel=open:down"))
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
-            let cursor = crate::http::urlencode(first["cursor"].as_str().unwrap());
-            format!("GET /connection/longpoll?cursor={cursor} HTTP/1.1\r\nHost: {addr}\r\n\r\n")
-        } else {
-            opening(transport, "open:down", addr)
-        };
-        s.write_all(head.as_bytes()).await.unwrap();
-        eventually(&format!("{transport} is held"), || async {
-            server.node.connection_count() == i + 2
-        })
-        .await;
-        held.push((transport, s));
-    }
+    let held = hold_open(&server, "channel=open:down", 1).await;
     let stopping = tokio::spawn(server.stop());
     assert_eq!(ws.closed().await.code, 3001, "websocket");
     for (transport, mut s) in held {
@@ -182,7 +197,6 @@ async fn read_until(s: &mut tokio::net::TcpStream, needle: &str, what: &str) -> 
 async fn an_expiring_token_ends_every_transport_with_3504() {
     use crate::auth::{auth_config, claims, hs256};
     let server = start(auth_config()).await;
-    let addr = server.addr;
     let soon = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -196,38 +210,8 @@ async fn an_expiring_token_ends_every_transport_with_3504() {
     let reply = ws.call("connect", json!({ "token": token })).await;
     assert_eq!(reply["connect"]["expires"], soon, "{reply}");
     ws.subscribe("private:expiring", None).await;
-    let mut held = Vec::new();
-    for (i, transport) in ["sse", "stream", "iframe", "longpoll"]
-        .into_iter()
-        .enumerate()
-    {
-        let query = if transport == "longpoll" {
-            let first: serde_json::Value = reqwest::get(server.url(&format!(
-                "/connection/longpoll?channel=private:expiring&token={token}"
-            )))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-            let cursor = crate::http::urlencode(first["cursor"].as_str().unwrap());
-            format!("cursor={cursor}&timeout=60")
-        } else if transport == "iframe" {
-            "channel=private:expiring&callback=h".to_string()
-        } else {
-            "channel=private:expiring".to_string()
-        };
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let head = format!(
-            "GET /connection/{transport}?{query}&token={token} HTTP/1.1\r\nHost: {addr}\r\n\r\n"
-        );
-        s.write_all(head.as_bytes()).await.unwrap();
-        eventually(&format!("{transport} is held"), || async {
-            server.node.connection_count() == i + 2
-        })
-        .await;
-        held.push((transport, s));
-    }
+    let query = format!("channel=private:expiring&token={token}");
+    let held = hold_open(&server, &query, 1).await;
     let closed = ws.closed().await;
     assert_eq!(closed.code, 3504, "websocket");
     for (transport, mut s) in held {
