@@ -12,6 +12,7 @@
 //! | send | `POST /connection/send` | commands from the HTTP transports |
 
 pub mod deadline;
+pub mod driver;
 pub mod http1;
 pub mod origin;
 pub mod poll;

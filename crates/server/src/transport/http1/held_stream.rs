@@ -15,7 +15,7 @@ use tokio::net::TcpStream;
 
 use super::{chunk, client_left, write, Framing};
 use crate::queue::{Delivery, DirectSocket, Lane, Queue};
-use crate::transport::stream::{self, Unwritten};
+use crate::transport::{driver::Unwritten, stream};
 
 /// Runs a stream its handler handed back on the socket, after the response's `head`:
 /// whether the connection may carry another request, and the socket back if so.

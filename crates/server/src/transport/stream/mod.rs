@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 pub use framing::{is_identifier, script_safe, Framing, IFRAME_PADDING};
-pub use pump::{run, Out, Unwritten};
+pub use pump::{run, Out};
 
 use super::{
     http1::{Handover, Held, Lean},

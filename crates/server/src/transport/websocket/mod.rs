@@ -10,7 +10,7 @@ use std::{net::IpAddr, sync::Arc, time::Duration};
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use herald_protocol::DisconnectCode;
-use tokio::{net::TcpStream, time::Instant};
+use tokio::net::TcpStream;
 use tokio_tungstenite::WebSocketStream;
 use tungstenite::{
     protocol::{
@@ -25,12 +25,12 @@ use tungstenite::{
 
 pub use upgrade::upgrade;
 
-use super::MAX_BATCH_BYTES;
+use super::driver::{self, Heard, Unwritten, Wire, CLOSE_GRACE};
 use crate::{
     error::Disconnect,
     hooks::{RequestFacts, Transport},
     node::Node,
-    session::{ExpiryTimer, Session},
+    session::{Positions, Session},
 };
 use wire::Io;
 
@@ -46,11 +46,10 @@ async fn run(
     address: Option<IpAddr>,
     facts: Option<Box<RequestFacts>>,
 ) {
-    let mut session = Session::new(&node)
+    let session = Session::new(&node)
         .at_address(address)
         .came_by(Transport::Websocket, facts);
-    let client = &node.settings.config.client;
-    let limit = client.max_frame_size;
+    let limit = node.settings.config.client.max_frame_size;
     let config = WebSocketConfig::default()
         .max_message_size(Some(limit))
         .max_frame_size(Some(limit))
@@ -59,170 +58,102 @@ async fn run(
         .read_buffer_size(256)
         .write_buffer_size(0);
     let io = Io::new(stream, session.queue().clone());
-    let mut socket =
-        WebSocketStream::from_partially_read(io, early, Role::Server, Some(config)).await;
-    let (ping_every, idle_timeout, write_timeout) = (
-        client.ping_interval,
-        client.idle_timeout,
-        client.write_timeout,
-    );
-    let mut ping = tokio::time::interval_at(Instant::now() + ping_every, ping_every);
-    let mut last_heard = Instant::now();
-    let mut out = Vec::new();
-    let mut expiry = ExpiryTimer::default();
-
-    let ended: Option<Disconnect> = loop {
-        let step: Result<(), Disconnect> = tokio::select! {
-            biased;
-            _ = node.shutdown.cancelled() => Err(Disconnect::new(DisconnectCode::Shutdown)),
-            message = socket.next() => {
-                last_heard = Instant::now();
-                // Replies must not be overtaken by publications the hub would write directly.
-                session.queue().hold();
-                match message {
-                    None | Some(Ok(Message::Close(_))) => break None,
-                    // Boxed: commands are rare next to idle time, and the command future is
-                    // large; inline, every idle connection would carry its space.
-                    Some(Ok(Message::Text(text))) => Box::pin(answer(&mut session, &mut socket, text.as_bytes(), &mut out, write_timeout)).await,
-                    Some(Ok(Message::Binary(bytes))) => Box::pin(answer(&mut session, &mut socket, &bytes, &mut out, write_timeout)).await,
-                    Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => Ok(()),
-                    Some(Err(e)) => match read_error(e) {
-                        Some(d) => Err(d),
-                        None => break None,
-                    },
-                }
-            }
-            _ = session.queue().ready() => {
-                session.queue().hold();
-                Ok(())
-            }
-            _ = expiry.wait() => session.expire().await.map(|pushes| {
-                for push in pushes {
-                    crate::session::line(&mut out, &push);
-                }
-            }),
-            _ = ping.tick() => {
-                if last_heard.elapsed() >= idle_timeout {
-                    Err(Disconnect::because(DisconnectCode::Stale, format!("nothing received for {idle_timeout:?}")))
-                } else {
-                    send(&mut socket, Message::Ping(Default::default()), write_timeout).await
-                }
-            }
-        };
-        // Replies first, then whatever publications are queued, in frames of bounded size.
-        let flushed = match step {
-            Ok(()) => flush(&mut session, &mut socket, &mut out, write_timeout).await,
-            Err(d) => Err(d),
-        };
-        if let Err(d) = flushed {
-            break Some(d);
-        }
-        expiry.follow(&session);
+    let socket = WebSocketStream::from_partially_read(io, early, Role::Server, Some(config)).await;
+    let wire = WebSocket {
+        socket,
+        session: session.id(),
     };
-
-    let id = session.id();
-    session.queue().detach();
-    session.ending(ended.as_ref());
-    // Free the session (and its subscriptions) now; the closing handshake is only manners.
-    drop(session);
-    // Boxed for the same reason as commands: only a closing connection needs its space.
-    Box::pin(close(socket, id, ended)).await;
+    driver::drive(&node, session, wire, Ok(()), 0).await;
 }
 
-/// Says why (unless the socket is broken) and waits briefly for the peer's Close.
-async fn close(mut socket: Socket, id: u64, ended: Option<Disconnect>) {
-    if let Some(d) = ended {
-        tracing::debug!(session = id, code = d.wire_code(), reason = %d.reason, "websocket closed by server");
-        if d.code != DisconnectCode::WriteError {
-            let frame = CloseFrame {
-                code: d.wire_code().into(),
-                reason: Utf8Bytes::from(d.short_reason()),
-            };
-            if send(&mut socket, Message::Close(Some(frame)), CLOSE_GRACE)
-                .await
-                .is_ok()
-            {
-                // RFC 6455 §7.1.1: wait (briefly) for the peer's Close before dropping TCP,
-                // so the peer reads our code instead of a reset.
-                let _ = tokio::time::timeout(CLOSE_GRACE, async {
-                    while let Some(Ok(m)) = socket.next().await {
-                        if let Message::Close(_) = m {
-                            break;
-                        }
-                    }
-                })
-                .await;
-            }
-        }
+/// A WebSocket connection as the driver sees it: pushes are lines of text frames, and the
+/// client's frames are commands.
+struct WebSocket {
+    socket: Socket,
+    /// The session's id, for the log line of its close.
+    session: u64,
+}
+
+impl Wire for WebSocket {
+    fn push(&self, json: &[u8], _at: Positions<'_>, out: &mut Vec<u8>) {
+        crate::session::line(out, json);
     }
-}
 
-/// How long a closing handshake may take.
-const CLOSE_GRACE: Duration = Duration::from_secs(1);
-
-/// Handles a frame's commands, sending their replies in frames of about [`MAX_BATCH_BYTES`]
-/// as they are made (each waiting for the client to read): a frame of many history reads
-/// is never answered in one piece. The last replies stay in `out` for [`flush`].
-async fn answer(
-    session: &mut Session,
-    socket: &mut Socket,
-    frame: &[u8],
-    out: &mut Vec<u8>,
-    timeout: Duration,
-) -> Result<(), Disconnect> {
-    let mut rest = frame;
-    loop {
-        rest = session
-            .handle_frame_until(rest, out, MAX_BATCH_BYTES)
-            .await?;
-        if rest.is_empty() {
+    async fn send(&mut self, bytes: Vec<u8>, timeout: Duration) -> Result<(), Unwritten> {
+        if bytes.is_empty() {
+            // Nothing new: still send the tail of a direct write the socket did not take.
+            if self.socket.get_ref().queue().has_unsent() {
+                return finish(self.socket.flush(), timeout).await;
+            }
             return Ok(());
         }
-        send_text(socket, text(out)?, timeout).await?;
+        // Frames are built from validated JSON; a defect that broke that ends the
+        // connection rather than the task.
+        let text = String::from_utf8(bytes).map_err(|_| {
+            tracing::error!(
+                session = self.session,
+                "internal error: a frame was not UTF-8"
+            );
+            Unwritten::Gone
+        })?;
+        send_text(&mut self.socket, text, timeout).await
     }
-}
 
-/// Takes what `out` holds as the text of a frame.
-fn text(out: &mut Vec<u8>) -> Result<String, Disconnect> {
-    // Frames are built from validated JSON; a defect that broke that ends the connection
-    // rather than the task.
-    String::from_utf8(std::mem::take(out)).map_err(|_| {
-        Disconnect::because(
-            DisconnectCode::ServerError,
-            "internal error: a frame was not UTF-8",
-        )
-    })
-}
+    async fn heard(&mut self) -> Heard {
+        match self.socket.next().await {
+            None | Some(Ok(Message::Close(_))) => Heard::Left,
+            Some(Ok(Message::Text(text))) => Heard::Frame(Bytes::from(text)),
+            Some(Ok(Message::Binary(bytes))) => Heard::Frame(bytes),
+            Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => Heard::Alive,
+            Some(Err(e)) => match read_error(e) {
+                Some(d) => Heard::Refused(d),
+                None => Heard::Left,
+            },
+        }
+    }
 
-/// Writes replies and queued publications until nothing is left, then hands publications
-/// back to the hub's direct lane.
-async fn flush(
-    session: &mut Session,
-    socket: &mut Socket,
-    out: &mut Vec<u8>,
-    timeout: Duration,
-) -> Result<(), Disconnect> {
-    loop {
-        if out.len() < MAX_BATCH_BYTES {
-            session.write_deliveries(out, MAX_BATCH_BYTES - out.len())?;
+    async fn keepalive(&mut self, timeout: Duration) -> Result<(), Unwritten> {
+        send(&mut self.socket, Message::Ping(Default::default()), timeout).await
+    }
+
+    fn answers_keepalives(&self) -> bool {
+        true
+    }
+
+    /// Says why and waits briefly for the peer's Close.
+    async fn farewell(mut self, ended: Option<Disconnect>) -> bool {
+        let Some(d) = ended else {
+            return false;
+        };
+        tracing::debug!(session = self.session, code = d.wire_code(), reason = %d.reason, "websocket closed by server");
+        let frame = CloseFrame {
+            code: d.wire_code().into(),
+            reason: Utf8Bytes::from(d.short_reason()),
+        };
+        if send(&mut self.socket, Message::Close(Some(frame)), CLOSE_GRACE)
+            .await
+            .is_err()
+        {
+            return false;
         }
-        if out.is_empty() {
-            if session.queue().has_unsent() {
-                finish(socket.flush(), timeout).await?;
+        // RFC 6455 §7.1.1: wait (briefly) for the peer's Close before dropping TCP, so the
+        // peer reads our code instead of a reset.
+        let _ = tokio::time::timeout(CLOSE_GRACE, async {
+            while let Some(Ok(m)) = self.socket.next().await {
+                if let Message::Close(_) = m {
+                    break;
+                }
             }
-            if session.queue().release() {
-                return Ok(());
-            }
-            continue;
-        }
-        send_text(socket, text(out)?, timeout).await?;
+        })
+        .await;
+        true
     }
 }
 
 /// Sends `text` as one message, in frames of at most [`MAX_FRAGMENT`] bytes: tungstenite
 /// keeps its write buffer's capacity for the connection's life, so one 130 KB answer sent as
 /// one frame would leave every connection that ever got one holding 130 KB.
-async fn send_text(socket: &mut Socket, text: String, timeout: Duration) -> Result<(), Disconnect> {
+async fn send_text(socket: &mut Socket, text: String, timeout: Duration) -> Result<(), Unwritten> {
     if text.len() <= MAX_FRAGMENT {
         return send(socket, Message::Text(text.into()), timeout).await;
     }
@@ -249,7 +180,7 @@ fn is_char_start(text: &[u8], at: usize) -> bool {
 /// The largest frame a message is sent in; larger ones are fragmented (RFC 6455 §5.4).
 const MAX_FRAGMENT: usize = 16 * 1024;
 
-async fn send(socket: &mut Socket, message: Message, timeout: Duration) -> Result<(), Disconnect> {
+async fn send(socket: &mut Socket, message: Message, timeout: Duration) -> Result<(), Unwritten> {
     finish(socket.send(message), timeout).await
 }
 
@@ -257,11 +188,11 @@ async fn send(socket: &mut Socket, message: Message, timeout: Duration) -> Resul
 async fn finish(
     write: impl std::future::Future<Output = Result<(), tungstenite::Error>>,
     timeout: Duration,
-) -> Result<(), Disconnect> {
+) -> Result<(), Unwritten> {
     match tokio::time::timeout(timeout, write).await {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(_)) => Err(Disconnect::new(DisconnectCode::WriteError)),
-        Err(_) => Err(super::write_timed_out()),
+        Ok(Err(_)) => Err(Unwritten::Gone),
+        Err(_) => Err(Unwritten::Slow),
     }
 }
 

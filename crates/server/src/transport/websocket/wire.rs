@@ -66,6 +66,11 @@ impl Io {
         queue.attach(wire.clone());
         Self { wire, queue }
     }
+
+    /// The connection's queue, which writes go through.
+    pub fn queue(&self) -> &Arc<Queue> {
+        &self.queue
+    }
 }
 
 impl AsyncRead for Io {

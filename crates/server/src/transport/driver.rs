@@ -1,0 +1,321 @@
+//! The connection driver: one loop for every transport that holds a connection open
+//! (WebSocket, SSE, HTTP streaming, the forever frame). It owns what they share: waiting on
+//! shutdown, the delivery queue, token expiry, keepalives and idleness, the client's
+//! commands, the write deadline and the code it ends with, the last word to the client, and
+//! the call that ends the session. A transport only says how its bytes are framed and
+//! written, and what its client sends on the connection itself ([`Wire`]).
+//!
+//! So the same thing ends the same way everywhere: a client that stops reading is cut as
+//! slow (3003), a broken write is 3004, shutdown is 3001, an expired token 3504, a client
+//! that answers no keepalive 3005 (WebSocket only: streams carry nothing from the client),
+//! and each is counted and told to the backend once (`tests/it/behaviour.rs` checks it
+//! transport by transport).
+
+use std::{future::Future, time::Duration};
+
+use herald_protocol::DisconnectCode;
+use tokio::time::Instant;
+
+use super::MAX_BATCH_BYTES;
+use crate::{
+    error::Disconnect,
+    node::Node,
+    queue::Command,
+    session::{ExpiryTimer, Positions, Session},
+};
+
+/// Why a write did not go out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unwritten {
+    /// The connection broke, or the client left.
+    Gone,
+    /// The client read nothing for the write timeout.
+    Slow,
+}
+
+impl Unwritten {
+    /// How a connection that could not be written to ends: a slow consumer (3003) or a
+    /// write error (3004). Neither can be told to the client.
+    pub fn disconnect(self) -> Disconnect {
+        match self {
+            Unwritten::Gone => Disconnect::new(DisconnectCode::WriteError),
+            Unwritten::Slow => super::write_timed_out(),
+        }
+    }
+}
+
+/// Why the driver stops: the end, and whether the client can still be told it.
+#[derive(Debug, Clone)]
+struct Stop {
+    why: Disconnect,
+    writable: bool,
+}
+
+impl From<Disconnect> for Stop {
+    fn from(why: Disconnect) -> Self {
+        Stop {
+            why,
+            writable: true,
+        }
+    }
+}
+
+impl From<Unwritten> for Stop {
+    fn from(u: Unwritten) -> Self {
+        Stop {
+            why: u.disconnect(),
+            writable: false,
+        }
+    }
+}
+
+/// What the client did on the connection itself.
+#[derive(Debug)]
+pub enum Heard {
+    /// A frame of commands (WebSocket).
+    Frame(bytes::Bytes),
+    /// Something that only says it is alive (a pong, a ping).
+    Alive,
+    /// It closed the connection.
+    Left,
+    /// It sent what ends the connection (a malformed or oversized frame).
+    Refused(Disconnect),
+}
+
+/// A transport as the driver sees it: how pushes are framed and written, and what its
+/// client sends on the connection.
+pub trait Wire: Send {
+    /// Appends one push (a JSON object) in this transport's framing; `at` is the session's
+    /// positions right after it (SSE carries them as the event id).
+    fn push(&self, json: &[u8], at: Positions<'_>, out: &mut Vec<u8>);
+
+    /// Writes `bytes` (pushes as [`Wire::push`] framed them) whole, waiting at most
+    /// `timeout` for the client to take them. Empty bytes still send what a direct write of
+    /// the hub left unsent.
+    fn send(
+        &mut self,
+        bytes: Vec<u8>,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<(), Unwritten>> + Send;
+
+    /// Resolves with what the client does next on the connection. A stream's client only
+    /// ever leaves (its commands come through the session's queue).
+    fn heard(&mut self) -> impl Future<Output = Heard> + Send;
+
+    /// Sends a keepalive: a WebSocket ping, or a stream's comment or `ping` push.
+    fn keepalive(
+        &mut self,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<(), Unwritten>> + Send;
+
+    /// Whether the client answers keepalives, so that hearing nothing from it for
+    /// `client.idle_timeout` means it is gone (WebSocket: pongs).
+    fn answers_keepalives(&self) -> bool {
+        false
+    }
+
+    /// The connection is about to wait with everything written: the hub may write to the
+    /// socket directly until it wakes, if the socket allows it for `session`.
+    fn idle(&self, _session: &Session) {}
+
+    /// Most bytes the connection may carry, and when it must end, before the client is
+    /// asked to reopen it (the forever frame: a document grows for as long as it is open).
+    fn bounds(&self) -> (usize, Option<Instant>) {
+        (usize::MAX, None)
+    }
+
+    /// Tells the client why the connection ends (`None`: it left, or cannot be written to)
+    /// and closes it: true when the connection is left clean for another request.
+    fn farewell(self, ended: Option<Disconnect>) -> impl Future<Output = bool> + Send;
+}
+
+/// How long the last word to a client may take to go out.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// Runs a connection whose session is open until it ends, then ends the session and says
+/// farewell; `opened` is how opening its channels went (a stream opens them first). The
+/// result is [`Wire::farewell`]'s.
+pub async fn drive<W: Wire>(
+    node: &Node,
+    mut session: Session,
+    mut wire: W,
+    opened: Result<(), Disconnect>,
+    mut written: usize,
+) -> bool {
+    let client = &node.settings.config.client;
+    let (max_bytes, deadline) = wire.bounds();
+    // One timer, in place, for the next keepalive or the deadline, whichever comes first
+    // (an `Interval` boxes a timer of its own): every idle connection carries one.
+    let wake_at = |ping: Instant| deadline.map_or(ping, |d| d.min(ping));
+    let timer = tokio::time::sleep_until(wake_at(Instant::now() + client.ping_interval));
+    tokio::pin!(timer);
+    let mut expiry = ExpiryTimer::default();
+    let mut last_heard = Instant::now();
+    let mut opened = opened;
+
+    // Why the connection ends; None: the client left.
+    let ended: Option<Stop> = loop {
+        if let Err(d) = std::mem::replace(&mut opened, Ok(())) {
+            break Some(d.into());
+        }
+        expiry.follow(&session);
+        // Everything is written: the hub may write publications itself until something
+        // wakes the connection (unless something arrived meanwhile; then `ready` is at once).
+        wire.idle(&session);
+        session.queue().release();
+        let woke = tokio::select! {
+            biased;
+            _ = node.shutdown.cancelled() => Woke::Shutdown,
+            heard = wire.heard() => Woke::Heard(heard),
+            _ = expiry.wait() => Woke::Expiry,
+            _ = session.queue().ready() => Woke::Queue,
+            () = &mut timer => match deadline {
+                Some(d) if Instant::now() >= d => Woke::Deadline,
+                _ => Woke::Keepalive,
+            },
+        };
+        // From here the connection writes: the hub queues until the next `release`, so
+        // that replies and queued publications keep their order.
+        session.queue().hold();
+        let mut bytes = Vec::new();
+        let step: Result<(), Stop> = match woke {
+            Woke::Shutdown => Err(Disconnect::new(DisconnectCode::Shutdown).into()),
+            Woke::Heard(heard) => {
+                last_heard = Instant::now();
+                match heard {
+                    Heard::Left => break None,
+                    Heard::Refused(d) => Err(d.into()),
+                    Heard::Alive => Ok(()),
+                    // Boxed, as every rare step: a waiting connection's task is as large as
+                    // its largest step, and most of its life is spent waiting. (Each in a
+                    // statement of its own: a temporary lives to the end of its statement,
+                    // and one that spans an await takes room in the task.)
+                    Heard::Frame(frame) => {
+                        let obeying = Box::pin(obey(
+                            &mut session,
+                            &mut wire,
+                            &frame,
+                            (&mut written, client.write_timeout),
+                        ));
+                        obeying.await
+                    }
+                }
+            }
+            Woke::Expiry => {
+                let expiring = Box::pin(session.expire());
+                let expired = expiring.await;
+                expired
+                    .map(|pushes| {
+                        for push in pushes {
+                            wire.push(&push, session.positions(), &mut bytes);
+                        }
+                    })
+                    .map_err(Stop::from)
+            }
+            Woke::Queue => match session.queue().take_command() {
+                Some(Command { frame, done }) => {
+                    let obeying = Box::pin(obey(
+                        &mut session,
+                        &mut wire,
+                        &frame,
+                        (&mut written, client.write_timeout),
+                    ));
+                    let obeyed = obeying.await;
+                    let _ = done.send(obeyed.clone().map_err(|s| s.why));
+                    obeyed
+                }
+                None => Ok(()),
+            },
+            Woke::Keepalive => {
+                timer
+                    .as_mut()
+                    .reset(wake_at(Instant::now() + client.ping_interval));
+                if wire.answers_keepalives() && last_heard.elapsed() >= client.idle_timeout {
+                    Err(Disconnect::because(
+                        DisconnectCode::Stale,
+                        format!("nothing received for {:?}", client.idle_timeout),
+                    )
+                    .into())
+                } else {
+                    let pinging = Box::pin(wire.keepalive(client.write_timeout));
+                    pinging.await.map_err(Stop::from)
+                }
+            }
+            Woke::Deadline => Err(Disconnect::because(
+                DisconnectCode::ForceReconnect,
+                "stream reached its maximum lifetime; reopen it",
+            )
+            .into()),
+        };
+        // Replies first, then whatever publications are queued, in writes of bounded size.
+        let step = step.and_then(|()| {
+            session
+                .drain(MAX_BATCH_BYTES, |json, at| wire.push(json, at, &mut bytes))
+                .map_err(Stop::from)
+        });
+        written += bytes.len();
+        if let Err(u) = wire.send(bytes, client.write_timeout).await {
+            break Some(u.into());
+        }
+        if let Err(stop) = step {
+            break Some(stop);
+        }
+        if written >= max_bytes {
+            break Some(
+                Disconnect::because(
+                    DisconnectCode::ForceReconnect,
+                    "stream reached its size limit; reopen it",
+                )
+                .into(),
+            );
+        }
+    };
+    // The hub writes no more, whatever the end; commands still waiting are answered
+    // "closed" (their `done` dropped).
+    session.queue().detach();
+    while session.queue().take_command().is_some() {}
+    session.ending(ended.as_ref().map(|s| &s.why));
+    // Free the session (and its subscriptions) now; the last word is only manners.
+    drop(session);
+    let told = ended.filter(|s| s.writable).map(|s| s.why);
+    Box::pin(wire.farewell(told)).await
+}
+
+/// What woke a waiting connection.
+enum Woke {
+    Shutdown,
+    Heard(Heard),
+    Expiry,
+    Queue,
+    Keepalive,
+    Deadline,
+}
+
+/// Handles a frame of commands, sending replies in pieces of about [`MAX_BATCH_BYTES`] as
+/// they are made, each waiting for the client: a frame full of history reads is never
+/// answered (or held) whole.
+async fn obey<W: Wire>(
+    session: &mut Session,
+    wire: &mut W,
+    frame: &[u8],
+    (written, write_timeout): (&mut usize, Duration),
+) -> Result<(), Stop> {
+    let mut rest = frame;
+    loop {
+        let mut replies = Vec::new();
+        let step = session
+            .handle_frame_until(rest, &mut replies, MAX_BATCH_BYTES)
+            .await;
+        let mut bytes = Vec::new();
+        for reply in replies.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            wire.push(reply, session.positions(), &mut bytes);
+        }
+        *written += bytes.len();
+        wire.send(bytes, write_timeout).await?;
+        match step {
+            Ok(more) if !more.is_empty() => rest = more,
+            Ok(_) => return Ok(()),
+            Err(d) => return Err(d.into()),
+        }
+    }
+}
