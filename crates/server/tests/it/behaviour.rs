@@ -224,3 +224,35 @@ async fn an_expiring_token_ends_every_transport_with_3504() {
     .await;
     server.stop().await.unwrap();
 }
+
+/// Row 4: idleness. A WebSocket client that answers no ping for `client.idle_timeout` is
+/// closed with 3005 (`lifecycle::a_silent_peer_is_closed_after_the_idle_timeout`). A stream
+/// carries nothing from its client (commands are posted), so silence means nothing there:
+/// the driver keeps writing keepalives on the same cadence, and a client that stops reading
+/// them meets the write deadline (row 1). A long-poll's session is its request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_get_keepalives_and_are_not_cut_for_the_clients_silence() {
+    let mut cfg = config();
+    cfg.client.ping_interval = Duration::from_millis(100);
+    cfg.client.idle_timeout = Duration::from_millis(300);
+    let server = start(cfg).await;
+    let mut held = hold_open(&server, "channel=open:quiet", 0).await;
+    held.retain(|(transport, _)| *transport != "longpoll");
+    for (transport, s) in &mut held {
+        let keepalive = if *transport == "sse" {
+            ": ping"
+        } else {
+            r#"{"ping":{}}"#
+        };
+        // Keepalives for well past the idle timeout (each read waits for a new one).
+        for _ in 0..5 {
+            let seen = read_until(s, keepalive, transport).await;
+            assert!(!seen.contains("disconnect"), "{transport}: {seen}");
+        }
+    }
+    eventually("the three streams are open, the long-poll gone", || async {
+        server.node.connection_count() == 3
+    })
+    .await;
+    server.stop().await.unwrap();
+}
