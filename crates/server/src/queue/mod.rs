@@ -205,8 +205,16 @@ impl Orders {
 pub struct Command {
     /// Commands, one JSON object per line.
     pub frame: Bytes,
-    /// Ok once handled; the disconnect if the frame ended the session.
-    pub done: tokio::sync::oneshot::Sender<Result<(), crate::error::Disconnect>>,
+    /// Told Ok once handled, or the disconnect if the frame ended the session; `None` for
+    /// a frame its connection received itself (WebSocket), which nobody waits for.
+    pub done: Option<tokio::sync::oneshot::Sender<Result<(), crate::error::Disconnect>>>,
+}
+
+impl Command {
+    /// A frame that arrived on its connection: nobody waits for how it went.
+    pub fn unanswered(frame: Bytes) -> Self {
+        Self { frame, done: None }
+    }
 }
 
 /// Commands a connection holds before further sends are refused as busy: a client sends

@@ -108,10 +108,11 @@ pub trait Wire: Send {
         timeout: Duration,
     ) -> impl Future<Output = Result<(), Unwritten>> + Send;
 
-    /// Whether the client answers keepalives, so that hearing nothing from it for
-    /// `client.idle_timeout` means it is gone (WebSocket: pongs).
-    fn answers_keepalives(&self) -> bool {
-        false
+    /// How long the client has been silent, for a transport whose client answers
+    /// keepalives (WebSocket: pongs): past `client.idle_timeout` it is taken for gone (3005).
+    /// `None` where silence means nothing (a stream's client sends nothing on it).
+    fn silent_for(&self) -> Option<Duration> {
+        None
     }
 
     /// The connection is about to wait with everything written: the hub may write to the
@@ -132,16 +133,22 @@ pub trait Wire: Send {
 /// How long the last word to a client may take to go out.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
-/// Runs a connection whose session is open until it ends, then ends the session and says
-/// farewell; `opened` is how opening its channels went (a stream opens them first). The
-/// result is [`Wire::farewell`]'s.
+/// Runs a connection whose session is open until it ends, and ends the session (the queue
+/// detached, the end counted and told to the backend); `opened` is how opening its channels
+/// went (a stream opens them first). Returns what the client is to be told, `None` when it
+/// left or cannot be written to: the caller drops the session (and its subscriptions),
+/// then says it with [`Wire::farewell`].
+///
+/// The session and the wire are borrowed, not moved in: a future keeps its arguments in
+/// its own state, so the caller's and the driver's would both hold a whole session for
+/// every idle connection (0.8 KB more per connection when they were moved).
 pub async fn drive<W: Wire>(
     node: &Node,
-    mut session: Session,
-    mut wire: W,
-    opened: Result<(), Disconnect>,
+    session: &mut Session,
+    wire: &mut W,
+    mut opened: Result<(), Disconnect>,
     mut written: usize,
-) -> bool {
+) -> Option<Disconnect> {
     let client = &node.settings.config.client;
     let (max_bytes, deadline) = wire.bounds();
     // One timer, in place, for the next keepalive or the deadline, whichever comes first
@@ -150,102 +157,98 @@ pub async fn drive<W: Wire>(
     let timer = tokio::time::sleep_until(wake_at(Instant::now() + client.ping_interval));
     tokio::pin!(timer);
     let mut expiry = ExpiryTimer::default();
-    let mut last_heard = Instant::now();
-    let mut opened = opened;
 
     // Why the connection ends; None: the client left.
     let ended: Option<Stop> = loop {
         if let Err(d) = std::mem::replace(&mut opened, Ok(())) {
             break Some(d.into());
         }
-        expiry.follow(&session);
+        expiry.follow(session);
         // Everything is written: the hub may write publications itself until something
         // wakes the connection (unless something arrived meanwhile; then `ready` is at once).
-        wire.idle(&session);
+        wire.idle(session);
         session.queue().release();
-        let woke = tokio::select! {
-            biased;
-            _ = node.shutdown.cancelled() => Woke::Shutdown,
-            heard = wire.heard() => Woke::Heard(heard),
-            _ = expiry.wait() => Woke::Expiry,
-            _ = session.queue().ready() => Woke::Queue,
-            () = &mut timer => match deadline {
-                Some(d) if Instant::now() >= d => Woke::Deadline,
-                _ => Woke::Keepalive,
-            },
-        };
-        // From here the connection writes: the hub queues until the next `release`, so
-        // that replies and queued publications keep their order.
-        session.queue().hold();
         let mut bytes = Vec::new();
-        let step: Result<(), Stop> = match woke {
-            Woke::Shutdown => Err(Disconnect::new(DisconnectCode::Shutdown).into()),
-            Woke::Heard(heard) => {
-                last_heard = Instant::now();
-                match heard {
-                    Heard::Left => break None,
-                    Heard::Refused(d) => Err(d.into()),
-                    Heard::Alive => Ok(()),
-                    // Boxed, as every rare step: a waiting connection's task is as large as
-                    // its largest step, and most of its life is spent waiting. (Each in a
-                    // statement of its own: a temporary lives to the end of its statement,
-                    // and one that spans an await takes room in the task.)
-                    Heard::Frame(frame) => {
+        // In a block of its own, so that what woke the connection takes no room in the
+        // task while it writes (nor while it waits: most of its life).
+        let step: Result<(), Stop> = {
+            let woke = tokio::select! {
+                biased;
+                _ = node.shutdown.cancelled() => Woke::Shutdown,
+                heard = wire.heard() => Woke::Heard(heard),
+                _ = expiry.wait() => Woke::Expiry,
+                _ = session.queue().ready() => Woke::Queue,
+                () = &mut timer => match deadline {
+                    Some(d) if Instant::now() >= d => Woke::Deadline,
+                    _ => Woke::Keepalive,
+                },
+            };
+            // From here the connection writes: the hub queues until the next `release`, so
+            // that replies and queued publications keep their order.
+            session.queue().hold();
+            match woke {
+                Woke::Shutdown => Err(Disconnect::new(DisconnectCode::Shutdown).into()),
+                Woke::Heard(Heard::Left) => break None,
+                Woke::Heard(Heard::Refused(d)) => Err(d.into()),
+                Woke::Heard(Heard::Alive) => Ok(()),
+                // Boxed, as every rare step: a waiting connection's task is as large as its
+                // largest step, and most of its life is spent waiting. (Each in a statement
+                // of its own: a temporary lives to the end of its statement, and one that
+                // spans an await takes room in the task.) The frame moves into the box.
+                Woke::Heard(Heard::Frame(frame)) => {
+                    let obeying = Box::pin(obey(
+                        session,
+                        wire,
+                        Command::unanswered(frame),
+                        (&mut written, client.write_timeout),
+                    ));
+                    obeying.await
+                }
+                Woke::Expiry => {
+                    let expiring = Box::pin(session.expire());
+                    let expired = expiring.await;
+                    expired
+                        .map(|pushes| {
+                            for push in pushes {
+                                wire.push(&push, session.positions(), &mut bytes);
+                            }
+                        })
+                        .map_err(Stop::from)
+                }
+                Woke::Queue => match session.queue().take_command() {
+                    Some(command) => {
                         let obeying = Box::pin(obey(
-                            &mut session,
-                            &mut wire,
-                            &frame,
+                            session,
+                            wire,
+                            command,
                             (&mut written, client.write_timeout),
                         ));
                         obeying.await
                     }
-                }
-            }
-            Woke::Expiry => {
-                let expiring = Box::pin(session.expire());
-                let expired = expiring.await;
-                expired
-                    .map(|pushes| {
-                        for push in pushes {
-                            wire.push(&push, session.positions(), &mut bytes);
+                    None => Ok(()),
+                },
+                Woke::Keepalive => {
+                    timer
+                        .as_mut()
+                        .reset(wake_at(Instant::now() + client.ping_interval));
+                    match wire.silent_for() {
+                        Some(silent) if silent >= client.idle_timeout => Err(Disconnect::because(
+                            DisconnectCode::Stale,
+                            format!("nothing received for {:?}", client.idle_timeout),
+                        )
+                        .into()),
+                        _ => {
+                            let pinging = Box::pin(wire.keepalive(client.write_timeout));
+                            pinging.await.map_err(Stop::from)
                         }
-                    })
-                    .map_err(Stop::from)
-            }
-            Woke::Queue => match session.queue().take_command() {
-                Some(Command { frame, done }) => {
-                    let obeying = Box::pin(obey(
-                        &mut session,
-                        &mut wire,
-                        &frame,
-                        (&mut written, client.write_timeout),
-                    ));
-                    let obeyed = obeying.await;
-                    let _ = done.send(obeyed.clone().map_err(|s| s.why));
-                    obeyed
+                    }
                 }
-                None => Ok(()),
-            },
-            Woke::Keepalive => {
-                timer
-                    .as_mut()
-                    .reset(wake_at(Instant::now() + client.ping_interval));
-                if wire.answers_keepalives() && last_heard.elapsed() >= client.idle_timeout {
-                    Err(Disconnect::because(
-                        DisconnectCode::Stale,
-                        format!("nothing received for {:?}", client.idle_timeout),
-                    )
-                    .into())
-                } else {
-                    let pinging = Box::pin(wire.keepalive(client.write_timeout));
-                    pinging.await.map_err(Stop::from)
-                }
+                Woke::Deadline => Err(Disconnect::because(
+                    DisconnectCode::ForceReconnect,
+                    "stream reached its maximum lifetime; reopen it",
+                )
+                .into()),
             }
-            Woke::Deadline => Err(Disconnect::because(
-                DisconnectCode::ForceReconnect,
-                "stream reached its maximum lifetime; reopen it",
-            )
-            .into()),
         };
         // Replies first, then whatever publications are queued, in writes of bounded size.
         let step = step.and_then(|()| {
@@ -275,10 +278,7 @@ pub async fn drive<W: Wire>(
     session.queue().detach();
     while session.queue().take_command().is_some() {}
     session.ending(ended.as_ref().map(|s| &s.why));
-    // Free the session (and its subscriptions) now; the last word is only manners.
-    drop(session);
-    let told = ended.filter(|s| s.writable).map(|s| s.why);
-    Box::pin(wire.farewell(told)).await
+    ended.filter(|s| s.writable).map(|s| s.why)
 }
 
 /// What woke a waiting connection.
@@ -293,15 +293,15 @@ enum Woke {
 
 /// Handles a frame of commands, sending replies in pieces of about [`MAX_BATCH_BYTES`] as
 /// they are made, each waiting for the client: a frame full of history reads is never
-/// answered (or held) whole.
+/// answered (or held) whole. A command posted from elsewhere is told how it went.
 async fn obey<W: Wire>(
     session: &mut Session,
     wire: &mut W,
-    frame: &[u8],
+    Command { frame, done }: Command,
     (written, write_timeout): (&mut usize, Duration),
 ) -> Result<(), Stop> {
-    let mut rest = frame;
-    loop {
+    let mut rest = &frame[..];
+    let obeyed = loop {
         let mut replies = Vec::new();
         let step = session
             .handle_frame_until(rest, &mut replies, MAX_BATCH_BYTES)
@@ -311,11 +311,17 @@ async fn obey<W: Wire>(
             wire.push(reply, session.positions(), &mut bytes);
         }
         *written += bytes.len();
-        wire.send(bytes, write_timeout).await?;
+        if let Err(u) = wire.send(bytes, write_timeout).await {
+            break Err(Stop::from(u));
+        }
         match step {
             Ok(more) if !more.is_empty() => rest = more,
-            Ok(_) => return Ok(()),
-            Err(d) => return Err(d.into()),
+            Ok(_) => break Ok(()),
+            Err(d) => break Err(Stop::from(d)),
         }
+    };
+    if let Some(done) = done {
+        let _ = done.send(obeyed.clone().map_err(|s| s.why));
     }
+    obeyed
 }

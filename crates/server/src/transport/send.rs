@@ -189,7 +189,13 @@ async fn deliver(node: &Node, id: &str, frame: Bytes) -> Result<(), Failure> {
         ));
     };
     let (done, handled) = oneshot::channel();
-    if queue.command(Command { frame, done }).is_err() {
+    if queue
+        .command(Command {
+            frame,
+            done: Some(done),
+        })
+        .is_err()
+    {
         return Err(Failure::new(
             ErrorCode::TooManyRequests,
             "the session is busy; wait for the answers to earlier sends",

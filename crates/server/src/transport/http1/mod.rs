@@ -433,8 +433,17 @@ async fn answer(
 /// open (a next request waits for the answer, and is left unread for after it), so
 /// anything it does send is not an end.
 async fn client_left(reader: &TcpStream) {
+    // Polled by hand rather than with `peek`: `poll_peek` keeps the waker in the socket's
+    // own slot, where `peek`'s future carries a waiter of its own, about 270 bytes that
+    // every held stream and long-poll would keep while it waits. Nothing else of this
+    // connection waits to read while its answer is open.
     let mut one = [0u8; 1];
-    match reader.peek(&mut one).await {
+    let peeked = std::future::poll_fn(|cx| {
+        let mut buf = tokio::io::ReadBuf::new(&mut one);
+        reader.poll_peek(cx, &mut buf)
+    })
+    .await;
+    match peeked {
         Ok(0) | Err(_) => {}
         Ok(_) => std::future::pending::<()>().await,
     }

@@ -72,10 +72,25 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
         framing,
         first,
     } = *accepted;
+    let http = &node.settings.config.http;
+    // Only forever frames have bounds (a document's size and age).
+    let bounds = match framing {
+        Framing::Iframe { .. } => (
+            http.iframe_max_bytes,
+            Some(Instant::now() + http.iframe_max_lifetime),
+        ),
+        _ => (usize::MAX, None),
+    };
+    // Made first, in place: a local moved into another keeps its room in the task.
+    let mut wire = StreamWire {
+        out,
+        framing,
+        bounds,
+    };
     let client = &node.settings.config.client;
     let mut written = first.len();
     session.announce();
-    if let Err(u) = out.send(first, client.write_timeout).await {
+    if let Err(u) = wire.out.send(first, client.write_timeout).await {
         session.ending(Some(&u.disconnect()));
         return false;
     }
@@ -87,12 +102,13 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
         let mut bytes = Vec::new();
         // Boxed, as every rare step: a waiting stream's task is as large as its largest
         // step, and most of its life is spent waiting.
+        let framing = &wire.framing;
         let opening = Box::pin(session.open_channel(channel.clone(), since, |json, at| {
             framing.push_at(json, at, &mut bytes)
         }));
         let replayed = opening.await;
         written += bytes.len();
-        if let Err(u) = out.send(bytes, client.write_timeout).await {
+        if let Err(u) = wire.out.send(bytes, client.write_timeout).await {
             session.ending(Some(&u.disconnect()));
             return false;
         }
@@ -105,21 +121,10 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
             break;
         }
     }
-    let http = &node.settings.config.http;
-    // Only forever frames have bounds (a document's size and age).
-    let bounds = match framing {
-        Framing::Iframe { .. } => (
-            http.iframe_max_bytes,
-            Some(Instant::now() + http.iframe_max_lifetime),
-        ),
-        _ => (usize::MAX, None),
-    };
-    let wire = StreamWire {
-        out,
-        framing,
-        bounds,
-    };
-    driver::drive(&node, session, wire, opened, written).await
+    let told = driver::drive(&node, &mut session, &mut wire, opened, written).await;
+    drop(session);
+    // Boxed: only a closing stream needs its space.
+    Box::pin(wire.farewell(told)).await
 }
 
 /// A stream as the driver sees it.

@@ -10,7 +10,7 @@ use std::{net::IpAddr, sync::Arc, time::Duration};
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use herald_protocol::DisconnectCode;
-use tokio::net::TcpStream;
+use tokio::{net::TcpStream, time::Instant};
 use tokio_tungstenite::WebSocketStream;
 use tungstenite::{
     protocol::{
@@ -46,7 +46,7 @@ async fn run(
     address: Option<IpAddr>,
     facts: Option<Box<RequestFacts>>,
 ) {
-    let session = Session::new(&node)
+    let mut session = Session::new(&node)
         .at_address(address)
         .came_by(Transport::Websocket, facts);
     let limit = node.settings.config.client.max_frame_size;
@@ -58,12 +58,17 @@ async fn run(
         .read_buffer_size(256)
         .write_buffer_size(0);
     let io = Io::new(stream, session.queue().clone());
-    let socket = WebSocketStream::from_partially_read(io, early, Role::Server, Some(config)).await;
-    let wire = WebSocket {
-        socket,
+    // Made in place: a local moved into another keeps its room in the task.
+    let mut wire = WebSocket {
+        socket: WebSocketStream::from_partially_read(io, early, Role::Server, Some(config)).await,
         session: session.id(),
+        last_heard: Instant::now(),
     };
-    driver::drive(&node, session, wire, Ok(()), 0).await;
+    let told = driver::drive(&node, &mut session, &mut wire, Ok(()), 0).await;
+    // Free the session (and its subscriptions) now; the closing handshake is only manners.
+    drop(session);
+    // Boxed: only a closing connection needs its space.
+    Box::pin(wire.farewell(told)).await;
 }
 
 /// A WebSocket connection as the driver sees it: pushes are lines of text frames, and the
@@ -72,6 +77,8 @@ struct WebSocket {
     socket: Socket,
     /// The session's id, for the log line of its close.
     session: u64,
+    /// When the client last sent anything (a pong counts).
+    last_heard: Instant,
 }
 
 impl Wire for WebSocket {
@@ -100,7 +107,9 @@ impl Wire for WebSocket {
     }
 
     async fn heard(&mut self) -> Heard {
-        match self.socket.next().await {
+        let message = self.socket.next().await;
+        self.last_heard = Instant::now();
+        match message {
             None | Some(Ok(Message::Close(_))) => Heard::Left,
             Some(Ok(Message::Text(text))) => Heard::Frame(Bytes::from(text)),
             Some(Ok(Message::Binary(bytes))) => Heard::Frame(bytes),
@@ -116,8 +125,8 @@ impl Wire for WebSocket {
         send(&mut self.socket, Message::Ping(Default::default()), timeout).await
     }
 
-    fn answers_keepalives(&self) -> bool {
-        true
+    fn silent_for(&self) -> Option<Duration> {
+        Some(self.last_heard.elapsed())
     }
 
     /// Says why and waits briefly for the peer's Close.
