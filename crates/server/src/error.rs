@@ -175,11 +175,15 @@ impl axum::response::IntoResponse for Failure {
             .into_response();
         if self.code == ErrorCode::OriginNotAllowed {
             // For the router's `readable_refusal`, which removes it again.
-            response.headers_mut().insert(
-                crate::router::REFUSED_ORIGIN,
-                axum::http::HeaderValue::from_static("1"),
-            );
+            response
+                .headers_mut()
+                .insert(REFUSED_ORIGIN, axum::http::HeaderValue::from_static("1"));
         }
         response
     }
 }
+
+/// Marks an answer as an origin refusal, for the router's `readable_refusal` (which makes
+/// it readable by the refused page, then removes the mark); never sent.
+pub(crate) const REFUSED_ORIGIN: axum::http::HeaderName =
+    axum::http::HeaderName::from_static("x-herald-refused-origin");

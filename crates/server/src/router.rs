@@ -14,7 +14,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::{
     api,
-    error::Failure,
+    error::{Failure, REFUSED_ORIGIN},
     node::Node,
     transport::{poll, send, stream, websocket},
 };
@@ -70,9 +70,6 @@ async fn readable_refusal(
     }
     response
 }
-
-/// Marks an answer as an origin refusal, for [`readable_refusal`]; never sent.
-pub(crate) const REFUSED_ORIGIN: HeaderName = HeaderName::from_static("x-herald-refused-origin");
 
 /// Serves `metrics_listen`'s surface on `listener` until the node shuts down: `GET
 /// /metrics` without a key, and nothing else.

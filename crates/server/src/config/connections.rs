@@ -71,7 +71,7 @@ pub struct LimitsConfig {
     pub hook_calls_per_address: u32,
     /// Proxies (addresses or networks such as `10.0.0.0/8`) whose `X-Forwarded-For` is
     /// believed. Default none: the TCP peer is the client.
-    pub trusted_proxies: Vec<crate::limits::Network>,
+    pub trusted_proxies: Vec<super::Network>,
 }
 
 impl Default for LimitsConfig {

@@ -7,6 +7,7 @@ mod auth;
 mod connections;
 mod hooks;
 mod namespaces;
+mod network;
 
 use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 
@@ -19,6 +20,7 @@ pub use auth::{AuthConfig, PreviousKey, MIN_HMAC_SECRET};
 pub use connections::{ClientConfig, HttpConfig, LimitsConfig, PresenceConfig};
 pub use hooks::HooksConfig;
 pub use namespaces::{Access, NamespaceConfig, NamespaceOverride, Presence};
+pub use network::Network;
 
 /// Everything `herald serve` can be told.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -273,6 +275,14 @@ pub(crate) fn bad(key: impl Into<String>, problem: impl Into<String>) -> ConfigE
     }
 }
 
+/// The namespace of Herald's own channels (the dashboard's figures, read with operator
+/// tickets: [`crate::policy::operator`]); a configuration may not name it.
+pub const OPERATOR_NAMESPACE: &str = "herald";
+
+/// The namespace of the streams that carry connection events to the backend
+/// ([`crate::hooks::events`]).
+pub const EVENTS_NAMESPACE: &str = "$herald";
+
 /// A checked configuration with namespace rules resolved and token keys loaded.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -396,7 +406,7 @@ impl Config {
                     "a namespace name uses the channel-name characters and no `:`",
                 ));
             }
-            if name == crate::policy::operator::NAMESPACE {
+            if name == OPERATOR_NAMESPACE {
                 return Err(bad(
                     key,
                     "the `herald` namespace is Herald's own (the dashboard's figures); choose another name",
@@ -407,10 +417,7 @@ impl Config {
             ns.check(&key, &self.hooks)?;
             namespaces.insert(name.clone(), ns);
         }
-        namespaces.insert(
-            crate::policy::operator::NAMESPACE.to_string(),
-            operator_namespace(&base),
-        );
+        namespaces.insert(OPERATOR_NAMESPACE.to_string(), operator_namespace(&base));
         Ok(Settings {
             tokens,
             hooks: Arc::new(crate::hooks::Hooks::new(&self.hooks)),
@@ -465,7 +472,7 @@ impl Settings {
         let rules = self.clone();
         let events = self.config.hooks.events_policy();
         std::sync::Arc::new(move |c| match c.namespace() {
-            crate::hooks::events::NAMESPACE => events,
+            EVENTS_NAMESPACE => events,
             ns => rules.namespace(ns).stream_policy(),
         })
     }

@@ -42,8 +42,8 @@ const BATCHES_PER_POST: usize = 10;
 /// The stream whose newest publication is the last batch the backend accepted.
 const ACKED: &str = "$herald:events-acked";
 
-/// The streams' namespace, for [`crate::config::Settings::policies`].
-pub const NAMESPACE: &str = "$herald";
+/// The streams' namespace (the configuration's, which keeps their retention).
+pub use crate::config::EVENTS_NAMESPACE as NAMESPACE;
 
 /// One event, as posted (with its `id` added on delivery).
 #[derive(Debug, Serialize)]

@@ -18,7 +18,7 @@ use super::token::{Identity, TokenError};
 use crate::config::Settings;
 
 /// The namespace of Herald's own channels; a configuration may not name it.
-pub const NAMESPACE: &str = "herald";
+pub use crate::config::OPERATOR_NAMESPACE as NAMESPACE;
 
 /// What tickets start with, so that application tokens are never tried as one.
 const PREFIX: &str = "herald-operator-";
