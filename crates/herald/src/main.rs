@@ -293,6 +293,9 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
 /// jemalloc rather than the system's allocator: a held request makes and frees many small
 /// allocations (its head, its session, its answer), and glibc's malloc spent 13 % of a
 /// long-poll run; jemalloc's size classes also keep idle connections smaller (see
-/// docs/benchmarks.md, "Allocator").
+/// docs/benchmarks.md, "Allocator"). It runs with its background thread (Cargo.toml's
+/// `background_threads`), which returns freed memory to the system on time: without it
+/// jemalloc purges only while the program allocates, so what a burst freed (a read flood,
+/// a reconnect storm) stayed with a server that went quiet after it.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
