@@ -138,6 +138,8 @@ pub async fn serve(
     node: Arc<Node>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    // The dashboard's figures, and this node's report to the others sharing its broker.
+    web::dashboard::spawn_sampler(&node);
     let token = node.shutdown.clone();
     tokio::spawn({
         let token = token.clone();

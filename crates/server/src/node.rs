@@ -127,7 +127,6 @@ impl Node {
         for caller in node.settings.hooks.callers() {
             caller.count_into(node.metrics.hook(caller.name()));
         }
-        crate::web::dashboard::spawn_sampler(&node);
         Ok(node)
     }
 
@@ -229,7 +228,7 @@ impl Node {
 }
 
 /// How often a node of several tells the others its figures (`/api/nodes`; sent by
-/// [`crate::web::dashboard::spawn_sampler`], with the dashboard's digest).
+/// the dashboard's sampler, which [`crate::serve`] starts, with the dashboard's digest).
 pub const REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Why a node could not start.
