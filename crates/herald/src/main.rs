@@ -1,6 +1,7 @@
 //! `herald`: the server and its command-line clients.
 
 mod cli;
+mod pubsub;
 mod settings;
 mod token;
 mod top;
@@ -13,8 +14,8 @@ fn main() -> ExitCode {
     let args = cli::Cli::parse();
     let result = match args.command {
         cli::Command::Serve(a) => serve(a),
-        cli::Command::Pub(a) => runtime(1).and_then(|rt| rt.block_on(cli::publish(a))),
-        cli::Command::Sub(a) => runtime(1).and_then(|rt| rt.block_on(cli::subscribe(a))),
+        cli::Command::Pub(a) => runtime(1).and_then(|rt| rt.block_on(pubsub::publish(a))),
+        cli::Command::Sub(a) => runtime(1).and_then(|rt| rt.block_on(pubsub::subscribe(a))),
         cli::Command::Token(a) => token::mint(a),
         cli::Command::Top(a) => runtime(1).and_then(|rt| rt.block_on(top::run(a))),
         cli::Command::Bench(a) => herald_bench::run(*a).map(|()| ExitCode::SUCCESS),
