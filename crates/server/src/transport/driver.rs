@@ -39,7 +39,10 @@ impl Unwritten {
     pub fn disconnect(self) -> Disconnect {
         match self {
             Unwritten::Gone => Disconnect::new(DisconnectCode::WriteError),
-            Unwritten::Slow => super::write_timed_out(),
+            Unwritten::Slow => Disconnect::because(
+                DisconnectCode::Slow,
+                "write timed out; reconnect and resume",
+            ),
         }
     }
 }

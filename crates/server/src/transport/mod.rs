@@ -23,12 +23,3 @@ pub mod websocket;
 
 /// Largest batch of queued publications written as one frame.
 pub(crate) const MAX_BATCH_BYTES: usize = 64 * 1024;
-
-/// How every transport ends a client that read nothing for `client.write_timeout`: as a
-/// slow consumer (3003), which resumes from history when it reconnects.
-pub(crate) fn write_timed_out() -> crate::error::Disconnect {
-    crate::error::Disconnect::because(
-        herald_protocol::DisconnectCode::Slow,
-        "write timed out; reconnect and resume",
-    )
-}

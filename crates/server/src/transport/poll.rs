@@ -100,7 +100,7 @@ pub struct Prepared {
     if_none_match: Option<Vec<u8>>,
     hold: bool,
     /// How long to hold before answering (a long-poll with nothing to say yet).
-    pub wait: Option<Duration>,
+    wait: Option<Duration>,
     /// Why the session ended while held (its token expired), told in the answer.
     ended: Option<Disconnect>,
 }

@@ -256,3 +256,51 @@ async fn streams_get_keepalives_and_are_not_cut_for_the_clients_silence() {
     .await;
     server.stop().await.unwrap();
 }
+
+/// Row 3, the other half: a subscription token that expires while a long-poll is held
+/// answers it with that channel's `unsubscribe` (109), as WebSocket and the streams push
+/// it (`auth::an_expired_subscription_token_ends_only_its_subscription`), instead of
+/// holding the request on to its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiring_subscription_token_answers_a_held_long_poll() {
+    use crate::auth::{auth_config, claims, hs256};
+    let server = start(auth_config()).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let token = hs256(&claims("42", json!({})));
+    let grant = hs256(&claims(
+        "42",
+        json!({ "channel": "private:lapsing", "exp": now + 2 }),
+    ));
+    let auth = format!("token={token}&sub_token={grant}");
+    let first: serde_json::Value = reqwest::get(server.url(&format!(
+        "/connection/longpoll?channel=private:lapsing&{auth}"
+    )))
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let cursor = crate::http::urlencode(first["cursor"].as_str().expect("a cursor"));
+    let held = reqwest::get(server.url(&format!(
+        "/connection/longpoll?cursor={cursor}&timeout=60&{auth}"
+    )));
+    let answer: serde_json::Value = tokio::time::timeout(PATIENCE, held)
+        .await
+        .expect("answered before its timeout")
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let unsubscribed = answer["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|m| m.get("unsubscribe"))
+        .unwrap_or_else(|| panic!("no unsubscribe in {answer}"));
+    assert_eq!(unsubscribed["channel"], "private:lapsing");
+    assert_eq!(unsubscribed["code"], 109);
+    server.stop().await.unwrap();
+}
