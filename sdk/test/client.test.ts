@@ -4,7 +4,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import WebSocket from "ws";
 import { type ClientOptions, type TransportName } from "../src/index.js";
 import { client, collect, disconnectAll, next } from "./clients.js";
-import { Herald, until } from "./herald.js";
+import { API_KEY, Herald, until } from "./herald.js";
 import { BufferingProxy, Relay } from "./proxy.js";
 
 let server: Herald;
@@ -123,6 +123,31 @@ describe.each(["websocket", "stream"] as const)("an operator's actions over %s",
     expect(c.state).toBe("disconnected");
     expect(room.state).toBe("unsubscribed");
   });
+});
+
+it("a long-poller keeps its session between requests: one session, however many polls", async () => {
+  const own = await Herald.start();
+  try {
+    const c = client(own.url, { transports: "longpoll" });
+    const sub = c.subscribe("chat:kept");
+    const got = collect(sub);
+    c.connect();
+    await next(sub, "subscribed");
+    for (let i = 1; i <= 6; i++) {
+      await own.publish("chat:kept", i);
+      await until(`publication ${i}`, () => got.length === i);
+    }
+    expect(got.map((p) => p.data)).toEqual([1, 2, 3, 4, 5, 6]);
+    const metrics = await (await fetch(`${own.url}/metrics`, { headers: { Authorization: `apikey ${API_KEY}` } })).text();
+    const sessions = [...metrics.matchAll(/^herald_connections_accepted_total\{transport="(?:long)?poll"\} (\d+)$/gm)]
+      .map((m) => Number(m[1]))
+      .reduce((a, b) => a + b, 0);
+    // The first poll's session, taken up by every long-poll after it (without the kept
+    // session: one per request, seven or more).
+    expect(sessions).toBe(1);
+  } finally {
+    await own.dispose();
+  }
 });
 
 describe("fallback", () => {

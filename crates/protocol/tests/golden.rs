@@ -216,12 +216,13 @@ fn frames() -> Vec<(&'static str, Vec<u8>)> {
             json::encode_poll_answer(
                 "chat:lobby;k3x9q1;7",
                 "n1-8f2c",
+                Some("5f0c9a7e1b2d4c6f8a0b1c2d3e4f5a6b"),
                 br#"{"pub":{"channel":"chat:lobby","offset":7,"data":{"text":"hi"}}}"#,
             ),
         ),
         (
             "answer.poll.empty",
-            json::encode_poll_answer("chat:lobby;k3x9q1;7", "n1-8f2c", b""),
+            json::encode_poll_answer("chat:lobby;k3x9q1;7", "n1-8f2c", None, b""),
         ),
     ]
 }

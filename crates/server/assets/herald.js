@@ -519,6 +519,7 @@ var Herald = (() => {
       if (held) params.set("timeout", String(this.options.longpollTimeout));
       const first = this.ctx.firstClient();
       if (first !== void 0) params.set("client", first);
+      if (this.name === "longpoll") params.set("session_key", this.sessionKey ?? "");
       const token = this.ctx.token();
       if (token !== void 0) params.set("token", token);
       for (const t of this.ctx.subscriptionTokens()) params.append("sub_token", t);
@@ -542,6 +543,7 @@ var Herald = (() => {
         this.etag = response.headers.get("ETag") ?? void 0;
         const answer = await response.json();
         if (typeof answer.client === "string") this.ctx.rememberClient(answer.client);
+        this.sessionKey = answer.session_key;
         const announced = /* @__PURE__ */ new Set();
         for (const m of answer.messages ?? []) {
           if (m.subscribe?.channel !== void 0) announced.add(m.subscribe.channel);

@@ -47,6 +47,8 @@ pub struct Node {
     pub metrics: crate::metrics::Metrics,
     /// Open connections by client id, for operators' actions.
     pub sessions: crate::session::registry::Registry,
+    /// Long-poll sessions waiting for their client's next request.
+    pub parked: crate::session::parked::Parked,
     connections: AtomicUsize,
     next_session: AtomicU64,
     started: Instant,
@@ -104,15 +106,21 @@ impl Node {
             caller.count_into(metrics.hook(caller.name()));
             crate::hooks::events::EventLog::start(&settings.config.hooks, caller, broker.clone())
         });
+        let shutdown = CancellationToken::new();
+        let parked = crate::session::parked::Parked::new(
+            settings.config.http.longpoll_grace,
+            shutdown.clone(),
+        );
         let node = Arc::new(Self {
             events,
+            parked,
             id,
             limits,
             settings,
             broker,
             hub,
             presence,
-            shutdown: CancellationToken::new(),
+            shutdown,
             tasks: TaskTracker::new(),
             sockets: Arc::default(),
             metrics,

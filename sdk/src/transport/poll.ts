@@ -24,9 +24,11 @@ export interface PollOptions {
 }
 
 /**
- * Long-polling and interval polling. Nothing lives on the server between requests, so
- * "connected" means the server answered; the first request after any change of channels
- * is a plain poll (answered at once, with every `subscribe` push), then long-polls are held.
+ * Long-polling and interval polling. "Connected" means the server answered; the first
+ * request after any change of channels is a plain poll (answered at once, with every
+ * `subscribe` push), then long-polls are held. A long-poller's session waits on the server
+ * between requests for a few seconds (`session_key`); every request still carries the
+ * whole subscription, so any server can answer it from its cursor.
  */
 export class PollTransport implements Transport {
   private closed = false;
@@ -36,6 +38,9 @@ export class PollTransport implements Transport {
   /** A refresh came while no pause was waiting for it. */
   private refreshed = false;
   private etag: string | undefined;
+  /** The key of the session the last answer parked (long-poll): the next request takes it
+   * up, with what queued meanwhile, instead of the server building it again. */
+  private sessionKey: string | undefined;
   private sending: Promise<void> = Promise.resolve();
 
   constructor(
@@ -145,6 +150,8 @@ export class PollTransport implements Transport {
     if (held) params.set("timeout", String(this.options.longpollTimeout));
     const first = this.ctx.firstClient();
     if (first !== undefined) params.set("client", first);
+    // Empty asks for a key; the server parks the session only when asked.
+    if (this.name === "longpoll") params.set("session_key", this.sessionKey ?? "");
     // Stateless: every request carries the tokens, and the server checks them every time.
     const token = this.ctx.token();
     if (token !== undefined) params.set("token", token);
@@ -167,8 +174,13 @@ export class PollTransport implements Transport {
         return;
       }
       this.etag = response.headers.get("ETag") ?? undefined;
-      const answer = (await response.json()) as { messages?: ServerMessage[]; client?: string };
+      const answer = (await response.json()) as {
+        messages?: ServerMessage[];
+        client?: string;
+        session_key?: string;
+      };
       if (typeof answer.client === "string") this.ctx.rememberClient(answer.client);
+      this.sessionKey = answer.session_key;
       const announced = new Set<string>();
       for (const m of answer.messages ?? []) {
         if (m.subscribe?.channel !== undefined) announced.add(m.subscribe.channel);

@@ -533,6 +533,9 @@ async fn http_speaker(
 struct PollAnswer {
     cursor: String,
     messages: Vec<serde_json::Value>,
+    /// The session the server parked for the next long-poll (as the SDK sends it back).
+    #[serde(default)]
+    session_key: Option<String>,
 }
 
 async fn poll_session(
@@ -550,12 +553,19 @@ async fn poll_session(
         Transport::Poll { ms } => Some(Duration::from_millis(ms)),
         _ => None,
     };
+    let mut session_key = String::new();
     loop {
         let held = interval.is_none() && !first;
-        let query: String = form_urlencoded::Serializer::new(String::new())
-            .append_pair("channel", &spec.channel)
-            .append_pair("cursor", &cursor)
-            .finish();
+        let query = {
+            let mut query = form_urlencoded::Serializer::new(String::new());
+            query
+                .append_pair("channel", &spec.channel)
+                .append_pair("cursor", &cursor);
+            if interval.is_none() {
+                query.append_pair("session_key", &session_key);
+            }
+            query.finish()
+        };
         let path = if held { "longpoll" } else { "poll" };
         sender.ready().await?;
         let res = sender
@@ -567,6 +577,7 @@ async fn poll_session(
             bail!("HTTP {status}: {}", String::from_utf8_lossy(&body));
         }
         let answer: PollAnswer = serde_json::from_slice(&body)?;
+        session_key = answer.session_key.unwrap_or_default();
         for m in &answer.messages {
             if let Some(s) = m.get("subscribe") {
                 if let (Some(c), Some(e)) = (s["channel"].as_str(), s["epoch"].as_str()) {

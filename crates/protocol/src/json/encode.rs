@@ -219,15 +219,25 @@ pub fn encode_presence(channel: &ChannelName, join: &[u8], leave: &[u8], missed:
 /// forever frame); SSE sends a comment instead.
 pub const PING_PUSH: &[u8] = br#"{"ping":{}}"#;
 
-/// Encodes a poll's answer: `{"cursor":"…","client":"…","messages":[PUSH,…]}`, where
-/// `messages` is the pushes already encoded and separated by commas, `cursor` the position
-/// to poll from next and `client` what the next poll sends as `client=`.
-pub fn encode_poll_answer(cursor: &str, client: &str, messages: &[u8]) -> Vec<u8> {
-    let mut body = Vec::with_capacity(messages.len() + cursor.len() + client.len() + 40);
+/// Encodes a poll's answer: `{"cursor":"…","client":"…","session_key":"…","messages":[PUSH,…]}`,
+/// where `messages` is the pushes already encoded and separated by commas, `cursor` the
+/// position to poll from next, `client` what the next poll sends as `client=`, and
+/// `session_key` (when the session was parked) what it sends as `session_key=`.
+pub fn encode_poll_answer(
+    cursor: &str,
+    client: &str,
+    session_key: Option<&str>,
+    messages: &[u8],
+) -> Vec<u8> {
+    let mut body = Vec::with_capacity(messages.len() + cursor.len() + client.len() + 80);
     body.extend_from_slice(b"{\"cursor\":");
     body.extend_from_slice(&serde_json::to_vec(cursor).expect("strings serialise"));
     body.extend_from_slice(b",\"client\":");
     body.extend_from_slice(&serde_json::to_vec(client).expect("strings serialise"));
+    if let Some(key) = session_key {
+        body.extend_from_slice(b",\"session_key\":");
+        body.extend_from_slice(&serde_json::to_vec(key).expect("strings serialise"));
+    }
     body.extend_from_slice(b",\"messages\":[");
     body.extend_from_slice(messages);
     body.extend_from_slice(b"]}");

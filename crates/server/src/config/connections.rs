@@ -153,6 +153,11 @@ pub struct HttpConfig {
     /// Longest hold a client may ask for with `timeout=`. Default `120s`.
     #[serde(with = "humantime_serde")]
     pub longpoll_max_timeout: Duration,
+    /// How long a long-poll client's session waits for its next request after an answer,
+    /// still subscribed, so that the re-poll picks up what queued meanwhile; `0s`: every
+    /// request resumes from its cursor. Default `5s`.
+    #[serde(with = "humantime_serde")]
+    pub longpoll_grace: Duration,
     /// Reconnect delay suggested to EventSource clients (`retry:`). Default `2s`.
     #[serde(with = "humantime_serde")]
     pub sse_retry: Duration,
@@ -171,6 +176,7 @@ impl Default for HttpConfig {
             body_timeout: Duration::from_secs(10),
             longpoll_timeout: Duration::from_secs(25),
             longpoll_max_timeout: Duration::from_secs(120),
+            longpoll_grace: Duration::from_secs(5),
             sse_retry: Duration::from_secs(2),
             iframe_max_bytes: 1 << 20,
             iframe_max_lifetime: Duration::from_secs(300),

@@ -397,7 +397,9 @@ impl Queue {
         self.wake.notified().await;
     }
 
-    fn has_work(&self) -> bool {
+    /// Whether something is queued (or the queue overflowed, or orders or an unsent tail
+    /// wait).
+    pub fn has_work(&self) -> bool {
         let inner = self.inner.lock();
         inner.overflowed
             || !inner.items.is_empty()

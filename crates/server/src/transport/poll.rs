@@ -1,11 +1,14 @@
-//! Long-polling and interval polling: one request, one answer, no server-side state
-//! between requests. The cursor in the answer is the position to ask from next time, so
-//! any node of a cluster can answer any request.
+//! Long-polling and interval polling: one request, one answer. The cursor in the answer is
+//! the position to ask from next time, so any node of a cluster can answer any request.
+//! A request that asks for it (`session_key=`) has its session parked after the answer
+//! (see [`crate::session::parked`]): the next request, with the answer's `session_key`,
+//! takes it up with what queued meanwhile instead of building it again.
 //!
-//! Answer: `{"cursor": "…", "client": "…", "messages": [PUSH, …]}`, where pushes are the
-//! same objects as on every other transport (`pub`, `subscribe`, `presence`, `disconnect`),
-//! and `client` is what the next request sends as `client=` so that presence counts one
-//! member poll after poll.
+//! Answer: `{"cursor": "…", "client": "…", "session_key": "…", "messages": [PUSH, …]}`,
+//! where pushes are the same objects as on every other transport (`pub`, `subscribe`,
+//! `presence`, `disconnect`), `client` is what the next request sends as `client=` so that
+//! presence counts one member poll after poll, and `session_key` is there when the session
+//! was parked.
 
 use std::{
     hash::{DefaultHasher, Hash, Hasher},
@@ -31,7 +34,10 @@ use crate::{
     hooks::Transport,
     limits::{AddressGuard, Peer},
     node::Node,
-    session::{ExpiryTimer, Session},
+    session::{
+        parked::{Credentials, Key, Resumed},
+        ExpiryTimer, Session,
+    },
 };
 
 /// Most bytes of publications in one answer; the rest comes with the next request.
@@ -103,6 +109,9 @@ pub struct Prepared {
     wait: Option<Duration>,
     /// Why the session ended while held (its token expired), told in the answer.
     ended: Option<Disconnect>,
+    /// Whether the session is parked after the answer: under the key it was taken up with
+    /// (none yet for a new one), for a request with these credentials.
+    park: Option<(Option<Key>, Credentials)>,
 }
 
 impl Prepared {
@@ -119,7 +128,10 @@ impl Prepared {
         loop {
             expiry.follow(&self.session);
             tokio::select! {
-                _ = self.session.queue().ready() => return,
+                // A wake-up left over from before the last answer finds nothing: hold on.
+                _ = self.session.queue().ready() => if self.session.queue().has_work() {
+                    return;
+                },
                 () = tokio::time::sleep_until(until) => return,
                 () = expiry.wait() => {
                     let expiring = Box::pin(self.session.expire());
@@ -150,8 +162,35 @@ async fn prepare(
     query: Option<String>,
     hold: bool,
 ) -> Result<Box<Prepared>, Failure> {
-    let admitted = request::admit(&node, &headers, peer)?;
     let request = OpenRequest::parse(query.as_deref(), &headers)?;
+    let park = match request.session_key.as_deref() {
+        Some(key) if node.parked.enabled() => {
+            let cookie = headers.get(header::COOKIE).map(|v| v.as_bytes());
+            let credentials =
+                node.parked
+                    .credentials((&request.token, &request.sub_tokens, cookie));
+            Some((Key::parse(key), credentials))
+        }
+        _ => None,
+    };
+    if let Some((Some(key), credentials)) = park {
+        let (client, channels) = (request.client.as_deref(), &request.channels);
+        if let Some(resumed) = node.parked.take(key, credentials, client, channels) {
+            request::may_continue(&node, &headers)?;
+            let timeout = hold_for(&node, &request);
+            return Ok(Box::new(Prepared::resumed(
+                node,
+                resumed,
+                hold,
+                timeout,
+                (key, credentials),
+            )));
+        }
+    }
+    // A key that names no session parked here (expired, another node's, made up) gets a new
+    // one, for a session built afresh.
+    let park = park.map(|(_, credentials)| (None, credentials));
+    let admitted = request::admit(&node, &headers, peer)?;
     let address = admitted.as_ref().map(|a| a.ip());
     let transport = if hold {
         Transport::Longpoll
@@ -179,6 +218,7 @@ async fn prepare(
     // behind is not replayed (that could make the answer as large as every history) but
     // keeps its position in the cursor, so the next poll continues from there.
     let mut later = Vec::new();
+    let timeout = hold_for(&node, &request);
     for (channel, since) in request.channels {
         match since {
             Some(since) if messages.len() >= MAX_ANSWER_BYTES => later.push((channel, since)),
@@ -190,13 +230,7 @@ async fn prepare(
             }
         }
     }
-    let wait = (hold && messages.is_empty()).then(|| {
-        let http = &node.settings.config.http;
-        request
-            .timeout
-            .unwrap_or(http.longpoll_timeout)
-            .min(http.longpoll_max_timeout)
-    });
+    let wait = (hold && messages.is_empty()).then_some(timeout);
     Ok(Box::new(Prepared {
         _admitted: admitted,
         node,
@@ -207,12 +241,50 @@ async fn prepare(
         hold,
         wait,
         ended: None,
+        park,
     }))
+}
+
+/// How long a long-poll with nothing to say yet is held.
+fn hold_for(node: &Node, request: &OpenRequest) -> Duration {
+    let http = &node.settings.config.http;
+    request
+        .timeout
+        .unwrap_or(http.longpoll_timeout)
+        .min(http.longpoll_max_timeout)
+}
+
+impl Prepared {
+    /// A request that takes up its parked session: nothing to open or replay, and held only
+    /// if nothing queued while it was parked.
+    fn resumed(
+        node: Arc<Node>,
+        resumed: Resumed,
+        hold: bool,
+        timeout: Duration,
+        (key, credentials): (Key, Credentials),
+    ) -> Self {
+        let Resumed { session, admitted } = resumed;
+        let wait = (hold && !session.queue().has_work()).then_some(timeout);
+        Self {
+            _admitted: admitted,
+            node,
+            session,
+            messages: Vec::new(),
+            later: Vec::new(),
+            if_none_match: None,
+            hold,
+            wait,
+            ended: None,
+            park: Some((Some(key), credentials)),
+        }
+    }
 }
 
 /// The answer: what was replayed and everything that arrived meanwhile, with the cursor.
 pub fn finish(prepared: Prepared) -> Response {
     let Prepared {
+        _admitted: admitted,
         node,
         mut session,
         mut messages,
@@ -220,6 +292,7 @@ pub fn finish(prepared: Prepared) -> Response {
         if_none_match,
         hold,
         ended,
+        park,
         ..
     } = prepared;
     let mut ending = ended;
@@ -238,7 +311,7 @@ pub fn finish(prepared: Prepared) -> Response {
     if hold && ending.is_none() && node.shutdown.is_cancelled() {
         ending = Some(Disconnect::new(DisconnectCode::Shutdown));
     }
-    if let Some(d) = ending {
+    if let Some(d) = &ending {
         item(
             &mut messages,
             &json::encode_disconnect(d.wire_code(), d.short_reason()),
@@ -253,6 +326,11 @@ pub fn finish(prepared: Prepared) -> Response {
         cursor.hash(&mut h);
         format!("\"{:016x}\"", h.finish())
     };
+    // Parked only whole: a session that ended, or whose answer left channels for later
+    // (never opened), is not one the next request could take up.
+    let park = park.filter(|_| ending.is_none() && later.is_empty());
+    let park =
+        park.map(|(key, credentials)| (key.unwrap_or_else(|| node.parked.new_key()), credentials));
     let unchanged =
         !hold && messages.is_empty() && if_none_match.is_some_and(|v| v == etag.as_bytes());
     let mut response = if unchanged {
@@ -260,9 +338,15 @@ pub fn finish(prepared: Prepared) -> Response {
     } else {
         // `client` is sent back as `client=`, so that presence sees one member poll after
         // poll.
-        let body = json::encode_poll_answer(&cursor, session.first_client(), &messages);
+        let key = park.map(|(key, _)| key.to_string());
+        let body =
+            json::encode_poll_answer(&cursor, session.first_client(), key.as_deref(), &messages);
         ([(header::CONTENT_TYPE, "application/json")], body).into_response()
     };
+    if let Some((key, credentials)) = park {
+        node.parked
+            .park(key, Resumed { session, admitted }, credentials);
+    }
     let h = response.headers_mut();
     if hold {
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));

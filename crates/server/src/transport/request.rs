@@ -25,13 +25,7 @@ pub fn admit(
     headers: &HeaderMap,
     peer: Option<Extension<Peer>>,
 ) -> Result<Option<AddressGuard>, Failure> {
-    super::origin::check(&node.settings, headers)?;
-    if node.shutdown.is_cancelled() {
-        return Err(Failure::new(
-            ErrorCode::ShuttingDown,
-            "server is shutting down",
-        ));
-    }
+    may_continue(node, headers)?;
     let limit = node.settings.config.max_connections;
     if limit > 0 && node.connection_count() >= limit {
         let ip = peer
@@ -53,6 +47,20 @@ pub fn admit(
     .transpose()
 }
 
+/// Whether a request may go on with a session it already has (a parked long-poll's): the
+/// origin is allowed and the server is not shutting down. The session holds its
+/// connection's counts already.
+pub fn may_continue(node: &Node, headers: &HeaderMap) -> Result<(), Failure> {
+    super::origin::check(&node.settings, headers)?;
+    if node.shutdown.is_cancelled() {
+        return Err(Failure::new(
+            ErrorCode::ShuttingDown,
+            "server is shutting down",
+        ));
+    }
+    Ok(())
+}
+
 /// The channels an HTTP transport opens, and where each one resumes.
 #[derive(Debug, Default)]
 pub struct OpenRequest {
@@ -69,6 +77,9 @@ pub struct OpenRequest {
     /// `client=`: the client id of this client's first connection or poll, so that
     /// presence sees the same member (see [`Session::continues`]).
     pub client: Option<String>,
+    /// `session_key=` (long-poll and poll): the key of the session the previous answer
+    /// parked, or empty to ask for one (see [`crate::session::parked`]).
+    pub session_key: Option<String>,
 }
 
 fn bad(message: impl Into<String>) -> Failure {
@@ -94,6 +105,7 @@ impl OpenRequest {
                 "token" => request.token = Some(value.into_owned()),
                 "sub_token" => request.sub_tokens.push(value.into_owned()),
                 "client" => request.client = Some(value.into_owned()),
+                "session_key" => request.session_key = Some(value.into_owned()),
                 // Cache busters and the like.
                 "_" | "t" => {}
                 other => return Err(bad(format!("unknown query parameter {other:?}"))),

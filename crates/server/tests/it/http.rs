@@ -67,7 +67,7 @@ impl Lines {
     }
 }
 
-fn offsets_of(messages: &Value) -> Vec<u64> {
+pub fn offsets_of(messages: &Value) -> Vec<u64> {
     messages
         .as_array()
         .unwrap()

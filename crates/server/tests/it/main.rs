@@ -14,6 +14,7 @@ mod hooks;
 mod http;
 mod lifecycle;
 mod limits;
+mod longpoll;
 mod metrics;
 mod nodes;
 mod ordering;
