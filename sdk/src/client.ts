@@ -59,9 +59,16 @@ export interface ClientOptions {
   maxReconnectDelay?: number;
   /** How long to wait for a connection to open and for a command's reply, ms (default 5000). */
   timeout?: number;
-  /** Liveness check period, ms. Default: the server's ping interval. */
+  /**
+   * How often the connection must show it is alive, ms (default 10000). Streams ask the
+   * server for a keepalive this often, WebSocket sends a `ping` after this much quiet, a
+   * long-poll is held at most this long; a connection that then stays silent for `timeout`
+   * more is taken for dead and replaced, so a dead link that nobody closes is noticed
+   * within 15 s by default, on every transport. (The forever frame, whose page is told of
+   * no cut, asks for a keepalive every 500 ms and is taken for dead after 1 s without one.)
+   */
   pingInterval?: number;
-  /** Long-poll hold time asked of the server, seconds (default 25). */
+  /** Long-poll hold time asked of the server, seconds (default: `pingInterval`'s, 10). */
   longpollTimeout?: number;
   /** Interval polling period, ms (default 1000). */
   pollInterval?: number;
@@ -134,9 +141,9 @@ const SESSION_TRANSPORTS = new Set<TransportName>(["websocket", "sse", "stream",
 export class Client extends Emitter<ClientEvents> implements SubscriptionHost, PollSource {
   readonly baseUrl: string;
   private readonly options: Required<
-    Omit<ClientOptions, "token" | "name" | "pingInterval" | "websocket" | "eventSource" | "fetch" | "transports" | "getToken" | "getSubscriptionToken">
+    Omit<ClientOptions, "token" | "name" | "websocket" | "eventSource" | "fetch" | "transports" | "getToken" | "getSubscriptionToken">
   > &
-    Pick<ClientOptions, "name" | "pingInterval" | "websocket" | "eventSource" | "getToken" | "getSubscriptionToken">;
+    Pick<ClientOptions, "name" | "websocket" | "eventSource" | "getToken" | "getSubscriptionToken">;
   /** The connection token in use. */
   private token: string | undefined;
   /** Set when the server said the token expired: get a new one before reconnecting. */
@@ -153,9 +160,8 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
   private attempt = 0;
   private reconnectTimer: ReturnType<typeof setTimeout> | undefined;
   private connectTimer: ReturnType<typeof setTimeout> | undefined;
-  private pingTimer: ReturnType<typeof setInterval> | undefined;
+  private pingTimer: ReturnType<typeof setTimeout> | undefined;
   private lastReceived = 0;
-  private pingPending = false;
   private clientId = "";
   /** The id of this client's first connection, sent again on every reconnect and poll. */
   private firstClient: string | undefined;
@@ -178,16 +184,17 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
     this.order = transports === "auto" ? AUTO_TRANSPORTS : typeof transports === "string" ? [transports] : [...transports];
     if (this.order.length === 0) throw new Error("transports: name at least one");
     this.doFetch = options.fetch ?? globalThis.fetch.bind(globalThis);
+    const pingInterval = options.pingInterval ?? 10_000;
     this.options = {
       minReconnectDelay: options.minReconnectDelay ?? 500,
       maxReconnectDelay: options.maxReconnectDelay ?? 20_000,
       timeout: options.timeout ?? 5_000,
-      longpollTimeout: options.longpollTimeout ?? 25,
+      longpollTimeout: options.longpollTimeout ?? Math.max(1, Math.round(pingInterval / 1000)),
       pollInterval: options.pollInterval ?? 1_000,
       batchDelay: options.batchDelay ?? 0,
       retriesBeforeFallback: options.retriesBeforeFallback ?? 3,
       name: options.name,
-      pingInterval: options.pingInterval,
+      pingInterval,
       websocket: options.websocket,
       eventSource: options.eventSource,
       getToken: options.getToken,
@@ -426,6 +433,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
     const name = this.order[this.transportIndex]!;
     const ctx: TransportContext = {
       baseUrl: this.baseUrl,
+      pingInterval: this.options.pingInterval,
       fetch: this.doFetch,
       websocket: this.options.websocket,
       token: () => this.token,
@@ -494,6 +502,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
         return new PollTransport(name, ctx, this, {
           longpollTimeout: this.options.longpollTimeout,
           pollInterval: this.options.pollInterval,
+          timeout: this.options.timeout,
         });
     }
   }
@@ -555,7 +564,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
     this.failuresOfWorking = 0;
     this.setState("connected");
     const transport = this.transport.name;
-    this.startHeartbeat(result.ping);
+    this.startWatchdog();
     this.scheduleRefresh(result.ttl ?? tokenTtl(this.token));
     this.emit("connected", { transport, client: this.clientId, user: result.user });
     for (const w of this.readyWaiters.splice(0)) w.resolve();
@@ -613,10 +622,9 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
     clearTimeout(this.refreshTimer);
     this.refreshTimer = undefined;
     clearTimeout(this.reconnectTimer);
-    clearInterval(this.pingTimer);
+    clearTimeout(this.pingTimer);
     this.reconnectTimer = undefined;
     this.pingTimer = undefined;
-    this.pingPending = false;
     this.transport?.close();
     this.transport = undefined;
     this.outbox = [];
@@ -632,24 +640,41 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
     return { minDelay: this.options.minReconnectDelay, maxDelay: this.options.maxReconnectDelay };
   }
 
-  /** Session transports: a `ping` command whenever the line has been quiet for a period;
-   * no reply within `timeout` means the connection is dead even if the socket says not. */
-  private startHeartbeat(serverPingSeconds: number): void {
-    if (this.transport instanceof PollTransport) return;
-    const period = this.options.pingInterval ?? Math.max(1, serverPingSeconds) * 1000;
+  /** Session transports: a connection that goes silent is taken for dead and replaced,
+   * even when its socket says nothing (a blackholed link, a NAT that forgot it, a forever
+   * frame whose body was cut). Streams hear the keepalives they asked for, so silence past
+   * their limit is enough; WebSocket's keepalives are invisible to a page, so after
+   * `pingInterval` of quiet it asks (`ping`), and no reply within `timeout` ends it. One
+   * timer, set for the moment the limit would pass: no wake-up per message. */
+  private startWatchdog(): void {
+    const transport = this.transport;
+    if (transport === undefined || transport instanceof PollTransport) return;
+    const probe = transport.name === "websocket";
+    const { pingInterval, timeout } = this.options;
+    const limit = probe ? pingInterval : (transport.silenceLimit ?? pingInterval + timeout);
+    const mine = () => this.current === "connected" && this.transport === transport;
+    const check = (): void => {
+      this.pingTimer = undefined;
+      if (!mine()) return;
+      const silent = Date.now() - this.lastReceived;
+      if (silent < limit) {
+        this.pingTimer = setTimeout(check, limit - silent);
+      } else if (!probe) {
+        this.dropTransport(ClientCode.NoPong, `nothing received for ${silent} ms`);
+      } else {
+        this.request("ping", {}).then(
+          () => {
+            if (mine()) this.pingTimer = setTimeout(check, limit);
+          },
+          (error: HeraldError) => {
+            if (error.code === ClientCode.NoPong && mine()) this.dropTransport(ClientCode.NoPong, "no reply to ping");
+          },
+        );
+      }
+    };
     this.lastReceived = Date.now();
-    this.pingTimer = setInterval(() => {
-      if (this.current !== "connected" || this.pingPending) return;
-      if (Date.now() - this.lastReceived < period) return;
-      this.pingPending = true;
-      this.request("ping", {}).then(
-        () => (this.pingPending = false),
-        (error: HeraldError) => {
-          this.pingPending = false;
-          if (error.code === ClientCode.NoPong) this.dropTransport(ClientCode.NoPong, "no reply to ping");
-        },
-      );
-    }, Math.max(250, Math.floor(period / 2)));
+    clearTimeout(this.pingTimer);
+    this.pingTimer = setTimeout(check, limit);
   }
 
   // --- token refresh ---

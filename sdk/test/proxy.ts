@@ -11,6 +11,7 @@ import { createServer, connect, type Server, type Socket } from "node:net";
  * network or a client that was not scheduled for a while gets). */
 export class Relay {
   private sockets = new Set<Socket>();
+  private silenced = new Set<Socket>();
   /** While holding: what each connection's server side sent, not passed on yet. */
   private heldBack: Map<Socket, Buffer[]> | undefined;
   private constructor(
@@ -49,7 +50,22 @@ export class Relay {
       s.unpipe();
       s.pause();
       s.removeAllListeners("data");
+      this.silenced.add(s);
     }
+    this.sockets.clear();
+  }
+
+  /** The connections silenced so far are dropped, as a NAT that forgot them would: the
+   * browser's next use of one is answered with a reset. */
+  forgetSilenced(): void {
+    for (const s of this.silenced) s.resetAndDestroy();
+    this.silenced.clear();
+  }
+
+  /** Every open connection is reset (TCP RST both ways), as when a server or a middlebox
+   * drops them. New connections are relayed as before. */
+  reset(): void {
+    for (const s of this.sockets) s.resetAndDestroy();
     this.sockets.clear();
   }
 
@@ -74,6 +90,8 @@ export class Relay {
   }
 
   close(): void {
+    this.forgetSilenced();
+    for (const s of this.sockets) s.destroy();
     this.server.close();
   }
 }

@@ -310,6 +310,7 @@ var Herald = (() => {
      * The token rides in the query: EventSource and iframes cannot set headers. */
     streamUrl(path, query = "") {
       const params = new URLSearchParams(query);
+      if (!params.has("ping")) params.set("ping", `${this.ctx.pingInterval}ms`);
       const token = this.ctx.token();
       if (token !== void 0) params.set("token", token);
       const first = this.ctx.firstClient();
@@ -357,10 +358,12 @@ var Herald = (() => {
 
   // src/transport/iframe.ts
   var serial = 0;
+  var FRAME_PING_MS = 500;
   var IframeTransport = class extends HttpSessionTransport {
     constructor(ctx) {
       super(ctx);
       this.name = "iframe";
+      this.silenceLimit = 2 * FRAME_PING_MS;
       if (globalThis.document === void 0) throw new Error("the forever frame needs a browser document");
       serial += 1;
       this.callback = `__herald_frame_${serial}`;
@@ -379,7 +382,7 @@ var Herald = (() => {
     open() {
       this.waitingForPage = void 0;
       if (this.closed) return;
-      this.frame.src = this.streamUrl("iframe", `callback=${this.callback}`);
+      this.frame.src = this.streamUrl("iframe", `callback=${this.callback}&ping=${FRAME_PING_MS}ms`);
       document.body.appendChild(this.frame);
     }
     stop() {
@@ -525,7 +528,8 @@ var Herald = (() => {
       for (const t of this.ctx.subscriptionTokens()) params.append("sub_token", t);
       const abort = new AbortController();
       this.inFlight = abort;
-      const limit = setTimeout(() => abort.abort(), (held ? this.options.longpollTimeout + 10 : 10) * 1e3);
+      const wait = held ? this.options.longpollTimeout * 1e3 + this.options.timeout : this.ctx.pingInterval;
+      const limit = setTimeout(() => abort.abort(), wait);
       const headers = {};
       if (this.name === "poll" && this.etag !== void 0) headers["If-None-Match"] = this.etag;
       try {
@@ -553,7 +557,8 @@ var Herald = (() => {
         this.source.answered([...channels.keys()], announced);
       } catch (error) {
         if (abort.signal.aborted && (this.closed || this.fresh)) return;
-        this.fail(ClientCode.TransportClosed, `poll failed: ${String(error)}`);
+        const why = abort.signal.aborted ? `no answer within ${wait} ms` : String(error);
+        this.fail(ClientCode.TransportClosed, `poll failed: ${why}`);
       } finally {
         clearTimeout(limit);
         if (this.inFlight === abort) this.inFlight = void 0;
@@ -711,7 +716,6 @@ var Herald = (() => {
       this.failuresOfWorking = 0;
       this.attempt = 0;
       this.lastReceived = 0;
-      this.pingPending = false;
       this.clientId = "";
       this.nextId = 0;
       this.pending = /* @__PURE__ */ new Map();
@@ -728,16 +732,17 @@ var Herald = (() => {
       this.order = transports === "auto" ? AUTO_TRANSPORTS : typeof transports === "string" ? [transports] : [...transports];
       if (this.order.length === 0) throw new Error("transports: name at least one");
       this.doFetch = options.fetch ?? globalThis.fetch.bind(globalThis);
+      const pingInterval = options.pingInterval ?? 1e4;
       this.options = {
         minReconnectDelay: options.minReconnectDelay ?? 500,
         maxReconnectDelay: options.maxReconnectDelay ?? 2e4,
         timeout: options.timeout ?? 5e3,
-        longpollTimeout: options.longpollTimeout ?? 25,
+        longpollTimeout: options.longpollTimeout ?? Math.max(1, Math.round(pingInterval / 1e3)),
         pollInterval: options.pollInterval ?? 1e3,
         batchDelay: options.batchDelay ?? 0,
         retriesBeforeFallback: options.retriesBeforeFallback ?? 3,
         name: options.name,
-        pingInterval: options.pingInterval,
+        pingInterval,
         websocket: options.websocket,
         eventSource: options.eventSource,
         getToken: options.getToken,
@@ -944,6 +949,7 @@ var Herald = (() => {
       const name = this.order[this.transportIndex];
       const ctx = {
         baseUrl: this.baseUrl,
+        pingInterval: this.options.pingInterval,
         fetch: this.doFetch,
         websocket: this.options.websocket,
         token: () => this.token,
@@ -1008,7 +1014,8 @@ var Herald = (() => {
         case "poll":
           return new PollTransport(name, ctx, this, {
             longpollTimeout: this.options.longpollTimeout,
-            pollInterval: this.options.pollInterval
+            pollInterval: this.options.pollInterval,
+            timeout: this.options.timeout
           });
       }
     }
@@ -1064,7 +1071,7 @@ var Herald = (() => {
       this.failuresOfWorking = 0;
       this.setState("connected");
       const transport = this.transport.name;
-      this.startHeartbeat(result.ping);
+      this.startWatchdog();
       this.scheduleRefresh(result.ttl ?? tokenTtl(this.token));
       this.emit("connected", { transport, client: this.clientId, user: result.user });
       for (const w of this.readyWaiters.splice(0)) w.resolve();
@@ -1116,10 +1123,9 @@ var Herald = (() => {
       clearTimeout(this.refreshTimer);
       this.refreshTimer = void 0;
       clearTimeout(this.reconnectTimer);
-      clearInterval(this.pingTimer);
+      clearTimeout(this.pingTimer);
       this.reconnectTimer = void 0;
       this.pingTimer = void 0;
-      this.pingPending = false;
       this.transport?.close();
       this.transport = void 0;
       this.outbox = [];
@@ -1133,24 +1139,41 @@ var Herald = (() => {
     backoff() {
       return { minDelay: this.options.minReconnectDelay, maxDelay: this.options.maxReconnectDelay };
     }
-    /** Session transports: a `ping` command whenever the line has been quiet for a period;
-     * no reply within `timeout` means the connection is dead even if the socket says not. */
-    startHeartbeat(serverPingSeconds) {
-      if (this.transport instanceof PollTransport) return;
-      const period = this.options.pingInterval ?? Math.max(1, serverPingSeconds) * 1e3;
+    /** Session transports: a connection that goes silent is taken for dead and replaced,
+     * even when its socket says nothing (a blackholed link, a NAT that forgot it, a forever
+     * frame whose body was cut). Streams hear the keepalives they asked for, so silence past
+     * their limit is enough; WebSocket's keepalives are invisible to a page, so after
+     * `pingInterval` of quiet it asks (`ping`), and no reply within `timeout` ends it. One
+     * timer, set for the moment the limit would pass: no wake-up per message. */
+    startWatchdog() {
+      const transport = this.transport;
+      if (transport === void 0 || transport instanceof PollTransport) return;
+      const probe = transport.name === "websocket";
+      const { pingInterval, timeout } = this.options;
+      const limit = probe ? pingInterval : transport.silenceLimit ?? pingInterval + timeout;
+      const mine = () => this.current === "connected" && this.transport === transport;
+      const check = () => {
+        this.pingTimer = void 0;
+        if (!mine()) return;
+        const silent = Date.now() - this.lastReceived;
+        if (silent < limit) {
+          this.pingTimer = setTimeout(check, limit - silent);
+        } else if (!probe) {
+          this.dropTransport(ClientCode.NoPong, `nothing received for ${silent} ms`);
+        } else {
+          this.request("ping", {}).then(
+            () => {
+              if (mine()) this.pingTimer = setTimeout(check, limit);
+            },
+            (error) => {
+              if (error.code === ClientCode.NoPong && mine()) this.dropTransport(ClientCode.NoPong, "no reply to ping");
+            }
+          );
+        }
+      };
       this.lastReceived = Date.now();
-      this.pingTimer = setInterval(() => {
-        if (this.current !== "connected" || this.pingPending) return;
-        if (Date.now() - this.lastReceived < period) return;
-        this.pingPending = true;
-        this.request("ping", {}).then(
-          () => this.pingPending = false,
-          (error) => {
-            this.pingPending = false;
-            if (error.code === ClientCode.NoPong) this.dropTransport(ClientCode.NoPong, "no reply to ping");
-          }
-        );
-      }, Math.max(250, Math.floor(period / 2)));
+      clearTimeout(this.pingTimer);
+      this.pingTimer = setTimeout(check, limit);
     }
     // --- token refresh ---
     /** Refreshes the token when 80% of its `ttlSeconds` have passed (at least a second before

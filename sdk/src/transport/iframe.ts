@@ -5,6 +5,11 @@ import type { TransportContext } from "./types.js";
 
 let serial = 0;
 
+/** How often a forever frame asks for a keepalive, ms. A page is told nothing when a frame's
+ * body is cut (Chromium fires no `load` and the document stays `loading`), so a frame that
+ * misses two is taken for dead. */
+const FRAME_PING_MS = 500;
+
 /** The forever frame: a hidden iframe whose document calls back into this page with each
  * push. Same origin only (the frame calls `parent.NAME`).
  *
@@ -13,6 +18,7 @@ let serial = 0;
  * loaded: `load` fires (and the page's own `onload` code runs) as it would without Herald. */
 export class IframeTransport extends HttpSessionTransport {
   readonly name = "iframe" as const;
+  readonly silenceLimit = 2 * FRAME_PING_MS;
   private frame: HTMLIFrameElement;
   private callback: string;
   private waitingForPage: (() => void) | undefined;
@@ -41,7 +47,7 @@ export class IframeTransport extends HttpSessionTransport {
     this.waitingForPage = undefined;
     if (this.closed) return;
     // The URL is made now, so it carries the token and client id current at opening.
-    this.frame.src = this.streamUrl("iframe", `callback=${this.callback}`);
+    this.frame.src = this.streamUrl("iframe", `callback=${this.callback}&ping=${FRAME_PING_MS}ms`);
     document.body.appendChild(this.frame);
   }
 

@@ -21,6 +21,9 @@ export interface PollOptions {
   longpollTimeout: number;
   /** Interval polling: the pause between requests, milliseconds. */
   pollInterval: number;
+  /** How long past its hold a long-poll may go unanswered before the link is taken for
+   * dead, ms. */
+  timeout: number;
 }
 
 /**
@@ -158,7 +161,10 @@ export class PollTransport implements Transport {
     for (const t of this.ctx.subscriptionTokens()) params.append("sub_token", t);
     const abort = new AbortController();
     this.inFlight = abort;
-    const limit = setTimeout(() => abort.abort(), (held ? this.options.longpollTimeout + 10 : 10) * 1000);
+    // A dead link that nobody closes: no answer within the hold plus `timeout` (a plain
+    // poll: within `pingInterval`) means it is taken for dead.
+    const wait = held ? this.options.longpollTimeout * 1000 + this.options.timeout : this.ctx.pingInterval;
+    const limit = setTimeout(() => abort.abort(), wait);
     const headers: Record<string, string> = {};
     if (this.name === "poll" && this.etag !== undefined) headers["If-None-Match"] = this.etag;
     try {
@@ -190,7 +196,8 @@ export class PollTransport implements Transport {
       this.source.answered([...channels.keys()], announced);
     } catch (error) {
       if (abort.signal.aborted && (this.closed || this.fresh)) return;
-      this.fail(ClientCode.TransportClosed, `poll failed: ${String(error)}`);
+      const why = abort.signal.aborted ? `no answer within ${wait} ms` : String(error);
+      this.fail(ClientCode.TransportClosed, `poll failed: ${why}`);
     } finally {
       clearTimeout(limit);
       if (this.inFlight === abort) this.inFlight = undefined;

@@ -20,6 +20,8 @@ export abstract class HttpSessionTransport implements Transport {
    * The token rides in the query: EventSource and iframes cannot set headers. */
   protected streamUrl(path: string, query = ""): string {
     const params = new URLSearchParams(query);
+    // Keepalives at least this often, so that a silence longer than that means a dead link.
+    if (!params.has("ping")) params.set("ping", `${this.ctx.pingInterval}ms`);
     const token = this.ctx.token();
     if (token !== undefined) params.set("token", token);
     const first = this.ctx.firstClient();

@@ -21,11 +21,16 @@ export interface Transport {
   send(commands: Command[]): void;
   /** Stops without reporting `close`. */
   close(): void;
+  /** Silence, ms, after which this transport is taken for dead, when it is not the
+   * client's (`pingInterval` + `timeout`). */
+  readonly silenceLimit?: number;
 }
 
 export interface TransportContext {
   /** The server's HTTP base URL, without a trailing slash. */
   baseUrl: string;
+  /** How often, ms, the connection must show it is alive (streams ask for keepalives). */
+  pingInterval: number;
   events: TransportEvents;
   /** Hooks for environments without the browser's globals (Node, tests). */
   websocket?: WebSocketConstructor;

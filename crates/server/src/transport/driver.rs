@@ -111,6 +111,12 @@ pub trait Wire: Send {
         timeout: Duration,
     ) -> impl Future<Output = Result<(), Unwritten>> + Send;
 
+    /// How often this connection's client asked to hear a keepalive (a stream's `ping=`),
+    /// if it did; otherwise `client.ping_interval`.
+    fn ping_interval(&self) -> Option<Duration> {
+        None
+    }
+
     /// How long the client has been silent, for a transport whose client answers
     /// keepalives (WebSocket: pongs): past `client.idle_timeout` it is taken for gone (3005).
     /// `None` where silence means nothing (a stream's client sends nothing on it).
@@ -157,7 +163,8 @@ pub async fn drive<W: Wire>(
     // One timer, in place, for the next keepalive or the deadline, whichever comes first
     // (an `Interval` boxes a timer of its own): every idle connection carries one.
     let wake_at = |ping: Instant| deadline.map_or(ping, |d| d.min(ping));
-    let timer = tokio::time::sleep_until(wake_at(Instant::now() + client.ping_interval));
+    let ping_every = wire.ping_interval().unwrap_or(client.ping_interval);
+    let timer = tokio::time::sleep_until(wake_at(Instant::now() + ping_every));
     tokio::pin!(timer);
     let mut expiry = ExpiryTimer::default();
 
@@ -231,9 +238,7 @@ pub async fn drive<W: Wire>(
                     None => Ok(()),
                 },
                 Woke::Keepalive => {
-                    timer
-                        .as_mut()
-                        .reset(wake_at(Instant::now() + client.ping_interval));
+                    timer.as_mut().reset(wake_at(Instant::now() + ping_every));
                     match wire.silent_for() {
                         Some(silent) if silent >= client.idle_timeout => Err(Disconnect::because(
                             DisconnectCode::Stale,

@@ -80,6 +80,9 @@ pub struct OpenRequest {
     /// `session_key=` (long-poll and poll): the key of the session the previous answer
     /// parked, or empty to ask for one (see [`crate::session::parked`]).
     pub session_key: Option<String>,
+    /// `ping=` (streams): how often the client wants a keepalive, so that it can take a
+    /// stream that stays silent longer for dead (see [`OpenRequest::ping_every`]).
+    pub ping: Option<Duration>,
 }
 
 fn bad(message: impl Into<String>) -> Failure {
@@ -106,6 +109,7 @@ impl OpenRequest {
                 "sub_token" => request.sub_tokens.push(value.into_owned()),
                 "client" => request.client = Some(value.into_owned()),
                 "session_key" => request.session_key = Some(value.into_owned()),
+                "ping" => request.ping = Some(parse_timeout(&value)?),
                 // Cache busters and the like.
                 "_" | "t" => {}
                 other => return Err(bad(format!("unknown query parameter {other:?}"))),
@@ -151,6 +155,13 @@ impl OpenRequest {
             session.continues(client)?;
         }
         Ok(session)
+    }
+
+    /// How often a stream sends its keepalive: as the client asked (`ping=`), but never more
+    /// often than every 250 ms nor less often than `configured` (`client.ping_interval`).
+    pub fn ping_every(&self, configured: Duration) -> Duration {
+        self.ping
+            .map_or(configured, |asked| asked.max(MIN_PING).min(configured))
     }
 
     /// Polling requests carry their whole subscription, so one without channels asks for
@@ -225,6 +236,9 @@ impl OpenRequest {
         self
     }
 }
+
+/// The shortest keepalive period a stream's client may ask for.
+const MIN_PING: Duration = Duration::from_millis(250);
 
 fn parse_timeout(value: &str) -> Result<Duration, Failure> {
     if let Ok(secs) = value.parse::<u64>() {

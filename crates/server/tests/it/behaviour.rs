@@ -225,6 +225,32 @@ async fn an_expiring_token_ends_every_transport_with_3504() {
     server.stop().await.unwrap();
 }
 
+/// A stream's client may ask for keepalives more often than `client.ping_interval`
+/// (`ping=`, at least 250 ms), to take a stream that stays silent longer for dead: the SDK's
+/// forever frame asks for 500 ms, since a frame's page is told of no cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_gets_keepalives_as_often_as_its_client_asked() {
+    let server = start(config()).await;
+    assert_eq!(
+        server.node.settings.config.client.ping_interval,
+        Duration::from_secs(25)
+    );
+    let mut held = hold_open(&server, "channel=open:asked&ping=300ms", 0).await;
+    held.retain(|(transport, _)| *transport != "longpoll");
+    for (transport, s) in &mut held {
+        let started = std::time::Instant::now();
+        for _ in 0..3 {
+            read_until(s, r#"{"ping":{}}"#, transport).await;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{transport}: three keepalives took {:?}",
+            started.elapsed()
+        );
+    }
+    server.stop().await.unwrap();
+}
+
 /// Row 4: idleness. A WebSocket client that answers no ping for `client.idle_timeout` is
 /// closed with 3005 (`lifecycle::a_silent_peer_is_closed_after_the_idle_timeout`). A stream
 /// carries nothing from its client (commands are posted), so silence means nothing there:
@@ -239,11 +265,7 @@ async fn streams_get_keepalives_and_are_not_cut_for_the_clients_silence() {
     let mut held = hold_open(&server, "channel=open:quiet", 0).await;
     held.retain(|(transport, _)| *transport != "longpoll");
     for (transport, s) in &mut held {
-        let keepalive = if *transport == "sse" {
-            ": ping"
-        } else {
-            r#"{"ping":{}}"#
-        };
+        let keepalive = r#"{"ping":{}}"#;
         // Keepalives for well past the idle timeout (each read waits for a new one).
         for _ in 0..5 {
             let seen = read_until(s, keepalive, transport).await;

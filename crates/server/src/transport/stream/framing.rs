@@ -83,12 +83,11 @@ impl Framing {
         }
     }
 
-    /// Keeps proxies and the client's liveness check from giving up on a quiet stream.
+    /// Keeps proxies and the client's liveness check from giving up on a quiet stream: a
+    /// `ping` push on every framing, which the page sees (an SSE comment would reach no
+    /// `EventSource` handler) and without an SSE `id`, so the resume position stays.
     pub fn keepalive(&self, out: &mut Vec<u8>) {
-        match self {
-            Framing::Sse => out.extend_from_slice(b": ping\n\n"),
-            _ => self.push(herald_protocol::json::PING_PUSH, None, out),
-        }
+        self.push(herald_protocol::json::PING_PUSH, None, out);
     }
 
     /// What a response ends with.
@@ -145,7 +144,7 @@ mod tests {
         assert_eq!(out, b"id: a;e;1\ndata: {\"pub\":{}}\n\n");
         out.clear();
         Framing::Sse.keepalive(&mut out);
-        assert_eq!(out, b": ping\n\n");
+        assert_eq!(out, b"data: {\"ping\":{}}\n\n");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 mod framing;
 mod pump;
 
-use std::{io, sync::Arc};
+use std::{io, sync::Arc, time::Duration};
 
 use axum::{
     body::Body,
@@ -98,6 +98,8 @@ pub struct Accepted {
     channels: Vec<(ChannelName, Option<Since>)>,
     framing: Framing,
     first: Vec<u8>,
+    /// How often it sends a keepalive.
+    ping: Duration,
 }
 
 impl Accepted {
@@ -162,6 +164,7 @@ async fn accept(
     let mut first = Vec::new();
     framing.prelude(node.settings.config.http.sse_retry, &mut first);
     framing.push(&session.connect_push(), None, &mut first);
+    let ping = request.ping_every(node.settings.config.client.ping_interval);
     Ok(Box::new(Accepted {
         admitted,
         node,
@@ -169,6 +172,7 @@ async fn accept(
         channels: request.channels,
         framing,
         first,
+        ping,
     }))
 }
 

@@ -71,6 +71,7 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
         channels,
         framing,
         first,
+        ping,
     } = *accepted;
     let http = &node.settings.config.http;
     // Only forever frames have bounds (a document's size and age).
@@ -86,6 +87,7 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
         out,
         framing,
         bounds,
+        ping,
     };
     let client = &node.settings.config.client;
     let mut written = first.len();
@@ -132,6 +134,7 @@ struct StreamWire<'o, O> {
     out: &'o mut O,
     framing: Framing,
     bounds: (usize, Option<Instant>),
+    ping: Duration,
 }
 
 impl<O: Out> Wire for StreamWire<'_, O> {
@@ -148,6 +151,10 @@ impl<O: Out> Wire for StreamWire<'_, O> {
         // and reach the driver through the session's queue.
         self.out.gone().await;
         Heard::Left
+    }
+
+    fn ping_interval(&self) -> Option<Duration> {
+        Some(self.ping)
     }
 
     async fn keepalive(&mut self, timeout: Duration) -> Result<(), Unwritten> {
