@@ -1,6 +1,5 @@
 import { backoffDelay } from "./backoff.js";
 import { ClientCode, isRefusal, isTemporaryError, shouldReconnect } from "./codes.js";
-import type { Position } from "./cursor.js";
 import { Emitter } from "./emitter.js";
 import {
   sinceParam,
@@ -17,114 +16,28 @@ import {
   type ServerMessage,
   type SubscribeResult,
 } from "./protocol.js";
+import {
+  AUTO_TRANSPORTS,
+  HeraldError,
+  type ClientEvents,
+  type ClientOptions,
+  type ClientState,
+  type HistoryOptions,
+  type PresenceOptions,
+} from "./options.js";
+import { Replies } from "./replies.js";
 import { Subscription, type SubscriptionHost, type SubscriptionOptions } from "./subscription.js";
+import { TokenRefresher, tokenTtl } from "./token.js";
+import { Watchdog } from "./watchdog.js";
 import { IframeTransport } from "./transport/iframe.js";
-import { PollTransport, type PollSource } from "./transport/poll.js";
+import { PolledSubscriptions } from "./polled.js";
+import { PollTransport } from "./transport/poll.js";
 import { SseTransport } from "./transport/sse.js";
 import { StreamTransport } from "./transport/stream.js";
-import type { EventSourceConstructor, Transport, TransportContext, TransportName, WebSocketConstructor } from "./transport/types.js";
+import type { Transport, TransportContext, TransportName } from "./transport/types.js";
 import { WebSocketTransport } from "./transport/websocket.js";
 
 export const VERSION = "0.1.0";
-
-/** The order `transports: "auto"` tries: the best first, each next one works in more places. */
-export const AUTO_TRANSPORTS: readonly TransportName[] = ["websocket", "sse", "stream", "longpoll", "poll"];
-
-export type ClientState = "disconnected" | "connecting" | "connected";
-
-export interface ClientOptions {
-  /** One transport to use only, a list to try in order, or "auto" (the default). */
-  transports?: TransportName | readonly TransportName[] | "auto";
-  /** A connection token to use (sent in `connect`, or with each HTTP request). For tokens
-   * that expire, give `getToken` instead (or as well): it is asked for a new one in time. */
-  token?: string;
-  /**
-   * Fetches a connection token from your backend. Called before connecting when there is
-   * no valid token, before the current one expires (one call at a time, retried with
-   * jitter when it throws), and after the server closed with 3504 (expired). Resolve
-   * `null` when the user has no token (signed out): the client then stops, with 3500.
-   */
-  getToken?: () => Promise<string | null | undefined>;
-  /**
-   * Fetches a subscription token for `channel` (for namespaces whose channels must be
-   * granted), or resolves `null` for channels that need none. Asked before every
-   * subscribe, and again when the server ends a subscription because its token expired.
-   */
-  getSubscriptionToken?: (channel: string) => Promise<string | null | undefined>;
-  /** A name for this client, sent in `connect` (WebSocket). */
-  name?: string;
-  /** First reconnect delay, ms (default 500). */
-  minReconnectDelay?: number;
-  /** Largest reconnect delay, ms (default 20000). */
-  maxReconnectDelay?: number;
-  /** How long to wait for a connection to open and for a command's reply, ms (default 5000). */
-  timeout?: number;
-  /**
-   * How often the connection must show it is alive, ms (default 10000). Streams ask the
-   * server for a keepalive this often, WebSocket sends a `ping` after this much quiet, a
-   * long-poll is held at most this long; a connection that then stays silent for `timeout`
-   * more is taken for dead and replaced, so a dead link that nobody closes is noticed
-   * within 15 s by default, on every transport. (The forever frame, whose page is told of
-   * no cut, asks for a keepalive every 500 ms and is taken for dead after 1 s without one.)
-   */
-  pingInterval?: number;
-  /** Long-poll hold time asked of the server, seconds (default: `pingInterval`'s, 10). */
-  longpollTimeout?: number;
-  /** Interval polling period, ms (default 1000). */
-  pollInterval?: number;
-  /** Commands issued within this many ms travel in one frame (default 0: the same tick). */
-  batchDelay?: number;
-  /** Failed opens of a transport that has worked before it is given up for the next (default 3). */
-  retriesBeforeFallback?: number;
-  /** A WebSocket implementation where there is no global one (Node 20: the `ws` package). */
-  websocket?: WebSocketConstructor;
-  /** An EventSource implementation where there is no global one (Node: the `eventsource`
-   * package's `EventSource`). */
-  eventSource?: EventSourceConstructor;
-  /** A fetch implementation (default: the global one). */
-  fetch?: typeof fetch;
-}
-
-export interface HistoryOptions {
-  /** At most this many publications (newest ones, or the first after `since`). */
-  limit?: number;
-  /** Publications after this position. */
-  since?: Position;
-}
-
-export interface PresenceOptions {
-  /** At most this many members (the server's default is 100, its cap 1000). */
-  limit?: number;
-  /** The previous page's `cursor`: members after it. */
-  cursor?: string;
-}
-
-export interface ClientEvents {
-  state: { state: ClientState; previous: ClientState };
-  connecting: { code: number; reason: string; transport: TransportName };
-  connected: { transport: TransportName; client: string; user: string | undefined };
-  disconnected: { code: number; reason: string };
-  error: { type: "transport" | "command" | "server"; code: number; message: string; transport?: TransportName };
-}
-
-/** A failed command: `code` is the server's error code (docs/protocol.md), or a client one. */
-export class HeraldError extends Error {
-  constructor(
-    readonly code: number,
-    message: string,
-  ) {
-    super(message);
-    this.name = "HeraldError";
-  }
-}
-
-interface Pending {
-  resolve(result: unknown): void;
-  reject(error: HeraldError): void;
-  timer: ReturnType<typeof setTimeout>;
-}
-
-const SESSION_TRANSPORTS = new Set<TransportName>(["websocket", "sse", "stream", "iframe"]);
 
 /**
  * A connection to Herald over the best transport that works here, with subscriptions that
@@ -138,7 +51,7 @@ const SESSION_TRANSPORTS = new Set<TransportName>(["websocket", "sse", "stream",
  * client.connect();
  * ```
  */
-export class Client extends Emitter<ClientEvents> implements SubscriptionHost, PollSource {
+export class Client extends Emitter<ClientEvents> implements SubscriptionHost {
   readonly baseUrl: string;
   private readonly options: Required<
     Omit<ClientOptions, "token" | "name" | "websocket" | "eventSource" | "fetch" | "transports" | "getToken" | "getSubscriptionToken">
@@ -148,8 +61,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
   private token: string | undefined;
   /** Set when the server said the token expired: get a new one before reconnecting. */
   private tokenStale = false;
-  private refreshTimer: ReturnType<typeof setTimeout> | undefined;
-  private refreshing: Promise<void> | undefined;
+  private readonly refresher: TokenRefresher;
   private readonly order: readonly TransportName[];
   private readonly doFetch: typeof fetch;
   private current: ClientState = "disconnected";
@@ -160,17 +72,18 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
   private attempt = 0;
   private reconnectTimer: ReturnType<typeof setTimeout> | undefined;
   private connectTimer: ReturnType<typeof setTimeout> | undefined;
-  private pingTimer: ReturnType<typeof setTimeout> | undefined;
+  private readonly watchdog = new Watchdog();
   private lastReceived = 0;
   private clientId = "";
   /** The id of this client's first connection, sent again on every reconnect and poll. */
   private firstClient: string | undefined;
-  private nextId = 0;
-  private readonly pending = new Map<number, Pending>();
+  private readonly replies: Replies;
   private outbox: Command[] = [];
   private flushScheduled = false;
   private readyWaiters: { resolve(): void; reject(e: HeraldError): void }[] = [];
   private readonly subs = new Map<string, Subscription>();
+  /** The subscriptions as the polling transports read them. */
+  private readonly polled = new PolledSubscriptions(this.subs);
   /** Transports that do not exist in this environment, with why. */
   private readonly unavailable = new Map<TransportName, string>();
 
@@ -201,6 +114,18 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
       getSubscriptionToken: options.getSubscriptionToken,
     };
     this.token = options.token;
+    this.replies = new Replies(this.options.timeout);
+    this.refresher = new TokenRefresher(this.options.getToken, {
+      connected: () => this.current === "connected",
+      adopt: (token) => {
+        this.token = token;
+        // Polling is stateless: the next request carries the new token.
+        return this.transport instanceof PollTransport;
+      },
+      refresh: (token) => this.request<RefreshResult>("refresh", { token }),
+      stop: (code, reason) => this.stop(code, reason),
+      failed: (error) => this.emit("error", { type: "transport", code: ClientCode.TokenUnavailable, message: `getToken failed: ${String(error)}` }),
+    });
   }
 
   get state(): ClientState {
@@ -363,41 +288,6 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
     this.dropTransport(ClientCode.OutOfOrder, `out of order: ${reason}`);
   }
 
-  // --- PollSource ---
-
-  channels(): Map<string, Position | undefined> {
-    const out = new Map<string, Position | undefined>();
-    for (const sub of this.subs.values()) {
-      if (sub.state !== "unsubscribed") out.set(sub.channel, sub.position);
-    }
-    return out;
-  }
-
-  answered(requested: string[], announced: Set<string>): void {
-    for (const channel of requested) {
-      const sub = this.subs.get(channel);
-      if (sub === undefined || sub.state !== "subscribing" || announced.has(channel)) continue;
-      const position = sub.position;
-      if (position?.epoch !== undefined) sub.confirmed({ epoch: position.epoch, offset: position.offset, recovered: true }, true);
-    }
-  }
-
-  refused(code: number, reason: string, channel?: string): boolean {
-    if (!isRefusal(code)) return false;
-    // The server names the channel it refused; older servers only in their words.
-    const named = channel === undefined ? undefined : this.subs.get(channel);
-    if (named !== undefined && named.state !== "unsubscribed") {
-      named.failed(code, reason);
-      return true;
-    }
-    const unconfirmed = [...this.subs.values()].filter((s) => s.state === "subscribing" && !s.confirmedOnce);
-    const mentioned = unconfirmed.filter((s) => reason.includes(s.channel));
-    const culprits = mentioned.length > 0 ? mentioned : unconfirmed;
-    if (culprits.length === 0) return false;
-    for (const sub of culprits) sub.failed(code, reason);
-    return true;
-  }
-
   // --- connection ---
 
   /** Opens the next transport, fetching a token first when one is due. */
@@ -484,9 +374,10 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
           if (this.token !== undefined) params["token"] = this.token;
           if (this.options.name !== undefined) params["name"] = this.options.name;
           if (this.firstClient !== undefined) params["client"] = this.firstClient;
-          this.nextId += 1;
-          const id = this.nextId;
-          this.expect(id, (r) => this.onConnected(r as ConnectResult), (e) => this.dropTransport(e.code >= 3000 ? e.code : 3500, e.message));
+          const id = this.replies.expect(
+            (r) => this.onConnected(r as ConnectResult),
+            (e) => this.dropTransport(e.code >= 3000 ? e.code : 3500, e.message),
+          );
           ws.send([{ id, method: "connect", params }]);
         });
         return ws;
@@ -499,7 +390,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
         return new IframeTransport(ctx);
       case "longpoll":
       case "poll":
-        return new PollTransport(name, ctx, this, {
+        return new PollTransport(name, ctx, this.polled, {
           longpollTimeout: this.options.longpollTimeout,
           pollInterval: this.options.pollInterval,
           timeout: this.options.timeout,
@@ -510,12 +401,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
   private onMessage(m: ServerMessage): void {
     this.lastReceived = Date.now();
     if (m.id !== undefined && m.id !== 0) {
-      const pending = this.pending.get(m.id);
-      if (pending === undefined) return;
-      this.pending.delete(m.id);
-      clearTimeout(pending.timer);
-      if (m.error !== undefined) pending.reject(new HeraldError(m.error.code, m.error.message));
-      else pending.resolve(firstResult(m));
+      this.replies.settle(m as ServerMessage & { id: number });
       return;
     }
     if (m.pub !== undefined) {
@@ -565,7 +451,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
     this.setState("connected");
     const transport = this.transport.name;
     this.startWatchdog();
-    this.scheduleRefresh(result.ttl ?? tokenTtl(this.token));
+    this.refresher.schedule(result.ttl ?? tokenTtl(this.token));
     this.emit("connected", { transport, client: this.clientId, user: result.user });
     for (const w of this.readyWaiters.splice(0)) w.resolve();
     for (const sub of this.subs.values()) {
@@ -619,20 +505,14 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
 
   private teardown(error: HeraldError, rejectWaiters = true): void {
     clearTimeout(this.connectTimer);
-    clearTimeout(this.refreshTimer);
-    this.refreshTimer = undefined;
+    this.refresher.cancel();
     clearTimeout(this.reconnectTimer);
-    clearTimeout(this.pingTimer);
+    this.watchdog.stop();
     this.reconnectTimer = undefined;
-    this.pingTimer = undefined;
     this.transport?.close();
     this.transport = undefined;
     this.outbox = [];
-    for (const [id, p] of this.pending) {
-      clearTimeout(p.timer);
-      this.pending.delete(id);
-      p.reject(error);
-    }
+    this.replies.rejectAll(error);
     if (rejectWaiters) for (const w of this.readyWaiters.splice(0)) w.reject(error);
   }
 
@@ -640,105 +520,20 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
     return { minDelay: this.options.minReconnectDelay, maxDelay: this.options.maxReconnectDelay };
   }
 
-  /** Session transports: a connection that goes silent is taken for dead and replaced,
-   * even when its socket says nothing (a blackholed link, a NAT that forgot it, a forever
-   * frame whose body was cut). Streams hear the keepalives they asked for, so silence past
-   * their limit is enough; WebSocket's keepalives are invisible to a page, so after
-   * `pingInterval` of quiet it asks (`ping`), and no reply within `timeout` ends it. One
-   * timer, set for the moment the limit would pass: no wake-up per message. */
+  /** Session transports: a connection that goes silent is taken for dead (see
+   * `Watchdog`). Polling's requests have their own limits. */
   private startWatchdog(): void {
     const transport = this.transport;
     if (transport === undefined || transport instanceof PollTransport) return;
     const probe = transport.name === "websocket";
     const { pingInterval, timeout } = this.options;
-    const limit = probe ? pingInterval : (transport.silenceLimit ?? pingInterval + timeout);
-    const mine = () => this.current === "connected" && this.transport === transport;
-    const check = (): void => {
-      this.pingTimer = undefined;
-      if (!mine()) return;
-      const silent = Date.now() - this.lastReceived;
-      if (silent < limit) {
-        this.pingTimer = setTimeout(check, limit - silent);
-      } else if (!probe) {
-        this.dropTransport(ClientCode.NoPong, `nothing received for ${silent} ms`);
-      } else {
-        this.request("ping", {}).then(
-          () => {
-            if (mine()) this.pingTimer = setTimeout(check, limit);
-          },
-          (error: HeraldError) => {
-            if (error.code === ClientCode.NoPong && mine()) this.dropTransport(ClientCode.NoPong, "no reply to ping");
-          },
-        );
-      }
-    };
     this.lastReceived = Date.now();
-    clearTimeout(this.pingTimer);
-    this.pingTimer = setTimeout(check, limit);
-  }
-
-  // --- token refresh ---
-
-  /** Refreshes the token when 80% of its `ttlSeconds` have passed (at least a second before
-   * the end, so the `refresh` command arrives in time). */
-  private scheduleRefresh(ttlSeconds: number | undefined): void {
-    clearTimeout(this.refreshTimer);
-    this.refreshTimer = undefined;
-    if (ttlSeconds === undefined || this.options.getToken === undefined) return;
-    const ms = Math.max(0, Math.min(ttlSeconds * 800, ttlSeconds * 1000 - 1000));
-    this.refreshTimer = setTimeout(() => {
-      this.refreshTimer = undefined;
-      void this.refreshToken();
-    }, ms);
-  }
-
-  /** One refresh at a time: a second caller shares the one in flight. */
-  private refreshToken(): Promise<void> {
-    this.refreshing ??= this.doRefresh().finally(() => (this.refreshing = undefined));
-    return this.refreshing;
-  }
-
-  private async doRefresh(): Promise<void> {
-    const getToken = this.options.getToken;
-    if (getToken === undefined) return;
-    // Jittered backoff between tries, never past the token's end: the server then closes
-    // with 3504 and the client reconnects with whatever token it gets next.
-    const retry = (attempt: number) => new Promise((r) => setTimeout(r, backoffDelay(attempt, { minDelay: 250, maxDelay: 5_000 })));
-    for (let attempt = 0; this.current === "connected"; attempt++) {
-      let token: string | null | undefined;
-      try {
-        token = await getToken();
-      } catch (error) {
-        this.emit("error", { type: "transport", code: ClientCode.TokenUnavailable, message: `getToken failed: ${String(error)}` });
-        await retry(attempt);
-        continue;
-      }
-      if (this.current !== "connected") return;
-      if (token === null || token === undefined || token === "") {
-        this.stop(3500, "getToken gave no token");
-        return;
-      }
-      this.token = token;
-      if (this.transport instanceof PollTransport) {
-        // Stateless: the next request carries the new token.
-        this.scheduleRefresh(tokenTtl(token));
-        return;
-      }
-      try {
-        const result = await this.request<RefreshResult>("refresh", { token });
-        this.scheduleRefresh(result.ttl);
-      } catch (error) {
-        const code = error instanceof HeraldError ? error.code : 0;
-        if (code === 101) this.stop(3500, `refresh refused: ${String(error)}`);
-        else if (code === 109) {
-          // The backend gave an expired token: ask again, not in a tight loop.
-          await retry(attempt);
-          continue;
-        }
-        // Otherwise the connection dropped; reconnecting uses the new token.
-      }
-      return;
-    }
+    this.watchdog.start(probe ? pingInterval : (transport.silenceLimit ?? pingInterval + timeout), probe, {
+      alive: () => this.current === "connected" && this.transport === transport,
+      lastReceived: () => this.lastReceived,
+      ping: () => this.request("ping", {}),
+      dead: (reason) => this.dropTransport(ClientCode.NoPong, reason),
+    });
   }
 
   private setState(state: ClientState): void {
@@ -788,19 +583,9 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
   /** Sends a command with the next batch; `resolve` or `reject` is called as its reply is
    * read, before the rest of that frame. */
   private command(method: Method, params: Record<string, unknown>, resolve: (r: unknown) => void, reject: (e: HeraldError) => void): void {
-    this.nextId += 1;
-    const id = this.nextId;
-    this.expect(id, resolve, reject);
+    const id = this.replies.expect(resolve, reject);
     this.outbox.push({ id, method, params });
     this.scheduleFlush();
-  }
-
-  private expect(id: number, resolve: (r: unknown) => void, reject: (e: HeraldError) => void): void {
-    const timer = setTimeout(() => {
-      this.pending.delete(id);
-      reject(new HeraldError(ClientCode.NoPong, `no reply within ${this.options.timeout} ms`));
-    }, this.options.timeout);
-    this.pending.set(id, { resolve, reject, timer });
   }
 
   private retrySubscribe(sub: Subscription): void {
@@ -819,27 +604,6 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost, P
     };
     if (this.options.batchDelay > 0) setTimeout(flush, this.options.batchDelay);
     else queueMicrotask(flush);
-  }
-}
-
-function firstResult(m: ServerMessage): unknown {
-  for (const key of ["connect", "subscribe", "unsubscribe", "publish", "history", "refresh", "rpc", "presence", "presence_stats", "ping"] as const) {
-    if (m[key] !== undefined) return m[key];
-  }
-  return {};
-}
-
-/** Seconds until a JWT's `exp`, read without checking it (only to schedule a refresh;
- * the server is the one that checks). */
-function tokenTtl(token: string | undefined): number | undefined {
-  const payload = token?.split(".")[1];
-  if (payload === undefined) return undefined;
-  try {
-    const json = atob(payload.replace(/-/g, "+").replace(/_/g, "/"));
-    const exp = (JSON.parse(json) as { exp?: unknown }).exp;
-    return typeof exp === "number" ? Math.max(0, exp - Date.now() / 1000) : undefined;
-  } catch {
-    return undefined;
   }
 }
 

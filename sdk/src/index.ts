@@ -1,5 +1,6 @@
-export { Client, HeraldError, AUTO_TRANSPORTS, VERSION } from "./client.js";
-export type { ClientEvents, ClientOptions, ClientState, HistoryOptions, PresenceOptions } from "./client.js";
+export { Client, VERSION } from "./client.js";
+export { HeraldError, AUTO_TRANSPORTS } from "./options.js";
+export type { ClientEvents, ClientOptions, ClientState, HistoryOptions, PresenceOptions } from "./options.js";
 export { Subscription } from "./subscription.js";
 export type { Publication, SubscribedContext, SubscriptionEvents, SubscriptionOptions, SubscriptionState } from "./subscription.js";
 export type { TransportName } from "./transport/types.js";

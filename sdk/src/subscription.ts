@@ -1,7 +1,7 @@
 import { Emitter } from "./emitter.js";
 import type { Position } from "./cursor.js";
 import type { HistoryResult, Member, PresenceResult, PresenceStatsResult, PublishResult, Sender, SubscribeResult } from "./protocol.js";
-import type { HistoryOptions, PresenceOptions } from "./client.js";
+import type { HistoryOptions, PresenceOptions } from "./options.js";
 
 export type SubscriptionState = "unsubscribed" | "subscribing" | "subscribed";
 

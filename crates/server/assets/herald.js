@@ -153,6 +153,59 @@ var Herald = (() => {
     return position.epoch === void 0 ? { offset: position.offset } : { offset: position.offset, epoch: position.epoch };
   }
 
+  // src/options.ts
+  var AUTO_TRANSPORTS = ["websocket", "sse", "stream", "longpoll", "poll"];
+  var HeraldError = class extends Error {
+    constructor(code, message) {
+      super(message);
+      this.code = code;
+      this.name = "HeraldError";
+    }
+  };
+
+  // src/replies.ts
+  var Replies = class {
+    constructor(timeout) {
+      this.timeout = timeout;
+      this.nextId = 0;
+      this.pending = /* @__PURE__ */ new Map();
+    }
+    /** A new command id, whose reply will settle `resolve` or `reject`. */
+    expect(resolve, reject) {
+      this.nextId += 1;
+      const id = this.nextId;
+      const timer = setTimeout(() => {
+        this.pending.delete(id);
+        reject(new HeraldError(ClientCode.NoPong, `no reply within ${this.timeout} ms`));
+      }, this.timeout);
+      this.pending.set(id, { resolve, reject, timer });
+      return id;
+    }
+    /** Settles the command a reply answers (a reply to none is dropped: it timed out). */
+    settle(m) {
+      const pending = this.pending.get(m.id);
+      if (pending === void 0) return;
+      this.pending.delete(m.id);
+      clearTimeout(pending.timer);
+      if (m.error !== void 0) pending.reject(new HeraldError(m.error.code, m.error.message));
+      else pending.resolve(firstResult(m));
+    }
+    /** Rejects every command still waiting. */
+    rejectAll(error) {
+      for (const [id, p] of this.pending) {
+        clearTimeout(p.timer);
+        this.pending.delete(id);
+        p.reject(error);
+      }
+    }
+  };
+  function firstResult(m) {
+    for (const key of ["connect", "subscribe", "unsubscribe", "publish", "history", "refresh", "rpc", "presence", "presence_stats", "ping"]) {
+      if (m[key] !== void 0) return m[key];
+    }
+    return {};
+  }
+
   // src/subscription.ts
   var Subscription = class extends Emitter {
     constructor(channel, host, options = {}) {
@@ -280,6 +333,113 @@ var Herald = (() => {
     }
   };
 
+  // src/token.ts
+  var TokenRefresher = class {
+    constructor(getToken, host) {
+      this.getToken = getToken;
+      this.host = host;
+    }
+    /** Refreshes the token when 80% of its `ttlSeconds` have passed (at least a second before
+     * the end, so the `refresh` command arrives in time). */
+    schedule(ttlSeconds) {
+      this.cancel();
+      if (ttlSeconds === void 0 || this.getToken === void 0) return;
+      const ms = Math.max(0, Math.min(ttlSeconds * 800, ttlSeconds * 1e3 - 1e3));
+      this.timer = setTimeout(() => {
+        this.timer = void 0;
+        void this.refresh();
+      }, ms);
+    }
+    cancel() {
+      clearTimeout(this.timer);
+      this.timer = void 0;
+    }
+    /** One refresh at a time: a second caller shares the one in flight. */
+    refresh() {
+      this.running ?? (this.running = this.run().finally(() => this.running = void 0));
+      return this.running;
+    }
+    async run() {
+      const getToken = this.getToken;
+      if (getToken === void 0) return;
+      const host = this.host;
+      const retry = (attempt) => new Promise((r) => setTimeout(r, backoffDelay(attempt, { minDelay: 250, maxDelay: 5e3 })));
+      for (let attempt = 0; host.connected(); attempt++) {
+        let token;
+        try {
+          token = await getToken();
+        } catch (error) {
+          host.failed(error);
+          await retry(attempt);
+          continue;
+        }
+        if (!host.connected()) return;
+        if (token === null || token === void 0 || token === "") {
+          host.stop(3500, "getToken gave no token");
+          return;
+        }
+        if (host.adopt(token)) {
+          this.schedule(tokenTtl(token));
+          return;
+        }
+        try {
+          const result = await host.refresh(token);
+          this.schedule(result.ttl);
+        } catch (error) {
+          const code = error instanceof HeraldError ? error.code : 0;
+          if (code === 101) host.stop(3500, `refresh refused: ${String(error)}`);
+          else if (code === 109) {
+            await retry(attempt);
+            continue;
+          }
+        }
+        return;
+      }
+    }
+  };
+  function tokenTtl(token) {
+    const payload = token?.split(".")[1];
+    if (payload === void 0) return void 0;
+    try {
+      const json = atob(payload.replace(/-/g, "+").replace(/_/g, "/"));
+      const exp = JSON.parse(json).exp;
+      return typeof exp === "number" ? Math.max(0, exp - Date.now() / 1e3) : void 0;
+    } catch {
+      return void 0;
+    }
+  }
+
+  // src/watchdog.ts
+  var Watchdog = class {
+    start(limit, probe, watched) {
+      this.stop();
+      const check = () => {
+        this.timer = void 0;
+        if (!watched.alive()) return;
+        const silent = Date.now() - watched.lastReceived();
+        if (silent < limit) {
+          this.timer = setTimeout(check, limit - silent);
+        } else if (!probe) {
+          watched.dead(`nothing received for ${silent} ms`);
+        } else {
+          watched.ping().then(
+            () => {
+              if (watched.alive()) this.timer = setTimeout(check, limit);
+            },
+            (error) => {
+              if (error.code === ClientCode.NoPong && watched.alive()) watched.dead("no reply to ping");
+            }
+          );
+        }
+      };
+      this.timer = setTimeout(check, limit);
+    }
+    stop() {
+      clearTimeout(this.timer);
+      this.timer = void 0;
+    }
+  };
+
   // src/transport/types.ts
   function authClose(code) {
     return code === 101 ? 3500 : code === 109 ? 3504 : code;
@@ -391,6 +551,42 @@ var Herald = (() => {
       this.frame.onload = null;
       this.frame.src = "about:blank";
       this.frame.remove();
+    }
+  };
+
+  // src/polled.ts
+  var PolledSubscriptions = class {
+    constructor(subs) {
+      this.subs = subs;
+    }
+    channels() {
+      const out = /* @__PURE__ */ new Map();
+      for (const sub of this.subs.values()) {
+        if (sub.state !== "unsubscribed") out.set(sub.channel, sub.position);
+      }
+      return out;
+    }
+    answered(requested, announced) {
+      for (const channel of requested) {
+        const sub = this.subs.get(channel);
+        if (sub === void 0 || sub.state !== "subscribing" || announced.has(channel)) continue;
+        const position = sub.position;
+        if (position?.epoch !== void 0) sub.confirmed({ epoch: position.epoch, offset: position.offset, recovered: true }, true);
+      }
+    }
+    refused(code, reason, channel) {
+      if (!isRefusal(code)) return false;
+      const named = channel === void 0 ? void 0 : this.subs.get(channel);
+      if (named !== void 0 && named.state !== "unsubscribed") {
+        named.failed(code, reason);
+        return true;
+      }
+      const unconfirmed = [...this.subs.values()].filter((s) => s.state === "subscribing" && !s.confirmedOnce);
+      const mentioned = unconfirmed.filter((s) => reason.includes(s.channel));
+      const culprits = mentioned.length > 0 ? mentioned : unconfirmed;
+      if (culprits.length === 0) return false;
+      for (const sub of culprits) sub.failed(code, reason);
+      return true;
     }
   };
 
@@ -696,14 +892,6 @@ var Herald = (() => {
 
   // src/client.ts
   var VERSION = "0.1.0";
-  var AUTO_TRANSPORTS = ["websocket", "sse", "stream", "longpoll", "poll"];
-  var HeraldError = class extends Error {
-    constructor(code, message) {
-      super(message);
-      this.code = code;
-      this.name = "HeraldError";
-    }
-  };
   var Client = class extends Emitter {
     /** `url`: the server's HTTP(S) base URL; in a browser it defaults to the page's origin. */
     constructor(url, options = {}) {
@@ -715,14 +903,15 @@ var Herald = (() => {
       this.lastWorking = -1;
       this.failuresOfWorking = 0;
       this.attempt = 0;
+      this.watchdog = new Watchdog();
       this.lastReceived = 0;
       this.clientId = "";
-      this.nextId = 0;
-      this.pending = /* @__PURE__ */ new Map();
       this.outbox = [];
       this.flushScheduled = false;
       this.readyWaiters = [];
       this.subs = /* @__PURE__ */ new Map();
+      /** The subscriptions as the polling transports read them. */
+      this.polled = new PolledSubscriptions(this.subs);
       /** Transports that do not exist in this environment, with why. */
       this.unavailable = /* @__PURE__ */ new Map();
       const base = url ?? globalThis.location?.origin;
@@ -749,6 +938,17 @@ var Herald = (() => {
         getSubscriptionToken: options.getSubscriptionToken
       };
       this.token = options.token;
+      this.replies = new Replies(this.options.timeout);
+      this.refresher = new TokenRefresher(this.options.getToken, {
+        connected: () => this.current === "connected",
+        adopt: (token) => {
+          this.token = token;
+          return this.transport instanceof PollTransport;
+        },
+        refresh: (token) => this.request("refresh", { token }),
+        stop: (code, reason) => this.stop(code, reason),
+        failed: (error) => this.emit("error", { type: "transport", code: ClientCode.TokenUnavailable, message: `getToken failed: ${String(error)}` })
+      });
     }
     get state() {
       return this.current;
@@ -886,36 +1086,6 @@ var Herald = (() => {
       this.emit("error", { type: "server", code: ClientCode.OutOfOrder, message: reason });
       this.dropTransport(ClientCode.OutOfOrder, `out of order: ${reason}`);
     }
-    // --- PollSource ---
-    channels() {
-      const out = /* @__PURE__ */ new Map();
-      for (const sub of this.subs.values()) {
-        if (sub.state !== "unsubscribed") out.set(sub.channel, sub.position);
-      }
-      return out;
-    }
-    answered(requested, announced) {
-      for (const channel of requested) {
-        const sub = this.subs.get(channel);
-        if (sub === void 0 || sub.state !== "subscribing" || announced.has(channel)) continue;
-        const position = sub.position;
-        if (position?.epoch !== void 0) sub.confirmed({ epoch: position.epoch, offset: position.offset, recovered: true }, true);
-      }
-    }
-    refused(code, reason, channel) {
-      if (!isRefusal(code)) return false;
-      const named = channel === void 0 ? void 0 : this.subs.get(channel);
-      if (named !== void 0 && named.state !== "unsubscribed") {
-        named.failed(code, reason);
-        return true;
-      }
-      const unconfirmed = [...this.subs.values()].filter((s) => s.state === "subscribing" && !s.confirmedOnce);
-      const mentioned = unconfirmed.filter((s) => reason.includes(s.channel));
-      const culprits = mentioned.length > 0 ? mentioned : unconfirmed;
-      if (culprits.length === 0) return false;
-      for (const sub of culprits) sub.failed(code, reason);
-      return true;
-    }
     // --- connection ---
     /** Opens the next transport, fetching a token first when one is due. */
     open() {
@@ -997,9 +1167,10 @@ var Herald = (() => {
             if (this.token !== void 0) params["token"] = this.token;
             if (this.options.name !== void 0) params["name"] = this.options.name;
             if (this.firstClient !== void 0) params["client"] = this.firstClient;
-            this.nextId += 1;
-            const id = this.nextId;
-            this.expect(id, (r) => this.onConnected(r), (e) => this.dropTransport(e.code >= 3e3 ? e.code : 3500, e.message));
+            const id = this.replies.expect(
+              (r) => this.onConnected(r),
+              (e) => this.dropTransport(e.code >= 3e3 ? e.code : 3500, e.message)
+            );
             ws.send([{ id, method: "connect", params }]);
           });
           return ws;
@@ -1012,7 +1183,7 @@ var Herald = (() => {
           return new IframeTransport(ctx);
         case "longpoll":
         case "poll":
-          return new PollTransport(name, ctx, this, {
+          return new PollTransport(name, ctx, this.polled, {
             longpollTimeout: this.options.longpollTimeout,
             pollInterval: this.options.pollInterval,
             timeout: this.options.timeout
@@ -1022,12 +1193,7 @@ var Herald = (() => {
     onMessage(m) {
       this.lastReceived = Date.now();
       if (m.id !== void 0 && m.id !== 0) {
-        const pending = this.pending.get(m.id);
-        if (pending === void 0) return;
-        this.pending.delete(m.id);
-        clearTimeout(pending.timer);
-        if (m.error !== void 0) pending.reject(new HeraldError(m.error.code, m.error.message));
-        else pending.resolve(firstResult(m));
+        this.replies.settle(m);
         return;
       }
       if (m.pub !== void 0) {
@@ -1072,7 +1238,7 @@ var Herald = (() => {
       this.setState("connected");
       const transport = this.transport.name;
       this.startWatchdog();
-      this.scheduleRefresh(result.ttl ?? tokenTtl(this.token));
+      this.refresher.schedule(result.ttl ?? tokenTtl(this.token));
       this.emit("connected", { transport, client: this.clientId, user: result.user });
       for (const w of this.readyWaiters.splice(0)) w.resolve();
       for (const sub of this.subs.values()) {
@@ -1120,115 +1286,33 @@ var Herald = (() => {
     }
     teardown(error, rejectWaiters = true) {
       clearTimeout(this.connectTimer);
-      clearTimeout(this.refreshTimer);
-      this.refreshTimer = void 0;
+      this.refresher.cancel();
       clearTimeout(this.reconnectTimer);
-      clearTimeout(this.pingTimer);
+      this.watchdog.stop();
       this.reconnectTimer = void 0;
-      this.pingTimer = void 0;
       this.transport?.close();
       this.transport = void 0;
       this.outbox = [];
-      for (const [id, p] of this.pending) {
-        clearTimeout(p.timer);
-        this.pending.delete(id);
-        p.reject(error);
-      }
+      this.replies.rejectAll(error);
       if (rejectWaiters) for (const w of this.readyWaiters.splice(0)) w.reject(error);
     }
     backoff() {
       return { minDelay: this.options.minReconnectDelay, maxDelay: this.options.maxReconnectDelay };
     }
-    /** Session transports: a connection that goes silent is taken for dead and replaced,
-     * even when its socket says nothing (a blackholed link, a NAT that forgot it, a forever
-     * frame whose body was cut). Streams hear the keepalives they asked for, so silence past
-     * their limit is enough; WebSocket's keepalives are invisible to a page, so after
-     * `pingInterval` of quiet it asks (`ping`), and no reply within `timeout` ends it. One
-     * timer, set for the moment the limit would pass: no wake-up per message. */
+    /** Session transports: a connection that goes silent is taken for dead (see
+     * `Watchdog`). Polling's requests have their own limits. */
     startWatchdog() {
       const transport = this.transport;
       if (transport === void 0 || transport instanceof PollTransport) return;
       const probe = transport.name === "websocket";
       const { pingInterval, timeout } = this.options;
-      const limit = probe ? pingInterval : transport.silenceLimit ?? pingInterval + timeout;
-      const mine = () => this.current === "connected" && this.transport === transport;
-      const check = () => {
-        this.pingTimer = void 0;
-        if (!mine()) return;
-        const silent = Date.now() - this.lastReceived;
-        if (silent < limit) {
-          this.pingTimer = setTimeout(check, limit - silent);
-        } else if (!probe) {
-          this.dropTransport(ClientCode.NoPong, `nothing received for ${silent} ms`);
-        } else {
-          this.request("ping", {}).then(
-            () => {
-              if (mine()) this.pingTimer = setTimeout(check, limit);
-            },
-            (error) => {
-              if (error.code === ClientCode.NoPong && mine()) this.dropTransport(ClientCode.NoPong, "no reply to ping");
-            }
-          );
-        }
-      };
       this.lastReceived = Date.now();
-      clearTimeout(this.pingTimer);
-      this.pingTimer = setTimeout(check, limit);
-    }
-    // --- token refresh ---
-    /** Refreshes the token when 80% of its `ttlSeconds` have passed (at least a second before
-     * the end, so the `refresh` command arrives in time). */
-    scheduleRefresh(ttlSeconds) {
-      clearTimeout(this.refreshTimer);
-      this.refreshTimer = void 0;
-      if (ttlSeconds === void 0 || this.options.getToken === void 0) return;
-      const ms = Math.max(0, Math.min(ttlSeconds * 800, ttlSeconds * 1e3 - 1e3));
-      this.refreshTimer = setTimeout(() => {
-        this.refreshTimer = void 0;
-        void this.refreshToken();
-      }, ms);
-    }
-    /** One refresh at a time: a second caller shares the one in flight. */
-    refreshToken() {
-      this.refreshing ?? (this.refreshing = this.doRefresh().finally(() => this.refreshing = void 0));
-      return this.refreshing;
-    }
-    async doRefresh() {
-      const getToken = this.options.getToken;
-      if (getToken === void 0) return;
-      const retry = (attempt) => new Promise((r) => setTimeout(r, backoffDelay(attempt, { minDelay: 250, maxDelay: 5e3 })));
-      for (let attempt = 0; this.current === "connected"; attempt++) {
-        let token;
-        try {
-          token = await getToken();
-        } catch (error) {
-          this.emit("error", { type: "transport", code: ClientCode.TokenUnavailable, message: `getToken failed: ${String(error)}` });
-          await retry(attempt);
-          continue;
-        }
-        if (this.current !== "connected") return;
-        if (token === null || token === void 0 || token === "") {
-          this.stop(3500, "getToken gave no token");
-          return;
-        }
-        this.token = token;
-        if (this.transport instanceof PollTransport) {
-          this.scheduleRefresh(tokenTtl(token));
-          return;
-        }
-        try {
-          const result = await this.request("refresh", { token });
-          this.scheduleRefresh(result.ttl);
-        } catch (error) {
-          const code = error instanceof HeraldError ? error.code : 0;
-          if (code === 101) this.stop(3500, `refresh refused: ${String(error)}`);
-          else if (code === 109) {
-            await retry(attempt);
-            continue;
-          }
-        }
-        return;
-      }
+      this.watchdog.start(probe ? pingInterval : transport.silenceLimit ?? pingInterval + timeout, probe, {
+        alive: () => this.current === "connected" && this.transport === transport,
+        lastReceived: () => this.lastReceived,
+        ping: () => this.request("ping", {}),
+        dead: (reason) => this.dropTransport(ClientCode.NoPong, reason)
+      });
     }
     setState(state) {
       if (state === this.current) return;
@@ -1272,18 +1356,9 @@ var Herald = (() => {
     /** Sends a command with the next batch; `resolve` or `reject` is called as its reply is
      * read, before the rest of that frame. */
     command(method, params, resolve, reject) {
-      this.nextId += 1;
-      const id = this.nextId;
-      this.expect(id, resolve, reject);
+      const id = this.replies.expect(resolve, reject);
       this.outbox.push({ id, method, params });
       this.scheduleFlush();
-    }
-    expect(id, resolve, reject) {
-      const timer = setTimeout(() => {
-        this.pending.delete(id);
-        reject(new HeraldError(ClientCode.NoPong, `no reply within ${this.options.timeout} ms`));
-      }, this.options.timeout);
-      this.pending.set(id, { resolve, reject, timer });
     }
     retrySubscribe(sub) {
       setTimeout(() => {
@@ -1302,22 +1377,5 @@ var Herald = (() => {
       else queueMicrotask(flush);
     }
   };
-  function firstResult(m) {
-    for (const key of ["connect", "subscribe", "unsubscribe", "publish", "history", "refresh", "rpc", "presence", "presence_stats", "ping"]) {
-      if (m[key] !== void 0) return m[key];
-    }
-    return {};
-  }
-  function tokenTtl(token) {
-    const payload = token?.split(".")[1];
-    if (payload === void 0) return void 0;
-    try {
-      const json = atob(payload.replace(/-/g, "+").replace(/_/g, "/"));
-      const exp = JSON.parse(json).exp;
-      return typeof exp === "number" ? Math.max(0, exp - Date.now() / 1e3) : void 0;
-    } catch {
-      return void 0;
-    }
-  }
   return __toCommonJS(index_exports);
 })();

@@ -26,7 +26,9 @@ use crate::{
 };
 
 mod generic;
+mod poll;
 use generic::generic_session;
+use poll::poll_session;
 
 /// How a client reaches the server and what it says.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -527,83 +529,6 @@ async fn http_speaker(
             }
         }
     }))))
-}
-
-#[derive(Deserialize)]
-struct PollAnswer {
-    cursor: String,
-    messages: Vec<serde_json::Value>,
-    /// The session the server parked for the next long-poll (as the SDK sends it back).
-    #[serde(default)]
-    session_key: Option<String>,
-}
-
-async fn poll_session(
-    spec: &ClientSpec,
-    speak: Option<&Speak>,
-    rec: &Tracker,
-) -> anyhow::Result<()> {
-    let (mut sender, _conn) = http_connection(spec, rec).await?;
-    let _speaker = http_speaker(spec, speak, rec).await?;
-    let mut positions = Positions::default();
-    let mut epochs = HashMap::new();
-    let mut cursor = String::new();
-    let mut first = true;
-    let interval = match spec.transport {
-        Transport::Poll { ms } => Some(Duration::from_millis(ms)),
-        _ => None,
-    };
-    let mut session_key = String::new();
-    loop {
-        let held = interval.is_none() && !first;
-        let query = {
-            let mut query = form_urlencoded::Serializer::new(String::new());
-            query
-                .append_pair("channel", &spec.channel)
-                .append_pair("cursor", &cursor);
-            if interval.is_none() {
-                query.append_pair("session_key", &session_key);
-            }
-            query.finish()
-        };
-        let path = if held { "longpoll" } else { "poll" };
-        sender.ready().await?;
-        let res = sender
-            .send_request(get(spec, &format!("/connection/{path}?{query}"))?)
-            .await?;
-        let status = res.status();
-        let body = res.into_body().collect().await?.to_bytes();
-        if !status.is_success() {
-            bail!("HTTP {status}: {}", String::from_utf8_lossy(&body));
-        }
-        let answer: PollAnswer = serde_json::from_slice(&body)?;
-        session_key = answer.session_key.unwrap_or_default();
-        for m in &answer.messages {
-            if let Some(s) = m.get("subscribe") {
-                if let (Some(c), Some(e)) = (s["channel"].as_str(), s["epoch"].as_str()) {
-                    epochs.insert(c.to_string(), e.to_string());
-                    positions
-                        .last
-                        .entry(c.to_string())
-                        .or_insert(s["offset"].as_u64().unwrap_or(0));
-                }
-            } else {
-                positions.push(&m.to_string(), rec);
-            }
-        }
-        if first {
-            rec.connected();
-            first = false;
-        }
-        cursor = if answer.cursor.is_empty() {
-            positions.cursor(&epochs)
-        } else {
-            answer.cursor
-        };
-        if let Some(every) = interval {
-            tokio::time::sleep(every).await;
-        }
-    }
 }
 
 #[cfg(test)]
