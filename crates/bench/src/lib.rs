@@ -7,6 +7,7 @@ pub mod client;
 pub mod fleet;
 pub mod netinfo;
 pub mod procstat;
+pub mod record;
 pub mod report;
 pub mod scenarios;
 pub mod target;

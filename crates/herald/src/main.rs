@@ -123,7 +123,7 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
 /// Tells the operator which namespaces anonymous clients may read or publish to: without
 /// token keys every namespace is open to reading, which is right for a demo and wrong for
 /// anything private.
-fn say_what_is_open(settings: &herald_server::config::Settings) {
+fn say_what_is_open(settings: &herald_server::Settings) {
     // With a connect hook, only clients the backend admits without a user are anonymous.
     let keyed = settings.tokens.keyed() || settings.hooks.connect.is_some();
     for (key, url) in settings.config.hooks.urls() {

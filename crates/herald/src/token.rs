@@ -3,61 +3,16 @@
 //! Backends should mint their own (any JWT library will do; docs/auth.md shows how); this
 //! is for trying things out, as `centrifugo gentoken` is.
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use clap::Args;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{json, Map, Value};
 
-use crate::{cli::ServeArgs, settings};
-
-#[derive(Debug, Args)]
-pub struct TokenArgs {
-    /// The user the token names (its `sub`, or the claim `auth.user_claim` names).
-    #[arg(long)]
-    pub user: String,
-    /// How long the token is valid: `30s`, `10m`, `1h`, `7d`; `0` for no expiry.
-    #[arg(long, default_value = "1h", value_parser = parse_ttl)]
-    pub ttl: Duration,
-    /// Channel pattern the user may subscribe to (and read history and presence of);
-    /// `*` matches any characters, as in `chat:*`. Repeatable.
-    #[arg(long = "grant", value_name = "PATTERN")]
-    pub grants: Vec<String>,
-    /// Channel pattern the user may publish to. Repeatable.
-    #[arg(long = "publish", value_name = "PATTERN")]
-    pub publish: Vec<String>,
-    /// Channel the connection is subscribed to as it connects. Repeatable.
-    #[arg(long = "channel", value_name = "NAME")]
-    pub channels: Vec<String>,
-    /// Public data about the user (JSON), shown to others.
-    #[arg(long)]
-    pub info: Option<String>,
-    /// Mint a subscription token for this channel instead of a connection token.
-    #[arg(long, value_name = "CHANNEL", conflicts_with_all = ["grants", "publish", "channels"])]
-    pub subscription: Option<String>,
-    /// Sign with this private key (PEM) instead of `auth.hmac_secret`.
-    #[arg(long)]
-    pub private_key: Option<PathBuf>,
-    /// Algorithm for --private-key: RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384 or
-    /// EdDSA; with the HMAC secret: HS256, HS384 or HS512.
-    #[arg(long)]
-    pub alg: Option<String>,
-    /// Key id (`kid`) to put in the header, for JWKS keys.
-    #[arg(long)]
-    pub kid: Option<String>,
-    /// The configuration whose `[auth]` the token is for (HERALD_AUTH__* variables count
-    /// too, as for `herald serve`).
-    #[arg(long, short, env = "HERALD_CONFIG")]
-    pub config: Option<PathBuf>,
-}
-
-fn parse_ttl(s: &str) -> Result<Duration, String> {
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    humantime::parse_duration(s).map_err(|e| e.to_string())
-}
+use crate::{
+    cli::{ServeArgs, TokenArgs},
+    settings,
+};
 
 pub fn mint(a: TokenArgs) -> anyhow::Result<ExitCode> {
     let config = settings::load(&ServeArgs {

@@ -5,25 +5,9 @@
 use std::{collections::BTreeMap, fmt::Write as _, process::ExitCode, time::Duration};
 
 use anyhow::{bail, Context};
-use clap::Args;
 use serde_json::Value;
 
-use crate::cli::ServerArgs;
-
-#[derive(Debug, Args)]
-pub struct TopArgs {
-    #[command(flatten)]
-    pub server: ServerArgs,
-    /// API key with read scope (the view reads `/api/nodes` and `/metrics`).
-    #[arg(long, env = "HERALD_API_KEY", hide_env_values = true)]
-    pub api_key: Option<String>,
-    /// Time between two looks (rates are over it).
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    pub interval: Duration,
-    /// Print one view (after two looks, for the rates) and exit, instead of redrawing.
-    #[arg(long)]
-    pub once: bool,
-}
+use crate::cli::TopArgs;
 
 /// One look at the cluster: each node's figures by id, and the answering node's metrics.
 struct Look {

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use crate::{
     error::{Disconnect, Failure},
     node::Node,
-    session::registry::Who,
+    registry::Who,
 };
 
 /// What node requests for an action start with (session ids never contain `!`).

@@ -26,9 +26,12 @@ pub mod node;
 pub mod policy;
 pub mod publish;
 pub mod queue;
+pub mod registry;
 pub mod router;
 pub mod session;
+pub mod settings;
 pub mod throttle;
+pub mod token;
 pub mod transport;
 pub mod web;
 
@@ -39,8 +42,9 @@ use std::{
 
 use tokio::net::TcpListener;
 
-pub use config::{Config, Settings};
+pub use config::Config;
 pub use node::Node;
+pub use settings::Settings;
 
 /// Refused sockets still being told why; past this many, more are closed without a word.
 const MAX_LINGERING: usize = 1024;

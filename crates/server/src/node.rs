@@ -14,10 +14,7 @@ use herald_broker::{
 use herald_broker_redis::{RedisBroker, RedisOptions};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
-use crate::{
-    config::{Settings, StorageEngine},
-    hub::Hub,
-};
+use crate::{config::StorageEngine, hub::Hub, settings::Settings};
 
 /// Shared state of one Herald process.
 pub struct Node {
@@ -46,9 +43,7 @@ pub struct Node {
     /// What `GET /metrics` reports.
     pub metrics: crate::metrics::Metrics,
     /// Open connections by client id, for operators' actions.
-    pub sessions: crate::session::registry::Registry,
-    /// Long-poll sessions waiting for their client's next request.
-    pub parked: crate::session::parked::Parked,
+    pub sessions: crate::registry::Registry,
     connections: AtomicUsize,
     next_session: AtomicU64,
     started: Instant,
@@ -107,13 +102,8 @@ impl Node {
             crate::hooks::events::EventLog::start(&settings.config.hooks, caller, broker.clone())
         });
         let shutdown = CancellationToken::new();
-        let parked = crate::session::parked::Parked::new(
-            settings.config.http.longpoll_grace,
-            shutdown.clone(),
-        );
         let node = Arc::new(Self {
             events,
-            parked,
             id,
             limits,
             settings,

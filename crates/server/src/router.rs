@@ -88,6 +88,12 @@ pub async fn serve_metrics(
 
 /// The whole HTTP surface of a node.
 pub fn router(node: Arc<Node>) -> Router {
+    // Long-poll sessions kept between requests: the long-poll transport's own state.
+    let parked = poll::Parked::new(
+        node.settings.config.http.longpoll_grace,
+        node.shutdown.clone(),
+        node.metrics.longpolls_kept.clone(),
+    );
     let connection = Router::new()
         .route("/connection/websocket", get(websocket::upgrade))
         .route("/connection/sse", get(stream::sse))
@@ -96,6 +102,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/connection/longpoll", get(poll::longpoll))
         .route("/connection/poll", get(poll::poll))
         .route("/connection/send", post(send::send))
+        .layer(axum::Extension(parked))
         .layer(DefaultBodyLimit::max(
             node.settings.config.client.max_frame_size,
         ))

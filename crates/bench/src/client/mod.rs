@@ -22,7 +22,7 @@ use tokio_tungstenite::tungstenite::{
 
 use crate::{
     netinfo::Counted,
-    worker::{Recorder, Speak, Tracker},
+    record::{Recorder, Speak, Tracker},
 };
 
 mod generic;

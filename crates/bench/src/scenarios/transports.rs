@@ -11,7 +11,7 @@ use super::{percentiles, round, transport_list, Monitor, Target};
 use crate::{
     fleet::Fleet,
     report::{BarMetric, Bars, Outcome, Table},
-    worker::Speak,
+    record::Speak,
     Common,
 };
 

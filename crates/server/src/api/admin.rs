@@ -13,7 +13,7 @@ use herald_protocol::ErrorCode;
 use serde::Deserialize;
 
 use super::body;
-use crate::{admin, error::Failure, node::Node, session::registry::Who};
+use crate::{admin, error::Failure, node::Node, registry::Who};
 
 /// Whose connections an action is for: exactly one of `user` and `client`.
 #[derive(Deserialize)]

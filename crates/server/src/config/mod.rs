@@ -9,7 +9,7 @@ mod hooks;
 mod namespaces;
 mod network;
 
-use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
@@ -283,19 +283,6 @@ pub const OPERATOR_NAMESPACE: &str = "herald";
 /// ([`crate::hooks::events`]).
 pub const EVENTS_NAMESPACE: &str = "$herald";
 
-/// A checked configuration with namespace rules resolved and token keys loaded.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// The configuration as given.
-    pub config: Config,
-    /// Checks client tokens against the configured keys.
-    pub tokens: Arc<crate::policy::token::Verifier>,
-    /// The application backend's hooks.
-    pub hooks: Arc<crate::hooks::Hooks>,
-    default_namespace: NamespaceConfig,
-    namespaces: BTreeMap<String, NamespaceConfig>,
-}
-
 impl Config {
     /// Checks every value and resolves namespace rules.
     /// Refuses API keys short enough to guess, or to have been copied from an example
@@ -314,7 +301,8 @@ impl Config {
         Ok(())
     }
 
-    pub fn validate(self) -> Result<Settings, ConfigError> {
+    /// Checks every value (not the key files: [`Config::validate`] loads them).
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
         self.check_api_keys()?;
         let c = &self.client;
         if self.presence.join_leave_window.is_zero() {
@@ -389,8 +377,14 @@ impl Config {
             }
         }
         self.auth.check()?;
-        self.hooks.check()?;
-        let tokens = Arc::new(crate::policy::token::Verifier::new(&self.auth)?);
+        self.hooks.check()
+    }
+
+    /// The rules of `[channels]` and of every namespace, resolved and checked (Herald's own
+    /// namespace included).
+    pub(crate) fn namespace_rules(
+        &self,
+    ) -> Result<(NamespaceConfig, BTreeMap<String, NamespaceConfig>), ConfigError> {
         self.channels.check_replaced("channels")?;
         let base = NamespaceConfig::built_in(self.auth.keyed()).apply(&self.channels);
         base.check("channels", &self.hooks)?;
@@ -418,13 +412,7 @@ impl Config {
             namespaces.insert(name.clone(), ns);
         }
         namespaces.insert(OPERATOR_NAMESPACE.to_string(), operator_namespace(&base));
-        Ok(Settings {
-            tokens,
-            hooks: Arc::new(crate::hooks::Hooks::new(&self.hooks)),
-            default_namespace: base,
-            namespaces,
-            config: self,
-        })
+        Ok((base, namespaces))
     }
 }
 
@@ -449,63 +437,6 @@ fn operator_namespace(base: &NamespaceConfig) -> NamespaceConfig {
         durable: Some(false),
         ..Default::default()
     })
-}
-
-impl Settings {
-    /// The rules for a channel's namespace (or the `[channels]` defaults).
-    pub fn namespace(&self, namespace: &str) -> &NamespaceConfig {
-        self.namespaces
-            .get(namespace)
-            .unwrap_or(&self.default_namespace)
-    }
-
-    /// A channel's namespace as metrics label it: its name when the configuration lists it
-    /// (bounded by the configuration), else `_other` (clients can make up any).
-    pub fn namespace_label<'a>(&'a self, namespace: &str) -> &'a str {
-        self.namespaces
-            .get_key_value(namespace)
-            .map_or("_other", |(name, _)| name.as_str())
-    }
-
-    /// Each channel's retention by its namespace's rules, for the broker.
-    pub fn policies(&self) -> herald_broker::Policies {
-        let rules = self.clone();
-        let events = self.config.hooks.events_policy();
-        std::sync::Arc::new(move |c| match c.namespace() {
-            EVENTS_NAMESPACE => events,
-            ns => rules.namespace(ns).stream_policy(),
-        })
-    }
-
-    /// Every accepted API key, with its scope.
-    pub fn api_keys(&self) -> impl Iterator<Item = (&str, ApiScope)> {
-        let single = self.config.api_key.as_deref().map(|k| (k, ApiScope::All));
-        self.config.api_keys.iter().map(ApiKey::parts).chain(single)
-    }
-
-    /// Namespaces (by name; `[channels]` as the empty name) whose channels anonymous
-    /// clients may read or publish to, with what they may do: said at start-up, so an
-    /// operator sees what is open.
-    pub fn open_to_anyone(&self) -> Vec<(&str, Vec<&'static str>)> {
-        let open = |ns: &NamespaceConfig| {
-            let mut can = Vec::new();
-            if ns.subscribe == Access::Anyone {
-                can.push("subscribe");
-                if ns.history == Access::Anyone {
-                    can.push("read history");
-                }
-            }
-            if ns.publish == Access::Anyone {
-                can.push("publish");
-            }
-            can
-        };
-        std::iter::once(("", &self.default_namespace))
-            .chain(self.namespaces.iter().map(|(n, ns)| (n.as_str(), ns)))
-            .map(|(name, ns)| (name, open(ns)))
-            .filter(|(_, can)| !can.is_empty())
-            .collect()
-    }
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ pub use caller::{Caller, HookError};
 use crate::{
     config::HooksConfig,
     error::{Disconnect, Failure},
-    policy::token::Identity,
+    token::Identity,
 };
 
 /// The transport a client came by, as hooks are told it.

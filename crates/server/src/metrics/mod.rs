@@ -142,6 +142,8 @@ pub struct Metrics {
     hook_seconds: Family<HookLabel, Durations>,
     hook_failures: Family<HookLabel, Counter>,
     broker_errors: Family<OperationLabel, Counter>,
+    /// Long-poll sessions kept between their client's requests.
+    pub longpolls_kept: Gauge,
     snapshot: Arc<Mutex<Snapshot>>,
 }
 
@@ -225,6 +227,12 @@ impl Default for Metrics {
             "Broker calls that failed (storage or Redis unavailable, refused), by operation",
             broker_errors.clone(),
         );
+        let longpolls_kept = Gauge::default();
+        registry.register(
+            "longpoll_sessions_kept",
+            "Long-poll sessions kept, still subscribed, between their client's requests (session_key, http.longpoll_grace)",
+            longpolls_kept.clone(),
+        );
         let wires: Arc<[Arc<Wire>]> = TRANSPORTS
             .iter()
             .map(|&transport| {
@@ -253,6 +261,7 @@ impl Default for Metrics {
             command_seconds,
             hook_seconds,
             hook_failures,
+            longpolls_kept,
             snapshot,
         }
     }

@@ -21,19 +21,16 @@
 //! decides, asked by the session after these rules pass. Transports never see the rules:
 //! they hand the session what the client sent, and the session asks here.
 
-pub mod grants;
-mod jwks;
 pub mod operator;
-pub mod token;
 
 use herald_protocol::{ChannelName, ErrorCode};
 
+use crate::token::Identity;
 use crate::{
     config::{Access, NamespaceConfig},
     error::Failure,
     node::Node,
 };
-use token::Identity;
 
 /// What a client asks to do with a channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,8 +14,8 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::token::{Identity, TokenError};
-use crate::config::Settings;
+use crate::settings::Settings;
+use crate::token::{Identity, TokenError};
 
 /// The namespace of Herald's own channels; a configuration may not name it.
 pub use crate::config::OPERATOR_NAMESPACE as NAMESPACE;

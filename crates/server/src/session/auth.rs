@@ -18,10 +18,8 @@ use super::{Reply, Session};
 use crate::{
     error::{Disconnect, Failure},
     hooks::{self, HookError, RequestFacts, Transport},
-    policy::{
-        token::{unix_now, ChannelGrant, Identity, TokenError},
-        Asker,
-    },
+    policy::Asker,
+    token::{unix_now, ChannelGrant, Identity, TokenError},
 };
 
 /// What tokens and hooks gave a session. Boxed in the session: most connections never
@@ -105,7 +103,7 @@ impl Session {
                 self.queue.count_in(wire);
             }
             if !transport.is_request() {
-                let entry = super::registry::Entry {
+                let entry = crate::registry::Entry {
                     session: self.id(),
                     queue: self.queue.clone(),
                     transport,
@@ -208,9 +206,7 @@ impl Session {
             .and_then(|g| g.info.as_deref());
         Some(match channel_info {
             None => identity.from.clone(),
-            Some(ci) => {
-                crate::policy::token::sender(&identity.user, identity.info.as_deref(), Some(ci))
-            }
+            Some(ci) => crate::token::sender(&identity.user, identity.info.as_deref(), Some(ci)),
         })
     }
 

@@ -81,6 +81,28 @@ impl Session {
         Positions(&self.subscriptions)
     }
 
+    /// Whether a request for `channels` continues this session exactly: the same channels
+    /// (those its token subscribes it to may go unnamed), each from the session's position.
+    /// (A parked long-poll's session is taken up only then.)
+    pub fn continued_by(&self, channels: &[(ChannelName, Option<herald_protocol::Since>)]) -> bool {
+        let granted: &[ChannelName] = self.identity().map_or(&[], |i| &i.channels);
+        let named_here =
+            |c: &ChannelName| channels.iter().any(|(n, _)| n == c) || granted.contains(c);
+        self.subscriptions.keys().all(named_here)
+            && channels.iter().all(|(channel, since)| {
+                let Some(position) = self.subscriptions.get(channel) else {
+                    return false;
+                };
+                match (position.get(), since) {
+                    (Some((epoch, offset)), Some(since)) => {
+                        since.epoch.as_ref() == Some(epoch) && offset == since.offset
+                    }
+                    (None, None) => true,
+                    _ => false,
+                }
+            })
+    }
+
     /// How many channels it is subscribed to.
     pub fn subscription_count(&self) -> usize {
         self.subscriptions.len()

@@ -10,9 +10,7 @@
 
 mod auth;
 mod deliveries;
-pub mod parked;
 mod presence;
-pub mod registry;
 mod subscribe;
 mod subscriptions;
 

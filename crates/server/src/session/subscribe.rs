@@ -14,8 +14,9 @@ use crate::{
     error::Failure,
     history, hooks,
     node::Node,
-    policy::{self, token::ChannelGrant, Action},
+    policy::{self, Action},
     queue::Position,
+    token::ChannelGrant,
 };
 
 impl Session {

@@ -3,7 +3,7 @@
 use axum::http::{header, HeaderMap};
 use herald_protocol::ErrorCode;
 
-use crate::{config::Settings, error::Failure};
+use crate::{error::Failure, settings::Settings};
 
 /// Allows requests without `Origin` (not from a browser), same-origin requests, and the
 /// origins listed in `allowed_origins` (`*` allows any).

@@ -12,8 +12,8 @@ use crate::{
     error::Failure,
     limits::{AddressGuard, Peer},
     node::Node,
-    policy::token::ChannelGrant,
     session::Session,
+    token::ChannelGrant,
 };
 
 /// Whether a new connection or poll may start: the origin is allowed, the server is not

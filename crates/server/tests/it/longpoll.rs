@@ -52,7 +52,11 @@ async fn a_re_poll_takes_up_its_parked_session_with_what_queued_meanwhile() {
         key.len() == 32 && key.bytes().all(|b| b.is_ascii_hexdigit()),
         "{first}"
     );
-    assert_eq!(server.node.parked.len(), 1);
+    assert_eq!(server.node.metrics.longpolls_kept.get(), 1);
+    assert!(server
+        .metrics()
+        .await
+        .contains("herald_longpoll_sessions_kept 1"));
     assert_eq!(server.node.hub.channel_count(), 1, "still subscribed");
 
     // Published while no request is held.
@@ -78,7 +82,7 @@ async fn a_re_poll_takes_up_its_parked_session_with_what_queued_meanwhile() {
         async move { response(reqwest::get(url).await.unwrap()).await }
     });
     eventually("the re-poll took its session up", || async {
-        server.node.parked.is_empty()
+        server.node.metrics.longpolls_kept.get() == 0
     })
     .await;
     server.publish("live:prices", json!(4)).await;
@@ -163,7 +167,7 @@ async fn a_parked_session_ends_after_its_grace_and_polls_without_a_key_park_noth
     let server = start(c).await;
     let plain = get(&server, "/connection/poll?channel=open:b").await;
     assert!(plain.get("session_key").is_none(), "{plain}");
-    assert!(server.node.parked.is_empty());
+    assert!(server.node.metrics.longpolls_kept.get() == 0);
     eventually("the plain poll's session is gone", || async {
         server.node.connection_count() == 0 && server.node.hub.channel_count() == 0
     })
@@ -171,10 +175,10 @@ async fn a_parked_session_ends_after_its_grace_and_polls_without_a_key_park_noth
 
     let parked = get(&server, "/connection/poll?channel=open:b&session_key=").await;
     assert!(parked["session_key"].is_string(), "{parked}");
-    assert_eq!(server.node.parked.len(), 1);
+    assert_eq!(server.node.metrics.longpolls_kept.get(), 1);
     assert_eq!(server.node.connection_count(), 1);
     eventually("the parked session ends after its grace", || async {
-        server.node.parked.is_empty()
+        server.node.metrics.longpolls_kept.get() == 0
             && server.node.connection_count() == 0
             && server.node.hub.channel_count() == 0
     })

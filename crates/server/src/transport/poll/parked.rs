@@ -19,11 +19,11 @@ use std::{
 
 use herald_protocol::{ChannelName, Since};
 use parking_lot::Mutex;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::Session;
-use crate::limits::AddressGuard;
+use crate::{limits::AddressGuard, session::Session};
 
 /// The key a long-poll answer carries as `session`: 32 hex digits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -77,19 +77,30 @@ struct Inner {
     sessions: Mutex<HashMap<Key, Entry>>,
     hasher: RandomState,
     grace: Duration,
+    /// How many are parked, for `/metrics`.
+    count: Gauge,
 }
 
-/// The node's parked long-poll sessions.
+impl Inner {
+    fn counted(&self, sessions: &HashMap<Key, Entry>) {
+        self.count.set(sessions.len() as i64);
+    }
+}
+
+/// A node's parked long-poll sessions: the long-poll transport's own state, which the
+/// router hands its handlers.
 #[derive(Debug, Clone)]
 pub struct Parked(Arc<Inner>);
 
 impl Parked {
-    /// Parks sessions for `grace` (zero: never), and drops them all at `shutdown`.
-    pub fn new(grace: Duration, shutdown: CancellationToken) -> Self {
+    /// Parks sessions for `grace` (zero: never), and drops them all at `shutdown`; `count`
+    /// says how many are parked.
+    pub fn new(grace: Duration, shutdown: CancellationToken, count: Gauge) -> Self {
         let parked = Self(Arc::new(Inner {
             sessions: Mutex::default(),
             hasher: RandomState::new(),
             grace,
+            count,
         }));
         if !grace.is_zero() && tokio::runtime::Handle::try_current().is_ok() {
             tokio::spawn(sweep(Arc::downgrade(&parked.0), shutdown));
@@ -115,7 +126,12 @@ impl Parked {
             credentials,
             until,
         };
-        let replaced = self.0.sessions.lock().insert(key, entry);
+        let replaced = {
+            let mut sessions = self.0.sessions.lock();
+            let replaced = sessions.insert(key, entry);
+            self.0.counted(&sessions);
+            replaced
+        };
         drop(replaced);
     }
 
@@ -136,12 +152,17 @@ impl Parked {
         client: Option<&str>,
         channels: &[(ChannelName, Option<Since>)],
     ) -> Option<Resumed> {
-        let entry = self.0.sessions.lock().remove(&key)?;
+        let entry = {
+            let mut sessions = self.0.sessions.lock();
+            let entry = sessions.remove(&key);
+            self.0.counted(&sessions);
+            entry?
+        };
         let session = &entry.resumed.session;
         let fits = entry.credentials == credentials
             && entry.until > Instant::now()
             && client.is_none_or(|c| c == session.first_client())
-            && asks_where_it_is(session, channels);
+            && session.continued_by(channels);
         fits.then_some(entry.resumed)
     }
 
@@ -153,27 +174,6 @@ impl Parked {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
-
-/// Whether a request for `channels` continues `session` exactly: the same channels (the
-/// token's may go unnamed), each from the session's position.
-fn asks_where_it_is(session: &Session, channels: &[(ChannelName, Option<Since>)]) -> bool {
-    let granted: &[ChannelName] = session.identity().map_or(&[], |i| &i.channels);
-    let named_here = |c: &ChannelName| channels.iter().any(|(n, _)| n == c) || granted.contains(c);
-    let same_set = session.subscriptions.keys().all(named_here);
-    same_set
-        && channels.iter().all(|(channel, since)| {
-            let Some(position) = session.subscriptions.get(channel) else {
-                return false;
-            };
-            match (position.get(), since) {
-                (Some((epoch, offset)), Some(since)) => {
-                    since.epoch.as_ref() == Some(epoch) && offset == since.offset
-                }
-                (None, None) => true,
-                _ => false,
-            }
-        })
 }
 
 /// Drops sessions whose grace has passed (every second), and all of them at shutdown.
@@ -192,7 +192,7 @@ async fn sweep(parked: Weak<Inner>, shutdown: CancellationToken) {
         // Dropped outside the lock: a session's drop takes other locks and spawns its leave.
         let gone: Vec<Entry> = {
             let mut sessions = inner.sessions.lock();
-            if stopping {
+            let gone = if stopping {
                 sessions.drain().map(|(_, e)| e).collect()
             } else {
                 let expired: Vec<Key> = sessions
@@ -201,7 +201,9 @@ async fn sweep(parked: Weak<Inner>, shutdown: CancellationToken) {
                     .map(|(k, _)| *k)
                     .collect();
                 expired.iter().filter_map(|k| sessions.remove(k)).collect()
-            }
+            };
+            inner.counted(&sessions);
+            gone
         };
         drop(gone);
         if stopping {

@@ -1,7 +1,7 @@
 //! Long-polling and interval polling: one request, one answer. The cursor in the answer is
 //! the position to ask from next time, so any node of a cluster can answer any request.
 //! A request that asks for it (`session_key=`) has its session parked after the answer
-//! (see [`crate::session::parked`]): the next request, with the answer's `session_key`,
+//! (see [`parked`]): the next request, with the answer's `session_key`,
 //! takes it up with what queued meanwhile instead of building it again.
 //!
 //! Answer: `{"cursor": "…", "client": "…", "session_key": "…", "messages": [PUSH, …]}`,
@@ -34,11 +34,12 @@ use crate::{
     hooks::Transport,
     limits::{AddressGuard, Peer},
     node::Node,
-    session::{
-        parked::{Credentials, Key, Resumed},
-        ExpiryTimer, Session,
-    },
+    session::{ExpiryTimer, Session},
 };
+
+mod parked;
+pub use parked::Parked;
+use parked::{Credentials, Key, Resumed};
 
 /// Most bytes of publications in one answer; the rest comes with the next request.
 const MAX_ANSWER_BYTES: usize = 1 << 20;
@@ -46,11 +47,12 @@ const MAX_ANSWER_BYTES: usize = 1 << 20;
 /// `GET /connection/poll`: answers at once with what is new (possibly nothing).
 pub async fn poll(
     State(node): State<Arc<Node>>,
+    Extension(parked): Extension<Parked>,
     peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    match prepare(node, peer, headers, query, false).await {
+    match prepare((node, parked), peer, headers, query, false).await {
         Ok(prepared) => finish(*prepared),
         Err(f) => f.into_response(),
     }
@@ -61,12 +63,13 @@ pub async fn poll(
 /// back to run on the socket, in the connection's own task.
 pub async fn longpoll(
     State(node): State<Arc<Node>>,
+    Extension(parked): Extension<Parked>,
     peer: Option<Extension<Peer>>,
     lean: Option<Extension<Lean>>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    let mut prepared = match prepare(node, peer, headers, query, true).await {
+    let mut prepared = match prepare((node, parked), peer, headers, query, true).await {
         Ok(prepared) => prepared,
         Err(f) => return f.into_response(),
     };
@@ -112,6 +115,8 @@ pub struct Prepared {
     /// Whether the session is parked after the answer: under the key it was taken up with
     /// (none yet for a new one), for a request with these credentials.
     park: Option<(Option<Key>, Credentials)>,
+    /// Where it is parked.
+    parked: Parked,
 }
 
 impl Prepared {
@@ -156,7 +161,7 @@ impl Prepared {
 }
 
 async fn prepare(
-    node: Arc<Node>,
+    (node, parked): (Arc<Node>, Parked),
     peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     query: Option<String>,
@@ -164,22 +169,20 @@ async fn prepare(
 ) -> Result<Box<Prepared>, Failure> {
     let request = OpenRequest::parse(query.as_deref(), &headers)?;
     let park = match request.session_key.as_deref() {
-        Some(key) if node.parked.enabled() => {
+        Some(key) if parked.enabled() => {
             let cookie = headers.get(header::COOKIE).map(|v| v.as_bytes());
-            let credentials =
-                node.parked
-                    .credentials((&request.token, &request.sub_tokens, cookie));
+            let credentials = parked.credentials((&request.token, &request.sub_tokens, cookie));
             Some((Key::parse(key), credentials))
         }
         _ => None,
     };
     if let Some((Some(key), credentials)) = park {
         let (client, channels) = (request.client.as_deref(), &request.channels);
-        if let Some(resumed) = node.parked.take(key, credentials, client, channels) {
+        if let Some(resumed) = parked.take(key, credentials, client, channels) {
             request::may_continue(&node, &headers)?;
             let timeout = hold_for(&node, &request);
             return Ok(Box::new(Prepared::resumed(
-                node,
+                (node, parked),
                 resumed,
                 hold,
                 timeout,
@@ -242,6 +245,7 @@ async fn prepare(
         wait,
         ended: None,
         park,
+        parked,
     }))
 }
 
@@ -258,7 +262,7 @@ impl Prepared {
     /// A request that takes up its parked session: nothing to open or replay, and held only
     /// if nothing queued while it was parked.
     fn resumed(
-        node: Arc<Node>,
+        (node, parked): (Arc<Node>, Parked),
         resumed: Resumed,
         hold: bool,
         timeout: Duration,
@@ -277,6 +281,7 @@ impl Prepared {
             wait,
             ended: None,
             park: Some((Some(key), credentials)),
+            parked,
         }
     }
 }
@@ -293,6 +298,7 @@ pub fn finish(prepared: Prepared) -> Response {
         hold,
         ended,
         park,
+        parked,
         ..
     } = prepared;
     let mut ending = ended;
@@ -330,7 +336,7 @@ pub fn finish(prepared: Prepared) -> Response {
     // (never opened), is not one the next request could take up.
     let park = park.filter(|_| ending.is_none() && later.is_empty());
     let park =
-        park.map(|(key, credentials)| (key.unwrap_or_else(|| node.parked.new_key()), credentials));
+        park.map(|(key, credentials)| (key.unwrap_or_else(|| parked.new_key()), credentials));
     let unchanged =
         !hold && messages.is_empty() && if_none_match.is_some_and(|v| v == etag.as_bytes());
     let mut response = if unchanged {
@@ -344,8 +350,7 @@ pub fn finish(prepared: Prepared) -> Response {
         ([(header::CONTENT_TYPE, "application/json")], body).into_response()
     };
     if let Some((key, credentials)) = park {
-        node.parked
-            .park(key, Resumed { session, admitted }, credentials);
+        parked.park(key, Resumed { session, admitted }, credentials);
     }
     let h = response.headers_mut();
     if hold {

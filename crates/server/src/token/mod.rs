@@ -21,11 +21,15 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{grants::Grants, jwks::Jwks};
+pub mod grants;
+mod jwks;
+
 use crate::{
     config::{bad, AuthConfig, ConfigError},
     error::{Disconnect, Failure},
 };
+use grants::Grants;
+use jwks::Jwks;
 
 /// Longest token accepted, in bytes: a token is read before anything else is known about
 /// its sender.
@@ -84,7 +88,7 @@ pub struct Identity {
     /// `{"user":…,"info":…}`, encoded once: the sender shown with the connection's
     /// publications.
     pub from: Bytes,
-    /// A dashboard's connection ([`super::operator`]): the only identity that may read
+    /// A dashboard's connection ([`crate::policy::operator`]): the only identity that may read
     /// Herald's own channels.
     pub operator: bool,
 }
@@ -104,7 +108,7 @@ impl Identity {
         publish: Vec<String>,
         expires: Option<u64>,
     ) -> Result<Self, String> {
-        if channels.len() > super::grants::MAX_PATTERNS {
+        if channels.len() > grants::MAX_PATTERNS {
             return Err("too many channels".into());
         }
         let channels = channels

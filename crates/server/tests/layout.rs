@@ -1,0 +1,129 @@
+//! The server's modules import one another in one direction only: no top-level module of
+//! `crates/server/src` reaches, through `crate::` paths, back to itself. (docs/architecture.md,
+//! "Modules and their order", lists the order.)
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+    path::Path,
+};
+
+/// The `crate::NAME` paths a source text names, outside comments: `crate::a::b` and each
+/// first name inside `crate::{a, b::c, …}`.
+fn named(text: &str) -> BTreeSet<String> {
+    let code: String = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut names = BTreeSet::new();
+    let mut rest = code.as_str();
+    while let Some(at) = rest.find("crate::") {
+        rest = &rest[at + "crate::".len()..];
+        if let Some(inner) = rest.strip_prefix('{') {
+            // The group's items at its first level.
+            let (mut depth, mut start) = (1, 0);
+            for (i, c) in inner.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+                if depth == 1 && c == ',' || depth == 0 {
+                    let item = inner[start..i].trim_start_matches([',', ' ', '\n', '\t']);
+                    let name: String = item
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    if !name.is_empty() {
+                        names.insert(name);
+                    }
+                    start = i + 1;
+                }
+                if depth == 0 {
+                    break;
+                }
+            }
+        } else {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            names.insert(name);
+        }
+    }
+    names
+}
+
+fn sources(path: &Path, out: &mut Vec<String>) {
+    if path.is_dir() {
+        for entry in fs::read_dir(path).unwrap() {
+            sources(&entry.unwrap().path(), out);
+        }
+    } else if path.extension().is_some_and(|e| e == "rs") {
+        out.push(fs::read_to_string(path).unwrap());
+    }
+}
+
+#[test]
+fn no_module_of_the_server_imports_its_way_back_to_itself() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut modules = BTreeMap::new();
+    for entry in fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if name == "lib" {
+            continue;
+        }
+        let mut texts = Vec::new();
+        sources(&path, &mut texts);
+        modules.insert(name, texts);
+    }
+    let uses: BTreeMap<&str, BTreeSet<String>> = modules
+        .iter()
+        .map(|(name, texts)| {
+            let mut to: BTreeSet<String> = texts.iter().flat_map(|t| named(t)).collect();
+            to.retain(|m| m != name && modules.contains_key(m));
+            (name.as_str(), to)
+        })
+        .collect();
+    // A path back to `from` through what it imports, if there is one.
+    fn back_to<'a>(
+        from: &'a str,
+        at: &'a str,
+        uses: &'a BTreeMap<&str, BTreeSet<String>>,
+        seen: &mut BTreeSet<&'a str>,
+        path: &mut Vec<&'a str>,
+    ) -> bool {
+        for next in &uses[at] {
+            if next == from {
+                path.push(next);
+                return true;
+            }
+            if seen.insert(next) {
+                path.push(next);
+                if back_to(from, next, uses, seen, path) {
+                    return true;
+                }
+                path.pop();
+            }
+        }
+        false
+    }
+    for &module in uses.keys() {
+        let mut path = vec![module];
+        if back_to(module, module, &uses, &mut BTreeSet::new(), &mut path) {
+            panic!(
+                "an import cycle: {} (see docs/architecture.md, \"Modules and their order\")",
+                path.join(" -> ")
+            );
+        }
+    }
+}
+
+#[test]
+fn reads_both_kinds_of_path() {
+    let names =
+        named("use crate::{a::b, c, d::{e, f}};\n// crate::comment\nlet x = crate::g::h();");
+    assert_eq!(names.into_iter().collect::<Vec<_>>(), ["a", "c", "d", "g"]);
+}
