@@ -10,8 +10,8 @@ use serde_json::json;
 use super::{percentiles, round, transport_list, Monitor, Target};
 use crate::{
     fleet::Fleet,
-    report::{BarMetric, Bars, Outcome, Table},
     record::Speak,
+    report::{BarMetric, Bars, Outcome, Table},
     Common,
 };
 
