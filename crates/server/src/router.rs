@@ -43,7 +43,7 @@ async fn known_host(
     if request.uri().path() == "/healthz" {
         return next.run(request).await;
     }
-    match crate::transport::origin::check_host(&node.settings, request.headers()) {
+    match crate::policy::origin::check_host(&node.settings, request.headers()) {
         Ok(()) => next.run(request).await,
         Err(f) => f.into_response(),
     }

@@ -16,7 +16,6 @@ use std::sync::Arc;
 use axum::{
     body::Bytes,
     extract::{rejection::BytesRejection, Request, State},
-    http::header,
     middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::{get, post},
@@ -25,7 +24,7 @@ use axum::{
 use herald_protocol::{ChannelName, ErrorCode};
 use serde::{de::DeserializeOwned, Deserialize};
 
-use crate::{config::ApiScope, error::Failure, node::Node};
+use crate::{error::Failure, node::Node, policy};
 
 pub use status::metrics;
 
@@ -49,75 +48,16 @@ pub fn routes(node: Arc<Node>) -> Router<Arc<Node>> {
 }
 
 async fn require_key(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
-    let mut keys = node.settings.api_keys().peekable();
-    if keys.peek().is_none() {
-        return Failure::new(
-            ErrorCode::NotAvailable,
-            "the HTTP API is disabled because no API key is configured; set api_key in the config file, \
-             HERALD_API_KEY in the environment, or pass --api-key to herald serve",
-        )
-        .into_response();
-    }
-    // Reads are GETs (and HEADs, which the router answers as GETs without the body, so
-    // they read as much); acting on connections needs a full key; everything else changes
-    // channels.
-    let reads = matches!(
-        *request.method(),
-        axum::http::Method::GET | axum::http::Method::HEAD
+    let checked = policy::api_key::check(
+        &node.settings,
+        request.method(),
+        request.uri().path(),
+        request.headers(),
     );
-    let needed = if reads {
-        ApiScope::Read
-    } else if ADMIN_ACTIONS.contains(&request.uri().path()) {
-        ApiScope::All
-    } else {
-        ApiScope::Publish
-    };
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("apikey "))
-        .map(str::trim);
-    match given {
-        None => Failure::new(
-            ErrorCode::Unauthorized,
-            "missing header `Authorization: apikey KEY`",
-        )
-        .into_response(),
-        Some(given) => {
-            // Every key is compared (in constant time), so timing tells nothing of which
-            // key, or whether any, matched.
-            let scope = keys.fold(None, |found, (key, scope)| {
-                let equal = constant_time_eq(key.as_bytes(), given.as_bytes());
-                found.or(equal.then_some(scope))
-            });
-            match scope {
-                Some(ApiScope::All) => next.run(request).await,
-                Some(scope) if scope == needed => next.run(request).await,
-                Some(scope) => Failure::new(
-                    ErrorCode::PermissionDenied,
-                    format!(
-                        "this API key may only {}",
-                        if scope == ApiScope::Read {
-                            "read (GET routes)"
-                        } else {
-                            "publish (POST and DELETE routes other than /api/disconnect and /api/unsubscribe, which need a key without a scope)"
-                        }
-                    ),
-                )
-                .into_response(),
-                None => Failure::new(ErrorCode::Unauthorized, "wrong API key").into_response(),
-            }
-        }
+    match checked {
+        Ok(()) => next.run(request).await,
+        Err(f) => f.into_response(),
     }
-}
-
-/// Routes that act on other people's connections: only a key without a scope may.
-const ADMIN_ACTIONS: [&str; 2] = ["/api/disconnect", "/api/unsubscribe"];
-
-/// Compares without stopping at the first difference, so timing does not reveal a key.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 pub(super) fn body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, Failure> {

@@ -21,7 +21,9 @@
 //! decides, asked by the session after these rules pass. Transports never see the rules:
 //! they hand the session what the client sent, and the session asks here.
 
+pub mod api_key;
 pub mod operator;
+pub mod origin;
 
 use herald_protocol::{ChannelName, ErrorCode};
 

@@ -14,7 +14,6 @@
 pub mod deadline;
 pub mod driver;
 pub mod http1;
-pub mod origin;
 pub mod poll;
 pub mod request;
 pub mod send;

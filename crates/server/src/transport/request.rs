@@ -51,7 +51,7 @@ pub fn admit(
 /// origin is allowed and the server is not shutting down. The session holds its
 /// connection's counts already.
 pub fn may_continue(node: &Node, headers: &HeaderMap) -> Result<(), Failure> {
-    super::origin::check(&node.settings, headers)?;
+    crate::policy::origin::check(&node.settings, headers)?;
     if node.shutdown.is_cancelled() {
         return Err(Failure::new(
             ErrorCode::ShuttingDown,

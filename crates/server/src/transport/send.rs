@@ -22,7 +22,8 @@ use tokio::sync::oneshot;
 
 use futures_util::StreamExt;
 
-use super::{origin, request, MAX_BATCH_BYTES};
+use super::{request, MAX_BATCH_BYTES};
+use crate::policy::origin;
 use crate::{
     error::Failure,
     hooks::Transport,
