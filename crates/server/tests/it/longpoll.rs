@@ -194,3 +194,51 @@ async fn a_parked_session_ends_after_its_grace_and_polls_without_a_key_park_noth
     assert_ne!(after["session_key"], parked["session_key"]);
     server.stop().await.unwrap();
 }
+
+/// Kept sessions count as their address's connections (`limits.connections_per_address`):
+/// an address cannot keep more sessions than it may hold connections, a request that takes
+/// up its own kept session is not a new connection, and what was kept is freed after the
+/// grace.
+#[tokio::test]
+async fn kept_sessions_count_as_their_address_connections_until_the_grace_ends() {
+    let mut c = config();
+    c.limits.connections_per_address = 3;
+    c.http.longpoll_grace = Duration::from_millis(500);
+    let server = start(c).await;
+    // One client: one kept-alive socket, so only the sessions count.
+    let http = reqwest::Client::new();
+    let poll = |query: String| {
+        let request = http.get(server.url(&format!("/connection/poll?{query}")));
+        async move { response(request.send().await.unwrap()).await }
+    };
+    let mut kept = Vec::new();
+    for _ in 0..3 {
+        let (status, answer) = poll("channel=open:k&session_key=".into()).await;
+        assert_eq!(status, 200, "{answer}");
+        kept.push(answer);
+    }
+    assert_eq!(server.node.metrics.longpolls_kept.get(), 3);
+    let (status, refused) = poll("channel=open:k&session_key=".into()).await;
+    assert_eq!(
+        (status, &refused["error"]["code"]),
+        (503, &json!(106)),
+        "{refused}"
+    );
+    // Taking up a kept session is no new connection: allowed at the limit.
+    let first = &kept[0];
+    let (status, again) = poll(format!(
+        "cursor={}&session_key={}",
+        urlencode(text(first, "cursor")),
+        text(first, "session_key")
+    ))
+    .await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["client"], first["client"]);
+    eventually("the kept sessions are freed after the grace", || async {
+        server.node.metrics.longpolls_kept.get() == 0 && server.node.connection_count() == 0
+    })
+    .await;
+    let (status, answer) = poll("channel=open:k&session_key=".into()).await;
+    assert_eq!(status, 200, "{answer}");
+    server.stop().await.unwrap();
+}
