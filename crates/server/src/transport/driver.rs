@@ -245,6 +245,11 @@ pub async fn drive<W: Wire>(
                             format!("nothing received for {:?}", client.idle_timeout),
                         )
                         .into()),
+                        // The client spoke within the period (its own pings, commands): it
+                        // is alive and the line carried traffic; a ping adds nothing. (The
+                        // SDK pings a quiet WebSocket every 10 s, since a page never sees
+                        // the server's pings: this keeps that from doubling them.)
+                        Some(silent) if silent < ping_every => Ok(()),
                         _ => {
                             let pinging = Box::pin(wire.keepalive(client.write_timeout));
                             pinging.await.map_err(Stop::from)

@@ -46,6 +46,52 @@ async fn a_silent_peer_is_closed_after_the_idle_timeout() {
     server.stop().await.unwrap();
 }
 
+/// A WebSocket client that speaks on its own (the SDK pings a quiet connection, since a page
+/// never sees the server's pings) gets no server pings on top: it is evidently alive. One
+/// that is quiet is pinged.
+#[tokio::test]
+async fn a_client_that_pings_on_its_own_is_not_pinged_and_a_quiet_one_is() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let mut cfg = config();
+    cfg.client.ping_interval = Duration::from_millis(100);
+    let server = start(cfg).await;
+    let url = format!("ws://{}/connection/websocket", server.addr);
+    let (mut ws, _) = tokio_tungstenite::connect_async(url.as_str())
+        .await
+        .unwrap();
+    // Pings every 40 ms for a second (ten of the server's periods); counts its pings.
+    let mut server_pings = 0;
+    let mut every = tokio::time::interval(Duration::from_millis(40));
+    let until = tokio::time::Instant::now() + Duration::from_secs(1);
+    for id in 1.. {
+        tokio::select! {
+            _ = every.tick() => {
+                if tokio::time::Instant::now() >= until {
+                    break;
+                }
+                ws.send(Message::text(format!(r#"{{"id":{id},"ping":{{}}}}"#))).await.unwrap();
+            }
+            m = ws.next() => match m.unwrap().unwrap() {
+                Message::Ping(_) => server_pings += 1,
+                _ => {}
+            },
+        }
+    }
+    assert_eq!(server_pings, 0, "pinged although it spoke every 40 ms");
+    // Quiet now: the server pings within a few periods.
+    let pinged = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Message::Ping(_) = ws.next().await.unwrap().unwrap() {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(pinged.is_ok(), "a quiet client was never pinged");
+    server.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn shutdown_tells_clients_to_reconnect_and_returns() {
     let server = start(config()).await;
