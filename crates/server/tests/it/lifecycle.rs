@@ -72,10 +72,11 @@ async fn a_client_that_pings_on_its_own_is_not_pinged_and_a_quiet_one_is() {
                 }
                 ws.send(Message::text(format!(r#"{{"id":{id},"ping":{{}}}}"#))).await.unwrap();
             }
-            m = ws.next() => match m.unwrap().unwrap() {
-                Message::Ping(_) => server_pings += 1,
-                _ => {}
-            },
+            m = ws.next() => {
+                if let Message::Ping(_) = m.unwrap().unwrap() {
+                    server_pings += 1;
+                }
+            }
         }
     }
     assert_eq!(server_pings, 0, "pinged although it spoke every 40 ms");
