@@ -209,3 +209,10 @@ impl Drop for Logging {
         let _ = self.child.wait();
     }
 }
+
+/// What `herald` printed on standard error when it failed (exit code 2).
+pub fn fails(command: &mut Command) -> String {
+    let out = command.output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    String::from_utf8(out.stderr).unwrap()
+}
