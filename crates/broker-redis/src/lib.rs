@@ -141,7 +141,8 @@ impl Connected {
         });
         let listener = Listener::spawn(self.client, store.clone(), sink);
         let presence = presence::RedisPresence::start(store.clone(), listener.clone());
-        listener.hear_presence(Arc::downgrade(&presence));
+        let hears: Arc<dyn listener::PresenceListener> = presence.clone();
+        listener.hear_presence(Arc::downgrade(&hears));
         Arc::new(RedisBroker {
             store,
             listener,

@@ -38,7 +38,10 @@ use parking_lot::Mutex;
 use redis::Script;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::{listener::Listener, Store};
+use crate::{
+    listener::{Listener, PresenceListener},
+    Store,
+};
 
 /// How often a node tells Redis it is alive (and sweeps out silent nodes).
 pub const BEAT_EVERY: Duration = Duration::from_secs(2);
@@ -334,7 +337,7 @@ impl RedisPresence {
     }
 
     /// A batch another node published.
-    pub(crate) fn heard(&self, payload: &[u8]) {
+    fn heard_message(&self, payload: &[u8]) {
         let Some(end) = payload.iter().position(|b| *b == b'\n') else {
             return;
         };
@@ -446,4 +449,10 @@ fn checked_info(info: Vec<u8>) -> Option<Bytes> {
         && !info.contains(&b'\n')
         && serde_json::from_slice::<&serde_json::value::RawValue>(&info).is_ok();
     one_object.then(|| Bytes::from(info))
+}
+
+impl PresenceListener for RedisPresence {
+    fn heard(&self, payload: &[u8]) {
+        self.heard_message(payload);
+    }
 }

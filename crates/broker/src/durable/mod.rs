@@ -8,6 +8,7 @@
 //! So nothing a client saw or was acknowledged can be lost, and history reads never show
 //! a publication that is not yet durable.
 
+mod committer;
 mod recovery;
 pub(crate) mod store;
 

@@ -1,0 +1,162 @@
+//! The pub/sub connection's life: connect, subscribe to every tracked channel, read until
+//! the connection drops or stops answering pings, catch up what was missed; again and again
+//! while the broker lives.
+
+use super::*;
+
+/// Connects, subscribes to every tracked channel, then reads until the connection drops
+/// or stops answering pings, catching up what was missed meanwhile; again and again while
+/// the broker lives.
+pub(super) async fn run(listener: std::sync::Weak<Listener>, client: redis::Client) {
+    let mut backoff = Duration::from_millis(50);
+    let mut first = true;
+    let mut keep_empty = tokio::time::interval(KEEP_EMPTY_EVERY);
+    keep_empty.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let pubsub = match tokio::time::timeout(COMMAND_WAIT, client.get_async_pubsub()).await {
+            Ok(Ok(p)) => p,
+            failed => {
+                let error = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "timed out".into(),
+                };
+                tracing::warn!(%error, "redis pub/sub connection failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        };
+        let Some(me) = listener.upgrade() else { return };
+        let (control, mut messages) = pubsub.split();
+        let connection = Connection {
+            sink: control,
+            dead: Arc::new(Notify::new()),
+        };
+        let subscribed = {
+            let _membership = me.membership.write().await;
+            let mut names: Vec<String> = me.channels.lock().keys().map(|k| k.to_string()).collect();
+            names.push(me.node_channel.clone());
+            names.push(me.presence_channel.clone());
+            let mut sink = connection.sink.clone();
+            let subscribed = connection.timed(sink.subscribe(&names)).await;
+            if subscribed.is_ok() {
+                me.control.send_replace(Some(connection.clone()));
+            }
+            subscribed
+        };
+        if let Err(e) = subscribed {
+            tracing::warn!(error = %e, "redis resubscribe failed; retrying");
+            drop(me);
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+            continue;
+        }
+        let mut waiting: Vec<CatchUp> = Vec::new();
+        if !first {
+            tracing::info!("redis pub/sub connection is back");
+            waiting = me.start_catch_up();
+            me.reconnects.fetch_add(1, Ordering::Relaxed);
+        }
+        first = false;
+        backoff = Duration::from_millis(50);
+        let store = me.store.clone();
+        drop(me);
+
+        let mut reading = FuturesUnordered::new();
+        let mut ping = tokio::time::interval(PING_EVERY);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut pinging: Option<Pin<Box<dyn Future<Output = bool> + Send>>> = None;
+        let mut keeping: Option<Pin<Box<dyn Future<Output = ()> + Send>>> = None;
+        loop {
+            while reading.len() < CATCH_UP_PARALLEL {
+                let Some(next) = waiting.pop() else { break };
+                reading.push(read_back(&store, next, Duration::ZERO));
+            }
+            tokio::select! {
+                message = messages.next() => {
+                    let Some(message) = message else { break };
+                    let Some(me) = listener.upgrade() else { return };
+                    if message.get_channel_name() == me.node_channel {
+                        me.on_node_message(message.get_payload_bytes());
+                        continue;
+                    }
+                    if message.get_channel_name() == me.presence_channel {
+                        let presence = me.presence.lock().as_ref().and_then(|w| w.upgrade());
+                        if let Some(presence) = presence {
+                            presence.heard(message.get_payload_bytes());
+                        }
+                        continue;
+                    }
+                    match decode_message(message.get_payload_bytes()) {
+                        Some((epoch, publication)) => {
+                            me.on_live(message.get_channel_name(), epoch, publication);
+                        }
+                        None => tracing::warn!(
+                            channel = message.get_channel_name(),
+                            "invalid message on a Herald pub/sub channel; dropped"
+                        ),
+                    }
+                }
+                Some((catch_up, read)) = reading.next(), if !reading.is_empty() => {
+                    if let Err(BrokerError::Unavailable(e)) = &read {
+                        tracing::warn!(channel = %catch_up.channel, error = %e, "catch-up read failed; retrying");
+                        reading.push(read_back(&store, catch_up, CATCH_UP_RETRY));
+                        continue;
+                    }
+                    let Some(me) = listener.upgrade() else { return };
+                    if let Some(back) = me.finish_catch_up(&catch_up.name, read) {
+                        let store = store.clone();
+                        tokio::spawn(async move { back.renew(&store).await });
+                    }
+                }
+                _ = ping.tick(), if pinging.is_none() => {
+                    if let Some(me) = listener.upgrade() {
+                        me.send_probe();
+                    }
+                    let mut sink = connection.sink.clone();
+                    pinging = Some(Box::pin(async move {
+                        matches!(
+                            tokio::time::timeout(PING_WAIT, sink.ping::<redis::Value>()).await,
+                            Ok(Ok(_))
+                        )
+                    }));
+                }
+                alive = async { pinging.as_mut().expect("guarded").await }, if pinging.is_some() => {
+                    pinging = None;
+                    if !alive {
+                        tracing::warn!("redis pub/sub connection does not answer pings");
+                        break;
+                    }
+                }
+                _ = keep_empty.tick(), if keeping.is_none() => {
+                    let Some(me) = listener.upgrade() else { return };
+                    let empty = me.empty_channels();
+                    if !empty.is_empty() {
+                        let store = store.clone();
+                        keeping = Some(Box::pin(async move {
+                            if let Err(e) = store.keep_empty(&empty).await {
+                                tracing::warn!(error = %e, "could not keep empty streams alive");
+                            }
+                        }));
+                    }
+                }
+                () = async { keeping.as_mut().expect("guarded").await }, if keeping.is_some() => {
+                    keeping = None;
+                }
+                () = connection.dead.notified() => {
+                    tracing::warn!("a redis pub/sub call timed out");
+                    break;
+                }
+            }
+        }
+        // Dropping the stream closes the connection; channels still catching up are read
+        // again, from where they stand, after the next reconnect.
+        let Some(me) = listener.upgrade() else { return };
+        me.control.send_replace(None);
+        for (_, t) in me.channels.lock().iter_mut() {
+            let held = t.held.take();
+            me.release(held.as_ref());
+        }
+        tracing::warn!("redis pub/sub connection lost; reconnecting");
+    }
+}
