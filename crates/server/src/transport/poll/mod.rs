@@ -327,18 +327,27 @@ pub fn finish(prepared: Prepared) -> Response {
     for (channel, since) in &later {
         cursor::write_since(&mut cursor, channel, since);
     }
-    let etag = {
+    // Polls only: a held answer is never revalidated.
+    let etag = (!hold).then(|| {
         let mut h = DefaultHasher::new();
         cursor.hash(&mut h);
         format!("\"{:016x}\"", h.finish())
-    };
-    // Parked only whole: a session that ended, or whose answer left channels for later
-    // (never opened), is not one the next request could take up.
-    let park = park.filter(|_| ending.is_none() && later.is_empty());
+    });
+    let unchanged = messages.is_empty()
+        && etag
+            .as_ref()
+            .is_some_and(|e| if_none_match.is_some_and(|v| v == e.as_bytes()));
+    // Parked only whole, and only where the next request can come for it: not a session
+    // that ended, nor one whose answer left channels for later (never opened), nor at
+    // shutdown, nor a new one whose key a 304 would not carry.
+    let park = park.filter(|(key, _)| {
+        ending.is_none()
+            && later.is_empty()
+            && !node.shutdown.is_cancelled()
+            && !(unchanged && key.is_none())
+    });
     let park =
         park.map(|(key, credentials)| (key.unwrap_or_else(|| parked.new_key()), credentials));
-    let unchanged =
-        !hold && messages.is_empty() && if_none_match.is_some_and(|v| v == etag.as_bytes());
     let mut response = if unchanged {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
@@ -361,10 +370,12 @@ pub fn finish(prepared: Prepared) -> Response {
             header::CACHE_CONTROL,
             HeaderValue::from_static("private, no-cache"),
         );
-        h.insert(
-            header::ETAG,
-            HeaderValue::from_str(&etag).expect("hex is a valid header"),
-        );
+        if let Some(etag) = etag {
+            h.insert(
+                header::ETAG,
+                HeaderValue::from_str(&etag).expect("hex is a valid header"),
+            );
+        }
     }
     response
 }
