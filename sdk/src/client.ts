@@ -97,7 +97,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost {
     this.order = transports === "auto" ? AUTO_TRANSPORTS : typeof transports === "string" ? [transports] : [...transports];
     if (this.order.length === 0) throw new Error("transports: name at least one");
     this.doFetch = options.fetch ?? globalThis.fetch.bind(globalThis);
-    const pingInterval = options.pingInterval ?? 10_000;
+    const pingInterval = options.pingInterval ?? 9_000;
     this.options = {
       minReconnectDelay: options.minReconnectDelay ?? 500,
       maxReconnectDelay: options.maxReconnectDelay ?? 20_000,

@@ -36,15 +36,16 @@ export interface ClientOptions {
   /** How long to wait for a connection to open and for a command's reply, ms (default 5000). */
   timeout?: number;
   /**
-   * How often the connection must show it is alive, ms (default 10000). Streams ask the
+   * How often the connection must show it is alive, ms (default 9000). Streams ask the
    * server for a keepalive this often, WebSocket sends a `ping` after this much quiet, a
    * long-poll is held at most this long; a connection that then stays silent for `timeout`
    * more is taken for dead and replaced, so a dead link that nobody closes is noticed
-   * within 15 s by default, on every transport. (The forever frame, whose page is told of
-   * no cut, asks for a keepalive every 500 ms and is taken for dead after 1 s without one.)
+   * within 14 s by default (9 + 5), on every transport. (The forever frame, whose page is
+   * told of no cut, asks for a keepalive every 500 ms and is taken for dead after 1 s
+   * without one.)
    */
   pingInterval?: number;
-  /** Long-poll hold time asked of the server, seconds (default: `pingInterval`'s, 10). */
+  /** Long-poll hold time asked of the server, seconds (default: `pingInterval`'s, 9). */
   longpollTimeout?: number;
   /** Interval polling period, ms (default 1000). */
   pollInterval?: number;

@@ -921,7 +921,7 @@ var Herald = (() => {
       this.order = transports === "auto" ? AUTO_TRANSPORTS : typeof transports === "string" ? [transports] : [...transports];
       if (this.order.length === 0) throw new Error("transports: name at least one");
       this.doFetch = options.fetch ?? globalThis.fetch.bind(globalThis);
-      const pingInterval = options.pingInterval ?? 1e4;
+      const pingInterval = options.pingInterval ?? 9e3;
       this.options = {
         minReconnectDelay: options.minReconnectDelay ?? 500,
         maxReconnectDelay: options.maxReconnectDelay ?? 2e4,

@@ -247,7 +247,7 @@ pub async fn drive<W: Wire>(
                         .into()),
                         // The client spoke within the period (its own pings, commands): it
                         // is alive and the line carried traffic; a ping adds nothing. (The
-                        // SDK pings a quiet WebSocket every 10 s, since a page never sees
+                        // SDK pings a quiet WebSocket every 9 s, since a page never sees
                         // the server's pings: this keeps that from doubling them.)
                         Some(silent) if silent < ping_every => Ok(()),
                         _ => {
