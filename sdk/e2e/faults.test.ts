@@ -122,10 +122,13 @@ async function run(transport: Name): Promise<{ cut: Times; silence: Times; recei
         sub.subscribe();
         client.connect();
         w.client = client;
+        w.sub = sub;
       },
       { transport, channel },
     );
-    await page.waitForFunction(() => (window as any).client.state === "connected", undefined, { timeout: 20_000 });
+    // Subscribed, not only connected: over the streams the subscription follows the
+    // connection, and a publication made before it would not be this client's.
+    await page.waitForFunction(() => (window as any).sub.state === "subscribed", undefined, { timeout: 20_000 });
     await deliver(page, channel, 1);
     const cut = await breakAndRecover(page, relay, channel, 2, "reset");
     await deliver(page, channel, 3);
