@@ -15,7 +15,7 @@
 //!
 //! Each namespace sets a level per action ([`Access`]: anyone, authenticated, granted,
 //! nobody). What a connection brings is an [`Asker`]: its identity (from its token,
-//! [`token`], or the connect hook, [`crate::hooks`]) and whether this channel was granted
+//! [`crate::token`], or the connect hook, [`crate::hooks`]) and whether this channel was granted
 //! to it alone (a subscription token, or the subscribe hook). In a namespace whose
 //! subscribe or publish hook is on, that action counts as granted here: the backend
 //! decides, asked by the session after these rules pass. Transports never see the rules:

@@ -78,7 +78,7 @@ pub struct OpenRequest {
     /// presence sees the same member (see [`Session::continues`]).
     pub client: Option<String>,
     /// `session_key=` (long-poll and poll): the key of the session the previous answer
-    /// parked, or empty to ask for one (see [`crate::session::parked`]).
+    /// parked, or empty to ask for one (see [`super::poll::Parked`]).
     pub session_key: Option<String>,
     /// `ping=` (streams): how often the client wants a keepalive, so that it can take a
     /// stream that stays silent longer for dead (see [`OpenRequest::ping_every`]).
@@ -246,4 +246,25 @@ fn parse_timeout(value: &str) -> Result<Duration, Failure> {
     }
     humantime_serde::re::humantime::parse_duration(value)
         .map_err(|e| bad(format!("timeout {value:?}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ping(query: &str) -> Result<Duration, Failure> {
+        let request = OpenRequest::parse(Some(query), &HeaderMap::new())?;
+        Ok(request.ping_every(Duration::from_secs(25)))
+    }
+
+    #[test]
+    fn a_stream_gets_keepalives_as_asked_within_bounds() {
+        assert_eq!(ping("ping=9000ms").unwrap(), Duration::from_secs(9));
+        assert_eq!(ping("ping=10").unwrap(), Duration::from_secs(10));
+        // Never more often than every 250 ms, never less often than configured.
+        assert_eq!(ping("ping=1ms").unwrap(), MIN_PING);
+        assert_eq!(ping("ping=1h").unwrap(), Duration::from_secs(25));
+        assert_eq!(ping("channel=a").unwrap(), Duration::from_secs(25));
+        assert!(ping("ping=soon").is_err());
+    }
 }

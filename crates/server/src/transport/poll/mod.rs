@@ -346,8 +346,7 @@ pub fn finish(prepared: Prepared) -> Response {
             && !node.shutdown.is_cancelled()
             && !(unchanged && key.is_none())
     });
-    let park =
-        park.map(|(key, credentials)| (key.unwrap_or_else(|| parked.new_key()), credentials));
+    let park = park.map(|(key, credentials)| (key.unwrap_or_else(Key::random), credentials));
     let mut response = if unchanged {
         StatusCode::NOT_MODIFIED.into_response()
     } else {

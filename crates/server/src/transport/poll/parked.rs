@@ -30,7 +30,8 @@ use crate::{limits::AddressGuard, session::Session};
 pub struct Key(u128);
 
 impl Key {
-    fn random() -> Self {
+    /// A new key, for a session parked for the first time.
+    pub(super) fn random() -> Self {
         let mut bytes = [0u8; 16];
         getrandom::fill(&mut bytes).expect("the operating system's random generator works");
         Self(u128::from_le_bytes(bytes))
@@ -135,11 +136,6 @@ impl Parked {
         drop(replaced);
     }
 
-    /// A new key for a session parked for the first time.
-    pub fn new_key(&self) -> Key {
-        Key::random()
-    }
-
     /// The session parked under `key`, if the request's `credentials` are the ones it was
     /// parked with, the `client` it continues (if it names one) is the session's, and it
     /// asks for exactly the session's channels (those its token subscribes it to may go
@@ -164,15 +160,6 @@ impl Parked {
             && client.is_none_or(|c| c == session.first_client())
             && session.continued_by(channels);
         fits.then_some(entry.resumed)
-    }
-
-    /// How many sessions are parked.
-    pub fn len(&self) -> usize {
-        self.0.sessions.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

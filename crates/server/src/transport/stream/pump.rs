@@ -16,7 +16,7 @@ use crate::{
     transport::driver::{self, Heard, Unwritten, Wire, CLOSE_GRACE},
 };
 
-/// Where a stream's bytes go: straight to its socket ([`super::http1`]), or into hyper's
+/// Where a stream's bytes go: straight to its socket ([`crate::transport::http1`]), or into hyper's
 /// response body.
 pub trait Out: Send {
     /// Writes `bytes` whole, waiting at most `timeout` for the client to take them; why
