@@ -154,7 +154,15 @@ pub async fn serve(
             }
         }
     });
-    let app = router::router(node.clone());
+    // Long-poll sessions kept between requests: the long-poll transport's own state, which
+    // both the router's handlers and the lean path's `Resumer` use.
+    let parked = transport::poll::Parked::new(
+        node.settings.config.http.longpoll_grace,
+        node.shutdown.clone(),
+        node.metrics.longpolls_kept.clone(),
+    );
+    let app = router::router(node.clone(), parked.clone());
+    let resumer = transport::poll::Resumer::new(node.clone(), parked);
     let http = &node.settings.config.http;
     // HTTP/1.1 only: browsers speak HTTP/2 only over TLS, which Herald leaves to a proxy.
     // The timer makes the header timeout work (without one hyper silently has none); it
@@ -187,38 +195,42 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let (app, builder, token) = (app.clone(), builder.clone(), token.clone());
+        let (app, resumer, builder, token) =
+            (app.clone(), resumer.clone(), builder.clone(), token.clone());
         let limits = transport::http1::Limits {
             header_timeout: http.header_timeout,
             write_timeout: node.settings.config.client.write_timeout,
         };
         let task = async move {
             let socket = Arc::new(socket);
-            // Streams are served on the socket itself (see `transport::http1`); the rest,
-            // and whatever follows them on the connection, by hyper.
+            // Streams and long-polls are served on the socket itself (see
+            // `transport::http1`); the rest, and whatever follows them on the connection,
+            // by hyper. The first request is sorted by its first bytes, peeked: a connection
+            // for hyper then makes none of the lean path's state.
             let next = transport::http1::next(&stream, limits.header_timeout);
             // Boxed: only the first request waits in it, and the task is as large as its
             // largest step.
-            let stream = match Box::pin(transport::http1::until_shutdown(next, &token)).await {
-                transport::http1::Next::Gone => return,
-                transport::http1::Next::Other => stream,
-                transport::http1::Next::Held => {
-                    // Boxed, as is hyper's connection below: a task is as large as the
-                    // largest of them, and only one of them serves the connection.
-                    let held = Box::pin(transport::http1::serve(
-                        &app,
-                        stream,
-                        peer,
-                        socket.clone(),
-                        limits,
-                        &token,
-                    ));
-                    match held.await {
-                        Some(stream) => stream,
-                        None => return,
+            let (stream, unread) =
+                match Box::pin(transport::http1::until_shutdown(next, &token)).await {
+                    transport::http1::Next::Gone => return,
+                    transport::http1::Next::Other => (stream, Vec::new()),
+                    transport::http1::Next::Held => {
+                        // Boxed, as is hyper's connection below: a task is as large as the
+                        // largest of them, and only one of them serves the connection.
+                        let held = Box::pin(transport::http1::serve(
+                            (&app, &resumer),
+                            stream,
+                            peer,
+                            socket.clone(),
+                            limits,
+                            &token,
+                        ));
+                        match held.await {
+                            Some(back) => back,
+                            None => return,
+                        }
                     }
-                }
-            };
+                };
             let service = hyper::service::service_fn(
                 move |mut request: hyper::Request<hyper::body::Incoming>| {
                     // The peer, and the socket's count, which an upgraded WebSocket carries on.
@@ -228,7 +240,7 @@ pub async fn serve(
                 },
             );
             // Every answer hyper writes has a deadline (see `transport::deadline`).
-            let io = transport::deadline::WriteDeadline::new(stream, limits.write_timeout);
+            let io = transport::deadline::WriteDeadline::new(stream, unread, limits.write_timeout);
             let connection = builder
                 .serve_connection(hyper_util::rt::TokioIo::new(io), service)
                 .with_upgrades();

@@ -4,13 +4,12 @@ use std::sync::Arc;
 
 use axum::{
     extract::{DefaultBodyLimit, State},
-    http::{header, HeaderName, HeaderValue, Method, StatusCode},
+    http::{header, HeaderValue, StatusCode},
     response::{IntoResponse, Response},
     routing::{get, post},
     Router,
 };
 use herald_protocol::ErrorCode;
-use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::{
     api,
@@ -86,14 +85,9 @@ pub async fn serve_metrics(
         .await
 }
 
-/// The whole HTTP surface of a node.
-pub fn router(node: Arc<Node>) -> Router {
-    // Long-poll sessions kept between requests: the long-poll transport's own state.
-    let parked = poll::Parked::new(
-        node.settings.config.http.longpoll_grace,
-        node.shutdown.clone(),
-        node.metrics.longpolls_kept.clone(),
-    );
+/// The whole HTTP surface of a node; `parked` keeps long-poll sessions between requests
+/// (the long-poll transport's own state, which the lean path uses too).
+pub fn router(node: Arc<Node>, parked: poll::Parked) -> Router {
     let connection = Router::new()
         .route("/connection/websocket", get(websocket::upgrade))
         .route("/connection/sse", get(stream::sse))
@@ -106,7 +100,9 @@ pub fn router(node: Arc<Node>) -> Router {
         .layer(DefaultBodyLimit::max(
             node.settings.config.client.max_frame_size,
         ))
-        .layer(cors(&node.settings.config.allowed_origins))
+        .layer(crate::policy::origin::cors(
+            &node.settings.config.allowed_origins,
+        ))
         .layer(axum::middleware::from_fn(readable_refusal));
     let mut all = Router::new()
         .merge(connection)
@@ -131,22 +127,4 @@ pub fn router(node: Arc<Node>) -> Router {
             body_timeout,
         ))
         .with_state(node)
-}
-
-/// Cross-origin browsers may use the HTTP transports from the origins in
-/// `allowed_origins` (the same list the origin check enforces).
-fn cors(allowed: &[String]) -> CorsLayer {
-    let origins = if allowed.iter().any(|o| o == "*") {
-        AllowOrigin::any()
-    } else {
-        AllowOrigin::list(allowed.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
-    };
-    CorsLayer::new()
-        .allow_origin(origins)
-        .allow_methods([Method::GET, Method::POST])
-        .allow_headers([
-            header::CONTENT_TYPE,
-            header::AUTHORIZATION,
-            HeaderName::from_static("last-event-id"),
-        ])
 }

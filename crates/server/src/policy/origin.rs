@@ -1,7 +1,9 @@
-//! Which browser origins may open connections, and which host names the server answers to.
+//! Which browser origins may open connections, which may read the answers (CORS), and
+//! which host names the server answers to.
 
-use axum::http::{header, HeaderMap};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method};
 use herald_protocol::ErrorCode;
+use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::{error::Failure, settings::Settings};
 
@@ -77,10 +79,49 @@ pub fn check_host(settings: &Settings, headers: &HeaderMap) -> Result<(), Failur
     ))
 }
 
+/// Cross-origin browsers may use the HTTP transports from the origins in
+/// `allowed_origins` (the same list the origin check enforces): the router's CORS layer.
+pub fn cors(allowed: &[String]) -> CorsLayer {
+    let origins = if allowed.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(allowed.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
+    };
+    CorsLayer::new()
+        .allow_origin(origins)
+        .allow_methods([Method::GET, Method::POST])
+        .allow_headers([
+            header::CONTENT_TYPE,
+            header::AUTHORIZATION,
+            HeaderName::from_static("last-event-id"),
+        ])
+}
+
+/// What [`cors`]'s layer adds to an answer that is not a preflight's, for a request from
+/// `origin`: for the lean long-poll path, which answers without the router (see
+/// `transport::poll::Resumer`). A test holds the two equal.
+pub fn cors_answer_headers(settings: &Settings, origin: Option<&HeaderValue>, to: &mut HeaderMap) {
+    to.insert(
+        header::VARY,
+        HeaderValue::from_static(
+            "origin, access-control-request-method, access-control-request-headers",
+        ),
+    );
+    let allowed = &settings.config.allowed_origins;
+    if allowed.iter().any(|o| o == "*") {
+        to.insert(
+            header::ACCESS_CONTROL_ALLOW_ORIGIN,
+            HeaderValue::from_static("*"),
+        );
+    } else if let Some(origin) =
+        origin.filter(|o| allowed.iter().any(|a| a.as_bytes() == o.as_bytes()))
+    {
+        to.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use axum::http::HeaderValue;
-
     use super::*;
     use crate::config::Config;
 

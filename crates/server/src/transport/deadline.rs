@@ -7,6 +7,9 @@
 //! keeps what it could not send (up to its send buffer, megabytes on a fast link) until
 //! the client reads it, which this one does not. (The lean path and WebSocket time their
 //! writes themselves.)
+//!
+//! It also hands hyper first what the lean path read of the connection before it knew the
+//! request was hyper's (see [`crate::transport::http1`]).
 
 use std::{
     future::Future,
@@ -27,6 +30,9 @@ use tokio::{
 #[derive(Debug)]
 pub struct WriteDeadline {
     io: TcpStream,
+    /// Read from the connection before it came here, to be read first; boxed, as most
+    /// connections' is gone after their first read and an upgraded WebSocket keeps this.
+    unread: Option<Box<[u8]>>,
     limit: Duration,
     /// Armed while a write waits; made on the first wait only (most connections never
     /// wait to write).
@@ -35,19 +41,20 @@ pub struct WriteDeadline {
 }
 
 impl WriteDeadline {
-    /// Wraps `io`.
-    pub fn new(io: TcpStream, limit: Duration) -> Self {
+    /// Wraps `io`, of which `unread` was read already.
+    pub fn new(io: TcpStream, unread: Vec<u8>, limit: Duration) -> Self {
         Self {
             io,
+            unread: (!unread.is_empty()).then(|| unread.into_boxed_slice()),
             limit,
             timer: None,
             armed: false,
         }
     }
 
-    /// The wrapped connection.
-    pub fn into_inner(self) -> TcpStream {
-        self.io
+    /// The wrapped connection, and what was read of it that no one has read here yet.
+    pub fn into_inner(self) -> (TcpStream, Vec<u8>) {
+        (self.io, self.unread.map(Vec::from).unwrap_or_default())
     }
 
     /// Called when a write is pending: fails once it has been pending for the limit.
@@ -97,6 +104,14 @@ impl AsyncRead for WriteDeadline {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if let Some(unread) = self.unread.take() {
+            let n = unread.len().min(buf.remaining());
+            buf.put_slice(&unread[..n]);
+            if n < unread.len() {
+                self.unread = Some(unread[n..].into());
+            }
+            return Poll::Ready(Ok(()));
+        }
         Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }

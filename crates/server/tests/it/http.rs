@@ -363,6 +363,34 @@ async fn http_transports_refuse_bad_requests_clearly() {
     server.stop().await.unwrap();
 }
 
+/// Sends `request` on `s` and reads one answer: its head (lowercased) and the body its
+/// content-length says.
+pub async fn raw_answer(s: &mut tokio::net::TcpStream, request: &str) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let head = text[..end].to_ascii_lowercase();
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .map_or(0, |n| n.parse::<usize>().unwrap());
+            if got.len() >= end + 4 + length {
+                return (head, text[end + 4..end + 4 + length].to_owned());
+            }
+        }
+        let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
+            .await
+            .expect("answer in time")
+            .unwrap();
+        assert!(n > 0, "closed before the answer: {text}");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
 pub fn urlencode(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }

@@ -8,7 +8,7 @@ use herald_server::config::NamespaceOverride;
 use serde_json::{json, Value};
 
 use crate::{
-    http::{offsets_of, urlencode},
+    http::{offsets_of, raw_answer, urlencode},
     support::*,
 };
 
@@ -240,5 +240,123 @@ async fn kept_sessions_count_as_their_address_connections_until_the_grace_ends()
     .await;
     let (status, answer) = poll("channel=open:k&session_key=".into()).await;
     assert_eq!(status, 200, "{answer}");
+    server.stop().await.unwrap();
+}
+
+/// The head of `request` for `path`, from `origin` (if any), on `host`.
+fn head(host: &str, path: &str, origin: Option<&str>) -> String {
+    let origin = origin.map_or(String::new(), |o| format!("Origin: {o}\r\n"));
+    format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{origin}\r\n")
+}
+
+/// An answer's headers that say what it is, not how it was framed.
+fn meaning(head: &str) -> Vec<String> {
+    let mut lines: Vec<String> = head
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            ![
+                "date:",
+                "content-length:",
+                "connection:",
+                "transfer-encoding:",
+            ]
+            .iter()
+            .any(|framing| l.starts_with(framing))
+        })
+        .map(str::to_owned)
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// Parks a session over `s` and takes it up with a second long-poll: that answer's head.
+async fn taken_up(s: &mut tokio::net::TcpStream, host: &str, origin: Option<&str>) -> String {
+    let first = "/connection/longpoll?channel=open:cors&timeout=20ms&session_key=";
+    let (status, body) = raw_answer(s, &head(host, first, origin)).await;
+    assert!(status.starts_with("http/1.1 200"), "{status}\n{body}");
+    let first: Value = serde_json::from_str(&body).unwrap();
+    let again = format!(
+        "/connection/longpoll?cursor={}&timeout=20ms&session_key={}",
+        urlencode(text(&first, "cursor")),
+        text(&first, "session_key")
+    );
+    let (answer, body) = raw_answer(s, &head(host, &again, origin)).await;
+    assert!(answer.starts_with("http/1.1 200"), "{answer}\n{body}");
+    let again: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(again["client"], first["client"], "taken up: {again}");
+    answer
+}
+
+/// A long-poll that takes up its session on the lean path is answered without the router
+/// (`poll::Resumer`), and must be answered as the router answers it: the same headers,
+/// CORS included, as on a connection hyper serves (whose requests all go through the
+/// router), from no origin, the same origin, a listed one and one that is not.
+#[tokio::test]
+async fn a_taken_up_long_poll_is_answered_as_the_router_answers_it() {
+    use tokio::net::TcpStream;
+    for allowed in [vec!["https://app.example".to_string()], vec!["*".into()]] {
+        let mut c = config();
+        c.allowed_origins = allowed.clone();
+        let server = start(c).await;
+        let host = server.addr.to_string();
+        let same = format!("http://{host}");
+        for origin in [None, Some(same.as_str()), Some("https://app.example")] {
+            // The long-poll is this connection's first request: the lean path serves it.
+            let mut lean = TcpStream::connect(server.addr).await.unwrap();
+            let lean = taken_up(&mut lean, &host, origin).await;
+            // A connection whose first request is not held stays with hyper.
+            let mut routed = TcpStream::connect(server.addr).await.unwrap();
+            let (status, _) = raw_answer(&mut routed, &head(&host, "/healthz", None)).await;
+            assert!(status.starts_with("http/1.1 200"), "{status}");
+            let routed = taken_up(&mut routed, &host, origin).await;
+            assert_eq!(
+                meaning(&lean),
+                meaning(&routed),
+                "allowed {allowed:?}, origin {origin:?}:\n{lean}\n---\n{routed}"
+            );
+            if origin == Some("https://app.example") {
+                assert!(lean.contains("access-control-allow-origin: "), "{lean}");
+            }
+        }
+        server.stop().await.unwrap();
+    }
+}
+
+/// Taking a session up without the router asks what the router asks: a request from an
+/// origin or for a host name that is not allowed is refused as always, and the session
+/// stays parked for its client.
+#[tokio::test]
+async fn a_parked_session_is_not_taken_up_from_a_refused_origin_or_host() {
+    let server = start(config()).await;
+    let host = server.addr.to_string();
+    let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let first = "/connection/longpoll?channel=open:guarded&timeout=20ms&session_key=";
+    let (_, body) = raw_answer(&mut s, &head(&host, first, None)).await;
+    let first: Value = serde_json::from_str(&body).unwrap();
+    let again = format!(
+        "/connection/longpoll?cursor={}&timeout=20ms&session_key={}",
+        urlencode(text(&first, "cursor")),
+        text(&first, "session_key")
+    );
+    for (name, request) in [
+        (
+            "a refused origin",
+            head(&host, &again, Some("https://evil.example")),
+        ),
+        ("a refused host", head("evil.example", &again, None)),
+    ] {
+        let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        let (status, body) = raw_answer(&mut s, &request).await;
+        assert!(
+            status.starts_with("http/1.1 403"),
+            "{name}: {status}\n{body}"
+        );
+        assert_eq!(server.node.metrics.longpolls_kept.get(), 1, "{name}");
+    }
+    let (status, body) = raw_answer(&mut s, &head(&host, &again, None)).await;
+    assert!(status.starts_with("http/1.1 200"), "{status}");
+    let again: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(again["client"], first["client"], "taken up: {again}");
     server.stop().await.unwrap();
 }

@@ -34,56 +34,61 @@ pub(super) enum Refused {
     Bad(&'static str),
 }
 
-/// Reads one request head (and nothing after it).
+/// Reads the connection's next request head into `unread` (what was read from the
+/// connection and not yet used: the start of a request, kept between requests); `None`
+/// when the request is not one served here, with what was read of it left in `unread`
+/// for hyper.
 ///
-/// What has arrived is peeked, and taken only as far as it belongs to the head: all of it
-/// while the head is not whole, exactly the head once it is (what follows is the next
-/// request's). Taking what was peeked empties the socket's buffer, so the next peek waits
-/// for new bytes: a head that trickles in, or stops halfway, costs a wake-up per arrival
-/// and nothing while it waits. Where the head ends is httparse's answer, the same parser
+/// The connection is read, not peeked, into spare room larger than what has arrived: a
+/// short read tells tokio the socket is drained, so the next wait (for the client to
+/// leave while a long-poll is held, or for its next request) costs no syscall that finds
+/// nothing. A request then costs one `recv` where peeking first cost four. What follows
+/// the head (a pipelined next request) stays in `unread`. A new line is looked for only in
+/// the bytes just read, so a head sent a byte at a time costs a scan of each byte, and a
+/// parse per line, not per byte. Where the head ends is httparse's answer, the same parser
 /// (and rules: bare LF, header count) that hyper reads every other request with.
-pub(super) async fn read_head(stream: &mut TcpStream, wait: Duration) -> Result<Head, Refused> {
+pub(super) async fn read_head(
+    stream: &mut TcpStream,
+    unread: &mut Vec<u8>,
+    wait: Duration,
+) -> Result<Option<Head>, Refused> {
     let read = async {
-        let mut head: Vec<u8> = Vec::with_capacity(1024);
-        let mut chunk = vec![0u8; 4096];
+        // Bytes of `unread` known to end no line.
+        let mut scanned = 0;
         loop {
-            let n = stream.peek(&mut chunk).await.map_err(|_| Refused::Gone)?;
-            if n == 0 {
-                return Err(Refused::Gone);
+            match super::held(unread) {
+                Some(false) => return Ok(None),
+                Some(true) if unread[scanned..].contains(&b'\n') => {
+                    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+                    let mut request = httparse::Request::new(&mut headers);
+                    match request.parse(unread) {
+                        Ok(httparse::Status::Complete(length)) if length <= MAX_HEAD => {
+                            let built = build(&request).map_err(Refused::Bad)?;
+                            unread.drain(..length);
+                            if unread.is_empty() {
+                                // Nothing kept while the request is held.
+                                *unread = Vec::new();
+                            }
+                            return Ok(Some(built));
+                        }
+                        Ok(httparse::Status::Complete(_) | httparse::Status::Partial) => {}
+                        Err(httparse::Error::TooManyHeaders) => {
+                            return Err(Refused::Bad("the request has more than 64 headers"));
+                        }
+                        Err(_) => return Err(Refused::Bad(MALFORMED)),
+                    }
+                }
+                // Undecided yet, or no line ended since the last parse.
+                _ => {}
             }
-            let before = head.len();
-            head.extend_from_slice(&chunk[..n]);
-            // A head can only end (or grow a header too many) at a line's end: bytes
-            // without one are taken without parsing again what came before, so a head sent
-            // a byte at a time costs a scan of each byte, not of the whole head each time.
-            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-            let mut request = httparse::Request::new(&mut headers);
-            let parsed = if chunk[..n].contains(&b'\n') {
-                request.parse(&head)
-            } else {
-                Ok(httparse::Status::Partial)
-            };
-            // Once whole, the head is built from this very parse (it is not parsed again).
-            let (length, built) = match parsed {
-                Ok(httparse::Status::Complete(length)) if length > before => {
-                    (length, Some(build(&request)))
-                }
-                Ok(httparse::Status::Partial) => (head.len(), None),
-                Err(httparse::Error::TooManyHeaders) => {
-                    return Err(Refused::Bad("the request has more than 64 headers"));
-                }
-                _ => return Err(Refused::Bad(MALFORMED)),
-            };
-            if length > MAX_HEAD {
+            if unread.len() > MAX_HEAD {
                 return Err(Refused::Bad("the request head is larger than 24 KiB"));
             }
-            // Take what belongs to the head, no more.
-            stream
-                .read_exact(&mut chunk[..length - before])
-                .await
-                .map_err(|_| Refused::Gone)?;
-            if let Some(built) = built {
-                return built.map_err(Refused::Bad);
+            scanned = unread.len();
+            unread.reserve(READ_ROOM);
+            match stream.read_buf(unread).await {
+                Ok(0) | Err(_) => return Err(Refused::Gone),
+                Ok(_) => {}
             }
         }
     };
@@ -91,6 +96,10 @@ pub(super) async fn read_head(stream: &mut TcpStream, wait: Duration) -> Result<
         .await
         .map_err(|_| Refused::Gone)?
 }
+
+/// Room made for each read of a head: more than most heads (a long-poll's is a few
+/// hundred bytes), so that one read takes it whole and leaves the socket known drained.
+const READ_ROOM: usize = 2048;
 
 const MALFORMED: &str = "malformed request head";
 

@@ -9,11 +9,15 @@
 //! parsed by `httparse`, the answer written with `content-length` or chunked. A handler
 //! that would hold the connection hands what it holds back ([`Handover`]): the stream, or
 //! the waiting poll, then runs in the connection's own task with nothing else kept from the
-//! request, so a held request costs about what an idle WebSocket does. The decision is made
-//! on the first bytes of each request, peeked without reading them, so a connection whose
-//! request is anything else goes to hyper untouched (and stays there: WebSocket upgrades,
-//! the API, pages). After a held answer the connection is kept alive, and its next request
-//! is sorted the same way.
+//! request, so a held request costs about what an idle WebSocket does. One exception skips
+//! the router: a long-poll that takes up its parked session (`poll::Resumer`, which asks
+//! what the router would ask and adds what its layers would add).
+//!
+//! A connection's first request is sorted by its first bytes, peeked without reading them,
+//! so a connection whose first request is anything else goes to hyper untouched (and stays
+//! there: WebSocket upgrades, the API, pages). After a held answer the connection is kept
+//! alive and its next request read into a buffer kept between requests (one `recv` a
+//! request); a request that is not served here goes to hyper with the bytes read of it.
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
@@ -88,17 +92,6 @@ impl axum::response::IntoResponse for Handover {
     }
 }
 
-/// What a connection's next request is.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Next {
-    /// A stream's request: served here.
-    Held,
-    /// Anything else: for hyper.
-    Other,
-    /// The client closed the connection, or sent nothing in time.
-    Gone,
-}
-
 /// Whether a request line (its first bytes) is one served here: the path is one of
 /// [`HELD`], followed by its query or a space. `None` while what arrived so far is a
 /// prefix of one of them (undecided).
@@ -116,7 +109,18 @@ fn held(line: &[u8]) -> Option<bool> {
     Some(false)
 }
 
-/// Sorts the connection's next request by its first bytes, without reading them. Waits at
+/// What a connection's first request is.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next {
+    /// A stream's request: served here.
+    Held,
+    /// Anything else: for hyper.
+    Other,
+    /// The client closed the connection, or sent nothing in time.
+    Gone,
+}
+
+/// Sorts the connection's first request by its first bytes, without reading them. Waits at
 /// most `wait` for them.
 pub async fn next(stream: &TcpStream, wait: Duration) -> Next {
     let peek = async {
@@ -155,24 +159,35 @@ pub async fn until_shutdown(
 }
 
 /// Serves held requests on `stream` while they come; returns the stream when the next
-/// request is one for hyper, `None` when the connection is done.
+/// request is one for hyper, with what was read of it, `None` when the connection is done.
 pub async fn serve(
-    app: &Router,
+    (app, resumer): (&Router, &poll::Resumer),
     mut stream: TcpStream,
     peer: SocketAddr,
     socket: Arc<crate::Counted>,
     limits: Limits,
     shutdown: &tokio_util::sync::CancellationToken,
-) -> Option<TcpStream> {
+) -> Option<(TcpStream, Vec<u8>)> {
+    // What was read from the connection and not yet used: a request's first bytes.
+    let mut unread = Vec::new();
     loop {
         // Everything but a stream's life is boxed, and freed before the stream runs: the
         // connection's task is as large as its largest step, and a stream spends its life
         // running. (The boxed future is made in a statement of its own: a temporary lives
         // to the end of its statement, and one that spans an await takes room in the task.)
-        let handling = Box::pin(handle(app, &mut stream, peer, &socket, limits, shutdown));
+        let handling = Box::pin(handle(
+            (app, resumer),
+            &mut stream,
+            &mut unread,
+            peer,
+            &socket,
+            limits,
+            shutdown,
+        ));
         let handled = handling.await;
         let keep_alive = match handled {
             Handled::Closed => return None,
+            Handled::Other => return Some((stream, unread)),
             Handled::Answered { keep_alive } => keep_alive,
             Handled::Stream(head, accepted, framing) => {
                 match run_stream(stream, head, accepted, framing, limits.write_timeout).await {
@@ -212,15 +227,6 @@ pub async fn serve(
             let _ = stream.shutdown().await;
             return None;
         }
-        let waiting = Box::pin(until_shutdown(
-            next(&stream, limits.header_timeout),
-            shutdown,
-        ));
-        match waiting.await {
-            Next::Held => continue,
-            Next::Other => return Some(stream),
-            Next::Gone => return None,
-        }
     }
 }
 
@@ -237,6 +243,8 @@ pub struct Limits {
 enum Handled {
     /// The connection is done (the client left, or was refused).
     Closed,
+    /// The request is not one served here: for hyper.
+    Other,
     /// It was answered; whether the connection may carry another request.
     Answered { keep_alive: bool },
     /// Its handler accepted a stream, to run on the socket after the response's head.
@@ -248,16 +256,18 @@ enum Handled {
 
 /// Reads a request, hands it to the router and writes the answer, unless it opened a stream.
 async fn handle(
-    app: &Router,
+    (app, resumer): (&Router, &poll::Resumer),
     stream: &mut TcpStream,
+    unread: &mut Vec<u8>,
     peer: SocketAddr,
     socket: &Arc<crate::Counted>,
     limits: Limits,
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> Handled {
-    // A head still coming when the node shuts down is not waited for.
+    // A head still coming when the node shuts down is not waited for; nor is the next
+    // request of a connection between requests, which holds no one's data.
     let head = tokio::select! {
-        head = read_head(stream, limits.header_timeout) => head,
+        head = read_head(stream, unread, limits.header_timeout) => head,
         _ = shutdown.cancelled() => return Handled::Closed,
     };
     let Head {
@@ -265,13 +275,18 @@ async fn handle(
         keep_alive,
         version,
     } = match head {
-        Ok(head) => head,
+        Ok(Some(head)) => head,
+        Ok(None) => return Handled::Other,
         Err(Refused::Gone) => return Handled::Closed,
         Err(Refused::Bad(why)) => {
             refuse(stream, why, limits.write_timeout).await;
             return Handled::Closed;
         }
     };
+    // A long-poll that takes up its parked session needs nothing the router does.
+    if let Some(prepared) = resumer.take_up(&request) {
+        return Handled::Poll(prepared, (version, keep_alive));
+    }
     let extensions = request.extensions_mut();
     extensions.insert(Peer(peer));
     extensions.insert(socket.clone());

@@ -17,8 +17,9 @@ use std::{
 };
 
 use axum::{
+    body::Body,
     extract::{RawQuery, State},
-    http::{header, HeaderMap, HeaderValue, StatusCode},
+    http::{self, header, HeaderMap, HeaderValue, Method, StatusCode},
     response::{IntoResponse, Response},
     Extension,
 };
@@ -87,6 +88,69 @@ pub async fn longpoll(
     finish(*prepared)
 }
 
+/// Takes up parked long-poll sessions on the lean path without the router, whose layers
+/// and extractors cost a long-poll about a fifth of its CPU (`docs/benchmarks.md`). Only a
+/// long-poll that continues its session exactly, from a host and an origin the router
+/// would let through, is answered here: the same checks and the same code as the router's
+/// handler, with the CORS headers the router's layer would add
+/// ([`crate::policy::origin::cors_answer_headers`]). Anything else (a first request, an
+/// unknown key, any refusal) goes through the router, which answers as it always does.
+#[derive(Debug, Clone)]
+pub struct Resumer {
+    node: Arc<Node>,
+    parked: Parked,
+}
+
+impl Resumer {
+    /// Takes up sessions parked in `parked`.
+    pub fn new(node: Arc<Node>, parked: Parked) -> Self {
+        Self { node, parked }
+    }
+
+    /// The held long-poll `request` is, if it takes up its parked session.
+    pub fn take_up(&self, request: &http::Request<Body>) -> Option<Box<Prepared>> {
+        if request.method() != Method::GET
+            || request.uri().path() != "/connection/longpoll"
+            || !self.parked.enabled()
+        {
+            return None;
+        }
+        let (node, headers) = (&self.node, request.headers());
+        crate::policy::origin::check_host(&node.settings, headers).ok()?;
+        request::may_continue(node, headers).ok()?;
+        let open = OpenRequest::parse(request.uri().query(), headers).ok()?;
+        let key = Key::parse(open.session_key.as_deref()?)?;
+        let credentials = credentials(&self.parked, &open, headers);
+        let resumed = self
+            .parked
+            .take(key, credentials, open.client.as_deref(), &open.channels)?;
+        let mut prepared = Prepared::resumed(
+            (node.clone(), self.parked.clone()),
+            resumed,
+            true,
+            hold_for(node, &open),
+            (key, credentials),
+        );
+        prepared.cors = Cors::Here(headers.get(header::ORIGIN).cloned());
+        Some(Box::new(prepared))
+    }
+}
+
+/// Who a request says it is, for taking up a parked session.
+fn credentials(parked: &Parked, request: &OpenRequest, headers: &HeaderMap) -> Credentials {
+    let cookie = headers.get(header::COOKIE).map(|v| v.as_bytes());
+    parked.credentials((&request.token, &request.sub_tokens, cookie))
+}
+
+/// Who adds the CORS headers to a poll's answer.
+#[derive(Debug)]
+enum Cors {
+    /// The router's layer, on the way out.
+    Router,
+    /// [`finish`], for a request from this origin answered without the router.
+    Here(Option<HeaderValue>),
+}
+
 fn item(messages: &mut Vec<u8>, json: &[u8]) {
     if !messages.is_empty() {
         messages.push(b',');
@@ -117,6 +181,7 @@ pub struct Prepared {
     park: Option<(Option<Key>, Credentials)>,
     /// Where it is parked.
     parked: Parked,
+    cors: Cors,
 }
 
 impl Prepared {
@@ -170,16 +235,16 @@ async fn prepare(
     let request = OpenRequest::parse(query.as_deref(), &headers)?;
     let park = match request.session_key.as_deref() {
         Some(key) if parked.enabled() => {
-            let cookie = headers.get(header::COOKIE).map(|v| v.as_bytes());
-            let credentials = parked.credentials((&request.token, &request.sub_tokens, cookie));
-            Some((Key::parse(key), credentials))
+            Some((Key::parse(key), credentials(&parked, &request, &headers)))
         }
         _ => None,
     };
     if let Some((Some(key), credentials)) = park {
+        // Refused before the session is looked at: a request that may not continue it
+        // leaves it parked for its client.
+        request::may_continue(&node, &headers)?;
         let (client, channels) = (request.client.as_deref(), &request.channels);
         if let Some(resumed) = parked.take(key, credentials, client, channels) {
-            request::may_continue(&node, &headers)?;
             let timeout = hold_for(&node, &request);
             return Ok(Box::new(Prepared::resumed(
                 (node, parked),
@@ -246,6 +311,7 @@ async fn prepare(
         ended: None,
         park,
         parked,
+        cors: Cors::Router,
     }))
 }
 
@@ -282,6 +348,7 @@ impl Prepared {
             ended: None,
             park: Some((Some(key), credentials)),
             parked,
+            cors: Cors::Router,
         }
     }
 }
@@ -299,6 +366,7 @@ pub fn finish(prepared: Prepared) -> Response {
         ended,
         park,
         parked,
+        cors,
         ..
     } = prepared;
     let mut ending = ended;
@@ -361,6 +429,9 @@ pub fn finish(prepared: Prepared) -> Response {
         parked.park(key, Resumed { session, admitted }, credentials);
     }
     let h = response.headers_mut();
+    if let Cors::Here(origin) = cors {
+        crate::policy::origin::cors_answer_headers(&node.settings, origin.as_ref(), h);
+    }
     if hold {
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     } else {

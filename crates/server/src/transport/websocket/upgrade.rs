@@ -63,18 +63,8 @@ pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Res
         // a WebSocket times its writes itself, on the socket.
         match upgraded.downcast::<TokioIo<WriteDeadline>>() {
             Ok(parts) => {
-                // `read_buf` is a view of hyper's whole read buffer (8 KiB): copy what the
-                // client sent early and let the buffer go, or every connection keeps it.
-                let early = parts.read_buf.to_vec();
-                drop(parts.read_buf);
-                run(
-                    parts.io.into_inner().into_inner(),
-                    early,
-                    node,
-                    address,
-                    facts,
-                )
-                .await
+                let (stream, early) = socket_and_early(parts);
+                run(stream, early, node, address, facts).await
             }
             Err(_) => tracing::error!("upgraded connection is not a TCP stream"),
         }
@@ -132,6 +122,23 @@ fn has_token(headers: &HeaderMap, name: header::HeaderName, token: &str) -> bool
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
+/// An upgraded connection's socket, and what the client sent after its upgrade request
+/// that was read already: by hyper (`read_buf`, first), then by the lean path before hyper
+/// had the connection. A function of its own, so that none of it is kept in the
+/// WebSocket's task: a few bytes more there took every connection into the next
+/// allocation size, 0.45 KB more each.
+fn socket_and_early(
+    parts: hyper::upgrade::Parts<TokioIo<WriteDeadline>>,
+) -> (tokio::net::TcpStream, Vec<u8>) {
+    // `read_buf` is a view of hyper's whole read buffer (8 KiB): copy what the client sent
+    // early and let the buffer go, or every connection keeps it.
+    let mut early = parts.read_buf.to_vec();
+    drop(parts.read_buf);
+    let (stream, unread) = parts.io.into_inner().into_inner();
+    early.extend_from_slice(&unread);
+    (stream, early)
 }
 
 #[cfg(test)]
