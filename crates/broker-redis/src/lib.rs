@@ -25,8 +25,8 @@ use std::{sync::Arc, time::Duration};
 use async_trait::async_trait;
 use bytes::Bytes;
 use herald_broker::{
-    check_since, Broker, BrokerError, History, HistoryQuery, NodeRequests, PublicationSink,
-    StreamPolicy,
+    check_since, Broker, BrokerError, Engine, History, HistoryQuery, NodeLink, NodeRequests,
+    PublicationSink, StreamPolicy,
 };
 use herald_protocol::{json::stored_record, ChannelName, Epoch, Publication, StreamPosition};
 use redis::{aio::ConnectionManager, Script};
@@ -117,6 +117,11 @@ impl RedisBroker {
         )
     }
 
+    /// The presence store the nodes on this Redis (and prefix) share.
+    pub fn presence(&self) -> herald_broker::SharedPresence {
+        self.presence.clone()
+    }
+
     /// Connects and starts the broker in one step (tests, tools).
     pub async fn start(
         options: RedisOptions,
@@ -127,6 +132,17 @@ impl RedisBroker {
 }
 
 impl Connected {
+    /// Starts the broker as a node's engine: the broker, the link between the nodes on the
+    /// same Redis, and the presence they share. Must be called inside a Tokio runtime.
+    pub fn into_engine(self, sink: Arc<dyn PublicationSink>) -> Engine {
+        let broker = self.into_broker(sink);
+        Engine {
+            link: Some(broker.clone()),
+            presence: Some(broker.presence()),
+            broker,
+        }
+    }
+
     /// Starts the broker: publications of subscribed channels go to `sink`. Must be called
     /// inside a Tokio runtime (the pub/sub listener is a task).
     pub fn into_broker(self, sink: Arc<dyn PublicationSink>) -> Arc<RedisBroker> {
@@ -498,16 +514,21 @@ impl Broker for RedisBroker {
         self.listener.channel_count()
     }
 
-    fn node_id(&self) -> Option<&str> {
-        Some(&self.listener.node_id)
+    fn delivery_lag(&self) -> Option<Duration> {
+        Some(self.listener.lag())
+    }
+}
+
+/// The nodes on one Redis (and prefix) are linked through it: requests travel on pub/sub
+/// (see the listener), and live nodes report into one hash.
+#[async_trait]
+impl NodeLink for RedisBroker {
+    fn node_id(&self) -> &str {
+        &self.listener.node_id
     }
 
-    fn presence(&self) -> Option<herald_broker::SharedPresence> {
-        Some(self.presence.clone())
-    }
-
-    async fn ask_node(&self, node: &str, request: Bytes) -> Option<Result<Bytes, BrokerError>> {
-        Some(self.listener.ask(node, request).await)
+    async fn ask_node(&self, node: &str, request: Bytes) -> Result<Bytes, BrokerError> {
+        self.listener.ask(node, request).await
     }
 
     fn answer_nodes_with(&self, handler: std::sync::Weak<dyn NodeRequests>) {
@@ -528,22 +549,18 @@ impl Broker for RedisBroker {
             .await
     }
 
-    fn delivery_lag(&self) -> Option<Duration> {
-        Some(self.listener.lag())
-    }
-
-    async fn nodes(&self) -> Option<Result<Vec<Bytes>, BrokerError>> {
+    async fn nodes(&self) -> Result<Vec<Bytes>, BrokerError> {
         let (hash, seen) = self.store.names.nodes();
         let mut script = NODES.prepare_invoke();
         script
             .key(hash)
             .key(seen)
             .arg(NODE_REPORT_TTL.as_millis() as u64);
-        let figures: Result<Vec<Option<Vec<u8>>>, BrokerError> = self
+        let figures: Vec<Option<Vec<u8>>> = self
             .store
             .call(|mut c| async move { script.invoke_async(&mut c).await })
-            .await;
-        Some(figures.map(|all| all.into_iter().flatten().map(Bytes::from).collect()))
+            .await?;
+        Ok(figures.into_iter().flatten().map(Bytes::from).collect())
     }
 }
 

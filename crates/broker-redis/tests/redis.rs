@@ -367,7 +367,7 @@ async fn fulfils_the_presence_contract() {
                 Arc::new(Recorder::default()),
             ))
         });
-        broker.unwrap().presence().expect("redis keeps presence")
+        broker.unwrap().presence()
     })
     .await;
 }
@@ -421,7 +421,7 @@ async fn presence_is_shared_by_nodes_and_a_dead_nodes_members_expire() {
     let redis = RedisServer::start();
     let (a, _) = node(&redis).await;
     let (b, _) = node(&redis).await;
-    let (pa, pb) = (a.presence().unwrap(), b.presence().unwrap());
+    let (pa, pb) = (a.presence(), b.presence());
     let heard = Arc::new(Heard::default());
     let weak: std::sync::Weak<dyn herald_broker::PresenceEvents> = Arc::downgrade(&heard) as _;
     pa.listen(weak);

@@ -29,20 +29,19 @@
 //! clients to resume from history (the `insufficient state` disconnect).
 
 mod durable;
+mod link;
 mod memory;
 mod presence;
 mod routed;
 
-use std::{
-    sync::{Arc, Weak},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use herald_protocol::{ChannelName, Epoch, Publication, Since, StreamPosition};
 
 pub use durable::{DurableBroker, OpenError, SyncPolicy};
+pub use link::{Engine, NodeLink, NodeRequests, SharedLink};
 pub use memory::MemoryBroker;
 pub use presence::{
     Member, MemoryPresence, PresenceEvents, PresenceStats, PresenceStore, SharedPresence,
@@ -216,56 +215,12 @@ pub trait Broker: Send + Sync + 'static {
         Ok(())
     }
 
-    /// This node's id among the nodes that share the broker; `None` for a broker that serves
-    /// one node.
-    fn node_id(&self) -> Option<&str> {
-        None
-    }
-
-    /// Sends `request` to the node with id `node` and returns its answer: for a command that
-    /// must reach a session living on that node. `None` when the broker links no other nodes.
-    async fn ask_node(&self, node: &str, request: Bytes) -> Option<Result<Bytes, BrokerError>> {
-        let _ = (node, request);
-        None
-    }
-
-    /// Where requests from other nodes go (see [`Broker::ask_node`]).
-    fn answer_nodes_with(&self, handler: Weak<dyn NodeRequests>) {
-        let _ = handler;
-    }
-
-    /// The presence store that goes with this broker: shared by the nodes that share the
-    /// broker. `None`: the node keeps presence itself ([`MemoryPresence`]).
-    fn presence(&self) -> Option<SharedPresence> {
-        None
-    }
-
-    /// Tells the nodes that share the broker that this one is alive, with its `figures`
-    /// (JSON, opaque here), for [`Broker::nodes`]. Nothing to do for a broker of one node.
-    async fn report_node(&self, figures: Bytes) -> Result<(), BrokerError> {
-        let _ = figures;
-        Ok(())
-    }
-
-    /// The latest figures of every node that shares the broker and reported within the
-    /// broker's time to live; `None` for a broker of one node.
-    async fn nodes(&self) -> Option<Result<Vec<Bytes>, BrokerError>> {
-        None
-    }
-
     /// How long publications take, at the last check, from being published to reaching
     /// this node's sink; `None` for a broker that hands them over inside
     /// [`Broker::publish`] (nothing to lag behind).
     fn delivery_lag(&self) -> Option<std::time::Duration> {
         None
     }
-}
-
-/// Answers what other nodes [ask](Broker::ask_node) this one.
-#[async_trait]
-pub trait NodeRequests: Send + Sync + 'static {
-    /// The answer to one request.
-    async fn answer(&self, request: Bytes) -> Bytes;
 }
 
 /// A broker behind a shared handle.

@@ -1,6 +1,7 @@
 //! `herald`: the server and its command-line clients.
 
 mod cli;
+mod engine;
 mod pubsub;
 mod settings;
 mod token;
@@ -86,7 +87,7 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
         let listen = settings.config.listen;
         let listener = listen_on(listen, settings.config.reuse_port)
             .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
-        let node = herald_server::Node::open(settings).await?;
+        let node = engine::open_node(settings).await?;
         let shutdown = shutdown_signal()?;
         survive_file_size_limit()?;
         warn_of_a_shared_address(&node.settings.config);
@@ -96,7 +97,7 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
             version = env!("CARGO_PKG_VERSION"),
             api = if node.settings.api_keys().next().is_some() { "enabled" } else { "disabled (no api_key)" },
             storage = ?node.settings.config.storage,
-            stored_in = %stored_in(&node.settings.config),
+            stored_in = %engine::stored_in(&node.settings.config),
             "herald is listening"
         );
         say_what_is_open(&node.settings);
@@ -178,20 +179,6 @@ fn log_panics() {
             .unwrap_or_default();
         tracing::error!(panic = %what, at = %at, "defect: a task panicked; its connection is closed with 3006");
     }));
-}
-
-/// Where publications are kept, for the start-up line.
-fn stored_in(config: &herald_server::Config) -> String {
-    use herald_server::config::StorageEngine;
-    match config.storage {
-        StorageEngine::Durable => config.data_dir.display().to_string(),
-        StorageEngine::Memory => "memory".into(),
-        StorageEngine::Redis => format!(
-            "{} (prefix {})",
-            herald_broker_redis::redacted(&config.redis.url),
-            config.redis.prefix
-        ),
-    }
 }
 
 /// Connections the kernel may hold for us before we accept them (it caps this at

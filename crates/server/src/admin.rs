@@ -168,36 +168,29 @@ pub async fn everywhere(node: &Node, action: Action) -> Result<Value, Failure> {
     if owner.is_none_or(|o| o == Some(&*node.id)) {
         answers.push(here(node, &action));
     }
-    let linked = node.broker.node_id().is_some();
-    let others: Vec<String> = match owner {
-        _ if !linked => Vec::new(),
-        Some(Some(owner)) if owner != &*node.id => vec![owner.to_string()],
-        Some(_) => Vec::new(),
-        None => match node.broker.nodes().await {
-            Some(reported) => reported?
-                .iter()
-                .filter_map(|f| serde_json::from_slice::<Value>(f).ok())
-                .filter_map(|f| f["node"].as_str().map(str::to_string))
-                .filter(|id| id != &*node.id)
-                .collect(),
-            None => Vec::new(),
-        },
+    let others: Vec<String> = match (&node.link, owner) {
+        (None, _) => Vec::new(),
+        (Some(_), Some(Some(owner))) if owner != &*node.id => vec![owner.to_string()],
+        (Some(_), Some(_)) => Vec::new(),
+        (Some(link), None) => link
+            .nodes()
+            .await?
+            .iter()
+            .filter_map(|f| serde_json::from_slice::<Value>(f).ok())
+            .filter_map(|f| f["node"].as_str().map(str::to_string))
+            .filter(|id| id != &*node.id)
+            .collect(),
     };
-    if !others.is_empty() {
+    if let Some(link) = node.link.as_ref().filter(|_| !others.is_empty()) {
         let mut request = NODE_REQUEST.to_vec();
         request.extend(serde_json::to_vec(&action).expect("actions serialise"));
         let request = bytes::Bytes::from(request);
         let asked = futures_util::future::join_all(
-            others
-                .iter()
-                .map(|id| node.broker.ask_node(id, request.clone())),
+            others.iter().map(|id| link.ask_node(id, request.clone())),
         )
         .await;
         for (id, answer) in others.into_iter().zip(asked) {
-            match answer
-                .and_then(Result::ok)
-                .and_then(|a| serde_json::from_slice(&a).ok())
-            {
+            match answer.ok().and_then(|a| serde_json::from_slice(&a).ok()) {
                 Some(value) => answers.push(value),
                 None => unreachable.push(id),
             }

@@ -9,9 +9,9 @@ use std::{
 };
 
 use herald_broker::{
-    BrokerError, DurableBroker, MemoryBroker, OpenError, PublicationSink, Routed, SharedBroker,
+    DurableBroker, Engine, MemoryBroker, OpenError, PublicationSink, Routed, SharedBroker,
+    SharedLink,
 };
-use herald_broker_redis::{RedisBroker, RedisOptions};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{config::StorageEngine, hub::Hub, settings::Settings};
@@ -25,6 +25,8 @@ pub struct Node {
     pub settings: Settings,
     /// Where publications are stored and ordered.
     pub broker: SharedBroker,
+    /// The link to the other nodes that share the broker; `None` when the node is alone.
+    pub link: Option<SharedLink>,
     /// Local subscribers.
     pub hub: Arc<Hub>,
     /// Who is in which channel (namespaces with `presence`), and join/leave pushes.
@@ -58,21 +60,30 @@ impl std::fmt::Debug for Node {
 }
 
 impl Node {
-    /// A node whose broker is built by `make_broker` around the node's hub.
+    /// A node alone on a broker built by `make_broker` around the node's hub.
     pub fn new(
         settings: Settings,
         make_broker: impl FnOnce(Arc<dyn PublicationSink>) -> SharedBroker,
     ) -> Arc<Self> {
+        Self::with_engine(settings, |sink| Engine::alone(make_broker(sink)))
+    }
+
+    /// A node on an engine built by `make_engine` around the node's hub: a broker shared with
+    /// other nodes comes with its link to them and the presence they share.
+    pub fn with_engine(
+        settings: Settings,
+        make_engine: impl FnOnce(Arc<dyn PublicationSink>) -> Engine,
+    ) -> Arc<Self> {
         let built: Result<_, std::convert::Infallible> =
-            Self::try_new(settings, |sink| Ok(make_broker(sink)));
+            Self::try_new(settings, |sink| Ok(make_engine(sink)));
         let Ok(node) = built;
         node
     }
 
-    /// Like [`Node::new`], for brokers whose construction can fail (opening a file).
+    /// Like [`Node::with_engine`], for engines whose construction can fail (opening a file).
     pub fn try_new<E>(
         settings: Settings,
-        make_broker: impl FnOnce(Arc<dyn PublicationSink>) -> Result<SharedBroker, E>,
+        make_engine: impl FnOnce(Arc<dyn PublicationSink>) -> Result<Engine, E>,
     ) -> Result<Arc<Self>, E> {
         let threads = match settings.config.fanout_threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get() / 2),
@@ -80,18 +91,22 @@ impl Node {
         };
         let hub = Arc::new(Hub::new(threads));
         let metrics = crate::metrics::Metrics::default();
-        let broker = crate::metrics::Counted::wrap(make_broker(hub.clone())?, &metrics);
-        let id = broker.node_id().map_or_else(
+        let Engine {
+            broker,
+            link,
+            presence: store,
+        } = make_engine(hub.clone())?;
+        let broker = crate::metrics::Counted::wrap(broker, &metrics);
+        let link = link.map(|link| crate::metrics::CountedLink::wrap(link, &metrics));
+        let id = link.as_ref().map_or_else(
             || {
                 herald_protocol::Epoch::random(|| fastrand::u64(..))
                     .as_str()
                     .into()
             },
-            Into::into,
+            |link| link.node_id().into(),
         );
-        let store = broker
-            .presence()
-            .unwrap_or_else(|| herald_broker::MemoryPresence::new());
+        let store = store.unwrap_or_else(|| herald_broker::MemoryPresence::new());
         let presence =
             crate::hub::presence::Presence::start(store, settings.config.presence.clone(), &hub);
         settings.tokens.prefetch();
@@ -108,6 +123,7 @@ impl Node {
             limits,
             settings,
             broker,
+            link,
             hub,
             presence,
             shutdown,
@@ -120,8 +136,10 @@ impl Node {
             started: Instant::now(),
         });
         // Other nodes forward commands for this node's stream sessions (`transport::send`).
-        let weak: std::sync::Weak<dyn herald_broker::NodeRequests> = Arc::downgrade(&node) as _;
-        node.broker.answer_nodes_with(weak);
+        if let Some(link) = &node.link {
+            let weak: std::sync::Weak<dyn herald_broker::NodeRequests> = Arc::downgrade(&node) as _;
+            link.answer_nodes_with(weak);
+        }
         for caller in node.settings.hooks.callers() {
             caller.count_into(node.metrics.hook(caller.name()));
         }
@@ -137,6 +155,7 @@ impl Node {
 
     /// A node with the embedded brokers the configuration asks for: with
     /// `storage = "durable"`, durable namespaces in `data_dir` and the rest in memory.
+    /// (Remote brokers are the binary's to build: see [`Node::with_engine`].)
     pub fn embedded(settings: Settings) -> Result<Arc<Self>, OpenError> {
         if settings.config.storage == StorageEngine::Memory {
             return Ok(Self::with_memory_broker(settings));
@@ -152,24 +171,10 @@ impl Node {
             let durable = DurableBroker::open_with(&dir, sync, sink, policies)?;
             let is_durable =
                 move |c: &herald_protocol::ChannelName| rules.namespace(c.namespace()).durable;
-            Ok(Arc::new(Routed::new(durable, memory, is_durable)))
+            Ok(Engine::alone(Arc::new(Routed::new(
+                durable, memory, is_durable,
+            ))))
         })
-    }
-
-    /// A node with the broker the configuration asks for: the embedded ones, or Redis
-    /// (connected and checked before this returns).
-    pub async fn open(settings: Settings) -> Result<Arc<Self>, StartError> {
-        if settings.config.storage != StorageEngine::Redis {
-            return Ok(Self::embedded(settings)?);
-        }
-        let redis = &settings.config.redis;
-        let connected = RedisBroker::connect(RedisOptions {
-            url: redis.url.clone(),
-            prefix: redis.prefix.clone(),
-        })
-        .await
-        .map_err(|e| StartError::Redis(herald_broker_redis::redacted(&redis.url), e))?;
-        Ok(Self::new(settings, |sink| connected.into_broker(sink)))
     }
 
     /// Registers a new connection; the guard unregisters it when dropped.
@@ -228,17 +233,6 @@ impl Node {
 /// How often a node of several tells the others its figures (`/api/nodes`; sent by
 /// the dashboard's sampler, which [`crate::serve`] starts, with the dashboard's digest).
 pub const REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Why a node could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// The durable store could not be opened.
-    #[error(transparent)]
-    Durable(#[from] OpenError),
-    /// Redis could not be reached.
-    #[error("cannot use redis at {0}: {1}")]
-    Redis(String, BrokerError),
-}
 
 /// Counts a connection while it lives and gives it a process-unique id.
 #[derive(Debug)]

@@ -141,3 +141,36 @@ fn reads_both_kinds_of_path() {
         named("use crate::{a::b, c, d::{e, f}};\n// crate::comment\nlet x = crate::g::h();");
     assert_eq!(names.into_iter().collect::<Vec<_>>(), ["a", "c", "d", "g"]);
 }
+
+/// The binary chooses the broker (issue #31): the server knows the broker contract
+/// (`herald-broker`) and its embedded stores, and no remote engine's crate, so that adding
+/// one (Sentinel, Cluster, NATS) touches the binary and the engine's crate only.
+#[test]
+fn the_server_depends_on_no_remote_broker() {
+    let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+        .expect("the server's manifest");
+    let dependencies = manifest
+        .split("\n[")
+        .find(|section| section.starts_with("dependencies]"))
+        .expect("a [dependencies] section");
+    let remote: Vec<&str> = dependencies
+        .lines()
+        .filter(|line| line.starts_with("herald-broker-"))
+        .collect();
+    assert!(remote.is_empty(), "the server depends on {remote:?}");
+    let sources = {
+        let mut all = Vec::new();
+        sources(
+            Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src")),
+            &mut all,
+        );
+        all
+    };
+    assert!(!sources.is_empty());
+    for text in sources {
+        assert!(
+            !text.contains("herald_broker_redis"),
+            "a source names herald_broker_redis:\n{text}"
+        );
+    }
+}

@@ -37,7 +37,8 @@ pub(super) async fn nodes(
 ) -> Result<Json<serde_json::Value>, Failure> {
     let mut all = vec![node.figures()];
     let own = all[0]["node"].clone();
-    if let Some(reported) = node.broker.nodes().await {
+    if let Some(link) = &node.link {
+        let reported = link.nodes().await;
         // Shared storage: anyone who can write there could put anything, so only objects
         // with a node id are listed.
         all.extend(

@@ -1,12 +1,13 @@
-//! Failed broker calls, counted by operation: the node's broker wrapped once, so every
-//! caller (sessions, the API, the hub, the events log) is counted without knowing it.
+//! Failed broker calls, counted by operation: the node's broker (and its link to other
+//! nodes) wrapped once, so every caller (sessions, the API, the hub, the events log, the
+//! operators' actions) is counted without knowing it.
 
 use std::sync::Weak;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use herald_broker::{
-    Broker, BrokerError, History, HistoryQuery, NodeRequests, SharedBroker, SharedPresence,
+    Broker, BrokerError, History, HistoryQuery, NodeLink, NodeRequests, SharedBroker, SharedLink,
     StreamPolicy,
 };
 use herald_protocol::{ChannelName, StreamPosition};
@@ -21,24 +22,39 @@ pub struct Counted {
     errors: Vec<Counter>,
 }
 
-const OPERATIONS: [&str; 8] = [
+const OPERATIONS: [&str; 5] = [
     "publish",
     "history",
     "remove_history",
     "subscribe",
     "unsubscribe",
-    "ask_node",
-    "report_node",
-    "nodes",
 ];
+
+/// The link's, counted the same way.
+const LINK_OPERATIONS: [&str; 3] = ["ask_node", "report_node", "nodes"];
+
+fn counters(metrics: &Metrics, operations: &[&'static str]) -> Vec<Counter> {
+    operations
+        .iter()
+        .map(|op| metrics.broker_errors(op))
+        .collect()
+}
+
+fn counted<T>(
+    errors: &[Counter],
+    operation: usize,
+    result: Result<T, BrokerError>,
+) -> Result<T, BrokerError> {
+    if result.is_err() {
+        errors[operation].inc();
+    }
+    result
+}
 
 impl Counted {
     /// `inner`, counted in `metrics`.
     pub fn wrap(inner: SharedBroker, metrics: &Metrics) -> SharedBroker {
-        let errors = OPERATIONS
-            .iter()
-            .map(|op| metrics.broker_errors(op))
-            .collect();
+        let errors = counters(metrics, &OPERATIONS);
         std::sync::Arc::new(Self { inner, errors })
     }
 
@@ -47,10 +63,45 @@ impl Counted {
         operation: usize,
         result: Result<T, BrokerError>,
     ) -> Result<T, BrokerError> {
-        if result.is_err() {
-            self.errors[operation].inc();
-        }
-        result
+        counted(&self.errors, operation, result)
+    }
+}
+
+/// A link whose failed calls are counted in `herald_broker_errors_total{operation}`.
+pub struct CountedLink {
+    inner: SharedLink,
+    /// By operation, in the order of [`LINK_OPERATIONS`].
+    errors: Vec<Counter>,
+}
+
+impl CountedLink {
+    /// `inner`, counted in `metrics`.
+    pub fn wrap(inner: SharedLink, metrics: &Metrics) -> SharedLink {
+        let errors = counters(metrics, &LINK_OPERATIONS);
+        std::sync::Arc::new(Self { inner, errors })
+    }
+}
+
+#[async_trait]
+impl NodeLink for CountedLink {
+    fn node_id(&self) -> &str {
+        self.inner.node_id()
+    }
+
+    async fn ask_node(&self, node: &str, request: Bytes) -> Result<Bytes, BrokerError> {
+        counted(&self.errors, 0, self.inner.ask_node(node, request).await)
+    }
+
+    fn answer_nodes_with(&self, handler: Weak<dyn NodeRequests>) {
+        self.inner.answer_nodes_with(handler);
+    }
+
+    async fn report_node(&self, figures: Bytes) -> Result<(), BrokerError> {
+        counted(&self.errors, 1, self.inner.report_node(figures).await)
+    }
+
+    async fn nodes(&self) -> Result<Vec<Bytes>, BrokerError> {
+        counted(&self.errors, 2, self.inner.nodes().await)
     }
 }
 
@@ -93,32 +144,6 @@ impl Broker for Counted {
         self.inner.health()
     }
 
-    fn node_id(&self) -> Option<&str> {
-        self.inner.node_id()
-    }
-
-    async fn ask_node(&self, node: &str, request: Bytes) -> Option<Result<Bytes, BrokerError>> {
-        let answer = self.inner.ask_node(node, request).await?;
-        Some(self.counted(5, answer))
-    }
-
-    fn answer_nodes_with(&self, handler: Weak<dyn NodeRequests>) {
-        self.inner.answer_nodes_with(handler);
-    }
-
-    fn presence(&self) -> Option<SharedPresence> {
-        self.inner.presence()
-    }
-
-    async fn report_node(&self, figures: Bytes) -> Result<(), BrokerError> {
-        self.counted(6, self.inner.report_node(figures).await)
-    }
-
-    async fn nodes(&self) -> Option<Result<Vec<Bytes>, BrokerError>> {
-        let nodes = self.inner.nodes().await?;
-        Some(self.counted(7, nodes))
-    }
-
     fn delivery_lag(&self) -> Option<std::time::Duration> {
         self.inner.delivery_lag()
     }
@@ -131,8 +156,22 @@ mod tests {
     #[test]
     fn forwards_what_it_does_not_count() {
         let source = include_str!("broker.rs");
-        let trait_source = include_str!("../../../broker/src/lib.rs");
-        let start = trait_source.find("pub trait Broker").unwrap();
+        for (file, name) in [
+            (
+                include_str!("../../../broker/src/lib.rs"),
+                "pub trait Broker",
+            ),
+            (
+                include_str!("../../../broker/src/link.rs"),
+                "pub trait NodeLink",
+            ),
+        ] {
+            forwards(source, file, name);
+        }
+    }
+
+    fn forwards(source: &str, trait_source: &str, name: &str) {
+        let start = trait_source.find(name).unwrap();
         let end = start + trait_source[start..].find("\n}\n").unwrap();
         for line in trait_source[start..end].lines() {
             let line = line.trim();

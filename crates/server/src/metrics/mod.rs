@@ -22,7 +22,7 @@ mod wire;
 
 pub use histogram::Durations;
 
-pub use broker::Counted;
+pub use broker::{Counted, CountedLink};
 pub use wire::Wire;
 
 use std::{sync::Arc, time::Duration};

@@ -110,8 +110,8 @@ async fn handle(
         request.extend_from_slice(id.as_bytes());
         request.push(b'\n');
         request.extend_from_slice(&frame);
-        if let Some(answer) = node.broker.ask_node(owner, request.into()).await {
-            let answer = answer.map_err(|e| {
+        if let Some(link) = &node.link {
+            let answer = link.ask_node(owner, request.into()).await.map_err(|e| {
                 Failure::new(
                     ErrorCode::BadConnectState,
                     format!("the stream's node cannot be reached ({e}); reopen the stream"),

@@ -207,7 +207,7 @@ pub fn spawn_sampler(node: &Arc<Node>) {
         return;
     }
     let weak = Arc::downgrade(node);
-    let shared = node.broker.node_id().is_some();
+    let shared = node.link.is_some();
     let channel = herald_protocol::ChannelName::new(STATS_CHANNEL).expect("a valid name");
     let report_every =
         (crate::node::REPORT_EVERY.as_millis() / SAMPLE_EVERY.as_millis()).max(1) as u64;
@@ -232,7 +232,14 @@ pub fn spawn_sampler(node: &Arc<Node>) {
             if report {
                 let mut figures = node.figures();
                 figures["digest"] = own.clone();
-                if let Err(e) = node.broker.report_node(figures.to_string().into()).await {
+                let reporting = node
+                    .link
+                    .as_ref()
+                    .map(|link| link.report_node(figures.to_string().into()));
+                if let Some(Err(e)) = match reporting {
+                    Some(reporting) => Some(reporting.await),
+                    None => None,
+                } {
                     tracing::warn!(error = %e, "could not report this node's figures to the others");
                 }
                 if watched {
@@ -253,7 +260,10 @@ pub fn spawn_sampler(node: &Arc<Node>) {
 
 /// The digests other nodes reported last.
 async fn other_digests(node: &Node) -> Vec<Value> {
-    let Some(Ok(reported)) = node.broker.nodes().await else {
+    let Some(link) = &node.link else {
+        return Vec::new();
+    };
+    let Ok(reported) = link.nodes().await else {
         return Vec::new();
     };
     reported

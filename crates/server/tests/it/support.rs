@@ -59,7 +59,17 @@ pub async fn start_embedded(config: Config) -> TestServer {
 pub async fn start_on_redis(mut config: Config, redis: &RedisServer) -> TestServer {
     config.storage = StorageEngine::Redis;
     config.redis.url = redis.url();
-    serve(Node::open(config.validate().unwrap()).await.unwrap()).await
+    let settings = config.validate().unwrap();
+    let connected = herald_broker_redis::RedisBroker::connect(herald_broker_redis::RedisOptions {
+        url: redis.url(),
+        prefix: settings.config.redis.prefix.clone(),
+    })
+    .await
+    .unwrap();
+    serve(Node::with_engine(settings, |sink| {
+        connected.into_engine(sink)
+    }))
+    .await
 }
 
 async fn serve(node: Arc<Node>) -> TestServer {

@@ -1,0 +1,41 @@
+//! The binary chooses the broker: the embedded ones (the server's own, in `data_dir` and in
+//! memory), or a remote one from its own crate, connected here and handed to the node. So
+//! the server depends on no remote broker, and each engine adds a case here.
+
+use std::sync::Arc;
+
+use herald_broker_redis::{redacted, RedisBroker, RedisOptions};
+use herald_server::{config::StorageEngine, Config, Node, Settings};
+
+/// A node on the engine the configuration asks for, connected and checked before this
+/// returns: a server whose broker cannot be reached stops at start, with the reason.
+pub async fn open_node(settings: Settings) -> anyhow::Result<Arc<Node>> {
+    match settings.config.storage {
+        StorageEngine::Durable | StorageEngine::Memory => Ok(Node::embedded(settings)?),
+        StorageEngine::Redis => {
+            let redis = &settings.config.redis;
+            let connected = RedisBroker::connect(RedisOptions {
+                url: redis.url.clone(),
+                prefix: redis.prefix.clone(),
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot use redis at {}: {e}", redacted(&redis.url)))?;
+            Ok(Node::with_engine(settings, |sink| {
+                connected.into_engine(sink)
+            }))
+        }
+    }
+}
+
+/// Where publications are kept, for the start-up line (no secret in it).
+pub fn stored_in(config: &Config) -> String {
+    match config.storage {
+        StorageEngine::Durable => config.data_dir.display().to_string(),
+        StorageEngine::Memory => "memory".into(),
+        StorageEngine::Redis => format!(
+            "{} (prefix {})",
+            redacted(&config.redis.url),
+            config.redis.prefix
+        ),
+    }
+}
