@@ -19,6 +19,7 @@ mod presence;
 mod scripts;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+mod tls;
 
 use std::{sync::Arc, time::Duration};
 
@@ -34,6 +35,7 @@ use redis::{aio::ConnectionManager, Script};
 pub use listener::decode_message;
 use listener::Listener;
 pub use presence::{RedisPresence, BEAT_EVERY, NODE_TTL};
+pub use tls::RedisTls;
 
 /// Where Redis is and how Herald names its keys there.
 #[derive(Debug, Clone)]
@@ -43,6 +45,8 @@ pub struct RedisOptions {
     /// Put before every key and pub/sub channel, so several Herald clusters (or other
     /// programs) can share one Redis.
     pub prefix: String,
+    /// TLS beyond what the URL says (`rediss://` alone uses the system's roots).
+    pub tls: RedisTls,
 }
 
 /// A stream store in Redis shared by every node that connects to it.
@@ -92,7 +96,7 @@ impl std::fmt::Debug for Connected {
 impl RedisBroker {
     /// Opens the command connection and checks that Redis answers.
     pub async fn connect(options: RedisOptions) -> Result<Connected, BrokerError> {
-        let client = redis::Client::open(options.url.as_str()).map_err(unavailable)?;
+        let client = tls::client(&options.url, &options.tls)?;
         let mut commands = ConnectionManager::new_with_config(client.clone(), command_config())
             .await
             .map_err(unavailable)?;

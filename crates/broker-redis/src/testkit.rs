@@ -12,6 +12,25 @@ pub struct RedisServer {
     child: Child,
     port: u16,
     _dir: tempfile::TempDir,
+    /// Its certificates, when it speaks TLS only.
+    tls: Option<TlsFiles>,
+}
+
+/// The certificates of a [`RedisServer`] that speaks TLS, made by `openssl` in its
+/// directory: a CA, the server's certificate for `127.0.0.1` and `localhost` signed by it,
+/// and a client certificate signed by it (for mutual TLS).
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The CA's certificate (PEM): what a client trusts.
+    pub ca: std::path::PathBuf,
+    /// A client certificate signed by the CA, and its key.
+    pub client_cert: std::path::PathBuf,
+    /// The client certificate's key.
+    pub client_key: std::path::PathBuf,
+    /// A certificate and key of another CA, which the server does not trust.
+    pub stranger_cert: std::path::PathBuf,
+    /// The stranger's key.
+    pub stranger_key: std::path::PathBuf,
 }
 
 impl RedisServer {
@@ -27,12 +46,37 @@ impl RedisServer {
     pub fn try_start() -> std::io::Result<Self> {
         let dir = tempfile::tempdir()?;
         let port = free_port()?;
-        let child = spawn(dir.path(), port)?;
+        let child = spawn(dir.path(), port, None)?;
         Ok(Self {
             child,
             port,
             _dir: dir,
+            tls: None,
         })
+    }
+
+    /// Starts `redis-server` speaking TLS only (`rediss://`), with certificates made here;
+    /// with `clients_prove`, it accepts only clients with a certificate its CA signed.
+    ///
+    /// # Panics
+    /// When `redis-server` or `openssl` is missing or fails.
+    pub fn start_tls(clients_prove: bool) -> Self {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let files = make_certificates(dir.path());
+        let port = free_port().expect("a free loopback port");
+        let child = spawn(dir.path(), port, Some((&files, clients_prove)))
+            .expect("redis-server with TLS starts (Debian's is built with it)");
+        Self {
+            child,
+            port,
+            _dir: dir,
+            tls: Some(files),
+        }
+    }
+
+    /// Its certificates, if it speaks TLS.
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
     }
 
     /// Writes its data to its dump file now (`SAVE`).
@@ -52,7 +96,8 @@ impl RedisServer {
     pub fn restart_from_dump(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        self.child = spawn(self._dir.path(), self.port).expect("redis-server restarts");
+        let tls = self.tls.as_ref().map(|files| (files, false));
+        self.child = spawn(self._dir.path(), self.port, tls).expect("redis-server restarts");
     }
 
     /// Its process id (for CPU and memory figures).
@@ -60,9 +105,14 @@ impl RedisServer {
         self.child.id()
     }
 
-    /// `redis://127.0.0.1:PORT`.
+    /// `redis://127.0.0.1:PORT` (`rediss://` when it speaks TLS).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// The port it listens on.
@@ -90,10 +140,35 @@ impl RedisServer {
 }
 
 /// Starts `redis-server` on `port`, keeping its files in `dir` (where it loads a dump from,
-/// if there is one), and returns once it accepts connections.
-fn spawn(dir: &std::path::Path, port: u16) -> std::io::Result<Child> {
-    let mut child = Command::new("redis-server")
-        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+/// if there is one), and returns once it accepts connections. With `tls`, it speaks TLS
+/// only on that port (and asks clients for a certificate if told).
+fn spawn(
+    dir: &std::path::Path,
+    port: u16,
+    tls: Option<(&TlsFiles, bool)>,
+) -> std::io::Result<Child> {
+    let mut command = Command::new("redis-server");
+    command.args(["--bind", "127.0.0.1"]);
+    match tls {
+        None => {
+            command.args(["--port", &port.to_string()]);
+        }
+        Some((files, clients_prove)) => {
+            command
+                .args(["--port", "0", "--tls-port", &port.to_string()])
+                .arg("--tls-cert-file")
+                .arg(dir.join("server.crt"))
+                .arg("--tls-key-file")
+                .arg(dir.join("server.key"))
+                .arg("--tls-ca-cert-file")
+                .arg(&files.ca)
+                .args([
+                    "--tls-auth-clients",
+                    if clients_prove { "yes" } else { "no" },
+                ]);
+        }
+    }
+    let mut child = command
         .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
         .arg("--dir")
         .arg(dir)
@@ -117,6 +192,85 @@ fn spawn(dir: &std::path::Path, port: u16) -> std::io::Result<Child> {
     // Keep draining the log so the server never blocks on a full pipe.
     std::thread::spawn(move || lines.for_each(drop));
     Ok(child)
+}
+
+/// A CA, a server certificate it signs for loopback, a client certificate it signs, and a
+/// stranger's self-signed pair, made in `dir` by the `openssl` command.
+fn make_certificates(dir: &std::path::Path) -> TlsFiles {
+    let openssl = |args: &[&str]| {
+        let status = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("openssl must be installed");
+        assert!(status.success(), "openssl {args:?} failed");
+    };
+    let self_signed = |name: &str, subject: &str| {
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.crt"),
+            "-subj",
+            subject,
+        ]);
+    };
+    self_signed("ca", "/CN=herald-test-ca");
+    self_signed("stranger", "/CN=stranger");
+    // Version 3 certificates (rustls takes no other), with what each is for.
+    for (name, extensions) in [
+        (
+            "server",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        ),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ] {
+        std::fs::write(dir.join(format!("{name}.cnf")), extensions).expect("writable directory");
+        let (key, csr, crt, cnf) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+            format!("{name}.cnf"),
+        );
+        let subject = format!("/CN={name}");
+        openssl(&[
+            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj",
+            &subject,
+        ]);
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            &crt,
+            "-extfile",
+            &cnf,
+        ]);
+    }
+    TlsFiles {
+        ca: dir.join("ca.crt"),
+        client_cert: dir.join("client.crt"),
+        client_key: dir.join("client.key"),
+        stranger_cert: dir.join("stranger.crt"),
+        stranger_key: dir.join("stranger.key"),
+    }
 }
 
 impl Drop for RedisServer {

@@ -13,7 +13,7 @@ use herald_broker::{
 };
 use herald_broker_redis::{
     testkit::{self, Partition, RedisServer},
-    RedisBroker, RedisOptions,
+    RedisBroker, RedisOptions, RedisTls,
 };
 use herald_protocol::ChannelName;
 
@@ -21,6 +21,7 @@ fn options(redis: &RedisServer, prefix: &str) -> RedisOptions {
     RedisOptions {
         url: redis.url(),
         prefix: prefix.into(),
+        tls: Default::default(),
     }
 }
 
@@ -172,6 +173,7 @@ async fn an_unreachable_redis_is_a_clear_error() {
     let err = RedisBroker::connect(RedisOptions {
         url: testkit::unreachable_url(),
         prefix: "herald".into(),
+        tls: Default::default(),
     })
     .await
     .unwrap_err();
@@ -205,6 +207,7 @@ async fn a_silent_partition_is_noticed_and_caught_up() {
         RedisOptions {
             url: partition.url(),
             prefix: "herald".into(),
+            tls: Default::default(),
         },
         seen.clone() as Arc<dyn PublicationSink>,
     )
@@ -471,4 +474,135 @@ async fn presence_is_shared_by_nodes_and_a_dead_nodes_members_expire() {
         "a's member 1 stays: a still holds it"
     );
     assert_eq!(pa.members(&c, None, 10).await.unwrap(), vec![anonymous(1)]);
+}
+
+fn over_tls(redis: &RedisServer, prefix: &str, tls: RedisTls) -> RedisOptions {
+    RedisOptions {
+        url: redis.url(),
+        prefix: prefix.into(),
+        tls,
+    }
+}
+
+/// The whole contract over TLS, on a Redis that takes only clients with a certificate its
+/// CA signed (mutual TLS, as managed offerings may ask).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fulfils_the_broker_contract_over_mutual_tls() {
+    let redis = RedisServer::start_tls(true);
+    let files = redis.tls().unwrap().clone();
+    let tls = RedisTls {
+        ca_file: Some(files.ca),
+        cert_file: Some(files.client_cert),
+        key_file: Some(files.client_key),
+        insecure: false,
+    };
+    let runs = AtomicUsize::new(0);
+    conformance::run_all(|sink| {
+        let prefix = format!("tls{}", runs.fetch_add(1, Ordering::Relaxed));
+        let options = over_tls(&redis, &prefix, tls.clone());
+        let broker = tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(RedisBroker::start(options, sink))
+        });
+        let broker: SharedBroker = broker.unwrap();
+        broker
+    })
+    .await;
+}
+
+/// Redis's certificate is verified (against the system's roots, or the CA given), the
+/// node proves itself with its certificate when asked, and every refusal says why at
+/// connect, before the node starts: the start-up error an operator reads.
+#[tokio::test]
+async fn tls_is_verified_and_every_refusal_says_why() {
+    let redis = RedisServer::start_tls(true);
+    let files = redis.tls().unwrap().clone();
+    let connect = |tls: RedisTls| RedisBroker::connect(over_tls(&redis, "herald", tls));
+    let refused = |result: Result<_, BrokerError>| match result {
+        Err(BrokerError::Unavailable(why)) => why,
+        other => panic!("not refused: {other:?}"),
+    };
+    let ca = Some(files.ca.clone());
+    let (cert, key) = (
+        Some(files.client_cert.clone()),
+        Some(files.client_key.clone()),
+    );
+    let cases = [
+        (
+            "the system's roots do not know the test CA",
+            RedisTls::default(),
+        ),
+        (
+            "the server asks for a client certificate",
+            RedisTls {
+                ca_file: ca.clone(),
+                ..Default::default()
+            },
+        ),
+        (
+            "a certificate the server's CA did not sign",
+            RedisTls {
+                ca_file: ca.clone(),
+                cert_file: Some(files.stranger_cert.clone()),
+                key_file: Some(files.stranger_key.clone()),
+                ..Default::default()
+            },
+        ),
+    ];
+    for ((case, tls), says) in
+        cases
+            .into_iter()
+            .zip(["UnknownIssuer", "CertificateRequired", "UnknownCA"])
+    {
+        let why = refused(connect(tls).await);
+        assert!(
+            why.starts_with("redis:") && why.contains(says),
+            "{case}: {why}"
+        );
+    }
+    let why = refused(
+        connect(RedisTls {
+            ca_file: ca.clone(),
+            cert_file: cert.clone(),
+            ..Default::default()
+        })
+        .await,
+    );
+    assert!(why.contains("cert_file and key_file go together"), "{why}");
+    let why = refused(
+        connect(RedisTls {
+            ca_file: Some("/nonexistent/ca.pem".into()),
+            ..Default::default()
+        })
+        .await,
+    );
+    assert!(why.contains("cannot read /nonexistent/ca.pem"), "{why}");
+    let plain = RedisOptions {
+        url: redis.url().replace("rediss://", "redis://"),
+        prefix: "herald".into(),
+        tls: RedisTls {
+            ca_file: ca.clone(),
+            ..Default::default()
+        },
+    };
+    let why = refused(RedisBroker::connect(plain).await);
+    assert!(why.contains("need a rediss:// URL"), "{why}");
+
+    // Not verified when asked in so many words (a self-signed test server), still proving
+    // itself; and verified, proving itself: both connect.
+    connect(RedisTls {
+        cert_file: cert.clone(),
+        key_file: key.clone(),
+        insecure: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    connect(RedisTls {
+        ca_file: ca,
+        cert_file: cert,
+        key_file: key,
+        insecure: false,
+    })
+    .await
+    .unwrap();
 }

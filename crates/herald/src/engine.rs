@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use herald_broker_redis::{redacted, RedisBroker, RedisOptions};
+use herald_broker_redis::{redacted, RedisBroker, RedisOptions, RedisTls};
 use herald_server::{config::StorageEngine, Config, Node, Settings};
 
 /// A node on the engine the configuration asks for, connected and checked before this
@@ -14,9 +14,21 @@ pub async fn open_node(settings: Settings) -> anyhow::Result<Arc<Node>> {
         StorageEngine::Durable | StorageEngine::Memory => Ok(Node::embedded(settings)?),
         StorageEngine::Redis => {
             let redis = &settings.config.redis;
+            if redis.tls_insecure {
+                tracing::warn!(
+                    "redis.tls_insecure: Redis's certificate is not verified; anyone on the \
+                     path to it can read and change what this node stores"
+                );
+            }
             let connected = RedisBroker::connect(RedisOptions {
                 url: redis.url.clone(),
                 prefix: redis.prefix.clone(),
+                tls: RedisTls {
+                    ca_file: redis.ca_file.clone(),
+                    cert_file: redis.cert_file.clone(),
+                    key_file: redis.key_file.clone(),
+                    insecure: redis.tls_insecure,
+                },
             })
             .await
             .map_err(|e| anyhow::anyhow!("cannot use redis at {}: {e}", redacted(&redis.url)))?;

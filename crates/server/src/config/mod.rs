@@ -162,11 +162,25 @@ pub enum StorageEngine {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisConfig {
-    /// `redis://[user:password@]host:port[/db]`. Default `redis://127.0.0.1:6379`.
+    /// `redis://[user:password@]host:port[/db]`, or `rediss://…` over TLS (verified
+    /// against the system's roots unless `ca_file` says otherwise). Default
+    /// `redis://127.0.0.1:6379`.
     pub url: String,
     /// Put before every key and pub/sub channel Herald uses, so several Herald clusters
     /// can share one Redis. Default `herald`.
     pub prefix: String,
+    /// With `rediss://`: a PEM file of the CA(s) to trust instead of the system's roots
+    /// (a managed Redis's private CA). Default none.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// With `rediss://`, for mutual TLS: a PEM file of this node's client certificate,
+    /// with `key_file`. Default none.
+    pub cert_file: Option<std::path::PathBuf>,
+    /// The client certificate's private key (PEM). Default none.
+    pub key_file: Option<std::path::PathBuf>,
+    /// With `rediss://`: accept any server certificate, for any name. Anyone between the
+    /// node and Redis can then read and change everything; for a test server only, and
+    /// warned about at start. Default false.
+    pub tls_insecure: bool,
 }
 
 impl Default for RedisConfig {
@@ -174,6 +188,10 @@ impl Default for RedisConfig {
         Self {
             url: "redis://127.0.0.1:6379".into(),
             prefix: "herald".into(),
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            tls_insecure: false,
         }
     }
 }

@@ -63,6 +63,7 @@ pub async fn start_on_redis(mut config: Config, redis: &RedisServer) -> TestServ
     let connected = herald_broker_redis::RedisBroker::connect(herald_broker_redis::RedisOptions {
         url: redis.url(),
         prefix: settings.config.redis.prefix.clone(),
+        tls: Default::default(),
     })
     .await
     .unwrap();
