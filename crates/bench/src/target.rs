@@ -10,8 +10,6 @@ use std::{
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
-use herald_broker_redis::testkit::RedisServer;
-
 use crate::procstat::{self, ProcSample};
 
 pub const BENCH_API_KEY: &str = "herald-bench-api-key";
@@ -25,7 +23,7 @@ pub struct Server {
     /// The Redis the nodes share, when there are several.
     pub redis_url: Option<String>,
     children: Vec<Child>,
-    _redis: Option<RedisServer>,
+    _redis: Option<LocalRedis>,
     _data: Option<tempfile::TempDir>,
 }
 
@@ -43,7 +41,7 @@ impl Server {
             let url = match redis_url {
                 Some(url) => url.to_string(),
                 None => {
-                    let started = RedisServer::try_start().context(
+                    let started = LocalRedis::start().context(
                         "starting redis-server for --nodes (install it, or give --redis-url)",
                     )?;
                     let url = started.url();
@@ -62,7 +60,7 @@ impl Server {
             children.push(spawn_node(&address, data.path(), &args)?.0);
         }
         let mut pids: Vec<u32> = children.iter().map(Child::id).collect();
-        pids.extend(redis.as_ref().map(RedisServer::pid));
+        pids.extend(redis.as_ref().map(|r| r.child.id()));
         Ok(Self {
             url: format!("http://{address}"),
             pids,
@@ -108,6 +106,52 @@ impl Drop for Server {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// A `redis-server` the bench starts for `--nodes` on a free loopback port, without
+/// persistence, stopped when dropped. (The bench's own: the Redis crate's test fixture
+/// stays out of the binary.)
+struct LocalRedis {
+    child: Child,
+    port: u16,
+}
+
+impl LocalRedis {
+    fn start() -> anyhow::Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let mut child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+        let ready = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .any(|line| line.contains("Ready to accept connections"));
+        if !ready {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("redis-server exited before it was ready");
+        }
+        // Keep draining its log so it never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Ok(Self { child, port })
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for LocalRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
