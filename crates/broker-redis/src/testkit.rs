@@ -12,8 +12,8 @@ pub struct RedisServer {
     child: Child,
     port: u16,
     _dir: tempfile::TempDir,
-    /// Its certificates, when it speaks TLS only.
-    tls: Option<TlsFiles>,
+    /// Its certificates, when it speaks TLS only, and whether clients must prove themselves.
+    tls: Option<(TlsFiles, bool)>,
 }
 
 /// The certificates of a [`RedisServer`] that speaks TLS, made by `openssl` in its
@@ -70,13 +70,13 @@ impl RedisServer {
             child,
             port,
             _dir: dir,
-            tls: Some(files),
+            tls: Some((files, clients_prove)),
         }
     }
 
     /// Its certificates, if it speaks TLS.
     pub fn tls(&self) -> Option<&TlsFiles> {
-        self.tls.as_ref()
+        self.tls.as_ref().map(|(files, _)| files)
     }
 
     /// Writes its data to its dump file now (`SAVE`).
@@ -96,7 +96,7 @@ impl RedisServer {
     pub fn restart_from_dump(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let tls = self.tls.as_ref().map(|files| (files, false));
+        let tls = self.tls.as_ref().map(|(files, prove)| (files, *prove));
         self.child = spawn(self._dir.path(), self.port, tls).expect("redis-server restarts");
     }
 

@@ -31,19 +31,15 @@ impl RedisTls {
 /// A client for `url` with `tls`; the error says what is wrong, without the URL's secrets.
 pub(crate) fn client(url: &str, tls: &RedisTls) -> Result<redis::Client, BrokerError> {
     let info = url.into_connection_info().map_err(super::unavailable)?;
-    let on_tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
-    if !on_tls {
+    let ConnectionAddr::TcpTls { host, port, .. } = info.addr().clone() else {
         if tls.is_set() {
             return Err(refused(
                 "TLS settings (ca_file, cert_file, key_file, tls_insecure) need a rediss:// URL",
             ));
         }
         return redis::Client::open(info).map_err(super::unavailable);
-    }
+    };
     let info = if tls.insecure {
-        let ConnectionAddr::TcpTls { host, port, .. } = info.addr().clone() else {
-            unreachable!("checked above")
-        };
         info.set_addr(ConnectionAddr::TcpTls {
             host,
             port,

@@ -48,6 +48,20 @@ pub async fn api_get(url: &str) -> Value {
         .unwrap()
 }
 
+/// A POST of `body` to the HTTP API (key [`KEY`]), answered with JSON.
+pub async fn api_post(url: &str, body: Value) -> Value {
+    reqwest::Client::new()
+        .post(url)
+        .header("Authorization", format!("apikey {KEY}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// Runs `command` to its end and returns its output, failing the test (with its stderr)
 /// unless it succeeded.
 pub fn succeeds(command: &mut Command) -> std::process::Output {

@@ -57,14 +57,6 @@ impl Counted {
         let errors = counters(metrics, &OPERATIONS);
         std::sync::Arc::new(Self { inner, errors })
     }
-
-    fn counted<T>(
-        &self,
-        operation: usize,
-        result: Result<T, BrokerError>,
-    ) -> Result<T, BrokerError> {
-        counted(&self.errors, operation, result)
-    }
 }
 
 /// A link whose failed calls are counted in `herald_broker_errors_total{operation}`.
@@ -113,7 +105,11 @@ impl Broker for Counted {
         data: Bytes,
         policy: StreamPolicy,
     ) -> Result<StreamPosition, BrokerError> {
-        self.counted(0, self.inner.publish(channel, data, policy).await)
+        counted(
+            &self.errors,
+            0,
+            self.inner.publish(channel, data, policy).await,
+        )
     }
 
     async fn history(
@@ -121,19 +117,19 @@ impl Broker for Counted {
         channel: &ChannelName,
         query: HistoryQuery,
     ) -> Result<History, BrokerError> {
-        self.counted(1, self.inner.history(channel, query).await)
+        counted(&self.errors, 1, self.inner.history(channel, query).await)
     }
 
     async fn remove_history(&self, channel: &ChannelName) -> Result<(), BrokerError> {
-        self.counted(2, self.inner.remove_history(channel).await)
+        counted(&self.errors, 2, self.inner.remove_history(channel).await)
     }
 
     async fn subscribe(&self, channel: &ChannelName) -> Result<(), BrokerError> {
-        self.counted(3, self.inner.subscribe(channel).await)
+        counted(&self.errors, 3, self.inner.subscribe(channel).await)
     }
 
     async fn unsubscribe(&self, channel: &ChannelName) -> Result<(), BrokerError> {
-        self.counted(4, self.inner.unsubscribe(channel).await)
+        counted(&self.errors, 4, self.inner.unsubscribe(channel).await)
     }
 
     fn channel_count(&self) -> usize {

@@ -207,7 +207,6 @@ pub fn spawn_sampler(node: &Arc<Node>) {
         return;
     }
     let weak = Arc::downgrade(node);
-    let shared = node.link.is_some();
     let channel = herald_protocol::ChannelName::new(STATS_CHANNEL).expect("a valid name");
     let report_every =
         (crate::node::REPORT_EVERY.as_millis() / SAMPLE_EVERY.as_millis()).max(1) as u64;
@@ -219,9 +218,10 @@ pub fn spawn_sampler(node: &Arc<Node>) {
         for n in 0u64.. {
             tick.tick().await;
             let Some(node) = weak.upgrade() else { return };
-            let report = shared && n % report_every == 0;
+            // A node of several tells the others its figures every `REPORT_EVERY`.
+            let report = node.link.as_ref().filter(|_| n % report_every == 0);
             let watched = node.hub.subscriber_count(&channel) > 0;
-            if !report && !watched {
+            if report.is_none() && !watched {
                 continue;
             }
             let mut own = digest(&node.metrics_text(), &mut previous);
@@ -229,17 +229,10 @@ pub fn spawn_sampler(node: &Arc<Node>) {
             own.insert("t".into(), json!(crate::hooks::events::now_ms()));
             own.insert("uptime_seconds".into(), json!(node.uptime().as_secs()));
             let own = Value::Object(own);
-            if report {
+            if let Some(link) = report {
                 let mut figures = node.figures();
                 figures["digest"] = own.clone();
-                let reporting = node
-                    .link
-                    .as_ref()
-                    .map(|link| link.report_node(figures.to_string().into()));
-                if let Some(Err(e)) = match reporting {
-                    Some(reporting) => Some(reporting.await),
-                    None => None,
-                } {
+                if let Err(e) = link.report_node(figures.to_string().into()).await {
                     tracing::warn!(error = %e, "could not report this node's figures to the others");
                 }
                 if watched {

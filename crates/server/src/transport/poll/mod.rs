@@ -109,31 +109,58 @@ impl Resumer {
 
     /// The held long-poll `request` is, if it takes up its parked session.
     pub fn take_up(&self, request: &http::Request<Body>) -> Option<Box<Prepared>> {
+        // Looked at before anything is parsed: a long-poll that names no session (a first
+        // request, a client that keeps none) is routed without being read twice.
+        let names_a_session = request.uri().query().is_some_and(|query| {
+            query.split('&').any(|pair| {
+                pair.strip_prefix("session_key=")
+                    .is_some_and(|k| !k.is_empty())
+            })
+        });
         if request.method() != Method::GET
             || request.uri().path() != "/connection/longpoll"
+            || !names_a_session
             || !self.parked.enabled()
         {
             return None;
         }
         let (node, headers) = (&self.node, request.headers());
         crate::policy::origin::check_host(&node.settings, headers).ok()?;
-        request::may_continue(node, headers).ok()?;
         let open = OpenRequest::parse(request.uri().query(), headers).ok()?;
-        let key = Key::parse(open.session_key.as_deref()?)?;
         let credentials = credentials(&self.parked, &open, headers);
-        let resumed = self
-            .parked
-            .take(key, credentials, open.client.as_deref(), &open.channels)?;
-        let mut prepared = Prepared::resumed(
-            (node.clone(), self.parked.clone()),
-            resumed,
-            true,
-            hold_for(node, &open),
-            (key, credentials),
-        );
+        let taken = take_parked((node, &self.parked), &open, headers, credentials, true);
+        let mut prepared = taken.ok()??;
         prepared.cors = Cors::Here(headers.get(header::ORIGIN).cloned());
         Some(Box::new(prepared))
     }
+}
+
+/// The session parked under `request`'s key for it, taken up (held if `hold` and nothing
+/// queued meanwhile); `None` if there is none. An error if the request may not continue a
+/// session at all (a refused origin, shutdown): checked before the session is looked at,
+/// so that such a request leaves it parked for its client.
+fn take_parked(
+    (node, parked): (&Arc<Node>, &Parked),
+    request: &OpenRequest,
+    headers: &HeaderMap,
+    credentials: Credentials,
+    hold: bool,
+) -> Result<Option<Prepared>, Failure> {
+    let Some(key) = request.session_key.as_deref().and_then(Key::parse) else {
+        return Ok(None);
+    };
+    request::may_continue(node, headers)?;
+    let (client, channels) = (request.client.as_deref(), &request.channels);
+    let Some(resumed) = parked.take(key, credentials, client, channels) else {
+        return Ok(None);
+    };
+    Ok(Some(Prepared::resumed(
+        (node.clone(), parked.clone()),
+        resumed,
+        hold,
+        hold_for(node, request),
+        (key, credentials),
+    )))
 }
 
 /// Who a request says it is, for taking up a parked session.
@@ -233,31 +260,18 @@ async fn prepare(
     hold: bool,
 ) -> Result<Box<Prepared>, Failure> {
     let request = OpenRequest::parse(query.as_deref(), &headers)?;
-    let park = match request.session_key.as_deref() {
-        Some(key) if parked.enabled() => {
-            Some((Key::parse(key), credentials(&parked, &request, &headers)))
-        }
-        _ => None,
-    };
-    if let Some((Some(key), credentials)) = park {
-        // Refused before the session is looked at: a request that may not continue it
-        // leaves it parked for its client.
-        request::may_continue(&node, &headers)?;
-        let (client, channels) = (request.client.as_deref(), &request.channels);
-        if let Some(resumed) = parked.take(key, credentials, client, channels) {
-            let timeout = hold_for(&node, &request);
-            return Ok(Box::new(Prepared::resumed(
-                (node, parked),
-                resumed,
-                hold,
-                timeout,
-                (key, credentials),
-            )));
+    // Asked to be parked (`session_key=`, with a key or empty for a new one).
+    let credentials = (request.session_key.is_some() && parked.enabled())
+        .then(|| credentials(&parked, &request, &headers));
+    if let Some(credentials) = credentials {
+        let taken = take_parked((&node, &parked), &request, &headers, credentials, hold)?;
+        if let Some(prepared) = taken {
+            return Ok(Box::new(prepared));
         }
     }
     // A key that names no session parked here (expired, another node's, made up) gets a new
     // one, for a session built afresh.
-    let park = park.map(|(_, credentials)| (None, credentials));
+    let park = credentials.map(|credentials| (None, credentials));
     let admitted = request::admit(&node, &headers, peer)?;
     let address = admitted.as_ref().map(|a| a.ip());
     let transport = if hold {
