@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::http::{HeaderMap, HeaderValue};
 use bytes::Bytes;
 use herald_broker::{Broker, DurableBroker, HistoryQuery, StreamPolicy, SyncPolicy};
-use herald_protocol::{json, ChannelName, Cursor, Since};
+use herald_protocol::{json::DecodeError, ChannelName, Cursor, Encoding, Reply, Since};
 use herald_server::transport::request::OpenRequest;
 
 /// A decoder under test.
@@ -107,7 +107,21 @@ impl Target {
 
     pub fn decoder(self) -> Decoder {
         match self {
-            Target::Command => Box::new(|input| json::decode_frame(input).for_each(drop)),
+            // As a session reads a frame: split by the codec, each part decoded, and an
+            // answerable error written back (its message holds what the client sent).
+            Target::Command => Box::new(|input| {
+                let codec = Encoding::Json.codec();
+                let mut rest = input;
+                while !rest.is_empty() {
+                    let (part, after) = codec.split(rest);
+                    rest = after;
+                    if let Some(Err(DecodeError::Invalid { id, code, message })) =
+                        codec.decode(part)
+                    {
+                        let _ = codec.reply(&Reply::error(id, code, &message));
+                    }
+                }
+            }),
             Target::Cursor => Box::new(|input| {
                 let _ = Cursor::parse(&String::from_utf8_lossy(input));
             }),

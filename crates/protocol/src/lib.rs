@@ -14,14 +14,19 @@
 //! `docs/protocol.md` is the full reference; this crate is its executable form.
 
 mod channel;
+pub mod codec;
 pub mod codes;
 pub mod command;
 pub mod cursor;
+mod encoding;
 pub mod json;
 mod position;
+pub mod results;
 
 pub use channel::{ChannelError, ChannelName, MAX_CHANNEL_LEN};
+pub use codec::{Codec, Outcome, Push, Reply};
 pub use codes::{reconnect_allowed, DisconnectCode, ErrorCode};
 pub use command::{Command, Method};
 pub use cursor::Cursor;
+pub use encoding::Encoding;
 pub use position::{Epoch, Publication, Since, StreamPosition};

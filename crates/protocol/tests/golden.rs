@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use herald_protocol::{
-    json::{self, results},
-    ChannelName, Epoch, ErrorCode, Publication,
+    json::{self, Json},
+    results::{self, Member},
+    ChannelName, Codec, Epoch, ErrorCode, Outcome, Publication, Push, Reply,
 };
 use serde_json::{value::RawValue, Value};
 
@@ -28,6 +29,11 @@ fn publication(offset: u64, data: &str, from: Option<&str>) -> Publication {
     }
 }
 
+/// A successful reply, as the codec writes it.
+fn done(id: u64, outcome: Outcome<'_>) -> Vec<u8> {
+    Json.reply(&Reply::Done { id, outcome })
+}
+
 /// Every frame, by name, as the codec makes it.
 fn frames() -> Vec<(&'static str, Vec<u8>)> {
     let epoch = Epoch::new("k3x9q1");
@@ -42,16 +48,16 @@ fn frames() -> Vec<(&'static str, Vec<u8>)> {
         expires: 1_900_000_000,
         ttl: 600,
     });
-    let mut members = b"[".to_vec();
-    json::encode_member(
-        &mut members,
-        0xabc,
-        br#"{"user":"42","info":{"name":"Ada"}}"#,
-    );
-    members.push(b',');
-    json::encode_member(&mut members, 0xdef, b"{}");
-    members.push(b']');
-    let (join, leave) = (members.clone(), b"[]".to_vec());
+    let members = [
+        Member {
+            id: 0xabc,
+            info: br#"{"user":"42","info":{"name":"Ada"}}"#,
+        },
+        Member {
+            id: 0xdef,
+            info: b"{}",
+        },
+    ];
     let connect = results::Connect {
         client: "n1-8f2c",
         version: "0.1.0",
@@ -59,158 +65,166 @@ fn frames() -> Vec<(&'static str, Vec<u8>)> {
         user: Some("42"),
         expiry,
     };
+    let anonymous = results::Connect {
+        user: None,
+        expiry: None,
+        ..connect
+    };
+    let stream = |recovered, data| results::Stream {
+        epoch: &epoch,
+        offset: 6,
+        recovered,
+        publications: &replayed,
+        data,
+    };
+    let push = |push: Push<'_>| Json.push(&push);
+    let hi = publication(7, r#"{"text":"hi"}"#, None);
+    let hello = publication(
+        8,
+        r#"{"text":"hello"}"#,
+        Some(r#"{"user":"42","info":{"name":"Ada"}}"#),
+    );
     vec![
-        ("reply.connect", json::encode_reply(1, "connect", &connect)),
+        ("reply.connect", done(1, Outcome::Connect(connect))),
         (
             "reply.connect.anonymous",
-            json::encode_reply(
-                1,
-                "connect",
-                &results::Connect {
-                    user: None,
-                    expiry: None,
-                    ..connect
-                },
-            ),
+            done(1, Outcome::Connect(anonymous)),
         ),
         (
             "reply.subscribe",
-            json::encode_reply(
-                2,
-                "subscribe",
-                &results::Stream {
-                    epoch: &epoch,
-                    offset: 6,
-                    recovered: Some(true),
-                    publications: &replayed,
-                    data: Some(&state),
-                },
-            ),
+            done(2, Outcome::Subscribe(stream(Some(true), Some(&state)))),
         ),
         (
             "reply.history",
-            json::encode_reply(
-                3,
-                "history",
-                &results::Stream {
-                    epoch: &epoch,
-                    offset: 6,
-                    recovered: None,
-                    publications: &replayed,
-                    data: None,
-                },
-            ),
+            done(3, Outcome::History(stream(None, None))),
         ),
         (
             "reply.publish",
-            json::encode_reply(
+            done(
                 4,
-                "publish",
-                &results::Published {
+                Outcome::Publish(results::Published {
                     offset: 7,
                     epoch: &epoch,
-                },
+                }),
             ),
         ),
         (
             "reply.refresh",
-            json::encode_reply(5, "refresh", &results::Refreshed { expiry }),
+            done(5, Outcome::Refresh(results::Refreshed { expiry })),
         ),
         (
             "reply.rpc",
-            json::encode_reply(6, "rpc", &results::Rpc { data: &answer }),
+            done(6, Outcome::Rpc(results::Rpc { data: &answer })),
         ),
         (
             "reply.presence",
-            json::encode_reply(
+            done(
                 7,
-                "presence",
-                &results::Presence {
-                    members: json::RawJson(&members),
+                Outcome::Presence(results::Presence {
+                    members: &members,
                     cursor: Some("0000000000000def".into()),
-                },
+                }),
             ),
         ),
         (
             "reply.presence_stats",
-            json::encode_reply(
+            done(
                 8,
-                "presence_stats",
-                &results::PresenceStats {
+                Outcome::PresenceStats(results::PresenceStats {
                     clients: 2,
                     users: 1,
-                },
+                }),
             ),
         ),
-        (
-            "reply.unsubscribe",
-            json::encode_reply(9, "unsubscribe", &results::Empty {}),
-        ),
-        (
-            "reply.ping",
-            json::encode_reply(10, "ping", &results::Empty {}),
-        ),
+        ("reply.unsubscribe", done(9, Outcome::Unsubscribe)),
+        ("reply.ping", done(10, Outcome::Ping)),
         (
             "reply.error",
-            json::encode_error(Some(11), ErrorCode::PermissionDenied, "not allowed"),
+            Json.reply(&Reply::error(
+                Some(11),
+                ErrorCode::PermissionDenied,
+                "not allowed",
+            )),
         ),
         (
             "error.unnumbered",
-            json::encode_error(None, ErrorCode::BadRequest, "not JSON"),
+            Json.reply(&Reply::error(None, ErrorCode::BadRequest, "not JSON")),
         ),
         (
             "error.channel",
-            json::encode_channel_error(1003u16, "staff only", &channel("room:staff")),
+            Json.reply(&Reply::Refused {
+                id: None,
+                code: 1003,
+                message: "staff only",
+                channel: Some(&channel("room:staff")),
+            }),
         ),
         (
             "push.pub",
-            json::encode_pub(&lobby, &publication(7, r#"{"text":"hi"}"#, None)).to_vec(),
+            push(Push::Pub {
+                channel: &lobby,
+                publication: &hi,
+            }),
         ),
         (
             "push.pub.from",
-            json::encode_pub(
-                &lobby,
-                &publication(
-                    8,
-                    r#"{"text":"hello"}"#,
-                    Some(r#"{"user":"42","info":{"name":"Ada"}}"#),
-                ),
-            )
-            .to_vec(),
+            push(Push::Pub {
+                channel: &lobby,
+                publication: &hello,
+            }),
         ),
-        ("push.connect", json::encode_connect_push(&connect)),
+        ("push.connect", push(Push::Connect(&connect))),
         (
             "push.subscribe",
-            json::encode_subscribe_push(&results::Subscribed {
+            push(Push::Subscribe(&results::Subscribed {
                 channel: &channel("news"),
                 epoch: &epoch,
                 offset: 7,
                 recovered: Some(false),
                 data: Some(&state),
-            }),
+            })),
         ),
         (
             "push.unsubscribe",
-            json::encode_unsubscribe(
-                &channel("doc:7f3e"),
-                ErrorCode::TokenExpired,
-                "subscription token expired",
-            ),
+            push(Push::Unsubscribe {
+                channel: &channel("doc:7f3e"),
+                code: ErrorCode::TokenExpired,
+                reason: "subscription token expired",
+            }),
         ),
-        ("push.disconnect", json::encode_disconnect(3001, "shutdown")),
+        (
+            "push.disconnect",
+            push(Push::Disconnect {
+                code: 3001,
+                reason: "shutdown",
+            }),
+        ),
         (
             "push.disconnect.final",
-            json::encode_disconnect(3504, "token expired"),
+            push(Push::Disconnect {
+                code: 3504,
+                reason: "token expired",
+            }),
         ),
         (
             "push.presence",
-            json::encode_presence(&lobby, &join, &leave, false),
+            push(Push::Presence {
+                channel: &lobby,
+                join: &members,
+                leave: &[],
+                missed: false,
+            }),
         ),
         (
             "push.presence.missed",
-            json::encode_presence(&lobby, b"[]", &leave, true),
+            push(Push::Presence {
+                channel: &lobby,
+                join: &[],
+                leave: &[],
+                missed: true,
+            }),
         ),
-        ("push.ping", json::PING_PUSH.to_vec()),
+        ("push.ping", push(Push::Ping)),
         (
             "answer.poll",
             json::encode_poll_answer(

@@ -159,14 +159,14 @@ impl Disconnect {
 
 impl axum::response::IntoResponse for Failure {
     fn into_response(self) -> axum::response::Response {
-        let body = match &self.channel {
-            None => herald_protocol::json::encode_error(None, self.wire_code(), &self.message),
-            Some(channel) => herald_protocol::json::encode_channel_error(
-                self.wire_code(),
-                &self.message,
-                channel,
-            ),
-        };
+        use herald_protocol::{json::Json, Codec, Reply};
+        // The server API and the HTTP transports answer in JSON.
+        let body = Json.reply(&Reply::Refused {
+            id: None,
+            code: self.wire_code(),
+            message: &self.message,
+            channel: self.channel.as_ref(),
+        });
         let mut response = (
             self.status(),
             [(axum::http::header::CONTENT_TYPE, "application/json")],

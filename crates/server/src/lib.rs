@@ -81,11 +81,8 @@ fn admit_socket(
         LINGERING.fetch_sub(1, Ordering::Relaxed);
         return None;
     }
-    let body = herald_protocol::json::encode_error(
-        None,
-        herald_protocol::ErrorCode::LimitExceeded,
-        message,
-    );
+    use herald_protocol::{json::Json, Codec, ErrorCode, Reply};
+    let body = Json.reply(&Reply::error(None, ErrorCode::LimitExceeded, message));
     let answer = [
         format!(
             "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",

@@ -1,13 +1,102 @@
 //! Encoding replies and pushes. Publications are written as bytes directly, because that
 //! runs once per publication on the fan-out path; the rest goes through serde.
 
-use std::{collections::HashMap, io::Write};
+use std::io::Write;
 
-use bytes::Bytes;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::{ChannelName, ErrorCode, Publication};
+use crate::{
+    codec::{Codec, Outcome, Push, Reply},
+    results::{self, Member},
+    ChannelName, Command, ErrorCode, Publication,
+};
+
+use super::DecodeError;
+
+/// The JSON codec: one JSON object per line, several lines per frame.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Json;
+
+impl Codec for Json {
+    fn split<'f>(&self, frame: &'f [u8]) -> (&'f [u8], &'f [u8]) {
+        match frame.iter().position(|b| *b == b'\n') {
+            Some(end) => (&frame[..end], &frame[end + 1..]),
+            None => (frame, &frame[frame.len()..]),
+        }
+    }
+
+    fn decode(&self, part: &[u8]) -> Option<Result<Command, DecodeError>> {
+        part.iter()
+            .any(|b| !b.is_ascii_whitespace())
+            .then(|| super::decode_command(part))
+    }
+
+    fn reply(&self, reply: &Reply<'_>) -> Vec<u8> {
+        match reply {
+            Reply::Done { id, outcome } => encode_outcome(*id, outcome),
+            Reply::Refused {
+                id,
+                code,
+                message,
+                channel,
+            } => encode_error_body(*id, *code, message, channel.map(ChannelName::as_str)),
+        }
+    }
+
+    fn push(&self, push: &Push<'_>) -> Vec<u8> {
+        match push {
+            Push::Pub {
+                channel,
+                publication,
+            } => encode_pub(channel, publication),
+            Push::Disconnect { code, reason } => encode_disconnect(*code, reason),
+            Push::Unsubscribe {
+                channel,
+                code,
+                reason,
+            } => encode_unsubscribe(channel, *code, reason),
+            Push::Connect(result) => encode_push("connect", result),
+            Push::Subscribe(opened) => encode_push("subscribe", opened),
+            Push::Presence {
+                channel,
+                join,
+                leave,
+                missed,
+            } => encode_presence(channel, join, leave, *missed),
+            Push::Ping => PING_PUSH.to_vec(),
+        }
+    }
+
+    fn join(&self, out: &mut Vec<u8>, encoded: &[u8]) {
+        if !out.is_empty() {
+            out.push(b'\n');
+        }
+        out.extend_from_slice(encoded);
+    }
+}
+
+/// `{"id":ID,"METHOD":RESULT}`.
+fn encode_outcome(id: u64, outcome: &Outcome<'_>) -> Vec<u8> {
+    const EMPTY: results::Empty = results::Empty {};
+    let method = outcome.method();
+    match outcome {
+        Outcome::Connect(r) => encode_reply(id, method, r),
+        Outcome::Subscribe(r) | Outcome::History(r) => encode_reply(id, method, r),
+        Outcome::Unsubscribe | Outcome::Ping => encode_reply(id, method, &EMPTY),
+        Outcome::Publish(r) => encode_reply(id, method, r),
+        Outcome::Refresh(r) => encode_reply(id, method, r),
+        Outcome::Rpc(r) => encode_reply(id, method, r),
+        Outcome::Presence(page) => {
+            let mut out = Vec::with_capacity(64);
+            write!(out, r#"{{"id":{id},"{method}":"#).expect("writing to a Vec cannot fail");
+            out.extend_from_slice(&encode_presence_page(page));
+            out.push(b'}');
+            out
+        }
+        Outcome::PresenceStats(r) => encode_reply(id, method, r),
+    }
+}
 
 /// Appends a presence member as JSON: `{"client": ID, …}` with the fields of `info` (the
 /// member's `{"user", "info", "channel_info"}` object, or empty for an anonymous client).
@@ -57,29 +146,18 @@ impl Serialize for Publication {
 }
 
 /// Encodes a successful reply: `{"id":ID,"METHOD":RESULT}`.
-pub fn encode_reply(id: u64, method: &str, result: &impl Serialize) -> Vec<u8> {
-    #[derive(Serialize)]
-    struct Reply<'a, T> {
-        id: u64,
-        #[serde(flatten)]
-        body: HashMap<&'a str, &'a T>,
-    }
-    let body = HashMap::from([(method, result)]);
-    serde_json::to_vec(&Reply { id, body }).expect("reply types always serialise")
+fn encode_reply(id: u64, method: &str, result: &impl Serialize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    write!(out, r#"{{"id":{id},"{method}":"#).expect("writing to a Vec cannot fail");
+    serde_json::to_writer(&mut out, result).expect("reply types always serialise");
+    out.push(b'}');
+    out
 }
 
 /// Encodes an error reply: `{"id":ID,"error":{"code":N,"message":"…"}}` (no id when the
-/// command had none or it could not be read).
-pub fn encode_error(id: Option<u64>, code: impl Into<u16>, message: &str) -> Vec<u8> {
-    encode_error_body(id, code.into(), message, None)
-}
-
-/// Encodes an HTTP transport's refusal of one of the channels its request named:
-/// `{"error":{"code":N,"message":"…","channel":"…"}}`, so that a client can drop that one.
-pub fn encode_channel_error(code: impl Into<u16>, message: &str, channel: &ChannelName) -> Vec<u8> {
-    encode_error_body(None, code.into(), message, Some(channel.as_str()))
-}
-
+/// command had none or it could not be read), or an HTTP transport's refusal of one of the
+/// channels its request named: `{"error":{"code":N,"message":"…","channel":"…"}}`, so that a
+/// client can drop that one.
 fn encode_error_body(id: Option<u64>, code: u16, message: &str, channel: Option<&str>) -> Vec<u8> {
     #[derive(Serialize)]
     struct ErrorReply<'a> {
@@ -116,7 +194,7 @@ pub struct ErrorBody<'a> {
 /// Written by hand: it runs once per publication and its output is shared by every
 /// subscriber. Channel names need no escaping (see [`ChannelName`]); `data` and `from` are
 /// stored as validated JSON text.
-pub fn encode_pub(channel: &ChannelName, publication: &Publication) -> Bytes {
+fn encode_pub(channel: &ChannelName, publication: &Publication) -> Vec<u8> {
     let mut out = Vec::with_capacity(56 + channel.as_str().len() + publication.record.len());
     out.extend_from_slice(b"{\"pub\":{\"channel\":\"");
     out.extend_from_slice(channel.as_str().as_bytes());
@@ -129,12 +207,12 @@ pub fn encode_pub(channel: &ChannelName, publication: &Publication) -> Bytes {
         out.extend_from_slice(from);
     }
     out.extend_from_slice(b"}}");
-    Bytes::from(out)
+    out
 }
 
 /// Encodes a disconnect push: `{"disconnect":{"code":N,"reason":"…","reconnect":BOOL}}`.
 /// Sent before closing on transports that have no close code of their own.
-pub fn encode_disconnect(code: u16, reason: &str) -> Vec<u8> {
+fn encode_disconnect(code: u16, reason: &str) -> Vec<u8> {
     #[derive(Serialize)]
     struct Push<'a> {
         disconnect: Body<'a>,
@@ -155,7 +233,7 @@ pub fn encode_disconnect(code: u16, reason: &str) -> Vec<u8> {
 
 /// Encodes the push that ends one subscription while the connection stays:
 /// `{"unsubscribe":{"channel":"…","code":N,"reason":"…"}}` (a subscription token expired).
-pub fn encode_unsubscribe(channel: &ChannelName, code: ErrorCode, reason: &str) -> Vec<u8> {
+fn encode_unsubscribe(channel: &ChannelName, code: ErrorCode, reason: &str) -> Vec<u8> {
     #[derive(Serialize)]
     struct Push<'a> {
         unsubscribe: Body<'a>,
@@ -176,38 +254,36 @@ pub fn encode_unsubscribe(channel: &ChannelName, code: ErrorCode, reason: &str) 
     .expect("unsubscribe pushes always serialise")
 }
 
-/// Encodes the push that opens a stream whose client sent no `connect` command:
-/// `{"connect":RESULT}`, the result a `connect` reply would carry.
-pub fn encode_connect_push(result: &crate::json::results::Connect<'_>) -> Vec<u8> {
-    #[derive(Serialize)]
-    struct Push<'a, 'r> {
-        connect: &'r crate::json::results::Connect<'a>,
-    }
-    serde_json::to_vec(&Push { connect: result }).expect("connect pushes always serialise")
-}
-
-/// Encodes the push that says the server subscribed the connection to a channel (one its
-/// token names): `{"subscribe":{"channel":"…","epoch":"…","offset":N,"recovered"?:B,"data"?:…}}`.
-pub fn encode_subscribe_push(opened: &crate::json::results::Subscribed<'_>) -> Vec<u8> {
-    #[derive(Serialize)]
-    struct Push<'a, 'r> {
-        subscribe: &'r crate::json::results::Subscribed<'a>,
-    }
-    serde_json::to_vec(&Push { subscribe: opened }).expect("subscribe pushes always serialise")
+/// Encodes a push that carries a result: `{"connect":RESULT}` opens a stream whose client
+/// sent no `connect` command (the result a `connect` reply would carry);
+/// `{"subscribe":{"channel":"…","epoch":"…","offset":N,"recovered"?:B,"data"?:…}}` says the
+/// server subscribed the connection to a channel its token names.
+fn encode_push(name: &str, result: &impl Serialize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    write!(out, r#"{{"{name}":"#).expect("writing to a Vec cannot fail");
+    serde_json::to_writer(&mut out, result).expect("pushes always serialise");
+    out.push(b'}');
+    out
 }
 
 /// Encodes a presence push: `{"presence":{"channel":"…","join":[…],"leave":[…],"missed"?:true}}`,
-/// where `join` and `leave` are JSON arrays of members (see [`encode_member`]) and `missed`
+/// where `join` and `leave` are arrays of members (see [`encode_member`]) and `missed`
 /// says that changes were lost on the way (the client should ask for the members again).
-pub fn encode_presence(channel: &ChannelName, join: &[u8], leave: &[u8], missed: bool) -> Vec<u8> {
-    let mut push = Vec::with_capacity(48 + channel.as_str().len() + join.len() + leave.len());
+fn encode_presence(
+    channel: &ChannelName,
+    join: &[Member],
+    leave: &[Member],
+    missed: bool,
+) -> Vec<u8> {
+    let size = |ms: &[Member]| ms.iter().map(|m| 32 + m.info.len()).sum::<usize>();
+    let mut push = Vec::with_capacity(48 + channel.as_str().len() + size(join) + size(leave));
     push.extend_from_slice(br#"{"presence":{"channel":""#);
     // Channel names need no escaping (see [`ChannelName`]).
     push.extend_from_slice(channel.as_str().as_bytes());
     push.extend_from_slice(br#"","join":"#);
-    push.extend_from_slice(join);
+    encode_members(&mut push, join);
     push.extend_from_slice(br#","leave":"#);
-    push.extend_from_slice(leave);
+    encode_members(&mut push, leave);
     if missed {
         push.extend_from_slice(br#","missed":true"#);
     }
@@ -215,11 +291,43 @@ pub fn encode_presence(channel: &ChannelName, join: &[u8], leave: &[u8], missed:
     push
 }
 
+/// Encodes a page of members: `{"members":[…],"cursor"?:"…"}` (the `presence` result, and
+/// the server API's answer).
+pub fn encode_presence_page(page: &results::Presence<'_>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(
+        32 + page
+            .members
+            .iter()
+            .map(|m| 32 + m.info.len())
+            .sum::<usize>(),
+    );
+    out.extend_from_slice(br#"{"members":"#);
+    encode_members(&mut out, page.members);
+    if let Some(cursor) = &page.cursor {
+        out.extend_from_slice(br#","cursor":"#);
+        serde_json::to_writer(&mut out, cursor).expect("strings serialise");
+    }
+    out.push(b'}');
+    out
+}
+
+/// Appends members as a JSON array.
+pub fn encode_members(out: &mut Vec<u8>, members: &[Member]) {
+    out.push(b'[');
+    for (i, m) in members.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        encode_member(out, m.id, m.info);
+    }
+    out.push(b']');
+}
+
 /// The keepalive push of streams whose framing has no comment of its own (NDJSON, the
 /// forever frame); SSE sends a comment instead.
-pub const PING_PUSH: &[u8] = br#"{"ping":{}}"#;
+const PING_PUSH: &[u8] = br#"{"ping":{}}"#;
 
-/// Encodes a poll's answer: `{"cursor":"…","client":"…","session_key":"…","messages":[PUSH,…]}`,
+/// Encodes a poll's answer (the long-poll framing of the JSON codec): `{"cursor":"…","client":"…","session_key":"…","messages":[PUSH,…]}`,
 /// where `messages` is the pushes already encoded and separated by commas, `cursor` the
 /// position to poll from next, `client` what the next poll sends as `client=`, and
 /// `session_key` (when the session was parked) what it sends as `session_key=`.

@@ -18,23 +18,7 @@ use crate::{
     ChannelName, Command, ErrorCode, Method, Since,
 };
 
-/// Why a line is not a command.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DecodeError {
-    /// Not a JSON object: nothing in it can be trusted, not even an id.
-    #[error("malformed command: {0}")]
-    Malformed(String),
-    /// A JSON object that is not a valid command; the error can be answered with its id.
-    #[error("{message}")]
-    Invalid {
-        /// The command's id, when it could be read.
-        id: Option<u64>,
-        /// The error code for the reply.
-        code: ErrorCode,
-        /// What is wrong, for people.
-        message: String,
-    },
-}
+pub use crate::codec::DecodeError;
 
 /// Splits a frame into its non-empty lines and decodes each.
 pub fn decode_frame(frame: &[u8]) -> impl Iterator<Item = Result<Command, DecodeError>> + '_ {
@@ -241,7 +225,6 @@ struct HistoryParams {
 
 mod encode;
 mod payload;
-pub mod results;
 
 pub use encode::*;
 pub use payload::*;

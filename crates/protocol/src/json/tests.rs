@@ -1,6 +1,7 @@
 use super::*;
 use crate::Epoch;
 use crate::Publication;
+use crate::{results, Codec, Outcome, Push, Reply};
 
 fn one(line: &str) -> Result<Command, DecodeError> {
     decode_command(line.as_bytes())
@@ -165,7 +166,11 @@ fn pub_encoding_is_valid_json_with_raw_data() {
         offset: 42,
         record: Bytes::from(r#"{"t":"</script>"}"#),
     };
-    let v: serde_json::Value = serde_json::from_slice(&encode_pub(&ch, &p)).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&Json.push(&Push::Pub {
+        channel: &ch,
+        publication: &p,
+    }))
+    .unwrap();
     assert_eq!(v["pub"]["channel"], "news");
     assert_eq!(v["pub"]["offset"], 42);
     assert_eq!(v["pub"]["data"]["t"], "</script>");
@@ -184,7 +189,11 @@ fn records_carry_their_sender() {
     };
     assert_eq!(p.data(), b"[1,2]");
     assert_eq!(p.from(), Some(&from[..]));
-    let v: serde_json::Value = serde_json::from_slice(&encode_pub(&ch, &p)).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&Json.push(&Push::Pub {
+        channel: &ch,
+        publication: &p,
+    }))
+    .unwrap();
     assert_eq!(v["pub"]["data"], serde_json::json!([1, 2]));
     assert_eq!(v["pub"]["from"]["info"]["name"], "Ann");
     let v = serde_json::to_value(&p).unwrap();
@@ -217,17 +226,25 @@ fn replies_serialise_publications_as_raw_json() {
         publications: &pubs,
         data: None,
     };
-    let v: serde_json::Value = serde_json::from_slice(&encode_reply(3, "subscribe", &r)).unwrap();
+    let reply = Json.reply(&Reply::Done {
+        id: 3,
+        outcome: Outcome::Subscribe(r),
+    });
+    let v: serde_json::Value = serde_json::from_slice(&reply).unwrap();
     assert_eq!(v["id"], 3);
     assert_eq!(v["subscribe"]["publications"][0]["data"][0], 1);
     assert_eq!(v["subscribe"]["recovered"], true);
-    let e: serde_json::Value =
-        serde_json::from_slice(&encode_error(Some(4), ErrorCode::PermissionDenied, "no")).unwrap();
+    let e: serde_json::Value = serde_json::from_slice(&Json.reply(&Reply::error(
+        Some(4),
+        ErrorCode::PermissionDenied,
+        "no",
+    )))
+    .unwrap();
     assert_eq!(e["error"]["code"], 103);
-    let d: serde_json::Value = serde_json::from_slice(&encode_disconnect(
-        crate::DisconnectCode::Slow.code(),
-        "slow",
-    ))
+    let d: serde_json::Value = serde_json::from_slice(&Json.push(&Push::Disconnect {
+        code: crate::DisconnectCode::Slow.code(),
+        reason: "slow",
+    }))
     .unwrap();
     assert_eq!(d["disconnect"]["reconnect"], true);
 }

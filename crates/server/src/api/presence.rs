@@ -8,7 +8,7 @@ use axum::{
     response::{IntoResponse, Response},
     Json,
 };
-use herald_protocol::{json, ChannelName, ErrorCode};
+use herald_protocol::{json, results, ChannelName, ErrorCode};
 use serde::Deserialize;
 
 use super::{channel, ChannelParam};
@@ -41,11 +41,11 @@ pub(super) async fn members(
         .presence
         .page(&channel, p.cursor.as_deref(), p.limit)
         .await?;
-    let body = serde_json::to_vec(&json::results::Presence {
-        members: json::RawJson(&members),
+    let members = crate::hub::presence::listed(&members);
+    let body = json::encode_presence_page(&results::Presence {
+        members: &members,
         cursor,
-    })
-    .expect("serialises");
+    });
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
@@ -53,11 +53,11 @@ pub(super) async fn members(
 pub(super) async fn stats(
     State(node): State<Arc<Node>>,
     params: Result<Query<ChannelParam>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<json::results::PresenceStats>, Failure> {
+) -> Result<Json<results::PresenceStats>, Failure> {
     let Query(p) = params.map_err(|e| Failure::new(ErrorCode::BadRequest, e.body_text()))?;
     let channel = presence_channel(&node, &p.channel)?;
     let stats = node.presence.stats(&channel).await?;
-    Ok(Json(json::results::PresenceStats {
+    Ok(Json(results::PresenceStats {
         clients: stats.clients,
         users: stats.users,
     }))

@@ -29,7 +29,7 @@ use std::{
 
 use bytes::Bytes;
 use herald_broker::{BrokerError, PublicationSink, SharedBroker};
-use herald_protocol::{json, ChannelName, Epoch, Publication};
+use herald_protocol::{ChannelName, Encoding, Epoch, Publication, Push};
 use parking_lot::RwLock;
 
 use crate::queue::{Delivery, Position, Queue};
@@ -336,7 +336,15 @@ impl PublicationSink for Hub {
             channel.clone(),
             epoch.clone(),
             publication.offset,
-            json::encode_pub(channel, publication),
+            // One encoding for every subscriber (one codec today; a second would add its
+            // bytes to the delivery, made once as framings are).
+            Encoding::Json
+                .codec()
+                .push(&Push::Pub {
+                    channel,
+                    publication,
+                })
+                .into(),
         ));
         let count = entry.len();
         if count <= INLINE_MAX && entry.pending.load(Ordering::Acquire) == 0 {

@@ -28,7 +28,7 @@ use std::{
 
 use bytes::Bytes;
 use herald_broker::{BrokerError, Member, PresenceEvents, PresenceStats, SharedPresence};
-use herald_protocol::{json, ChannelName};
+use herald_protocol::{json, results, ChannelName, Encoding, Push};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
@@ -114,6 +114,17 @@ impl Holds {
             self.per_address.shrink_to(self.per_address.len() * 2);
         }
     }
+}
+
+/// Members as a codec writes them.
+pub fn listed(members: &[Member]) -> Vec<results::Member<'_>> {
+    members
+        .iter()
+        .map(|m| results::Member {
+            id: m.id,
+            info: &m.info,
+        })
+        .collect()
 }
 
 /// One join or leave, waiting for its window to end.
@@ -269,15 +280,15 @@ impl Presence {
         self.store.stats(channel).await
     }
 
-    /// A page of members as a JSON array, and the cursor of the next page if it was full:
-    /// the `presence` command's and API call's answer. `cursor` is the previous page's;
+    /// A page of members, and the cursor of the next page if it was full: the `presence`
+    /// command's and API call's answer. `cursor` is the previous page's;
     /// `limit` is capped by `presence.max_page` (default 100).
     pub async fn page(
         &self,
         channel: &ChannelName,
         cursor: Option<&str>,
         limit: Option<usize>,
-    ) -> Result<(Vec<u8>, Option<String>), Failure> {
+    ) -> Result<(Vec<Member>, Option<String>), Failure> {
         let after = match cursor {
             None => None,
             Some(c) => Some(json::decode_member_id(c).ok_or_else(|| {
@@ -289,18 +300,10 @@ impl Presence {
         };
         let limit = limit.unwrap_or(DEFAULT_PAGE).clamp(1, self.config.max_page);
         let members = self.store.members(channel, after, limit).await?;
-        let mut out = b"[".to_vec();
-        for (i, m) in members.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            json::encode_member(&mut out, m.id, &m.info);
-        }
-        out.push(b']');
         let next = (members.len() == limit)
             .then(|| members.last().map(|m| format!("{:016x}", m.id)))
             .flatten();
-        Ok((out, next))
+        Ok((members, next))
     }
 
     /// Ends a window: held memberships past their deadline leave, then each channel's
@@ -383,19 +386,23 @@ impl Presence {
                 channels.remove(channel)
             }
         };
-        let list = |joined: bool| {
-            let mut out = b"[".to_vec();
-            for (m, _) in net.iter().filter(|(_, n)| (*n > 0) == joined && *n != 0) {
-                if out.len() > 1 {
-                    out.push(b',');
-                }
-                json::encode_member(&mut out, m.id, &m.info);
-            }
-            out.push(b']');
-            out
+        let list = |joined: bool| -> Vec<results::Member> {
+            net.iter()
+                .filter(|(_, n)| (*n > 0) == joined && *n != 0)
+                .map(|(m, _)| results::Member {
+                    id: m.id,
+                    info: &m.info,
+                })
+                .collect()
         };
         let (join, leave) = (list(true), list(false));
-        let push = json::encode_presence(channel, &join, &leave, missed);
+        // One encoding for every watcher, as for publications (one codec today).
+        let push = Encoding::Json.codec().push(&Push::Presence {
+            channel,
+            join: &join,
+            leave: &leave,
+            missed,
+        });
         Some(push.into())
     }
 

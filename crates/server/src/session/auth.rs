@@ -8,9 +8,7 @@
 use std::{pin::Pin, sync::Arc, time::Duration};
 
 use herald_protocol::{
-    command::RefreshRequest,
-    json::{self, results},
-    ChannelName, DisconnectCode, ErrorCode,
+    command::RefreshRequest, results, ChannelName, DisconnectCode, ErrorCode, Outcome, Push,
 };
 use tokio::time::{Instant, Sleep};
 
@@ -248,7 +246,8 @@ impl Session {
             .await
             .map_err(|d| Refusal::Connection(d.disconnect()))?;
         self.announce();
-        let mut answer = reply.with(&self.connect_result());
+        let mut answer = reply.with(Outcome::Connect(self.connect_result()));
+        let codec = self.codec();
         // The token's `channels`: subscribed now, each announced by a `subscribe` push as
         // on the HTTP transports.
         let channels = self
@@ -259,17 +258,19 @@ impl Session {
             let mut pushes = Vec::new();
             let opened = self
                 .open_channel(channel.clone(), None, |push, _| {
-                    super::line(&mut pushes, push)
+                    codec.join(&mut pushes, push)
                 })
                 .await;
             if let Err(f) = opened {
-                super::line(
-                    &mut pushes,
-                    &json::encode_unsubscribe(&channel, f.code, &f.message),
-                );
+                let refused = codec.push(&Push::Unsubscribe {
+                    channel: &channel,
+                    code: f.code,
+                    reason: &f.message,
+                });
+                codec.join(&mut pushes, &refused);
             }
             let out = answer.get_or_insert_with(Vec::new);
-            super::line(out, &pushes);
+            codec.join(out, &pushes);
         }
         Ok(answer)
     }
@@ -342,9 +343,9 @@ impl Session {
                 expires
             }
         };
-        Ok(reply.with(&results::Refreshed {
+        Ok(reply.with(Outcome::Refresh(results::Refreshed {
             expiry: expiry(expires),
-        }))
+        })))
     }
 
     /// Checks a subscription token for `channel` and keeps its grant.
@@ -410,11 +411,11 @@ impl Session {
         let mut pushes = Vec::new();
         for grant in expired {
             if self.leave_channel(&grant.channel).await {
-                pushes.push(json::encode_unsubscribe(
-                    &grant.channel,
-                    ErrorCode::TokenExpired,
-                    "subscription token expired; subscribe again with a new one",
-                ));
+                pushes.push(self.codec().push(&Push::Unsubscribe {
+                    channel: &grant.channel,
+                    code: ErrorCode::TokenExpired,
+                    reason: "subscription token expired; subscribe again with a new one",
+                }));
             }
         }
         Ok(pushes)

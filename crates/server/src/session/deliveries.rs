@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use herald_protocol::{json, ChannelName, DisconnectCode, ErrorCode};
+use herald_protocol::{ChannelName, DisconnectCode, ErrorCode, Push};
 
-use super::{line, subscriptions::Subscriptions, Session};
+use super::{subscriptions::Subscriptions, Session};
 use crate::{
     error::Disconnect,
     queue::{Delivery, Step},
@@ -20,7 +20,8 @@ impl Session {
         out: &mut Vec<u8>,
         max_bytes: usize,
     ) -> Result<(), Disconnect> {
-        self.drain(max_bytes, |json, _| line(out, json))
+        let codec = self.codec();
+        self.drain(max_bytes, |push, _| codec.join(out, push))
     }
 
     /// Takes queued publications (about `max_bytes`), skips duplicates, and calls `emit`
@@ -130,11 +131,11 @@ impl Session {
             self.event("unsubscribe", Some(&channel), None);
             self.drop_grant(&channel);
             self.leave_later(vec![channel.clone()], std::time::Duration::ZERO);
-            let push = json::encode_unsubscribe(
-                &channel,
-                ErrorCode::Unsubscribed,
-                "unsubscribed by the server",
-            );
+            let push = self.codec().push(&Push::Unsubscribe {
+                channel: &channel,
+                code: ErrorCode::Unsubscribed,
+                reason: "unsubscribed by the server",
+            });
             emit(&push, Positions(&self.subscriptions));
         }
         orders.end.map_or(Ok(()), Err)

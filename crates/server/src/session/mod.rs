@@ -22,8 +22,8 @@ use subscriptions::Subscriptions;
 use std::sync::Arc;
 
 use herald_protocol::{
-    json::{self, results, DecodeError},
-    ChannelName, Command, DisconnectCode, ErrorCode, Method,
+    json::DecodeError, results, ChannelName, Codec, Command, DisconnectCode, Encoding, ErrorCode,
+    Method, Outcome, Push,
 };
 
 use crate::{
@@ -69,6 +69,8 @@ pub struct Session {
     counted: bool,
     /// Whether its end (close code) was counted.
     end_counted: bool,
+    /// The codec the client speaks (nothing in memory while there is one).
+    encoding: Encoding,
 }
 
 impl Session {
@@ -99,7 +101,13 @@ impl Session {
             first_client: None,
             counted: false,
             end_counted: false,
+            encoding: Encoding::default(),
         }
+    }
+
+    /// How this session's replies and pushes are written, and its commands read.
+    pub fn codec(&self) -> &'static dyn Codec {
+        self.encoding.codec()
     }
 
     fn node(&self) -> &Arc<Node> {
@@ -159,25 +167,22 @@ impl Session {
         out: &mut Vec<u8>,
         flush_at: usize,
     ) -> Result<&'f [u8], Disconnect> {
+        let codec = self.codec();
         let mut rest = frame;
         while !rest.is_empty() {
-            let (line, after) = match rest.iter().position(|b| *b == b'\n') {
-                Some(end) => (&rest[..end], &rest[end + 1..]),
-                None => (rest, &rest[rest.len()..]),
-            };
+            let (part, after) = codec.split(rest);
             rest = after;
-            for decoded in json::decode_frame(line) {
-                match decoded {
-                    Ok(command) => self.handle(command, out).await?,
-                    Err(DecodeError::Invalid { id, code, message }) => {
-                        self::line(out, &json::encode_error(id, code, &message));
-                    }
-                    Err(e @ DecodeError::Malformed(_)) => {
-                        return Err(Disconnect::because(
-                            DisconnectCode::BadRequest,
-                            e.to_string(),
-                        ));
-                    }
+            match codec.decode(part) {
+                None => {}
+                Some(Ok(command)) => self.handle(command, out).await?,
+                Some(Err(DecodeError::Invalid { id, code, message })) => {
+                    self.refuse(out, id, code, &message);
+                }
+                Some(Err(e @ DecodeError::Malformed(_))) => {
+                    return Err(Disconnect::because(
+                        DisconnectCode::BadRequest,
+                        e.to_string(),
+                    ));
                 }
             }
             if out.len() >= flush_at {
@@ -197,37 +202,28 @@ impl Session {
             let message = format!(
                 "more than {limit} commands per second from this address; this one was not executed"
             );
-            line(
-                out,
-                &json::encode_error(command.id, ErrorCode::TooManyRequests, &message),
-            );
+            self.refuse(out, command.id, ErrorCode::TooManyRequests, &message);
             return Ok(());
         }
         let limit = self.node().settings.config.client.max_commands_per_second;
         if !self.rate.take(limit) {
             let message =
                 format!("more than {limit} commands per second; this one was not executed");
-            line(
-                out,
-                &json::encode_error(command.id, ErrorCode::TooManyRequests, &message),
-            );
+            self.refuse(out, command.id, ErrorCode::TooManyRequests, &message);
             return Ok(());
         }
         let method = command.method.name();
         let reply = Reply {
             id: command.id,
-            method,
+            codec: self.codec(),
         };
         let started = std::time::Instant::now();
         let done = self.dispatch(reply, command.method).await;
         self.node().metrics.command(method, started.elapsed());
         match done {
-            Ok(Some(bytes)) => line(out, &bytes),
+            Ok(Some(bytes)) => self.codec().join(out, &bytes),
             Ok(None) => {}
-            Err(Refusal::Command(f)) => line(
-                out,
-                &json::encode_error(command.id, f.wire_code(), &f.message),
-            ),
+            Err(Refusal::Command(f)) => self.refuse(out, command.id, f.wire_code(), &f.message),
             Err(Refusal::Connection(d)) => return Err(d),
         }
         Ok(())
@@ -275,14 +271,14 @@ impl Session {
                     .into());
                 }
                 self.drop_grant(&channel);
-                Ok(reply.empty())
+                Ok(reply.with(Outcome::Unsubscribe))
             }
             Method::Publish { channel, data } => Ok(self.publish(reply, channel, data).await?),
             Method::History(req) => Ok(self.history(reply, req).await?),
             Method::Rpc(req) => Ok(self.rpc(reply, req).await?),
             Method::Presence(req) => Ok(self.presence(reply, req).await?),
             Method::PresenceStats { channel } => Ok(self.presence_stats(reply, channel).await?),
-            Method::Ping => Ok(reply.empty()),
+            Method::Ping => Ok(reply.with(Outcome::Ping)),
         }
     }
 
@@ -320,10 +316,10 @@ impl Session {
         let from = self.sender(&channel);
         let position =
             publish::from_client(&node, self.address, &channel, data, from.as_deref()).await?;
-        Ok(reply.with(&results::Published {
+        Ok(reply.with(Outcome::Publish(results::Published {
             offset: position.offset,
             epoch: &position.epoch,
-        }))
+        })))
     }
 
     /// `rpc`: the client's call, answered by the backend's rpc hook.
@@ -356,9 +352,9 @@ impl Session {
             Some(data) => hooks::checked_data(&data, "rpc")?,
             None => bytes::Bytes::from_static(b"null"),
         };
-        Ok(reply.with(&results::Rpc {
+        Ok(reply.with(Outcome::Rpc(results::Rpc {
             data: raw_json(&data),
-        }))
+        })))
     }
 
     /// The id clients use to address this session (`client` in the connect result);
@@ -375,7 +371,7 @@ impl Session {
 
     /// The `connect` push that opens streams whose client sent no `connect` command.
     pub fn connect_push(&self) -> Vec<u8> {
-        json::encode_connect_push(&self.connect_result())
+        self.codec().push(&Push::Connect(&self.connect_result()))
     }
 
     /// Makes `subscribe` and `unsubscribe` fail: for sessions that live for one request
@@ -513,29 +509,39 @@ impl Session {
 }
 
 /// How to answer the command being handled: commands without an id get no reply.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 struct Reply {
     id: Option<u64>,
-    method: &'static str,
+    codec: &'static dyn Codec,
 }
 
 impl Reply {
-    fn with(self, result: &impl serde::Serialize) -> Option<Vec<u8>> {
-        self.id
-            .map(|id| json::encode_reply(id, self.method, result))
-    }
-
-    fn empty(self) -> Option<Vec<u8>> {
-        self.with(&results::Empty {})
+    fn with(self, outcome: Outcome<'_>) -> Option<Vec<u8>> {
+        self.id.map(|id| {
+            self.codec
+                .reply(&herald_protocol::Reply::Done { id, outcome })
+        })
     }
 }
 
-/// Appends one JSON line to a frame being built.
-pub(crate) fn line(out: &mut Vec<u8>, json: &[u8]) {
-    if !out.is_empty() {
-        out.push(b'\n');
+impl std::fmt::Debug for Reply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reply").field("id", &self.id).finish()
     }
-    out.extend_from_slice(json);
+}
+
+impl Session {
+    /// Appends a command's failure to `out`.
+    fn refuse(&self, out: &mut Vec<u8>, id: Option<u64>, code: impl Into<u16>, message: &str) {
+        let codec = self.codec();
+        let refusal = codec.reply(&herald_protocol::Reply::error(id, code, message));
+        codec.join(out, &refusal);
+    }
+
+    /// Appends an encoded push or reply to `out`, a frame being built.
+    pub(crate) fn append(&self, out: &mut Vec<u8>, encoded: &[u8]) {
+        self.codec().join(out, encoded);
+    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use herald_protocol::{command::PresenceRequest, json, ChannelName, ErrorCode};
+use herald_protocol::{command::PresenceRequest, results, ChannelName, ErrorCode, Outcome};
 
 use super::{Reply, Session};
 use crate::{
@@ -109,10 +109,11 @@ impl Session {
                 req.limit.map(|l| l as usize),
             )
             .await?;
-        Ok(reply.with(&json::results::Presence {
-            members: json::RawJson(&members),
+        let members = crate::hub::presence::listed(&members);
+        Ok(reply.with(Outcome::Presence(results::Presence {
+            members: &members,
             cursor,
-        }))
+        })))
     }
 
     /// `presence_stats`: how many clients and distinct users.
@@ -124,9 +125,9 @@ impl Session {
         let node = self.node().clone();
         self.may_read(&channel, Action::Presence).await?;
         let stats = node.presence.stats(&channel).await?;
-        Ok(reply.with(&json::results::PresenceStats {
+        Ok(reply.with(Outcome::PresenceStats(results::PresenceStats {
             clients: stats.clients,
             users: stats.users,
-        }))
+        })))
     }
 }

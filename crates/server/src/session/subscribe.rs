@@ -5,8 +5,7 @@ use std::sync::Arc;
 use herald_broker::{check_since, BrokerError, History, HistoryQuery};
 use herald_protocol::{
     command::{HistoryRequest, SubscribeRequest},
-    json::{self, results},
-    ChannelName, ErrorCode, Publication, Since, StreamPosition,
+    results, ChannelName, ErrorCode, Outcome, Publication, Push, Since, StreamPosition,
 };
 
 use super::{raw_json, Positions, Reply, Session};
@@ -33,13 +32,13 @@ impl Session {
             self.drop_grant(&req.channel);
         }
         let joined = joined?;
-        Ok(reply.with(&results::Stream {
+        Ok(reply.with(Outcome::Subscribe(results::Stream {
             epoch: &joined.position.epoch,
             offset: joined.position.offset,
             recovered: joined.recovered,
             publications: &joined.publications,
             data: joined.data.as_deref().map(raw_json),
-        }))
+        })))
     }
 
     /// Whether this session may open `channels` (one HTTP request's), checked before the
@@ -179,18 +178,22 @@ impl Session {
             || known_epoch.as_ref() != Some(&position.epoch)
             || data.is_some()
         {
-            let push = json::encode_subscribe_push(&json::results::Subscribed {
+            let push = self.codec().push(&Push::Subscribe(&results::Subscribed {
                 channel: &channel,
                 epoch: &position.epoch,
                 offset: position.offset,
                 recovered,
                 data: data.as_deref().map(raw_json),
-            });
+            }));
             emit(&push, self.positions());
         }
         for p in &history {
             self.set_offset(&channel, p.offset);
-            emit(&json::encode_pub(&channel, p), self.positions());
+            let push = self.codec().push(&Push::Pub {
+                channel: &channel,
+                publication: p,
+            });
+            emit(&push, self.positions());
         }
         Ok(())
     }
@@ -304,13 +307,13 @@ impl Session {
             req.limit.map(|l| l as usize),
         )
         .await?;
-        Ok(reply.with(&results::Stream {
+        Ok(reply.with(Outcome::History(results::Stream {
             epoch: &h.position.epoch,
             offset: h.position.offset,
             recovered: None,
             publications: &h.publications,
             data: None,
-        }))
+        })))
     }
 }
 

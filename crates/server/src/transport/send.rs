@@ -17,7 +17,7 @@ use axum::{
     Extension,
 };
 use herald_broker::NodeRequests;
-use herald_protocol::{json, ErrorCode};
+use herald_protocol::{json::Json, Codec, ErrorCode, Reply};
 use tokio::sync::oneshot;
 
 use futures_util::StreamExt;
@@ -161,10 +161,12 @@ async fn answer(
                     Some((session, rest, admitted))
                 }
                 Err(d) => {
-                    session::line(
-                        &mut out,
-                        &json::encode_error(None, ErrorCode::BadRequest, &d.reason),
-                    );
+                    let refusal = session.codec().reply(&Reply::error(
+                        None,
+                        ErrorCode::BadRequest,
+                        &d.reason,
+                    ));
+                    session.append(&mut out, &refusal);
                     None
                 }
             };
@@ -224,14 +226,21 @@ impl NodeRequests for Node {
         }
         let mut parts = request.splitn(2, |b| *b == b'\n');
         let (Some(id), Some(frame)) = (parts.next(), parts.next()) else {
-            return json::encode_error(None, ErrorCode::BadRequest, "malformed node request")
+            return Json
+                .reply(&Reply::error(
+                    None,
+                    ErrorCode::BadRequest,
+                    "malformed node request",
+                ))
                 .into();
         };
         let id = String::from_utf8_lossy(id);
         let frame = request.slice_ref(frame);
         match deliver(self, &id, frame).await {
             Ok(()) => Bytes::from_static(b"{}"),
-            Err(f) => json::encode_error(None, f.wire_code(), &f.message).into(),
+            Err(f) => Json
+                .reply(&Reply::error(None, f.wire_code(), &f.message))
+                .into(),
         }
     }
 }

@@ -154,8 +154,8 @@ const NO_BODY: &str = "a stream's request takes no body";
 
 /// Answers 400 with why (as the API's errors are: `{"error": {"code": 107, …}}`).
 pub(super) async fn refuse(stream: &mut TcpStream, why: &str, wait: Duration) {
-    let body =
-        herald_protocol::json::encode_error(None, herald_protocol::ErrorCode::BadRequest, why);
+    use herald_protocol::{json::Json, Codec, ErrorCode, Reply};
+    let body = Json.reply(&Reply::error(None, ErrorCode::BadRequest, why));
     let mut answer = format!(
         "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
         body.len()

@@ -23,7 +23,7 @@ use axum::{
     response::{IntoResponse, Response},
     Extension,
 };
-use herald_protocol::{cursor, json, ChannelName, DisconnectCode, Since};
+use herald_protocol::{cursor, json, ChannelName, DisconnectCode, Push, Since};
 
 use super::http1::{Handover, Held, Lean};
 use super::{
@@ -400,10 +400,11 @@ pub fn finish(prepared: Prepared) -> Response {
         ending = Some(Disconnect::new(DisconnectCode::Shutdown));
     }
     if let Some(d) = &ending {
-        item(
-            &mut messages,
-            &json::encode_disconnect(d.wire_code(), d.short_reason()),
-        );
+        let push = session.codec().push(&Push::Disconnect {
+            code: d.wire_code(),
+            reason: d.short_reason(),
+        });
+        item(&mut messages, &push);
     }
     let mut cursor = session.positions().cursor();
     for (channel, since) in &later {

@@ -87,7 +87,10 @@ impl Framing {
     /// `ping` push on every framing, which the page sees (an SSE comment would reach no
     /// `EventSource` handler) and without an SSE `id`, so the resume position stays.
     pub fn keepalive(&self, out: &mut Vec<u8>) {
-        self.push(herald_protocol::json::PING_PUSH, None, out);
+        let ping = herald_protocol::Encoding::Json
+            .codec()
+            .push(&herald_protocol::Push::Ping);
+        self.push(&ping, None, out);
     }
 
     /// What a response ends with.

@@ -5,7 +5,7 @@
 use std::{future::Future, time::Duration};
 
 use bytes::Bytes;
-use herald_protocol::json;
+use herald_protocol::{Encoding, Push};
 use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -176,11 +176,11 @@ impl<O: Out> Wire for StreamWire<'_, O> {
             return false;
         };
         let mut bytes = Vec::new();
-        self.framing.push(
-            &json::encode_disconnect(d.wire_code(), d.short_reason()),
-            None,
-            &mut bytes,
-        );
+        let push = Encoding::Json.codec().push(&Push::Disconnect {
+            code: d.wire_code(),
+            reason: d.short_reason(),
+        });
+        self.framing.push(&push, None, &mut bytes);
         self.framing.epilogue(&mut bytes);
         self.out.send(bytes, CLOSE_GRACE).await.is_ok()
     }

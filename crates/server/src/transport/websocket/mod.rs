@@ -9,7 +9,7 @@ use std::{net::IpAddr, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use herald_protocol::DisconnectCode;
+use herald_protocol::{DisconnectCode, Encoding};
 use tokio::{net::TcpStream, time::Instant};
 use tokio_tungstenite::WebSocketStream;
 use tungstenite::{
@@ -63,6 +63,8 @@ async fn run(
         socket: WebSocketStream::from_partially_read(io, early, Role::Server, Some(config)).await,
         session: session.id(),
         last_heard: Instant::now(),
+        // Herald's JSON, whether the client asked for `herald.json` or for no subprotocol.
+        encoding: Encoding::Json,
     };
     let told = driver::drive(&node, &mut session, &mut wire, Ok(()), 0).await;
     // Free the session (and its subscriptions) now; the closing handshake is only manners.
@@ -79,11 +81,13 @@ struct WebSocket {
     session: u64,
     /// When the client last sent anything (a pong counts).
     last_heard: Instant,
+    /// The codec of its subprotocol (no bytes while there is one).
+    encoding: Encoding,
 }
 
 impl Wire for WebSocket {
     fn push(&self, json: &[u8], _at: Positions<'_>, out: &mut Vec<u8>) {
-        crate::session::line(out, json);
+        self.encoding.codec().join(out, json);
     }
 
     async fn send(&mut self, bytes: Vec<u8>, timeout: Duration) -> Result<(), Unwritten> {

@@ -1,4 +1,4 @@
-//! Results of commands, serialised into replies.
+//! Results of commands, as typed values: what a [`Codec`](crate::Codec) writes into replies.
 
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -6,7 +6,7 @@ use serde_json::value::RawValue;
 use crate::{Epoch, Publication};
 
 /// Result of `connect`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize)]
 pub struct Connect<'a> {
     /// This session's id.
     pub client: &'a str,
@@ -25,16 +25,24 @@ pub struct Connect<'a> {
     pub expiry: Option<Expiry>,
 }
 
-/// `presence`: a page of members (a JSON array made by
-/// [`encode_member`](super::encode_member)) and, when more may follow, the cursor of
-/// the next page.
-#[derive(Serialize)]
+/// `presence`: a page of members and, when more may follow, the cursor of the next page.
+#[derive(Debug)]
 pub struct Presence<'a> {
     /// The members, in id order.
-    pub members: super::RawJson<'a>,
+    pub members: &'a [Member<'a>],
     /// Pass it back for the next page; absent on the last page.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub cursor: Option<String>,
+}
+
+/// A member of a channel's presence: a client, and what its token or connect hook said
+/// about its user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Member<'a> {
+    /// The member's public id (written as 16 hex digits).
+    pub id: u64,
+    /// The member's `{"user", "info", "channel_info"}` object as JSON text, or empty for an
+    /// anonymous client.
+    pub info: &'a [u8],
 }
 
 /// `presence_stats`.
