@@ -288,10 +288,28 @@ async fn taken_up(s: &mut tokio::net::TcpStream, host: &str, origin: Option<&str
     answer
 }
 
+/// A long-poll held until its timeout (from a cursor, with nothing new): that answer's head.
+async fn held(s: &mut tokio::net::TcpStream, host: &str, origin: Option<&str>) -> String {
+    let (status, body) =
+        raw_answer(s, &head(host, "/connection/poll?channel=open:cors", origin)).await;
+    assert!(status.starts_with("http/1.1 200"), "{status}\n{body}");
+    let first: Value = serde_json::from_str(&body).unwrap();
+    let wait = format!(
+        "/connection/longpoll?cursor={}&timeout=20ms",
+        urlencode(text(&first, "cursor"))
+    );
+    let (answer, body) = raw_answer(s, &head(host, &wait, origin)).await;
+    assert!(answer.starts_with("http/1.1 200"), "{answer}\n{body}");
+    let waited: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(waited["messages"], serde_json::json!([]), "held: {waited}");
+    answer
+}
+
 /// A long-poll that takes up its session on the lean path is answered without the router
-/// (`poll::Resumer`), and must be answered as the router answers it: the same headers,
-/// CORS included, as on a connection hyper serves (whose requests all go through the
-/// router), from no origin, the same origin, a listed one and one that is not.
+/// (`poll::Resumer`), and one held on the lean path is answered after the router let go of
+/// it: both must be answered as the router answers them, with the same headers, CORS
+/// included, as on a connection hyper serves (whose requests all go through the router),
+/// from no origin, the same origin, a listed one and one that is not.
 #[tokio::test]
 async fn a_taken_up_long_poll_is_answered_as_the_router_answers_it() {
     use tokio::net::TcpStream;
@@ -304,19 +322,27 @@ async fn a_taken_up_long_poll_is_answered_as_the_router_answers_it() {
         for origin in [None, Some(same.as_str()), Some("https://app.example")] {
             // The long-poll is this connection's first request: the lean path serves it.
             let mut lean = TcpStream::connect(server.addr).await.unwrap();
-            let lean = taken_up(&mut lean, &host, origin).await;
+            let lean = [
+                taken_up(&mut lean, &host, origin).await,
+                held(&mut lean, &host, origin).await,
+            ];
             // A connection whose first request is not held stays with hyper.
             let mut routed = TcpStream::connect(server.addr).await.unwrap();
             let (status, _) = raw_answer(&mut routed, &head(&host, "/healthz", None)).await;
             assert!(status.starts_with("http/1.1 200"), "{status}");
-            let routed = taken_up(&mut routed, &host, origin).await;
-            assert_eq!(
-                meaning(&lean),
-                meaning(&routed),
-                "allowed {allowed:?}, origin {origin:?}:\n{lean}\n---\n{routed}"
-            );
-            if origin == Some("https://app.example") {
-                assert!(lean.contains("access-control-allow-origin: "), "{lean}");
+            let routed = [
+                taken_up(&mut routed, &host, origin).await,
+                held(&mut routed, &host, origin).await,
+            ];
+            for (lean, routed) in lean.iter().zip(&routed) {
+                assert_eq!(
+                    meaning(lean),
+                    meaning(routed),
+                    "allowed {allowed:?}, origin {origin:?}:\n{lean}\n---\n{routed}"
+                );
+                if origin == Some("https://app.example") {
+                    assert!(lean.contains("access-control-allow-origin: "), "{lean}");
+                }
             }
         }
         server.stop().await.unwrap();

@@ -70,6 +70,7 @@ pub async fn longpoll(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
+    let origin = headers.get(header::ORIGIN).cloned();
     let mut prepared = match prepare((node, parked), peer, headers, query, true).await {
         Ok(prepared) => prepared,
         Err(f) => return f.into_response(),
@@ -78,6 +79,9 @@ pub async fn longpoll(
         return finish(*prepared);
     }
     if lean.is_some() {
+        // Answered after the router let go of it, so without its CORS layer: the answer
+        // adds what the layer would.
+        prepared.cors = Cors::Here(origin);
         return Handover::new(Held::Poll(prepared)).into_response();
     }
     let node = prepared.node.clone();
