@@ -155,8 +155,9 @@ pub async fn serve(
     // both the router's handlers and the lean path's `Resumer` use.
     let parked = transport::poll::Parked::new(
         node.settings.config.http.longpoll_grace,
-        node.shutdown.clone(),
+        node.shutdown.token(),
         node.metrics.longpolls_kept.clone(),
+        node.metrics.longpolls_taken_up.clone(),
     );
     let app = router::router(node.clone(), parked.clone());
     let resumer = transport::poll::Resumer::new(node.clone(), parked);

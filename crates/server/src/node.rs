@@ -2,7 +2,7 @@
 
 use std::{
     sync::{
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc,
     },
     time::Instant,
@@ -12,9 +12,45 @@ use herald_broker::{
     DurableBroker, Engine, MemoryBroker, OpenError, PublicationSink, Routed, SharedBroker,
     SharedLink,
 };
-use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tokio_util::{
+    sync::{CancellationToken, WaitForCancellationFuture},
+    task::TaskTracker,
+};
 
 use crate::{config::StorageEngine, hub::Hub, settings::Settings};
+
+/// The node's shutdown: waited for like a [`CancellationToken`], and asked about with one
+/// atomic load (a token's `is_cancelled` takes a lock every connection shares, several
+/// times a long-poll).
+#[derive(Debug, Clone, Default)]
+pub struct Shutdown {
+    token: CancellationToken,
+    started: Arc<AtomicBool>,
+}
+
+impl Shutdown {
+    /// Starts the shutdown.
+    pub fn cancel(&self) {
+        self.started.store(true, Ordering::Release);
+        self.token.cancel();
+    }
+
+    /// Whether the shutdown has started.
+    pub fn is_cancelled(&self) -> bool {
+        self.started.load(Ordering::Acquire)
+    }
+
+    /// Done when the shutdown starts.
+    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
+        self.token.cancelled()
+    }
+
+    /// A token cancelled with the shutdown, for what waits on one (cancelling it does not
+    /// shut the node down).
+    pub fn token(&self) -> CancellationToken {
+        self.token.child_token()
+    }
+}
 
 /// Shared state of one Herald process.
 pub struct Node {
@@ -32,7 +68,7 @@ pub struct Node {
     /// Who is in which channel (namespaces with `presence`), and join/leave pushes.
     pub presence: Arc<crate::hub::presence::Presence>,
     /// Cancelled when the server starts shutting down; connections close with 3001.
-    pub shutdown: CancellationToken,
+    pub shutdown: Shutdown,
     /// Connection tasks, awaited (with a bound) on shutdown.
     pub tasks: TaskTracker,
     /// Per-client-address counters.
@@ -116,7 +152,7 @@ impl Node {
             caller.count_into(metrics.hook(caller.name()));
             crate::hooks::events::EventLog::start(&settings.config.hooks, caller, broker.clone())
         });
-        let shutdown = CancellationToken::new();
+        let shutdown = Shutdown::default();
         let node = Arc::new(Self {
             events,
             id,

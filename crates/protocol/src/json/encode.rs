@@ -327,6 +327,19 @@ pub fn encode_members(out: &mut Vec<u8>, members: &[Member]) {
 /// forever frame); SSE sends a comment instead.
 const PING_PUSH: &[u8] = br#"{"ping":{}}"#;
 
+/// Appends `text` as a JSON string: as it is when nothing in it needs escaping (a cursor, a
+/// client id and a key never do, and this runs for every long-poll), through serde if
+/// anything does.
+fn string(out: &mut Vec<u8>, text: &str) {
+    if text.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(text.as_bytes());
+        out.push(b'"');
+    } else {
+        serde_json::to_writer(out, text).expect("strings serialise");
+    }
+}
+
 /// Encodes a poll's answer (the long-poll framing of the JSON codec): `{"cursor":"…","client":"…","session_key":"…","messages":[PUSH,…]}`,
 /// where `messages` is the pushes already encoded and separated by commas, `cursor` the
 /// position to poll from next, `client` what the next poll sends as `client=`, and
@@ -339,12 +352,12 @@ pub fn encode_poll_answer(
 ) -> Vec<u8> {
     let mut body = Vec::with_capacity(messages.len() + cursor.len() + client.len() + 80);
     body.extend_from_slice(b"{\"cursor\":");
-    body.extend_from_slice(&serde_json::to_vec(cursor).expect("strings serialise"));
+    string(&mut body, cursor);
     body.extend_from_slice(b",\"client\":");
-    body.extend_from_slice(&serde_json::to_vec(client).expect("strings serialise"));
+    string(&mut body, client);
     if let Some(key) = session_key {
         body.extend_from_slice(b",\"session_key\":");
-        body.extend_from_slice(&serde_json::to_vec(key).expect("strings serialise"));
+        string(&mut body, key);
     }
     body.extend_from_slice(b",\"messages\":[");
     body.extend_from_slice(messages);

@@ -248,3 +248,25 @@ fn replies_serialise_publications_as_raw_json() {
     .unwrap();
     assert_eq!(d["disconnect"]["reconnect"], true);
 }
+
+#[test]
+fn poll_answers_write_strings_as_serde_does() {
+    for text in [
+        "plain;e1;7",
+        "q\"uote",
+        "back\\slash",
+        "tab\tnew\nline",
+        "\u{7f}é✓",
+        "",
+    ] {
+        let answer = encode_poll_answer(text, text, Some(text), b"");
+        let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(v["cursor"], text);
+        assert_eq!(v["session_key"], text);
+        let expected = format!(
+            r#"{{"cursor":{0},"client":{0},"session_key":{0},"messages":[]}}"#,
+            serde_json::to_string(text).unwrap()
+        );
+        assert_eq!(String::from_utf8(answer).unwrap(), expected);
+    }
+}

@@ -144,7 +144,15 @@ pub struct Metrics {
     broker_errors: Family<OperationLabel, Counter>,
     /// Long-poll sessions kept between their client's requests.
     pub longpolls_kept: Gauge,
+    /// Kept long-poll sessions taken up by their client's next request: `[direct, routed]`
+    /// (without the router, as an exact continuation; or through it).
+    pub longpolls_taken_up: [Counter; 2],
     snapshot: Arc<Mutex<Snapshot>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PathLabel {
+    path: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -233,6 +241,14 @@ impl Default for Metrics {
             "Long-poll sessions kept, still subscribed, between their client's requests (session_key, http.longpoll_grace)",
             longpolls_kept.clone(),
         );
+        let taken_up = Family::<PathLabel, Counter>::default();
+        let longpolls_taken_up =
+            ["direct", "routed"].map(|path| taken_up.get_or_create(&PathLabel { path }).clone());
+        registry.register(
+            "longpoll_sessions_taken_up",
+            "Kept long-poll sessions taken up by their client's next request, by path (direct: an exact continuation answered without the router)",
+            taken_up,
+        );
         let wires: Arc<[Arc<Wire>]> = TRANSPORTS
             .iter()
             .map(|&transport| {
@@ -262,6 +278,7 @@ impl Default for Metrics {
             hook_seconds,
             hook_failures,
             longpolls_kept,
+            longpolls_taken_up,
             snapshot,
         }
     }

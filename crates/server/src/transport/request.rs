@@ -240,7 +240,7 @@ impl OpenRequest {
 /// The shortest keepalive period a stream's client may ask for.
 const MIN_PING: Duration = Duration::from_millis(250);
 
-fn parse_timeout(value: &str) -> Result<Duration, Failure> {
+pub(crate) fn parse_timeout(value: &str) -> Result<Duration, Failure> {
     if let Ok(secs) = value.parse::<u64>() {
         return Ok(Duration::from_secs(secs));
     }

@@ -320,12 +320,15 @@ async fn a_taken_up_long_poll_is_answered_as_the_router_answers_it() {
         let host = server.addr.to_string();
         let same = format!("http://{host}");
         for origin in [None, Some(same.as_str()), Some("https://app.example")] {
+            let [direct, via_router] = &server.node.metrics.longpolls_taken_up;
+            let before = (direct.get(), via_router.get());
             // The long-poll is this connection's first request: the lean path serves it.
             let mut lean = TcpStream::connect(server.addr).await.unwrap();
             let lean = [
                 taken_up(&mut lean, &host, origin).await,
                 held(&mut lean, &host, origin).await,
             ];
+            assert_eq!((direct.get(), via_router.get()), (before.0 + 1, before.1));
             // A connection whose first request is not held stays with hyper.
             let mut routed = TcpStream::connect(server.addr).await.unwrap();
             let (status, _) = raw_answer(&mut routed, &head(&host, "/healthz", None)).await;
@@ -334,6 +337,10 @@ async fn a_taken_up_long_poll_is_answered_as_the_router_answers_it() {
                 taken_up(&mut routed, &host, origin).await,
                 held(&mut routed, &host, origin).await,
             ];
+            assert_eq!(
+                (direct.get(), via_router.get()),
+                (before.0 + 1, before.1 + 1)
+            );
             for (lean, routed) in lean.iter().zip(&routed) {
                 assert_eq!(
                     meaning(lean),
@@ -384,5 +391,57 @@ async fn a_parked_session_is_not_taken_up_from_a_refused_origin_or_host() {
     assert!(status.starts_with("http/1.1 200"), "{status}");
     let again: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(again["client"], first["client"], "taken up: {again}");
+    server.stop().await.unwrap();
+}
+
+/// A parked session is taken up without the router only by an exact continuation (the
+/// answer's cursor as it was written); any other request is judged as before: the same
+/// positions written another way still take it up, a lost answer starts afresh.
+#[tokio::test]
+async fn only_an_exact_continuation_is_taken_up_directly() {
+    let server = start(config()).await;
+    let host = server.addr.to_string();
+    server.publish("open:a", json!(1)).await;
+    server.publish("open:b", json!(1)).await;
+    let [direct, routed] = &server.node.metrics.longpolls_taken_up;
+    let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let mut poll = async |path: &str| -> Value {
+        let (status, body) = raw_answer(&mut s, &head(&host, path, None)).await;
+        assert!(status.starts_with("http/1.1 200"), "{status}\n{body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    let again = |cursor: &str, key: &Value| {
+        format!(
+            "/connection/longpoll?cursor={}&timeout=20ms&session_key={}",
+            urlencode(cursor),
+            key.as_str().unwrap()
+        )
+    };
+    let first =
+        poll("/connection/longpoll?channel=open:a&channel=open:b&timeout=20ms&session_key=").await;
+    let exact = poll(&again(text(&first, "cursor"), &first["session_key"])).await;
+    assert_eq!(exact["client"], first["client"], "{exact}");
+    assert_eq!((direct.get(), routed.get()), (1, 0));
+
+    let cursor = text(&exact, "cursor");
+    let reordered: Vec<&str> = cursor.split('|').rev().collect();
+    assert_eq!(reordered.len(), 2, "{cursor}");
+    let other_order = poll(&again(&reordered.join("|"), &exact["session_key"])).await;
+    assert_eq!(other_order["client"], first["client"], "{other_order}");
+    assert_eq!((direct.get(), routed.get()), (1, 1));
+
+    server.publish("open:a", json!(2)).await;
+    let ahead = poll(&again(
+        text(&other_order, "cursor"),
+        &other_order["session_key"],
+    ))
+    .await;
+    assert_eq!(offsets(&ahead), [2], "{ahead}");
+    assert_eq!((direct.get(), routed.get()), (2, 1));
+    // The answer was lost: the client asks from before it, and is replayed what it missed.
+    let lost = poll(&again(text(&other_order, "cursor"), &ahead["session_key"])).await;
+    assert_eq!(offsets(&lost), [2], "{lost}");
+    assert_ne!(lost["client"], first["client"], "started afresh: {lost}");
+    assert_eq!((direct.get(), routed.get()), (2, 1));
     server.stop().await.unwrap();
 }

@@ -150,7 +150,7 @@ pub async fn next(stream: &TcpStream, wait: Duration) -> Next {
 /// requests holds no one's data, and shutdown must not wait out its header timeout.
 pub async fn until_shutdown(
     next: impl std::future::Future<Output = Next>,
-    shutdown: &tokio_util::sync::CancellationToken,
+    shutdown: &crate::node::Shutdown,
 ) -> Next {
     tokio::select! {
         next = next => next,
@@ -166,7 +166,7 @@ pub async fn serve(
     peer: SocketAddr,
     socket: Arc<crate::Counted>,
     limits: Limits,
-    shutdown: &tokio_util::sync::CancellationToken,
+    shutdown: &crate::node::Shutdown,
 ) -> Option<(TcpStream, Vec<u8>)> {
     // What was read from the connection and not yet used: a request's first bytes.
     let mut unread = Vec::new();
@@ -262,7 +262,7 @@ async fn handle(
     peer: SocketAddr,
     socket: &Arc<crate::Counted>,
     limits: Limits,
-    shutdown: &tokio_util::sync::CancellationToken,
+    shutdown: &crate::node::Shutdown,
 ) -> Handled {
     // A head still coming when the node shuts down is not waited for; nor is the next
     // request of a connection between requests, which holds no one's data.

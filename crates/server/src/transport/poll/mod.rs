@@ -17,9 +17,8 @@ use std::{
 };
 
 use axum::{
-    body::Body,
     extract::{RawQuery, State},
-    http::{self, header, HeaderMap, HeaderValue, Method, StatusCode},
+    http::{header, HeaderMap, HeaderValue, StatusCode},
     response::{IntoResponse, Response},
     Extension,
 };
@@ -39,8 +38,10 @@ use crate::{
 };
 
 mod parked;
+mod resumer;
 pub use parked::Parked;
 use parked::{Credentials, Key, Resumed};
+pub use resumer::Resumer;
 
 /// Most bytes of publications in one answer; the rest comes with the next request.
 const MAX_ANSWER_BYTES: usize = 1 << 20;
@@ -92,53 +93,6 @@ pub async fn longpoll(
     finish(*prepared)
 }
 
-/// Takes up parked long-poll sessions on the lean path without the router, whose layers
-/// and extractors cost a long-poll about a fifth of its CPU (`docs/benchmarks.md`). Only a
-/// long-poll that continues its session exactly, from a host and an origin the router
-/// would let through, is answered here: the same checks and the same code as the router's
-/// handler, with the CORS headers the router's layer would add
-/// ([`crate::policy::origin::cors_answer_headers`]). Anything else (a first request, an
-/// unknown key, any refusal) goes through the router, which answers as it always does.
-#[derive(Debug, Clone)]
-pub struct Resumer {
-    node: Arc<Node>,
-    parked: Parked,
-}
-
-impl Resumer {
-    /// Takes up sessions parked in `parked`.
-    pub fn new(node: Arc<Node>, parked: Parked) -> Self {
-        Self { node, parked }
-    }
-
-    /// The held long-poll `request` is, if it takes up its parked session.
-    pub fn take_up(&self, request: &http::Request<Body>) -> Option<Box<Prepared>> {
-        // Looked at before anything is parsed: a long-poll that names no session (a first
-        // request, a client that keeps none) is routed without being read twice.
-        let names_a_session = request.uri().query().is_some_and(|query| {
-            query.split('&').any(|pair| {
-                pair.strip_prefix("session_key=")
-                    .is_some_and(|k| !k.is_empty())
-            })
-        });
-        if request.method() != Method::GET
-            || request.uri().path() != "/connection/longpoll"
-            || !names_a_session
-            || !self.parked.enabled()
-        {
-            return None;
-        }
-        let (node, headers) = (&self.node, request.headers());
-        crate::policy::origin::check_host(&node.settings, headers).ok()?;
-        let open = OpenRequest::parse(request.uri().query(), headers).ok()?;
-        let credentials = credentials(&self.parked, &open, headers);
-        let taken = take_parked((node, &self.parked), &open, headers, credentials, true);
-        let mut prepared = taken.ok()??;
-        prepared.cors = Cors::Here(headers.get(header::ORIGIN).cloned());
-        Some(Box::new(prepared))
-    }
-}
-
 /// The session parked under `request`'s key for it, taken up (held if `hold` and nothing
 /// queued meanwhile); `None` if there is none. An error if the request may not continue a
 /// session at all (a refused origin, shutdown): checked before the session is looked at,
@@ -170,7 +124,7 @@ fn take_parked(
 /// Who a request says it is, for taking up a parked session.
 fn credentials(parked: &Parked, request: &OpenRequest, headers: &HeaderMap) -> Credentials {
     let cookie = headers.get(header::COOKIE).map(|v| v.as_bytes());
-    parked.credentials((&request.token, &request.sub_tokens, cookie))
+    parked.credentials(request.token.as_deref(), &request.sub_tokens, cookie)
 }
 
 /// Who adds the CORS headers to a poll's answer.
@@ -335,9 +289,13 @@ async fn prepare(
 
 /// How long a long-poll with nothing to say yet is held.
 fn hold_for(node: &Node, request: &OpenRequest) -> Duration {
+    hold_for_at_most(node, request.timeout)
+}
+
+/// How long a long-poll that asked for `timeout` is held with nothing to say.
+fn hold_for_at_most(node: &Node, timeout: Option<Duration>) -> Duration {
     let http = &node.settings.config.http;
-    request
-        .timeout
+    timeout
         .unwrap_or(http.longpoll_timeout)
         .min(http.longpoll_max_timeout)
 }
@@ -445,7 +403,7 @@ pub fn finish(prepared: Prepared) -> Response {
         ([(header::CONTENT_TYPE, "application/json")], body).into_response()
     };
     if let Some((key, credentials)) = park {
-        parked.park(key, Resumed { session, admitted }, credentials);
+        parked.park(key, Resumed { session, admitted }, credentials, cursor);
     }
     let h = response.headers_mut();
     if let Cors::Here(origin) = cors {

@@ -12,14 +12,14 @@
 
 use std::{
     collections::HashMap,
-    hash::{BuildHasher, Hash, RandomState},
+    hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState},
     sync::{Arc, Weak},
     time::Duration,
 };
 
 use herald_protocol::{ChannelName, Since};
 use parking_lot::Mutex;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -28,6 +28,29 @@ use crate::{limits::AddressGuard, session::Session};
 /// The key a long-poll answer carries as `session`: 32 hex digits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Key(u128);
+
+/// Hashes a [`Key`] by taking 64 of its bits: they are random already (a key a client makes
+/// up finds nothing, whatever bucket it lands in), so there is nothing for SipHash to add.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u128(&mut self, n: u128) {
+        self.0 = n as u64;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type Sessions = HashMap<Key, Entry, BuildHasherDefault<KeyHasher>>;
 
 impl Key {
     /// A new key, for a session parked for the first time.
@@ -39,10 +62,18 @@ impl Key {
 
     /// The key a client sent; `None` if it cannot be one.
     pub fn parse(text: &str) -> Option<Self> {
-        let hex = text.len() == 32 && text.bytes().all(|b| b.is_ascii_hexdigit());
-        hex.then(|| u128::from_str_radix(text, 16).ok())
-            .flatten()
-            .map(Self)
+        // Two halves: parsing a u128 whole costs a long-poll several times as much.
+        let half = |hex: &str| {
+            hex.bytes()
+                .all(|b| b.is_ascii_hexdigit())
+                .then(|| u64::from_str_radix(hex, 16).ok())
+                .flatten()
+        };
+        if text.len() != 32 || !text.is_ascii() {
+            return None;
+        }
+        let (high, low) = text.split_at(16);
+        Some(Self(u128::from(half(high)?) << 64 | u128::from(half(low)?)))
     }
 }
 
@@ -71,19 +102,24 @@ struct Entry {
     resumed: Resumed,
     credentials: Credentials,
     until: Instant,
+    /// The cursor of the answer that parked it: where a request that continues it exactly
+    /// asks from.
+    cursor: String,
 }
 
 #[derive(Debug)]
 struct Inner {
-    sessions: Mutex<HashMap<Key, Entry>>,
+    sessions: Mutex<Sessions>,
     hasher: RandomState,
     grace: Duration,
     /// How many are parked, for `/metrics`.
     count: Gauge,
+    /// How many were taken up: `[direct, routed]` (see [`Parked::take_exact`]).
+    taken_up: [Counter; 2],
 }
 
 impl Inner {
-    fn counted(&self, sessions: &HashMap<Key, Entry>) {
+    fn counted(&self, sessions: &Sessions) {
         self.count.set(sessions.len() as i64);
     }
 }
@@ -95,13 +131,19 @@ pub struct Parked(Arc<Inner>);
 
 impl Parked {
     /// Parks sessions for `grace` (zero: never), and drops them all at `shutdown`; `count`
-    /// says how many are parked.
-    pub fn new(grace: Duration, shutdown: CancellationToken, count: Gauge) -> Self {
+    /// says how many are parked, `taken_up` how many were taken up, directly and routed.
+    pub fn new(
+        grace: Duration,
+        shutdown: CancellationToken,
+        count: Gauge,
+        taken_up: [Counter; 2],
+    ) -> Self {
         let parked = Self(Arc::new(Inner {
             sessions: Mutex::default(),
             hasher: RandomState::new(),
             grace,
             count,
+            taken_up,
         }));
         if !grace.is_zero() && tokio::runtime::Handle::try_current().is_ok() {
             tokio::spawn(sweep(Arc::downgrade(&parked.0), shutdown));
@@ -114,18 +156,33 @@ impl Parked {
         !self.0.grace.is_zero()
     }
 
-    /// The credentials a request carries, hashed with this node's secret key.
-    pub fn credentials(&self, parts: impl Hash) -> Credentials {
-        Credentials(self.0.hasher.hash_one(parts))
+    /// The credentials a request carries (its connection token, subscription tokens and
+    /// cookies), hashed with this node's secret key.
+    pub fn credentials(
+        &self,
+        token: Option<&str>,
+        sub_tokens: &[impl AsRef<str>],
+        cookie: Option<&[u8]>,
+    ) -> Credentials {
+        let mut h = self.0.hasher.build_hasher();
+        token.hash(&mut h);
+        h.write_usize(sub_tokens.len());
+        for t in sub_tokens {
+            t.as_ref().hash(&mut h);
+        }
+        cookie.hash(&mut h);
+        Credentials(h.finish())
     }
 
-    /// Keeps `resumed` until a request takes it up with `key`, or the grace passes.
-    pub fn park(&self, key: Key, resumed: Resumed, credentials: Credentials) {
+    /// Keeps `resumed` until a request takes it up with `key`, or the grace passes; its
+    /// answer gave the client `cursor`.
+    pub fn park(&self, key: Key, resumed: Resumed, credentials: Credentials, cursor: String) {
         let until = Instant::now() + self.0.grace;
         let entry = Entry {
             resumed,
             credentials,
             until,
+            cursor,
         };
         let replaced = {
             let mut sessions = self.0.sessions.lock();
@@ -159,7 +216,37 @@ impl Parked {
             && entry.until > Instant::now()
             && client.is_none_or(|c| c == session.first_client())
             && session.continued_by(channels);
+        if fits {
+            self.0.taken_up[1].inc();
+        }
         fits.then_some(entry.resumed)
+    }
+
+    /// The session parked under `key`, if the request's `credentials` and `client` are
+    /// those of [`Parked::take`] and `continues` says the request asks from exactly the
+    /// answer's cursor; otherwise it stays parked, for [`Parked::take`] to judge.
+    pub fn take_exact(
+        &self,
+        key: Key,
+        credentials: Credentials,
+        client: Option<&str>,
+        continues: impl FnOnce(&Session, &str) -> bool,
+    ) -> Option<Resumed> {
+        let mut sessions = self.0.sessions.lock();
+        let entry = sessions.get(&key)?;
+        let session = &entry.resumed.session;
+        let fits = entry.credentials == credentials
+            && entry.until > Instant::now()
+            && client.is_none_or(|c| c == session.first_client())
+            && continues(session, &entry.cursor);
+        if !fits {
+            return None;
+        }
+        let entry = sessions.remove(&key)?;
+        self.0.counted(&sessions);
+        drop(sessions);
+        self.0.taken_up[0].inc();
+        Some(entry.resumed)
     }
 }
 
@@ -210,5 +297,9 @@ mod tests {
         assert_eq!(Key::parse("abc"), None);
         assert_eq!(Key::parse(&"g".repeat(32)), None);
         assert_eq!(Key::parse(&"+".repeat(32)), None);
+        assert_eq!(Key::parse(&format!("-{}", "f".repeat(31))), None);
+        assert_eq!(Key::parse(&"é".repeat(16)), None);
+        let key = Key::parse("0123456789abcdefFEDCBA9876543210").unwrap();
+        assert_eq!(key.0, 0x0123456789abcdef_fedcba9876543210);
     }
 }
