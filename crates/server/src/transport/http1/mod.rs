@@ -198,7 +198,7 @@ pub async fn serve(
                     None => return None,
                 }
             }
-            Handled::Poll(mut prepared, (version, keep_alive)) => {
+            Handled::Poll(mut prepared, keep_alive) => {
                 // Held until something arrives, the hold is over, the node shuts down or
                 // the client leaves.
                 let node = prepared.node.clone();
@@ -210,15 +210,10 @@ pub async fn serve(
                 if left {
                     return None;
                 }
-                let response = poll::finish(*prepared);
-                let answering = Box::pin(answer(
-                    &mut stream,
-                    response,
-                    version,
-                    keep_alive,
-                    limits.write_timeout,
-                ));
-                answering.await
+                // Written as it is, head and body in one write: no `Response` to build and
+                // take apart again.
+                let answer = poll::answer(*prepared).to_http1(keep_alive);
+                write(&mut stream, &answer, limits.write_timeout).await && keep_alive
             }
         };
         // Shutting down: the answer told the client (a `disconnect` push, or an answer at
@@ -249,9 +244,8 @@ enum Handled {
     Answered { keep_alive: bool },
     /// Its handler accepted a stream, to run on the socket after the response's head.
     Stream(Vec<u8>, Box<stream::Accepted>, Framing),
-    /// A long-poll to hold, then answer (the request's version, and whether the client
-    /// asked to keep the connection).
-    Poll(Box<poll::Prepared>, (http::Version, bool)),
+    /// A long-poll to hold, then answer (whether the client asked to keep the connection).
+    Poll(Box<poll::Prepared>, bool),
 }
 
 /// Reads a request, hands it to the router and writes the answer, unless it opened a stream.
@@ -285,7 +279,7 @@ async fn handle(
     };
     // A long-poll that takes up its parked session needs nothing the router does.
     if let Some(prepared) = resumer.take_up(&request) {
-        return Handled::Poll(prepared, (version, keep_alive));
+        return Handled::Poll(prepared, keep_alive);
     }
     let extensions = request.extensions_mut();
     extensions.insert(Peer(peer));
@@ -305,7 +299,7 @@ async fn handle(
             let (head, framing) = head_of(&response.into_parts().0, None, version, keep_alive);
             Handled::Stream(head, accepted, framing)
         }
-        Some(Held::Poll(prepared)) => Handled::Poll(prepared, (version, keep_alive)),
+        Some(Held::Poll(prepared)) => Handled::Poll(prepared, keep_alive),
         None => Handled::Answered {
             keep_alive: answer(stream, response, version, keep_alive, limits.write_timeout).await,
         },

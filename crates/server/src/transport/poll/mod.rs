@@ -18,7 +18,7 @@ use std::{
 
 use axum::{
     extract::{RawQuery, State},
-    http::{header, HeaderMap, HeaderValue, StatusCode},
+    http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode},
     response::{IntoResponse, Response},
     Extension,
 };
@@ -331,6 +331,98 @@ impl Prepared {
 
 /// The answer: what was replayed and everything that arrived meanwhile, with the cursor.
 pub fn finish(prepared: Prepared) -> Response {
+    answer(prepared).into_response()
+}
+
+/// A poll's answer, ready to go out through the router or straight onto the socket (the
+/// lean path writes it without building a [`Response`]).
+#[derive(Debug)]
+pub struct Answer {
+    /// 200, or 304 when a poll's cursor is the one its client has.
+    status: StatusCode,
+    /// Empty for a 304.
+    body: Vec<u8>,
+    /// Held answers are never cached; polls are revalidated (`etag`).
+    hold: bool,
+    etag: Option<String>,
+    /// The CORS headers the router's layer would add, for an answer written without it.
+    cors: Option<HeaderMap>,
+}
+
+impl Answer {
+    fn headers(&self) -> impl Iterator<Item = (HeaderName, HeaderValue)> + '_ {
+        let cache = if self.hold {
+            "no-store"
+        } else {
+            // The same cursor gives the same answer until something is published.
+            "private, no-cache"
+        };
+        let typed = (self.status == StatusCode::OK).then(|| {
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )
+        });
+        let etag = self.etag.as_ref().map(|e| {
+            let value = HeaderValue::from_str(e).expect("hex is a valid header");
+            (header::ETAG, value)
+        });
+        let cors = self
+            .cors
+            .iter()
+            .flat_map(|h| h.iter().map(|(name, value)| (name.clone(), value.clone())));
+        typed
+            .into_iter()
+            .chain([(header::CACHE_CONTROL, HeaderValue::from_static(cache))])
+            .chain(etag)
+            .chain(cors)
+    }
+
+    /// The answer as an HTTP/1.1 response's bytes, head and body, saying whether the
+    /// connection stays open.
+    pub fn to_http1(&self, keep_alive: bool) -> Vec<u8> {
+        use std::io::Write;
+        let mut out = Vec::with_capacity(256 + self.body.len());
+        let reason = self.status.canonical_reason().unwrap_or("Unknown");
+        let _ = write!(out, "HTTP/1.1 {} {reason}\r\n", self.status.as_str());
+        for (name, value) in self.headers() {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        // A 304 says nothing of its body's length (RFC 9110, 8.6).
+        if self.status != StatusCode::NOT_MODIFIED {
+            let _ = write!(out, "content-length: {}\r\n", self.body.len());
+        }
+        out.extend_from_slice(if keep_alive {
+            b"connection: keep-alive\r\n\r\n"
+        } else {
+            b"connection: close\r\n\r\n"
+        });
+        out.extend_from_slice(&self.body);
+        out
+    }
+}
+
+impl IntoResponse for Answer {
+    fn into_response(mut self) -> Response {
+        let mut response = if self.status == StatusCode::OK {
+            std::mem::take(&mut self.body).into_response()
+        } else {
+            self.status.into_response()
+        };
+        let h = response.headers_mut();
+        for (name, value) in self.headers() {
+            h.insert(name, value);
+        }
+        response
+    }
+}
+
+/// The answer of `prepared`: what was replayed and everything that arrived meanwhile, with
+/// the cursor; the session parked again if it asked to be.
+pub fn answer(prepared: Prepared) -> Answer {
     let Prepared {
         _admitted: admitted,
         node,
@@ -392,37 +484,33 @@ pub fn finish(prepared: Prepared) -> Response {
             && !(unchanged && key.is_none())
     });
     let park = park.map(|(key, credentials)| (key.unwrap_or_else(Key::random), credentials));
-    let mut response = if unchanged {
-        StatusCode::NOT_MODIFIED.into_response()
+    // `client` is sent back as `client=`, so that presence sees one member poll after poll.
+    let body = if unchanged {
+        Vec::new()
     } else {
-        // `client` is sent back as `client=`, so that presence sees one member poll after
-        // poll.
         let key = park.map(|(key, _)| key.to_string());
-        let body =
-            json::encode_poll_answer(&cursor, session.first_client(), key.as_deref(), &messages);
-        ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+        json::encode_poll_answer(&cursor, session.first_client(), key.as_deref(), &messages)
     };
     if let Some((key, credentials)) = park {
         parked.park(key, Resumed { session, admitted }, credentials, cursor);
     }
-    let h = response.headers_mut();
-    if let Cors::Here(origin) = cors {
-        crate::policy::origin::cors_answer_headers(&node.settings, origin.as_ref(), h);
-    }
-    if hold {
-        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    } else {
-        // The same cursor gives the same answer until something is published: revalidate.
-        h.insert(
-            header::CACHE_CONTROL,
-            HeaderValue::from_static("private, no-cache"),
-        );
-        if let Some(etag) = etag {
-            h.insert(
-                header::ETAG,
-                HeaderValue::from_str(&etag).expect("hex is a valid header"),
-            );
+    let cors = match cors {
+        Cors::Router => None,
+        Cors::Here(origin) => {
+            let mut h = HeaderMap::new();
+            crate::policy::origin::cors_answer_headers(&node.settings, origin.as_ref(), &mut h);
+            Some(h)
         }
+    };
+    Answer {
+        status: if unchanged {
+            StatusCode::NOT_MODIFIED
+        } else {
+            StatusCode::OK
+        },
+        body,
+        hold,
+        etag,
+        cors,
     }
-    response
 }
