@@ -14,6 +14,7 @@
 //! Durability is Redis's: with `appendonly yes` and `appendfsync always` a publication
 //! acknowledged to the publisher survives a Redis restart.
 
+mod endpoint;
 mod listener;
 mod presence;
 mod scripts;
@@ -32,6 +33,8 @@ use herald_broker::{
 use herald_protocol::{json::stored_record, ChannelName, Epoch, Publication, StreamPosition};
 use redis::{aio::ConnectionManager, Script};
 
+use endpoint::Endpoint;
+pub use endpoint::RedisSentinel;
 pub use listener::decode_message;
 use listener::Listener;
 pub use presence::{RedisPresence, BEAT_EVERY, NODE_TTL};
@@ -47,6 +50,29 @@ pub struct RedisOptions {
     pub prefix: String,
     /// TLS beyond what the URL says (`rediss://` alone uses the system's roots).
     pub tls: RedisTls,
+    /// Find the primary through Redis Sentinel (the URL then gives only the credentials,
+    /// database and scheme: its host and port are replaced by the primary's).
+    pub sentinel: Option<RedisSentinel>,
+    /// Replicas that must have a publication before it is acknowledged (`WAIT`); 0: the
+    /// primary's word is enough.
+    pub replicas_ack: u32,
+    /// How long a publish waits for them.
+    pub replicas_timeout: Duration,
+}
+
+impl RedisOptions {
+    /// One Redis at `url` under `prefix`, plain: no TLS settings, no Sentinel, no waiting
+    /// for replicas.
+    pub fn at(url: impl Into<String>, prefix: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            prefix: prefix.into(),
+            tls: RedisTls::default(),
+            sentinel: None,
+            replicas_ack: 0,
+            replicas_timeout: Duration::from_secs(1),
+        }
+    }
 }
 
 /// A stream store in Redis shared by every node that connects to it.
@@ -67,20 +93,18 @@ impl std::fmt::Debug for RedisBroker {
 /// The command connection, the key names and the scripts: what the broker and its
 /// listener both use to talk to Redis.
 pub(crate) struct Store {
-    client: redis::Client,
-    /// The connection and how many times it was replaced. redis-rs reconnects by itself
-    /// when a connection is reset, but not when the network silently drops everything: its
-    /// commands then time out for good. A timeout makes [`Store::failed`] replace it.
-    commands: parking_lot::Mutex<(u64, ConnectionManager)>,
+    commands: Arc<Commands>,
     pub(crate) names: Names,
     publish: Script,
     history: Script,
+    /// `(replicas, timeout ms)` a publish waits for (`WAIT`), when asked to.
+    replicas: Option<(u32, u64)>,
 }
 
 /// Connections opened before the node (and its sink) exist, so that a server whose Redis
 /// cannot be reached fails at start with a clear error.
 pub struct Connected {
-    client: redis::Client,
+    endpoint: Arc<Endpoint>,
     commands: ConnectionManager,
     options: RedisOptions,
 }
@@ -96,7 +120,8 @@ impl std::fmt::Debug for Connected {
 impl RedisBroker {
     /// Opens the command connection and checks that Redis answers.
     pub async fn connect(options: RedisOptions) -> Result<Connected, BrokerError> {
-        let client = tls::client(&options.url, &options.tls)?;
+        let endpoint = Endpoint::new(&options)?;
+        let client = endpoint.client().await?;
         let mut commands = ConnectionManager::new_with_config(client.clone(), command_config())
             .await
             .map_err(unavailable)?;
@@ -105,7 +130,7 @@ impl RedisBroker {
             .await
             .map_err(unavailable)?;
         Ok(Connected {
-            client,
+            endpoint: Arc::new(endpoint),
             commands,
             options,
         })
@@ -150,16 +175,24 @@ impl Connected {
     /// Starts the broker: publications of subscribed channels go to `sink`. Must be called
     /// inside a Tokio runtime (the pub/sub listener is a task).
     pub fn into_broker(self, sink: Arc<dyn PublicationSink>) -> Arc<RedisBroker> {
+        let replicas = (self.options.replicas_ack > 0).then(|| {
+            let timeout = self.options.replicas_timeout.as_millis() as u64;
+            (self.options.replicas_ack, timeout.max(1))
+        });
         let store = Arc::new(Store {
-            client: self.client.clone(),
-            commands: parking_lot::Mutex::new((0, self.commands)),
+            commands: Arc::new(Commands {
+                endpoint: self.endpoint.clone(),
+                moving: Default::default(),
+                connection: parking_lot::Mutex::new((0, self.commands)),
+            }),
             names: Names {
                 prefix: self.options.prefix,
             },
             publish: scripts::publish(),
             history: scripts::history(),
+            replicas,
         });
-        let listener = Listener::spawn(self.client, store.clone(), sink);
+        let listener = Listener::spawn(self.endpoint, store.clone(), sink);
         let presence = presence::RedisPresence::start(store.clone(), listener.clone());
         let hears: Arc<dyn listener::PresenceListener> = presence.clone();
         listener.hear_presence(Arc::downgrade(&hears));
@@ -259,6 +292,15 @@ pub fn redacted(url: &str) -> String {
 /// How long a command may wait for its answer (and a connection for its handshake).
 pub(crate) const COMMAND_WAIT: Duration = Duration::from_secs(5);
 
+/// Whether `e` says the primary is not where the connection is any more: it is gone (the
+/// connection cannot be made or was dropped) or it became a replica (`READONLY`).
+fn moved(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.code() == Some("READONLY")
+}
+
 fn command_config() -> redis::aio::ConnectionManagerConfig {
     redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(Some(COMMAND_WAIT))
@@ -325,29 +367,65 @@ impl Store {
         F: FnOnce(ConnectionManager) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
-        let (generation, connection) = self.commands.lock().clone();
+        let commands = &self.commands;
+        let (generation, connection) = commands.connection.lock().clone();
         command(connection).await.map_err(|e| {
             if e.is_timeout() {
-                self.replace_connection(generation);
+                commands.replace(generation, "a redis command timed out");
+            } else if commands.endpoint.moves() && moved(&e) {
+                commands.replace(generation, "the redis primary is gone or was demoted");
             }
             unavailable(e)
         })
     }
+}
 
-    fn replace_connection(&self, failed: u64) {
-        let mut commands = self.commands.lock();
-        if commands.0 != failed {
-            return; // replaced already, after another command's timeout
+/// The command connection: where it goes, and the connection itself with how many times it
+/// was replaced. redis-rs reconnects by itself when a connection is reset, but not when the
+/// network silently drops everything (its commands then time out for good), nor to a
+/// primary that moved: [`Commands::replace`] does.
+pub(crate) struct Commands {
+    endpoint: Arc<Endpoint>,
+    /// Whether a new connection is being looked for (a Sentinel asked).
+    moving: std::sync::atomic::AtomicBool,
+    connection: parking_lot::Mutex<(u64, ConnectionManager)>,
+}
+
+impl Commands {
+    /// Replaces the command connection numbered `failed` (not one that replaced it since):
+    /// for a primary that can move, with one to wherever the Sentinels say it is now.
+    fn replace(self: &Arc<Self>, failed: u64, why: &'static str) {
+        use std::sync::atomic::Ordering;
+        if self.connection.lock().0 != failed || self.moving.swap(true, Ordering::AcqRel) {
+            return; // replaced already, or being replaced
         }
-        match ConnectionManager::new_lazy_with_config(self.client.clone(), command_config()) {
-            Ok(fresh) => {
-                tracing::warn!("a redis command timed out; opening a new command connection");
-                *commands = (failed + 1, fresh);
+        let commands = self.clone();
+        let replace = async move {
+            let fresh = match commands.endpoint.client().await {
+                Ok(client) => ConnectionManager::new_lazy_with_config(client, command_config())
+                    .map_err(unavailable),
+                Err(e) => Err(e),
+            };
+            match fresh {
+                Ok(fresh) => {
+                    tracing::warn!("{why}; opening a new command connection");
+                    let mut connection = commands.connection.lock();
+                    if connection.0 == failed {
+                        *connection = (failed + 1, fresh);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot replace the redis command connection"),
             }
-            Err(e) => tracing::warn!(error = %e, "cannot replace the redis command connection"),
+            commands.moving.store(false, Ordering::Release);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn(replace)),
+            Err(_) => self.moving.store(false, Ordering::Release),
         }
     }
+}
 
+impl Store {
     /// Where a stream stands, without making it: `None` when it does not exist.
     pub(crate) async fn position(
         &self,
@@ -465,18 +543,67 @@ impl Broker for RedisBroker {
         policy: StreamPolicy,
     ) -> Result<StreamPosition, BrokerError> {
         let store = &self.store;
-        let mut script = store.publish.key(store.names.meta(channel));
-        script
-            .key(store.names.history(channel))
-            .arg(data.as_ref())
-            .arg(policy.history_size)
-            .arg(millis(policy.history_ttl))
-            .arg(millis(policy.meta_ttl.max(policy.history_ttl)))
-            .arg(new_epoch().as_str())
-            .arg(store.names.pubsub(channel));
-        let (epoch, offset): (String, u64) = store
-            .call(|mut c| async move { script.invoke_async(&mut c).await })
-            .await?;
+        let keys = [store.names.meta(channel), store.names.history(channel)];
+        let args = (
+            data.as_ref(),
+            policy.history_size,
+            millis(policy.history_ttl),
+            millis(policy.meta_ttl.max(policy.history_ttl)),
+            new_epoch(),
+            store.names.pubsub(channel),
+        );
+        let (epoch, offset): (String, u64) = match store.replicas {
+            None => {
+                let mut script = store.publish.prepare_invoke();
+                script
+                    .key(&keys)
+                    .arg(args.0)
+                    .arg(args.1)
+                    .arg(args.2)
+                    .arg(args.3);
+                script.arg(args.4.as_str()).arg(&args.5);
+                store
+                    .call(|mut c| async move { script.invoke_async(&mut c).await })
+                    .await?
+            }
+            Some((replicas, timeout)) => {
+                // The script and WAIT in one pipeline, so both run on one connection: WAIT
+                // counts the replicas that have this connection's writes, and a connection
+                // made afresh in between would have none to wait for.
+                let mut pipe = redis::pipe();
+                pipe.cmd("EVALSHA")
+                    .arg(store.publish.get_hash())
+                    .arg(keys.len())
+                    .arg(&keys)
+                    .arg(args.0)
+                    .arg(args.1)
+                    .arg(args.2)
+                    .arg(args.3)
+                    .arg(args.4.as_str())
+                    .arg(&args.5)
+                    .cmd("WAIT")
+                    .arg(replicas)
+                    .arg(timeout);
+                let script = &store.publish;
+                let ((epoch, offset), acked): ((String, u64), u32) = store
+                    .call(|mut c| async move {
+                        match pipe.query_async(&mut c).await {
+                            Err(e) if e.code() == Some("NOSCRIPT") => {
+                                script.prepare_invoke().load_async(&mut c).await?;
+                                pipe.query_async(&mut c).await
+                            }
+                            done => done,
+                        }
+                    })
+                    .await?;
+                if acked < replicas {
+                    return Err(BrokerError::Unavailable(format!(
+                        "redis: published to {channel} at offset {offset}, but only {acked} of                          the {replicas} replicas asked for (replicas_ack) had it within                          {timeout} ms: not acknowledged, and a failover now could lose it"
+                    )));
+                }
+                (epoch, offset)
+            }
+        };
         Ok(StreamPosition {
             offset,
             epoch: checked_epoch(channel, &epoch)?,

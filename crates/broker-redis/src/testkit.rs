@@ -1,6 +1,10 @@
 //! A real `redis-server` for tests: started on a free loopback port in a temporary
 //! directory, stopped when dropped.
 
+mod sentinel;
+
+pub use sentinel::{SentinelSet, MASTER_NAME};
+
 use std::{
     io::{BufRead, BufReader},
     process::{Child, Command, Stdio},
@@ -147,8 +151,18 @@ fn spawn(
     port: u16,
     tls: Option<(&TlsFiles, bool)>,
 ) -> std::io::Result<Child> {
+    spawn_with(dir, port, tls, &[])
+}
+
+/// [`spawn`], with more arguments for `redis-server` (`--replicaof HOST PORT`).
+fn spawn_with(
+    dir: &std::path::Path,
+    port: u16,
+    tls: Option<(&TlsFiles, bool)>,
+    more: &[&str],
+) -> std::io::Result<Child> {
     let mut command = Command::new("redis-server");
-    command.args(["--bind", "127.0.0.1"]);
+    command.args(["--bind", "127.0.0.1"]).args(more);
     match tls {
         None => {
             command.args(["--port", &port.to_string()]);
@@ -168,17 +182,23 @@ fn spawn(
                 ]);
         }
     }
-    let mut child = command
+    command
         .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
         .arg("--dir")
-        .arg(dir)
+        .arg(dir);
+    run_until(command, "Ready to accept connections")
+}
+
+/// Runs `command` (a `redis-server`) and returns once its log says `ready`.
+fn run_until(mut command: Command, ready: &str) -> std::io::Result<Child> {
+    let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;
     let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
     loop {
         match lines.next() {
-            Some(Ok(line)) if line.contains("Ready to accept connections") => break,
+            Some(Ok(line)) if line.contains(ready) => break,
             Some(Ok(_)) => {}
             _ => {
                 let _ = child.kill();

@@ -30,7 +30,14 @@ impl RedisTls {
 
 /// A client for `url` with `tls`; the error says what is wrong, without the URL's secrets.
 pub(crate) fn client(url: &str, tls: &RedisTls) -> Result<redis::Client, BrokerError> {
-    let info = url.into_connection_info().map_err(super::unavailable)?;
+    client_for(url.into_connection_info().map_err(super::unavailable)?, tls)
+}
+
+/// A client for `info` with `tls`.
+pub(crate) fn client_for(
+    info: redis::ConnectionInfo,
+    tls: &RedisTls,
+) -> Result<redis::Client, BrokerError> {
     let ConnectionAddr::TcpTls { host, port, .. } = info.addr().clone() else {
         if tls.is_set() {
             return Err(refused(

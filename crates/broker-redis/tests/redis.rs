@@ -18,11 +18,7 @@ use herald_broker_redis::{
 use herald_protocol::ChannelName;
 
 fn options(redis: &RedisServer, prefix: &str) -> RedisOptions {
-    RedisOptions {
-        url: redis.url(),
-        prefix: prefix.into(),
-        tls: Default::default(),
-    }
+    RedisOptions::at(redis.url(), prefix)
 }
 
 fn ch(name: &str) -> ChannelName {
@@ -170,13 +166,9 @@ async fn history_older_than_its_ttl_is_gone() {
 
 #[tokio::test]
 async fn an_unreachable_redis_is_a_clear_error() {
-    let err = RedisBroker::connect(RedisOptions {
-        url: testkit::unreachable_url(),
-        prefix: "herald".into(),
-        tls: Default::default(),
-    })
-    .await
-    .unwrap_err();
+    let err = RedisBroker::connect(RedisOptions::at(testkit::unreachable_url(), "herald"))
+        .await
+        .unwrap_err();
     assert!(
         matches!(err, BrokerError::Unavailable(ref m) if m.starts_with("redis:")),
         "{err}"
@@ -204,11 +196,7 @@ async fn a_silent_partition_is_noticed_and_caught_up() {
     let (publisher, _) = node(&redis).await;
     let seen = Arc::new(Recorder::default());
     let behind = RedisBroker::start(
-        RedisOptions {
-            url: partition.url(),
-            prefix: "herald".into(),
-            tls: Default::default(),
-        },
+        RedisOptions::at(partition.url(), "herald"),
         seen.clone() as Arc<dyn PublicationSink>,
     )
     .await
@@ -478,9 +466,8 @@ async fn presence_is_shared_by_nodes_and_a_dead_nodes_members_expire() {
 
 fn over_tls(redis: &RedisServer, prefix: &str, tls: RedisTls) -> RedisOptions {
     RedisOptions {
-        url: redis.url(),
-        prefix: prefix.into(),
         tls,
+        ..RedisOptions::at(redis.url(), prefix)
     }
 }
 
@@ -577,12 +564,11 @@ async fn tls_is_verified_and_every_refusal_says_why() {
     );
     assert!(why.contains("cannot read /nonexistent/ca.pem"), "{why}");
     let plain = RedisOptions {
-        url: redis.url().replace("rediss://", "redis://"),
-        prefix: "herald".into(),
         tls: RedisTls {
             ca_file: ca.clone(),
             ..Default::default()
         },
+        ..RedisOptions::at(redis.url().replace("rediss://", "redis://"), "herald")
     };
     let why = refused(RedisBroker::connect(plain).await);
     assert!(why.contains("need a rediss:// URL"), "{why}");

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use herald_broker_redis::{redacted, RedisBroker, RedisOptions, RedisTls};
+use herald_broker_redis::{redacted, RedisBroker, RedisOptions, RedisSentinel, RedisTls};
 use herald_server::{config::StorageEngine, Config, Node, Settings};
 
 /// A node on the engine the configuration asks for, connected and checked before this
@@ -20,6 +20,11 @@ pub async fn open_node(settings: Settings) -> anyhow::Result<Arc<Node>> {
                      path to it can read and change what this node stores"
                 );
             }
+            let sentinel = (!redis.sentinels.is_empty()).then(|| RedisSentinel {
+                addresses: redis.sentinels.clone(),
+                master_name: redis.master_name.clone(),
+                password: redis.sentinel_password.clone(),
+            });
             let connected = RedisBroker::connect(RedisOptions {
                 url: redis.url.clone(),
                 prefix: redis.prefix.clone(),
@@ -29,9 +34,14 @@ pub async fn open_node(settings: Settings) -> anyhow::Result<Arc<Node>> {
                     key_file: redis.key_file.clone(),
                     insecure: redis.tls_insecure,
                 },
+                sentinel,
+                replicas_ack: redis.replicas_ack,
+                replicas_timeout: redis.replicas_timeout,
             })
             .await
-            .map_err(|e| anyhow::anyhow!("cannot use redis at {}: {e}", redacted(&redis.url)))?;
+            .map_err(|e| {
+                anyhow::anyhow!("cannot use redis at {}: {e}", stored_in(&settings.config))
+            })?;
             Ok(Node::with_engine(settings, |sink| {
                 connected.into_engine(sink)
             }))
@@ -44,6 +54,12 @@ pub fn stored_in(config: &Config) -> String {
     match config.storage {
         StorageEngine::Durable => config.data_dir.display().to_string(),
         StorageEngine::Memory => "memory".into(),
+        StorageEngine::Redis if !config.redis.sentinels.is_empty() => format!(
+            "redis primary {:?} from sentinels {} (prefix {})",
+            config.redis.master_name,
+            config.redis.sentinels.join(", "),
+            config.redis.prefix
+        ),
         StorageEngine::Redis => format!(
             "{} (prefix {})",
             redacted(&config.redis.url),

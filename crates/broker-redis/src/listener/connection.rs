@@ -7,17 +7,23 @@ use super::*;
 /// Connects, subscribes to every tracked channel, then reads until the connection drops
 /// or stops answering pings, catching up what was missed meanwhile; again and again while
 /// the broker lives.
-pub(super) async fn run(listener: std::sync::Weak<Listener>, client: redis::Client) {
+/// The primary is asked for anew each time (see [`crate::Endpoint`]): after a failover the
+/// connection moves with it.
+pub(super) async fn run(listener: std::sync::Weak<Listener>, endpoint: Arc<crate::Endpoint>) {
     let mut backoff = Duration::from_millis(50);
     let mut first = true;
     let mut keep_empty = tokio::time::interval(KEEP_EMPTY_EVERY);
     keep_empty.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let pubsub = match tokio::time::timeout(COMMAND_WAIT, client.get_async_pubsub()).await {
+        let connecting = async {
+            let client = endpoint.client().await.map_err(|e| e.to_string())?;
+            client.get_async_pubsub().await.map_err(|e| e.to_string())
+        };
+        let pubsub = match tokio::time::timeout(COMMAND_WAIT, connecting).await {
             Ok(Ok(p)) => p,
             failed => {
                 let error = match failed {
-                    Ok(Err(e)) => e.to_string(),
+                    Ok(Err(e)) => e,
                     _ => "timed out".into(),
                 };
                 tracing::warn!(%error, "redis pub/sub connection failed; retrying");

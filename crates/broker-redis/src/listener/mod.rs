@@ -146,7 +146,7 @@ pub(crate) struct Listener {
 
 impl Listener {
     pub(crate) fn spawn(
-        client: redis::Client,
+        endpoint: Arc<crate::Endpoint>,
         store: Arc<Store>,
         sink: Arc<dyn PublicationSink>,
     ) -> Arc<Self> {
@@ -171,7 +171,7 @@ impl Listener {
             probe: Mutex::default(),
             lag_micros: AtomicU64::new(0),
         });
-        let task = tokio::spawn(run(Arc::downgrade(&listener), client));
+        let task = tokio::spawn(run(Arc::downgrade(&listener), endpoint));
         *listener.task.lock() = Some(task.abort_handle());
         listener
     }

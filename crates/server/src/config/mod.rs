@@ -181,6 +181,23 @@ pub struct RedisConfig {
     /// node and Redis can then read and change everything; for a test server only, and
     /// warned about at start. Default false.
     pub tls_insecure: bool,
+    /// `host:port` of Redis Sentinels to ask where the primary is (and to follow its
+    /// failovers). With them, `url` gives only the credentials, database and scheme:
+    /// its host and port are replaced by the primary's. Default none.
+    pub sentinels: Vec<String>,
+    /// The name the Sentinels monitor the primary under. Required with `sentinels`.
+    pub master_name: String,
+    /// The Sentinels' own password, if they have one. Default none.
+    pub sentinel_password: Option<String>,
+    /// Replicas that must have a publication before it is acknowledged (Redis `WAIT`):
+    /// with 1 or more, a failover after the acknowledgement loses nothing. 0 (the
+    /// default): the primary's word is enough, and a failover can lose what it had not
+    /// passed on yet.
+    pub replicas_ack: u32,
+    /// How long a publish waits for `replicas_ack` replicas before it is refused (it is
+    /// then stored on the primary but not acknowledged). Default 1s.
+    #[serde(with = "humantime_serde")]
+    pub replicas_timeout: std::time::Duration,
 }
 
 impl Default for RedisConfig {
@@ -192,6 +209,11 @@ impl Default for RedisConfig {
             cert_file: None,
             key_file: None,
             tls_insecure: false,
+            sentinels: Vec::new(),
+            master_name: String::new(),
+            sentinel_password: None,
+            replicas_ack: 0,
+            replicas_timeout: std::time::Duration::from_secs(1),
         }
     }
 }
@@ -355,6 +377,15 @@ impl Config {
         }
         if self.storage == StorageEngine::Redis && self.redis.prefix.is_empty() {
             return Err(bad("redis.prefix", "must not be empty"));
+        }
+        if !self.redis.sentinels.is_empty() && self.redis.master_name.is_empty() {
+            return Err(bad(
+                "redis.master_name",
+                "is required with redis.sentinels: the name the Sentinels monitor the primary under",
+            ));
+        }
+        if self.redis.replicas_ack > 0 && self.redis.replicas_timeout.is_zero() {
+            return Err(bad("redis.replicas_timeout", "must be greater than 0"));
         }
         let h = &self.http;
         if h.longpoll_timeout.is_zero() || h.longpoll_timeout > h.longpoll_max_timeout {

@@ -60,11 +60,9 @@ pub async fn start_on_redis(mut config: Config, redis: &RedisServer) -> TestServ
     config.storage = StorageEngine::Redis;
     config.redis.url = redis.url();
     let settings = config.validate().unwrap();
-    let connected = herald_broker_redis::RedisBroker::connect(herald_broker_redis::RedisOptions {
-        url: redis.url(),
-        prefix: settings.config.redis.prefix.clone(),
-        tls: Default::default(),
-    })
+    let connected = herald_broker_redis::RedisBroker::connect(
+        herald_broker_redis::RedisOptions::at(redis.url(), settings.config.redis.prefix.clone()),
+    )
     .await
     .unwrap();
     serve(Node::with_engine(settings, |sink| {

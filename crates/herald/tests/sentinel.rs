@@ -1,0 +1,161 @@
+//! Two `herald serve` nodes that find their Redis primary through Sentinel: the primary is
+//! killed (SIGKILL) while both take publications and serve subscribers, and every
+//! acknowledged publication still reaches every subscriber once, in order.
+
+mod support;
+
+use std::{
+    collections::HashSet,
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use herald_broker_redis::testkit::{SentinelSet, MASTER_NAME};
+use serde_json::{json, Value};
+use support::{fails, herald, Server, KEY};
+
+const CHANNEL: &str = "chat:failover";
+
+/// A child process that is killed and reaped however the test ends.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn through_sentinels(command: &mut Command, set: &SentinelSet) {
+    let sentinels: Vec<String> = set.sentinels().iter().map(|s| format!("{s:?}")).collect();
+    command
+        .env(
+            "HERALD_REDIS__SENTINELS",
+            format!("[{}]", sentinels.join(",")),
+        )
+        .env("HERALD_REDIS__MASTER_NAME", MASTER_NAME)
+        .env("HERALD_REDIS__REPLICAS_ACK", "1");
+}
+
+/// `herald sub` on `url`: its lines arrive through the receiver.
+fn subscriber(url: &str) -> (Reaped, mpsc::Receiver<Value>) {
+    let mut sub = Reaped(
+        herald()
+            .args(["sub", CHANNEL, "--since", "0", "--url", url])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let (lines, printed) = mpsc::channel();
+    let stdout = sub.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            if lines.send(v).is_err() {
+                return;
+            }
+        }
+    });
+    (sub, printed)
+}
+
+#[test]
+fn a_redis_failover_loses_no_acknowledged_publication_on_any_node() {
+    let mut set = SentinelSet::start();
+    let data = tempfile::tempdir().unwrap();
+    // The URL's address is only a placeholder: the Sentinels say where the primary is.
+    let args = ["--storage", "redis", "--redis-url", "redis://127.0.0.1:1"];
+    let start = || {
+        let mut command = herald();
+        through_sentinels(&mut command, &set);
+        Server::spawn_with(&mut command, data.path(), &args)
+    };
+    let nodes = [start(), start()];
+    let subscribers: Vec<_> = nodes.iter().map(|n| subscriber(&n.url)).collect();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+
+    let mut acked: Vec<u64> = Vec::new();
+    let (mut killed, mut stalled, mut refused) = (None::<Instant>, None, 0);
+    let give_up = Instant::now() + Duration::from_secs(90);
+    let mut n = 0u64;
+    while acked.len() < 60 {
+        assert!(
+            Instant::now() < give_up,
+            "publishing never recovered: {acked:?}"
+        );
+        if acked.len() == 30 && killed.is_none() {
+            set.kill_primary();
+            killed = Some(Instant::now());
+        }
+        n += 1;
+        let node = &nodes[(n % 2) as usize];
+        let answer: Option<Value> = rt.block_on(async {
+            let sent = http
+                .post(format!("{}/api/publish", node.url))
+                .header("Authorization", format!("apikey {KEY}"))
+                .json(&json!({ "channel": CHANNEL, "data": { "n": n } }))
+                .send()
+                .await
+                .ok()?;
+            sent.json().await.ok()
+        });
+        if answer.as_ref().is_some_and(|a| a["offset"].is_u64()) {
+            if let (Some(at), None) = (killed, stalled) {
+                stalled = Some(at.elapsed());
+            }
+            acked.push(n);
+        } else {
+            refused += 1;
+            // A publisher's pace between retries, not a wait for something to happen.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    eprintln!("publishing stalled {stalled:?} after the kill; {refused} refused meanwhile");
+
+    let wanted: HashSet<u64> = acked.iter().copied().collect();
+    for (i, (_, printed)) in subscribers.iter().enumerate() {
+        let mut seen = Vec::new();
+        while !wanted.iter().all(|w| seen.contains(w)) {
+            let line = printed
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("subscriber {i} printed nothing more after {seen:?}"));
+            if let Some(n) = line["data"]["n"].as_u64() {
+                seen.push(n);
+            }
+        }
+        let got: Vec<u64> = seen.into_iter().filter(|n| wanted.contains(n)).collect();
+        assert_eq!(
+            got, acked,
+            "subscriber {i}: each acknowledged publication once, in order"
+        );
+    }
+}
+
+/// Sentinels without a master name are refused before anything starts.
+#[test]
+fn sentinels_without_a_master_name_are_refused_at_start() {
+    let data = tempfile::tempdir().unwrap();
+    let err = fails(
+        herald()
+            .env("HERALD_REDIS__SENTINELS", r#"["127.0.0.1:26379"]"#)
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--storage",
+                "redis",
+                "--data-dir",
+            ])
+            .arg(data.path()),
+    );
+    assert!(err.contains("redis.master_name"), "{err}");
+}
