@@ -17,6 +17,7 @@
 mod endpoint;
 mod listener;
 mod presence;
+mod reach;
 mod scripts;
 #[cfg(feature = "testkit")]
 pub mod testkit;
@@ -58,6 +59,9 @@ pub struct RedisOptions {
     pub replicas_ack: u32,
     /// How long a publish waits for them.
     pub replicas_timeout: Duration,
+    /// How soon a node that stops reaching Redis says so ([`Broker::reach`]): its command
+    /// connection is pinged every third of it.
+    pub unreachable_after: Duration,
 }
 
 impl RedisOptions {
@@ -71,6 +75,7 @@ impl RedisOptions {
             sentinel: None,
             replicas_ack: 0,
             replicas_timeout: Duration::from_secs(1),
+            unreachable_after: Duration::from_secs(3),
         }
     }
 }
@@ -80,6 +85,8 @@ pub struct RedisBroker {
     store: Arc<Store>,
     listener: Arc<Listener>,
     presence: Arc<presence::RedisPresence>,
+    /// The command connection's pings (see [`reach`]).
+    probe: tokio::task::AbortHandle,
 }
 
 impl std::fmt::Debug for RedisBroker {
@@ -99,6 +106,10 @@ pub(crate) struct Store {
     history: Script,
     /// `(replicas, timeout ms)` a publish waits for (`WAIT`), when asked to.
     replicas: Option<(u32, u64)>,
+    /// Whether both connections answer.
+    pub(crate) reach: reach::Tracker,
+    /// How soon a connection that stops answering is given up (see [`reach`]).
+    pub(crate) unreachable_after: Duration,
 }
 
 /// Connections opened before the node (and its sink) exist, so that a server whose Redis
@@ -191,7 +202,16 @@ impl Connected {
             publish: scripts::publish(),
             history: scripts::history(),
             replicas,
+            reach: reach::Tracker::default(),
+            unreachable_after: self
+                .options
+                .unreachable_after
+                .max(Duration::from_millis(30)),
         });
+        let probe = tokio::spawn(reach::probe(
+            Arc::downgrade(&store),
+            store.unreachable_after,
+        ));
         let listener = Listener::spawn(self.endpoint, store.clone(), sink);
         let presence = presence::RedisPresence::start(store.clone(), listener.clone());
         let hears: Arc<dyn listener::PresenceListener> = presence.clone();
@@ -200,12 +220,14 @@ impl Connected {
             store,
             listener,
             presence,
+            probe: probe.abort_handle(),
         })
     }
 }
 
 impl Drop for RedisBroker {
     fn drop(&mut self) {
+        self.probe.abort();
         self.listener.stop();
     }
 }
@@ -360,6 +382,19 @@ fn millis(d: Duration) -> u64 {
 }
 
 impl Store {
+    /// Whether the command connection answers a PING.
+    pub(crate) async fn ping(&self) -> Result<(), BrokerError> {
+        self.call(|mut c| async move { redis::cmd("PING").query_async::<String>(&mut c).await })
+            .await
+            .map(drop)
+    }
+
+    /// Replaces the command connection now (it stopped answering).
+    pub(crate) fn abandon_connection(&self, why: &'static str) {
+        let generation = self.commands.connection.lock().0;
+        self.commands.replace(generation, why);
+    }
+
     /// Runs one command (or script) on the command connection. A command that times out
     /// replaces the connection: a silent network drop is never noticed otherwise.
     pub(crate) async fn call<T, F, Fut>(&self, command: F) -> Result<T, BrokerError>
@@ -647,6 +682,10 @@ impl Broker for RedisBroker {
 
     fn delivery_lag(&self) -> Option<Duration> {
         Some(self.listener.lag())
+    }
+
+    fn reach(&self) -> Option<herald_broker::Reach> {
+        Some(self.store.reach.reach())
     }
 }
 

@@ -324,6 +324,8 @@ pub struct Partition {
     /// Connections accepted so far; those numbered below `cut_below` are silenced.
     accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
     cut_below: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Every connection, open or new, swallows what it gets (see [`Partition::blackhole`]).
+    dark: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Partition {
@@ -339,8 +341,9 @@ impl Partition {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
         let port = listener.local_addr().expect("bound").port();
         let (accepted, cut_below) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let dark = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let upstream = redis.port();
-        let (count, cut) = (accepted.clone(), cut_below.clone());
+        let (count, cut, all_dark) = (accepted.clone(), cut_below.clone(), dark.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { continue };
@@ -355,7 +358,7 @@ impl Partition {
                     let (Ok(mut from), Ok(mut to)) = (from, to) else {
                         continue;
                     };
-                    let cut = cut.clone();
+                    let (cut, all_dark) = (cut.clone(), all_dark.clone());
                     std::thread::spawn(move || {
                         use std::io::{Read, Write};
                         let mut buf = [0u8; 16 * 1024];
@@ -363,7 +366,9 @@ impl Partition {
                             match from.read(&mut buf) {
                                 Ok(0) | Err(_) => break,
                                 // Swallowed: the peer hears nothing, and no close either.
-                                Ok(_) if id < cut.load(Ordering::SeqCst) => {}
+                                Ok(_)
+                                    if id < cut.load(Ordering::SeqCst)
+                                        || all_dark.load(Ordering::SeqCst) => {}
                                 Ok(n) => {
                                     if to.write_all(&buf[..n]).is_err() {
                                         break;
@@ -382,6 +387,7 @@ impl Partition {
             port,
             accepted,
             cut_below,
+            dark,
         }
     }
 
@@ -394,5 +400,18 @@ impl Partition {
     pub fn cut(&self) {
         use std::sync::atomic::Ordering::SeqCst;
         self.cut_below.store(self.accepted.load(SeqCst), SeqCst);
+    }
+
+    /// Silences every connection, open now or made later, until [`Partition::heal`]: the
+    /// way to Redis is gone, and nothing says so.
+    pub fn blackhole(&self) {
+        self.dark.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Lets new connections through again; those open during the blackhole stay silent
+    /// (what they carried is lost), so clients must notice and reconnect.
+    pub fn heal(&self) {
+        self.cut();
+        self.dark.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 }

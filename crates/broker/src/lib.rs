@@ -221,6 +221,23 @@ pub trait Broker: Send + Sync + 'static {
     fn delivery_lag(&self) -> Option<std::time::Duration> {
         None
     }
+
+    /// Whether this node reaches a remote broker, as it last found; `None` for a broker in
+    /// the node's own process (nothing to lose the way to).
+    fn reach(&self) -> Option<Reach> {
+        None
+    }
+}
+
+/// What a node knows of its way to a remote broker.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reach {
+    /// Why it cannot reach it now; `None` while it can.
+    pub lost: Option<String>,
+    /// Times it lost it, since the node started.
+    pub losses: u64,
+    /// Times it found it again.
+    pub recoveries: u64,
 }
 
 /// A broker behind a shared handle.

@@ -37,6 +37,7 @@ pub async fn open_node(settings: Settings) -> anyhow::Result<Arc<Node>> {
                 sentinel,
                 replicas_ack: redis.replicas_ack,
                 replicas_timeout: redis.replicas_timeout,
+                unreachable_after: redis.unreachable_after,
             })
             .await
             .map_err(|e| {

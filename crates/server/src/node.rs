@@ -260,6 +260,7 @@ impl Node {
             subscriptions: self.hub.subscription_count() as u64,
             sockets: self.sockets.load(Ordering::Relaxed) as u64,
             broker_lag: self.broker.delivery_lag(),
+            broker_reach: self.broker.reach(),
             events_dropped: self.events.as_ref().map_or(0, |e| e.dropped()),
             refusals: self.limits.refusals.counts(),
         })

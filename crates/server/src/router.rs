@@ -32,14 +32,31 @@ async fn healthz(State(node): State<Arc<Node>>) -> Response {
     }
 }
 
+/// `GET /readyz`: 200 `ready` while the node can serve its clients: its broker takes
+/// publications and, when the broker is remote (Redis), the node reaches it. 503 with the
+/// reason otherwise, so a load balancer sends new clients to a node that is ready.
+/// (`/healthz` says whether the process is alive and its storage works.)
+async fn readyz(State(node): State<Arc<Node>>) -> Response {
+    let lost = node.broker.reach().and_then(|r| r.lost);
+    match node.broker.health().err().or(lost) {
+        None => "ready\n".into_response(),
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response(),
+    }
+}
+
 /// Refuses requests for host names this server does not answer to (DNS rebinding).
-/// `/healthz` tells nothing worth rebinding for, and load balancers probe it by address.
+/// `/healthz` and `/readyz` tell nothing worth rebinding for, and load balancers probe them
+/// by address.
 async fn known_host(
     State(node): State<Arc<Node>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if request.uri().path() == "/healthz" {
+    if matches!(request.uri().path(), "/healthz" | "/readyz") {
         return next.run(request).await;
     }
     match crate::policy::origin::check_host(&node.settings, request.headers()) {
@@ -106,7 +123,8 @@ pub fn router(node: Arc<Node>, parked: poll::Parked) -> Router {
         .layer(axum::middleware::from_fn(readable_refusal));
     let mut all = Router::new()
         .merge(connection)
-        .route("/healthz", get(healthz));
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz));
     if node.settings.config.web {
         all = all.merge(crate::web::routes());
     }

@@ -3,6 +3,7 @@
 //! while the broker lives.
 
 use super::*;
+use crate::reach::Part;
 
 /// Connects, subscribes to every tracked channel, then reads until the connection drops
 /// or stops answering pings, catching up what was missed meanwhile; again and again while
@@ -26,6 +27,11 @@ pub(super) async fn run(listener: std::sync::Weak<Listener>, endpoint: Arc<crate
                     Ok(Err(e)) => e,
                     _ => "timed out".into(),
                 };
+                if let Some(me) = listener.upgrade() {
+                    me.store
+                        .reach
+                        .lost(Part::PubSub, format!("cannot connect: {error}"));
+                }
                 tracing::warn!(%error, "redis pub/sub connection failed; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
@@ -51,12 +57,16 @@ pub(super) async fn run(listener: std::sync::Weak<Listener>, endpoint: Arc<crate
             subscribed
         };
         if let Err(e) = subscribed {
+            me.store
+                .reach
+                .lost(Part::PubSub, format!("cannot subscribe: {e}"));
             tracing::warn!(error = %e, "redis resubscribe failed; retrying");
             drop(me);
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(2));
             continue;
         }
+        me.store.reach.back(Part::PubSub);
         let mut waiting: Vec<CatchUp> = Vec::new();
         if !first {
             tracing::info!("redis pub/sub connection is back");
@@ -69,7 +79,11 @@ pub(super) async fn run(listener: std::sync::Weak<Listener>, endpoint: Arc<crate
         drop(me);
 
         let mut reading = FuturesUnordered::new();
-        let mut ping = tokio::time::interval(PING_EVERY);
+        // As the command connection's probe: a ping every third of `unreachable_after`,
+        // answered within the other two thirds (see `crate::reach`).
+        let ping_every = store.unreachable_after / 3;
+        let ping_wait = store.unreachable_after - ping_every;
+        let mut ping = tokio::time::interval(ping_every);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut pinging: Option<Pin<Box<dyn Future<Output = bool> + Send>>> = None;
         let mut keeping: Option<Pin<Box<dyn Future<Output = ()> + Send>>> = None;
@@ -122,7 +136,7 @@ pub(super) async fn run(listener: std::sync::Weak<Listener>, endpoint: Arc<crate
                     let mut sink = connection.sink.clone();
                     pinging = Some(Box::pin(async move {
                         matches!(
-                            tokio::time::timeout(PING_WAIT, sink.ping::<redis::Value>()).await,
+                            tokio::time::timeout(ping_wait, sink.ping::<redis::Value>()).await,
                             Ok(Ok(_))
                         )
                     }));
@@ -158,6 +172,7 @@ pub(super) async fn run(listener: std::sync::Weak<Listener>, endpoint: Arc<crate
         // Dropping the stream closes the connection; channels still catching up are read
         // again, from where they stand, after the next reconnect.
         let Some(me) = listener.upgrade() else { return };
+        me.store.reach.lost(Part::PubSub, "the connection was lost");
         me.control.send_replace(None);
         for (_, t) in me.channels.lock().iter_mut() {
             let held = t.held.take();

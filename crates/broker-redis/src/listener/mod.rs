@@ -42,12 +42,6 @@ const HELD_BYTES: usize = 16 << 20;
 /// unavailable.
 const CONNECT_WAIT: Duration = Duration::from_secs(5);
 
-/// How often the pub/sub connection is checked with a PING, and how long the answer may
-/// take before the connection is taken for dead: a partition that drops packets without a
-/// reset is otherwise never noticed.
-const PING_EVERY: Duration = Duration::from_secs(2);
-const PING_WAIT: Duration = Duration::from_secs(3);
-
 /// A lag probe not back after this long was lost (with a dropped connection): another is
 /// sent. Until then, its age is the lag reported.
 const PROBE_LOST: Duration = Duration::from_secs(10);

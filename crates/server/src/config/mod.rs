@@ -198,6 +198,10 @@ pub struct RedisConfig {
     /// then stored on the primary but not acknowledged). Default 1s.
     #[serde(with = "humantime_serde")]
     pub replicas_timeout: std::time::Duration,
+    /// How soon a node that stops reaching Redis (its command or its pub/sub connection)
+    /// says so: `/readyz` answers 503 and `herald_broker_up` drops to 0. Default 3s.
+    #[serde(with = "humantime_serde")]
+    pub unreachable_after: std::time::Duration,
 }
 
 impl Default for RedisConfig {
@@ -214,6 +218,7 @@ impl Default for RedisConfig {
             sentinel_password: None,
             replicas_ack: 0,
             replicas_timeout: std::time::Duration::from_secs(1),
+            unreachable_after: std::time::Duration::from_secs(3),
         }
     }
 }
@@ -386,6 +391,9 @@ impl Config {
         }
         if self.redis.replicas_ack > 0 && self.redis.replicas_timeout.is_zero() {
             return Err(bad("redis.replicas_timeout", "must be greater than 0"));
+        }
+        if self.redis.unreachable_after < std::time::Duration::from_millis(300) {
+            return Err(bad("redis.unreachable_after", "must be at least 300ms"));
         }
         let h = &self.http;
         if h.longpoll_timeout.is_zero() || h.longpoll_timeout > h.longpoll_max_timeout {

@@ -143,6 +143,10 @@ impl Broker for Counted {
     fn delivery_lag(&self) -> Option<std::time::Duration> {
         self.inner.delivery_lag()
     }
+
+    fn reach(&self) -> Option<herald_broker::Reach> {
+        self.inner.reach()
+    }
 }
 
 #[cfg(test)]

@@ -119,6 +119,8 @@ pub struct Snapshot {
     /// How far behind the broker's hand-over of publications to this node was at its last
     /// check (Redis: pub/sub), when the broker measures it.
     pub broker_lag: Option<Duration>,
+    /// Whether the node reaches its remote broker, when it has one.
+    pub broker_reach: Option<herald_broker::Reach>,
     /// Events the backend's events hook never got: dropped while too many were pending.
     pub events_dropped: u64,
     /// Clients refused, by the setting of the limit that refused them.
@@ -489,6 +491,35 @@ impl Collector for Scraped {
         for (name, help, value) in gauges {
             let metric = ConstGauge::new(value);
             metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)?;
+        }
+        if let Some(reach) = &s.broker_reach {
+            let up = ConstGauge::new(i64::from(reach.lost.is_none()));
+            up.encode(encoder.encode_descriptor(
+                "broker_up",
+                "1 while this node reaches its remote broker (Redis: the command connection answers a PING and the pub/sub connection is subscribed), 0 while it does not (redis.unreachable_after; /readyz answers 503 then)",
+                None,
+                up.metric_type(),
+            )?)?;
+            for (name, help, value) in [
+                (
+                    "broker_losses",
+                    "Times this node lost its way to its remote broker",
+                    reach.losses,
+                ),
+                (
+                    "broker_recoveries",
+                    "Times this node found its way to its remote broker again",
+                    reach.recoveries,
+                ),
+            ] {
+                let counter = prometheus_client::metrics::counter::ConstCounter::new(value);
+                counter.encode(encoder.encode_descriptor(
+                    name,
+                    help,
+                    None,
+                    counter.metric_type(),
+                )?)?;
+            }
         }
         if let Some(lag) = s.broker_lag {
             let metric = ConstGauge::new(lag.as_secs_f64());

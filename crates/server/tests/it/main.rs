@@ -23,6 +23,7 @@ mod metrics;
 mod nodes;
 mod ordering;
 mod presence;
+mod readiness;
 mod replies;
 mod resume;
 mod rules;

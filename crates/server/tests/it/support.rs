@@ -56,13 +56,24 @@ pub async fn start_embedded(config: Config) -> TestServer {
 }
 
 /// A node whose channels live in `redis`, shared with every other node started on it.
-pub async fn start_on_redis(mut config: Config, redis: &RedisServer) -> TestServer {
+pub async fn start_on_redis(config: Config, redis: &RedisServer) -> TestServer {
+    start_on_redis_at(config, redis.url(), std::time::Duration::from_secs(3)).await
+}
+
+/// A node whose channels live in the Redis at `url`, which it calls unreachable after
+/// `unreachable_after` without an answer.
+pub async fn start_on_redis_at(
+    mut config: Config,
+    url: String,
+    unreachable_after: std::time::Duration,
+) -> TestServer {
     config.storage = StorageEngine::Redis;
-    config.redis.url = redis.url();
+    config.redis.url = url.clone();
     let settings = config.validate().unwrap();
-    let connected = herald_broker_redis::RedisBroker::connect(
-        herald_broker_redis::RedisOptions::at(redis.url(), settings.config.redis.prefix.clone()),
-    )
+    let connected = herald_broker_redis::RedisBroker::connect(herald_broker_redis::RedisOptions {
+        unreachable_after,
+        ..herald_broker_redis::RedisOptions::at(url, settings.config.redis.prefix.clone())
+    })
     .await
     .unwrap();
     serve(Node::with_engine(settings, |sink| {

@@ -1,0 +1,76 @@
+//! A node knows whether it reaches Redis: a silent cut of its way there is found within
+//! `unreachable_after`, and its return too.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use herald_broker::{conformance::Recorder, Broker, PublicationSink, Reach, StreamPolicy};
+use herald_broker_redis::{
+    testkit::{Partition, RedisServer},
+    RedisBroker, RedisOptions,
+};
+use herald_protocol::ChannelName;
+
+/// How long `done` took to hold, checked every 20 ms, or `None` past `within`.
+async fn until(within: Duration, done: impl Fn() -> bool) -> Option<Duration> {
+    let started = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    while started.elapsed() < within {
+        if done() {
+            return Some(started.elapsed());
+        }
+        tick.tick().await;
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_finds_within_its_limit_that_redis_is_out_of_reach_and_back() {
+    let redis = RedisServer::start();
+    let partition = Partition::start(&redis);
+    let broker = RedisBroker::start(
+        RedisOptions {
+            unreachable_after: Duration::from_secs(1),
+            ..RedisOptions::at(partition.url(), "herald")
+        },
+        Arc::new(Recorder::default()) as Arc<dyn PublicationSink>,
+    )
+    .await
+    .unwrap();
+    let channel = ChannelName::new("reach").unwrap();
+    broker.subscribe(&channel).await.unwrap();
+    assert_eq!(broker.reach(), Some(Reach::default()));
+
+    partition.blackhole();
+    let found = until(Duration::from_secs(5), || {
+        broker.reach().is_some_and(|r| r.lost.is_some())
+    })
+    .await
+    .expect("the cut was never noticed");
+    let reach = broker.reach().unwrap();
+    assert!(
+        found < Duration::from_millis(1500),
+        "noticed after {found:?}"
+    );
+    assert_eq!(reach.losses, 1, "{reach:?}");
+    assert!(
+        reach.lost.as_deref().unwrap().starts_with("redis "),
+        "{reach:?}"
+    );
+
+    partition.heal();
+    until(Duration::from_secs(10), || {
+        broker.reach().is_some_and(|r| r.lost.is_none())
+    })
+    .await
+    .expect("the way back was never noticed");
+    let reach = broker.reach().unwrap();
+    assert_eq!((reach.losses, reach.recoveries), (1, 1), "{reach:?}");
+    let published = broker
+        .publish(&channel, Bytes::from("1"), StreamPolicy::default())
+        .await;
+    assert!(published.is_ok(), "{published:?}");
+}

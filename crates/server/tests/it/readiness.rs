@@ -1,0 +1,59 @@
+//! `/readyz` says whether a node can serve: 503 with the reason while its way to Redis is
+//! cut, 200 again once it is back; `/healthz` (is the process alive) stays 200.
+
+use std::time::{Duration, Instant};
+
+use herald_broker_redis::testkit::{Partition, RedisServer};
+
+use crate::support::*;
+
+async fn get(url: &str) -> (u16, String) {
+    let r = reqwest::get(url).await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// Asks `url` every 50 ms until it answers `status`; how long that took.
+async fn until_status(url: &str, status: u16, within: Duration) -> (Duration, String) {
+    let started = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        let (now, body) = get(url).await;
+        if now == status {
+            return (started.elapsed(), body);
+        }
+        assert!(
+            started.elapsed() < within,
+            "{url} still answers {now}: {body}"
+        );
+        tick.tick().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_answers_503_with_the_reason_while_redis_is_out_of_reach() {
+    let redis = RedisServer::start();
+    let partition = Partition::start(&redis);
+    let server = start_on_redis_at(config(), partition.url(), Duration::from_secs(1)).await;
+    let (ready, health) = (server.url("/readyz"), server.url("/healthz"));
+    assert_eq!(get(&ready).await, (200, "ready\n".into()));
+
+    partition.blackhole();
+    let (took, body) = until_status(&ready, 503, Duration::from_secs(5)).await;
+    assert!(took < Duration::from_millis(1600), "503 after {took:?}");
+    assert!(body.starts_with("not ready: redis "), "{body}");
+    assert_eq!(get(&health).await.0, 200, "/healthz says the process lives");
+    let metrics = server.metrics().await;
+    assert!(metrics.contains("herald_broker_up 0"), "{metrics}");
+
+    partition.heal();
+    until_status(&ready, 200, Duration::from_secs(10)).await;
+    let metrics = server.metrics().await;
+    for line in [
+        "herald_broker_up 1",
+        "herald_broker_losses_total 1",
+        "herald_broker_recoveries_total 1",
+    ] {
+        assert!(metrics.contains(line), "{line}: {metrics}");
+    }
+    server.stop().await.unwrap();
+}
