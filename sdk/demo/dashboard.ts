@@ -299,7 +299,7 @@ function render(): void {
         bytes(num(n.digest["process_resident_memory_bytes"])),
         String(num(n.digest["process_open_fds"])),
         bytes(sum(byLabel(n.digest, "queued_bytes"))),
-        n.digest["broker_lag_seconds"] === undefined ? "-" : `${fixed(num(n.digest["broker_lag_seconds"]) * 1000)} ms`,
+        brokerState(n.digest),
       ]),
   );
 
@@ -505,3 +505,12 @@ element("channel-next").addEventListener("click", () => {
 });
 
 if (sessionStorage.getItem(KEY_STORAGE) !== null) void start();
+
+/** The broker column: unreachable (with how many times it was lost), or its lag. */
+function brokerState(digest: Record<string, unknown>): string {
+  if (digest["broker_up"] !== undefined && num(digest["broker_up"]) === 0) {
+    return `unreachable (lost ${num(digest["broker_losses_total"])}x)`;
+  }
+  const lag = digest["broker_lag_seconds"];
+  return lag === undefined ? "-" : `${fixed(num(lag) * 1000)} ms`;
+}
