@@ -36,6 +36,7 @@ const MEANINGS: Record<string, string> = {
   "3006": "server error",
   "3007": "force reconnect",
   "3008": "backend unavailable",
+  "3009": "broker unreachable",
   "3500": "invalid token",
   "3501": "bad request",
   "3502": "forbidden",

@@ -118,6 +118,9 @@ codes! {
         ForceReconnect = 3007, "force reconnect";
         /// The application's backend, which a hook asks, did not answer; reconnect later.
         BackendUnavailable = 3008, "backend unavailable";
+        /// This node lost its way to the broker (Redis) that its channels live in; reconnect
+        /// (to another node) and resume.
+        BrokerUnreachable = 3009, "broker unreachable";
         /// The token is invalid; reconnecting with the same one will fail again.
         InvalidToken = 3500, "invalid token";
         /// The client sent something the server cannot parse.

@@ -27,6 +27,7 @@ pub mod policy;
 pub mod publish;
 pub mod queue;
 pub mod registry;
+pub mod relocate;
 pub mod router;
 pub mod session;
 pub mod settings;
@@ -141,6 +142,8 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     // The dashboard's figures, and this node's report to the others sharing its broker.
     web::dashboard::spawn_sampler(&node);
+    // Clients of a node that lost its broker go elsewhere.
+    relocate::spawn(&node);
     let token = node.shutdown.clone();
     tokio::spawn({
         let token = token.clone();

@@ -87,6 +87,12 @@ impl Registry {
         .then(|| entry.queue.clone())
     }
 
+    /// Every open connection's queue.
+    pub fn queues(&self) -> Vec<Arc<Queue>> {
+        let all = self.by_client.lock();
+        all.values().map(|e| e.queue.clone()).collect()
+    }
+
     pub fn len(&self) -> usize {
         self.by_client.lock().len()
     }

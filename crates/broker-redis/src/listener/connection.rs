@@ -20,7 +20,10 @@ pub(super) async fn run(listener: std::sync::Weak<Listener>, endpoint: Arc<crate
             let client = endpoint.client().await.map_err(|e| e.to_string())?;
             client.get_async_pubsub().await.map_err(|e| e.to_string())
         };
-        let pubsub = match tokio::time::timeout(COMMAND_WAIT, connecting).await {
+        // Given up after `unreachable_after`, as a ping would be: an attempt swallowed by a
+        // partition must not keep the node from trying again once the way is back.
+        let wait = endpoint_wait(&listener).unwrap_or(COMMAND_WAIT);
+        let pubsub = match tokio::time::timeout(wait, connecting).await {
             Ok(Ok(p)) => p,
             failed => {
                 let error = match failed {
@@ -180,4 +183,11 @@ pub(super) async fn run(listener: std::sync::Weak<Listener>, endpoint: Arc<crate
         }
         tracing::warn!("redis pub/sub connection lost; reconnecting");
     }
+}
+
+/// How long a (re)connection may take: the node's `unreachable_after`, at most the
+/// command limit.
+fn endpoint_wait(listener: &std::sync::Weak<Listener>) -> Option<Duration> {
+    let me = listener.upgrade()?;
+    Some(me.store.unreachable_after.min(COMMAND_WAIT))
 }

@@ -202,6 +202,11 @@ pub struct RedisConfig {
     /// says so: `/readyz` answers 503 and `herald_broker_up` drops to 0. Default 3s.
     #[serde(with = "humantime_serde")]
     pub unreachable_after: std::time::Duration,
+    /// How long a node that cannot reach Redis keeps its clients before it ends their
+    /// connections with 3009 (reconnect elsewhere and resume), counted from when it found
+    /// Redis out of reach. Redis back sooner: they stay and catch up. 0: never. Default 2s.
+    #[serde(with = "humantime_serde")]
+    pub clients_move_after: std::time::Duration,
 }
 
 impl Default for RedisConfig {
@@ -219,6 +224,7 @@ impl Default for RedisConfig {
             replicas_ack: 0,
             replicas_timeout: std::time::Duration::from_secs(1),
             unreachable_after: std::time::Duration::from_secs(3),
+            clients_move_after: std::time::Duration::from_secs(2),
         }
     }
 }

@@ -57,3 +57,46 @@ async fn readyz_answers_503_with_the_reason_while_redis_is_out_of_reach() {
     }
     server.stop().await.unwrap();
 }
+
+/// A node cut off from Redis past `clients_move_after` ends its clients' connections with
+/// 3009, so they reconnect elsewhere; one whose Redis is back within it keeps them, and
+/// they go on receiving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_of_a_node_cut_off_from_redis_are_told_to_move() {
+    let redis = RedisServer::start();
+    let partition = Partition::start(&redis);
+    let mut c = config();
+    c.redis.clients_move_after = Duration::from_millis(2500);
+    let server = start_on_redis_at(c, partition.url(), Duration::from_secs(1)).await;
+    let mut stays = server.client().await;
+    stays.subscribe("news", None).await;
+
+    // Back within the grace: nobody is told to move.
+    partition.blackhole();
+    until_status(&server.url("/readyz"), 503, Duration::from_secs(5)).await;
+    partition.heal();
+    until_status(&server.url("/readyz"), 200, Duration::from_secs(10)).await;
+    server
+        .publish("news", serde_json::json!("still here"))
+        .await;
+    let (_, _, data) = stays.next_pub().await;
+    assert_eq!(data, "still here");
+
+    // Out of reach past the grace: told to move, with a code that says reconnect.
+    let mut moves = server.client().await;
+    moves.subscribe("news", None).await;
+    partition.blackhole();
+    let cut = Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(10), moves.closed())
+        .await
+        .expect("the client was never told to move");
+    let took = cut.elapsed();
+    assert_eq!(closed.code, 3009, "{}", closed.reason);
+    assert!(
+        took >= Duration::from_millis(2500) && took < Duration::from_millis(4500),
+        "told after {took:?}: detection (1 s) plus the grace (2.5 s)"
+    );
+    assert!(herald_protocol::reconnect_allowed(closed.code));
+    partition.heal();
+    server.stop().await.unwrap();
+}
