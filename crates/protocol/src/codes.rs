@@ -96,6 +96,13 @@ codes! {
         /// operator (or the application's backend, through the API) ended it: do not
         /// subscribe again by yourself.
         Unsubscribed = 120, "unsubscribed by the server";
+        /// Not stored: the node cannot reach its broker (Redis) now, and did not send the
+        /// publication. Retry (on another node if you can): nothing can come twice.
+        BrokerUnavailable = 121, "broker unavailable";
+        /// The publication was sent to the broker, which did not confirm it in time (or
+        /// not the replicas `redis.replicas_ack` asks for): it may or may not be stored. A
+        /// retry may store it twice.
+        OutcomeUnknown = 122, "outcome unknown";
     }
 }
 

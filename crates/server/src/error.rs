@@ -67,9 +67,11 @@ impl Failure {
             ErrorCode::BadRequest | ErrorCode::InvalidChannel | ErrorCode::NotSubscribed => {
                 StatusCode::BAD_REQUEST
             }
-            ErrorCode::NotAvailable | ErrorCode::ShuttingDown | ErrorCode::BackendUnavailable => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ErrorCode::NotAvailable
+            | ErrorCode::ShuttingDown
+            | ErrorCode::BackendUnavailable
+            | ErrorCode::BrokerUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::OutcomeUnknown => StatusCode::GATEWAY_TIMEOUT,
             ErrorCode::UnrecoverablePosition => StatusCode::CONFLICT,
             ErrorCode::MessageTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         }
@@ -173,6 +175,16 @@ impl axum::response::IntoResponse for Failure {
             body,
         )
             .into_response();
+        if matches!(
+            self.code,
+            ErrorCode::BrokerUnavailable | ErrorCode::OutcomeUnknown
+        ) {
+            // Worth trying again soon, on this node or another.
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
         if self.code == ErrorCode::OriginNotAllowed {
             // For the router's `readable_refusal`, which removes it again.
             response

@@ -207,6 +207,10 @@ pub struct RedisConfig {
     /// Redis out of reach. Redis back sooner: they stay and catch up. 0: never. Default 2s.
     #[serde(with = "humantime_serde")]
     pub clients_move_after: std::time::Duration,
+    /// How long a publication may wait for Redis to confirm it before it is answered
+    /// "outcome unknown" (122; HTTP 504 with `Retry-After`). Default 2s.
+    #[serde(with = "humantime_serde")]
+    pub publish_timeout: std::time::Duration,
 }
 
 impl Default for RedisConfig {
@@ -225,6 +229,7 @@ impl Default for RedisConfig {
             replicas_timeout: std::time::Duration::from_secs(1),
             unreachable_after: std::time::Duration::from_secs(3),
             clients_move_after: std::time::Duration::from_secs(2),
+            publish_timeout: std::time::Duration::from_secs(2),
         }
     }
 }
@@ -397,6 +402,9 @@ impl Config {
         }
         if self.redis.replicas_ack > 0 && self.redis.replicas_timeout.is_zero() {
             return Err(bad("redis.replicas_timeout", "must be greater than 0"));
+        }
+        if self.redis.publish_timeout.is_zero() {
+            return Err(bad("redis.publish_timeout", "must be greater than 0"));
         }
         if self.redis.unreachable_after < std::time::Duration::from_millis(300) {
             return Err(bad("redis.unreachable_after", "must be at least 300ms"));

@@ -83,11 +83,43 @@ pub async fn publish(
             "server is shutting down",
         ));
     }
+    // A node that knows it cannot reach its broker says so at once, and sends nothing.
+    if let Some(why) = node.broker.reach().and_then(|r| r.lost) {
+        return Err(Failure::new(
+            ErrorCode::BrokerUnavailable,
+            format!("not stored: this node cannot reach its broker ({why}); retry, on another node if you can"),
+        ));
+    }
     let started = std::time::Instant::now();
-    let position = node
-        .broker
-        .publish(channel, Publication::record(data, from), ns.stream_policy())
-        .await?;
+    let deadline = node.settings.config.redis.publish_timeout;
+    let publishing =
+        node.broker
+            .publish(channel, Publication::record(data, from), ns.stream_policy());
+    // Only a remote broker's answer is waited for with a deadline: the node's own store
+    // answers for itself (a full disk is an error, not a silence).
+    let answered = if node.broker.reach().is_some() {
+        tokio::time::timeout(deadline, publishing).await
+    } else {
+        Ok(publishing.await)
+    };
+    let position = match answered {
+        Ok(Ok(position)) => position,
+        Ok(Err(e @ herald_broker::BrokerError::Unrecoverable { .. })) => return Err(e.into()),
+        // Sent, and not confirmed: it may be stored.
+        Ok(Err(e @ herald_broker::BrokerError::Unavailable(_))) if node.broker.reach().is_some() => {
+            return Err(Failure::new(
+                ErrorCode::OutcomeUnknown,
+                format!("outcome unknown: the broker did not confirm the publication ({e}); it may be stored, and a retry may store it twice"),
+            ))
+        }
+        Ok(Err(e)) => return Err(e.into()),
+        Err(_) => {
+            return Err(Failure::new(
+                ErrorCode::OutcomeUnknown,
+                format!("outcome unknown: the broker did not answer within {deadline:?}; the publication may be stored, and a retry may store it twice"),
+            ))
+        }
+    };
     let storage = match node.settings.config.storage {
         crate::config::StorageEngine::Redis => "redis",
         _ if ns.durable

@@ -100,3 +100,53 @@ async fn clients_of_a_node_cut_off_from_redis_are_told_to_move() {
     partition.heal();
     server.stop().await.unwrap();
 }
+
+/// A publish on a node that knows it cannot reach Redis is refused at once as not stored
+/// (121, 503 with `Retry-After`); one sent into a cut not yet found is answered within
+/// `publish_timeout` as "outcome unknown" (122, 504), never left hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishing_on_a_cut_node_fails_fast_and_says_whether_it_was_stored() {
+    let redis = RedisServer::start();
+    let partition = Partition::start(&redis);
+    let mut c = config();
+    c.redis.publish_timeout = Duration::from_millis(1500);
+    let server = start_on_redis_at(c, partition.url(), Duration::from_secs(3)).await;
+    let publish = || async {
+        let started = Instant::now();
+        let r = reqwest::Client::new()
+            .post(server.url("/api/publish"))
+            .header("Authorization", format!("apikey {KEY}"))
+            .json(&serde_json::json!({ "channel": "news", "data": 1 }))
+            .send()
+            .await
+            .unwrap();
+        let retry = r.headers().get("retry-after").cloned();
+        let (status, body) = response(r).await;
+        (
+            started.elapsed(),
+            status,
+            body["error"]["code"].clone(),
+            retry,
+        )
+    };
+    assert_eq!(publish().await.1, 200);
+
+    // Cut, not yet found (3 s): sent, and not confirmed within the deadline.
+    partition.blackhole();
+    let (took, status, code, retry) = publish().await;
+    assert_eq!((status, code), (504, serde_json::json!(122)));
+    assert!(
+        took < Duration::from_millis(2000),
+        "answered after {took:?}"
+    );
+    assert!(retry.is_some());
+
+    // Found: refused at once, nothing sent.
+    until_status(&server.url("/readyz"), 503, Duration::from_secs(6)).await;
+    let (took, status, code, retry) = publish().await;
+    assert_eq!((status, code), (503, serde_json::json!(121)));
+    assert!(took < Duration::from_millis(300), "answered after {took:?}");
+    assert_eq!(retry.unwrap(), "1");
+    partition.heal();
+    server.stop().await.unwrap();
+}
