@@ -10,6 +10,7 @@ import {
   type Method,
   type PresenceResult,
   type PresenceStatsResult,
+  type PublishOptions,
   type PublishResult,
   type RefreshResult,
   type RpcResult,
@@ -181,8 +182,11 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost {
     this.subs.delete(sub.channel);
   }
 
-  publish(channel: string, data: unknown): Promise<PublishResult> {
-    return this.call<PublishResult>("publish", { channel, data });
+  /** With `idempotencyKey`, a retry with the same key is stored once (`repeat: true`). */
+  publish(channel: string, data: unknown, options: PublishOptions = {}): Promise<PublishResult> {
+    const params: Record<string, unknown> = { channel, data };
+    if (options.idempotencyKey !== undefined) params["idempotency_key"] = options.idempotencyKey;
+    return this.call<PublishResult>("publish", params);
   }
 
   /**

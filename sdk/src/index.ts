@@ -13,6 +13,7 @@ export type {
   Member,
   PresenceResult,
   PresenceStatsResult,
+  PublishOptions,
   PublishResult,
   PublicationData,
   RpcResult,

@@ -100,6 +100,16 @@ export interface RpcResult {
 export interface PublishResult {
   offset: number;
   epoch: string;
+  /** An earlier publish with the same idempotency key stored it; this one stored nothing. */
+  repeat?: true;
+}
+
+export interface PublishOptions {
+  /**
+   * Stored once per key and channel within the server's `idempotency_window` (5 min): send
+   * the same key again when a publish failed without saying it was not stored (122).
+   */
+  idempotencyKey?: string;
 }
 
 export interface HistoryResult {

@@ -1,6 +1,6 @@
 import { Emitter } from "./emitter.js";
 import type { Position } from "./cursor.js";
-import type { HistoryResult, Member, PresenceResult, PresenceStatsResult, PublishResult, Sender, SubscribeResult } from "./protocol.js";
+import type { HistoryResult, Member, PresenceResult, PresenceStatsResult, PublishOptions, PublishResult, Sender, SubscribeResult } from "./protocol.js";
 import type { HistoryOptions, PresenceOptions } from "./options.js";
 
 export type SubscriptionState = "unsubscribed" | "subscribing" | "subscribed";
@@ -54,7 +54,7 @@ export interface SubscriptionEvents {
 export interface SubscriptionHost {
   subscribeChannel(sub: Subscription): void;
   unsubscribeChannel(sub: Subscription): void;
-  publish(channel: string, data: unknown): Promise<PublishResult>;
+  publish(channel: string, data: unknown, options?: PublishOptions): Promise<PublishResult>;
   history(channel: string, options?: HistoryOptions): Promise<HistoryResult>;
   presence(channel: string, options?: PresenceOptions): Promise<PresenceResult>;
   presenceStats(channel: string): Promise<PresenceStatsResult>;
@@ -113,8 +113,8 @@ export class Subscription extends Emitter<SubscriptionEvents> {
     this.end(0, "unsubscribe called");
   }
 
-  publish(data: unknown): Promise<PublishResult> {
-    return this.host.publish(this.channel, data);
+  publish(data: unknown, options?: PublishOptions): Promise<PublishResult> {
+    return this.host.publish(this.channel, data, options);
   }
 
   history(options?: HistoryOptions): Promise<HistoryResult> {

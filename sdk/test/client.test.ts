@@ -36,13 +36,18 @@ describe.each(NODE_TRANSPORTS)("over %s", (transport) => {
     await server.publish(channel, { text: "from the api" });
     const own = await c.publish(channel, { text: "from the client" });
     expect(own.offset).toBe(3);
-    await until("two publications", () => got.length === 2);
+    const once = { idempotencyKey: `once-${transport}` };
+    const keyed = await c.publish(channel, { text: "once" }, once);
+    const retried = await c.publish(channel, { text: "once" }, once);
+    expect([keyed.offset, keyed.repeat, retried.offset, retried.repeat]).toEqual([4, undefined, 4, true]);
+    await until("three publications", () => got.length === 3);
     expect(got.map((p) => [p.offset, p.data])).toEqual([
       [2, { text: "from the api" }],
       [3, { text: "from the client" }],
+      [4, { text: "once" }],
     ]);
     const history = await c.history(channel, { limit: 10 });
-    expect(history.publications?.map((p) => p.offset)).toEqual([1, 2, 3]);
+    expect(history.publications?.map((p) => p.offset)).toEqual([1, 2, 3, 4]);
     expect(history.epoch).toBe(got[0]!.epoch);
   });
 

@@ -103,6 +103,7 @@ pub(crate) struct Store {
     commands: Arc<Commands>,
     pub(crate) names: Names,
     publish: Script,
+    publish_once: Script,
     history: Script,
     /// `(replicas, timeout ms)` a publish waits for (`WAIT`), when asked to.
     replicas: Option<(u32, u64)>,
@@ -200,6 +201,7 @@ impl Connected {
                 prefix: self.options.prefix,
             },
             publish: scripts::publish(),
+            publish_once: scripts::publish_once(),
             history: scripts::history(),
             replicas,
             reach: reach::Tracker::default(),
@@ -245,6 +247,11 @@ impl Names {
 
     fn history(&self, channel: &ChannelName) -> String {
         format!("{}:{{{channel}}}:h", self.prefix)
+    }
+
+    /// A publication's idempotency key: in the channel's slot, beside its stream.
+    fn idempotency(&self, channel: &ChannelName, key: &str) -> String {
+        format!("{}:{{{channel}}}:k:{key}", self.prefix)
     }
 
     pub(crate) fn prefix(&self) -> &str {
@@ -387,6 +394,89 @@ impl Store {
         self.call(|mut c| async move { redis::cmd("PING").query_async::<String>(&mut c).await })
             .await
             .map(drop)
+    }
+
+    /// The `EVALSHA` of a publish script (see [`scripts::publish`]) for `data` on
+    /// `channel`; with `once`, the idempotency key and its window (see
+    /// [`scripts::publish_once`]).
+    fn publish_command(
+        &self,
+        script: &Script,
+        channel: &ChannelName,
+        data: &[u8],
+        policy: StreamPolicy,
+        once: Option<(&str, Duration)>,
+    ) -> redis::Cmd {
+        let mut eval = redis::cmd("EVALSHA");
+        eval.arg(script.get_hash())
+            .arg(if once.is_some() { 3 } else { 2 })
+            .arg(self.names.meta(channel))
+            .arg(self.names.history(channel));
+        if let Some((key, _)) = once {
+            eval.arg(self.names.idempotency(channel, key));
+        }
+        eval.arg(data)
+            .arg(policy.history_size)
+            .arg(millis(policy.history_ttl))
+            .arg(millis(policy.meta_ttl.max(policy.history_ttl)))
+            .arg(new_epoch().as_str())
+            .arg(self.names.pubsub(channel));
+        if let Some((_, window)) = once {
+            eval.arg(millis(window));
+        }
+        eval
+    }
+
+    /// Runs a publish script's `eval` (loading the script first if Redis lost it) and, with
+    /// `replicas_ack`, a `WAIT` in the same pipeline, so both run on one connection: `WAIT`
+    /// counts the replicas that have this connection's writes, and a connection made afresh
+    /// in between would have none to wait for.
+    async fn run_publish<T>(
+        &self,
+        script: &Script,
+        eval: redis::Cmd,
+        channel: &ChannelName,
+    ) -> Result<T, BrokerError>
+    where
+        T: redis::FromRedisValue + Send + 'static,
+    {
+        let Some((replicas, timeout)) = self.replicas else {
+            return self
+                .call(|mut c| async move {
+                    match eval.query_async(&mut c).await {
+                        Err(e) if e.code() == Some("NOSCRIPT") => {
+                            script.prepare_invoke().load_async(&mut c).await?;
+                            eval.query_async(&mut c).await
+                        }
+                        done => done,
+                    }
+                })
+                .await;
+        };
+        let mut pipe = redis::pipe();
+        pipe.add_command(eval)
+            .cmd("WAIT")
+            .arg(replicas)
+            .arg(timeout);
+        let (answer, acked): (T, u32) = self
+            .call(|mut c| async move {
+                match pipe.query_async(&mut c).await {
+                    Err(e) if e.code() == Some("NOSCRIPT") => {
+                        script.prepare_invoke().load_async(&mut c).await?;
+                        pipe.query_async(&mut c).await
+                    }
+                    done => done,
+                }
+            })
+            .await?;
+        if acked < replicas {
+            return Err(BrokerError::Unavailable(format!(
+                "redis: published to {channel}, but only {acked} of the {replicas} replicas \
+                 asked for (replicas_ack) had it within {timeout} ms: not acknowledged, and a \
+                 failover now could lose it"
+            )));
+        }
+        Ok(answer)
     }
 
     /// Replaces the command connection now (it stopped answering).
@@ -578,71 +668,34 @@ impl Broker for RedisBroker {
         policy: StreamPolicy,
     ) -> Result<StreamPosition, BrokerError> {
         let store = &self.store;
-        let keys = [store.names.meta(channel), store.names.history(channel)];
-        let args = (
-            data.as_ref(),
-            policy.history_size,
-            millis(policy.history_ttl),
-            millis(policy.meta_ttl.max(policy.history_ttl)),
-            new_epoch(),
-            store.names.pubsub(channel),
-        );
-        let (epoch, offset): (String, u64) = match store.replicas {
-            None => {
-                let mut script = store.publish.prepare_invoke();
-                script
-                    .key(&keys)
-                    .arg(args.0)
-                    .arg(args.1)
-                    .arg(args.2)
-                    .arg(args.3);
-                script.arg(args.4.as_str()).arg(&args.5);
-                store
-                    .call(|mut c| async move { script.invoke_async(&mut c).await })
-                    .await?
-            }
-            Some((replicas, timeout)) => {
-                // The script and WAIT in one pipeline, so both run on one connection: WAIT
-                // counts the replicas that have this connection's writes, and a connection
-                // made afresh in between would have none to wait for.
-                let mut pipe = redis::pipe();
-                pipe.cmd("EVALSHA")
-                    .arg(store.publish.get_hash())
-                    .arg(keys.len())
-                    .arg(&keys)
-                    .arg(args.0)
-                    .arg(args.1)
-                    .arg(args.2)
-                    .arg(args.3)
-                    .arg(args.4.as_str())
-                    .arg(&args.5)
-                    .cmd("WAIT")
-                    .arg(replicas)
-                    .arg(timeout);
-                let script = &store.publish;
-                let ((epoch, offset), acked): ((String, u64), u32) = store
-                    .call(|mut c| async move {
-                        match pipe.query_async(&mut c).await {
-                            Err(e) if e.code() == Some("NOSCRIPT") => {
-                                script.prepare_invoke().load_async(&mut c).await?;
-                                pipe.query_async(&mut c).await
-                            }
-                            done => done,
-                        }
-                    })
-                    .await?;
-                if acked < replicas {
-                    return Err(BrokerError::Unavailable(format!(
-                        "redis: published to {channel} at offset {offset}, but only {acked} of                          the {replicas} replicas asked for (replicas_ack) had it within                          {timeout} ms: not acknowledged, and a failover now could lose it"
-                    )));
-                }
-                (epoch, offset)
-            }
-        };
+        let eval = store.publish_command(&store.publish, channel, &data, policy, None);
+        let (epoch, offset): (String, u64) =
+            store.run_publish(&store.publish, eval, channel).await?;
         Ok(StreamPosition {
             offset,
             epoch: checked_epoch(channel, &epoch)?,
         })
+    }
+
+    async fn publish_once(
+        &self,
+        channel: &ChannelName,
+        data: Bytes,
+        policy: StreamPolicy,
+        key: &str,
+        window: Duration,
+    ) -> Result<(StreamPosition, bool), BrokerError> {
+        let store = &self.store;
+        let once = Some((key, window));
+        let eval = store.publish_command(&store.publish_once, channel, &data, policy, once);
+        let (epoch, offset, repeat): (String, u64, u8) = store
+            .run_publish(&store.publish_once, eval, channel)
+            .await?;
+        let position = StreamPosition {
+            offset,
+            epoch: checked_epoch(channel, &epoch)?,
+        };
+        Ok((position, repeat == 1))
     }
 
     async fn history(

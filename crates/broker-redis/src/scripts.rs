@@ -8,14 +8,8 @@
 
 use redis::Script;
 
-/// Appends a publication, trims history to its size, and publishes
-/// `EPOCH\nOFFSET\nDATA` to the channel's pub/sub channel, all in one step.
-///
-/// KEYS: meta, history. ARGV: data, history size, history TTL ms, meta TTL ms, the epoch to
-/// use if the stream is new, pub/sub channel. Returns `{epoch, offset}`.
-pub fn publish() -> Script {
-    Script::new(
-        r#"
+/// What the publish scripts do, up to their answer: `epoch` and `offset` are set.
+const PUBLISH_STEPS: &str = r#"
 local epoch = redis.call('HGET', KEYS[1], 'e')
 if not epoch then
   epoch = ARGV[5]
@@ -35,9 +29,36 @@ else
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('PUBLISH', ARGV[6], epoch .. '\n' .. offset .. '\n' .. ARGV[1])
-return {epoch, offset}
-"#,
-    )
+"#;
+
+/// Appends a publication, trims history to its size, and publishes
+/// `EPOCH\nOFFSET\nDATA` to the channel's pub/sub channel, all in one step.
+///
+/// KEYS: meta, history. ARGV: data, history size, history TTL ms, meta TTL ms, the epoch to
+/// use if the stream is new, pub/sub channel. Returns `{epoch, offset}`.
+pub fn publish() -> Script {
+    Script::new(&format!("{PUBLISH_STEPS}return {{epoch, offset}}\n"))
+}
+
+/// [`publish`], once per idempotency key: a key the channel saw within its window publishes
+/// nothing and answers with the first one's position. The key lives in the channel's slot,
+/// so the check and the offset's assignment are one atomic step on every node.
+///
+/// KEYS: meta, history, the key's. ARGV: as [`publish`], then the key's window in ms.
+/// Returns `{epoch, offset, repeat (0 or 1)}`.
+pub fn publish_once() -> Script {
+    Script::new(&format!(
+        r#"
+local seen = redis.call('GET', KEYS[3])
+if seen then
+  local at = string.find(seen, ' ', 1, true)
+  return {{string.sub(seen, 1, at - 1), tonumber(string.sub(seen, at + 1)), 1}}
+end
+{PUBLISH_STEPS}
+redis.call('SET', KEYS[3], epoch .. ' ' .. offset, 'PX', ARGV[7])
+return {{epoch, offset, 0}}
+"#
+    ))
 }
 
 /// Reads a stream's position and history. A stream that does not exist yet is created

@@ -31,6 +31,7 @@
 mod durable;
 mod link;
 mod memory;
+pub mod once;
 mod presence;
 mod routed;
 
@@ -189,6 +190,19 @@ pub trait Broker: Send + Sync + 'static {
         data: Bytes,
         policy: StreamPolicy,
     ) -> Result<StreamPosition, BrokerError>;
+
+    /// [`Broker::publish`], once per `key` and channel within `window`: a publish whose
+    /// key the channel saw within it publishes nothing and answers with the first one's
+    /// position, `true` (a repeat). Checked with the offset's assignment, so two at once
+    /// publish once; on every node that shares the broker.
+    async fn publish_once(
+        &self,
+        channel: &ChannelName,
+        data: Bytes,
+        policy: StreamPolicy,
+        key: &str,
+        window: std::time::Duration,
+    ) -> Result<(StreamPosition, bool), BrokerError>;
 
     /// Reads history; see [`HistoryQuery`].
     async fn history(

@@ -54,6 +54,19 @@ impl Broker for Routed {
         self.pick(channel).publish(channel, data, policy).await
     }
 
+    async fn publish_once(
+        &self,
+        channel: &ChannelName,
+        data: Bytes,
+        policy: StreamPolicy,
+        key: &str,
+        window: std::time::Duration,
+    ) -> Result<(StreamPosition, bool), BrokerError> {
+        self.pick(channel)
+            .publish_once(channel, data, policy, key, window)
+            .await
+    }
+
     async fn history(
         &self,
         channel: &ChannelName,

@@ -132,6 +132,11 @@ pub struct PubArgs {
     /// Send the message as a JSON string, exactly as given.
     #[arg(long)]
     pub string: bool,
+    /// Publish once with this key, however often it is sent (default: a key of its own,
+    /// which its retries carry). Retries: up to 4, when the server cannot be reached or
+    /// answers 503 or 504.
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
     #[command(flatten)]
     pub server: ServerArgs,
     /// API key.

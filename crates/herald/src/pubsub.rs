@@ -21,13 +21,34 @@ pub async fn publish(a: PubArgs) -> anyhow::Result<ExitCode> {
     };
     let data = message(&a.data, a.string, std::io::stdin().lock())?;
     let url = format!("{}/api/publish", a.server.url.trim_end_matches('/'));
-    let response = reqwest::Client::new()
-        .post(&url)
-        .header("Authorization", format!("apikey {key}"))
-        .json(&json!({ "channel": a.channel, "data": data }))
-        .send()
-        .await
-        .map_err(|e| unreachable(&a.server.url, &e))?;
+    // Every try carries one key: a retry after an answer that was lost, or that said the
+    // outcome is unknown, is stored once.
+    let once = a.idempotency_key.clone().unwrap_or_else(own_key);
+    let body = json!({ "channel": a.channel, "data": data, "idempotency_key": once });
+    let http = reqwest::Client::new();
+    let mut wait = std::time::Duration::from_millis(250);
+    let mut tries = 0;
+    let response = loop {
+        tries += 1;
+        let sent = http
+            .post(&url)
+            .header("Authorization", format!("apikey {key}"))
+            .json(&body)
+            .send()
+            .await;
+        let retry = match &sent {
+            Ok(r) => matches!(r.status().as_u16(), 503 | 504),
+            Err(_) => true,
+        };
+        if !retry || tries > 4 {
+            break sent.map_err(|e| unreachable(&a.server.url, &e))?;
+        }
+        eprintln!(
+            "herald pub: no answer that says it was stored; retrying in {wait:?} with the same key"
+        );
+        tokio::time::sleep(wait).await;
+        wait *= 2;
+    };
     let status = response.status();
     let body: Value = response
         .json()
@@ -41,6 +62,19 @@ pub async fn publish(a: PubArgs) -> anyhow::Result<ExitCode> {
     }
     println!("{}", body["offset"]);
     Ok(ExitCode::SUCCESS)
+}
+
+/// A key no other `herald pub` makes: 128 bits from the process's random hasher keys and
+/// the clock.
+fn own_key() -> String {
+    use std::hash::{BuildHasher, RandomState};
+    let now = std::time::SystemTime::now();
+    let (a, b) = (RandomState::new(), RandomState::new());
+    format!(
+        "herald-pub-{:016x}{:016x}",
+        a.hash_one((now, std::process::id())),
+        b.hash_one(now)
+    )
 }
 
 /// What `herald pub` sends: `text` (or standard input for `-`) as JSON, or as a string with

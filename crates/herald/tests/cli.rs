@@ -156,6 +156,30 @@ fn sub_resumes_over_every_transport() {
     }
 }
 
+/// The same `--idempotency-key` publishes once; without one, each `herald pub` is its own.
+#[test]
+fn pub_with_an_idempotency_key_publishes_once() {
+    let server = Server::start(&[]);
+    let keyed = |data: &str| {
+        let out = succeeds(herald().args([
+            "pub",
+            "--url",
+            &server.url,
+            "--api-key",
+            KEY,
+            "--idempotency-key",
+            "deploy-42",
+            "chat:once",
+            data,
+        ]));
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    assert_eq!(keyed("1"), "1");
+    assert_eq!(keyed("1"), "1", "the same key: stored once");
+    assert_eq!(publish(&server, "chat:once", "2"), 2);
+    assert_eq!(publish(&server, "chat:once", "2"), 3, "keys of their own");
+}
+
 #[test]
 fn pub_without_a_key_explains_what_is_missing() {
     let out = herald()

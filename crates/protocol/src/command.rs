@@ -32,6 +32,9 @@ pub enum Method {
         channel: ChannelName,
         /// One JSON value, as text.
         data: Bytes,
+        /// Publish once per key and channel within the server's `idempotency_window`: a
+        /// retry with the same key stores nothing and answers with the first one's position.
+        idempotency_key: Option<String>,
     },
     /// Reads a channel's history.
     History(HistoryRequest),

@@ -104,6 +104,10 @@ pub struct Published<'a> {
     pub offset: u64,
     /// The stream's epoch.
     pub epoch: &'a Epoch,
+    /// An earlier publish with the same `idempotency_key` stored it; this one stored
+    /// nothing. Absent otherwise.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub repeat: bool,
 }
 
 /// A result with no fields (`unsubscribe`, `ping`).

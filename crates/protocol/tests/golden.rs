@@ -105,6 +105,18 @@ fn frames() -> Vec<(&'static str, Vec<u8>)> {
                 Outcome::Publish(results::Published {
                     offset: 7,
                     epoch: &epoch,
+                    repeat: false,
+                }),
+            ),
+        ),
+        (
+            "reply.publish.repeat",
+            done(
+                4,
+                Outcome::Publish(results::Published {
+                    offset: 7,
+                    epoch: &epoch,
+                    repeat: true,
                 }),
             ),
         ),

@@ -237,8 +237,8 @@ var Herald = (() => {
       this.host.unsubscribeChannel(this);
       this.end(0, "unsubscribe called");
     }
-    publish(data) {
-      return this.host.publish(this.channel, data);
+    publish(data, options) {
+      return this.host.publish(this.channel, data, options);
     }
     history(options) {
       return this.host.history(this.channel, options);
@@ -994,8 +994,11 @@ var Herald = (() => {
       sub.unsubscribe();
       this.subs.delete(sub.channel);
     }
-    publish(channel, data) {
-      return this.call("publish", { channel, data });
+    /** With `idempotencyKey`, a retry with the same key is stored once (`repeat: true`). */
+    publish(channel, data, options = {}) {
+      const params = { channel, data };
+      if (options.idempotencyKey !== void 0) params["idempotency_key"] = options.idempotencyKey;
+      return this.call("publish", params);
     }
     /**
      * Calls the application's backend through Herald (its `rpc` hook) and resolves with its

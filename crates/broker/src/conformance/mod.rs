@@ -93,6 +93,8 @@ impl Recorder {
 }
 
 /// Runs every check; `make` builds a fresh, empty broker around a sink.
+mod once;
+
 pub async fn run_all(make: impl Fn(Arc<dyn PublicationSink>) -> SharedBroker) {
     offsets_count_from_one_and_history_reads_since_a_position(&make).await;
     gaps_history_cannot_cover_are_unrecoverable(&make).await;
@@ -100,6 +102,7 @@ pub async fn run_all(make: impl Fn(Arc<dyn PublicationSink>) -> SharedBroker) {
     concurrent_publishers_share_one_order(&make).await;
     history_pages_are_bounded_in_bytes(&make).await;
     records_keep_their_sender(&make).await;
+    once::a_key_publishes_once_per_channel_within_its_window(&make).await;
 }
 
 fn ch(name: &str) -> ChannelName {

@@ -181,6 +181,8 @@ pub struct DurableBroker {
     deadlines: Arc<Deadlines>,
     /// How many streams are `unwritten` (see [`Meta::unwritten`]).
     unwritten: AtomicUsize,
+    /// Idempotency keys seen (in memory: a restart forgets them).
+    once: crate::once::Once,
 }
 
 impl std::fmt::Debug for DurableBroker {
@@ -220,6 +222,7 @@ impl DurableBroker {
             policies,
             deadlines,
             unwritten: AtomicUsize::new(0),
+            once: Default::default(),
         });
         let now = now_ms();
         for (channel, mut meta) in streams {
@@ -395,6 +398,19 @@ impl Broker for DurableBroker {
                 "the storage thread stopped".into(),
             ))
         })
+    }
+
+    async fn publish_once(
+        &self,
+        channel: &ChannelName,
+        data: Bytes,
+        policy: StreamPolicy,
+        key: &str,
+        window: std::time::Duration,
+    ) -> Result<(StreamPosition, bool), BrokerError> {
+        self.once
+            .publish(channel, key, window, || self.publish(channel, data, policy))
+            .await
     }
 
     async fn history(

@@ -32,6 +32,8 @@ pub struct MemoryBroker {
     policies: Policies,
     /// Streams nobody published to (see [`crate::MAX_UNWRITTEN_STREAMS`]).
     empty: AtomicUsize,
+    /// Idempotency keys seen.
+    once: crate::once::Once,
 }
 
 impl std::fmt::Debug for MemoryBroker {
@@ -130,6 +132,7 @@ impl MemoryBroker {
             sink,
             policies,
             empty: AtomicUsize::new(0),
+            once: Default::default(),
         });
         crate::spawn_sweeper(&broker, Self::sweep);
         broker
@@ -210,6 +213,19 @@ impl Broker for MemoryBroker {
         self.sink
             .on_publication(channel, &stream.epoch, &publication);
         Ok(stream.position())
+    }
+
+    async fn publish_once(
+        &self,
+        channel: &ChannelName,
+        data: Bytes,
+        policy: StreamPolicy,
+        key: &str,
+        window: std::time::Duration,
+    ) -> Result<(StreamPosition, bool), BrokerError> {
+        self.once
+            .publish(channel, key, window, || self.publish(channel, data, policy))
+            .await
     }
 
     async fn history(

@@ -75,7 +75,11 @@ pub fn decode_command(line: &[u8]) -> Result<Command, DecodeError> {
         "publish" => {
             let p: PublishParams = parse(id, params)?;
             let data = payload(&p.data).map_err(|m| invalid(id, ErrorCode::BadRequest, m))?;
-            Method::Publish { channel: channel(id, &p.channel)?, data }
+            Method::Publish {
+                channel: channel(id, &p.channel)?,
+                data,
+                idempotency_key: p.idempotency_key,
+            }
         }
         "history" => {
             let p: HistoryParams = parse(id, params)?;
@@ -190,6 +194,8 @@ struct RefreshParams {
 struct PublishParams {
     channel: String,
     data: Box<RawValue>,
+    #[serde(default)]
+    idempotency_key: Option<String>,
 }
 
 /// Longest `rpc` method name, in bytes.

@@ -55,9 +55,18 @@ fn decodes_every_method() {
         c.method,
         Method::Publish {
             channel: ChannelName::new("x").unwrap(),
-            data: Bytes::from(r#"{"k":[1,2]}"#)
+            data: Bytes::from(r#"{"k":[1,2]}"#),
+            idempotency_key: None,
         }
     );
+    let c = one(r#"{"id":3,"publish":{"channel":"x","data":1,"idempotency_key":"k-1"}}"#).unwrap();
+    let Method::Publish {
+        idempotency_key, ..
+    } = c.method
+    else {
+        panic!("{c:?}")
+    };
+    assert_eq!(idempotency_key.as_deref(), Some("k-1"));
     assert_eq!(
         one(r#"{"ping":{}}"#).unwrap(),
         Command {

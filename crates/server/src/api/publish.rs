@@ -20,12 +20,28 @@ use crate::{error::Failure, node::Node};
 pub(super) struct PublishRequest {
     channel: String,
     data: Box<RawValue>,
+    /// Publish once per key and channel within `idempotency_window`.
+    #[serde(default)]
+    idempotency_key: Option<String>,
 }
 
 #[derive(Serialize)]
 pub(super) struct Position {
     offset: u64,
     epoch: Epoch,
+    /// An earlier publish with the same idempotency key stored it; this one stored nothing.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    repeat: bool,
+}
+
+impl From<crate::publish::Published> for Position {
+    fn from(p: crate::publish::Published) -> Self {
+        Self {
+            offset: p.position.offset,
+            epoch: p.position.epoch,
+            repeat: p.repeat,
+        }
+    }
 }
 
 /// A request's `data` as a stored payload, or 400 saying why it cannot be one.
@@ -40,11 +56,9 @@ pub(super) async fn publish(
 ) -> Result<Json<Position>, Failure> {
     let req: PublishRequest = body(raw)?;
     let channel = channel(&req.channel)?;
-    let p = crate::publish::publish(&node, &channel, data(&req.data)?, None).await?;
-    Ok(Json(Position {
-        offset: p.offset,
-        epoch: p.epoch,
-    }))
+    let key = req.idempotency_key.as_deref();
+    let p = crate::publish::publish_keyed(&node, &channel, data(&req.data)?, None, key).await?;
+    Ok(Json(p.into()))
 }
 
 #[derive(Deserialize)]
@@ -52,6 +66,9 @@ pub(super) async fn publish(
 pub(super) struct BroadcastRequest {
     channels: Vec<String>,
     data: Box<RawValue>,
+    /// Publish once per key and channel (each channel keeps the key on its own).
+    #[serde(default)]
+    idempotency_key: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -82,16 +99,16 @@ pub(super) async fn broadcast(
     let mut results = Vec::with_capacity(req.channels.len());
     for name in req.channels {
         let published = match channel(&name) {
-            Ok(c) => crate::publish::publish(&node, &c, data.clone(), None).await,
+            Ok(c) => {
+                let key = req.idempotency_key.as_deref();
+                crate::publish::publish_keyed(&node, &c, data.clone(), None, key).await
+            }
             Err(f) => Err(f),
         };
         results.push(match published {
             Ok(p) => BroadcastResult {
                 channel: name,
-                position: Some(Position {
-                    offset: p.offset,
-                    epoch: p.epoch,
-                }),
+                position: Some(p.into()),
                 error: None,
             },
             Err(f) => BroadcastResult {

@@ -91,6 +91,11 @@ pub struct Config {
     /// Default `10s`.
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
+    /// How long a publish's `idempotency_key` is remembered per channel: a publish with the
+    /// same key within it publishes nothing and answers with the first one's position.
+    /// Default `5m`.
+    #[serde(with = "humantime_serde")]
+    pub idempotency_window: Duration,
     /// Per-connection settings.
     pub client: ClientConfig,
     /// Settings of the HTTP transports (SSE, streaming, forever frame, polling).
@@ -291,6 +296,7 @@ impl Default for Config {
             sync: SyncMode::Group,
             max_connections: 100_000,
             shutdown_timeout: Duration::from_secs(10),
+            idempotency_window: Duration::from_secs(300),
             client: ClientConfig::default(),
             http: HttpConfig::default(),
             limits: LimitsConfig::default(),

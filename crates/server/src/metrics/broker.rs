@@ -112,6 +112,23 @@ impl Broker for Counted {
         )
     }
 
+    async fn publish_once(
+        &self,
+        channel: &ChannelName,
+        data: Bytes,
+        policy: StreamPolicy,
+        key: &str,
+        window: std::time::Duration,
+    ) -> Result<(StreamPosition, bool), BrokerError> {
+        counted(
+            &self.errors,
+            0,
+            self.inner
+                .publish_once(channel, data, policy, key, window)
+                .await,
+        )
+    }
+
     async fn history(
         &self,
         channel: &ChannelName,

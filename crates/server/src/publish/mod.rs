@@ -19,7 +19,8 @@ pub async fn from_client(
     channel: &ChannelName,
     data: Bytes,
     from: Option<&[u8]>,
-) -> Result<StreamPosition, Failure> {
+    key: Option<&str>,
+) -> Result<Published, Failure> {
     if let Some(ip) = address {
         // Only an address over its allowance pays for the look; others publish at once
         // and are charged afterwards if the publication was its channel's first.
@@ -39,11 +40,36 @@ pub async fn from_client(
             ));
         }
     }
-    let position = publish(node, channel, data, from).await?;
-    if let (Some(ip), 1) = (address, position.offset) {
+    let published = publish_keyed(node, channel, data, from, key).await?;
+    if let (Some(ip), 1, false) = (address, published.position.offset, published.repeat) {
         node.limits.created_channel(ip);
     }
-    Ok(position)
+    Ok(published)
+}
+
+/// A publication as stored.
+#[derive(Debug, Clone)]
+pub struct Published {
+    /// Where.
+    pub position: StreamPosition,
+    /// Whether an earlier publish with the same idempotency key stored it (this one stored
+    /// nothing).
+    pub repeat: bool,
+}
+
+/// Longest idempotency key, in bytes.
+pub const MAX_KEY_LEN: usize = herald_broker::once::MAX_KEY_LEN;
+
+/// Checks an idempotency key: 1 to 128 visible ASCII characters.
+pub fn checked_key(key: &str) -> Result<&str, Failure> {
+    let fits =
+        !key.is_empty() && key.len() <= MAX_KEY_LEN && key.bytes().all(|b| b.is_ascii_graphic());
+    fits.then_some(key).ok_or_else(|| {
+        Failure::new(
+            ErrorCode::BadRequest,
+            format!("idempotency_key must be 1 to {MAX_KEY_LEN} visible ASCII characters"),
+        )
+    })
 }
 
 /// Whether a channel has a stream with publications.
@@ -66,6 +92,20 @@ pub async fn publish(
     data: Bytes,
     from: Option<&[u8]>,
 ) -> Result<StreamPosition, Failure> {
+    Ok(publish_keyed(node, channel, data, from, None)
+        .await?
+        .position)
+}
+
+/// [`publish`], once per idempotency `key` and channel within `idempotency_window`.
+pub async fn publish_keyed(
+    node: &Node,
+    channel: &ChannelName,
+    data: Bytes,
+    from: Option<&[u8]>,
+    key: Option<&str>,
+) -> Result<Published, Failure> {
+    let key = key.map(checked_key).transpose()?;
     let ns = node.settings.namespace(channel.namespace());
     if data.len() > ns.max_message_size {
         return Err(Failure::new(
@@ -92,9 +132,22 @@ pub async fn publish(
     }
     let started = std::time::Instant::now();
     let deadline = node.settings.config.redis.publish_timeout;
-    let publishing =
-        node.broker
-            .publish(channel, Publication::record(data, from), ns.stream_policy());
+    let record = Publication::record(data, from);
+    let window = node.settings.config.idempotency_window;
+    let publishing = async {
+        match key {
+            Some(key) => {
+                node.broker
+                    .publish_once(channel, record, ns.stream_policy(), key, window)
+                    .await
+            }
+            None => node
+                .broker
+                .publish(channel, record, ns.stream_policy())
+                .await
+                .map(|p| (p, false)),
+        }
+    };
     // Only a remote broker's answer is waited for with a deadline: the node's own store
     // answers for itself (a full disk is an error, not a silence).
     let answered = if node.broker.reach().is_some() {
@@ -102,8 +155,8 @@ pub async fn publish(
     } else {
         Ok(publishing.await)
     };
-    let position = match answered {
-        Ok(Ok(position)) => position,
+    let (position, repeat) = match answered {
+        Ok(Ok(published)) => published,
         Ok(Err(e @ herald_broker::BrokerError::Unrecoverable { .. })) => return Err(e.into()),
         // Sent, and not confirmed: it may be stored.
         Ok(Err(e @ herald_broker::BrokerError::Unavailable(_))) if node.broker.reach().is_some() => {
@@ -134,5 +187,5 @@ pub async fn publish(
         storage,
         started.elapsed(),
     );
-    Ok(position)
+    Ok(Published { position, repeat })
 }

@@ -273,7 +273,13 @@ impl Session {
                 self.drop_grant(&channel);
                 Ok(reply.with(Outcome::Unsubscribe))
             }
-            Method::Publish { channel, data } => Ok(self.publish(reply, channel, data).await?),
+            Method::Publish {
+                channel,
+                data,
+                idempotency_key,
+            } => Ok(self
+                .publish(reply, channel, data, idempotency_key.as_deref())
+                .await?),
             Method::History(req) => Ok(self.history(reply, req).await?),
             Method::Rpc(req) => Ok(self.rpc(reply, req).await?),
             Method::Presence(req) => Ok(self.presence(reply, req).await?),
@@ -289,6 +295,7 @@ impl Session {
         reply: Reply,
         channel: ChannelName,
         data: bytes::Bytes,
+        key: Option<&str>,
     ) -> Result<Option<Vec<u8>>, Failure> {
         let node = self.node().clone();
         let hooked = node.settings.namespace(channel.namespace()).publish_hook;
@@ -315,10 +322,11 @@ impl Session {
         };
         let from = self.sender(&channel);
         let position =
-            publish::from_client(&node, self.address, &channel, data, from.as_deref()).await?;
+            publish::from_client(&node, self.address, &channel, data, from.as_deref(), key).await?;
         Ok(reply.with(Outcome::Publish(results::Published {
-            offset: position.offset,
-            epoch: &position.epoch,
+            offset: position.position.offset,
+            epoch: &position.position.epoch,
+            repeat: position.repeat,
         })))
     }
 

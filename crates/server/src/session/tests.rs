@@ -23,6 +23,16 @@ impl herald_broker::Broker for Panicking {
     ) -> Result<herald_protocol::StreamPosition, herald_broker::BrokerError> {
         panic!("defect under publish")
     }
+    async fn publish_once(
+        &self,
+        _: &ChannelName,
+        _: Bytes,
+        _: herald_broker::StreamPolicy,
+        _: &str,
+        _: std::time::Duration,
+    ) -> Result<(herald_protocol::StreamPosition, bool), herald_broker::BrokerError> {
+        panic!("defect under publish")
+    }
     async fn history(
         &self,
         _: &ChannelName,

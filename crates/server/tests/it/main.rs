@@ -15,6 +15,7 @@ mod hook_events;
 mod hook_failures;
 mod hooks;
 mod http;
+mod idempotency;
 mod lean;
 mod lifecycle;
 mod limits;
