@@ -195,6 +195,7 @@ impl Connected {
             commands: Arc::new(Commands {
                 endpoint: self.endpoint.clone(),
                 moving: Default::default(),
+                moves: Default::default(),
                 connection: parking_lot::Mutex::new((0, self.commands)),
             }),
             names: Names {
@@ -513,6 +514,9 @@ pub(crate) struct Commands {
     endpoint: Arc<Endpoint>,
     /// Whether a new connection is being looked for (a Sentinel asked).
     moving: std::sync::atomic::AtomicBool,
+    /// Command connections made to the primary the Sentinels name, after the one before was
+    /// lost (a failover, or the same primary back).
+    moves: std::sync::atomic::AtomicU64,
     connection: parking_lot::Mutex<(u64, ConnectionManager)>,
 }
 
@@ -534,6 +538,9 @@ impl Commands {
             match fresh {
                 Ok(fresh) => {
                     tracing::warn!("{why}; opening a new command connection");
+                    if commands.endpoint.moves() {
+                        commands.moves.fetch_add(1, Ordering::Relaxed);
+                    }
                     let mut connection = commands.connection.lock();
                     if connection.0 == failed {
                         *connection = (failed + 1, fresh);
@@ -738,7 +745,18 @@ impl Broker for RedisBroker {
     }
 
     fn reach(&self) -> Option<herald_broker::Reach> {
-        Some(self.store.reach.reach())
+        use std::sync::atomic::Ordering::Relaxed;
+        let commands = &self.store.commands;
+        Some(herald_broker::Reach {
+            topology: if commands.endpoint.moves() {
+                "sentinel"
+            } else {
+                "single"
+            },
+            moves: commands.moves.load(Relaxed),
+            resubscriptions: self.listener.reconnects.load(Relaxed),
+            ..self.store.reach.reach()
+        })
     }
 }
 

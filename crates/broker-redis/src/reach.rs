@@ -77,6 +77,7 @@ impl Tracker {
             lost: state.lost(),
             losses: state.losses,
             recoveries: state.recoveries,
+            ..Reach::default()
         }
     }
 }

@@ -252,6 +252,14 @@ pub struct Reach {
     pub losses: u64,
     /// Times it found it again.
     pub recoveries: u64,
+    /// How it is laid out (Redis: `single` or `sentinel`).
+    pub topology: &'static str,
+    /// Times the node connected anew to the primary its Sentinels name, after losing the one
+    /// it had (a failover, or the same primary back).
+    pub moves: u64,
+    /// Times its subscriptions were made again on a new connection (each one followed by a
+    /// catch-up from history).
+    pub resubscriptions: u64,
 }
 
 /// A broker behind a shared handle.

@@ -121,6 +121,28 @@ fn a_redis_failover_loses_no_acknowledged_publication_on_any_node() {
     }
     eprintln!("publishing stalled {stalled:?} after the kill; {refused} refused meanwhile");
 
+    // Each node says how it reaches Redis, and that it followed the failover.
+    for node in &nodes {
+        let metrics = rt.block_on(async {
+            http.get(format!("{}/metrics", node.url))
+                .header("Authorization", format!("apikey {KEY}"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        });
+        assert!(
+            metrics.contains("herald_broker_topology{topology=\"sentinel\"} 1"),
+            "{metrics}"
+        );
+        let moves = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("herald_broker_moves_total "))
+            .and_then(|v| v.parse::<u64>().ok());
+        assert!(moves.is_some_and(|m| m >= 1), "moves {moves:?}");
+    }
     let wanted: HashSet<u64> = acked.iter().copied().collect();
     for (i, (_, printed)) in subscribers.iter().enumerate() {
         let mut seen = Vec::new();

@@ -153,6 +153,11 @@ pub struct Metrics {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TopologyLabel {
+    topology: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PathLabel {
     path: &'static str,
 }
@@ -500,6 +505,16 @@ impl Collector for Scraped {
                 None,
                 up.metric_type(),
             )?)?;
+            let mut family = encoder.encode_descriptor(
+                "broker_topology",
+                "How the remote broker is laid out, as a label (Redis: single, sentinel)",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            let topology = TopologyLabel {
+                topology: reach.topology,
+            };
+            ConstGauge::new(1i64).encode(family.encode_family(&topology)?)?;
             for (name, help, value) in [
                 (
                     "broker_losses",
@@ -510,6 +525,16 @@ impl Collector for Scraped {
                     "broker_recoveries",
                     "Times this node found its way to its remote broker again",
                     reach.recoveries,
+                ),
+                (
+                    "broker_moves",
+                    "Sentinel: times this node connected to the primary the Sentinels name after losing the one it had (a failover, or the same primary back)",
+                    reach.moves,
+                ),
+                (
+                    "broker_resubscriptions",
+                    "Times this node subscribed again on a new pub/sub connection, then caught up from history",
+                    reach.resubscriptions,
                 ),
             ] {
                 let counter = prometheus_client::metrics::counter::ConstCounter::new(value);
