@@ -133,8 +133,8 @@ pub struct PubArgs {
     #[arg(long)]
     pub string: bool,
     /// Publish once with this key, however often it is sent (default: a key of its own,
-    /// which its retries carry). Retries: up to 4, when the server cannot be reached or
-    /// answers 503 or 504.
+    /// which its retries carry). Retries: up to 4, when the server answers 503 or 504 or
+    /// took the request without answering.
     #[arg(long)]
     pub idempotency_key: Option<String>,
     #[command(flatten)]

@@ -36,9 +36,11 @@ pub async fn publish(a: PubArgs) -> anyhow::Result<ExitCode> {
             .json(&body)
             .send()
             .await;
+        // Retried: what a node refused for now (503, 504), and a request that reached the
+        // server but got no answer. A server that is not there is said at once.
         let retry = match &sent {
             Ok(r) => matches!(r.status().as_u16(), 503 | 504),
-            Err(_) => true,
+            Err(e) => !e.is_connect(),
         };
         if !retry || tries > 4 {
             break sent.map_err(|e| unreachable(&a.server.url, &e))?;
