@@ -1,8 +1,12 @@
 //! Whether this node reaches Redis: its command connection (a PING with a deadline, every
 //! third of `unreachable_after`) and its pub/sub connection (pinged by the listener) must
-//! both answer. One WARN line when the way is lost, one INFO line when it is back.
+//! both answer; after a loss, both must answer again. One WARN line when the way is lost,
+//! one INFO line when it is back.
 
-use std::{sync::Weak, time::Duration};
+use std::{
+    sync::Weak,
+    time::{Duration, Instant},
+};
 
 use herald_broker::Reach;
 use parking_lot::Mutex;
@@ -28,6 +32,8 @@ struct State {
     pubsub: Option<String>,
     losses: u64,
     recoveries: u64,
+    /// When the way was last lost: only what was sent after it shows it back.
+    lost_at: Option<Instant>,
 }
 
 impl State {
@@ -55,15 +61,27 @@ impl Tracker {
         let was_reached = state.lost().is_none();
         *state.part(part) = Some(why.into());
         if was_reached {
+            // What cut one connection may have cut the other, which may not have noticed
+            // yet: both must answer again before the node says it is ready.
+            for other in [Part::Commands, Part::PubSub] {
+                state
+                    .part(other)
+                    .get_or_insert_with(|| "not heard from since the other was lost".into());
+            }
             state.losses += 1;
+            state.lost_at = Some(Instant::now());
             let why = state.lost().unwrap_or_default();
             tracing::warn!(reason = %why, "redis is unreachable; this node is not ready (/readyz answers 503)");
         }
     }
 
-    /// `part` answers again.
-    pub(crate) fn back(&self, part: Part) {
+    /// `part` answered what was sent at `sent` (a ping, a connection attempt); an answer to
+    /// something sent before the way was lost shows nothing.
+    pub(crate) fn back(&self, part: Part, sent: Instant) {
         let mut state = self.state.lock();
+        if state.lost_at.is_some_and(|lost| sent < lost) {
+            return;
+        }
         if state.part(part).take().is_some() && state.lost().is_none() {
             state.recoveries += 1;
             tracing::info!("redis is reachable again; this node is ready");
@@ -93,9 +111,9 @@ pub(crate) async fn probe(store: Weak<Store>, unreachable_after: Duration) {
     loop {
         tick.tick().await;
         let Some(store) = store.upgrade() else { return };
-        let ping = store.ping();
+        let (sent, ping) = (Instant::now(), store.ping());
         match tokio::time::timeout(wait, ping).await {
-            Ok(Ok(())) => store.reach.back(Part::Commands),
+            Ok(Ok(())) => store.reach.back(Part::Commands, sent),
             Ok(Err(e)) => store.reach.lost(Part::Commands, e.to_string()),
             Err(_) => {
                 store

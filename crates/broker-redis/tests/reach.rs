@@ -78,3 +78,52 @@ async fn a_node_finds_within_its_limit_that_redis_is_out_of_reach_and_back() {
         .await;
     assert!(published.is_ok(), "{published:?}");
 }
+
+/// Publications made while a node's way to Redis was cut reach it once the way is back,
+/// in order, however the cut ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_was_published_during_a_cut_arrives_after_it() {
+    let redis = RedisServer::start();
+    let partition = Partition::start(&redis);
+    let sink = Arc::new(Recorder::default());
+    let cut_off = RedisBroker::start(
+        RedisOptions {
+            unreachable_after: Duration::from_secs(1),
+            ..RedisOptions::at(partition.url(), "herald")
+        },
+        sink.clone() as Arc<dyn PublicationSink>,
+    )
+    .await
+    .unwrap();
+    let other = RedisBroker::start(
+        RedisOptions::at(redis.url(), "herald"),
+        Arc::new(Recorder::default()) as Arc<dyn PublicationSink>,
+    )
+    .await
+    .unwrap();
+    let channel = ChannelName::new("cut").unwrap();
+    cut_off.subscribe(&channel).await.unwrap();
+    other
+        .publish(&channel, Bytes::from("1"), StreamPolicy::default())
+        .await
+        .unwrap();
+    assert_eq!(sink.await_offsets("cut", 1).await, [1]);
+    partition.blackhole();
+    until(Duration::from_secs(5), || {
+        cut_off.reach().is_some_and(|r| r.lost.is_some())
+    })
+    .await
+    .expect("the cut was noticed");
+    for n in 2..=4 {
+        other
+            .publish(
+                &channel,
+                Bytes::from(n.to_string()),
+                StreamPolicy::default(),
+            )
+            .await
+            .unwrap();
+    }
+    partition.heal();
+    assert_eq!(sink.await_offsets("cut", 4).await, [1, 2, 3, 4]);
+}

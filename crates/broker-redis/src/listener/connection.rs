@@ -16,6 +16,7 @@ pub(super) async fn run(listener: std::sync::Weak<Listener>, endpoint: Arc<crate
     let mut keep_empty = tokio::time::interval(KEEP_EMPTY_EVERY);
     keep_empty.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        let attempt = std::time::Instant::now();
         let connecting = async {
             let client = endpoint.client().await.map_err(|e| e.to_string())?;
             client.get_async_pubsub().await.map_err(|e| e.to_string())
@@ -69,13 +70,14 @@ pub(super) async fn run(listener: std::sync::Weak<Listener>, endpoint: Arc<crate
             backoff = (backoff * 2).min(Duration::from_secs(2));
             continue;
         }
-        me.store.reach.back(Part::PubSub);
         let mut waiting: Vec<CatchUp> = Vec::new();
         if !first {
             tracing::info!("redis pub/sub connection is back");
             waiting = me.start_catch_up();
             me.reconnects.fetch_add(1, Ordering::Relaxed);
         }
+        // After the count: whoever sees the node reach Redis again sees the resubscription.
+        me.store.reach.back(Part::PubSub, attempt);
         first = false;
         backoff = Duration::from_millis(50);
         let store = me.store.clone();
@@ -88,7 +90,8 @@ pub(super) async fn run(listener: std::sync::Weak<Listener>, endpoint: Arc<crate
         let ping_wait = store.unreachable_after - ping_every;
         let mut ping = tokio::time::interval(ping_every);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut pinging: Option<Pin<Box<dyn Future<Output = bool> + Send>>> = None;
+        let mut pinging: Option<Pin<Box<dyn Future<Output = Option<std::time::Instant>> + Send>>> =
+            None;
         let mut keeping: Option<Pin<Box<dyn Future<Output = ()> + Send>>> = None;
         loop {
             while reading.len() < CATCH_UP_PARALLEL {
@@ -137,18 +140,23 @@ pub(super) async fn run(listener: std::sync::Weak<Listener>, endpoint: Arc<crate
                         me.send_probe();
                     }
                     let mut sink = connection.sink.clone();
+                    let sent = std::time::Instant::now();
                     pinging = Some(Box::pin(async move {
-                        matches!(
+                        let answered = matches!(
                             tokio::time::timeout(ping_wait, sink.ping::<redis::Value>()).await,
                             Ok(Ok(_))
-                        )
+                        );
+                        answered.then_some(sent)
                     }));
                 }
-                alive = async { pinging.as_mut().expect("guarded").await }, if pinging.is_some() => {
+                answered = async { pinging.as_mut().expect("guarded").await }, if pinging.is_some() => {
                     pinging = None;
-                    if !alive {
+                    let Some(sent) = answered else {
                         tracing::warn!("redis pub/sub connection does not answer pings");
                         break;
+                    };
+                    if let Some(me) = listener.upgrade() {
+                        me.store.reach.back(Part::PubSub, sent);
                     }
                 }
                 _ = keep_empty.tick(), if keeping.is_none() => {
