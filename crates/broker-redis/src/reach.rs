@@ -34,6 +34,9 @@ struct State {
     recoveries: u64,
     /// When the way was last lost: only what was sent after it shows it back.
     lost_at: Option<Instant>,
+    /// Whether the command connection itself failed (not only unconfirmed since the
+    /// pub/sub connection was lost): publications then cannot be sent at all.
+    commands_failed: bool,
 }
 
 impl State {
@@ -60,6 +63,9 @@ impl Tracker {
         let mut state = self.state.lock();
         let was_reached = state.lost().is_none();
         *state.part(part) = Some(why.into());
+        if part == Part::Commands {
+            state.commands_failed = true;
+        }
         if was_reached {
             // What cut one connection may have cut the other, which may not have noticed
             // yet: both must answer again before the node says it is ready.
@@ -82,6 +88,9 @@ impl Tracker {
         if state.lost_at.is_some_and(|lost| sent < lost) {
             return;
         }
+        if part == Part::Commands {
+            state.commands_failed = false;
+        }
         if state.part(part).take().is_some() && state.lost().is_none() {
             state.recoveries += 1;
             tracing::info!("redis is reachable again; this node is ready");
@@ -93,6 +102,11 @@ impl Tracker {
         let state = self.state.lock();
         Reach {
             lost: state.lost(),
+            writes_lost: state
+                .commands
+                .clone()
+                .filter(|_| state.commands_failed)
+                .map(|why| format!("redis commands: {why}")),
             losses: state.losses,
             recoveries: state.recoveries,
             ..Reach::default()

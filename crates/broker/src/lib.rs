@@ -248,6 +248,9 @@ pub trait Broker: Send + Sync + 'static {
 pub struct Reach {
     /// Why it cannot reach it now; `None` while it can.
     pub lost: Option<String>,
+    /// Why publications cannot be sent to it now (the connection they go through failed);
+    /// `None` while it answers, or is only not confirmed yet since another part was lost.
+    pub writes_lost: Option<String>,
     /// Times it lost it, since the node started.
     pub losses: u64,
     /// Times it found it again.

@@ -124,7 +124,7 @@ pub async fn publish_keyed(
         ));
     }
     // A node that knows it cannot reach its broker says so at once, and sends nothing.
-    if let Some(why) = node.broker.reach().and_then(|r| r.lost) {
+    if let Some(why) = node.broker.reach().and_then(|r| r.writes_lost) {
         return Err(Failure::new(
             ErrorCode::BrokerUnavailable,
             format!("not stored: this node cannot reach its broker ({why}); retry, on another node if you can"),
