@@ -1,6 +1,6 @@
 //! A node that cannot reach its broker moves its clients: once Redis has been out of reach
-//! for `redis.clients_move_after`, every connection it holds ends with 3009 (reconnect and
-//! resume), so its clients go, through a load balancer that checks `/readyz`, to a node
+//! for `redis.clients_move_after`, every connection it holds, and every long-poll it holds
+//! or keeps, ends with 3009 (reconnect and resume), so its clients go, through a load balancer that checks `/readyz`, to a node
 //! that can serve them, instead of waiting in silence for as long as the cut lasts. Redis
 //! back sooner: they stay, and catch up from history as after any lost connection.
 
@@ -44,8 +44,11 @@ async fn watch(node: Weak<Node>, grace: Duration) {
         if since.elapsed() < grace {
             continue;
         }
-        // Every look past the grace: a client that connected meanwhile moves too.
-        let queues = node.sessions.queues();
+        // Every look past the grace: a client that connected meanwhile moves too. The
+        // registry holds the connections; the hub also knows held and parked long-polls,
+        // whose answer then carries the 3009 (an order twice over is the same order).
+        let mut queues = node.sessions.queues();
+        queues.extend(node.hub.subscribed_queues());
         for queue in &queues {
             queue.order(|o| {
                 o.end = Some(Disconnect::because(
@@ -57,7 +60,7 @@ async fn watch(node: Weak<Node>, grace: Duration) {
         if !told {
             told = true;
             tracing::warn!(
-                connections = queues.len(),
+                sessions = queues.len(),
                 reason = %why,
                 "the broker is out of reach past redis.clients_move_after: ending this node's connections with 3009 so that their clients reconnect to a node that reaches it"
             );

@@ -277,6 +277,23 @@ impl Hub {
         page
     }
 
+    /// Every subscribed session's queue, once each (a walk over every channel): whatever
+    /// transport carries it, a held long-poll's and a parked one's included.
+    pub fn subscribed_queues(&self) -> Vec<Arc<Queue>> {
+        let mut seen = std::collections::HashSet::new();
+        let mut queues = Vec::new();
+        for shard in self.shards.iter() {
+            for entry in shard.subscribers.read().values() {
+                for m in entry.members() {
+                    if seen.insert(m.session) {
+                        queues.push(m.queue.clone());
+                    }
+                }
+            }
+        }
+        queues
+    }
+
     /// The channels each of `sessions` is subscribed to here (a walk over every channel).
     pub fn channels_of(&self, sessions: &[u64]) -> HashMap<u64, Vec<String>> {
         let mut found: HashMap<u64, Vec<String>> = HashMap::new();

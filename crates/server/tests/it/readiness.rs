@@ -90,6 +90,20 @@ async fn clients_of_a_node_cut_off_from_redis_are_told_to_move() {
     // Out of reach past the grace: told to move, with a code that says reconnect.
     let mut moves = server.client().await;
     moves.subscribe("news", None).await;
+    // A long-poll held meanwhile is answered with the same word. (It keeps its session, so
+    // taking it up asks Redis nothing: it is held whenever it arrives.)
+    let first: serde_json::Value =
+        reqwest::get(server.url("/connection/longpoll?channel=news&session_key="))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+    let held = tokio::spawn(reqwest::get(server.url(&format!(
+        "/connection/longpoll?cursor={}&timeout=30s&session_key={}",
+        crate::http::urlencode(first["cursor"].as_str().unwrap()),
+        first["session_key"].as_str().unwrap()
+    ))));
     partition.blackhole();
     let cut = Instant::now();
     let closed = tokio::time::timeout(Duration::from_secs(10), moves.closed())
@@ -102,6 +116,24 @@ async fn clients_of_a_node_cut_off_from_redis_are_told_to_move() {
         "told after {took:?}: detection (1 s) plus the grace (2.5 s)"
     );
     assert!(herald_protocol::reconnect_allowed(closed.code));
+    let answer: serde_json::Value = tokio::time::timeout(Duration::from_secs(5), held)
+        .await
+        .expect("the held long-poll was answered")
+        .unwrap()
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let last = answer["messages"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{answer}"))
+        .last()
+        .cloned();
+    assert_eq!(
+        last.as_ref().map(|m| &m["disconnect"]["code"]),
+        Some(&serde_json::json!(3009)),
+        "{answer}"
+    );
     partition.heal();
     server.stop().await.unwrap();
 }
