@@ -19,6 +19,7 @@ mod listener;
 mod presence;
 mod reach;
 mod scripts;
+mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 mod tls;
@@ -28,17 +29,18 @@ use std::{sync::Arc, time::Duration};
 use async_trait::async_trait;
 use bytes::Bytes;
 use herald_broker::{
-    check_since, Broker, BrokerError, Engine, History, HistoryQuery, NodeLink, NodeRequests,
-    PublicationSink, StreamPolicy,
+    Broker, BrokerError, Engine, History, HistoryQuery, NodeLink, NodeRequests, PublicationSink,
+    StreamPolicy,
 };
 use herald_protocol::{json::stored_record, ChannelName, Epoch, Publication, StreamPosition};
-use redis::{aio::ConnectionManager, Script};
+use redis::aio::ConnectionManager;
 
 use endpoint::Endpoint;
 pub use endpoint::RedisSentinel;
 pub use listener::decode_message;
 use listener::Listener;
 pub use presence::{RedisPresence, BEAT_EVERY, NODE_TTL};
+pub(crate) use store::Store;
 pub use tls::RedisTls;
 
 /// Where Redis is and how Herald names its keys there.
@@ -92,25 +94,9 @@ pub struct RedisBroker {
 impl std::fmt::Debug for RedisBroker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisBroker")
-            .field("prefix", &self.store.names.prefix)
+            .field("prefix", &self.store.names.prefix())
             .finish_non_exhaustive()
     }
-}
-
-/// The command connection, the key names and the scripts: what the broker and its
-/// listener both use to talk to Redis.
-pub(crate) struct Store {
-    commands: Arc<Commands>,
-    pub(crate) names: Names,
-    publish: Script,
-    publish_once: Script,
-    history: Script,
-    /// `(replicas, timeout ms)` a publish waits for (`WAIT`), when asked to.
-    replicas: Option<(u32, u64)>,
-    /// Whether both connections answer.
-    pub(crate) reach: reach::Tracker,
-    /// How soon a connection that stops answering is given up (see [`reach`]).
-    pub(crate) unreachable_after: Duration,
 }
 
 /// Connections opened before the node (and its sink) exist, so that a server whose Redis
@@ -187,30 +173,11 @@ impl Connected {
     /// Starts the broker: publications of subscribed channels go to `sink`. Must be called
     /// inside a Tokio runtime (the pub/sub listener is a task).
     pub fn into_broker(self, sink: Arc<dyn PublicationSink>) -> Arc<RedisBroker> {
-        let replicas = (self.options.replicas_ack > 0).then(|| {
-            let timeout = self.options.replicas_timeout.as_millis() as u64;
-            (self.options.replicas_ack, timeout.max(1))
-        });
-        let store = Arc::new(Store {
-            commands: Arc::new(Commands {
-                endpoint: self.endpoint.clone(),
-                moving: Default::default(),
-                moves: Default::default(),
-                connection: parking_lot::Mutex::new((0, self.commands)),
-            }),
-            names: Names {
-                prefix: self.options.prefix,
-            },
-            publish: scripts::publish(),
-            publish_once: scripts::publish_once(),
-            history: scripts::history(),
-            replicas,
-            reach: reach::Tracker::default(),
-            unreachable_after: self
-                .options
-                .unreachable_after
-                .max(Duration::from_millis(30)),
-        });
+        let store = Arc::new(Store::new(
+            self.endpoint.clone(),
+            self.commands,
+            &self.options,
+        ));
         let probe = tokio::spawn(reach::probe(
             Arc::downgrade(&store),
             store.unreachable_after,
@@ -232,53 +199,6 @@ impl Drop for RedisBroker {
     fn drop(&mut self) {
         self.probe.abort();
         self.listener.stop();
-    }
-}
-
-/// How keys and pub/sub channels are named.
-#[derive(Debug)]
-pub(crate) struct Names {
-    prefix: String,
-}
-
-impl Names {
-    fn meta(&self, channel: &ChannelName) -> String {
-        format!("{}:{{{channel}}}:m", self.prefix)
-    }
-
-    fn history(&self, channel: &ChannelName) -> String {
-        format!("{}:{{{channel}}}:h", self.prefix)
-    }
-
-    /// A publication's idempotency key: in the channel's slot, beside its stream.
-    fn idempotency(&self, channel: &ChannelName, key: &str) -> String {
-        format!("{}:{{{channel}}}:k:{key}", self.prefix)
-    }
-
-    pub(crate) fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    /// Where nodes tell each other of joins and leaves.
-    pub(crate) fn presence(&self) -> String {
-        format!("{}:presence", self.prefix)
-    }
-
-    pub(crate) fn pubsub(&self, channel: &ChannelName) -> String {
-        format!("{}:p:{channel}", self.prefix)
-    }
-
-    /// Where a node hears requests and answers from other nodes.
-    pub(crate) fn node(&self, node: &str) -> String {
-        format!("{}:n:{node}", self.prefix)
-    }
-
-    /// The nodes' latest figures (hash: node → JSON), and when each reported (sorted set).
-    fn nodes(&self) -> (String, String) {
-        (
-            format!("{}:nodes", self.prefix),
-            format!("{}:nodes:seen", self.prefix),
-        )
     }
 }
 
@@ -321,15 +241,6 @@ pub fn redacted(url: &str) -> String {
 
 /// How long a command may wait for its answer (and a connection for its handshake).
 pub(crate) const COMMAND_WAIT: Duration = Duration::from_secs(5);
-
-/// Whether `e` says the primary is not where the connection is any more: it is gone (the
-/// connection cannot be made or was dropped) or it became a replica (`READONLY`).
-fn moved(e: &redis::RedisError) -> bool {
-    e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.code() == Some("READONLY")
-}
 
 fn command_config() -> redis::aio::ConnectionManagerConfig {
     redis::aio::ConnectionManagerConfig::new()
@@ -389,283 +300,6 @@ fn millis(d: Duration) -> u64 {
     (d.as_millis() as u64).max(1)
 }
 
-impl Store {
-    /// Whether the command connection answers a PING.
-    pub(crate) async fn ping(&self) -> Result<(), BrokerError> {
-        self.call(|mut c| async move { redis::cmd("PING").query_async::<String>(&mut c).await })
-            .await
-            .map(drop)
-    }
-
-    /// The `EVALSHA` of a publish script (see [`scripts::publish`]) for `data` on
-    /// `channel`; with `once`, the idempotency key and its window (see
-    /// [`scripts::publish_once`]).
-    fn publish_command(
-        &self,
-        script: &Script,
-        channel: &ChannelName,
-        data: &[u8],
-        policy: StreamPolicy,
-        once: Option<(&str, Duration)>,
-    ) -> redis::Cmd {
-        let mut eval = redis::cmd("EVALSHA");
-        eval.arg(script.get_hash())
-            .arg(if once.is_some() { 3 } else { 2 })
-            .arg(self.names.meta(channel))
-            .arg(self.names.history(channel));
-        if let Some((key, _)) = once {
-            eval.arg(self.names.idempotency(channel, key));
-        }
-        eval.arg(data)
-            .arg(policy.history_size)
-            .arg(millis(policy.history_ttl))
-            .arg(millis(policy.meta_ttl.max(policy.history_ttl)))
-            .arg(new_epoch().as_str())
-            .arg(self.names.pubsub(channel));
-        if let Some((_, window)) = once {
-            eval.arg(millis(window));
-        }
-        eval
-    }
-
-    /// Runs a publish script's `eval` (loading the script first if Redis lost it) and, with
-    /// `replicas_ack`, a `WAIT` in the same pipeline, so both run on one connection: `WAIT`
-    /// counts the replicas that have this connection's writes, and a connection made afresh
-    /// in between would have none to wait for.
-    async fn run_publish<T>(
-        &self,
-        script: &Script,
-        eval: redis::Cmd,
-        channel: &ChannelName,
-    ) -> Result<T, BrokerError>
-    where
-        T: redis::FromRedisValue + Send + 'static,
-    {
-        let Some((replicas, timeout)) = self.replicas else {
-            return self
-                .call(|mut c| async move {
-                    match eval.query_async(&mut c).await {
-                        Err(e) if e.code() == Some("NOSCRIPT") => {
-                            script.prepare_invoke().load_async(&mut c).await?;
-                            eval.query_async(&mut c).await
-                        }
-                        done => done,
-                    }
-                })
-                .await;
-        };
-        let mut pipe = redis::pipe();
-        pipe.add_command(eval)
-            .cmd("WAIT")
-            .arg(replicas)
-            .arg(timeout);
-        let (answer, acked): (T, u32) = self
-            .call(|mut c| async move {
-                match pipe.query_async(&mut c).await {
-                    Err(e) if e.code() == Some("NOSCRIPT") => {
-                        script.prepare_invoke().load_async(&mut c).await?;
-                        pipe.query_async(&mut c).await
-                    }
-                    done => done,
-                }
-            })
-            .await?;
-        if acked < replicas {
-            return Err(BrokerError::Unavailable(format!(
-                "redis: published to {channel}, but only {acked} of the {replicas} replicas \
-                 asked for (replicas_ack) had it within {timeout} ms: not acknowledged, and a \
-                 failover now could lose it"
-            )));
-        }
-        Ok(answer)
-    }
-
-    /// Replaces the command connection now (it stopped answering).
-    pub(crate) fn abandon_connection(&self, why: &'static str) {
-        let generation = self.commands.connection.lock().0;
-        self.commands.replace(generation, why);
-    }
-
-    /// Runs one command (or script) on the command connection. A command that times out
-    /// replaces the connection: a silent network drop is never noticed otherwise.
-    pub(crate) async fn call<T, F, Fut>(&self, command: F) -> Result<T, BrokerError>
-    where
-        F: FnOnce(ConnectionManager) -> Fut,
-        Fut: std::future::Future<Output = redis::RedisResult<T>>,
-    {
-        let commands = &self.commands;
-        let (generation, connection) = commands.connection.lock().clone();
-        command(connection).await.map_err(|e| {
-            if e.is_timeout() {
-                commands.replace(generation, "a redis command timed out");
-            } else if commands.endpoint.moves() && moved(&e) {
-                commands.replace(generation, "the redis primary is gone or was demoted");
-            }
-            unavailable(e)
-        })
-    }
-}
-
-/// The command connection: where it goes, and the connection itself with how many times it
-/// was replaced. redis-rs reconnects by itself when a connection is reset, but not when the
-/// network silently drops everything (its commands then time out for good), nor to a
-/// primary that moved: [`Commands::replace`] does.
-pub(crate) struct Commands {
-    endpoint: Arc<Endpoint>,
-    /// Whether a new connection is being looked for (a Sentinel asked).
-    moving: std::sync::atomic::AtomicBool,
-    /// Command connections made to the primary the Sentinels name, after the one before was
-    /// lost (a failover, or the same primary back).
-    moves: std::sync::atomic::AtomicU64,
-    connection: parking_lot::Mutex<(u64, ConnectionManager)>,
-}
-
-impl Commands {
-    /// Replaces the command connection numbered `failed` (not one that replaced it since):
-    /// for a primary that can move, with one to wherever the Sentinels say it is now.
-    fn replace(self: &Arc<Self>, failed: u64, why: &'static str) {
-        use std::sync::atomic::Ordering;
-        if self.connection.lock().0 != failed || self.moving.swap(true, Ordering::AcqRel) {
-            return; // replaced already, or being replaced
-        }
-        let commands = self.clone();
-        let replace = async move {
-            let fresh = match commands.endpoint.client().await {
-                Ok(client) => ConnectionManager::new_lazy_with_config(client, command_config())
-                    .map_err(unavailable),
-                Err(e) => Err(e),
-            };
-            match fresh {
-                Ok(fresh) => {
-                    tracing::warn!("{why}; opening a new command connection");
-                    if commands.endpoint.moves() {
-                        commands.moves.fetch_add(1, Ordering::Relaxed);
-                    }
-                    let mut connection = commands.connection.lock();
-                    if connection.0 == failed {
-                        *connection = (failed + 1, fresh);
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot replace the redis command connection"),
-            }
-            commands.moving.store(false, Ordering::Release);
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(rt.spawn(replace)),
-            Err(_) => self.moving.store(false, Ordering::Release),
-        }
-    }
-}
-
-impl Store {
-    /// Where a stream stands, without making it: `None` when it does not exist.
-    pub(crate) async fn position(
-        &self,
-        channel: &ChannelName,
-    ) -> Result<Option<StreamPosition>, BrokerError> {
-        let meta = self.names.meta(channel);
-        let (epoch, offset): (Option<String>, Option<u64>) = self
-            .call(|mut c| async move {
-                redis::cmd("HMGET")
-                    .arg(meta)
-                    .arg("e")
-                    .arg("o")
-                    .query_async(&mut c)
-                    .await
-            })
-            .await?;
-        match epoch {
-            None => Ok(None),
-            Some(epoch) => Ok(Some(StreamPosition {
-                epoch: checked_epoch(channel, &epoch)?,
-                offset: offset.unwrap_or(0),
-            })),
-        }
-    }
-
-    /// Keeps streams nobody published to alive while this node listens to them (see
-    /// [`scripts::KEEP_EMPTY`]).
-    pub(crate) async fn keep_empty(&self, channels: &[ChannelName]) -> Result<(), BrokerError> {
-        let mut pipe = redis::pipe();
-        for channel in channels {
-            pipe.cmd("EVAL")
-                .arg(scripts::KEEP_EMPTY)
-                .arg(1)
-                .arg(self.names.meta(channel))
-                .arg(millis(herald_broker::EMPTY_STREAM_GRACE))
-                .ignore();
-        }
-        self.call(|mut c| async move { pipe.query_async::<()>(&mut c).await })
-            .await
-    }
-
-    /// Gives `channel` a new epoch if it still stands below `seen` in `seen`'s epoch (see
-    /// [`scripts::RENEW_EPOCH`]); the epoch it has afterwards.
-    pub(crate) async fn renew_epoch(
-        &self,
-        channel: &ChannelName,
-        seen: &(Epoch, u64),
-    ) -> Result<String, BrokerError> {
-        let meta = self.names.meta(channel);
-        let (epoch, offset) = (seen.0.as_str().to_string(), seen.1);
-        self.call(|mut c| async move {
-            redis::cmd("EVAL")
-                .arg(scripts::RENEW_EPOCH)
-                .arg(1)
-                .arg(meta)
-                .arg(epoch)
-                .arg(offset)
-                .arg(new_epoch().as_str())
-                .query_async(&mut c)
-                .await
-        })
-        .await
-    }
-
-    /// Reads history in one script call (see [`scripts::history`]).
-    pub(crate) async fn history(
-        &self,
-        channel: &ChannelName,
-        query: &HistoryQuery,
-    ) -> Result<History, BrokerError> {
-        let since = query
-            .since
-            .as_ref()
-            .map_or(String::new(), |s| s.offset.to_string());
-        let mut script = self.history.key(self.names.meta(channel));
-        script
-            .key(self.names.history(channel))
-            .arg(since)
-            .arg(query.limit)
-            .arg(new_epoch().as_str())
-            .arg(millis(herald_broker::EMPTY_STREAM_GRACE));
-        let reply: redis::Value = self
-            .call(|mut c| async move { script.invoke_async(&mut c).await })
-            .await?;
-        let (position, first, entries) = decode_history_reply(channel, reply)?;
-        if let Some(since) = &query.since {
-            check_since(since, &position, first)?;
-        }
-        let publications = query.page(entries.iter());
-        Ok(History {
-            position,
-            publications,
-        })
-    }
-
-    /// Publishes raw bytes on a pub/sub channel; returns how many listeners got them.
-    pub(crate) async fn send(&self, to: String, message: Vec<u8>) -> Result<u64, BrokerError> {
-        self.call(|mut c| async move {
-            redis::cmd("PUBLISH")
-                .arg(to)
-                .arg(message)
-                .query_async(&mut c)
-                .await
-        })
-        .await
-    }
-}
-
 #[async_trait]
 impl Broker for RedisBroker {
     async fn publish(
@@ -674,14 +308,8 @@ impl Broker for RedisBroker {
         data: Bytes,
         policy: StreamPolicy,
     ) -> Result<StreamPosition, BrokerError> {
-        let store = &self.store;
-        let eval = store.publish_command(&store.publish, channel, &data, policy, None);
-        let (epoch, offset): (String, u64) =
-            store.run_publish(&store.publish, eval, channel).await?;
-        Ok(StreamPosition {
-            offset,
-            epoch: checked_epoch(channel, &epoch)?,
-        })
+        let published = self.store.publish(channel, &data, policy, None).await?;
+        Ok(published.0)
     }
 
     async fn publish_once(
@@ -692,17 +320,8 @@ impl Broker for RedisBroker {
         key: &str,
         window: Duration,
     ) -> Result<(StreamPosition, bool), BrokerError> {
-        let store = &self.store;
         let once = Some((key, window));
-        let eval = store.publish_command(&store.publish_once, channel, &data, policy, once);
-        let (epoch, offset, repeat): (String, u64, u8) = store
-            .run_publish(&store.publish_once, eval, channel)
-            .await?;
-        let position = StreamPosition {
-            offset,
-            epoch: checked_epoch(channel, &epoch)?,
-        };
-        Ok((position, repeat == 1))
+        self.store.publish(channel, &data, policy, once).await
     }
 
     async fn history(
@@ -746,14 +365,14 @@ impl Broker for RedisBroker {
 
     fn reach(&self) -> Option<herald_broker::Reach> {
         use std::sync::atomic::Ordering::Relaxed;
-        let commands = &self.store.commands;
+        let moves = self.store.moves();
         Some(herald_broker::Reach {
-            topology: if commands.endpoint.moves() {
+            topology: if moves.is_some() {
                 "sentinel"
             } else {
                 "single"
             },
-            moves: commands.moves.load(Relaxed),
+            moves: moves.unwrap_or(0),
             resubscriptions: self.listener.reconnects.load(Relaxed),
             ..self.store.reach.reach()
         })
