@@ -5,7 +5,10 @@ use std::sync::Arc;
 use axum::http::{HeaderMap, HeaderValue};
 use bytes::Bytes;
 use herald_broker::{Broker, DurableBroker, HistoryQuery, StreamPolicy, SyncPolicy};
-use herald_protocol::{json::DecodeError, ChannelName, Cursor, Encoding, Reply, Since};
+use herald_protocol::{
+    json::{self, DecodeError, Json},
+    ChannelName, Codec, Cursor, Reply, Since,
+};
 use herald_server::transport::request::OpenRequest;
 
 /// A decoder under test.
@@ -107,18 +110,12 @@ impl Target {
 
     pub fn decoder(self) -> Decoder {
         match self {
-            // As a session reads a frame: split by the codec, each part decoded, and an
+            // As a session reads a frame (split by the codec, each part decoded), and an
             // answerable error written back (its message holds what the client sent).
             Target::Command => Box::new(|input| {
-                let codec = Encoding::Json.codec();
-                let mut rest = input;
-                while !rest.is_empty() {
-                    let (part, after) = codec.split(rest);
-                    rest = after;
-                    if let Some(Err(DecodeError::Invalid { id, code, message })) =
-                        codec.decode(part)
-                    {
-                        let _ = codec.reply(&Reply::error(id, code, &message));
+                for decoded in json::decode_frame(input) {
+                    if let Err(DecodeError::Invalid { id, code, message }) = decoded {
+                        let _ = Json.reply(&Reply::error(id, code, &message));
                     }
                 }
             }),

@@ -20,12 +20,18 @@ use crate::{
 
 pub use crate::codec::DecodeError;
 
-/// Splits a frame into its non-empty lines and decodes each.
-pub fn decode_frame(frame: &[u8]) -> impl Iterator<Item = Result<Command, DecodeError>> + '_ {
-    frame
-        .split(|b| *b == b'\n')
-        .filter(|line| line.iter().any(|b| !b.is_ascii_whitespace()))
-        .map(decode_command)
+/// Every command of a frame, read as a session reads it through [`Json`] (split into
+/// lines, blank ones skipped), for tools and tests that want them all at once.
+pub fn decode_frame(frame: &[u8]) -> Vec<Result<Command, DecodeError>> {
+    use crate::Codec;
+    let mut commands = Vec::new();
+    let mut rest = frame;
+    while !rest.is_empty() {
+        let (part, after) = Json.split(rest);
+        rest = after;
+        commands.extend(Json.decode(part));
+    }
+    commands
 }
 
 /// Decodes one command from one JSON object.

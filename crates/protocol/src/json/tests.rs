@@ -164,7 +164,10 @@ fn payloads_value_refuses_get_an_answer_not_a_panic() {
 #[test]
 fn frames_hold_several_commands() {
     let frame = b"{\"id\":1,\"ping\":{}}\n\n{\"id\":2,\"ping\":{}}\n";
-    let ids: Vec<_> = decode_frame(frame).map(|c| c.unwrap().id).collect();
+    let ids: Vec<_> = decode_frame(frame)
+        .into_iter()
+        .map(|c| c.unwrap().id)
+        .collect();
     assert_eq!(ids, vec![Some(1), Some(2)]);
 }
 

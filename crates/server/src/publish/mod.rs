@@ -124,7 +124,10 @@ pub async fn publish_keyed(
         ));
     }
     // A node that knows it cannot reach its broker says so at once, and sends nothing.
-    if let Some(why) = node.broker.reach().and_then(|r| r.writes_lost) {
+    // Asked once: whether the broker is remote, and whether its way is known lost.
+    let reach = node.broker.reach();
+    let remote = reach.is_some();
+    if let Some(why) = reach.and_then(|r| r.writes_lost) {
         return Err(Failure::new(
             ErrorCode::BrokerUnavailable,
             format!("not stored: this node cannot reach its broker ({why}); retry, on another node if you can"),
@@ -150,7 +153,7 @@ pub async fn publish_keyed(
     };
     // Only a remote broker's answer is waited for with a deadline: the node's own store
     // answers for itself (a full disk is an error, not a silence).
-    let answered = if node.broker.reach().is_some() {
+    let answered = if remote {
         tokio::time::timeout(deadline, publishing).await
     } else {
         Ok(publishing.await)
@@ -159,7 +162,7 @@ pub async fn publish_keyed(
         Ok(Ok(published)) => published,
         Ok(Err(e @ herald_broker::BrokerError::Unrecoverable { .. })) => return Err(e.into()),
         // Sent, and not confirmed: it may be stored.
-        Ok(Err(e @ herald_broker::BrokerError::Unavailable(_))) if node.broker.reach().is_some() => {
+        Ok(Err(e @ herald_broker::BrokerError::Unavailable(_))) if remote => {
             return Err(Failure::new(
                 ErrorCode::OutcomeUnknown,
                 format!("outcome unknown: the broker did not confirm the publication ({e}); it may be stored, and a retry may store it twice"),
