@@ -1,13 +1,19 @@
-//! Where the Redis primary is: at a fixed address (the URL's), or wherever Redis Sentinel
-//! says it is now. The command connection and the pub/sub connection ask here each time
-//! they (re)connect, so after a failover both move to the new primary.
+//! Where Redis is: one primary at a fixed address (the URL's), the primary Redis Sentinel
+//! names now, or a Redis Cluster. The command connection and the pub/sub connection ask
+//! here each time they (re)connect, so after a failover both move to the new primary (a
+//! cluster's connection follows its slots by itself).
 
 use std::time::Duration;
 
 use herald_broker::BrokerError;
-use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
+use redis::{
+    aio::{ConnectionLike, ConnectionManager},
+    cluster::ClusterClientBuilder,
+    cluster_async::ClusterConnection,
+    ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
+};
 
-use crate::{tls, RedisOptions, RedisTls};
+use crate::{command_config, tls, unavailable, RedisOptions, RedisTls, COMMAND_WAIT};
 
 /// How long one Sentinel (or a primary it names) may take to answer.
 const ASK_WAIT: Duration = Duration::from_secs(1);
@@ -29,7 +35,60 @@ pub(crate) enum Endpoint {
     Fixed(redis::Client),
     /// Wherever the Sentinels say.
     Sentinel(Sentinels),
+    /// A Redis Cluster: each key's slot decides which primary serves it.
+    Cluster(ClusterNodes),
 }
+
+/// A cluster's nodes (any of them leads to the rest), reached with the URL's credentials
+/// and scheme.
+pub(crate) struct ClusterNodes {
+    nodes: Vec<ConnectionInfo>,
+    tls: RedisTls,
+}
+
+/// A command connection, whatever the topology: one primary's (redis-rs reconnects it
+/// when it is reset), or a cluster's (which sends each command to its slot's primary and
+/// follows slots that move).
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Where a (re)connected pub/sub connection's messages arrive, for a cluster's: what each
+/// node pushes (messages, subscription changes, and a connection that dropped).
+pub(crate) type Pushes = tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>;
 
 /// The Sentinels, and how to reach a primary they name.
 pub(crate) struct Sentinels {
@@ -44,6 +103,12 @@ pub(crate) struct Sentinels {
 impl Endpoint {
     /// The endpoint `options` describe; an error (without secrets) if they cannot work.
     pub(crate) fn new(options: &RedisOptions) -> Result<Self, BrokerError> {
+        if !options.cluster.is_empty() {
+            if options.sentinel.is_some() {
+                return Err(refused("cluster and sentinels do not go together"));
+            }
+            return ClusterNodes::new(options).map(Endpoint::Cluster);
+        }
         let Some(sentinel) = &options.sentinel else {
             return tls::client(&options.url, &options.tls).map(Endpoint::Fixed);
         };
@@ -54,9 +119,7 @@ impl Endpoint {
             .addresses
             .iter()
             .map(|address| {
-                let (host, port) = address
-                    .rsplit_once(':')
-                    .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok()?)))
+                let (host, port) = host_port(address)
                     .ok_or_else(|| refused(&format!("sentinel {address:?} is not host:port")))?;
                 let mut info = (host, port)
                     .into_connection_info()
@@ -89,13 +152,114 @@ impl Endpoint {
         matches!(self, Endpoint::Sentinel(_))
     }
 
-    /// A client for the primary as it is now.
+    /// Whether it is a cluster: publications then travel on sharded pub/sub, and every
+    /// script and pipeline keeps to one slot.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Endpoint::Cluster(_))
+    }
+
+    /// A client for the primary as it is now (not for a cluster: see
+    /// [`Endpoint::commands`] and [`Endpoint::cluster_pubsub`]).
     pub(crate) async fn client(&self) -> Result<redis::Client, BrokerError> {
         match self {
             Endpoint::Fixed(client) => Ok(client.clone()),
             Endpoint::Sentinel(sentinels) => sentinels.primary().await,
+            Endpoint::Cluster(_) => Err(refused("a cluster has no single primary")),
         }
     }
+
+    /// A command connection; with `lazy`, one primary's connects on its first command
+    /// (a cluster's always connects now, to learn the slots).
+    pub(crate) async fn commands(&self, lazy: bool) -> Result<Conn, BrokerError> {
+        if let Endpoint::Cluster(nodes) = self {
+            let client = nodes.builder()?.build().map_err(unavailable)?;
+            let connection = client.get_async_connection().await.map_err(unavailable)?;
+            return Ok(Conn::Cluster(connection));
+        }
+        let client = self.client().await?;
+        let connection = if lazy {
+            ConnectionManager::new_lazy_with_config(client, command_config())
+        } else {
+            ConnectionManager::new_with_config(client, command_config()).await
+        };
+        connection.map(Conn::Single).map_err(unavailable)
+    }
+
+    /// A cluster connection for pub/sub (RESP3), and where its pushes arrive.
+    pub(crate) async fn cluster_pubsub(&self) -> Result<(ClusterConnection, Pushes), BrokerError> {
+        let Endpoint::Cluster(nodes) = self else {
+            return Err(refused("not a cluster"));
+        };
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let client = nodes
+            .builder()?
+            .use_protocol(redis::ProtocolVersion::RESP3)
+            .push_sender(tx)
+            .build()
+            .map_err(unavailable)?;
+        let connection = client.get_async_connection().await.map_err(unavailable)?;
+        Ok((connection, rx))
+    }
+}
+
+impl ClusterNodes {
+    fn new(options: &RedisOptions) -> Result<Self, BrokerError> {
+        let url = options
+            .url
+            .as_str()
+            .into_connection_info()
+            .map_err(unavailable)?;
+        let nodes = options
+            .cluster
+            .iter()
+            .map(|address| {
+                let (host, port) = host_port(address).ok_or_else(|| {
+                    refused(&format!("cluster node {address:?} is not host:port"))
+                })?;
+                let addr = match url.addr() {
+                    ConnectionAddr::TcpTls { .. } => ConnectionAddr::TcpTls {
+                        host,
+                        port,
+                        insecure: options.tls.insecure,
+                        tls_params: None,
+                    },
+                    _ => ConnectionAddr::Tcp(host, port),
+                };
+                Ok(url.clone().set_addr(addr))
+            })
+            .collect::<Result<_, BrokerError>>()?;
+        let is_tls = matches!(url.addr(), ConnectionAddr::TcpTls { .. });
+        if !is_tls && options.tls.is_set() {
+            return Err(refused(
+                "TLS settings (ca_file, cert_file, key_file, tls_insecure) need a rediss:// URL",
+            ));
+        }
+        Ok(Self {
+            nodes,
+            tls: options.tls.clone(),
+        })
+    }
+
+    /// A client builder for the cluster, with the command limits and TLS.
+    fn builder(&self) -> Result<ClusterClientBuilder, BrokerError> {
+        let mut builder = ClusterClientBuilder::new(self.nodes.clone())
+            .connection_timeout(COMMAND_WAIT)
+            .response_timeout(COMMAND_WAIT)
+            .retries(2);
+        if self.tls.insecure {
+            builder = builder.tls(redis::TlsMode::Insecure);
+        }
+        if let Some(certificates) = tls::certificates(&self.tls)? {
+            builder = builder.certs(certificates);
+        }
+        Ok(builder)
+    }
+}
+
+/// `host:port` split, or `None` if it is not that.
+fn host_port(address: &str) -> Option<(String, u16)> {
+    let (host, port) = address.rsplit_once(':')?;
+    Some((host.to_string(), port.parse().ok()?))
 }
 
 impl Sentinels {

@@ -28,15 +28,13 @@ use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+pub use endpoint::RedisSentinel;
+use endpoint::{Conn, Endpoint};
 use herald_broker::{
     Broker, BrokerError, Engine, History, HistoryQuery, NodeLink, NodeRequests, PublicationSink,
     StreamPolicy,
 };
 use herald_protocol::{json::stored_record, ChannelName, Epoch, Publication, StreamPosition};
-use redis::aio::ConnectionManager;
-
-use endpoint::Endpoint;
-pub use endpoint::RedisSentinel;
 pub use listener::decode_message;
 use listener::Listener;
 pub use presence::{RedisPresence, BEAT_EVERY, NODE_TTL};
@@ -56,6 +54,9 @@ pub struct RedisOptions {
     /// Find the primary through Redis Sentinel (the URL then gives only the credentials,
     /// database and scheme: its host and port are replaced by the primary's).
     pub sentinel: Option<RedisSentinel>,
+    /// `host:port` of Redis Cluster nodes (any of them leads to the rest; the URL then
+    /// gives only the credentials and scheme). Empty: not a cluster.
+    pub cluster: Vec<String>,
     /// Replicas that must have a publication before it is acknowledged (`WAIT`); 0: the
     /// primary's word is enough.
     pub replicas_ack: u32,
@@ -75,6 +76,7 @@ impl RedisOptions {
             prefix: prefix.into(),
             tls: RedisTls::default(),
             sentinel: None,
+            cluster: Vec::new(),
             replicas_ack: 0,
             replicas_timeout: Duration::from_secs(1),
             unreachable_after: Duration::from_secs(3),
@@ -103,7 +105,7 @@ impl std::fmt::Debug for RedisBroker {
 /// cannot be reached fails at start with a clear error.
 pub struct Connected {
     endpoint: Arc<Endpoint>,
-    commands: ConnectionManager,
+    commands: Conn,
     options: RedisOptions,
 }
 
@@ -119,10 +121,7 @@ impl RedisBroker {
     /// Opens the command connection and checks that Redis answers.
     pub async fn connect(options: RedisOptions) -> Result<Connected, BrokerError> {
         let endpoint = Endpoint::new(&options)?;
-        let client = endpoint.client().await?;
-        let mut commands = ConnectionManager::new_with_config(client.clone(), command_config())
-            .await
-            .map_err(unavailable)?;
+        let mut commands = endpoint.commands(false).await?;
         redis::cmd("PING")
             .query_async::<String>(&mut commands)
             .await
@@ -242,7 +241,7 @@ pub fn redacted(url: &str) -> String {
 /// How long a command may wait for its answer (and a connection for its handshake).
 pub(crate) const COMMAND_WAIT: Duration = Duration::from_secs(5);
 
-fn command_config() -> redis::aio::ConnectionManagerConfig {
+pub(crate) fn command_config() -> redis::aio::ConnectionManagerConfig {
     redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(Some(COMMAND_WAIT))
         .set_response_timeout(Some(COMMAND_WAIT))
@@ -367,7 +366,9 @@ impl Broker for RedisBroker {
         use std::sync::atomic::Ordering::Relaxed;
         let moves = self.store.moves();
         Some(herald_broker::Reach {
-            topology: if moves.is_some() {
+            topology: if self.store.names.cluster {
+                "cluster"
+            } else if moves.is_some() {
                 "sentinel"
             } else {
                 "single"

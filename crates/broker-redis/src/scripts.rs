@@ -35,9 +35,22 @@ redis.call('PUBLISH', ARGV[6], epoch .. '\n' .. offset .. '\n' .. ARGV[1])
 /// `EPOCH\nOFFSET\nDATA` to the channel's pub/sub channel, all in one step.
 ///
 /// KEYS: meta, history. ARGV: data, history size, history TTL ms, meta TTL ms, the epoch to
-/// use if the stream is new, pub/sub channel. Returns `{epoch, offset}`.
-pub fn publish() -> Script {
-    Script::new(&format!("{PUBLISH_STEPS}return {{epoch, offset}}\n"))
+/// use if the stream is new, pub/sub channel. Returns `{epoch, offset}`. On a cluster
+/// (`sharded`) it sends with `SPUBLISH` to a shard channel in the keys' slot.
+pub fn publish(sharded: bool) -> Script {
+    Script::new(&format!(
+        "{}return {{epoch, offset}}\n",
+        publish_steps(sharded)
+    ))
+}
+
+/// [`PUBLISH_STEPS`], sending with `SPUBLISH` when `sharded`.
+fn publish_steps(sharded: bool) -> String {
+    if sharded {
+        PUBLISH_STEPS.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")
+    } else {
+        PUBLISH_STEPS.to_string()
+    }
 }
 
 /// [`publish`], once per idempotency key: a key the channel saw within its window publishes
@@ -46,7 +59,8 @@ pub fn publish() -> Script {
 ///
 /// KEYS: meta, history, the key's. ARGV: as [`publish`], then the key's window in ms.
 /// Returns `{epoch, offset, repeat (0 or 1)}`.
-pub fn publish_once() -> Script {
+pub fn publish_once(sharded: bool) -> Script {
+    let publish_steps = publish_steps(sharded);
     Script::new(&format!(
         r#"
 local seen = redis.call('GET', KEYS[3])
@@ -54,7 +68,7 @@ if seen then
   local at = string.find(seen, ' ', 1, true)
   return {{string.sub(seen, 1, at - 1), tonumber(string.sub(seen, at + 1)), 1}}
 end
-{PUBLISH_STEPS}
+{publish_steps}
 redis.call('SET', KEYS[3], epoch .. ' ' .. offset, 'PX', ARGV[7])
 return {{epoch, offset, 0}}
 "#

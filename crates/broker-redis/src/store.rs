@@ -5,12 +5,17 @@ use std::{sync::Arc, time::Duration};
 
 use herald_broker::{check_since, BrokerError, History, HistoryQuery, StreamPolicy};
 use herald_protocol::{ChannelName, Epoch, StreamPosition};
-use redis::{aio::ConnectionManager, Script};
+use redis::Script;
 
 use crate::{
-    checked_epoch, command_config, decode_history_reply, endpoint::Endpoint, millis, new_epoch,
-    reach, scripts, unavailable,
+    checked_epoch, decode_history_reply,
+    endpoint::{Conn, Endpoint},
+    millis, new_epoch, reach, scripts, unavailable,
 };
+
+/// Calls made at once on a cluster where one Redis would take a pipeline (a pipeline
+/// keeps to one slot).
+pub(crate) const CLUSTER_PARALLEL: usize = 64;
 
 /// The command connection, the key names and the scripts: what the broker and its
 /// listener both use to talk to Redis.
@@ -32,6 +37,9 @@ pub(crate) struct Store {
 #[derive(Debug)]
 pub(crate) struct Names {
     prefix: String,
+    /// On a cluster, every name a script or a pipeline uses together shares a hash tag
+    /// (one slot), and a channel's publications travel on a shard channel in its slot.
+    pub(crate) cluster: bool,
 }
 
 impl Names {
@@ -57,8 +65,15 @@ impl Names {
         format!("{}:presence", self.prefix)
     }
 
+    /// Where a channel's publications travel: on a cluster, a shard channel in the
+    /// channel's slot (the publish script sends there with `SPUBLISH`, and only the primary
+    /// of that slot and its replicas carry it).
     pub(crate) fn pubsub(&self, channel: &ChannelName) -> String {
-        format!("{}:p:{channel}", self.prefix)
+        if self.cluster {
+            format!("{}:{{{channel}}}:p", self.prefix)
+        } else {
+            format!("{}:p:{channel}", self.prefix)
+        }
     }
 
     /// Where a node hears requests and answers from other nodes.
@@ -68,6 +83,12 @@ impl Names {
 
     /// The nodes' latest figures (hash: node → JSON), and when each reported (sorted set).
     pub(crate) fn nodes(&self) -> (String, String) {
+        if self.cluster {
+            return (
+                format!("{}:{{nodes}}", self.prefix),
+                format!("{}:{{nodes}}:seen", self.prefix),
+            );
+        }
         (
             format!("{}:nodes", self.prefix),
             format!("{}:nodes:seen", self.prefix),
@@ -79,9 +100,10 @@ impl Store {
     /// The store for a node: `connection` to the primary `endpoint` names, as `options` say.
     pub(crate) fn new(
         endpoint: Arc<Endpoint>,
-        connection: ConnectionManager,
+        connection: Conn,
         options: &crate::RedisOptions,
     ) -> Self {
+        let cluster = endpoint.is_cluster();
         let replicas = (options.replicas_ack > 0).then(|| {
             let timeout = options.replicas_timeout.as_millis() as u64;
             (options.replicas_ack, timeout.max(1))
@@ -95,9 +117,10 @@ impl Store {
             }),
             names: Names {
                 prefix: options.prefix.clone(),
+                cluster,
             },
-            publish: scripts::publish(),
-            publish_once: scripts::publish_once(),
+            publish: scripts::publish(cluster),
+            publish_once: scripts::publish_once(cluster),
             history: scripts::history(),
             replicas,
             reach: reach::Tracker::default(),
@@ -241,7 +264,7 @@ impl Store {
     /// replaces the connection: a silent network drop is never noticed otherwise.
     pub(crate) async fn call<T, F, Fut>(&self, command: F) -> Result<T, BrokerError>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
         let commands = &self.commands;
@@ -268,7 +291,7 @@ pub(crate) struct Commands {
     /// Command connections made to the primary the Sentinels name, after the one before was
     /// lost (a failover, or the same primary back).
     moves: std::sync::atomic::AtomicU64,
-    connection: parking_lot::Mutex<(u64, ConnectionManager)>,
+    connection: parking_lot::Mutex<(u64, Conn)>,
 }
 
 impl Commands {
@@ -281,12 +304,7 @@ impl Commands {
         }
         let commands = self.clone();
         let replace = async move {
-            let fresh = match commands.endpoint.client().await {
-                Ok(client) => ConnectionManager::new_lazy_with_config(client, command_config())
-                    .map_err(unavailable),
-                Err(e) => Err(e),
-            };
-            match fresh {
+            match commands.endpoint.commands(true).await {
                 Ok(fresh) => {
                     tracing::warn!("{why}; opening a new command connection");
                     if commands.endpoint.moves() {
@@ -336,18 +354,50 @@ impl Store {
 
     /// Keeps streams nobody published to alive while this node listens to them (see
     /// [`scripts::KEEP_EMPTY`]).
+    /// On a cluster, one call per channel (a pipeline keeps to one slot), a few at a time.
     pub(crate) async fn keep_empty(&self, channels: &[ChannelName]) -> Result<(), BrokerError> {
-        let mut pipe = redis::pipe();
-        for channel in channels {
-            pipe.cmd("EVAL")
-                .arg(scripts::KEEP_EMPTY)
+        let keeps = channels.iter().map(|channel| {
+            let mut eval = redis::cmd("EVAL");
+            eval.arg(scripts::KEEP_EMPTY)
                 .arg(1)
                 .arg(self.names.meta(channel))
-                .arg(millis(herald_broker::EMPTY_STREAM_GRACE))
-                .ignore();
+                .arg(millis(herald_broker::EMPTY_STREAM_GRACE));
+            eval
+        });
+        if self.names.cluster {
+            return self.each(keeps.collect()).await;
+        }
+        let mut pipe = redis::pipe();
+        for keep in keeps {
+            pipe.add_command(keep).ignore();
         }
         self.call(|mut c| async move { pipe.query_async::<()>(&mut c).await })
             .await
+    }
+
+    /// Runs `commands` (answered with nothing), [`CLUSTER_PARALLEL`] at a time: where one
+    /// Redis takes a pipeline, a cluster needs a call per slot.
+    pub(crate) async fn each(&self, commands: Vec<redis::Cmd>) -> Result<(), BrokerError> {
+        use futures_util::StreamExt;
+        let (generation, connection) = self.commands.connection.lock().clone();
+        let calls = commands.into_iter().map(move |command| {
+            let mut c = connection.clone();
+            async move { command.query_async::<()>(&mut c).await }
+        });
+        let results: Vec<redis::RedisResult<()>> = futures_util::stream::iter(calls)
+            .buffer_unordered(CLUSTER_PARALLEL)
+            .collect()
+            .await;
+        for result in results {
+            if let Err(e) = result {
+                if e.is_timeout() {
+                    self.commands
+                        .replace(generation, "a redis command timed out");
+                }
+                return Err(unavailable(e));
+            }
+        }
+        Ok(())
     }
 
     /// Gives `channel` a new epoch if it still stands below `seen` in `seen`'s epoch (see

@@ -1,8 +1,10 @@
 //! A real `redis-server` for tests: started on a free loopback port in a temporary
 //! directory, stopped when dropped.
 
+mod cluster;
 mod sentinel;
 
+pub use cluster::ClusterSet;
 pub use sentinel::{SentinelSet, MASTER_NAME};
 
 use std::{
@@ -414,4 +416,15 @@ impl Partition {
         self.cut();
         self.dark.store(false, std::sync::atomic::Ordering::SeqCst);
     }
+}
+
+/// What `redis-cli -p PORT ARGS…` prints (empty when it cannot connect).
+fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .expect("redis-cli must be installed with redis-server");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

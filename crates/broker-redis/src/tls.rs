@@ -56,6 +56,16 @@ pub(crate) fn client_for(
     } else {
         info
     };
+    match certificates(tls)? {
+        None => redis::Client::open(info).map_err(super::unavailable),
+        Some(certificates) => {
+            redis::Client::build_with_tls(info, certificates).map_err(super::unavailable)
+        }
+    }
+}
+
+/// The CA and client certificate `tls` names, read; `None` when it names neither.
+pub(crate) fn certificates(tls: &RedisTls) -> Result<Option<TlsCertificates>, BrokerError> {
     let client_tls = match (&tls.cert_file, &tls.key_file) {
         (Some(cert), Some(key)) => Some(ClientTlsConfig {
             client_cert: read(cert)?,
@@ -66,16 +76,12 @@ pub(crate) fn client_for(
     };
     let root_cert = tls.ca_file.as_deref().map(read).transpose()?;
     if client_tls.is_none() && root_cert.is_none() {
-        return redis::Client::open(info).map_err(super::unavailable);
+        return Ok(None);
     }
-    redis::Client::build_with_tls(
-        info,
-        TlsCertificates {
-            client_tls,
-            root_cert,
-        },
-    )
-    .map_err(super::unavailable)
+    Ok(Some(TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, BrokerError> {

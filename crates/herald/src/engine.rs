@@ -35,6 +35,7 @@ pub async fn open_node(settings: Settings) -> anyhow::Result<Arc<Node>> {
                     insecure: redis.tls_insecure,
                 },
                 sentinel,
+                cluster: redis.cluster.clone(),
                 replicas_ack: redis.replicas_ack,
                 replicas_timeout: redis.replicas_timeout,
                 unreachable_after: redis.unreachable_after,
@@ -55,6 +56,11 @@ pub fn stored_in(config: &Config) -> String {
     match config.storage {
         StorageEngine::Durable => config.data_dir.display().to_string(),
         StorageEngine::Memory => "memory".into(),
+        StorageEngine::Redis if !config.redis.cluster.is_empty() => format!(
+            "redis cluster at {} (prefix {})",
+            config.redis.cluster.join(", "),
+            config.redis.prefix
+        ),
         StorageEngine::Redis if !config.redis.sentinels.is_empty() => format!(
             "redis primary {:?} from sentinels {} (prefix {})",
             config.redis.master_name,

@@ -17,14 +17,11 @@ pub(super) async fn run(listener: std::sync::Weak<Listener>, endpoint: Arc<crate
     keep_empty.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let attempt = std::time::Instant::now();
-        let connecting = async {
-            let client = endpoint.client().await.map_err(|e| e.to_string())?;
-            client.get_async_pubsub().await.map_err(|e| e.to_string())
-        };
+        let connecting = pubsub::connect(&endpoint);
         // Given up after `unreachable_after`, as a ping would be: an attempt swallowed by a
         // partition must not keep the node from trying again once the way is back.
         let wait = endpoint_wait(&listener).unwrap_or(COMMAND_WAIT);
-        let pubsub = match tokio::time::timeout(wait, connecting).await {
+        let (control, mut messages) = match tokio::time::timeout(wait, connecting).await {
             Ok(Ok(p)) => p,
             failed => {
                 let error = match failed {
@@ -43,18 +40,16 @@ pub(super) async fn run(listener: std::sync::Weak<Listener>, endpoint: Arc<crate
             }
         };
         let Some(me) = listener.upgrade() else { return };
-        let (control, mut messages) = pubsub.split();
         let connection = Connection {
             sink: control,
             dead: Arc::new(Notify::new()),
         };
         let subscribed = {
             let _membership = me.membership.write().await;
-            let mut names: Vec<String> = me.channels.lock().keys().map(|k| k.to_string()).collect();
-            names.push(me.node_channel.clone());
-            names.push(me.presence_channel.clone());
+            let names: Vec<String> = me.channels.lock().keys().map(|k| k.to_string()).collect();
+            let control = [me.node_channel.clone(), me.presence_channel.clone()];
             let mut sink = connection.sink.clone();
-            let subscribed = connection.timed(sink.subscribe(&names)).await;
+            let subscribed = connection.timed(sink.subscribe(&names, &control)).await;
             if subscribed.is_ok() {
                 me.control.send_replace(Some(connection.clone()));
             }
@@ -99,9 +94,23 @@ pub(super) async fn run(listener: std::sync::Weak<Listener>, endpoint: Arc<crate
                 reading.push(read_back(&store, next, Duration::ZERO));
             }
             tokio::select! {
-                message = messages.next() => {
-                    let Some(message) = message else { break };
+                heard = messages.next() => {
                     let Some(me) = listener.upgrade() else { return };
+                    let message = match heard {
+                        Some(Heard::Message(message)) => message,
+                        Some(Heard::Unsubscribed(name)) => {
+                            if !me.channels.lock().contains_key(name.as_str()) {
+                                continue; // asked for
+                            }
+                            tracing::warn!(channel = %name, "redis unsubscribed a channel this node listens to (its slot moved)");
+                            break;
+                        }
+                        Some(Heard::Dropped) => {
+                            tracing::warn!("a redis cluster node's pub/sub connection dropped");
+                            break;
+                        }
+                        None => break,
+                    };
                     if message.get_channel_name() == me.node_channel {
                         me.on_node_message(message.get_payload_bytes());
                         continue;
@@ -143,8 +152,8 @@ pub(super) async fn run(listener: std::sync::Weak<Listener>, endpoint: Arc<crate
                     let sent = std::time::Instant::now();
                     pinging = Some(Box::pin(async move {
                         let answered = matches!(
-                            tokio::time::timeout(ping_wait, sink.ping::<redis::Value>()).await,
-                            Ok(Ok(_))
+                            tokio::time::timeout(ping_wait, sink.ping()).await,
+                            Ok(Ok(()))
                         );
                         answered.then_some(sent)
                     }));

@@ -18,7 +18,6 @@ use futures_util::{stream::FuturesUnordered, Future, StreamExt};
 use herald_broker::{BrokerError, NodeRequests, PublicationSink};
 use herald_protocol::{json::stored_record, ChannelName, Epoch, Publication};
 use parking_lot::Mutex;
-use redis::aio::PubSubSink;
 use tokio::{
     sync::{oneshot, Notify},
     task::AbortHandle,
@@ -28,8 +27,10 @@ use crate::{unavailable, Store, COMMAND_WAIT};
 
 mod catch_up;
 mod connection;
+mod pubsub;
 use catch_up::{read_back, CatchUp, CATCH_UP_RETRY};
 use connection::run;
+use pubsub::{Heard, Subscriber};
 
 /// Channels caught up at once after a reconnect.
 const CATCH_UP_PARALLEL: usize = 16;
@@ -81,7 +82,7 @@ struct Held {
 /// The pub/sub connection's command half, and how to report it dead.
 #[derive(Clone)]
 struct Connection {
-    sink: PubSubSink,
+    sink: Subscriber,
     dead: Arc<Notify>,
 }
 
@@ -211,7 +212,8 @@ impl Listener {
             },
         );
         let mut sink = connection.sink.clone();
-        if let Err(e) = connection.timed(sink.subscribe(&name)).await {
+        let names = [name.clone()];
+        if let Err(e) = connection.timed(sink.subscribe(&names, &[])).await {
             self.channels.lock().remove(name.as_str());
             return Err(e);
         }

@@ -2,11 +2,11 @@
 //! loopback ports: for failover tests.
 
 use std::{
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
     time::{Duration, Instant},
 };
 
-use super::{free_port, run_until, spawn_with};
+use super::{cli, free_port, run_until, spawn_with};
 
 /// The name the Sentinels monitor the primary under.
 pub const MASTER_NAME: &str = "herald";
@@ -139,15 +139,4 @@ impl Drop for SentinelSet {
             let _ = child.wait();
         }
     }
-}
-
-/// What `redis-cli -p PORT ARGS…` prints (empty when it cannot connect).
-fn cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .args(["-p", &port.to_string()])
-        .args(args)
-        .stderr(Stdio::null())
-        .output()
-        .expect("redis-cli must be installed with redis-server");
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -194,6 +194,10 @@ pub struct RedisConfig {
     pub master_name: String,
     /// The Sentinels' own password, if they have one. Default none.
     pub sentinel_password: Option<String>,
+    /// `host:port` of Redis Cluster nodes (any few: they lead to the rest). With them,
+    /// `url` gives only the credentials and scheme. Each channel's stream, publications
+    /// (sharded pub/sub) and presence live in its slot. Default none: not a cluster.
+    pub cluster: Vec<String>,
     /// Replicas that must have a publication before it is acknowledged (Redis `WAIT`):
     /// with 1 or more, a failover after the acknowledgement loses nothing. 0 (the
     /// default): the primary's word is enough, and a failover can lose what it had not
@@ -229,6 +233,7 @@ impl Default for RedisConfig {
             tls_insecure: false,
             sentinels: Vec::new(),
             master_name: String::new(),
+            cluster: Vec::new(),
             sentinel_password: None,
             replicas_ack: 0,
             replicas_timeout: std::time::Duration::from_secs(1),
@@ -404,6 +409,18 @@ impl Config {
             return Err(bad(
                 "redis.master_name",
                 "is required with redis.sentinels: the name the Sentinels monitor the primary under",
+            ));
+        }
+        if !self.redis.cluster.is_empty() && !self.redis.sentinels.is_empty() {
+            return Err(bad(
+                "redis.cluster",
+                "and redis.sentinels do not go together: a cluster elects its own primaries",
+            ));
+        }
+        if !self.redis.cluster.is_empty() && self.redis.prefix.contains(['{', '}']) {
+            return Err(bad(
+                "redis.prefix",
+                "must not hold { or } on a cluster: keys are grouped in slots by the channel between braces",
             ));
         }
         if self.redis.replicas_ack > 0 && self.redis.replicas_timeout.is_zero() {

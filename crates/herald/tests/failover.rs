@@ -1,6 +1,7 @@
-//! Two `herald serve` nodes that find their Redis primary through Sentinel: the primary is
-//! killed (SIGKILL) while both take publications and serve subscribers, and every
-//! acknowledged publication still reaches every subscriber once, in order.
+//! Two `herald serve` nodes on a Redis whose primary moves: found through Sentinel, or a
+//! Redis Cluster's. The primary is killed (SIGKILL) while both take publications and serve
+//! subscribers, and every acknowledged publication still reaches every subscriber once, in
+//! order.
 
 mod support;
 
@@ -12,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use herald_broker_redis::testkit::{SentinelSet, MASTER_NAME};
+use herald_broker_redis::testkit::{ClusterSet, SentinelSet, MASTER_NAME};
 use serde_json::{json, Value};
 use support::{fails, herald, Server, KEY};
 
@@ -28,8 +29,8 @@ impl Drop for Reaped {
     }
 }
 
-fn through_sentinels(command: &mut Command, set: &SentinelSet) {
-    let sentinels: Vec<String> = set.sentinels().iter().map(|s| format!("{s:?}")).collect();
+fn through_sentinels(command: &mut Command, sentinels: &[String]) {
+    let sentinels: Vec<String> = sentinels.iter().map(|s| format!("{s:?}")).collect();
     command
         .env(
             "HERALD_REDIS__SENTINELS",
@@ -64,15 +65,49 @@ fn subscriber(url: &str) -> (Reaped, mpsc::Receiver<Value>) {
     (sub, printed)
 }
 
+fn on_cluster(command: &mut Command, addresses: &[String]) {
+    let nodes: Vec<String> = addresses.iter().map(|s| format!("{s:?}")).collect();
+    command
+        .env("HERALD_REDIS__CLUSTER", format!("[{}]", nodes.join(",")))
+        .env("HERALD_REDIS__REPLICAS_ACK", "1");
+}
+
 #[test]
-fn a_redis_failover_loses_no_acknowledged_publication_on_any_node() {
+fn a_sentinel_failover_loses_no_acknowledged_publication_on_any_node() {
     let mut set = SentinelSet::start();
+    let sentinels = set.sentinels();
+    survives(
+        |command| through_sentinels(command, &sentinels),
+        || {
+            set.kill_primary();
+        },
+        "sentinel",
+    );
+}
+
+#[test]
+fn a_cluster_failover_loses_no_acknowledged_publication_on_any_node() {
+    let mut set = ClusterSet::start(2);
+    let primary = set.primary_of(&format!("herald:{{{CHANNEL}}}:m"));
+    let addresses = set.addresses();
+    survives(
+        |command| on_cluster(command, &addresses),
+        || set.kill(primary),
+        "cluster",
+    );
+}
+
+/// Two nodes configured by `configure`; 30 publications acknowledged through them in turn,
+/// `kill`, 30 more; then every subscriber has each acknowledged one once, in order, and
+/// each node's `/metrics` names the `topology` (and, for Sentinel, the move).
+fn survives(configure: impl Fn(&mut Command), kill: impl FnOnce(), topology: &str) {
     let data = tempfile::tempdir().unwrap();
-    // The URL's address is only a placeholder: the Sentinels say where the primary is.
+    // The URL's address is only a placeholder: the Sentinels or the cluster say where the
+    // primaries are.
     let args = ["--storage", "redis", "--redis-url", "redis://127.0.0.1:1"];
     let start = || {
         let mut command = herald();
-        through_sentinels(&mut command, &set);
+        configure(&mut command);
         Server::spawn_with(&mut command, data.path(), &args)
     };
     let nodes = [start(), start()];
@@ -84,6 +119,7 @@ fn a_redis_failover_loses_no_acknowledged_publication_on_any_node() {
         .unwrap();
 
     let mut acked: Vec<u64> = Vec::new();
+    let mut kill = Some(kill);
     let (mut killed, mut stalled, mut refused) = (None::<Instant>, None, 0);
     let give_up = Instant::now() + Duration::from_secs(90);
     let mut n = 0u64;
@@ -92,9 +128,11 @@ fn a_redis_failover_loses_no_acknowledged_publication_on_any_node() {
             Instant::now() < give_up,
             "publishing never recovered: {acked:?}"
         );
-        if acked.len() == 30 && killed.is_none() {
-            set.kill_primary();
-            killed = Some(Instant::now());
+        if acked.len() == 30 {
+            if let Some(kill) = kill.take() {
+                kill();
+                killed = Some(Instant::now());
+            }
         }
         n += 1;
         let node = &nodes[(n % 2) as usize];
@@ -119,9 +157,12 @@ fn a_redis_failover_loses_no_acknowledged_publication_on_any_node() {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
-    eprintln!("publishing stalled {stalled:?} after the kill; {refused} refused meanwhile");
+    eprintln!(
+        "{topology}: publishing stalled {stalled:?} after the kill; {refused} refused meanwhile"
+    );
 
-    // Each node says how it reaches Redis, and that it followed the failover.
+    // Each node says how it reaches Redis, and (through Sentinel) that it followed the
+    // failover.
     for node in &nodes {
         let metrics = rt.block_on(async {
             http.get(format!("{}/metrics", node.url))
@@ -134,9 +175,14 @@ fn a_redis_failover_loses_no_acknowledged_publication_on_any_node() {
                 .unwrap()
         });
         assert!(
-            metrics.contains("herald_broker_topology{topology=\"sentinel\"} 1"),
+            metrics.contains(&format!(
+                "herald_broker_topology{{topology=\"{topology}\"}} 1"
+            )),
             "{metrics}"
         );
+        if topology != "sentinel" {
+            continue;
+        }
         let moves = metrics
             .lines()
             .find_map(|l| l.strip_prefix("herald_broker_moves_total "))

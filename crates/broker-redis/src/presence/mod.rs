@@ -22,6 +22,10 @@
 //! channels whole, in one script: rare, but it holds Redis for a moment per 100,000
 //! members.
 //!
+//! On a Redis Cluster every script keeps to one slot: the per-channel keys above already
+//! share the channel's; how a node's holders are counted, and how a dead node's channels
+//! are found, differ (see [`scripts`] and [`cluster`]).
+//!
 //! Joins and leaves batched by a node reach the others on the pub/sub channel
 //! `P:presence`, as `NODE\nBATCH`.
 
@@ -43,144 +47,13 @@ use crate::{
     Store,
 };
 
+mod cluster;
+mod scripts;
+
 /// How often a node tells Redis it is alive (and sweeps out silent nodes).
 pub const BEAT_EVERY: Duration = Duration::from_secs(2);
 /// A node silent for this long is taken for dead, and its members removed.
 pub const NODE_TTL: Duration = Duration::from_secs(10);
-
-/// What every script shares: a node's tag, a member's holders, and its removal.
-const COMMON: &str = r#"
-local function tag_of(P, node)
-  local t = redis.call('HGET', P .. ':ptag', node)
-  if not t then
-    t = tostring(redis.call('INCR', P .. ':ptagseq'))
-    redis.call('HSET', P .. ':ptag', node, t)
-  end
-  return t
-end
--- Holders of node T in "T:N,T:N".
-local function count_of(holders, T)
-  for t, n in string.gmatch(holders or '', '([^:,]+):(%d+)') do
-    if t == T then return tonumber(n) end
-  end
-  return 0
-end
--- The holders with node T's count moved by d ('' when none are left).
-local function shift(holders, T, d)
-  local out, found = {}, false
-  for t, n in string.gmatch(holders or '', '([^:,]+):(%d+)') do
-    n = tonumber(n)
-    if t == T then n = n + d; found = true end
-    if n > 0 then out[#out + 1] = t .. ':' .. n end
-  end
-  if not found and d > 0 then out[#out + 1] = T .. ':' .. d end
-  return table.concat(out, ',')
-end
--- Removes member id of channel C from every structure.
-local function remove(P, C, id)
-  redis.call('HDEL', P .. ':pc:{' .. C .. '}', id)
-  -- Its entry is id ++ info; info is JSON, which never holds the byte 255.
-  local z = P .. ':pz:{' .. C .. '}'
-  local entry = redis.call('ZRANGEBYLEX', z, '[' .. id, '(' .. id .. '\255', 'LIMIT', 0, 1)
-  if entry[1] then redis.call('ZREM', z, entry[1]) end
-  local user = redis.call('HGET', P .. ':pu:{' .. C .. '}', id)
-  if user then
-    redis.call('HDEL', P .. ':pu:{' .. C .. '}', id)
-    if redis.call('HINCRBY', P .. ':pn:{' .. C .. '}', user, -1) <= 0 then
-      redis.call('HDEL', P .. ':pn:{' .. C .. '}', user)
-    end
-  end
-end
--- Takes d holders of node T off member id of C: removed from the node's channel count,
--- and from the channel when no holder is left (then returns 1).
-local function release(P, C, id, T, d)
-  if redis.call('HINCRBY', P .. ':pnc:' .. T, C, -d) <= 0 then
-    redis.call('HDEL', P .. ':pnc:' .. T, C)
-  end
-  local key = P .. ':pc:{' .. C .. '}'
-  local rest = shift(redis.call('HGET', key, id), T, -d)
-  if rest ~= '' then
-    redis.call('HSET', key, id, rest)
-    return 0
-  end
-  remove(P, C, id)
-  return 1
-end
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-"#;
-
-/// Joins and leaves of one node, in order, in one call. ARGV: prefix, node, then five per
-/// change: `j` or `l`, channel, id (8 bytes), info, and `u` followed by the user (`''` for
-/// none; both empty for a leave). Returns per change 1 when the member is new (join) or left (leave), else 0.
-fn changes_script() -> Script {
-    Script::new(&format!(
-        r#"{COMMON}
-local P, node = ARGV[1], ARGV[2]
-local T = tag_of(P, node)
-redis.call('ZADD', P .. ':palive', now_ms(), node)
-local out = {{}}
-for i = 3, #ARGV, 5 do
-  local C, id, key = ARGV[i + 1], ARGV[i + 2], P .. ':pc:{{' .. ARGV[i + 1] .. '}}'
-  local result = 0
-  if ARGV[i] == 'j' then
-    redis.call('HINCRBY', P .. ':pnc:' .. T, C, 1)
-    local before = redis.call('HGET', key, id)
-    redis.call('HSET', key, id, shift(before, T, 1))
-    if not before then
-      result = 1
-      redis.call('ZADD', P .. ':pz:{{' .. C .. '}}', 0, id .. ARGV[i + 3])
-      local user = string.sub(ARGV[i + 4], 2)
-      if ARGV[i + 4] ~= '' then
-        redis.call('HSET', P .. ':pu:{{' .. C .. '}}', id, user)
-        redis.call('HINCRBY', P .. ':pn:{{' .. C .. '}}', user, 1)
-      end
-    end
-  elseif count_of(redis.call('HGET', key, id), T) > 0 then
-    result = release(P, C, id, T, 1)
-  end
-  out[#out + 1] = result
-end
-return out
-"#
-    ))
-}
-
-/// ARGV: prefix, node, node TTL ms. Marks the node alive; removes the members of nodes
-/// silent for longer than the TTL. Returns `{channel, id, channel, id, …}` of members
-/// that left.
-fn beat_script() -> Script {
-    Script::new(&format!(
-        r#"{COMMON}
-local P = ARGV[1]
-local now = now_ms()
-redis.call('ZADD', P .. ':palive', now, ARGV[2])
-local dead = redis.call('ZRANGEBYSCORE', P .. ':palive', '-inf', now - tonumber(ARGV[3]))
-local out = {{}}
-for _, node in ipairs(dead) do
-  local T = redis.call('HGET', P .. ':ptag', node)
-  if T then
-    for _, C in ipairs(redis.call('HKEYS', P .. ':pnc:' .. T)) do
-      local all = redis.call('HGETALL', P .. ':pc:{{' .. C .. '}}')
-      for i = 1, #all, 2 do
-        local n = count_of(all[i + 1], T)
-        if n > 0 and release(P, C, all[i], T, n) == 1 then
-          out[#out + 1] = C
-          out[#out + 1] = all[i]
-        end
-      end
-    end
-    redis.call('DEL', P .. ':pnc:' .. T)
-    redis.call('HDEL', P .. ':ptag', node)
-  end
-  redis.call('ZREM', P .. ':palive', node)
-end
-return out
-"#
-    ))
-}
 
 /// Most joins and leaves sent in one script call.
 const MOST_PER_CALL: usize = 256;
@@ -203,9 +76,14 @@ struct Change {
 /// batch instead of one per join, and no join waits behind a queue of single calls until
 /// it times out. A lone join goes at once.
 async fn send_changes(store: Arc<Store>, node: String, mut queue: mpsc::UnboundedReceiver<Change>) {
-    let script = changes_script();
+    let script = scripts::changes();
+    let on_cluster = cluster::Changes::new();
     let mut batch = Vec::with_capacity(MOST_PER_CALL);
     while queue.recv_many(&mut batch, MOST_PER_CALL).await > 0 {
+        if store.names.cluster {
+            on_cluster.send(&store, &node, &mut batch).await;
+            continue;
+        }
         let mut call = script.prepare_invoke();
         call.arg(store.names.prefix()).arg(&node);
         for c in &batch {
@@ -261,7 +139,7 @@ impl RedisPresence {
             store,
             listener,
             changes,
-            beat: beat_script(),
+            beat: scripts::beat(),
             events: Mutex::default(),
         });
         let weak = Arc::downgrade(&presence);
@@ -313,6 +191,11 @@ impl RedisPresence {
 
     /// Marks this node alive and removes the members of nodes that are not.
     pub async fn beat(&self) -> Result<(), BrokerError> {
+        if self.store.names.cluster {
+            let gone = cluster::beat(&self.store, &self.listener.node_id).await?;
+            self.expired(gone);
+            return Ok(());
+        }
         let mut call = self.beat.prepare_invoke();
         call.arg(self.prefix())
             .arg(&self.listener.node_id)
@@ -321,8 +204,14 @@ impl RedisPresence {
             .store
             .call(|mut c| async move { call.invoke_async(&mut c).await })
             .await?;
+        self.expired(gone);
+        Ok(())
+    }
+
+    /// Tells the node of members that left with a dead node: `{channel, id, …}`.
+    fn expired(&self, gone: Vec<Vec<u8>>) {
         let events = self.events.lock().as_ref().and_then(Weak::upgrade);
-        let Some(events) = events else { return Ok(()) };
+        let Some(events) = events else { return };
         for pair in gone.chunks(2) {
             let channel = std::str::from_utf8(&pair[0]).ok();
             let (Some(channel), Some(id)) = (
@@ -333,7 +222,6 @@ impl RedisPresence {
             };
             events.expired(&channel, vec![id]);
         }
-        Ok(())
     }
 
     /// A batch another node published.
