@@ -59,6 +59,8 @@ pub struct Common {
     pub url: Option<String>,
     /// The server's process id, for its CPU and memory (default: the Herald this tool
     /// starts); repeat it for a server of several processes, whose figures are summed.
+    /// With the Herald this tool starts, more processes to count with it (the Redis
+    /// servers a `--redis-url` names).
     #[arg(long, global = true)]
     pub pid: Vec<u32>,
     /// Herald processes to start on one address (`--reuse-port`), sharing channels through

@@ -166,6 +166,7 @@ impl Connected {
             link: Some(broker.clone()),
             presence: Some(broker.presence()),
             broker,
+            storage: "redis",
         }
     }
 

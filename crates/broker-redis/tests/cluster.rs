@@ -189,3 +189,26 @@ async fn a_primary_killed_on_a_cluster_loses_no_acknowledged_publication() {
     let stalled = failover::publish_through(&nodes, "chaos", || set.kill(primary)).await;
     eprintln!("cluster failover: publishing stalled {stalled:?} after the kill");
 }
+
+/// A channel's slot moved to another primary mid-stream (resharding): Redis unsubscribes
+/// its shard channel, the nodes subscribe again where it went and catch up, and nothing
+/// acknowledged is lost or doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_that_moves_loses_no_acknowledged_publication() {
+    let set = ClusterSet::start(0);
+    let mut nodes = Vec::new();
+    for _ in 0..2 {
+        nodes.push(failover::node(options(&set, "herald")).await);
+    }
+    let stalled = failover::publish_through(&nodes, "moving", || {
+        set.move_slot_of("herald:{moving}:m");
+    })
+    .await;
+    eprintln!("slot move: publishing stalled {stalled:?}");
+    for (broker, _) in &nodes {
+        assert!(
+            broker.reach().is_some_and(|r| r.resubscriptions >= 1),
+            "the node subscribed again after the move"
+        );
+    }
+}

@@ -52,15 +52,19 @@ pub struct Engine {
     pub link: Option<SharedLink>,
     /// `None`: the node keeps presence itself ([`crate::MemoryPresence`]).
     pub presence: Option<SharedPresence>,
+    /// What keeps publications (`memory`, `durable`, `redis`, …), for `/api/info` and
+    /// metrics' labels.
+    pub storage: &'static str,
 }
 
 impl Engine {
-    /// A broker that serves one node.
-    pub fn alone(broker: SharedBroker) -> Self {
+    /// A broker that serves one node, keeping publications in `storage`.
+    pub fn alone(broker: SharedBroker, storage: &'static str) -> Self {
         Self {
             broker,
             link: None,
             presence: None,
+            storage,
         }
     }
 }

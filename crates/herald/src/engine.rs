@@ -5,15 +5,21 @@
 use std::sync::Arc;
 
 use herald_broker_redis::{redacted, RedisBroker, RedisOptions, RedisSentinel, RedisTls};
-use herald_server::{config::StorageEngine, Config, Node, Settings};
+use herald_server::{Config, Embedded, Node, Settings};
+
+use crate::storage::{RedisConfig, StorageEngine};
 
 /// A node on the engine the configuration asks for, connected and checked before this
 /// returns: a server whose broker cannot be reached stops at start, with the reason.
-pub async fn open_node(settings: Settings) -> anyhow::Result<Arc<Node>> {
-    match settings.config.storage {
-        StorageEngine::Durable | StorageEngine::Memory => Ok(Node::embedded(settings)?),
+pub async fn open_node(
+    settings: Settings,
+    storage: StorageEngine,
+    redis: &RedisConfig,
+) -> anyhow::Result<Arc<Node>> {
+    match storage {
+        StorageEngine::Durable => Ok(Node::embedded(settings, Embedded::Durable)?),
+        StorageEngine::Memory => Ok(Node::embedded(settings, Embedded::Memory)?),
         StorageEngine::Redis => {
-            let redis = &settings.config.redis;
             if redis.tls_insecure {
                 tracing::warn!(
                     "redis.tls_insecure: Redis's certificate is not verified; anyone on the \
@@ -42,7 +48,8 @@ pub async fn open_node(settings: Settings) -> anyhow::Result<Arc<Node>> {
             })
             .await
             .map_err(|e| {
-                anyhow::anyhow!("cannot use redis at {}: {e}", stored_in(&settings.config))
+                let at = stored_in(storage, redis, &settings.config);
+                anyhow::anyhow!("cannot use redis at {at}: {e}")
             })?;
             Ok(Node::with_engine(settings, |sink| {
                 connected.into_engine(sink)
@@ -52,25 +59,21 @@ pub async fn open_node(settings: Settings) -> anyhow::Result<Arc<Node>> {
 }
 
 /// Where publications are kept, for the start-up line (no secret in it).
-pub fn stored_in(config: &Config) -> String {
-    match config.storage {
+pub fn stored_in(storage: StorageEngine, redis: &RedisConfig, config: &Config) -> String {
+    match storage {
         StorageEngine::Durable => config.data_dir.display().to_string(),
         StorageEngine::Memory => "memory".into(),
-        StorageEngine::Redis if !config.redis.cluster.is_empty() => format!(
+        StorageEngine::Redis if !redis.cluster.is_empty() => format!(
             "redis cluster at {} (prefix {})",
-            config.redis.cluster.join(", "),
-            config.redis.prefix
+            redis.cluster.join(", "),
+            redis.prefix
         ),
-        StorageEngine::Redis if !config.redis.sentinels.is_empty() => format!(
+        StorageEngine::Redis if !redis.sentinels.is_empty() => format!(
             "redis primary {:?} from sentinels {} (prefix {})",
-            config.redis.master_name,
-            config.redis.sentinels.join(", "),
-            config.redis.prefix
+            redis.master_name,
+            redis.sentinels.join(", "),
+            redis.prefix
         ),
-        StorageEngine::Redis => format!(
-            "{} (prefix {})",
-            redacted(&config.redis.url),
-            config.redis.prefix
-        ),
+        StorageEngine::Redis => format!("{} (prefix {})", redacted(&redis.url), redis.prefix),
     }
 }

@@ -4,6 +4,7 @@ mod cli;
 mod engine;
 mod pubsub;
 mod settings;
+mod storage;
 mod token;
 mod top;
 
@@ -55,11 +56,16 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
     if args.print_config {
         let printed = toml::to_string_pretty(&config)?;
         // Checked as `serve` checks it: a configuration it would refuse is refused here too.
-        config.validate()?;
+        config.check()?;
+        config.server.validate()?;
         print!("{printed}");
         return Ok(ExitCode::SUCCESS);
     }
-    let mut settings = config.validate()?;
+    config.check()?;
+    let storage::ServeConfig { storage, redis, .. } = config.clone();
+    let broker = config.broker_limits();
+    let mut settings = config.server.validate()?;
+    settings.broker = broker;
     settings::init_logging(&settings.config)?;
     log_panics();
     fit_connections_to_descriptors(&mut settings.config);
@@ -87,7 +93,8 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
         let listen = settings.config.listen;
         let listener = listen_on(listen, settings.config.reuse_port)
             .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
-        let node = engine::open_node(settings).await?;
+        let stored_in = engine::stored_in(storage, &redis, &settings.config);
+        let node = engine::open_node(settings, storage, &redis).await?;
         let shutdown = shutdown_signal()?;
         survive_file_size_limit()?;
         warn_of_a_shared_address(&node.settings.config);
@@ -96,8 +103,8 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
             workers,
             version = env!("CARGO_PKG_VERSION"),
             api = if node.settings.api_keys().next().is_some() { "enabled" } else { "disabled (no api_key)" },
-            storage = ?node.settings.config.storage,
-            stored_in = %engine::stored_in(&node.settings.config),
+            storage = node.storage,
+            stored_in = %stored_in,
             "herald is listening"
         );
         say_what_is_open(&node.settings);

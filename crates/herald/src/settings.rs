@@ -3,12 +3,16 @@
 
 use figment::{
     providers::{Env, Format, Serialized, Toml},
-    Figment,
+    value::{Dict, Map},
+    Figment, Metadata, Profile, Provider,
 };
 use herald_server::{config::LogFormat, Config};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::cli::ServeArgs;
+use crate::{
+    cli::ServeArgs,
+    storage::{RedisConfig, ServeConfig, StorageEngine},
+};
 
 /// Environment variables starting with `HERALD_` that are not configuration keys.
 const NOT_CONFIG: &[&str] = &["url", "config"];
@@ -44,51 +48,115 @@ struct RedisFlags<'a> {
     url: &'a str,
 }
 
-/// Reads every source into one [`Config`]; errors name the key and the source.
-pub fn load(args: &ServeArgs) -> anyhow::Result<Config> {
+/// The top-level keys the binary reads to build the engine (see [`crate::storage`]); the
+/// server's configuration is everything else, and refuses keys it does not know.
+const ENGINE_KEYS: &[&str] = &["storage", "redis"];
+
+/// A source with only the engine's keys (`engine`), or only the rest. Each source keeps its
+/// own name, so an error still says which file or variable a bad value came from.
+struct Part<P> {
+    source: P,
+    engine: bool,
+}
+
+impl<P: Provider> Provider for Part<P> {
+    fn metadata(&self) -> Metadata {
+        self.source.metadata()
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        let mut data = self.source.data()?;
+        for dict in data.values_mut() {
+            dict.retain(|key, _| ENGINE_KEYS.contains(&key.as_str()) == self.engine);
+        }
+        Ok(data)
+    }
+}
+
+/// The engine's settings, as read (the server's are read on their own).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EngineConfig {
+    #[serde(default)]
+    storage: StorageEngine,
+    #[serde(default)]
+    redis: RedisConfig,
+}
+
+/// Reads every source into one [`ServeConfig`]; errors name the key and the source.
+pub fn load(args: &ServeArgs) -> anyhow::Result<ServeConfig> {
     // Built-in namespaces are not merged key by key with the configuration's: a namespace
     // the configuration names is its own whole, and keys it leaves out take `[channels]`'
     // values, as for any namespace (added back below only when the configuration does not
     // name them).
     let built_in = Config::default().namespaces;
-    let defaults = Config {
-        namespaces: Default::default(),
-        ..Config::default()
+    let server: Config = sources(args, false).extract().map_err(invalid)?;
+    let engine: EngineConfig = sources(args, true).extract().map_err(invalid)?;
+    let mut config = ServeConfig {
+        storage: engine.storage,
+        redis: engine.redis,
+        server,
     };
-    let mut figment = Figment::from(Serialized::defaults(defaults));
-    if let Some(path) = &args.config {
-        figment = figment.merge(Toml::file_exact(path));
-    }
-    figment = figment
-        .merge(Env::prefixed("HERALD_").split("__").ignore(NOT_CONFIG))
-        .merge(Serialized::defaults(Flags {
-            listen: args.listen,
-            api_key: args.api_key.as_deref(),
-            workers: args.workers,
-            data_dir: args.data_dir.as_deref(),
-            storage: args.storage.as_deref(),
-            redis: args.redis_url.as_deref().map(|url| RedisFlags { url }),
-            reuse_port: args.reuse_port,
-            sync: args.sync.as_deref(),
-            log_level: args.log_level.as_deref(),
-            log_format: args.log_format.as_deref(),
-            allowed_origins: &args.allowed_origin,
-        }));
-    let mut config = figment.extract::<Config>().map_err(|e| {
-        let mut message = String::from("invalid configuration:");
-        for e in e {
-            // Figment names keys by profile ("default.client.x"); users write "client.x".
-            message.push_str(&format!(
-                "\n  {}",
-                e.to_string().replace("key \"default.", "key \"")
-            ));
-        }
-        anyhow::anyhow!(message)
-    })?;
     for (name, rules) in built_in {
-        config.namespaces.entry(name).or_insert(rules);
+        config.server.namespaces.entry(name).or_insert(rules);
     }
     Ok(config)
+}
+
+/// Defaults, then the TOML file, then `HERALD_*` variables, then flags: the engine's keys
+/// only (`engine`), or only the rest.
+fn sources(args: &ServeArgs, engine: bool) -> Figment {
+    let defaults = ServeConfig {
+        server: Config {
+            namespaces: Default::default(),
+            ..Config::default()
+        },
+        ..ServeConfig::default()
+    };
+    let mut figment = Figment::from(Part {
+        source: Serialized::defaults(defaults),
+        engine,
+    });
+    if let Some(path) = &args.config {
+        figment = figment.merge(Part {
+            source: Toml::file_exact(path),
+            engine,
+        });
+    }
+    let flags = Flags {
+        listen: args.listen,
+        api_key: args.api_key.as_deref(),
+        workers: args.workers,
+        data_dir: args.data_dir.as_deref(),
+        storage: args.storage.as_deref(),
+        redis: args.redis_url.as_deref().map(|url| RedisFlags { url }),
+        reuse_port: args.reuse_port,
+        sync: args.sync.as_deref(),
+        log_level: args.log_level.as_deref(),
+        log_format: args.log_format.as_deref(),
+        allowed_origins: &args.allowed_origin,
+    };
+    figment
+        .merge(Part {
+            source: Env::prefixed("HERALD_").split("__").ignore(NOT_CONFIG),
+            engine,
+        })
+        .merge(Part {
+            source: Serialized::defaults(flags),
+            engine,
+        })
+}
+
+fn invalid(errors: figment::Error) -> anyhow::Error {
+    let mut message = String::from("invalid configuration:");
+    for e in errors {
+        // Figment names keys by profile ("default.client.x"); users write "client.x".
+        message.push_str(&format!(
+            "\n  {}",
+            e.to_string().replace("key \"default.", "key \"")
+        ));
+    }
+    anyhow::anyhow!(message)
 }
 
 /// Starts structured logging at the configured level.

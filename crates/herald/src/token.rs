@@ -19,7 +19,7 @@ pub fn mint(a: TokenArgs) -> anyhow::Result<ExitCode> {
         config: a.config.clone(),
         ..ServeArgs::default()
     })?;
-    let auth = &config.auth;
+    let auth = &config.server.auth;
     // The same rules as `serve`: a token signed with a key it refuses would be useless.
     auth.check()?;
     let (key, default_alg) = match (&a.private_key, &auth.hmac_secret) {

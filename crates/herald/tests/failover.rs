@@ -227,3 +227,37 @@ fn sentinels_without_a_master_name_are_refused_at_start() {
     );
     assert!(err.contains("redis.master_name"), "{err}");
 }
+
+/// A cluster none of whose nodes answers stops the start with one line naming them; a
+/// cluster beside Sentinels is refused before anything starts.
+#[test]
+fn a_cluster_that_cannot_work_is_refused_at_start_with_the_reason() {
+    let data = tempfile::tempdir().unwrap();
+    let serve = |command: &mut Command| {
+        command
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--storage",
+                "redis",
+                "--data-dir",
+            ])
+            .arg(data.path());
+    };
+    let mut unreachable = herald();
+    unreachable.env("HERALD_REDIS__CLUSTER", r#"["127.0.0.1:1","127.0.0.1:2"]"#);
+    serve(&mut unreachable);
+    let err = fails(&mut unreachable);
+    assert!(
+        err.contains("cannot use redis at redis cluster at 127.0.0.1:1, 127.0.0.1:2"),
+        "{err}"
+    );
+    let mut both = herald();
+    both.env("HERALD_REDIS__CLUSTER", r#"["127.0.0.1:1"]"#)
+        .env("HERALD_REDIS__SENTINELS", r#"["127.0.0.1:2"]"#)
+        .env("HERALD_REDIS__MASTER_NAME", "herald");
+    serve(&mut both);
+    let err = fails(&mut both);
+    assert!(err.contains("`redis.cluster`"), "{err}");
+}

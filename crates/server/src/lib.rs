@@ -44,8 +44,8 @@ use std::{
 use tokio::net::TcpListener;
 
 pub use config::Config;
-pub use node::Node;
-pub use settings::Settings;
+pub use node::{Embedded, Node};
+pub use settings::{BrokerLimits, Settings};
 
 /// Refused sockets still being told why; past this many, more are closed without a word.
 const MAX_LINGERING: usize = 1024;

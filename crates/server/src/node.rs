@@ -17,7 +17,7 @@ use tokio_util::{
     task::TaskTracker,
 };
 
-use crate::{config::StorageEngine, hub::Hub, settings::Settings};
+use crate::{hub::Hub, settings::Settings};
 
 /// The node's shutdown: waited for like a [`CancellationToken`], and asked about with one
 /// atomic load (a token's `is_cancelled` takes a lock every connection shares, several
@@ -52,6 +52,15 @@ impl Shutdown {
     }
 }
 
+/// The engines the server carries itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Embedded {
+    /// Durable namespaces in `data_dir` (surviving restarts), the rest in memory.
+    Durable,
+    /// Everything in memory, nothing written to disk.
+    Memory,
+}
+
 /// Shared state of one Herald process.
 pub struct Node {
     /// This node's id among the nodes sharing its broker (random when it is alone). Stream
@@ -61,6 +70,8 @@ pub struct Node {
     pub settings: Settings,
     /// Where publications are stored and ordered.
     pub broker: SharedBroker,
+    /// What keeps them (`memory`, `durable`, `redis`, …), as its engine names it.
+    pub storage: &'static str,
     /// The link to the other nodes that share the broker; `None` when the node is alone.
     pub link: Option<SharedLink>,
     /// Local subscribers.
@@ -96,12 +107,13 @@ impl std::fmt::Debug for Node {
 }
 
 impl Node {
-    /// A node alone on a broker built by `make_broker` around the node's hub.
+    /// A node alone on a broker built by `make_broker` around the node's hub, which keeps
+    /// publications in memory.
     pub fn new(
         settings: Settings,
         make_broker: impl FnOnce(Arc<dyn PublicationSink>) -> SharedBroker,
     ) -> Arc<Self> {
-        Self::with_engine(settings, |sink| Engine::alone(make_broker(sink)))
+        Self::with_engine(settings, |sink| Engine::alone(make_broker(sink), "memory"))
     }
 
     /// A node on an engine built by `make_engine` around the node's hub: a broker shared with
@@ -131,6 +143,7 @@ impl Node {
             broker,
             link,
             presence: store,
+            storage,
         } = make_engine(hub.clone())?;
         let broker = crate::metrics::Counted::wrap(broker, &metrics);
         let link = link.map(|link| crate::metrics::CountedLink::wrap(link, &metrics));
@@ -159,6 +172,7 @@ impl Node {
             limits,
             settings,
             broker,
+            storage,
             link,
             hub,
             presence,
@@ -183,17 +197,16 @@ impl Node {
     }
 
     /// A node with the embedded memory broker.
-    pub fn with_memory_broker(mut settings: Settings) -> Arc<Self> {
-        settings.config.storage = StorageEngine::Memory;
+    pub fn with_memory_broker(settings: Settings) -> Arc<Self> {
         let policies = settings.policies();
         Self::new(settings, |sink| MemoryBroker::with_policies(sink, policies))
     }
 
-    /// A node with the embedded brokers the configuration asks for: with
-    /// `storage = "durable"`, durable namespaces in `data_dir` and the rest in memory.
-    /// (Remote brokers are the binary's to build: see [`Node::with_engine`].)
-    pub fn embedded(settings: Settings) -> Result<Arc<Self>, OpenError> {
-        if settings.config.storage == StorageEngine::Memory {
+    /// A node on an embedded engine: with [`Embedded::Durable`], durable namespaces in
+    /// `data_dir` and the rest in memory. (Remote brokers are the binary's to build: see
+    /// [`Node::with_engine`].)
+    pub fn embedded(settings: Settings, engine: Embedded) -> Result<Arc<Self>, OpenError> {
+        if engine == Embedded::Memory {
             return Ok(Self::with_memory_broker(settings));
         }
         let (dir, sync) = (
@@ -207,9 +220,10 @@ impl Node {
             let durable = DurableBroker::open_with(&dir, sync, sink, policies)?;
             let is_durable =
                 move |c: &herald_protocol::ChannelName| rules.namespace(c.namespace()).durable;
-            Ok(Engine::alone(Arc::new(Routed::new(
-                durable, memory, is_durable,
-            ))))
+            Ok(Engine::alone(
+                Arc::new(Routed::new(durable, memory, is_durable)),
+                "durable",
+            ))
         })
     }
 
@@ -239,7 +253,7 @@ impl Node {
         serde_json::json!({
             "version": env!("CARGO_PKG_VERSION"),
             "node": &*self.id,
-            "storage": self.settings.config.storage,
+            "storage": self.storage,
             "uptime_seconds": self.uptime().as_secs(),
             "connections": self.connection_count(),
             "channels": self.broker.channel_count(),

@@ -18,7 +18,7 @@ const LOOK_EVERY: Duration = Duration::from_millis(250);
 
 /// Starts the watcher, for a node whose broker is remote and a non-zero grace.
 pub fn spawn(node: &Arc<Node>) {
-    let grace = node.settings.config.redis.clients_move_after;
+    let grace = node.settings.broker.clients_move_after;
     if grace.is_zero() || node.broker.reach().is_none() {
         return;
     }

@@ -20,8 +20,32 @@ pub struct Settings {
     pub tokens: Arc<Verifier>,
     /// The application backend's hooks.
     pub hooks: Arc<Hooks>,
+    /// How the node treats a remote broker that stops answering (set by whoever builds the
+    /// engine: the binary, from `[redis]`).
+    pub broker: BrokerLimits,
     default_namespace: NamespaceConfig,
     namespaces: BTreeMap<String, NamespaceConfig>,
+}
+
+/// How the node treats a remote broker that stops answering. The embedded brokers always
+/// answer, so these matter only with one that can fall out of reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BrokerLimits {
+    /// How long a publication may wait for the broker to confirm it before it is answered
+    /// "outcome unknown" (122; HTTP 504 with `Retry-After`).
+    pub publish_timeout: std::time::Duration,
+    /// How long the node keeps its clients once it found the broker out of reach, before it
+    /// ends their connections with 3009 (reconnect elsewhere and resume). Zero: never.
+    pub clients_move_after: std::time::Duration,
+}
+
+impl Default for BrokerLimits {
+    fn default() -> Self {
+        Self {
+            publish_timeout: std::time::Duration::from_secs(2),
+            clients_move_after: std::time::Duration::from_secs(2),
+        }
+    }
 }
 
 impl Config {
@@ -34,6 +58,7 @@ impl Config {
         Ok(Settings {
             tokens,
             hooks: Arc::new(Hooks::new(&self.hooks)),
+            broker: BrokerLimits::default(),
             default_namespace,
             namespaces,
             config: self,

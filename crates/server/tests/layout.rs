@@ -174,3 +174,23 @@ fn the_server_depends_on_no_remote_broker() {
         );
     }
 }
+
+/// Nor does the server's configuration name an engine (issue #31): `storage` and
+/// `[redis]` are the binary's to read, beside the code that builds the engine.
+#[test]
+fn the_server_configuration_names_no_engine() {
+    let mut config = Vec::new();
+    sources(
+        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src/config")),
+        &mut config,
+    );
+    assert!(!config.is_empty());
+    for text in config {
+        for engine in ["pub redis:", "pub storage:", "RedisConfig", "StorageEngine"] {
+            assert!(
+                !text.contains(engine),
+                "the server's configuration holds {engine}"
+            );
+        }
+    }
+}

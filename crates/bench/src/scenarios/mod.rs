@@ -56,11 +56,16 @@ impl Target {
     pub async fn start(common: &Common) -> anyhow::Result<Self> {
         let server = match &common.url {
             Some(url) => Server::external(url, &common.pid),
-            None => Server::spawn(
-                &common.server_args,
-                common.nodes,
-                common.redis_url.as_deref(),
-            )?,
+            None => {
+                let mut server = Server::spawn(
+                    &common.server_args,
+                    common.nodes,
+                    common.redis_url.as_deref(),
+                )?;
+                // Counted with it: the Redis servers it was pointed at, say.
+                server.pids.extend(&common.pid);
+                server
+            }
         };
         let api_key = common
             .api_key

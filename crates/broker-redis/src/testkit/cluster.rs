@@ -150,6 +150,65 @@ impl ClusterSet {
         panic!("no live node knows who serves {key:?}");
     }
 
+    /// Moves `key`'s slot, with its keys, to another primary, as an operator's resharding
+    /// does (`SETSLOT IMPORTING`/`MIGRATING`, `MIGRATE`, `SETSLOT NODE`), and returns once
+    /// every live node names the new primary. Returns its port.
+    pub fn move_slot_of(&self, key: &str) -> u16 {
+        let from = self.primary_of(key);
+        let to = self
+            .primaries()
+            .into_iter()
+            .find(|p| *p != from)
+            .expect("another primary");
+        let slot = cli(from, &["CLUSTER", "KEYSLOT", key]).trim().to_string();
+        let id = |port: u16| cli(port, &["CLUSTER", "MYID"]).trim().to_string();
+        let (from_id, to_id) = (id(from), id(to));
+        let ok = |port: u16, args: &[&str]| {
+            let said = cli(port, args);
+            assert!(said.trim() == "OK", "{args:?} on {port}: {said:?}");
+        };
+        ok(to, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]);
+        ok(from, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]);
+        loop {
+            let keys = cli(from, &["CLUSTER", "GETKEYSINSLOT", &slot, "100"]);
+            let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+            if keys.is_empty() {
+                break;
+            }
+            let to_port = to.to_string();
+            let mut args = vec!["MIGRATE", "127.0.0.1", &to_port, "", "0", "5000", "KEYS"];
+            args.extend(keys);
+            ok(from, &args);
+        }
+        for port in [to, from].into_iter().chain(
+            self.primaries()
+                .into_iter()
+                .filter(|p| *p != to && *p != from),
+        ) {
+            ok(port, &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]);
+        }
+        let started = Instant::now();
+        while self.primary_of(key) != to {
+            assert!(
+                started.elapsed() < READY_WITHIN,
+                "the slot move did not spread"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        to
+    }
+
+    /// The ports of the live primaries.
+    fn primaries(&self) -> Vec<u16> {
+        self.servers
+            .iter()
+            .filter(|(child, port)| {
+                child.is_some() && cli(*port, &["INFO", "replication"]).contains("role:master")
+            })
+            .map(|(_, port)| *port)
+            .collect()
+    }
+
     /// What `redis-cli -p PORT ARGS…` prints.
     pub fn cli(&self, port: u16, args: &[&str]) -> String {
         cli(port, args)

@@ -134,7 +134,7 @@ pub async fn publish_keyed(
         ));
     }
     let started = std::time::Instant::now();
-    let deadline = node.settings.config.redis.publish_timeout;
+    let deadline = node.settings.broker.publish_timeout;
     let record = Publication::record(data, from);
     let window = node.settings.config.idempotency_window;
     let publishing = async {
@@ -176,14 +176,10 @@ pub async fn publish_keyed(
             ))
         }
     };
-    let storage = match node.settings.config.storage {
-        crate::config::StorageEngine::Redis => "redis",
-        _ if ns.durable
-            && node.settings.config.storage == crate::config::StorageEngine::Durable =>
-        {
-            "durable"
-        }
-        _ => "memory",
+    // The embedded durable engine keeps only durable namespaces on disk.
+    let storage = match node.storage {
+        "durable" if !ns.durable => "memory",
+        storage => storage,
     };
     node.metrics.published(
         node.settings.namespace_label(channel.namespace()),

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use herald_broker_redis::testkit::{Partition, RedisServer};
+use herald_server::BrokerLimits;
 
 use crate::support::*;
 
@@ -33,7 +34,8 @@ async fn until_status(url: &str, status: u16, within: Duration) -> (Duration, St
 async fn readyz_answers_503_with_the_reason_while_redis_is_out_of_reach() {
     let redis = RedisServer::start();
     let partition = Partition::start(&redis);
-    let server = start_on_redis_at(config(), partition.url(), Duration::from_secs(1)).await;
+    let limits = BrokerLimits::default();
+    let server = start_on_redis_at(config(), partition.url(), Duration::from_secs(1), limits).await;
     let (ready, health) = (server.url("/readyz"), server.url("/healthz"));
     assert_eq!(get(&ready).await, (200, "ready\n".into()));
 
@@ -70,9 +72,11 @@ async fn readyz_answers_503_with_the_reason_while_redis_is_out_of_reach() {
 async fn clients_of_a_node_cut_off_from_redis_are_told_to_move() {
     let redis = RedisServer::start();
     let partition = Partition::start(&redis);
-    let mut c = config();
-    c.redis.clients_move_after = Duration::from_millis(2500);
-    let server = start_on_redis_at(c, partition.url(), Duration::from_secs(1)).await;
+    let limits = BrokerLimits {
+        clients_move_after: Duration::from_millis(2500),
+        ..BrokerLimits::default()
+    };
+    let server = start_on_redis_at(config(), partition.url(), Duration::from_secs(1), limits).await;
     let mut stays = server.client().await;
     stays.subscribe("news", None).await;
 
@@ -145,9 +149,11 @@ async fn clients_of_a_node_cut_off_from_redis_are_told_to_move() {
 async fn publishing_on_a_cut_node_fails_fast_and_says_whether_it_was_stored() {
     let redis = RedisServer::start();
     let partition = Partition::start(&redis);
-    let mut c = config();
-    c.redis.publish_timeout = Duration::from_millis(1500);
-    let server = start_on_redis_at(c, partition.url(), Duration::from_secs(3)).await;
+    let limits = BrokerLimits {
+        publish_timeout: Duration::from_millis(1500),
+        ..BrokerLimits::default()
+    };
+    let server = start_on_redis_at(config(), partition.url(), Duration::from_secs(3), limits).await;
     let publish = || async {
         let started = Instant::now();
         let r = reqwest::Client::new()

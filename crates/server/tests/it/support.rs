@@ -5,10 +5,7 @@ use std::{collections::VecDeque, future::Future, net::SocketAddr, sync::Arc, tim
 use futures_util::{SinkExt, StreamExt};
 pub use herald_broker_redis::testkit::RedisServer;
 pub use herald_server::config::Access;
-use herald_server::{
-    config::{NamespaceOverride, StorageEngine},
-    Config, Node,
-};
+use herald_server::{config::NamespaceOverride, BrokerLimits, Config, Embedded, Node};
 use serde_json::{json, Value};
 use tokio::{net::TcpStream, task::JoinHandle};
 use tokio_tungstenite::{tungstenite::Message, MaybeTlsStream, WebSocketStream};
@@ -52,27 +49,35 @@ pub async fn start(config: Config) -> TestServer {
 
 /// A server with the embedded stores of its configuration (durable in `config.data_dir`).
 pub async fn start_embedded(config: Config) -> TestServer {
-    serve(Node::embedded(config.validate().unwrap()).unwrap()).await
+    let settings = config.validate().unwrap();
+    serve(Node::embedded(settings, Embedded::Durable).unwrap()).await
 }
 
 /// A node whose channels live in `redis`, shared with every other node started on it.
 pub async fn start_on_redis(config: Config, redis: &RedisServer) -> TestServer {
-    start_on_redis_at(config, redis.url(), std::time::Duration::from_secs(3)).await
+    let unreachable_after = std::time::Duration::from_secs(3);
+    start_on_redis_at(
+        config,
+        redis.url(),
+        unreachable_after,
+        BrokerLimits::default(),
+    )
+    .await
 }
 
 /// A node whose channels live in the Redis at `url`, which it calls unreachable after
-/// `unreachable_after` without an answer.
+/// `unreachable_after` without an answer, and treats as `limits` say then.
 pub async fn start_on_redis_at(
-    mut config: Config,
+    config: Config,
     url: String,
     unreachable_after: std::time::Duration,
+    limits: BrokerLimits,
 ) -> TestServer {
-    config.storage = StorageEngine::Redis;
-    config.redis.url = url.clone();
-    let settings = config.validate().unwrap();
+    let mut settings = config.validate().unwrap();
+    settings.broker = limits;
     let connected = herald_broker_redis::RedisBroker::connect(herald_broker_redis::RedisOptions {
         unreachable_after,
-        ..herald_broker_redis::RedisOptions::at(url, settings.config.redis.prefix.clone())
+        ..herald_broker_redis::RedisOptions::at(url, "herald")
     })
     .await
     .unwrap();
