@@ -507,11 +507,22 @@ element("channel-next").addEventListener("click", () => {
 
 if (sessionStorage.getItem(KEY_STORAGE) !== null) void start();
 
-/** The broker column: unreachable (with how many times it was lost), or its lag. */
-function brokerState(digest: Record<string, unknown>): string {
+/** The broker column: unreachable (with how many times it was lost), or its lag; then how a
+ * remote broker is laid out, and how often the node followed a moved primary or subscribed
+ * again (each time catching up from history). */
+function brokerState(digest: Digest): string {
+  const parts: string[] = [];
   if (digest["broker_up"] !== undefined && num(digest["broker_up"]) === 0) {
-    return `unreachable (lost ${num(digest["broker_losses_total"])}x)`;
+    parts.push(`unreachable (lost ${num(digest["broker_losses_total"])}x)`);
+  } else {
+    const lag = digest["broker_lag_seconds"];
+    parts.push(lag === undefined ? "-" : `${fixed(num(lag) * 1000)} ms`);
   }
-  const lag = digest["broker_lag_seconds"];
-  return lag === undefined ? "-" : `${fixed(num(lag) * 1000)} ms`;
+  const topology = Object.keys(byLabel(digest, "broker_topology"))[0];
+  if (topology !== undefined) parts.push(topology);
+  const moves = num(digest["broker_moves_total"]);
+  if (moves > 0) parts.push(`moved ${moves}x`);
+  const again = num(digest["broker_resubscriptions_total"]);
+  if (again > 0) parts.push(`resubscribed ${again}x`);
+  return parts.join(" · ");
 }

@@ -4,14 +4,14 @@
  * transport, every panel filled, and an operator's actions on a client from the page.
  * A screenshot is left in test-artifacts/dashboard.png.
  */
-import { spawn, type ChildProcess } from "node:child_process";
+import { execFileSync, spawn, type ChildProcess } from "node:child_process";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { Browser, Page } from "playwright-core";
 import { ARTIFACTS, launchChromium } from "./browser.js";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { client, next } from "../test/clients.js";
-import { API_KEY, Herald, heraldBinary } from "../test/herald.js";
+import { API_KEY, Herald, heraldBinary, Redis } from "../test/herald.js";
 
 
 let browser: Browser;
@@ -117,4 +117,28 @@ it("signs in with the API key and shows live figures under load; an operator act
   expect(await dropped).toMatchObject({ code: 3007 });
   c.disconnect();
   await context.close();
+});
+
+it("shows a node's broker: its lag and topology, and that it subscribed again after Redis cut it off", async () => {
+  const redis = await Redis.start();
+  const node = await Herald.start({ args: ["--storage", "redis", "--redis-url", redis.url] });
+  const context = await browser.newContext();
+  try {
+    const page = await context.newPage();
+    page.on("pageerror", (e) => pageErrors.push(e.message));
+    await page.goto(`${node.url}/dashboard`);
+    await page.fill("#key", API_KEY);
+    await page.click("#signin button[type=submit]");
+    const broker = () => page.$eval("#nodes tbody tr td:nth-child(10)", (td) => td.textContent ?? "").catch(() => "");
+    await page.waitForFunction(() => / ms · single$/.test(document.querySelector("#nodes tbody tr td:nth-child(10)")?.textContent ?? ""), null, { timeout: 20_000 });
+    // Redis drops the node's pub/sub connection (as a failover or a network cut would).
+    const port = new URL(redis.url).port;
+    execFileSync("redis-cli", ["-p", port, "CLIENT", "KILL", "TYPE", "pubsub"]);
+    await page.waitForFunction(() => (document.querySelector("#nodes tbody tr td:nth-child(10)")?.textContent ?? "").endsWith("single · resubscribed 1x"), null, { timeout: 20_000 });
+    expect(await broker()).toMatch(/^\d+(\.\d+)? ms · single · resubscribed 1x$/);
+  } finally {
+    await context.close();
+    await node.dispose();
+    await redis.dispose();
+  }
 });

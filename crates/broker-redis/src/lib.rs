@@ -19,6 +19,7 @@ mod listener;
 mod presence;
 mod reach;
 mod scripts;
+mod slot;
 mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
@@ -366,15 +367,20 @@ impl Broker for RedisBroker {
     fn reach(&self) -> Option<herald_broker::Reach> {
         use std::sync::atomic::Ordering::Relaxed;
         let moves = self.store.moves();
+        let cluster = self.store.names.cluster;
         Some(herald_broker::Reach {
-            topology: if self.store.names.cluster {
+            topology: if cluster {
                 "cluster"
             } else if moves.is_some() {
                 "sentinel"
             } else {
                 "single"
             },
-            moves: moves.unwrap_or(0),
+            moves: if cluster {
+                self.listener.moved.load(Relaxed)
+            } else {
+                moves.unwrap_or(0)
+            },
             resubscriptions: self.listener.reconnects.load(Relaxed),
             ..self.store.reach.reach()
         })

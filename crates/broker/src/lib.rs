@@ -255,10 +255,11 @@ pub struct Reach {
     pub losses: u64,
     /// Times it found it again.
     pub recoveries: u64,
-    /// How it is laid out (Redis: `single` or `sentinel`).
+    /// How it is laid out (Redis: `single`, `sentinel` or `cluster`).
     pub topology: &'static str,
-    /// Times the node connected anew to the primary its Sentinels name, after losing the one
-    /// it had (a failover, or the same primary back).
+    /// Times the node followed its primary: connected anew to the one its Sentinels name
+    /// after losing the one it had (a failover, or the same primary back), or, on a
+    /// cluster, lost a node's pub/sub connection or a shard channel to a moved slot.
     pub moves: u64,
     /// Times its subscriptions were made again on a new connection (each one followed by a
     /// catch-up from history).

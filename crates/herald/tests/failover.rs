@@ -99,7 +99,7 @@ fn a_cluster_failover_loses_no_acknowledged_publication_on_any_node() {
 
 /// Two nodes configured by `configure`; 30 publications acknowledged through them in turn,
 /// `kill`, 30 more; then every subscriber has each acknowledged one once, in order, and
-/// each node's `/metrics` names the `topology` (and, for Sentinel, the move).
+/// each node's `/metrics` names the `topology` and the move.
 fn survives(configure: impl Fn(&mut Command), kill: impl FnOnce(), topology: &str) {
     let data = tempfile::tempdir().unwrap();
     // The URL's address is only a placeholder: the Sentinels or the cluster say where the
@@ -161,8 +161,7 @@ fn survives(configure: impl Fn(&mut Command), kill: impl FnOnce(), topology: &st
         "{topology}: publishing stalled {stalled:?} after the kill; {refused} refused meanwhile"
     );
 
-    // Each node says how it reaches Redis, and (through Sentinel) that it followed the
-    // failover.
+    // Each node says how it reaches Redis, and that it followed the failover.
     for node in &nodes {
         let metrics = rt.block_on(async {
             http.get(format!("{}/metrics", node.url))
@@ -180,9 +179,6 @@ fn survives(configure: impl Fn(&mut Command), kill: impl FnOnce(), topology: &st
             )),
             "{metrics}"
         );
-        if topology != "sentinel" {
-            continue;
-        }
         let moves = metrics
             .lines()
             .find_map(|l| l.strip_prefix("herald_broker_moves_total "))

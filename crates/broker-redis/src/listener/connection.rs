@@ -103,10 +103,12 @@ pub(super) async fn run(listener: std::sync::Weak<Listener>, endpoint: Arc<crate
                                 continue; // asked for
                             }
                             tracing::warn!(channel = %name, "redis unsubscribed a channel this node listens to (its slot moved)");
+                            me.moved.fetch_add(1, Ordering::Relaxed);
                             break;
                         }
                         Some(Heard::Dropped) => {
                             tracing::warn!("a redis cluster node's pub/sub connection dropped");
+                            me.moved.fetch_add(1, Ordering::Relaxed);
                             break;
                         }
                         None => break,

@@ -133,6 +133,9 @@ pub(crate) struct Listener {
     /// after it did: for stats and tests.
     pub(crate) reconnects: AtomicU64,
     pub(crate) caught_up: AtomicU64,
+    /// On a cluster: times a node's pub/sub connection dropped or a slot moved away under a
+    /// channel this node listens to (each then a reconnect).
+    pub(crate) moved: AtomicU64,
     /// The lag probe out (its number and when it was published), and the last one's
     /// round trip in microseconds (see [`Listener::lag`]).
     probe: Mutex<Option<(u64, Instant)>>,
@@ -163,6 +166,7 @@ impl Listener {
             task: Mutex::default(),
             reconnects: AtomicU64::new(0),
             caught_up: AtomicU64::new(0),
+            moved: AtomicU64::new(0),
             probe: Mutex::default(),
             lag_micros: AtomicU64::new(0),
         });

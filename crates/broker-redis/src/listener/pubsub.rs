@@ -16,8 +16,7 @@ use redis::{aio::PubSubSink, cluster_async::ClusterConnection, PushKind, RedisRe
 
 use crate::endpoint::Endpoint;
 
-/// Shard channels subscribed at once on a cluster (one `SSUBSCRIBE` each: two channels
-/// rarely share a slot, and one command never spans two).
+/// `SSUBSCRIBE`s sent at once on a cluster (one per slot: a command never spans two).
 const SUBSCRIBE_PARALLEL: usize = 64;
 
 /// The pub/sub connection's command half.
@@ -97,13 +96,20 @@ impl Subscriber {
                 if !control.is_empty() {
                     connection.subscribe(control).await?;
                 }
-                let mut waiting = streams.iter().cloned();
+                // One SSUBSCRIBE per slot, for every channel in it.
+                let mut by_slot: std::collections::HashMap<u16, Vec<String>> =
+                    std::collections::HashMap::new();
+                for name in streams {
+                    let slot = crate::slot::slot(name.as_bytes());
+                    by_slot.entry(slot).or_default().push(name.clone());
+                }
+                let mut waiting = by_slot.into_values();
                 let mut running = futures_util::stream::FuturesUnordered::new();
                 loop {
                     while running.len() < SUBSCRIBE_PARALLEL {
-                        let Some(name) = waiting.next() else { break };
+                        let Some(names) = waiting.next() else { break };
                         let mut connection = connection.clone();
-                        running.push(async move { connection.ssubscribe(name).await });
+                        running.push(async move { connection.ssubscribe(names).await });
                     }
                     match running.next().await {
                         Some(done) => done?,

@@ -209,6 +209,16 @@ impl ClusterSet {
             .collect()
     }
 
+    /// Closes every pub/sub client connection on every live node (as a network cut would),
+    /// keeping the data.
+    pub fn kill_pubsub_clients(&self) {
+        for (child, port) in &self.servers {
+            if child.is_some() {
+                cli(*port, &["CLIENT", "KILL", "TYPE", "pubsub"]);
+            }
+        }
+    }
+
     /// What `redis-cli -p PORT ARGS…` prints.
     pub fn cli(&self, port: u16, args: &[&str]) -> String {
         cli(port, args)

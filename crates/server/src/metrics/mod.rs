@@ -507,7 +507,7 @@ impl Collector for Scraped {
             )?)?;
             let mut family = encoder.encode_descriptor(
                 "broker_topology",
-                "How the remote broker is laid out, as a label (Redis: single, sentinel)",
+                "How the remote broker is laid out, as a label (Redis: single, sentinel, cluster)",
                 None,
                 prometheus_client::metrics::MetricType::Gauge,
             )?;
@@ -528,7 +528,7 @@ impl Collector for Scraped {
                 ),
                 (
                     "broker_moves",
-                    "Sentinel: times this node connected to the primary the Sentinels name after losing the one it had (a failover, or the same primary back)",
+                    "Times this node followed a primary: Sentinel, connected to the one the Sentinels name after losing the one it had (a failover, or the same primary back); Cluster, lost a node's pub/sub connection or a shard channel to a moved slot (then subscribed again)",
                     reach.moves,
                 ),
                 (
