@@ -146,7 +146,7 @@ mod presence {
     use std::time::{Duration, Instant};
 
     use futures_util::{SinkExt, StreamExt};
-    use herald_broker_redis::testkit::RedisServer;
+    use herald_broker_redis::testkit::{ClusterSet, RedisServer};
     use serde_json::{json, Value};
     use tokio_tungstenite::tungstenite::Message;
 
@@ -204,8 +204,31 @@ mod presence {
     fn a_killed_nodes_members_leave_within_the_documented_time() {
         let redis = RedisServer::start();
         let shared = ["--storage", "redis", "--redis-url", &redis.url()];
-        let mut a = Server::start(&shared);
-        let b = Server::start(&shared);
+        members_of_a_killed_node_leave(|| Server::start(&shared));
+    }
+
+    /// The same on a Redis Cluster (issue #31): presence keeps to one slot per script, and
+    /// the sweep of a dead node's members goes channel by channel.
+    #[test]
+    fn on_a_cluster_a_killed_nodes_members_leave_within_the_documented_time() {
+        let set = ClusterSet::start(0);
+        let nodes: Vec<String> = set.addresses().iter().map(|a| format!("{a:?}")).collect();
+        let nodes = format!("[{}]", nodes.join(","));
+        let data = tempfile::tempdir().unwrap();
+        // The URL's address is a placeholder: the cluster's nodes say where each slot is.
+        let shared = ["--storage", "redis", "--redis-url", "redis://127.0.0.1:1"];
+        members_of_a_killed_node_leave(|| {
+            let mut command = super::support::herald();
+            command.env("HERALD_REDIS__CLUSTER", &nodes);
+            Server::spawn_with(&mut command, data.path(), &shared)
+        });
+    }
+
+    /// Two nodes from `start`: a member joins through A, B sees it; A is killed (SIGKILL)
+    /// and B counts it gone, and tells its watcher, within the documented time.
+    fn members_of_a_killed_node_leave(start: impl Fn() -> Server) {
+        let mut a = start();
+        let b = start();
         let rt = tokio::runtime::Runtime::new().unwrap();
         let channel = "chat:who";
         rt.block_on(async {
