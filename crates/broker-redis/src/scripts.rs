@@ -55,10 +55,13 @@ fn publish_steps(sharded: bool) -> String {
 
 /// [`publish`], once per idempotency key: a key the channel saw within its window publishes
 /// nothing and answers with the first one's position. The key lives in the channel's slot,
-/// so the check and the offset's assignment are one atomic step on every node.
+/// so the check and the offset's assignment are one atomic step on every node. The
+/// channel's keys are also indexed by when they were first seen (a sorted set in the same
+/// slot): past the cap, the oldest are forgotten, so a publisher that sends a new key
+/// every time holds at most the cap's worth of keys per channel, whatever its rate.
 ///
-/// KEYS: meta, history, the key's. ARGV: as [`publish`], then the key's window in ms.
-/// Returns `{epoch, offset, repeat (0 or 1)}`.
+/// KEYS: meta, history, the key's, the channel's key index. ARGV: as [`publish`], then the
+/// key's window in ms, then the cap. Returns `{epoch, offset, repeat (0 or 1)}`.
 pub fn publish_once(sharded: bool) -> Script {
     let publish_steps = publish_steps(sharded);
     Script::new(&format!(
@@ -70,6 +73,17 @@ if seen then
 end
 {publish_steps}
 redis.call('SET', KEYS[3], epoch .. ' ' .. offset, 'PX', ARGV[7])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local window = tonumber(ARGV[7])
+redis.call('ZADD', KEYS[4], now, KEYS[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - window)
+local over = redis.call('ZCARD', KEYS[4]) - tonumber(ARGV[8])
+if over > 0 then
+  local oldest = redis.call('ZPOPMIN', KEYS[4], over)
+  for i = 1, #oldest, 2 do redis.call('DEL', oldest[i]) end
+end
+redis.call('PEXPIRE', KEYS[4], window)
 return {{epoch, offset, 0}}
 "#
     ))

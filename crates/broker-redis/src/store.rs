@@ -56,6 +56,12 @@ impl Names {
         format!("{}:{{{channel}}}:k:{key}", self.prefix)
     }
 
+    /// The channel's idempotency keys by when they were first seen (to forget the oldest
+    /// past the cap).
+    pub(crate) fn idempotency_index(&self, channel: &ChannelName) -> String {
+        format!("{}:{{{channel}}}:ks", self.prefix)
+    }
+
     pub(crate) fn prefix(&self) -> &str {
         &self.prefix
     }
@@ -190,11 +196,12 @@ impl Store {
     ) -> redis::Cmd {
         let mut eval = redis::cmd("EVALSHA");
         eval.arg(script.get_hash())
-            .arg(if once.is_some() { 3 } else { 2 })
+            .arg(if once.is_some() { 4 } else { 2 })
             .arg(self.names.meta(channel))
             .arg(self.names.history(channel));
         if let Some((key, _)) = once {
-            eval.arg(self.names.idempotency(channel, key));
+            eval.arg(self.names.idempotency(channel, key))
+                .arg(self.names.idempotency_index(channel));
         }
         eval.arg(data)
             .arg(policy.history_size)
@@ -203,7 +210,8 @@ impl Store {
             .arg(new_epoch().as_str())
             .arg(self.names.pubsub(channel));
         if let Some((_, window)) = once {
-            eval.arg(millis(window));
+            eval.arg(millis(window))
+                .arg(herald_broker::once::KEYS_PER_CHANNEL);
         }
         eval
     }

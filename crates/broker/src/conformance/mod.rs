@@ -103,6 +103,7 @@ pub async fn run_all(make: impl Fn(Arc<dyn PublicationSink>) -> SharedBroker) {
     history_pages_are_bounded_in_bytes(&make).await;
     records_keep_their_sender(&make).await;
     once::a_key_publishes_once_per_channel_within_its_window(&make).await;
+    once::keys_past_the_cap_forget_the_oldest(&make).await;
 }
 
 fn ch(name: &str) -> ChannelName {

@@ -53,3 +53,47 @@ pub(super) async fn a_key_publishes_once_per_channel_within_its_window(
     let data: Vec<&[u8]> = history.publications.iter().map(|p| &p.record[..]).collect();
     assert_eq!(data, [&b"1"[..], b"2", b"3"], "a repeat stores nothing");
 }
+
+/// A publisher that sends a new key every time holds at most
+/// [`crate::once::KEYS_PER_CHANNEL`] keys per channel: past it, the oldest is forgotten (and
+/// publishes again), the newest is still a repeat.
+pub(super) async fn keys_past_the_cap_forget_the_oldest(
+    make: &impl Fn(Arc<dyn PublicationSink>) -> SharedBroker,
+) {
+    let broker = make(Arc::new(Recorder::default()));
+    let c = ch("conformance:once-cap");
+    let window = Duration::from_secs(60);
+    let policy = StreamPolicy {
+        history_size: 10,
+        ..StreamPolicy::default()
+    };
+    let once = |key: String| {
+        let (broker, c) = (broker.clone(), c.clone());
+        async move {
+            broker
+                .publish_once(&c, Bytes::from_static(b"{}"), policy, &key, window)
+                .await
+                .unwrap()
+                .1
+        }
+    };
+    assert!(!once("k0".into()).await);
+    // The cap's worth more, a chunk at a time (a durable store commits each chunk at once).
+    let cap = crate::once::KEYS_PER_CHANNEL;
+    for chunk in (1..=cap).collect::<Vec<_>>().chunks(500) {
+        let mut publishing = tokio::task::JoinSet::new();
+        for i in chunk {
+            publishing.spawn(once(format!("k{i}")));
+        }
+        let repeats = publishing.join_all().await;
+        assert!(repeats.iter().all(|r| !r), "every new key publishes");
+    }
+    assert!(
+        once(format!("k{cap}")).await,
+        "the newest key is still a repeat"
+    );
+    assert!(
+        !once("k0".into()).await,
+        "the oldest, past the cap, was forgotten"
+    );
+}
