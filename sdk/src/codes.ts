@@ -36,10 +36,11 @@ export function shouldReconnect(code: number): boolean {
 
 /**
  * Error codes in command replies after which the same command may succeed later
- * (internal, limit, rate, shutting down, the application's backend unavailable).
+ * (internal, limit, rate, shutting down, the application's backend or the broker
+ * unavailable, an outcome not known).
  */
 export function isTemporaryError(code: number): boolean {
-  return code === 100 || code === 106 || code === 111 || code === 117 || code === 118;
+  return code === 100 || code === 106 || code === 111 || code === 117 || code === 118 || code === 121 || code === 122;
 }
 
 /**

@@ -46,7 +46,7 @@ describe("codes", () => {
   });
 
   it("knows which command errors are worth retrying", () => {
-    expect([100, 106, 111, 117].every(isTemporaryError)).toBe(true);
+    expect([100, 106, 111, 117, 118, 121, 122].every(isTemporaryError)).toBe(true);
     expect([101, 103, 107, 113, 114].some(isTemporaryError)).toBe(false);
   });
 });

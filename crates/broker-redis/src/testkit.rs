@@ -2,9 +2,11 @@
 //! directory, stopped when dropped.
 
 mod cluster;
+mod partition;
 mod sentinel;
 
 pub use cluster::ClusterSet;
+pub use partition::Partition;
 pub use sentinel::{SentinelSet, MASTER_NAME};
 
 use std::{
@@ -315,107 +317,6 @@ fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
-}
-
-/// A TCP relay in front of a [`RedisServer`] that can cut its connections silently, as a
-/// network partition does: [`Partition::cut`] makes every connection open at that moment
-/// swallow what either side sends, without closing it, while new connections pass.
-#[derive(Debug)]
-pub struct Partition {
-    port: u16,
-    /// Connections accepted so far; those numbered below `cut_below` are silenced.
-    accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    cut_below: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    /// Every connection, open or new, swallows what it gets (see [`Partition::blackhole`]).
-    dark: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Partition {
-    /// Starts relaying a free loopback port to `redis`.
-    ///
-    /// # Panics
-    /// When no loopback port can be bound.
-    pub fn start(redis: &RedisServer) -> Self {
-        use std::sync::{
-            atomic::{AtomicU64, Ordering},
-            Arc,
-        };
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
-        let port = listener.local_addr().expect("bound").port();
-        let (accepted, cut_below) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let dark = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let upstream = redis.port();
-        let (count, cut, all_dark) = (accepted.clone(), cut_below.clone(), dark.clone());
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { continue };
-                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
-                    continue;
-                };
-                let id = count.fetch_add(1, Ordering::SeqCst);
-                for (from, to) in [
-                    (client.try_clone(), server.try_clone()),
-                    (server.try_clone(), client.try_clone()),
-                ] {
-                    let (Ok(mut from), Ok(mut to)) = (from, to) else {
-                        continue;
-                    };
-                    let (cut, all_dark) = (cut.clone(), all_dark.clone());
-                    std::thread::spawn(move || {
-                        use std::io::{Read, Write};
-                        let mut buf = [0u8; 16 * 1024];
-                        loop {
-                            match from.read(&mut buf) {
-                                Ok(0) | Err(_) => break,
-                                // Swallowed: the peer hears nothing, and no close either.
-                                Ok(_)
-                                    if id < cut.load(Ordering::SeqCst)
-                                        || all_dark.load(Ordering::SeqCst) => {}
-                                Ok(n) => {
-                                    if to.write_all(&buf[..n]).is_err() {
-                                        break;
-                                    }
-                                }
-                            }
-                        }
-                        if id >= cut.load(Ordering::SeqCst) {
-                            let _ = to.shutdown(std::net::Shutdown::Write);
-                        }
-                    });
-                }
-            }
-        });
-        Self {
-            port,
-            accepted,
-            cut_below,
-            dark,
-        }
-    }
-
-    /// `redis://127.0.0.1:PORT` through the relay.
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// Silences every connection open now; later ones pass.
-    pub fn cut(&self) {
-        use std::sync::atomic::Ordering::SeqCst;
-        self.cut_below.store(self.accepted.load(SeqCst), SeqCst);
-    }
-
-    /// Silences every connection, open now or made later, until [`Partition::heal`]: the
-    /// way to Redis is gone, and nothing says so.
-    pub fn blackhole(&self) {
-        self.dark.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Lets new connections through again; those open during the blackhole stay silent
-    /// (what they carried is lost), so clients must notice and reconnect.
-    pub fn heal(&self) {
-        self.cut();
-        self.dark.store(false, std::sync::atomic::Ordering::SeqCst);
-    }
 }
 
 /// What `redis-cli -p PORT ARGS…` prints (empty when it cannot connect).

@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{bail, Context};
 use futures_util::{SinkExt, StreamExt};
-use herald_protocol::codes::reconnect_allowed;
+use herald_protocol::codes::{reconnect_allowed, temporary};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -121,19 +121,40 @@ fn unreachable(base: &str, e: &(dyn std::error::Error + 'static)) -> anyhow::Err
     )
 }
 
-/// A transport's refusal (an HTTP error answer) as the reason the server gave.
+/// A refusal for now (a temporary error code, or HTTP 503/504): the subscription tries
+/// again, as after a dropped connection, instead of giving up.
+#[derive(Debug)]
+struct ForNow(String);
+
+impl std::fmt::Display for ForNow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ForNow {}
+
+/// A transport's refusal (an HTTP error answer) as the reason the server gave; [`ForNow`]
+/// when it is a passing one.
 fn refused(a: &SubArgs, status: reqwest::StatusCode, body: &str) -> anyhow::Error {
     let answer: Value = serde_json::from_str(body).unwrap_or_default();
-    match (
-        answer["error"]["code"].as_u64(),
-        answer["error"]["message"].as_str(),
-    ) {
-        (Some(code), Some(message)) => anyhow::anyhow!(
+    let code = answer["error"]["code"].as_u64();
+    let why = match (code, answer["error"]["message"].as_str()) {
+        (Some(code), Some(message)) => format!(
             "the server refused {}: {message} (error {code}, HTTP {})",
             a.channel,
             status.as_u16()
         ),
-        _ => anyhow::anyhow!("the server answered {status}: {body}"),
+        _ => format!("the server answered {status}: {body}"),
+    };
+    let passing = match code {
+        Some(code) => temporary(code as u16),
+        None => matches!(status.as_u16(), 503 | 504),
+    };
+    if passing {
+        ForNow(why).into()
+    } else {
+        anyhow::anyhow!(why)
     }
 }
 
@@ -193,16 +214,26 @@ pub async fn subscribe(a: SubArgs) -> anyhow::Result<ExitCode> {
     let mut failures = 0u32;
     loop {
         let first = cursor.printed == 0 && cursor.offset == a.since;
+        let printed = cursor.printed;
         let ended = match a.transport.as_str() {
             "ws" => websocket_session(&a, &mut cursor).await,
             "longpoll" | "poll" => polling_session(&a, &mut cursor).await,
             _ => stream_session(&a, &mut cursor).await,
+        };
+        // Refused for now (the node cannot reach its broker, say): tried again.
+        let ended = match ended {
+            Err(e) if e.is::<ForNow>() => Ok(Ended::Reconnect(e.to_string())),
+            ended => ended,
         };
         match ended {
             Ok(Ended::Done) => return Ok(ExitCode::SUCCESS),
             Err(e) if first => return Err(e),
             Err(e) => return Err(e).context("giving up"),
             Ok(Ended::Reconnect(why)) => {
+                // Counted since the last session that delivered something.
+                if cursor.printed > printed {
+                    failures = 0;
+                }
                 failures += 1;
                 if failures > 20 {
                     bail!("giving up after {failures} reconnects ({why})");
@@ -310,12 +341,16 @@ fn on_push(v: &Value, a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<bool> 
         }
         Vec::new()
     } else if let Some(err) = v.get("error") {
-        bail!(
+        let why = format!(
             "the server refused {}: {} (error {})",
             a.channel,
             err["message"].as_str().unwrap_or(""),
             err["code"]
         );
+        if err["code"].as_u64().is_some_and(|c| temporary(c as u16)) {
+            return Err(ForNow(why).into());
+        }
+        bail!(why);
     } else {
         Vec::new()
     };

@@ -96,8 +96,9 @@ codes! {
         /// operator (or the application's backend, through the API) ended it: do not
         /// subscribe again by yourself.
         Unsubscribed = 120, "unsubscribed by the server";
-        /// Not stored: the node cannot reach its broker (Redis) now, and did not send the
-        /// publication. Retry (on another node if you can): nothing can come twice.
+        /// The node cannot reach its broker (Redis, or its own store) now. A publication
+        /// refused with it was not stored (nothing can come twice); anything else (a
+        /// subscription, history) may work if tried again, on another node if you can.
         BrokerUnavailable = 121, "broker unavailable";
         /// The publication was sent to the broker, which did not confirm it in time (or
         /// not the replicas `redis.replicas_ack` asks for): it may or may not be stored. A
@@ -152,6 +153,13 @@ impl From<ErrorCode> for u16 {
 /// First and last error code an application's backend may answer a hook with for its own
 /// reasons; a client receives it as it is.
 pub const APPLICATION_ERROR_CODES: std::ops::RangeInclusive<u16> = 1000..=1999;
+
+/// Whether a command refused with this error code may succeed if tried again later (the
+/// server failed, a limit or rate, shutting down, the application's backend or the broker
+/// out of reach, an outcome not known); the SDK's `isTemporaryError` says the same.
+pub fn temporary(code: u16) -> bool {
+    matches!(code, 100 | 106 | 111 | 117 | 118 | 121 | 122)
+}
 
 impl DisconnectCode {
     /// Whether a client should reconnect after this code (and resume from its positions).

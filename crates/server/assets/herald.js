@@ -69,7 +69,7 @@ var Herald = (() => {
     return !FATAL_WEBSOCKET.has(code);
   }
   function isTemporaryError(code) {
-    return code === 100 || code === 106 || code === 111 || code === 117 || code === 118;
+    return code === 100 || code === 106 || code === 111 || code === 117 || code === 118 || code === 121 || code === 122;
   }
   function isRefusal(code) {
     return code >= 100 && code < 2e3 && !isTemporaryError(code);

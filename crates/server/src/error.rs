@@ -99,7 +99,8 @@ impl From<BrokerError> for Failure {
             BrokerError::Unrecoverable { .. } => {
                 Self::new(ErrorCode::UnrecoverablePosition, e.to_string())
             }
-            BrokerError::Unavailable(_) => Self::new(ErrorCode::Internal, e.to_string()),
+            // Passing: the client tries again (on another node, if it can).
+            BrokerError::Unavailable(_) => Self::new(ErrorCode::BrokerUnavailable, e.to_string()),
         }
     }
 }

@@ -93,6 +93,13 @@ pub struct Node {
     pub metrics: crate::metrics::Metrics,
     /// Open connections by client id, for operators' actions.
     pub sessions: crate::registry::Registry,
+    /// Set while the node sends its clients elsewhere (its broker out of reach past
+    /// `clients_move_after`, see [`crate::relocate`]): no kept-alive HTTP connection then
+    /// carries another request, so a client's next one goes through its load balancer to a
+    /// node that is ready.
+    pub moving_clients: std::sync::atomic::AtomicBool,
+    /// Wakes what waits for [`Node::sends_clients_away`].
+    moving_started: tokio::sync::Notify,
     connections: AtomicUsize,
     next_session: AtomicU64,
     started: Instant,
@@ -181,6 +188,8 @@ impl Node {
             sockets: Arc::default(),
             metrics,
             sessions: Default::default(),
+            moving_clients: Default::default(),
+            moving_started: tokio::sync::Notify::new(),
             connections: AtomicUsize::new(0),
             next_session: AtomicU64::new(1),
             started: Instant::now(),
@@ -235,6 +244,31 @@ impl Node {
             node: self.clone(),
             id,
         }
+    }
+
+    /// Starts or stops sending clients elsewhere (see [`Node::moving_clients`]).
+    pub fn send_clients_away(&self, away: bool) {
+        let was = self
+            .moving_clients
+            .swap(away, std::sync::atomic::Ordering::Relaxed);
+        if away && !was {
+            self.moving_started.notify_waiters();
+        }
+    }
+
+    /// Returns once the node sends its clients elsewhere: what waits on the broker for a
+    /// client (a poll being opened) gives up then, instead of outliving the grace.
+    pub async fn sends_clients_away(&self) {
+        let started = self.moving_started.notified();
+        tokio::pin!(started);
+        started.as_mut().enable();
+        if self
+            .moving_clients
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        started.await;
     }
 
     /// Open connections.

@@ -10,6 +10,7 @@ use std::{
 
 use serde_json::Value;
 
+pub mod balancer;
 pub mod nginx;
 
 const BIN: &str = env!("CARGO_BIN_EXE_herald");

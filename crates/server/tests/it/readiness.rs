@@ -203,3 +203,31 @@ async fn publishing_on_a_cut_node_fails_fast_and_says_whether_it_was_stored() {
     partition.heal();
     server.stop().await.unwrap();
 }
+
+/// What a node that cannot reach Redis cannot do for a client now (here: open a poll, which
+/// subscribes) is refused as a passing state, 121 (503 with `Retry-After`), so the client
+/// tries again (elsewhere, through a load balancer), never as an internal error it may take
+/// for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_cut_node_cannot_serve_now_is_refused_for_now() {
+    let redis = RedisServer::start();
+    let partition = Partition::start(&redis);
+    let limits = BrokerLimits::default();
+    let server = start_on_redis_at(config(), partition.url(), Duration::from_secs(1), limits).await;
+    partition.blackhole();
+    until_status(&server.url("/readyz"), 503, Duration::from_secs(6)).await;
+
+    let poll = reqwest::get(server.url("/connection/poll?channel=news"))
+        .await
+        .unwrap();
+    let retry = poll.headers().get("retry-after").cloned();
+    let (status, body) = response(poll).await;
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (503, serde_json::json!(121)),
+        "{body}"
+    );
+    assert!(retry.is_some());
+
+    partition.heal();
+}

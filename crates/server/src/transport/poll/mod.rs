@@ -210,7 +210,28 @@ impl Prepared {
     }
 }
 
+/// [`opening`] a poll, given up when the node starts sending its clients elsewhere: one
+/// that waits on a broker out of reach must not outlive the grace, as the connections the
+/// node ends then do not.
 async fn prepare(
+    (node, parked): (Arc<Node>, Parked),
+    peer: Option<Extension<Peer>>,
+    headers: HeaderMap,
+    query: Option<String>,
+    hold: bool,
+) -> Result<Box<Prepared>, Failure> {
+    let moving = node.clone();
+    let opening = Box::pin(opening((node, parked), peer, headers, query, hold));
+    tokio::select! {
+        opened = opening => opened,
+        () = moving.sends_clients_away() => Err(Failure::new(
+            herald_protocol::ErrorCode::BrokerUnavailable,
+            "this node cannot reach its broker; retry on another node",
+        )),
+    }
+}
+
+async fn opening(
     (node, parked): (Arc<Node>, Parked),
     peer: Option<Extension<Peer>>,
     headers: HeaderMap,

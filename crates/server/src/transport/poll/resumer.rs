@@ -34,6 +34,11 @@ impl Resumer {
         Self { node, parked }
     }
 
+    /// The node it takes them up for.
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
     /// The held long-poll `request` is, if it takes up its parked session.
     pub fn take_up(&self, request: &http::Request<Body>) -> Option<Box<Prepared>> {
         if request.method() != Method::GET
