@@ -51,6 +51,9 @@ impl ServeConfig {
         if redis.replicas_ack > 0 && redis.replicas_timeout.is_zero() {
             return Err(bad("redis.replicas_timeout", "must be greater than 0"));
         }
+        if redis.command_timeout.is_zero() {
+            return Err(bad("redis.command_timeout", "must be greater than 0"));
+        }
         if redis.publish_timeout.is_zero() {
             return Err(bad("redis.publish_timeout", "must be greater than 0"));
         }
@@ -66,6 +69,7 @@ impl ServeConfig {
         BrokerLimits {
             publish_timeout: self.redis.publish_timeout,
             clients_move_after: self.redis.clients_move_after,
+            command_timeout: self.redis.command_timeout,
         }
     }
 }
@@ -147,6 +151,11 @@ pub struct RedisConfig {
     /// "outcome unknown" (122; HTTP 504 with `Retry-After`). Default 2s.
     #[serde(with = "humantime_serde")]
     pub publish_timeout: std::time::Duration,
+    /// How long anything else done for a client (a subscription, a history read) may wait
+    /// for Redis before it is refused for now (121; HTTP 503), so that a connection waiting
+    /// on a Redis out of reach still hears the order to move. Default 3s.
+    #[serde(with = "humantime_serde")]
+    pub command_timeout: std::time::Duration,
 }
 
 impl Default for RedisConfig {
@@ -167,6 +176,7 @@ impl Default for RedisConfig {
             unreachable_after: std::time::Duration::from_secs(3),
             clients_move_after: std::time::Duration::from_secs(2),
             publish_timeout: std::time::Duration::from_secs(2),
+            command_timeout: std::time::Duration::from_secs(3),
         }
     }
 }

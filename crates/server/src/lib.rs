@@ -15,6 +15,7 @@
 
 pub mod admin;
 pub mod api;
+pub mod bounded;
 pub mod config;
 pub mod error;
 pub mod history;

@@ -152,6 +152,7 @@ impl Node {
             presence: store,
             storage,
         } = make_engine(hub.clone())?;
+        let broker = crate::bounded::Bounded::wrap(broker, settings.broker.command_timeout);
         let broker = crate::metrics::Counted::wrap(broker, &metrics);
         let link = link.map(|link| crate::metrics::CountedLink::wrap(link, &metrics));
         let id = link.as_ref().map_or_else(

@@ -37,6 +37,10 @@ pub struct BrokerLimits {
     /// How long the node keeps its clients once it found the broker out of reach, before it
     /// ends their connections with 3009 (reconnect elsewhere and resume). Zero: never.
     pub clients_move_after: std::time::Duration,
+    /// How long anything else done for a client (a subscription, a history read) may wait
+    /// for the broker before it is refused for now (121): a connection waiting on a broker
+    /// out of reach would otherwise not hear that it must move.
+    pub command_timeout: std::time::Duration,
 }
 
 impl Default for BrokerLimits {
@@ -44,6 +48,7 @@ impl Default for BrokerLimits {
         Self {
             publish_timeout: std::time::Duration::from_secs(2),
             clients_move_after: std::time::Duration::from_secs(2),
+            command_timeout: std::time::Duration::from_secs(3),
         }
     }
 }

@@ -205,7 +205,9 @@ impl Listener {
                 "redis: the pub/sub connection was lost".into(),
             ));
         };
-        // Tracked before the server confirms, so no message can arrive untracked.
+        // Tracked before the server confirms, so no message can arrive untracked; and
+        // untracked again if this is given up (an error, or a caller that stops waiting)
+        // before it is confirmed.
         self.channels.lock().insert(
             name.clone().into(),
             Tracked {
@@ -215,12 +217,14 @@ impl Listener {
                 held: None,
             },
         );
+        let mut untrack = Untrack {
+            listener: self,
+            name: Some(name.as_str()),
+        };
         let mut sink = connection.sink.clone();
         let names = [name.clone()];
-        if let Err(e) = connection.timed(sink.subscribe(&names, &[])).await {
-            self.channels.lock().remove(name.as_str());
-            return Err(e);
-        }
+        connection.timed(sink.subscribe(&names, &[])).await?;
+        untrack.name = None;
         Ok(())
     }
 
@@ -429,6 +433,22 @@ impl Listener {
             .filter(|t| t.last.is_none() && t.floor.as_ref().is_none_or(|(_, o)| *o == 0))
             .map(|t| t.channel.clone())
             .collect()
+    }
+}
+
+/// Untracks a channel whose subscription was not confirmed, when dropped armed.
+struct Untrack<'a> {
+    listener: &'a Listener,
+    name: Option<&'a str>,
+}
+
+impl Drop for Untrack<'_> {
+    fn drop(&mut self) {
+        if let Some(name) = self.name {
+            if let Some(t) = self.listener.channels.lock().remove(name) {
+                self.listener.release(t.held.as_ref());
+            }
+        }
     }
 }
 

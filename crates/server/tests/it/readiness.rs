@@ -231,3 +231,36 @@ async fn what_a_cut_node_cannot_serve_now_is_refused_for_now() {
 
     partition.heal();
 }
+
+/// A client whose subscribe waits on Redis when the cut comes is moved like the others:
+/// the command is given up after `command_timeout` (121), so its connection sees the order
+/// to move within detection, the grace and that timeout, not after Redis's own timeouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_waiting_on_the_broker_is_moved_within_the_grace_too() {
+    let redis = RedisServer::start();
+    let partition = Partition::start(&redis);
+    let limits = BrokerLimits {
+        clients_move_after: Duration::from_secs(1),
+        command_timeout: Duration::from_millis(1500),
+        ..BrokerLimits::default()
+    };
+    let server = start_on_redis_at(config(), partition.url(), Duration::from_secs(1), limits).await;
+    let mut client = server.client().await;
+    client.subscribe("news", None).await;
+    partition.blackhole();
+    let cut = Instant::now();
+    // In flight when the cut is found: it waits on Redis.
+    client
+        .send_text(serde_json::json!({ "id": 99, "subscribe": { "channel": "other" } }).to_string())
+        .await;
+    let closed = tokio::time::timeout(Duration::from_secs(15), client.closed())
+        .await
+        .expect("the client was never told to move");
+    let took = cut.elapsed();
+    assert_eq!(closed.code, 3009, "{}", closed.reason);
+    assert!(
+        took < Duration::from_millis(4000),
+        "told after {took:?}: detection (1 s), the grace (1 s), the command's limit (1.5 s)"
+    );
+    partition.heal();
+}
