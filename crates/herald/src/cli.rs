@@ -157,8 +157,8 @@ pub struct SubArgs {
     /// Exit after printing this many publications.
     #[arg(long)]
     pub count: Option<u64>,
-    /// Transport to receive with.
-    #[arg(long, default_value = "ws", value_parser = ["ws", "sse", "stream", "longpoll", "poll"])]
+    /// Transport to receive with (`iframe`: the forever frame's `<script>` chunks).
+    #[arg(long, default_value = "ws", value_parser = ["ws", "sse", "stream", "iframe", "longpoll", "poll"])]
     pub transport: String,
     /// Time between requests with --transport poll.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]

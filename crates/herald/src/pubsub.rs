@@ -402,15 +402,16 @@ fn push_tokens(url: &mut String, a: &SubArgs) {
 }
 
 async fn stream_session(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<Ended> {
-    let url = http_url(
-        a,
-        if a.transport == "sse" {
-            "sse"
-        } else {
-            "stream"
-        },
-        cursor,
-    );
+    let path = match a.transport.as_str() {
+        "sse" => "sse",
+        "iframe" => "iframe",
+        _ => "stream",
+    };
+    let mut url = http_url(a, path, cursor);
+    if path == "iframe" {
+        // The page's function each chunk calls; any name does here.
+        url.push_str("&callback=push");
+    }
     let response = match reqwest::get(&url).await {
         Ok(r) => r,
         Err(e) if cursor.printed == 0 => return Err(unreachable(&a.server.url, &e)),
@@ -435,10 +436,16 @@ async fn stream_session(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<Ende
         while let Some(end) = pending.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = pending.drain(..=end).collect();
             let line = std::str::from_utf8(&line)?.trim_end();
-            let json = if a.transport == "sse" {
-                line.strip_prefix("data: ")
-            } else {
-                Some(line)
+            let json = match a.transport.as_str() {
+                "sse" => line.strip_prefix("data: "),
+                // `<script>parent.CALLBACK(PUSH);</script>`; the document's other lines
+                // (its head, padding) carry nothing.
+                "iframe" => line
+                    .strip_prefix("<script>parent.")
+                    .and_then(|l| l.strip_suffix(");</script>"))
+                    .and_then(|l| l.split_once('('))
+                    .map(|(_, push)| push),
+                _ => Some(line),
             };
             let Some(json) = json.filter(|j| !j.is_empty()) else {
                 continue;

@@ -112,7 +112,7 @@ fn sub_resumes_over_every_transport() {
     for i in 1..=3 {
         publish(&server, "chat:t", &format!("[{i}]"));
     }
-    for transport in ["ws", "sse", "stream", "longpoll", "poll"] {
+    for transport in ["ws", "sse", "stream", "iframe", "longpoll", "poll"] {
         let out = herald()
             .args([
                 "sub",
@@ -268,7 +268,7 @@ fn sub_over_http_transports_stops_at_once_when_the_server_is_not_there() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap()
     };
-    for transport in ["ws", "sse", "stream", "longpoll", "poll"] {
+    for transport in ["ws", "sse", "stream", "iframe", "longpoll", "poll"] {
         let started = std::time::Instant::now();
         let said = fails(herald().args([
             "sub",
@@ -327,7 +327,7 @@ fn sub_stops_with_the_servers_reason_when_refused_and_prints_who_sent() {
     .unwrap();
     let config = config.to_str().unwrap();
     let server = Server::start(&["--config", config]);
-    for transport in ["ws", "sse", "stream", "longpoll", "poll"] {
+    for transport in ["ws", "sse", "stream", "iframe", "longpoll", "poll"] {
         let started = std::time::Instant::now();
         let said = fails(herald().args([
             "sub",

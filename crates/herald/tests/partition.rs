@@ -1,9 +1,10 @@
 //! A node cut off from Redis (issue #33), end to end: three `herald serve` nodes on one
 //! Redis, one of them (C) reaching it through a relay that fails the way networks do, and a
-//! load balancer in front that routes new connections by `/readyz`. Subscribers on every
-//! transport `herald sub` speaks start on C; two publishers send through A, B and C in turn,
-//! retrying elsewhere what was not acknowledged, one with idempotency keys and one without.
-//! Then C's way to Redis is blackholed past the grace, reset, and slowed by 3 s a byte.
+//! load balancer in front that routes new connections by `/readyz`. A `herald sub` on every
+//! transport (the forever frame too: `--transport iframe`) starts on C; two publishers send
+//! through A, B and C in turn, retrying elsewhere what was not acknowledged, one with
+//! idempotency keys and one without. Then C's way to Redis is blackholed past the grace,
+//! reset, and slowed by 3 s a byte.
 
 mod support;
 
@@ -23,7 +24,7 @@ use support::{balancer::Balancer, herald, history, Server, KEY};
 
 const KEYED: &str = "chat:partition";
 const UNKEYED: &str = "chat:partition-unkeyed";
-const TRANSPORTS: [&str; 5] = ["ws", "sse", "stream", "longpoll", "poll"];
+const TRANSPORTS: [&str; 6] = ["ws", "sse", "stream", "iframe", "longpoll", "poll"];
 /// The defaults the nodes run with: `redis.unreachable_after`, `redis.clients_move_after`,
 /// `redis.publish_timeout`.
 const DETECTION: Duration = Duration::from_secs(3);
