@@ -264,3 +264,37 @@ async fn a_client_waiting_on_the_broker_is_moved_within_the_grace_too() {
     );
     partition.heal();
 }
+
+/// The same when what waits is the presence store: a second subscriber of a channel the
+/// node already listens to (no broker call) joins its presence, which waits on Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_joining_presence_on_a_cut_node_is_moved_within_the_grace_too() {
+    let redis = RedisServer::start();
+    let partition = Partition::start(&redis);
+    let limits = BrokerLimits {
+        clients_move_after: Duration::from_secs(1),
+        command_timeout: Duration::from_millis(1500),
+        ..BrokerLimits::default()
+    };
+    let server = start_on_redis_at(config(), partition.url(), Duration::from_secs(1), limits).await;
+    let mut first = server.client().await;
+    first.subscribe("chat:room", None).await;
+    let mut second = server.client().await;
+    partition.blackhole();
+    let cut = Instant::now();
+    second
+        .send_text(
+            serde_json::json!({ "id": 7, "subscribe": { "channel": "chat:room" } }).to_string(),
+        )
+        .await;
+    let closed = tokio::time::timeout(Duration::from_secs(30), second.closed())
+        .await
+        .expect("the client was never told to move");
+    let took = cut.elapsed();
+    assert_eq!(closed.code, 3009, "{}", closed.reason);
+    assert!(
+        took < Duration::from_millis(4000),
+        "told after {took:?}: detection (1 s), the grace (1 s), the command's limit (1.5 s)"
+    );
+    partition.heal();
+}
