@@ -387,25 +387,17 @@ impl Store {
     /// Redis takes a pipeline, a cluster needs a call per slot.
     pub(crate) async fn each(&self, commands: Vec<redis::Cmd>) -> Result<(), BrokerError> {
         use futures_util::StreamExt;
-        let (generation, connection) = self.commands.connection.lock().clone();
-        let calls = commands.into_iter().map(move |command| {
-            let mut c = connection.clone();
-            async move { command.query_async::<()>(&mut c).await }
-        });
-        let results: Vec<redis::RedisResult<()>> = futures_util::stream::iter(calls)
+        let calls: Vec<_> = commands
+            .into_iter()
+            .map(|command| {
+                self.call(|mut c| async move { command.query_async::<()>(&mut c).await })
+            })
+            .collect();
+        let results: Vec<Result<(), BrokerError>> = futures_util::stream::iter(calls)
             .buffer_unordered(CLUSTER_PARALLEL)
             .collect()
             .await;
-        for result in results {
-            if let Err(e) = result {
-                if e.is_timeout() {
-                    self.commands
-                        .replace(generation, "a redis command timed out");
-                }
-                return Err(unavailable(e));
-            }
-        }
-        Ok(())
+        results.into_iter().collect()
     }
 
     /// Gives `channel` a new epoch if it still stands below `seen` in `seen`'s epoch (see

@@ -56,16 +56,11 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
     if args.print_config {
         let printed = toml::to_string_pretty(&config)?;
         // Checked as `serve` checks it: a configuration it would refuse is refused here too.
-        config.check()?;
-        config.server.validate()?;
+        config.validate()?;
         print!("{printed}");
         return Ok(ExitCode::SUCCESS);
     }
-    config.check()?;
-    let storage::ServeConfig { storage, redis, .. } = config.clone();
-    let broker = config.broker_limits();
-    let mut settings = config.server.validate()?;
-    settings.broker = broker;
+    let (mut settings, storage, redis) = config.validate()?;
     settings::init_logging(&settings.config)?;
     log_panics();
     fit_connections_to_descriptors(&mut settings.config);

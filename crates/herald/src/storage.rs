@@ -4,7 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use herald_server::{config::ConfigError, BrokerLimits, Config};
+use herald_server::{
+    config::{bad, ConfigError},
+    BrokerLimits, Config, Settings,
+};
 
 /// What `herald serve` reads: the server's configuration, and the engine it runs on (read
 /// in two parts, so that each refuses keys it does not know: see [`crate::settings`]).
@@ -23,9 +26,18 @@ pub struct ServeConfig {
 }
 
 impl ServeConfig {
-    /// Checks the engine's settings (the server checks its own in
-    /// [`Config::validate`]).
-    pub fn check(&self) -> Result<(), ConfigError> {
+    /// Checks everything (the engine's settings here, the server's in
+    /// [`Config::validate`]): the server's settings, with what the node does when its broker
+    /// stops answering, and the engine to build.
+    pub fn validate(self) -> Result<(Settings, StorageEngine, RedisConfig), ConfigError> {
+        self.check()?;
+        let limits = self.broker_limits();
+        let mut settings = self.server.validate()?;
+        settings.broker = limits;
+        Ok((settings, self.storage, self.redis))
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
         let redis = &self.redis;
         if self.storage == StorageEngine::Redis && redis.prefix.is_empty() {
             return Err(bad("redis.prefix", "must not be empty"));
@@ -65,19 +77,12 @@ impl ServeConfig {
 
     /// What the node does when its broker stops answering (the Redis engine's settings;
     /// the embedded engines always answer).
-    pub fn broker_limits(&self) -> BrokerLimits {
+    fn broker_limits(&self) -> BrokerLimits {
         BrokerLimits {
             publish_timeout: self.redis.publish_timeout,
             clients_move_after: self.redis.clients_move_after,
             command_timeout: self.redis.command_timeout,
         }
-    }
-}
-
-fn bad(key: &str, problem: &str) -> ConfigError {
-    ConfigError {
-        key: key.into(),
-        problem: problem.into(),
     }
 }
 

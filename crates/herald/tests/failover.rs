@@ -204,23 +204,26 @@ fn survives(configure: impl Fn(&mut Command), kill: impl FnOnce(), topology: &st
     }
 }
 
+/// What `herald serve --storage redis` with these `HERALD_*` variables says when it refuses
+/// to start.
+fn refused_at_start(env: &[(&str, &str)]) -> String {
+    let data = tempfile::tempdir().unwrap();
+    let mut command = herald();
+    command.envs(env.iter().copied()).args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--storage",
+        "redis",
+        "--data-dir",
+    ]);
+    fails(command.arg(data.path()))
+}
+
 /// Sentinels without a master name are refused before anything starts.
 #[test]
 fn sentinels_without_a_master_name_are_refused_at_start() {
-    let data = tempfile::tempdir().unwrap();
-    let err = fails(
-        herald()
-            .env("HERALD_REDIS__SENTINELS", r#"["127.0.0.1:26379"]"#)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--storage",
-                "redis",
-                "--data-dir",
-            ])
-            .arg(data.path()),
-    );
+    let err = refused_at_start(&[("HERALD_REDIS__SENTINELS", r#"["127.0.0.1:26379"]"#)]);
     assert!(err.contains("redis.master_name"), "{err}");
 }
 
@@ -228,32 +231,15 @@ fn sentinels_without_a_master_name_are_refused_at_start() {
 /// cluster beside Sentinels is refused before anything starts.
 #[test]
 fn a_cluster_that_cannot_work_is_refused_at_start_with_the_reason() {
-    let data = tempfile::tempdir().unwrap();
-    let serve = |command: &mut Command| {
-        command
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--storage",
-                "redis",
-                "--data-dir",
-            ])
-            .arg(data.path());
-    };
-    let mut unreachable = herald();
-    unreachable.env("HERALD_REDIS__CLUSTER", r#"["127.0.0.1:1","127.0.0.1:2"]"#);
-    serve(&mut unreachable);
-    let err = fails(&mut unreachable);
+    let err = refused_at_start(&[("HERALD_REDIS__CLUSTER", r#"["127.0.0.1:1","127.0.0.1:2"]"#)]);
     assert!(
         err.contains("cannot use redis at redis cluster at 127.0.0.1:1, 127.0.0.1:2"),
         "{err}"
     );
-    let mut both = herald();
-    both.env("HERALD_REDIS__CLUSTER", r#"["127.0.0.1:1"]"#)
-        .env("HERALD_REDIS__SENTINELS", r#"["127.0.0.1:2"]"#)
-        .env("HERALD_REDIS__MASTER_NAME", "herald");
-    serve(&mut both);
-    let err = fails(&mut both);
+    let err = refused_at_start(&[
+        ("HERALD_REDIS__CLUSTER", r#"["127.0.0.1:1"]"#),
+        ("HERALD_REDIS__SENTINELS", r#"["127.0.0.1:2"]"#),
+        ("HERALD_REDIS__MASTER_NAME", "herald"),
+    ]);
     assert!(err.contains("`redis.cluster`"), "{err}");
 }

@@ -1,9 +1,10 @@
-//! A remote broker's calls made for clients, bounded in time. A subscription or a history
-//! read waits on the broker inside the connection's own loop; on a broker out of reach it
-//! would wait out the client library's timeouts (seconds, several times over), and the
-//! connection would hear nothing meanwhile, not even the node's order to move its clients.
-//! Past `command_timeout` such a call is refused for now (121), and the connection goes on.
-//! Publications keep their own deadline and its "outcome unknown" (see [`crate::publish`]).
+//! A remote broker's calls, bounded in time. A subscription or a history read waits on the
+//! broker inside the connection's own loop; on a broker out of reach it would wait out the
+//! client library's timeouts (seconds, several times over), and the connection would hear
+//! nothing meanwhile, not even the node's order to move its clients. Past `command_timeout`
+//! such a call fails as unavailable (121 to the client), and the connection goes on. A
+//! publication waits at most `publish_timeout`, and a failure then means "outcome unknown"
+//! (122, see [`crate::publish`]): it was sent, and may be stored.
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -11,35 +12,44 @@ use herald_broker::{Broker, BrokerError, History, HistoryQuery, SharedBroker, St
 use herald_protocol::{ChannelName, StreamPosition};
 use std::time::Duration;
 
-/// `inner`, its waits bounded by `limit`.
+use crate::settings::BrokerLimits;
+
+/// `inner`, its waits bounded by `limits`.
 pub struct Bounded {
     inner: SharedBroker,
-    limit: Duration,
+    limits: BrokerLimits,
 }
 
 impl Bounded {
-    /// `inner` with its calls bounded by `limit`, for a remote broker; an embedded one as it
-    /// is (its own store answers for itself).
-    pub fn wrap(inner: SharedBroker, limit: Duration) -> SharedBroker {
+    /// `inner` with its calls bounded by `limits`, for a remote broker; an embedded one as
+    /// it is (its own store answers for itself).
+    pub fn wrap(inner: SharedBroker, limits: BrokerLimits) -> SharedBroker {
         if inner.reach().is_none() {
             return inner;
         }
-        std::sync::Arc::new(Self { inner, limit })
+        std::sync::Arc::new(Self { inner, limits })
     }
 
     async fn within<T>(
         &self,
         what: &str,
+        limit: Duration,
         call: impl std::future::Future<Output = Result<T, BrokerError>>,
     ) -> Result<T, BrokerError> {
-        tokio::time::timeout(self.limit, call)
-            .await
-            .unwrap_or_else(|_| {
-                Err(BrokerError::Unavailable(format!(
-                    "the broker did not answer a {what} within {:?}",
-                    self.limit
-                )))
-            })
+        tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+            Err(BrokerError::Unavailable(format!(
+                "the broker did not answer a {what} within {limit:?}"
+            )))
+        })
+    }
+
+    /// [`Bounded::within`] `command_timeout`: anything but a publication.
+    async fn command<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = Result<T, BrokerError>>,
+    ) -> Result<T, BrokerError> {
+        self.within(what, self.limits.command_timeout, call).await
     }
 }
 
@@ -51,7 +61,9 @@ impl Broker for Bounded {
         data: Bytes,
         policy: StreamPolicy,
     ) -> Result<StreamPosition, BrokerError> {
-        self.inner.publish(channel, data, policy).await
+        let publishing = self.inner.publish(channel, data, policy);
+        self.within("publication", self.limits.publish_timeout, publishing)
+            .await
     }
 
     async fn publish_once(
@@ -62,8 +74,8 @@ impl Broker for Bounded {
         key: &str,
         window: Duration,
     ) -> Result<(StreamPosition, bool), BrokerError> {
-        self.inner
-            .publish_once(channel, data, policy, key, window)
+        let publishing = self.inner.publish_once(channel, data, policy, key, window);
+        self.within("publication", self.limits.publish_timeout, publishing)
             .await
     }
 
@@ -72,22 +84,22 @@ impl Broker for Bounded {
         channel: &ChannelName,
         query: HistoryQuery,
     ) -> Result<History, BrokerError> {
-        self.within("history read", self.inner.history(channel, query))
+        self.command("history read", self.inner.history(channel, query))
             .await
     }
 
     async fn remove_history(&self, channel: &ChannelName) -> Result<(), BrokerError> {
-        self.within("history removal", self.inner.remove_history(channel))
+        self.command("history removal", self.inner.remove_history(channel))
             .await
     }
 
     async fn subscribe(&self, channel: &ChannelName) -> Result<(), BrokerError> {
-        self.within("subscription", self.inner.subscribe(channel))
+        self.command("subscription", self.inner.subscribe(channel))
             .await
     }
 
     async fn unsubscribe(&self, channel: &ChannelName) -> Result<(), BrokerError> {
-        self.within("unsubscription", self.inner.unsubscribe(channel))
+        self.command("unsubscription", self.inner.unsubscribe(channel))
             .await
     }
 

@@ -93,12 +93,9 @@ pub struct Node {
     pub metrics: crate::metrics::Metrics,
     /// Open connections by client id, for operators' actions.
     pub sessions: crate::registry::Registry,
-    /// Set while the node sends its clients elsewhere (its broker out of reach past
-    /// `clients_move_after`, see [`crate::relocate`]): no kept-alive HTTP connection then
-    /// carries another request, so a client's next one goes through its load balancer to a
-    /// node that is ready.
-    pub moving_clients: std::sync::atomic::AtomicBool,
-    /// Wakes what waits for [`Node::sends_clients_away`].
+    /// Set while the node sends its clients elsewhere (see [`Node::is_moving_clients`]).
+    moving_clients: std::sync::atomic::AtomicBool,
+    /// Wakes what waits for [`Node::moving_clients_started`].
     moving_started: tokio::sync::Notify,
     connections: AtomicUsize,
     next_session: AtomicU64,
@@ -152,7 +149,7 @@ impl Node {
             presence: store,
             storage,
         } = make_engine(hub.clone())?;
-        let broker = crate::bounded::Bounded::wrap(broker, settings.broker.command_timeout);
+        let broker = crate::bounded::Bounded::wrap(broker, settings.broker);
         let broker = crate::metrics::Counted::wrap(broker, &metrics);
         let link = link.map(|link| crate::metrics::CountedLink::wrap(link, &metrics));
         let id = link.as_ref().map_or_else(
@@ -247,8 +244,17 @@ impl Node {
         }
     }
 
-    /// Starts or stops sending clients elsewhere (see [`Node::moving_clients`]).
-    pub fn send_clients_away(&self, away: bool) {
+    /// Whether the node sends its clients elsewhere (its broker out of reach past
+    /// `clients_move_after`, see [`crate::relocate`]): no kept-alive HTTP connection then
+    /// carries another request, so a client's next one goes through its load balancer to a
+    /// node that is ready.
+    pub fn is_moving_clients(&self) -> bool {
+        self.moving_clients
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Starts or stops sending clients elsewhere.
+    pub fn set_moving_clients(&self, away: bool) {
         let was = self
             .moving_clients
             .swap(away, std::sync::atomic::Ordering::Relaxed);
@@ -259,14 +265,11 @@ impl Node {
 
     /// Returns once the node sends its clients elsewhere: what waits on the broker for a
     /// client (a poll being opened) gives up then, instead of outliving the grace.
-    pub async fn sends_clients_away(&self) {
+    pub async fn moving_clients_started(&self) {
         let started = self.moving_started.notified();
         tokio::pin!(started);
         started.as_mut().enable();
-        if self
-            .moving_clients
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
+        if self.is_moving_clients() {
             return;
         }
         started.await;

@@ -1,7 +1,7 @@
 //! A node that cannot reach its broker moves its clients: once Redis has been out of reach
 //! for `redis.clients_move_after`, every connection it holds, and every long-poll it holds
 //! or keeps, ends with 3009 (reconnect and resume), and no kept-alive HTTP connection
-//! carries another request (`Node::moving_clients`), so its clients go, through a load
+//! carries another request (`Node::is_moving_clients`), so its clients go, through a load
 //! balancer that checks `/readyz`, to a node that can serve them, instead of waiting in
 //! silence for as long as the cut lasts. Redis back sooner: they stay, and catch up from
 //! history as after any lost connection.
@@ -40,14 +40,14 @@ async fn watch(node: Weak<Node>, grace: Duration) {
         }
         let Some(why) = node.broker.reach().and_then(|r| r.lost) else {
             (lost_since, told) = (None, false);
-            node.send_clients_away(false);
+            node.set_moving_clients(false);
             continue;
         };
         let since = *lost_since.get_or_insert_with(Instant::now);
         if since.elapsed() < grace {
             continue;
         }
-        node.send_clients_away(true);
+        node.set_moving_clients(true);
         // Every look past the grace: a client that connected meanwhile moves too. The
         // registry holds the connections; the hub also knows held and parked long-polls,
         // whose answer then carries the 3009 (an order twice over is the same order).

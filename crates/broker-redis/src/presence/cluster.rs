@@ -15,10 +15,11 @@ use redis::Script;
 use super::{key, scripts, Change, NODE_TTL};
 use crate::{store::CLUSTER_PARALLEL, Store};
 
-/// The scripts of a node's batches.
-pub(super) struct Changes {
+/// The scripts of a node's batches and beats.
+pub(super) struct Cluster {
     nodes: Script,
     changes: Script,
+    sweep: Script,
 }
 
 /// The key that puts a script in the nodes' slot.
@@ -31,11 +32,12 @@ fn channel_key(prefix: &str, channel: &ChannelName) -> String {
     format!("{prefix}:pc:{{{channel}}}")
 }
 
-impl Changes {
+impl Cluster {
     pub(super) fn new() -> Self {
         Self {
             nodes: scripts::cluster_nodes(),
             changes: scripts::cluster_changes(),
+            sweep: scripts::cluster_sweep(),
         }
     }
 
@@ -120,64 +122,68 @@ impl Changes {
             let _ = c.done.send(answer);
         }
     }
-}
 
-/// Marks `node` alive and removes the members of nodes that are not: found at the nodes'
-/// slot, released channel by channel, then forgotten (a sweep cut short is done again by
-/// the next beat). Returns `{channel, id, …}` of members that left.
-pub(super) async fn beat(store: &Store, node: &str) -> Result<Vec<Vec<u8>>, BrokerError> {
-    let nodes = scripts::cluster_nodes();
-    let prefix = store.names.prefix();
-    let ttl = NODE_TTL.as_millis() as u64;
-    let mut beat = nodes.key(nodes_key(prefix));
-    beat.arg(prefix).arg("beat").arg(node).arg(ttl);
-    let dead: Vec<redis::Value> = store
-        .call(|mut c| async move { beat.invoke_async(&mut c).await })
-        .await?;
-    let mut gone = Vec::new();
-    let mut swept = Vec::new();
-    let sweep = scripts::cluster_sweep();
-    for found in dead.chunks(3) {
-        let [node, tag, channels] = found else {
-            continue;
-        };
-        let (Ok(node), Ok(tag), Ok(channels)) = (
-            redis::from_redis_value_ref::<String>(node),
-            redis::from_redis_value_ref::<String>(tag),
-            redis::from_redis_value_ref::<Vec<String>>(channels),
-        ) else {
-            continue;
-        };
-        let mut whole = true;
-        for channel in channels.iter().filter_map(|c| ChannelName::new(c).ok()) {
-            let mut call = sweep.key(channel_key(prefix, &channel));
-            call.arg(prefix).arg(channel.as_str()).arg(&tag);
-            let left: Result<Vec<Vec<u8>>, BrokerError> = store
-                .call(|mut c| async move { call.invoke_async(&mut c).await })
-                .await;
-            match left {
-                Ok(left) => gone.extend(left),
-                Err(e) => {
-                    tracing::warn!(%channel, error = %e, "could not sweep a dead node's members");
-                    whole = false;
+    /// Marks `node` alive and removes the members of nodes that are not: found at the nodes'
+    /// slot, released channel by channel, then forgotten (a sweep cut short is done again by
+    /// the next beat). Returns `{channel, id, …}` of members that left.
+    pub(super) async fn beat(
+        &self,
+        store: &Store,
+        node: &str,
+    ) -> Result<Vec<Vec<u8>>, BrokerError> {
+        let nodes = &self.nodes;
+        let prefix = store.names.prefix();
+        let ttl = NODE_TTL.as_millis() as u64;
+        let mut beat = nodes.key(nodes_key(prefix));
+        beat.arg(prefix).arg("beat").arg(node).arg(ttl);
+        let dead: Vec<redis::Value> = store
+            .call(|mut c| async move { beat.invoke_async(&mut c).await })
+            .await?;
+        let mut gone = Vec::new();
+        let mut swept = Vec::new();
+        let sweep = &self.sweep;
+        for found in dead.chunks(3) {
+            let [node, tag, channels] = found else {
+                continue;
+            };
+            let (Ok(node), Ok(tag), Ok(channels)) = (
+                redis::from_redis_value_ref::<String>(node),
+                redis::from_redis_value_ref::<String>(tag),
+                redis::from_redis_value_ref::<Vec<String>>(channels),
+            ) else {
+                continue;
+            };
+            let mut whole = true;
+            for channel in channels.iter().filter_map(|c| ChannelName::new(c).ok()) {
+                let mut call = sweep.key(channel_key(prefix, &channel));
+                call.arg(prefix).arg(channel.as_str()).arg(&tag);
+                let left: Result<Vec<Vec<u8>>, BrokerError> = store
+                    .call(|mut c| async move { call.invoke_async(&mut c).await })
+                    .await;
+                match left {
+                    Ok(left) => gone.extend(left),
+                    Err(e) => {
+                        tracing::warn!(%channel, error = %e, "could not sweep a dead node's members");
+                        whole = false;
+                    }
                 }
             }
+            if whole {
+                swept.push(node);
+            }
         }
-        if whole {
-            swept.push(node);
+        if !swept.is_empty() {
+            let mut forget = nodes.key(nodes_key(prefix));
+            forget
+                .arg(prefix)
+                .arg("forget")
+                .arg("")
+                .arg(ttl)
+                .arg(&swept);
+            store
+                .call(|mut c| async move { forget.invoke_async::<()>(&mut c).await })
+                .await?;
         }
+        Ok(gone)
     }
-    if !swept.is_empty() {
-        let mut forget = nodes.key(nodes_key(prefix));
-        forget
-            .arg(prefix)
-            .arg("forget")
-            .arg("")
-            .arg(ttl)
-            .arg(&swept);
-        store
-            .call(|mut c| async move { forget.invoke_async::<()>(&mut c).await })
-            .await?;
-    }
-    Ok(gone)
 }

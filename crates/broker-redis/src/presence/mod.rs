@@ -75,9 +75,13 @@ struct Change {
 /// When connections come by the thousand (a mass reconnect), Redis runs one script per
 /// batch instead of one per join, and no join waits behind a queue of single calls until
 /// it times out. A lone join goes at once.
-async fn send_changes(store: Arc<Store>, node: String, mut queue: mpsc::UnboundedReceiver<Change>) {
+async fn send_changes(
+    store: Arc<Store>,
+    on_cluster: Arc<cluster::Cluster>,
+    node: String,
+    mut queue: mpsc::UnboundedReceiver<Change>,
+) {
     let script = scripts::changes();
-    let on_cluster = cluster::Changes::new();
     let mut batch = Vec::with_capacity(MOST_PER_CALL);
     while queue.recv_many(&mut batch, MOST_PER_CALL).await > 0 {
         if store.names.cluster {
@@ -112,6 +116,8 @@ pub struct RedisPresence {
     listener: Arc<Listener>,
     changes: mpsc::UnboundedSender<Change>,
     beat: Script,
+    /// The scripts a cluster needs instead (see [`cluster`]).
+    cluster: Arc<cluster::Cluster>,
     events: Mutex<Option<Weak<dyn PresenceEvents>>>,
 }
 
@@ -134,12 +140,15 @@ impl RedisPresence {
     /// Presence on `store`, heard through `listener`; beats until dropped.
     pub(crate) fn start(store: Arc<Store>, listener: Arc<Listener>) -> Arc<Self> {
         let (changes, queue) = mpsc::unbounded_channel();
-        tokio::spawn(send_changes(store.clone(), listener.node_id.clone(), queue));
+        let cluster = Arc::new(cluster::Cluster::new());
+        let node = listener.node_id.clone();
+        tokio::spawn(send_changes(store.clone(), cluster.clone(), node, queue));
         let presence = Arc::new(Self {
             store,
             listener,
             changes,
             beat: scripts::beat(),
+            cluster,
             events: Mutex::default(),
         });
         let weak = Arc::downgrade(&presence);
@@ -192,7 +201,10 @@ impl RedisPresence {
     /// Marks this node alive and removes the members of nodes that are not.
     pub async fn beat(&self) -> Result<(), BrokerError> {
         if self.store.names.cluster {
-            let gone = cluster::beat(&self.store, &self.listener.node_id).await?;
+            let gone = self
+                .cluster
+                .beat(&self.store, &self.listener.node_id)
+                .await?;
             self.expired(gone);
             return Ok(());
         }

@@ -232,7 +232,8 @@ pub struct ConfigError {
     pub problem: String,
 }
 
-pub(crate) fn bad(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+/// The error for `key` (dotted, as in the TOML file), saying what is wrong with it.
+pub fn bad(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
     ConfigError {
         key: key.into(),
         problem: problem.into(),

@@ -134,47 +134,34 @@ pub async fn publish_keyed(
         ));
     }
     let started = std::time::Instant::now();
-    let deadline = node.settings.broker.publish_timeout;
     let record = Publication::record(data, from);
     let window = node.settings.config.idempotency_window;
-    let publishing = async {
-        match key {
-            Some(key) => {
-                node.broker
-                    .publish_once(channel, record, ns.stream_policy(), key, window)
-                    .await
-            }
-            None => node
-                .broker
-                .publish(channel, record, ns.stream_policy())
+    // A remote broker's answer is waited for at most `publish_timeout` (see
+    // `crate::bounded`); the node's own store answers for itself (a full disk is an error,
+    // not a silence).
+    let published = match key {
+        Some(key) => {
+            node.broker
+                .publish_once(channel, record, ns.stream_policy(), key, window)
                 .await
-                .map(|p| (p, false)),
         }
+        None => node
+            .broker
+            .publish(channel, record, ns.stream_policy())
+            .await
+            .map(|p| (p, false)),
     };
-    // Only a remote broker's answer is waited for with a deadline: the node's own store
-    // answers for itself (a full disk is an error, not a silence).
-    let answered = if remote {
-        tokio::time::timeout(deadline, publishing).await
-    } else {
-        Ok(publishing.await)
-    };
-    let (position, repeat) = match answered {
-        Ok(Ok(published)) => published,
-        Ok(Err(e @ herald_broker::BrokerError::Unrecoverable { .. })) => return Err(e.into()),
-        // Sent, and not confirmed: it may be stored.
-        Ok(Err(e @ herald_broker::BrokerError::Unavailable(_))) if remote => {
+    let (position, repeat) = match published {
+        Ok(published) => published,
+        Err(e @ herald_broker::BrokerError::Unrecoverable { .. }) => return Err(e.into()),
+        // Sent, and not confirmed (an error, or no answer in time): it may be stored.
+        Err(e @ herald_broker::BrokerError::Unavailable(_)) if remote => {
             return Err(Failure::new(
                 ErrorCode::OutcomeUnknown,
                 format!("outcome unknown: the broker did not confirm the publication ({e}); it may be stored, and a retry may store it twice"),
             ))
         }
-        Ok(Err(e)) => return Err(e.into()),
-        Err(_) => {
-            return Err(Failure::new(
-                ErrorCode::OutcomeUnknown,
-                format!("outcome unknown: the broker did not answer within {deadline:?}; the publication may be stored, and a retry may store it twice"),
-            ))
-        }
+        Err(e) => return Err(e.into()),
     };
     // The embedded durable engine keeps only durable namespaces on disk.
     let storage = match node.storage {

@@ -279,11 +279,7 @@ async fn handle(
     };
     // A node sending its clients elsewhere answers this request, then closes: the client's
     // next one goes through its load balancer to a node that is ready.
-    let keep_alive = keep_alive
-        && !resumer
-            .node()
-            .moving_clients
-            .load(std::sync::atomic::Ordering::Relaxed);
+    let keep_alive = keep_alive && !resumer.node().is_moving_clients();
     // A long-poll that takes up its parked session needs nothing the router does.
     if let Some(prepared) = resumer.take_up(&request) {
         return Handled::Poll(prepared, keep_alive);

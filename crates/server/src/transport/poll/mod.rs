@@ -224,7 +224,7 @@ async fn prepare(
     let opening = Box::pin(opening((node, parked), peer, headers, query, hold));
     tokio::select! {
         opened = opening => opened,
-        () = moving.sends_clients_away() => Err(Failure::new(
+        () = moving.moving_clients_started() => Err(Failure::new(
             herald_protocol::ErrorCode::BrokerUnavailable,
             "this node cannot reach its broker; retry on another node",
         )),
