@@ -310,3 +310,5 @@ pub(crate) fn spawn_sweeper<B: Send + Sync + 'static>(broker: &Arc<B>, sweep: fn
 
 #[cfg(any(test, feature = "testkit"))]
 pub mod conformance;
+#[cfg(any(test, feature = "testkit"))]
+pub mod relay;

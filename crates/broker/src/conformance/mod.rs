@@ -106,6 +106,23 @@ pub async fn run_all(make: impl Fn(Arc<dyn PublicationSink>) -> SharedBroker) {
     once::keys_past_the_cap_forget_the_oldest(&make).await;
 }
 
+/// The retention the suite's channels are published with, for brokers that take each
+/// channel's retention from their [`crate::Policies`] (as the server gives them, from the
+/// namespaces) rather than from each publish: build them with this.
+pub fn policies() -> crate::Policies {
+    Arc::new(|channel| match channel.as_str() {
+        "conformance:b" => StreamPolicy {
+            history_size: 3,
+            ..StreamPolicy::default()
+        },
+        "conformance:once-cap" => StreamPolicy {
+            history_size: 10,
+            ..StreamPolicy::default()
+        },
+        _ => StreamPolicy::default(),
+    })
+}
+
 fn ch(name: &str) -> ChannelName {
     ChannelName::new(name).expect("test channel names are valid")
 }

@@ -1,0 +1,552 @@
+//! Presence on NATS: each node writes who it holds into a key-value bucket, and every node
+//! keeps the whole bucket in memory by watching it.
+//!
+//! A key is `{CH}.{ID}.{NODE}` (channel in hex, member id in hex, the holding node): one
+//! per member per node that holds it, written when the node's first holder joins and
+//! deleted when its last leaves, so a node writes nothing for a second tab of the same
+//! client. Other nodes hear each change through their watch and count members and users
+//! per channel as it comes, so stats are constant time and pages are ranges of an ordered
+//! map, with no call to NATS. The price: every node holds every channel's members (about a
+//! hundred bytes each), and another node's join reaches this one's view a moment later
+//! (the watch's delivery, about a millisecond on one machine).
+//!
+//! Every node also beats into the figures' neighbour bucket `PREFIX_alive` (entries expire
+//! after [`NODE_TTL`]); a node that holds members but stopped beating is taken for dead:
+//! every survivor drops its members from its view (and tells its clients through
+//! [`PresenceEvents::expired`]), and its keys are purged.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::{Arc, Weak},
+    time::{Duration, Instant},
+};
+
+use async_nats::{
+    jetstream::{self, kv},
+    Client, HeaderMap,
+};
+use async_trait::async_trait;
+use bytes::{BufMut, Bytes, BytesMut};
+use futures_util::StreamExt;
+use herald_broker::{BrokerError, Member, PresenceEvents, PresenceStats, PresenceStore};
+use herald_protocol::ChannelName;
+use parking_lot::Mutex;
+use tokio::task::AbortHandle;
+
+use crate::{
+    names::{hex, unhex, Names},
+    unavailable,
+};
+
+/// How often a node says it is alive (and looks for nodes that stopped).
+pub const BEAT_EVERY: Duration = Duration::from_secs(2);
+/// A node silent for this long is taken for dead, and its members removed.
+pub const NODE_TTL: Duration = Duration::from_secs(10);
+
+/// Presence kept in NATS for every node that shares it.
+pub struct NatsPresence {
+    js: jetstream::Context,
+    client: Client,
+    names: Names,
+    node: String,
+    bucket: String,
+    view: Arc<Mutex<View>>,
+    /// Held while sending, so this node's writes reach NATS in the order they were made.
+    sending: tokio::sync::Mutex<()>,
+    events: Arc<Mutex<Option<Weak<dyn PresenceEvents>>>>,
+    tasks: Vec<AbortHandle>,
+}
+
+#[derive(Default)]
+struct View {
+    /// Holders of each member on this node.
+    own: HashMap<(ChannelName, u64), u32>,
+    channels: HashMap<ChannelName, Channel>,
+    /// What each other node holds, as heard.
+    others: HashMap<String, Other>,
+    /// Keys of this node whose delete failed, to delete at the next beat.
+    undeleted: Vec<String>,
+}
+
+#[derive(Default)]
+struct Channel {
+    members: BTreeMap<u64, Held>,
+    /// Members per user: its length is the distinct users.
+    users: HashMap<String, u32>,
+}
+
+struct Held {
+    info: Bytes,
+    user: Option<String>,
+    /// The nodes that hold it.
+    nodes: Vec<String>,
+}
+
+struct Other {
+    first_heard: Instant,
+    /// Seen beating at least once.
+    beat: bool,
+    holds: HashSet<(ChannelName, u64)>,
+}
+
+impl View {
+    /// `node` holds the member; true when it is new in the channel.
+    fn add(
+        &mut self,
+        channel: &ChannelName,
+        member: &Member,
+        user: Option<&str>,
+        node: &str,
+    ) -> bool {
+        let c = self.channels.entry(channel.clone()).or_default();
+        if let Some(held) = c.members.get_mut(&member.id) {
+            if !held.nodes.iter().any(|n| n == node) {
+                held.nodes.push(node.to_string());
+            }
+            return false;
+        }
+        if let Some(user) = user {
+            *c.users.entry(user.to_string()).or_default() += 1;
+        }
+        c.members.insert(
+            member.id,
+            Held {
+                info: member.info.clone(),
+                user: user.map(str::to_string),
+                nodes: vec![node.to_string()],
+            },
+        );
+        true
+    }
+
+    /// `node` no longer holds member `id`; true when no node does (it left).
+    fn remove(&mut self, channel: &ChannelName, id: u64, node: &str) -> bool {
+        let Some(c) = self.channels.get_mut(channel) else {
+            return false;
+        };
+        let Some(held) = c.members.get_mut(&id) else {
+            return false;
+        };
+        held.nodes.retain(|n| n != node);
+        if !held.nodes.is_empty() {
+            return false;
+        }
+        if let Some(held) = c.members.remove(&id) {
+            if let Some(user) = held.user {
+                if let Some(count) = c.users.get_mut(&user) {
+                    *count -= 1;
+                    if *count == 0 {
+                        c.users.remove(&user);
+                    }
+                }
+            }
+        }
+        if c.members.is_empty() {
+            self.channels.remove(channel);
+        }
+        true
+    }
+}
+
+/// A key's value: `u` + the user's length (2 bytes) + the user, or `-`; then the info.
+fn encode(member: &Member, user: Option<&str>) -> Bytes {
+    let mut out = BytesMut::with_capacity(3 + user.map_or(0, str::len) + member.info.len());
+    match user {
+        Some(user) if user.len() <= u16::MAX as usize => {
+            out.put_u8(b'u');
+            out.put_u16(user.len() as u16);
+            out.put_slice(user.as_bytes());
+        }
+        _ => out.put_u8(b'-'),
+    }
+    out.put_slice(&member.info);
+    out.freeze()
+}
+
+fn decode(value: &Bytes) -> Option<(Option<String>, Bytes)> {
+    match value.first()? {
+        b'-' => Some((None, value.slice(1..))),
+        b'u' => {
+            let len = u16::from_be_bytes([*value.get(1)?, *value.get(2)?]) as usize;
+            let user = std::str::from_utf8(value.get(3..3 + len)?)
+                .ok()?
+                .to_string();
+            Some((Some(user), value.slice(3 + len..)))
+        }
+        _ => None,
+    }
+}
+
+/// `{CH}.{ID}.{NODE}`, read back.
+fn parse_key(key: &str) -> Option<(ChannelName, u64, &str)> {
+    let mut parts = key.splitn(3, '.');
+    let channel = String::from_utf8(unhex(parts.next()?)?).ok()?;
+    let id = u64::from_str_radix(parts.next()?, 16).ok()?;
+    Some((ChannelName::new(&channel).ok()?, id, parts.next()?))
+}
+
+impl NatsPresence {
+    /// Finds or makes the buckets, loads what other nodes hold, and starts the watch and
+    /// the beat. Must be called inside a Tokio runtime.
+    pub(crate) async fn start(
+        client: Client,
+        js: jetstream::Context,
+        names: Names,
+        node: String,
+    ) -> Result<Arc<Self>, BrokerError> {
+        let bucket = names.presence_bucket();
+        let members = crate::bucket::open(&js, &bucket, None).await?;
+        let alive =
+            crate::bucket::open(&js, &format!("{}_alive", names.prefix()), Some(NODE_TTL)).await?;
+        let view: Arc<Mutex<View>> = Arc::default();
+        let events: Arc<Mutex<Option<Weak<dyn PresenceEvents>>>> = Arc::default();
+        alive.put(&node, Bytes::new()).await.map_err(unavailable)?;
+        let watch = members.watch_all().await.map_err(unavailable)?;
+        let batches = client
+            .subscribe(names.presence_batches())
+            .await
+            .map_err(unavailable)?;
+        let tasks = vec![
+            tokio::spawn(hear_changes(watch, view.clone(), node.clone())).abort_handle(),
+            tokio::spawn(hear_batches(batches, events.clone(), node.clone())).abort_handle(),
+            tokio::spawn(beat(
+                alive,
+                members,
+                js.clone(),
+                bucket.clone(),
+                view.clone(),
+                events.clone(),
+                node.clone(),
+            ))
+            .abort_handle(),
+        ];
+        Ok(Arc::new(Self {
+            js,
+            client,
+            names,
+            node,
+            bucket,
+            view,
+            sending: tokio::sync::Mutex::new(()),
+            events,
+            tasks,
+        }))
+    }
+
+    fn key(&self, channel: &ChannelName, id: u64) -> String {
+        format!(
+            "$KV.{}.{}.{id:016x}.{}",
+            self.bucket,
+            hex(channel.as_str().as_bytes()),
+            self.node
+        )
+    }
+
+    /// Sends a put (or, without a value, a delete) in this node's order, then waits for
+    /// NATS to store it.
+    async fn write(&self, subject: String, value: Option<Bytes>) -> Result<(), BrokerError> {
+        let ack = {
+            let _turn = self.sending.lock().await;
+            match value {
+                Some(value) => self.js.publish(subject, value).await,
+                None => {
+                    let mut headers = HeaderMap::new();
+                    headers.insert("KV-Operation", "DEL");
+                    self.js
+                        .publish_with_headers(subject, headers, Bytes::new())
+                        .await
+                }
+            }
+            .map_err(unavailable)?
+        };
+        tokio::time::timeout(crate::COMMAND_WAIT, ack)
+            .await
+            .map_err(|_| BrokerError::Unavailable("nats: presence write timed out".into()))?
+            .map(|_| ())
+            .map_err(unavailable)
+    }
+}
+
+impl Drop for NatsPresence {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Applies other nodes' changes to the view.
+async fn hear_changes(mut watch: kv::Watch, view: Arc<Mutex<View>>, node: String) {
+    while let Some(entry) = watch.next().await {
+        let Ok(entry) = entry else { continue };
+        let Some((channel, id, holder)) = parse_key(&entry.key) else {
+            continue;
+        };
+        if holder == node {
+            continue;
+        }
+        let mut view = view.lock();
+        match entry.operation {
+            kv::Operation::Put => {
+                let Some((user, info)) = decode(&entry.value) else {
+                    continue;
+                };
+                view.add(&channel, &Member { id, info }, user.as_deref(), holder);
+                view.others
+                    .entry(holder.to_string())
+                    .or_insert_with(|| Other {
+                        first_heard: Instant::now(),
+                        beat: false,
+                        holds: HashSet::new(),
+                    })
+                    .holds
+                    .insert((channel, id));
+            }
+            kv::Operation::Delete | kv::Operation::Purge => {
+                view.remove(&channel, id, holder);
+                if let Some(other) = view.others.get_mut(holder) {
+                    other.holds.remove(&(channel, id));
+                }
+            }
+        }
+    }
+}
+
+async fn hear_batches(
+    mut batches: async_nats::Subscriber,
+    events: Arc<Mutex<Option<Weak<dyn PresenceEvents>>>>,
+    node: String,
+) {
+    while let Some(message) = batches.next().await {
+        let payload = message.payload;
+        let Some(split) = payload.iter().position(|b| *b == b'\n') else {
+            continue;
+        };
+        if payload[..split] == *node.as_bytes() {
+            continue;
+        }
+        let listener = events.lock().as_ref().and_then(Weak::upgrade);
+        if let Some(listener) = listener {
+            listener.heard(payload.slice(split + 1..));
+        }
+    }
+}
+
+/// Says this node is alive, retries failed deletes, and removes the members of nodes that
+/// stopped.
+async fn beat(
+    alive: kv::Store,
+    members: kv::Store,
+    js: jetstream::Context,
+    bucket: String,
+    view: Arc<Mutex<View>>,
+    events: Arc<Mutex<Option<Weak<dyn PresenceEvents>>>>,
+    node: String,
+) {
+    let mut tick = tokio::time::interval(BEAT_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = alive.put(&node, Bytes::new()).await {
+            tracing::info!(error = %e, "nats: presence beat failed");
+            continue;
+        }
+        let undeleted = std::mem::take(&mut view.lock().undeleted);
+        for key in undeleted {
+            if members.delete(&key).await.is_err() {
+                view.lock().undeleted.push(key);
+            }
+        }
+        let Ok(live) = live_nodes(&alive).await else {
+            continue;
+        };
+        let dead = {
+            let mut view = view.lock();
+            let mut dead = Vec::new();
+            for (id, other) in &mut view.others {
+                if live.contains(id) {
+                    other.beat = true;
+                } else if other.beat || other.first_heard.elapsed() > NODE_TTL {
+                    dead.push(id.clone());
+                }
+            }
+            dead
+        };
+        for gone in dead {
+            let expired = drop_node(&view, &gone);
+            let listener = events.lock().as_ref().and_then(Weak::upgrade);
+            if let Some(listener) = listener {
+                for (channel, ids) in expired {
+                    listener.expired(&channel, ids);
+                }
+            }
+            // Any survivor may purge them; purging twice is harmless.
+            let purged = async {
+                js.get_stream(format!("KV_{bucket}"))
+                    .await?
+                    .purge()
+                    .filter(format!("$KV.{bucket}.*.*.{gone}"))
+                    .await?;
+                Ok::<_, async_nats::Error>(())
+            };
+            if let Err(e) = purged.await {
+                tracing::info!(node = %gone, error = %e, "nats: could not purge a dead node's presence");
+            }
+        }
+    }
+}
+
+async fn live_nodes(alive: &kv::Store) -> Result<HashSet<String>, BrokerError> {
+    let mut keys = alive.keys().await.map_err(unavailable)?;
+    let mut live = HashSet::new();
+    while let Some(key) = keys.next().await {
+        live.insert(key.map_err(unavailable)?);
+    }
+    Ok(live)
+}
+
+/// Removes what node `gone` held from the view: the members that left, per channel.
+fn drop_node(view: &Mutex<View>, gone: &str) -> HashMap<ChannelName, Vec<u64>> {
+    let mut view = view.lock();
+    let Some(other) = view.others.remove(gone) else {
+        return HashMap::new();
+    };
+    let mut expired: HashMap<ChannelName, Vec<u64>> = HashMap::new();
+    for (channel, id) in other.holds {
+        if view.remove(&channel, id, gone) {
+            expired.entry(channel).or_default().push(id);
+        }
+    }
+    expired
+}
+
+#[async_trait]
+impl PresenceStore for NatsPresence {
+    async fn join(
+        &self,
+        channel: &ChannelName,
+        member: &Member,
+        user: Option<&str>,
+    ) -> Result<bool, BrokerError> {
+        let new = {
+            let mut view = self.view.lock();
+            let holders = view.own.entry((channel.clone(), member.id)).or_default();
+            *holders += 1;
+            if *holders > 1 {
+                return Ok(false);
+            }
+            view.add(channel, member, user, &self.node)
+        };
+        let written = self
+            .write(self.key(channel, member.id), Some(encode(member, user)))
+            .await;
+        if let Err(e) = written {
+            let mut view = self.view.lock();
+            let key = (channel.clone(), member.id);
+            if let Some(holders) = view.own.get_mut(&key) {
+                *holders -= 1;
+                if *holders == 0 {
+                    view.own.remove(&key);
+                    view.remove(channel, member.id, &self.node);
+                }
+            }
+            return Err(e);
+        }
+        Ok(new)
+    }
+
+    async fn leave(&self, channel: &ChannelName, id: u64) -> Result<bool, BrokerError> {
+        let gone = {
+            let mut view = self.view.lock();
+            let key = (channel.clone(), id);
+            let Some(holders) = view.own.get_mut(&key) else {
+                return Ok(false);
+            };
+            *holders -= 1;
+            if *holders > 0 {
+                return Ok(false);
+            }
+            view.own.remove(&key);
+            view.remove(channel, id, &self.node)
+        };
+        let subject = self.key(channel, id);
+        if let Err(e) = self.write(subject.clone(), None).await {
+            let key = subject.trim_start_matches(&format!("$KV.{}.", self.bucket));
+            self.view.lock().undeleted.push(key.to_string());
+            return Err(e);
+        }
+        Ok(gone)
+    }
+
+    async fn stats(&self, channel: &ChannelName) -> Result<PresenceStats, BrokerError> {
+        let view = self.view.lock();
+        Ok(view
+            .channels
+            .get(channel)
+            .map_or_else(Default::default, |c| PresenceStats {
+                clients: c.members.len() as u64,
+                users: c.users.len() as u64,
+            }))
+    }
+
+    async fn members(
+        &self,
+        channel: &ChannelName,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<Member>, BrokerError> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let view = self.view.lock();
+        let Some(c) = view.channels.get(channel) else {
+            return Ok(Vec::new());
+        };
+        let from = after.map_or(Unbounded, Excluded);
+        Ok(c.members
+            .range((from, Unbounded))
+            .take(limit)
+            .map(|(id, held)| Member {
+                id: *id,
+                info: held.info.clone(),
+            })
+            .collect())
+    }
+
+    async fn announce(&self, batch: Bytes) {
+        let mut message = BytesMut::with_capacity(self.node.len() + 1 + batch.len());
+        message.put_slice(self.node.as_bytes());
+        message.put_u8(b'\n');
+        message.put_slice(&batch);
+        if let Err(e) = self
+            .client
+            .publish(self.names.presence_batches(), message.freeze())
+            .await
+        {
+            tracing::info!(error = %e, "nats: a presence batch was not sent");
+        }
+    }
+
+    fn listen(&self, events: Weak<dyn PresenceEvents>) {
+        *self.events.lock() = Some(events);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_and_keys_read_back() {
+        let member = Member {
+            id: 7,
+            info: Bytes::from_static(br#"{"user":"ann"}"#),
+        };
+        for user in [Some("ann"), None, Some("")] {
+            let (back, info) = decode(&encode(&member, user)).unwrap();
+            assert_eq!((back.as_deref(), info), (user, member.info.clone()));
+        }
+        let channel = ChannelName::new("chat:a.b").unwrap();
+        let key = format!("{}.{:016x}.node1", hex(b"chat:a.b"), u64::MAX);
+        assert_eq!(parse_key(&key), Some((channel, u64::MAX, "node1")));
+        assert_eq!(parse_key("zz.1.n"), None);
+    }
+}

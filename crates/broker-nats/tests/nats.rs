@@ -1,0 +1,342 @@
+//! The NATS broker against a real `nats-server -js`: the shared contract, presence, two
+//! nodes on one NATS, and a connection lost mid-stream.
+
+use std::sync::{
+    atomic::{AtomicUsize, Ordering},
+    Arc,
+};
+
+use bytes::Bytes;
+use herald_broker::{
+    conformance::{self, Recorder},
+    default_policies, Broker, HistoryQuery, PublicationSink, SharedBroker, SharedPresence,
+    StreamPolicy,
+};
+use herald_broker_nats::{testkit::NatsServer, NatsBroker, NatsOptions};
+use herald_protocol::ChannelName;
+
+fn ch(name: &str) -> ChannelName {
+    ChannelName::new(name).unwrap()
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fulfils_the_broker_contract() {
+    let nats = NatsServer::start();
+    // Every broker the suite builds gets its own prefix: a fresh, empty store.
+    let runs = AtomicUsize::new(0);
+    conformance::run_all(|sink| {
+        let prefix = format!("conformance{}", runs.fetch_add(1, Ordering::Relaxed));
+        let options = NatsOptions::at(nats.url(), prefix);
+        let broker: SharedBroker =
+            block_on(NatsBroker::start(options, conformance::policies(), sink)).unwrap();
+        broker
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fulfils_the_presence_contract() {
+    let nats = NatsServer::start();
+    let runs = AtomicUsize::new(0);
+    conformance::run_presence(|| {
+        let prefix = format!("presence{}", runs.fetch_add(1, Ordering::Relaxed));
+        let options = NatsOptions::at(nats.url(), prefix);
+        let sink = Arc::new(Recorder::default());
+        let broker = block_on(NatsBroker::start(options, default_policies(), sink)).unwrap();
+        let presence: SharedPresence = broker.presence();
+        // The store lives as long as the broker's presence handle.
+        std::mem::forget(broker);
+        presence
+    })
+    .await;
+}
+
+async fn node(nats: &NatsServer) -> (Arc<NatsBroker>, Arc<Recorder>) {
+    let sink = Arc::new(Recorder::default());
+    let broker = NatsBroker::start(
+        NatsOptions::at(nats.url(), "herald"),
+        default_policies(),
+        sink.clone() as Arc<dyn PublicationSink>,
+    )
+    .await
+    .unwrap();
+    (broker, sink)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_share_one_order() {
+    let nats = NatsServer::start();
+    let (a, seen_a) = node(&nats).await;
+    let (b, seen_b) = node(&nats).await;
+    let c = ch("shared:room");
+    a.subscribe(&c).await.unwrap();
+    b.subscribe(&c).await.unwrap();
+    let publishers: Vec<_> = [a.clone(), b.clone()]
+        .into_iter()
+        .map(|broker| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                for i in 0..100 {
+                    broker
+                        .publish(&c, Bytes::from(i.to_string()), StreamPolicy::default())
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for p in publishers {
+        p.await.unwrap();
+    }
+    let all: Vec<u64> = (1..=200).collect();
+    assert_eq!(seen_a.await_offsets("shared:room", 200).await, all);
+    assert_eq!(seen_b.await_offsets("shared:room", 200).await, all);
+    let history = b.history(&c, HistoryQuery::newest(1000)).await.unwrap();
+    assert_eq!(history.publications.len(), 200);
+}
+
+/// Waits until `done` holds, looking every few milliseconds, at most `within`.
+async fn eventually(within: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    while !done() {
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_catches_up_from_history() {
+    use herald_broker::relay::Partition;
+    let nats = NatsServer::start();
+    let relay = Partition::start_to(nats.port());
+    let sink = Arc::new(Recorder::default());
+    let mut options = NatsOptions::at(format!("nats://127.0.0.1:{}", relay.port()), "herald");
+    options.unreachable_after = std::time::Duration::from_millis(600);
+    let cut_off = NatsBroker::start(options, default_policies(), sink.clone())
+        .await
+        .unwrap();
+    let (writer, _) = node(&nats).await;
+    let c = ch("cut:room");
+    cut_off.subscribe(&c).await.unwrap();
+    let publish = |range: std::ops::RangeInclusive<u32>| {
+        let (writer, c) = (writer.clone(), c.clone());
+        async move {
+            for i in range {
+                writer
+                    .publish(&c, Bytes::from(i.to_string()), StreamPolicy::default())
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    publish(1..=50).await;
+    assert_eq!(sink.await_offsets("cut:room", 50).await.len(), 50);
+    relay.blackhole();
+    publish(51..=100).await;
+    assert!(
+        eventually(std::time::Duration::from_secs(10), || cut_off
+            .reach()
+            .unwrap()
+            .lost
+            .is_some())
+        .await,
+        "the cut-off node notices"
+    );
+    relay.heal();
+    relay.reset();
+    let all: Vec<u64> = (1..=100).collect();
+    assert_eq!(
+        sink.await_offsets("cut:room", 100).await,
+        all,
+        "every publication once, in order"
+    );
+    assert!(cut_off.caught_up() >= 50, "read back from history");
+    let reach = cut_off.reach().unwrap();
+    assert_eq!((reach.losses, reach.recoveries), (1, 1), "{reach:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_and_offsets_survive_a_nats_restart() {
+    let mut nats = NatsServer::start();
+    let (broker, sink) = node(&nats).await;
+    let c = ch("durable:room");
+    broker.subscribe(&c).await.unwrap();
+    let mut epoch = None;
+    for i in 1..=20 {
+        let at = broker
+            .publish(&c, Bytes::from(i.to_string()), StreamPolicy::default())
+            .await
+            .unwrap();
+        epoch = Some(at.epoch);
+    }
+    nats.kill_and_restart();
+    let after = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        loop {
+            match broker
+                .publish(&c, Bytes::from_static(b"21"), StreamPolicy::default())
+                .await
+            {
+                Ok(at) => return at,
+                // Until the client is back.
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            }
+        }
+    })
+    .await
+    .expect("publishing works again once NATS is back");
+    assert_eq!(after.offset, 21, "offsets go on");
+    assert_eq!(Some(after.epoch), epoch, "the same epoch: nothing was lost");
+    let history = broker.history(&c, HistoryQuery::newest(100)).await.unwrap();
+    assert_eq!(history.publications.len(), 21);
+    let all: Vec<u64> = (1..=21).collect();
+    assert_eq!(sink.await_offsets("durable:room", 21).await, all);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presence_is_shared_and_a_dead_nodes_members_expire() {
+    use herald_broker::{Member, PresenceEvents};
+    #[derive(Default)]
+    struct Heard(parking_lot::Mutex<Vec<(String, Vec<u64>)>>);
+    impl PresenceEvents for Heard {
+        fn heard(&self, _: Bytes) {}
+        fn expired(&self, channel: &ChannelName, ids: Vec<u64>) {
+            self.0.lock().push((channel.to_string(), ids));
+        }
+    }
+    let nats = NatsServer::start();
+    let (a, _) = node(&nats).await;
+    let (b, _) = node(&nats).await;
+    let heard: Arc<Heard> = Arc::default();
+    let events: Arc<dyn PresenceEvents> = heard.clone();
+    b.presence().listen(Arc::downgrade(&events));
+    let c = ch("presence:room");
+    let member = |id: u64, user: &str| Member {
+        id,
+        info: Bytes::from(format!(r#"{{"user":"{user}"}}"#)),
+    };
+    assert!(a
+        .presence()
+        .join(&c, &member(1, "ann"), Some("ann"))
+        .await
+        .unwrap());
+    assert!(b
+        .presence()
+        .join(&c, &member(2, "bob"), Some("bob"))
+        .await
+        .unwrap());
+    let both = |p: &SharedPresence| {
+        let p = p.clone();
+        let c = c.clone();
+        move || {
+            let stats = block_on(p.stats(&c)).unwrap();
+            (stats.clients, stats.users) == (2, 2)
+        }
+    };
+    let within = std::time::Duration::from_secs(5);
+    assert!(eventually(within, both(&a.presence())).await, "a sees both");
+    assert!(eventually(within, both(&b.presence())).await, "b sees both");
+    assert!(
+        !b.presence()
+            .join(&c, &member(1, "ann"), Some("ann"))
+            .await
+            .unwrap(),
+        "a member another node holds is not new"
+    );
+    assert!(
+        !b.presence().leave(&c, 1).await.unwrap(),
+        "a still holds it"
+    );
+    // a stops without a word (its tasks and connection end with it): b drops its members.
+    drop(a);
+    let bp = b.presence();
+    let only_bob = || {
+        let members = block_on(bp.members(&c, None, 10)).unwrap();
+        members.iter().map(|m| m.id).collect::<Vec<_>>() == [2]
+    };
+    assert!(
+        eventually(
+            herald_broker_nats::NODE_TTL + 3 * herald_broker_nats::BEAT_EVERY,
+            only_bob
+        )
+        .await,
+        "a's member expires"
+    );
+    assert_eq!(
+        heard.0.lock().clone(),
+        [("presence:room".to_string(), vec![1])]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_answer_each_other_and_report_their_figures() {
+    use herald_broker::{NodeLink, NodeRequests};
+    struct Echo;
+    #[async_trait::async_trait]
+    impl NodeRequests for Echo {
+        async fn answer(&self, request: Bytes) -> Bytes {
+            [&b"echo "[..], &request].concat().into()
+        }
+    }
+    let nats = NatsServer::start();
+    let (a, _) = node(&nats).await;
+    let (b, _) = node(&nats).await;
+    let echo: Arc<dyn NodeRequests> = Arc::new(Echo);
+    a.answer_nodes_with(Arc::downgrade(&echo));
+    let answer = b
+        .ask_node(a.node_id(), Bytes::from_static(b"hi"))
+        .await
+        .unwrap();
+    assert_eq!(&answer[..], b"echo hi");
+    let nobody = b.ask_node("nobody", Bytes::new()).await;
+    assert!(matches!(
+        nobody,
+        Err(herald_broker::BrokerError::Unavailable(_))
+    ));
+    a.report_node(Bytes::from_static(b"{\"n\":\"a\"}"))
+        .await
+        .unwrap();
+    b.report_node(Bytes::from_static(b"{\"n\":\"b\"}"))
+        .await
+        .unwrap();
+    let mut figures = b.nodes().await.unwrap();
+    figures.sort();
+    assert_eq!(figures, [&b"{\"n\":\"a\"}"[..], b"{\"n\":\"b\"}"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_settings_fail_at_start_with_the_reason() {
+    let refused = |options: NatsOptions| async move {
+        match NatsBroker::connect(options, default_policies()).await {
+            Ok(_) => panic!("connected"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let nats = NatsServer::start_with_password("herald", "secret");
+    let e = refused(NatsOptions::at(nats.url(), "a.b")).await;
+    assert!(e.contains("prefix"), "{e}");
+    let e = refused(NatsOptions::at("nats://127.0.0.1:1", "herald")).await;
+    assert!(e.contains("nats"), "{e}");
+    let e = refused(NatsOptions::at(nats.url(), "herald")).await;
+    assert!(e.to_lowercase().contains("author"), "{e}");
+    let mut options = NatsOptions::at(nats.url(), "herald");
+    options.auth = herald_broker_nats::NatsAuth::Password {
+        user: "herald".into(),
+        password: "secret".into(),
+    };
+    assert!(NatsBroker::connect(options, default_policies())
+        .await
+        .is_ok());
+    let core_only = NatsServer::start_without_jetstream();
+    let e = refused(NatsOptions::at(core_only.url(), "herald")).await;
+    assert!(e.contains("jetstream"), "{e}");
+    let url = format!("nats://herald:secret@127.0.0.1:{}", nats.port());
+    let from_url = NatsBroker::connect(NatsOptions::at(url, "herald"), default_policies()).await;
+    assert!(from_url.is_ok(), "{:?}", from_url.err());
+}
