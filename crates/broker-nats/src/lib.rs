@@ -14,7 +14,7 @@
 //!   live in JetStream too.
 //!
 //! Durability is JetStream's: file storage, as many replicas as the stream has (one on a
-//! single server). `docs/engines/nats.md` tells what each step costs.
+//! single server). `docs/nats.md` tells what each step costs.
 
 mod bucket;
 mod connect;

@@ -50,12 +50,15 @@ pub struct ServeArgs {
     /// Directory for durable history [env: HERALD_DATA_DIR] [default: herald-data]
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
-    /// Where history is kept: durable (in --data-dir), memory, or redis (shared by every node using --redis-url) [env: HERALD_STORAGE] [default: durable]
-    #[arg(long, value_parser = ["durable", "memory", "redis"])]
+    /// Where history is kept: durable (in --data-dir), memory, redis (shared by every node using --redis-url) or nats (JetStream, shared by every node using --nats-url) [env: HERALD_STORAGE] [default: durable]
+    #[arg(long, value_parser = ["durable", "memory", "redis", "nats"])]
     pub storage: Option<String>,
     /// Redis for --storage redis [env: HERALD_REDIS__URL] [default: redis://127.0.0.1:6379]
     #[arg(long)]
     pub redis_url: Option<String>,
+    /// NATS for --storage nats (comma-separated for a cluster) [env: HERALD_NATS__URL] [default: nats://127.0.0.1:4222]
+    #[arg(long)]
+    pub nats_url: Option<String>,
     /// Share the listening address with other processes (SO_REUSEPORT), e.g. several nodes on one machine [env: HERALD_REUSE_PORT]
     #[arg(long)]
     pub reuse_port: bool,

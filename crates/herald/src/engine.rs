@@ -4,18 +4,16 @@
 
 use std::sync::Arc;
 
+use herald_broker_nats::NatsBroker;
 use herald_broker_redis::{redacted, RedisBroker, RedisOptions, RedisSentinel, RedisTls};
 use herald_server::{Config, Embedded, Node, Settings};
 
-use crate::storage::{RedisConfig, StorageEngine};
+use crate::storage::{EngineChoice, StorageEngine};
 
 /// A node on the engine the configuration asks for, connected and checked before this
 /// returns: a server whose broker cannot be reached stops at start, with the reason.
-pub async fn open_node(
-    settings: Settings,
-    storage: StorageEngine,
-    redis: &RedisConfig,
-) -> anyhow::Result<Arc<Node>> {
+pub async fn open_node(settings: Settings, choice: &EngineChoice) -> anyhow::Result<Arc<Node>> {
+    let (storage, redis) = (choice.storage, &choice.redis);
     match storage {
         StorageEngine::Durable => Ok(Node::embedded(settings, Embedded::Durable)?),
         StorageEngine::Memory => Ok(Node::embedded(settings, Embedded::Memory)?),
@@ -44,13 +42,25 @@ pub async fn open_node(
                 cluster: redis.cluster.clone(),
                 replicas_ack: redis.replicas_ack,
                 replicas_timeout: redis.replicas_timeout,
-                unreachable_after: redis.unreachable_after,
+                unreachable_after: choice.unreachable_after,
             })
             .await
             .map_err(|e| {
-                let at = stored_in(storage, redis, &settings.config);
+                let at = stored_in(choice, &settings.config);
                 anyhow::anyhow!("cannot use redis at {at}: {e}")
             })?;
+            Ok(Node::with_engine(settings, |sink| {
+                connected.into_engine(sink)
+            }))
+        }
+        StorageEngine::Nats => {
+            let options = choice.nats.options(choice.unreachable_after);
+            let connected = NatsBroker::connect(options, settings.policies())
+                .await
+                .map_err(|e| {
+                    let at = stored_in(choice, &settings.config);
+                    anyhow::anyhow!("cannot use {at}: {e}")
+                })?;
             Ok(Node::with_engine(settings, |sink| {
                 connected.into_engine(sink)
             }))
@@ -59,8 +69,9 @@ pub async fn open_node(
 }
 
 /// Where publications are kept, for the start-up line (no secret in it).
-pub fn stored_in(storage: StorageEngine, redis: &RedisConfig, config: &Config) -> String {
-    match storage {
+pub fn stored_in(choice: &EngineChoice, config: &Config) -> String {
+    let redis = &choice.redis;
+    match choice.storage {
         StorageEngine::Durable => config.data_dir.display().to_string(),
         StorageEngine::Memory => "memory".into(),
         StorageEngine::Redis if !redis.cluster.is_empty() => format!(
@@ -75,5 +86,6 @@ pub fn stored_in(storage: StorageEngine, redis: &RedisConfig, config: &Config) -
             redis.prefix
         ),
         StorageEngine::Redis => format!("{} (prefix {})", redacted(&redis.url), redis.prefix),
+        StorageEngine::Nats => choice.nats.describe(),
     }
 }

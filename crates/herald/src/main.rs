@@ -60,7 +60,7 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
         print!("{printed}");
         return Ok(ExitCode::SUCCESS);
     }
-    let (mut settings, storage, redis) = config.validate()?;
+    let (mut settings, engine_choice) = config.validate()?;
     settings::init_logging(&settings.config)?;
     log_panics();
     fit_connections_to_descriptors(&mut settings.config);
@@ -88,8 +88,8 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
         let listen = settings.config.listen;
         let listener = listen_on(listen, settings.config.reuse_port)
             .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
-        let stored_in = engine::stored_in(storage, &redis, &settings.config);
-        let node = engine::open_node(settings, storage, &redis).await?;
+        let stored_in = engine::stored_in(&engine_choice, &settings.config);
+        let node = engine::open_node(settings, &engine_choice).await?;
         let shutdown = shutdown_signal()?;
         survive_file_size_limit()?;
         warn_of_a_shared_address(&node.settings.config);

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     cli::ServeArgs,
-    storage::{RedisConfig, ServeConfig, StorageEngine},
+    storage::{BrokerConfig, NatsConfig, RedisConfig, ServeConfig, StorageEngine, MOVED_TO_BROKER},
 };
 
 /// Environment variables starting with `HERALD_` that are not configuration keys.
@@ -30,7 +30,9 @@ struct Flags<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     storage: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    redis: Option<RedisFlags<'a>>,
+    redis: Option<UrlFlag<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nats: Option<UrlFlag<'a>>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     reuse_port: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -44,13 +46,13 @@ struct Flags<'a> {
 }
 
 #[derive(Serialize)]
-struct RedisFlags<'a> {
+struct UrlFlag<'a> {
     url: &'a str,
 }
 
 /// The top-level keys the binary reads to build the engine (see [`crate::storage`]); the
 /// server's configuration is everything else, and refuses keys it does not know.
-const ENGINE_KEYS: &[&str] = &["storage", "redis"];
+const ENGINE_KEYS: &[&str] = &["storage", "redis", "nats", "broker"];
 
 /// A source with only the engine's keys (`engine`), or only the rest. Each source keeps its
 /// own name, so an error still says which file or variable a bad value came from.
@@ -81,6 +83,10 @@ struct EngineConfig {
     storage: StorageEngine,
     #[serde(default)]
     redis: RedisConfig,
+    #[serde(default)]
+    nats: NatsConfig,
+    #[serde(default)]
+    broker: BrokerConfig,
 }
 
 /// Reads every source into one [`ServeConfig`]; errors name the key and the source.
@@ -95,6 +101,8 @@ pub fn load(args: &ServeArgs) -> anyhow::Result<ServeConfig> {
     let mut config = ServeConfig {
         storage: engine.storage,
         redis: engine.redis,
+        nats: engine.nats,
+        broker: engine.broker,
         server,
     };
     for (name, rules) in built_in {
@@ -129,7 +137,8 @@ fn sources(args: &ServeArgs, engine: bool) -> Figment {
         workers: args.workers,
         data_dir: args.data_dir.as_deref(),
         storage: args.storage.as_deref(),
-        redis: args.redis_url.as_deref().map(|url| RedisFlags { url }),
+        redis: args.redis_url.as_deref().map(|url| UrlFlag { url }),
+        nats: args.nats_url.as_deref().map(|url| UrlFlag { url }),
         reuse_port: args.reuse_port,
         sync: args.sync.as_deref(),
         log_level: args.log_level.as_deref(),
@@ -151,10 +160,16 @@ fn invalid(errors: figment::Error) -> anyhow::Error {
     let mut message = String::from("invalid configuration:");
     for e in errors {
         // Figment names keys by profile ("default.client.x"); users write "client.x".
-        message.push_str(&format!(
-            "\n  {}",
-            e.to_string().replace("key \"default.", "key \"")
-        ));
+        let text = e.to_string().replace("key \"default.", "key \"");
+        message.push_str(&format!("\n  {text}"));
+        if let Some(key) = MOVED_TO_BROKER
+            .iter()
+            .find(|k| text.contains(&format!("\"redis.{k}\"")))
+        {
+            message.push_str(&format!(
+                " (it moved to [broker], as it serves every remote engine: broker.{key})"
+            ));
+        }
     }
     anyhow::anyhow!(message)
 }

@@ -1,7 +1,7 @@
 //! Two `herald serve` nodes on a Redis whose primary moves: found through Sentinel, or a
-//! Redis Cluster's. The primary is killed (SIGKILL) while both take publications and serve
-//! subscribers, and every acknowledged publication still reaches every subscriber once, in
-//! order.
+//! Redis Cluster's; or on a NATS JetStream that restarts. The primary (or NATS) is killed
+//! (SIGKILL) while both take publications and serve subscribers, and every acknowledged
+//! publication still reaches every subscriber once, in order.
 
 mod support;
 
@@ -77,11 +77,12 @@ fn a_sentinel_failover_loses_no_acknowledged_publication_on_any_node() {
     let mut set = SentinelSet::start();
     let sentinels = set.sentinels();
     survives(
+        &REDIS,
         |command| through_sentinels(command, &sentinels),
         || {
             set.kill_primary();
         },
-        "sentinel",
+        ("sentinel", "herald_broker_moves_total"),
     );
 }
 
@@ -91,24 +92,57 @@ fn a_cluster_failover_loses_no_acknowledged_publication_on_any_node() {
     let primary = set.primary_of(&format!("herald:{{{CHANNEL}}}:m"));
     let addresses = set.addresses();
     survives(
+        &REDIS,
         |command| on_cluster(command, &addresses),
         || set.kill(primary),
-        "cluster",
+        ("cluster", "herald_broker_moves_total"),
     );
 }
 
-/// Two nodes configured by `configure`; 30 publications acknowledged through them in turn,
-/// `kill`, 30 more; then every subscriber has each acknowledged one once, in order, and
-/// each node's `/metrics` names the `topology` and the move.
-fn survives(configure: impl Fn(&mut Command), kill: impl FnOnce(), topology: &str) {
+/// NATS JetStream killed (SIGKILL) and started again on its files (issue #32): history and
+/// offsets survive, and each node's connection comes back and catches up.
+#[test]
+fn a_nats_restart_loses_no_acknowledged_publication_on_any_node() {
+    let nats = herald_broker_nats::testkit::NatsServer::start();
+    let url = nats.url();
+    let nats = std::sync::Arc::new(std::sync::Mutex::new(nats));
+    let down = nats.clone();
+    survives(
+        &["--storage", "nats", "--nats-url", &url],
+        |_| {},
+        move || {
+            down.lock().unwrap().kill();
+            // NATS stays down for two seconds (an outage, not a wait for something), while
+            // publishers are refused and subscribers miss what the other node stored.
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs(2));
+                down.lock().unwrap().restart();
+            });
+        },
+        ("single", "herald_broker_resubscriptions_total"),
+    );
+    drop(nats);
+}
+
+/// The URL's address is only a placeholder: the Sentinels or the cluster say where the
+/// primaries are.
+const REDIS: [&str; 4] = ["--storage", "redis", "--redis-url", "redis://127.0.0.1:1"];
+
+/// Two nodes with `args`, configured by `configure`; 30 publications acknowledged through
+/// them in turn, `kill`, 30 more; then every subscriber has each acknowledged one once, in
+/// order, and each node's `/metrics` names the `topology` and counts at least one of
+/// `followed` (the move, or the resubscription).
+fn survives(
+    args: &[&str],
+    configure: impl Fn(&mut Command),
+    kill: impl FnOnce(),
+    (topology, followed): (&str, &str),
+) {
     let data = tempfile::tempdir().unwrap();
-    // The URL's address is only a placeholder: the Sentinels or the cluster say where the
-    // primaries are.
-    let args = ["--storage", "redis", "--redis-url", "redis://127.0.0.1:1"];
     let start = || {
         let mut command = herald();
         configure(&mut command);
-        Server::spawn_with(&mut command, data.path(), &args)
+        Server::spawn_with(&mut command, data.path(), args)
     };
     let nodes = [start(), start()];
     let subscribers: Vec<_> = nodes.iter().map(|n| subscriber(&n.url)).collect();
@@ -161,7 +195,7 @@ fn survives(configure: impl Fn(&mut Command), kill: impl FnOnce(), topology: &st
         "{topology}: publishing stalled {stalled:?} after the kill; {refused} refused meanwhile"
     );
 
-    // Each node says how it reaches Redis, and that it followed the failover.
+    // Each node says how it reaches its engine, and that it followed the failover.
     for node in &nodes {
         let metrics = rt.block_on(async {
             http.get(format!("{}/metrics", node.url))
@@ -181,9 +215,9 @@ fn survives(configure: impl Fn(&mut Command), kill: impl FnOnce(), topology: &st
         );
         let moves = metrics
             .lines()
-            .find_map(|l| l.strip_prefix("herald_broker_moves_total "))
+            .find_map(|l| l.strip_prefix(&format!("{followed} ")))
             .and_then(|v| v.parse::<u64>().ok());
-        assert!(moves.is_some_and(|m| m >= 1), "moves {moves:?}");
+        assert!(moves.is_some_and(|m| m >= 1), "{followed} {moves:?}");
     }
     let wanted: HashSet<u64> = acked.iter().copied().collect();
     for (i, (_, printed)) in subscribers.iter().enumerate() {

@@ -1,5 +1,6 @@
 //! Several `herald serve` processes on one address (`--reuse-port`) sharing channels through
-//! Redis: a node killed with `kill -9` loses nothing, and its clients resume on another.
+//! Redis or NATS JetStream: a node killed with `kill -9` loses nothing, and its clients
+//! resume on another.
 
 mod support;
 
@@ -9,24 +10,18 @@ use std::{
     time::Duration,
 };
 
+use herald_broker_nats::testkit::NatsServer;
 use herald_broker_redis::testkit::RedisServer;
 use serde_json::{json, Value};
 use support::{api_post, fails, herald, history, serve_logging, Server, KEY};
 
 const CHANNEL: &str = "chat:ha";
 
-fn node(listen: &str, redis: &RedisServer, data: &std::path::Path) -> Server {
-    Server::start_at(
-        listen,
-        data,
-        &[
-            "--storage",
-            "redis",
-            "--redis-url",
-            &redis.url(),
-            "--reuse-port",
-        ],
-    )
+/// A node on the shared address (`--reuse-port`) with the engine's flags.
+fn node(listen: &str, engine: &[&str], data: &std::path::Path) -> Server {
+    let mut args = engine.to_vec();
+    args.push("--reuse-port");
+    Server::start_at(listen, data, &args)
 }
 
 /// Publishes `n` through the shared address, retrying a request a dying node dropped;
@@ -65,10 +60,29 @@ impl Drop for Reaped {
 #[test]
 fn a_killed_node_loses_nothing_and_its_subscribers_resume_on_another() {
     let redis = RedisServer::start();
+    killed_nodes_lose_nothing(&["--storage", "redis", "--redis-url", &redis.url()], 2);
+}
+
+/// The same on NATS JetStream (issue #32), with three nodes: the subscriber resumes on
+/// whichever live node the kernel hands its new connection to.
+#[test]
+fn on_nats_a_killed_node_loses_nothing_and_its_subscribers_resume_on_another() {
+    let nats = NatsServer::start();
+    killed_nodes_lose_nothing(&["--storage", "nats", "--nats-url", &nats.url()], 3);
+}
+
+/// `count` nodes on one address with `engine`'s flags; a subscriber from the start and 150
+/// publications through the shared address. Node A dies (SIGKILL) after 50; after 100, A
+/// is back and B dies. The subscriber sees every offset once, in order, and history holds
+/// all 150.
+fn killed_nodes_lose_nothing(engine: &[&str], count: usize) {
     let data = tempfile::tempdir().unwrap();
-    let mut a = node("127.0.0.1:0", &redis, data.path());
+    let mut a = node("127.0.0.1:0", engine, data.path());
     let address = a.url.trim_start_matches("http://").to_string();
-    let mut b = node(&address, &redis, data.path());
+    let mut b = node(&address, engine, data.path());
+    let _others: Vec<Server> = (2..count)
+        .map(|_| node(&address, engine, data.path()))
+        .collect();
     let url = a.url.clone();
     let rt = tokio::runtime::Runtime::new().unwrap();
     // A request caught by a SIGKILL must fail (and be retried), never wait forever.
@@ -120,7 +134,7 @@ fn a_killed_node_loses_nothing_and_its_subscribers_resume_on_another() {
         }
         if i == 99 {
             read(100, &mut offsets);
-            a = node(&address, &redis, data.path());
+            a = node(&address, engine, data.path());
             b.child.kill().unwrap();
             b.child.wait().unwrap();
         }
@@ -204,6 +218,15 @@ mod presence {
     fn a_killed_nodes_members_leave_within_the_documented_time() {
         let redis = RedisServer::start();
         let shared = ["--storage", "redis", "--redis-url", &redis.url()];
+        members_of_a_killed_node_leave(|| Server::start(&shared));
+    }
+
+    /// The same on NATS JetStream (issue #32): members live in a watched bucket, and a node
+    /// that stops beating is taken for dead by the others.
+    #[test]
+    fn on_nats_a_killed_nodes_members_leave_within_the_documented_time() {
+        let nats = herald_broker_nats::testkit::NatsServer::start();
+        let shared = ["--storage", "nats", "--nats-url", &nats.url()];
         members_of_a_killed_node_leave(|| Server::start(&shared));
     }
 

@@ -25,8 +25,8 @@ use support::{balancer::Balancer, herald, history, Server, KEY};
 const KEYED: &str = "chat:partition";
 const UNKEYED: &str = "chat:partition-unkeyed";
 const TRANSPORTS: [&str; 6] = ["ws", "sse", "stream", "iframe", "longpoll", "poll"];
-/// The defaults the nodes run with: `redis.unreachable_after`, `redis.clients_move_after`,
-/// `redis.publish_timeout`.
+/// The defaults the nodes run with: `broker.unreachable_after`, `broker.clients_move_after`,
+/// `broker.publish_timeout`.
 const DETECTION: Duration = Duration::from_secs(3);
 const GRACE: Duration = Duration::from_secs(2);
 const PUBLISH_DEADLINE: Duration = Duration::from_secs(2);

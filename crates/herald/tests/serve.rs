@@ -85,6 +85,27 @@ fn invalid_configuration_is_refused_naming_the_key() {
             "storage = \"redis\"\n[redis]\nprefix = \"\"\n",
             "redis.prefix",
         ),
+        (
+            "storage = \"nats\"\n[nats]\nprefix = \"a.b\"\n",
+            "nats.prefix",
+        ),
+        (
+            "storage = \"nats\"\n[nats]\nuser = \"u\"\ntoken = \"t\"\n",
+            "nats.user",
+        ),
+        (
+            "storage = \"nats\"\n[nats]\npassword = \"p\"\n",
+            "nats.password",
+        ),
+        // Moved to [broker] when NATS came: the error says where to.
+        (
+            "[redis]\npublish_timeout = \"1s\"\n",
+            "broker.publish_timeout",
+        ),
+        (
+            "[broker]\nunreachable_after = \"100ms\"\n",
+            "broker.unreachable_after",
+        ),
     ];
     for (text, key) in cases {
         let file = dir.path().join("bad.toml");
@@ -125,6 +146,35 @@ fn an_unreachable_redis_stops_the_server_at_start_without_showing_its_password()
         "{err}"
     );
     assert!(!err.contains("hunter2"), "{err}");
+}
+
+#[test]
+fn an_unreachable_nats_stops_the_server_at_start_without_showing_its_password() {
+    let out = herald()
+        .args(["serve", "--listen", "127.0.0.1:0", "--storage", "nats"])
+        .args(["--nats-url", "nats://u:hunter2@127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot use nats at nats://***@127.0.0.1:1 (prefix herald)"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
+}
+
+#[test]
+fn a_nats_without_jetstream_stops_the_server_at_start() {
+    let nats = herald_broker_nats::testkit::NatsServer::start_without_jetstream();
+    let out = herald()
+        .args(["serve", "--listen", "127.0.0.1:0", "--storage", "nats"])
+        .args(["--nats-url", &nats.url()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("jetstream"), "{err}");
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! A node that cannot reach its broker moves its clients: once Redis has been out of reach
-//! for `redis.clients_move_after`, every connection it holds, and every long-poll it holds
+//! for `broker.clients_move_after`, every connection it holds, and every long-poll it holds
 //! or keeps, ends with 3009 (reconnect and resume), and no kept-alive HTTP connection
 //! carries another request (`Node::is_moving_clients`), so its clients go, through a load
 //! balancer that checks `/readyz`, to a node that can serve them, instead of waiting in
@@ -66,7 +66,7 @@ async fn watch(node: Weak<Node>, grace: Duration) {
             tracing::warn!(
                 sessions = queues.len(),
                 reason = %why,
-                "the broker is out of reach past redis.clients_move_after: ending this node's connections with 3009 so that their clients reconnect to a node that reaches it"
+                "the broker is out of reach past broker.clients_move_after: ending this node's connections with 3009 so that their clients reconnect to a node that reaches it"
             );
         }
     }

@@ -168,15 +168,14 @@ fn the_server_depends_on_no_remote_broker() {
     };
     assert!(!sources.is_empty());
     for text in sources {
-        assert!(
-            !text.contains("herald_broker_redis"),
-            "a source names herald_broker_redis:\n{text}"
-        );
+        for remote in ["herald_broker_redis", "herald_broker_nats"] {
+            assert!(!text.contains(remote), "a source names {remote}:\n{text}");
+        }
     }
 }
 
-/// Nor does the server's configuration name an engine (issue #31): `storage` and
-/// `[redis]` are the binary's to read, beside the code that builds the engine.
+/// Nor does the server's configuration name an engine (issue #31): `storage`, `[redis]`
+/// and `[nats]` are the binary's to read, beside the code that builds the engine.
 #[test]
 fn the_server_configuration_names_no_engine() {
     let mut config = Vec::new();
@@ -186,7 +185,14 @@ fn the_server_configuration_names_no_engine() {
     );
     assert!(!config.is_empty());
     for text in config {
-        for engine in ["pub redis:", "pub storage:", "RedisConfig", "StorageEngine"] {
+        for engine in [
+            "pub redis:",
+            "pub nats:",
+            "pub storage:",
+            "RedisConfig",
+            "NatsConfig",
+            "StorageEngine",
+        ] {
             assert!(
                 !text.contains(engine),
                 "the server's configuration holds {engine}"

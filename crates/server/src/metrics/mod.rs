@@ -501,7 +501,7 @@ impl Collector for Scraped {
             let up = ConstGauge::new(i64::from(reach.lost.is_none()));
             up.encode(encoder.encode_descriptor(
                 "broker_up",
-                "1 while this node reaches its remote broker (Redis: the command connection answers a PING and the pub/sub connection is subscribed), 0 while it does not (redis.unreachable_after; /readyz answers 503 then)",
+                "1 while this node reaches its remote broker (Redis: the command connection answers a PING and the pub/sub connection is subscribed), 0 while it does not (broker.unreachable_after; /readyz answers 503 then)",
                 None,
                 up.metric_type(),
             )?)?;
