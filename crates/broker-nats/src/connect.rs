@@ -132,6 +132,16 @@ impl Events {
         self.lost.lock().clone()
     }
 
+    /// Fails at once while the connection is known lost: a call would wait for it in
+    /// silence (async-nats holds requests until it reconnects), and a caller that hears
+    /// "unavailable" now tries again, or elsewhere.
+    pub(crate) fn reachable(&self) -> Result<(), BrokerError> {
+        match self.lost() {
+            None => Ok(()),
+            Some(why) => Err(BrokerError::Unavailable(why)),
+        }
+    }
+
     pub(crate) fn reach(&self, topology: &'static str) -> Reach {
         let recoveries = self.recoveries.load(Relaxed);
         Reach {

@@ -107,7 +107,8 @@ impl NatsBroker {
         let keys = once::open_stream(&store).await?;
         let node_id = format!("{:016x}", fastrand::u64(..));
         let link = Link::open(client.clone(), &js, names.clone(), node_id.clone()).await?;
-        let presence = NatsPresence::start(client.clone(), js, names, node_id).await?;
+        let presence =
+            NatsPresence::start(client.clone(), js, names, node_id, events.clone()).await?;
         Ok(Connected {
             client,
             events,
@@ -193,6 +194,7 @@ impl Broker for NatsBroker {
         data: Bytes,
         _policy: StreamPolicy,
     ) -> Result<StreamPosition, BrokerError> {
+        self.events.reachable()?;
         let policy = self.store.policy(channel);
         Ok(self.store.publish(channel, &data, &policy).await?.0)
     }
@@ -205,6 +207,7 @@ impl Broker for NatsBroker {
         key: &str,
         window: Duration,
     ) -> Result<(StreamPosition, bool), BrokerError> {
+        self.events.reachable()?;
         let policy = self.store.policy(channel);
         once::publish_once(
             &self.store,
@@ -223,14 +226,17 @@ impl Broker for NatsBroker {
         channel: &ChannelName,
         query: HistoryQuery,
     ) -> Result<History, BrokerError> {
+        self.events.reachable()?;
         self.store.history(channel, &query).await
     }
 
     async fn remove_history(&self, channel: &ChannelName) -> Result<(), BrokerError> {
+        self.events.reachable()?;
         self.store.remove(channel).await
     }
 
     async fn subscribe(&self, channel: &ChannelName) -> Result<(), BrokerError> {
+        self.events.reachable()?;
         self.live.subscribe(channel).await
     }
 
@@ -243,10 +249,6 @@ impl Broker for NatsBroker {
     /// all.
     fn channel_count(&self) -> usize {
         self.live.channel_count()
-    }
-
-    fn health(&self) -> Result<(), String> {
-        self.events.lost().map_or(Ok(()), Err)
     }
 
     fn reach(&self) -> Option<herald_broker::Reach> {

@@ -29,6 +29,10 @@ use crate::{
     unavailable,
 };
 
+/// How many times a failed catch-up is tried again, and how often.
+const CATCH_UP_TRIES: u32 = 20;
+const CATCH_UP_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// The channels this node listens to.
 pub(crate) struct Live {
     client: Client,
@@ -134,6 +138,11 @@ impl Listening {
         mut reconnected: watch::Receiver<u64>,
     ) {
         reconnected.mark_unchanged();
+        // A catch-up that failed (the connection dropped again, a read timed out) is tried
+        // again, a few times, while live messages wait in the subscription.
+        let mut retries = 0;
+        let retry = tokio::time::sleep(std::time::Duration::ZERO);
+        tokio::pin!(retry);
         loop {
             tokio::select! {
                 message = subscriber.next() => match message {
@@ -144,7 +153,19 @@ impl Listening {
                     if changed.is_err() {
                         return;
                     }
-                    self.catch_up().await;
+                    retries = 0;
+                    if !self.catch_up().await {
+                        retries = CATCH_UP_TRIES;
+                        retry.as_mut().reset(tokio::time::Instant::now() + CATCH_UP_RETRY);
+                    }
+                }
+                () = &mut retry, if retries > 0 => {
+                    retries -= 1;
+                    if self.catch_up().await {
+                        retries = 0;
+                    } else {
+                        retry.as_mut().reset(tokio::time::Instant::now() + CATCH_UP_RETRY);
+                    }
                 }
             }
         }
@@ -181,8 +202,9 @@ impl Listening {
         self.last = Some((epoch, publication.offset));
     }
 
-    /// Reads from history what was published while the connection was down.
-    async fn catch_up(&mut self) {
+    /// Reads from history what was published while the connection was down; false when
+    /// it could not (worth trying again).
+    async fn catch_up(&mut self) -> bool {
         let Some((epoch, offset)) = self.last.clone().or_else(|| self.floor.clone()) else {
             // Nothing was published when this node subscribed, nor heard since: read from
             // the start.
@@ -195,7 +217,7 @@ impl Listening {
         .await
     }
 
-    async fn read_since(&mut self, since: Option<Since>) {
+    async fn read_since(&mut self, since: Option<Since>) -> bool {
         // The subscription is made again by the client before it reports the connection
         // back; a ping makes sure the server has it before history is read.
         let _ = self.live.client.flush().await;
@@ -213,11 +235,14 @@ impl Listening {
                     self.live.caught_up.fetch_add(1, Relaxed);
                     self.hand_over(history.position.epoch.clone(), publication);
                 }
+                true
             }
-            // Not covered (or not reachable now): the hub sees the gap at the next
-            // publication and has its clients resume.
+            // Not covered: the hub sees the gap at the next publication and has its clients
+            // resume.
+            Err(BrokerError::Unrecoverable { .. }) => true,
             Err(e) => {
                 tracing::info!(channel = %self.channel, error = %e, "nats: could not catch up after a reconnect");
+                false
             }
         }
     }

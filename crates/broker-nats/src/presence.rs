@@ -54,6 +54,7 @@ pub struct NatsPresence {
     /// Held while sending, so this node's writes reach NATS in the order they were made.
     sending: tokio::sync::Mutex<()>,
     events: Arc<Mutex<Option<Weak<dyn PresenceEvents>>>>,
+    connection: Arc<crate::connect::Events>,
     tasks: Vec<AbortHandle>,
 }
 
@@ -193,6 +194,7 @@ impl NatsPresence {
         js: jetstream::Context,
         names: Names,
         node: String,
+        connection: Arc<crate::connect::Events>,
     ) -> Result<Arc<Self>, BrokerError> {
         let bucket = names.presence_bucket();
         let members = crate::bucket::open(&js, &bucket, None).await?;
@@ -209,6 +211,14 @@ impl NatsPresence {
         let tasks = vec![
             tokio::spawn(hear_changes(watch, view.clone(), node.clone())).abort_handle(),
             tokio::spawn(hear_batches(batches, events.clone(), node.clone())).abort_handle(),
+            tokio::spawn(rewrite_after_reconnects(
+                js.clone(),
+                bucket.clone(),
+                view.clone(),
+                node.clone(),
+                connection.reconnected(),
+            ))
+            .abort_handle(),
             tokio::spawn(beat(
                 alive,
                 members,
@@ -229,6 +239,7 @@ impl NatsPresence {
             view,
             sending: tokio::sync::Mutex::new(()),
             events,
+            connection,
             tasks,
         }))
     }
@@ -245,6 +256,7 @@ impl NatsPresence {
     /// Sends a put (or, without a value, a delete) in this node's order, then waits for
     /// NATS to store it.
     async fn write(&self, subject: String, value: Option<Bytes>) -> Result<(), BrokerError> {
+        self.connection.reachable()?;
         let ack = {
             let _turn = self.sending.lock().await;
             match value {
@@ -307,6 +319,42 @@ async fn hear_changes(mut watch: kv::Watch, view: Arc<Mutex<View>>, node: String
                 if let Some(other) = view.others.get_mut(holder) {
                     other.holds.remove(&(channel, id));
                 }
+            }
+        }
+    }
+}
+
+/// Writes every member this node holds again each time its connection is back: a node cut
+/// off longer than [`NODE_TTL`] was taken for dead, and its keys purged, by the others.
+async fn rewrite_after_reconnects(
+    js: jetstream::Context,
+    bucket: String,
+    view: Arc<Mutex<View>>,
+    node: String,
+    mut reconnected: tokio::sync::watch::Receiver<u64>,
+) {
+    while reconnected.changed().await.is_ok() {
+        let held: Vec<(String, Bytes)> = {
+            let view = view.lock();
+            view.own
+                .keys()
+                .filter_map(|(channel, id)| {
+                    let held = view.channels.get(channel)?.members.get(id)?;
+                    let member = Member {
+                        id: *id,
+                        info: held.info.clone(),
+                    };
+                    let key = format!(
+                        "$KV.{bucket}.{}.{id:016x}.{node}",
+                        hex(channel.as_str().as_bytes())
+                    );
+                    Some((key, encode(&member, held.user.as_deref())))
+                })
+                .collect()
+        };
+        for (key, value) in held {
+            if let Err(e) = js.publish(key, value).await {
+                tracing::info!(error = %e, "nats: could not write a member again after a reconnect");
             }
         }
     }

@@ -1,5 +1,8 @@
 //! A real `nats-server` with JetStream for tests: started on a free loopback port with its
-//! store in a temporary directory, stopped when dropped.
+//! store in a temporary directory, stopped when dropped. And the relay that fails the way
+//! networks do, to put in front of it.
+
+pub use herald_broker::relay::Partition;
 
 use std::{
     net::TcpStream,

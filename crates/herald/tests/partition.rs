@@ -1,5 +1,5 @@
-//! A node cut off from Redis (issue #33), end to end: three `herald serve` nodes on one
-//! Redis, one of them (C) reaching it through a relay that fails the way networks do, and a
+//! A node cut off from its engine (issue #33), end to end: three `herald serve` nodes on one
+//! Redis (or NATS), one of them (C) reaching it through a relay that fails the way networks do, and a
 //! load balancer in front that routes new connections by `/readyz`. A `herald sub` on every
 //! transport (the forever frame too: `--transport iframe`) starts on C; two publishers send
 //! through A, B and C in turn, retrying elsewhere what was not acknowledged, one with
@@ -18,6 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use herald_broker_nats::testkit::NatsServer;
 use herald_broker_redis::testkit::{Partition, RedisServer};
 use serde_json::{json, Value};
 use support::{balancer::Balancer, herald, history, Server, KEY};
@@ -195,8 +196,27 @@ fn readyz_becomes(
 fn a_node_cut_off_from_redis_loses_nothing_repeats_nothing_and_moves_its_clients() {
     let redis = RedisServer::start();
     let relay = Partition::start(&redis);
-    let node = |url: &str| Server::start(&["--storage", "redis", "--redis-url", url]);
-    let (a, b, c) = (node(&redis.url()), node(&redis.url()), node(&relay.url()));
+    cut_off(("redis", &redis.url(), &relay.url()), &relay);
+}
+
+/// The same on NATS JetStream (issue #32): C's NATS connection is pinged every third of
+/// `broker.unreachable_after` and declared lost after two unanswered pings.
+#[test]
+fn a_node_cut_off_from_nats_loses_nothing_repeats_nothing_and_moves_its_clients() {
+    let nats = NatsServer::start();
+    let relay = herald_broker_nats::testkit::Partition::start_to(nats.port());
+    let through_relay = format!("nats://127.0.0.1:{}", relay.port());
+    cut_off(("nats", &nats.url(), &through_relay), &relay);
+}
+
+/// Nodes A and B reach the engine (`storage`) at `direct`, C through `relay` at `relayed`.
+fn cut_off(
+    (storage, direct, relayed): (&str, &str, &str),
+    relay: &herald_broker_nats::testkit::Partition,
+) {
+    let url_flag = format!("--{storage}-url");
+    let node = |url: &str| Server::start(&["--storage", storage, &url_flag, url]);
+    let (a, b, c) = (node(direct), node(direct), node(relayed));
     let balancer = Balancer::start(&[&a.url, &b.url, &c.url]);
     let rt = tokio::runtime::Runtime::new().unwrap();
 
