@@ -64,13 +64,17 @@ pub struct Common {
     #[arg(long, global = true)]
     pub pid: Vec<u32>,
     /// Herald processes to start on one address (`--reuse-port`), sharing channels through
-    /// Redis: for more connections than one process may hold. Their CPU and memory (and
-    /// Redis's) are summed.
+    /// Redis (or NATS, with `--nats-url`): for more connections than one process may hold.
+    /// Their CPU and memory (and Redis's) are summed.
     #[arg(long, global = true, default_value_t = 1)]
     pub nodes: usize,
     /// The Redis those nodes use; default: a `redis-server` this tool starts.
     #[arg(long, global = true)]
     pub redis_url: Option<String>,
+    /// A NATS with JetStream for those nodes to share instead of Redis (count its process
+    /// with `--pid`).
+    #[arg(long, global = true, conflicts_with = "redis_url")]
+    pub nats_url: Option<String>,
     /// API key of the target Herald's publish API (default: the key of the Herald started here).
     #[arg(long, global = true)]
     pub api_key: Option<String>,

@@ -31,13 +31,20 @@ impl Server {
     /// Starts `herald serve` (this same binary) on a free loopback port, with a fresh data
     /// directory and `extra` arguments (e.g. `--storage memory`). With `nodes` > 1, starts
     /// that many on the same address (`--reuse-port`), sharing channels through Redis:
-    /// `redis_url`, or a `redis-server` started here.
-    pub fn spawn(extra: &[String], nodes: usize, redis_url: Option<&str>) -> anyhow::Result<Self> {
+    /// `redis_url`, or a `redis-server` started here; or through NATS at `nats_url`.
+    pub fn spawn(
+        extra: &[String],
+        nodes: usize,
+        redis_url: Option<&str>,
+        nats_url: Option<&str>,
+    ) -> anyhow::Result<Self> {
         let data = tempfile::tempdir()?;
         let mut args: Vec<String> = extra.to_vec();
         let mut redis = None;
         let mut shared = None;
-        if nodes > 1 {
+        if let Some(url) = nats_url {
+            args.extend(["--storage", "nats", "--nats-url", url, "--reuse-port"].map(String::from));
+        } else if nodes > 1 {
             let url = match redis_url {
                 Some(url) => url.to_string(),
                 None => {

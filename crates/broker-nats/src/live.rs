@@ -10,11 +10,12 @@
 //! tells its clients to resume.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     sync::{
         atomic::{AtomicU64, Ordering::Relaxed},
         Arc,
     },
+    time::Duration,
 };
 
 use async_nats::{Client, Message};
@@ -22,16 +23,25 @@ use futures_util::StreamExt;
 use herald_broker::{BrokerError, HistoryQuery, PublicationSink};
 use herald_protocol::{json::stored_record, ChannelName, Epoch, Publication, Since};
 use parking_lot::Mutex;
-use tokio::{sync::watch, task::AbortHandle};
+use tokio::{sync::watch, task::AbortHandle, time::Instant};
 
 use crate::{
     store::{headers_epoch, headers_offset, Store},
     unavailable,
 };
 
-/// How many times a failed catch-up is tried again, and how often.
+/// How many times a failed catch-up is tried, and how often.
 const CATCH_UP_TRIES: u32 = 20;
-const CATCH_UP_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+const CATCH_UP_RETRY: Duration = Duration::from_millis(500);
+
+/// How long a publication heard ahead of a missing one waits for it before the missing one
+/// is read from history. Two writers' messages can be republished out of order by
+/// nats-server (measured: offset 1598 before 1597, within a millisecond, with two nodes
+/// publishing on one channel), so a gap is not a loss until this has passed.
+const REORDER_WAIT: Duration = Duration::from_millis(100);
+
+/// Most publications held ahead of a missing one; past it, history is read at once.
+const MOST_AHEAD: usize = 10_000;
 
 /// The channels this node listens to.
 pub(crate) struct Live {
@@ -89,8 +99,10 @@ impl Live {
         let listening = Listening {
             live: self.clone(),
             channel: channel.clone(),
-            last: None,
-            floor: (floor.seq > 0).then_some((floor.epoch, floor.offset)),
+            order: Order {
+                floor: (floor.seq > 0).then_some((floor.epoch, floor.offset)),
+                ..Order::default()
+            },
         };
         let task = tokio::spawn(listening.run(subscriber, self.reconnected.clone()));
         let mut channels = self.channels.lock();
@@ -125,10 +137,16 @@ impl Live {
 struct Listening {
     live: Arc<Live>,
     channel: ChannelName,
-    /// The newest publication handed to the sink.
-    last: Option<(Epoch, u64)>,
-    /// Where the channel stood when this node subscribed (`None`: no publication yet).
-    floor: Option<(Epoch, u64)>,
+    order: Order,
+}
+
+/// What the listener waits for besides messages.
+enum Wait {
+    Nothing,
+    /// A missing publication, until then (then it is read from history).
+    Missing(Instant),
+    /// A catch-up that failed, tried again then; so many tries left.
+    Retry(Instant, u32),
 }
 
 impl Listening {
@@ -138,34 +156,40 @@ impl Listening {
         mut reconnected: watch::Receiver<u64>,
     ) {
         reconnected.mark_unchanged();
-        // A catch-up that failed (the connection dropped again, a read timed out) is tried
-        // again, a few times, while live messages wait in the subscription.
-        let mut retries = 0;
-        let retry = tokio::time::sleep(std::time::Duration::ZERO);
-        tokio::pin!(retry);
+        let mut wait = Wait::Nothing;
         loop {
+            let until = match wait {
+                Wait::Nothing => None,
+                Wait::Missing(at) | Wait::Retry(at, _) => Some(at),
+            };
             tokio::select! {
                 message = subscriber.next() => match message {
-                    Some(message) => self.heard(&message),
+                    Some(message) => {
+                        self.heard(&message);
+                        let held = self.order.ahead.len();
+                        wait = match wait {
+                            _ if held > MOST_AHEAD => Wait::Missing(Instant::now()),
+                            Wait::Nothing if held > 0 => {
+                                Wait::Missing(Instant::now() + REORDER_WAIT)
+                            }
+                            Wait::Missing(_) if held == 0 => Wait::Nothing,
+                            other => other,
+                        };
+                    }
                     None => return,
                 },
                 changed = reconnected.changed() => {
                     if changed.is_err() {
                         return;
                     }
-                    retries = 0;
-                    if !self.catch_up().await {
-                        retries = CATCH_UP_TRIES;
-                        retry.as_mut().reset(tokio::time::Instant::now() + CATCH_UP_RETRY);
-                    }
+                    wait = self.catch_up(CATCH_UP_TRIES).await;
                 }
-                () = &mut retry, if retries > 0 => {
-                    retries -= 1;
-                    if self.catch_up().await {
-                        retries = 0;
-                    } else {
-                        retry.as_mut().reset(tokio::time::Instant::now() + CATCH_UP_RETRY);
-                    }
+                () = sleep_until(until), if until.is_some() => {
+                    let tries = match wait {
+                        Wait::Retry(_, tries) => tries,
+                        _ => CATCH_UP_TRIES,
+                    };
+                    wait = self.catch_up(tries).await;
                 }
             }
         }
@@ -186,46 +210,39 @@ impl Listening {
                 return;
             }
         };
-        self.hand_over(epoch, Publication { offset, record });
+        let ready = self.order.take(epoch, Publication { offset, record });
+        self.hand_over(ready);
     }
 
-    /// Hands `publication` to the sink unless a catch-up already did.
-    fn hand_over(&mut self, epoch: Epoch, publication: Publication) {
-        if let Some((last_epoch, last)) = &self.last {
-            if *last_epoch == epoch && publication.offset <= *last {
-                return;
-            }
+    fn hand_over(&self, ready: Vec<(Epoch, Publication)>) {
+        for (epoch, publication) in ready {
+            self.live
+                .sink
+                .on_publication(&self.channel, &epoch, &publication);
         }
-        self.live
-            .sink
-            .on_publication(&self.channel, &epoch, &publication);
-        self.last = Some((epoch, publication.offset));
     }
 
-    /// Reads from history what was published while the connection was down; false when
-    /// it could not (worth trying again).
-    async fn catch_up(&mut self) -> bool {
-        let Some((epoch, offset)) = self.last.clone().or_else(|| self.floor.clone()) else {
-            // Nothing was published when this node subscribed, nor heard since: read from
-            // the start.
-            return self.read_since(None).await;
-        };
-        self.read_since(Some(Since {
-            offset,
-            epoch: Some(epoch),
-        }))
-        .await
-    }
-
-    async fn read_since(&mut self, since: Option<Since>) -> bool {
+    /// Reads from history what this node did not hear (missed while its connection was
+    /// down, or still missing after [`REORDER_WAIT`]), then hands over what it held. What
+    /// to wait for next: a retry while the read fails, with `tries` left.
+    async fn catch_up(&mut self, tries: u32) -> Wait {
         // The subscription is made again by the client before it reports the connection
         // back; a ping makes sure the server has it before history is read.
         let _ = self.live.client.flush().await;
-        let query = HistoryQuery {
-            since: Some(since.unwrap_or(Since {
+        let since = match self.order.known() {
+            Some((epoch, offset)) => Since {
+                offset: *offset,
+                epoch: Some(epoch.clone()),
+            },
+            // Nothing was published when this node subscribed, nor heard since: from the
+            // start.
+            None => Since {
                 offset: 0,
                 epoch: None,
-            })),
+            },
+        };
+        let query = HistoryQuery {
+            since: Some(since),
             limit: usize::MAX,
             max_bytes: None,
         };
@@ -233,17 +250,159 @@ impl Listening {
             Ok(history) => {
                 for publication in history.publications {
                     self.live.caught_up.fetch_add(1, Relaxed);
-                    self.hand_over(history.position.epoch.clone(), publication);
+                    let ready = self.order.take(history.position.epoch.clone(), publication);
+                    self.hand_over(ready);
                 }
-                true
             }
-            // Not covered: the hub sees the gap at the next publication and has its clients
-            // resume.
-            Err(BrokerError::Unrecoverable { .. }) => true,
+            // Not covered: what is held goes as it is; the hub sees the gap and has its
+            // clients resume.
+            Err(BrokerError::Unrecoverable { .. }) => {}
+            Err(e) if tries > 1 => {
+                tracing::info!(channel = %self.channel, error = %e, "nats: could not catch up; trying again");
+                return Wait::Retry(Instant::now() + CATCH_UP_RETRY, tries - 1);
+            }
             Err(e) => {
-                tracing::info!(channel = %self.channel, error = %e, "nats: could not catch up after a reconnect");
-                false
+                tracing::info!(channel = %self.channel, error = %e, "nats: could not catch up");
             }
         }
+        let held = self.order.give_up();
+        self.hand_over(held);
+        Wait::Nothing
+    }
+}
+
+/// A channel's publications put back in offset order: what was handed over, and what
+/// waits for one still missing.
+#[derive(Debug, Default)]
+struct Order {
+    /// The newest publication handed to the sink.
+    last: Option<(Epoch, u64)>,
+    /// Where the channel stood when this node subscribed (`None`: no publication yet).
+    floor: Option<(Epoch, u64)>,
+    /// Publications heard ahead of one still missing, by offset, until it comes.
+    ahead: BTreeMap<u64, (Epoch, Publication)>,
+}
+
+impl Order {
+    /// The publication the channel is at, as this node knows it.
+    fn known(&self) -> Option<&(Epoch, u64)> {
+        self.last.as_ref().or(self.floor.as_ref())
+    }
+
+    /// What to hand over now that `publication` came: it, if it is the next one, and what
+    /// was held behind it; nothing if one before it is still missing (it is held:
+    /// JetStream may republish two writers' messages out of order) or if it was handed
+    /// over already.
+    fn take(&mut self, epoch: Epoch, publication: Publication) -> Vec<(Epoch, Publication)> {
+        let next = match self.known() {
+            Some((known, offset)) if *known == epoch => offset + 1,
+            // A channel with no publication yet starts at 1; another epoch starts anew
+            // (the hub tells its clients).
+            Some(_) => publication.offset,
+            None => 1,
+        };
+        if publication.offset < next {
+            return Vec::new();
+        }
+        if publication.offset > next {
+            self.ahead.insert(publication.offset, (epoch, publication));
+            return Vec::new();
+        }
+        self.last = Some((epoch.clone(), publication.offset));
+        let mut out = vec![(epoch, publication)];
+        while let Some(entry) = self.ahead.first_entry() {
+            let next = self.last.as_ref().map_or(1, |(_, offset)| offset + 1);
+            match (*entry.key()).cmp(&next) {
+                std::cmp::Ordering::Less => {
+                    entry.remove();
+                }
+                std::cmp::Ordering::Equal => {
+                    let (epoch, publication) = entry.remove();
+                    self.last = Some((epoch.clone(), publication.offset));
+                    out.push((epoch, publication));
+                }
+                std::cmp::Ordering::Greater => break,
+            }
+        }
+        out
+    }
+
+    /// Gives up waiting: everything held, in order, past what was handed over.
+    fn give_up(&mut self) -> Vec<(Epoch, Publication)> {
+        let mut out = Vec::new();
+        for (_, (epoch, publication)) in std::mem::take(&mut self.ahead) {
+            if self
+                .last
+                .as_ref()
+                .is_none_or(|(e, o)| *e != epoch || publication.offset > *o)
+            {
+                self.last = Some((epoch.clone(), publication.offset));
+                out.push((epoch, publication));
+            }
+        }
+        out
+    }
+}
+
+async fn sleep_until(until: Option<Instant>) {
+    if let Some(until) = until {
+        tokio::time::sleep_until(until).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn publication(offset: u64) -> Publication {
+        Publication {
+            offset,
+            record: bytes::Bytes::from_static(b"{}"),
+        }
+    }
+
+    fn offsets(out: Vec<(Epoch, Publication)>) -> Vec<u64> {
+        out.into_iter().map(|(_, p)| p.offset).collect()
+    }
+
+    #[test]
+    fn publications_heard_out_of_order_are_handed_over_in_order_once() {
+        let e = Epoch::checked("e1").unwrap();
+        let mut order = Order::default();
+        assert_eq!(offsets(order.take(e.clone(), publication(1))), [1]);
+        assert!(
+            order.take(e.clone(), publication(3)).is_empty(),
+            "2 is missing"
+        );
+        assert!(order.take(e.clone(), publication(4)).is_empty());
+        assert_eq!(offsets(order.take(e.clone(), publication(2))), [2, 3, 4]);
+        assert!(order.take(e.clone(), publication(3)).is_empty(), "a repeat");
+        assert_eq!(offsets(order.take(e.clone(), publication(5))), [5]);
+    }
+
+    #[test]
+    fn a_floor_says_where_the_channel_was_and_giving_up_hands_over_what_is_held() {
+        let e = Epoch::checked("e1").unwrap();
+        let mut order = Order {
+            floor: Some((e.clone(), 10)),
+            ..Order::default()
+        };
+        assert!(
+            order.take(e.clone(), publication(10)).is_empty(),
+            "already there"
+        );
+        assert!(
+            order.take(e.clone(), publication(12)).is_empty(),
+            "11 is missing"
+        );
+        assert!(order.take(e.clone(), publication(13)).is_empty());
+        assert_eq!(offsets(order.give_up()), [12, 13], "the hub sees the gap");
+        assert_eq!(offsets(order.take(e.clone(), publication(14))), [14]);
+        let other = Epoch::checked("e2").unwrap();
+        assert_eq!(
+            offsets(order.take(other, publication(1))),
+            [1],
+            "a new epoch starts anew"
+        );
     }
 }

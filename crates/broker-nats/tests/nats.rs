@@ -340,3 +340,36 @@ async fn bad_settings_fail_at_start_with_the_reason() {
     let from_url = NatsBroker::connect(NatsOptions::at(url, "herald"), default_policies()).await;
     assert!(from_url.is_ok(), "{:?}", from_url.err());
 }
+
+/// Sixteen publishers on one channel through two nodes (a compare-and-set contest on every
+/// publication): every node hears 1..=4000 once, in order, whatever order nats-server
+/// republished them in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_channel_written_through_two_nodes_stays_in_order() {
+    let nats = NatsServer::start();
+    let (a, seen_a) = node(&nats).await;
+    let (b, seen_b) = node(&nats).await;
+    let c = ch("hot:room");
+    a.subscribe(&c).await.unwrap();
+    b.subscribe(&c).await.unwrap();
+    let mut tasks = Vec::new();
+    for broker in [a.clone(), b.clone()] {
+        for _ in 0..8 {
+            let (broker, c) = (broker.clone(), c.clone());
+            tasks.push(tokio::spawn(async move {
+                for i in 0..250 {
+                    broker
+                        .publish(&c, Bytes::from(i.to_string()), StreamPolicy::default())
+                        .await
+                        .unwrap();
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let all: Vec<u64> = (1..=4000).collect();
+    assert_eq!(seen_a.await_offsets("hot:room", 4000).await, all);
+    assert_eq!(seen_b.await_offsets("hot:room", 4000).await, all);
+}

@@ -202,8 +202,13 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
         ));
     }
     if common.nodes > 1 {
+        let engine = if common.nats_url.is_some() {
+            "NATS JetStream"
+        } else {
+            "Redis"
+        };
         notes.push(format!(
-            "{} Herald nodes on one address (SO_REUSEPORT) sharing the channel through Redis; CPU and RSS are the sum of the nodes and Redis",
+            "{} Herald nodes on one address (SO_REUSEPORT) sharing the channel through {engine}; CPU and RSS are the sum of the nodes and the processes given with --pid (or the Redis started here)",
             common.nodes
         ));
     }

@@ -61,6 +61,7 @@ impl Target {
                     &common.server_args,
                     common.nodes,
                     common.redis_url.as_deref(),
+                    common.nats_url.as_deref(),
                 )?;
                 // Counted with it: the Redis servers it was pointed at, say.
                 server.pids.extend(&common.pid);
