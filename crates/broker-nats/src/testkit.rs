@@ -2,7 +2,9 @@
 //! store in a temporary directory, stopped when dropped. And the relay that fails the way
 //! networks do, to put in front of it.
 
-pub use herald_broker::relay::Partition;
+pub use herald_broker::{certs::TlsFiles, relay::Partition};
+
+use herald_broker::certs::make_certificates;
 
 use std::{
     net::TcpStream,
@@ -11,15 +13,49 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// A running `nats-server -js` that lives as long as this value.
+/// A running `nats-server` that lives as long as this value.
 #[derive(Debug)]
 pub struct NatsServer {
     child: Child,
     port: u16,
     dir: tempfile::TempDir,
-    /// `user:password` it requires, if any.
-    auth: Option<(String, String)>,
-    jetstream: bool,
+    tls: Option<TlsFiles>,
+}
+
+/// How clients must prove themselves to a [`NatsServer`].
+#[derive(Debug, Clone, Default)]
+pub enum Auth {
+    /// Not at all.
+    #[default]
+    None,
+    /// With this user and password.
+    Password(String, String),
+    /// With this token.
+    Token(String),
+    /// By signing with the NKey whose public key (`U…`) this is.
+    NKey(String),
+}
+
+/// What a [`NatsServer`] is started with.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// JetStream on (file storage in its directory).
+    pub jetstream: bool,
+    /// Its clients' proof.
+    pub auth: Auth,
+    /// TLS only (`tls://`), with certificates made here; `Some(true)`: clients must show
+    /// a certificate its CA signed.
+    pub tls: Option<bool>,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Self {
+            jetstream: true,
+            auth: Auth::None,
+            tls: None,
+        }
+    }
 }
 
 impl NatsServer {
@@ -29,50 +65,53 @@ impl NatsServer {
     /// # Panics
     /// When `nats-server` is missing or does not start: tests that need NATS cannot run.
     pub fn start() -> Self {
-        Self::try_start(None).expect("nats-server must be installed (apt-get install nats-server)")
+        Self::start_with(Setup::default())
     }
 
     /// Like [`NatsServer::start`], requiring `user` and `password` from clients.
     pub fn start_with_password(user: &str, password: &str) -> Self {
-        Self::try_start(Some((user.into(), password.into())))
-            .expect("nats-server must be installed (apt-get install nats-server)")
+        Self::start_with(Setup {
+            auth: Auth::Password(user.into(), password.into()),
+            ..Setup::default()
+        })
     }
 
     /// Like [`NatsServer::start`], without JetStream (core NATS only).
     pub fn start_without_jetstream() -> Self {
-        Self::try_start_with(None, false)
-            .expect("nats-server must be installed (apt-get install nats-server)")
+        Self::start_with(Setup {
+            jetstream: false,
+            ..Setup::default()
+        })
     }
 
-    /// Like [`NatsServer::start`], for tools: an error instead of a panic.
-    pub fn try_start(auth: Option<(String, String)>) -> std::io::Result<Self> {
-        Self::try_start_with(auth, true)
+    /// Starts it as `setup` says.
+    ///
+    /// # Panics
+    /// When `nats-server` (or, for TLS, `openssl`) is missing or fails.
+    pub fn start_with(setup: Setup) -> Self {
+        Self::try_start(setup).expect("nats-server must be installed (apt-get install nats-server)")
     }
 
-    fn try_start_with(auth: Option<(String, String)>, jetstream: bool) -> std::io::Result<Self> {
+    /// Like [`NatsServer::start_with`], for tools: an error instead of a panic.
+    pub fn try_start(setup: Setup) -> std::io::Result<Self> {
         let dir = tempfile::tempdir()?;
         let port = free_port()?;
-        let child = spawn(dir.path(), port, auth.as_ref(), jetstream)?;
+        let tls = setup.tls.map(|_| make_certificates(dir.path()));
+        write_config(dir.path(), port, &setup, tls.as_ref())?;
+        let child = spawn(dir.path(), port)?;
         Ok(Self {
             child,
             port,
             dir,
-            auth,
-            jetstream,
+            tls,
         })
     }
 
     /// Kills it (SIGKILL) and starts it again on the same port and store: what JetStream
-    /// synced to its files is back.
+    /// wrote to its files is back.
     pub fn kill_and_restart(&mut self) {
         self.kill();
-        self.child = spawn(
-            self.dir.path(),
-            self.port,
-            self.auth.as_ref(),
-            self.jetstream,
-        )
-        .expect("nats-server restarts");
+        self.restart();
     }
 
     /// Kills it (SIGKILL) and leaves it down until [`NatsServer::restart`].
@@ -83,13 +122,7 @@ impl NatsServer {
 
     /// Starts it again after [`NatsServer::kill`].
     pub fn restart(&mut self) {
-        self.child = spawn(
-            self.dir.path(),
-            self.port,
-            self.auth.as_ref(),
-            self.jetstream,
-        )
-        .expect("nats-server restarts");
+        self.child = spawn(self.dir.path(), self.port).expect("nats-server restarts");
     }
 
     /// Its process id (for CPU and memory figures).
@@ -102,9 +135,15 @@ impl NatsServer {
         self.port
     }
 
-    /// `nats://127.0.0.1:PORT`, without credentials.
+    /// Its certificates, if it speaks TLS.
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
+    }
+
+    /// `nats://127.0.0.1:PORT` (`tls://` when it speaks TLS), without credentials.
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "tls" } else { "nats" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 }
 
@@ -115,22 +154,47 @@ impl Drop for NatsServer {
     }
 }
 
-fn spawn(
+/// `nats.conf` in `dir`, as `setup` says.
+fn write_config(
     dir: &Path,
     port: u16,
-    auth: Option<&(String, String)>,
-    jetstream: bool,
-) -> std::io::Result<Child> {
-    let mut command = Command::new("nats-server");
-    command.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
-    if jetstream {
-        command.arg("-js").arg("-sd").arg(dir.join("jetstream"));
+    setup: &Setup,
+    tls: Option<&TlsFiles>,
+) -> std::io::Result<()> {
+    let mut config = format!("listen: \"127.0.0.1:{port}\"\n");
+    if setup.jetstream {
+        config += &format!(
+            "jetstream {{ store_dir: {:?} }}\n",
+            dir.join("jetstream").display().to_string()
+        );
     }
-    if let Some((user, password)) = auth {
-        command.args(["--user", user, "--pass", password]);
+    match &setup.auth {
+        Auth::None => {}
+        Auth::Password(user, password) => {
+            config += &format!("authorization {{ user: {user:?}, password: {password:?} }}\n");
+        }
+        Auth::Token(token) => config += &format!("authorization {{ token: {token:?} }}\n"),
+        Auth::NKey(public) => {
+            config += &format!("authorization {{ users: [ {{ nkey: {public:?} }} ] }}\n");
+        }
     }
+    if let (Some(files), Some(clients_prove)) = (tls, setup.tls) {
+        let path = |p: &Path| p.display().to_string();
+        config += &format!(
+            "tls {{ cert_file: {:?}, key_file: {:?}, ca_file: {:?}, verify: {clients_prove} }}\n",
+            path(&dir.join("server.crt")),
+            path(&dir.join("server.key")),
+            path(&files.ca),
+        );
+    }
+    std::fs::write(dir.join("nats.conf"), config)
+}
+
+fn spawn(dir: &Path, port: u16) -> std::io::Result<Child> {
     let log = std::fs::File::create(dir.join("nats-server.log"))?;
-    let mut child = command
+    let mut child = Command::new("nats-server")
+        .arg("-c")
+        .arg(dir.join("nats.conf"))
         .stdout(Stdio::null())
         .stderr(Stdio::from(log))
         .spawn()?;

@@ -373,3 +373,94 @@ async fn a_hot_channel_written_through_two_nodes_stays_in_order() {
     assert_eq!(seen_a.await_offsets("hot:room", 4000).await, all);
     assert_eq!(seen_b.await_offsets("hot:room", 4000).await, all);
 }
+
+/// Every way to sign in that `[nats]` offers, against a server that takes only that way,
+/// and TLS with the server's CA, with and without a client certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_way_to_sign_in_and_tls_work_and_the_wrong_one_is_refused() {
+    use herald_broker_nats::{
+        testkit::{Auth, Setup},
+        NatsAuth, NatsTls,
+    };
+    let connects = |url: String, auth: NatsAuth, tls: NatsTls| async move {
+        let mut options = NatsOptions::at(url, "herald");
+        options.auth = auth;
+        options.tls = tls;
+        NatsBroker::connect(options, default_policies())
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let token = NatsServer::start_with(Setup {
+        auth: Auth::Token("s3cret-token".into()),
+        ..Setup::default()
+    });
+    let with_token = NatsAuth::Token("s3cret-token".into());
+    connects(token.url(), with_token, NatsTls::default())
+        .await
+        .unwrap();
+    let wrong = connects(
+        token.url(),
+        NatsAuth::Token("nope".into()),
+        NatsTls::default(),
+    )
+    .await;
+    assert!(wrong.is_err(), "a wrong token is refused");
+
+    let user = nkeys::KeyPair::new_user();
+    let nkey = NatsServer::start_with(Setup {
+        auth: Auth::NKey(user.public_key()),
+        ..Setup::default()
+    });
+    let seed = NatsAuth::NKey(user.seed().unwrap());
+    connects(nkey.url(), seed, NatsTls::default())
+        .await
+        .unwrap();
+    let stranger = NatsAuth::NKey(nkeys::KeyPair::new_user().seed().unwrap());
+    assert!(connects(nkey.url(), stranger, NatsTls::default())
+        .await
+        .is_err());
+
+    let tls = NatsServer::start_with(Setup {
+        tls: Some(false),
+        ..Setup::default()
+    });
+    let files = tls.tls().unwrap().clone();
+    let trusting = NatsTls {
+        ca_file: Some(files.ca.clone()),
+        ..NatsTls::default()
+    };
+    connects(tls.url(), NatsAuth::None, trusting.clone())
+        .await
+        .unwrap();
+    let untrusted = connects(tls.url(), NatsAuth::None, NatsTls::default()).await;
+    assert!(
+        untrusted.is_err(),
+        "the system's roots do not know the test CA"
+    );
+
+    let mutual = NatsServer::start_with(Setup {
+        tls: Some(true),
+        ..Setup::default()
+    });
+    let files = mutual.tls().unwrap().clone();
+    let with_certificate = NatsTls {
+        ca_file: Some(files.ca.clone()),
+        cert_file: Some(files.client_cert.clone()),
+        key_file: Some(files.client_key.clone()),
+        required: false,
+    };
+    connects(mutual.url(), NatsAuth::None, with_certificate)
+        .await
+        .unwrap();
+    let without = NatsTls {
+        ca_file: Some(files.ca.clone()),
+        ..NatsTls::default()
+    };
+    assert!(
+        connects(mutual.url(), NatsAuth::None, without)
+            .await
+            .is_err(),
+        "no client certificate, no connection"
+    );
+}

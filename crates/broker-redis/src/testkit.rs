@@ -9,6 +9,9 @@ pub use cluster::ClusterSet;
 pub use partition::Partition;
 pub use sentinel::{SentinelSet, MASTER_NAME};
 
+use herald_broker::certs::make_certificates;
+pub use herald_broker::certs::TlsFiles;
+
 use std::{
     io::{BufRead, BufReader},
     process::{Child, Command, Stdio},
@@ -22,23 +25,6 @@ pub struct RedisServer {
     _dir: tempfile::TempDir,
     /// Its certificates, when it speaks TLS only, and whether clients must prove themselves.
     tls: Option<(TlsFiles, bool)>,
-}
-
-/// The certificates of a [`RedisServer`] that speaks TLS, made by `openssl` in its
-/// directory: a CA, the server's certificate for `127.0.0.1` and `localhost` signed by it,
-/// and a client certificate signed by it (for mutual TLS).
-#[derive(Debug, Clone)]
-pub struct TlsFiles {
-    /// The CA's certificate (PEM): what a client trusts.
-    pub ca: std::path::PathBuf,
-    /// A client certificate signed by the CA, and its key.
-    pub client_cert: std::path::PathBuf,
-    /// The client certificate's key.
-    pub client_key: std::path::PathBuf,
-    /// A certificate and key of another CA, which the server does not trust.
-    pub stranger_cert: std::path::PathBuf,
-    /// The stranger's key.
-    pub stranger_key: std::path::PathBuf,
 }
 
 impl RedisServer {
@@ -216,85 +202,6 @@ fn run_until(mut command: Command, ready: &str) -> std::io::Result<Child> {
     // Keep draining the log so the server never blocks on a full pipe.
     std::thread::spawn(move || lines.for_each(drop));
     Ok(child)
-}
-
-/// A CA, a server certificate it signs for loopback, a client certificate it signs, and a
-/// stranger's self-signed pair, made in `dir` by the `openssl` command.
-fn make_certificates(dir: &std::path::Path) -> TlsFiles {
-    let openssl = |args: &[&str]| {
-        let status = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("openssl must be installed");
-        assert!(status.success(), "openssl {args:?} failed");
-    };
-    let self_signed = |name: &str, subject: &str| {
-        openssl(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.crt"),
-            "-subj",
-            subject,
-        ]);
-    };
-    self_signed("ca", "/CN=herald-test-ca");
-    self_signed("stranger", "/CN=stranger");
-    // Version 3 certificates (rustls takes no other), with what each is for.
-    for (name, extensions) in [
-        (
-            "server",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
-        ),
-        ("client", "extendedKeyUsage=clientAuth\n"),
-    ] {
-        std::fs::write(dir.join(format!("{name}.cnf")), extensions).expect("writable directory");
-        let (key, csr, crt, cnf) = (
-            format!("{name}.key"),
-            format!("{name}.csr"),
-            format!("{name}.crt"),
-            format!("{name}.cnf"),
-        );
-        let subject = format!("/CN={name}");
-        openssl(&[
-            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj",
-            &subject,
-        ]);
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-out",
-            &crt,
-            "-extfile",
-            &cnf,
-        ]);
-    }
-    TlsFiles {
-        ca: dir.join("ca.crt"),
-        client_cert: dir.join("client.crt"),
-        client_key: dir.join("client.key"),
-        stranger_cert: dir.join("stranger.crt"),
-        stranger_key: dir.join("stranger.key"),
-    }
 }
 
 impl Drop for RedisServer {

@@ -309,6 +309,8 @@ pub(crate) fn spawn_sweeper<B: Send + Sync + 'static>(broker: &Arc<B>, sweep: fn
 }
 
 #[cfg(any(test, feature = "testkit"))]
+pub mod certs;
+#[cfg(any(test, feature = "testkit"))]
 pub mod conformance;
 #[cfg(any(test, feature = "testkit"))]
 pub mod relay;
