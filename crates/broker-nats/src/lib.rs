@@ -49,6 +49,37 @@ use link::Link;
 use live::Live;
 use store::Store;
 
+/// Runs every decoder of what this broker reads back from NATS (which others can write
+/// to) over `input`, for the fuzzer (`herald-fuzz`, target `nats-message`): its first line
+/// as a presence key, the rest as a presence value and an idempotency key's record, and
+/// the first two lines as a message's offset and epoch headers with the rest as its data.
+/// Never panics, whatever `input` is.
+#[doc(hidden)]
+pub fn decode_stored(input: &[u8]) {
+    let mut lines = input.splitn(3, |b| *b == b'\n');
+    let first = lines.next().unwrap_or_default();
+    let second = lines.next().unwrap_or_default();
+    let rest = lines.next().unwrap_or_default();
+    if let Ok(key) = std::str::from_utf8(first) {
+        let _ = presence::parse_key(key);
+        // As async-nats hands headers over: only values it could parse from the wire.
+        let value = |text: &str| text.parse::<async_nats::HeaderValue>().ok();
+        let epoch = std::str::from_utf8(second).ok();
+        if let (Some(offset), Some(epoch)) = (value(key), epoch.and_then(value)) {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(store::OFFSET, offset);
+            headers.insert(store::EPOCH, epoch);
+            let _ = (
+                store::headers_offset(&headers),
+                store::headers_epoch(&headers),
+            );
+        }
+    }
+    let _ = presence::decode(&Bytes::copy_from_slice(input));
+    once::decode(input);
+    let _ = herald_protocol::json::stored_record(rest);
+}
+
 /// How long a request to NATS may wait for its answer.
 pub(crate) const COMMAND_WAIT: Duration = Duration::from_secs(5);
 
@@ -196,7 +227,12 @@ impl Broker for NatsBroker {
     ) -> Result<StreamPosition, BrokerError> {
         self.events.reachable()?;
         let policy = self.store.policy(channel);
-        Ok(self.store.publish(channel, &data, &policy).await?.0)
+        match self.store.publish(channel, &data, &policy, None).await? {
+            store::Published::New(position) | store::Published::Before(position) => Ok(position),
+            store::Published::Gone => Err(BrokerError::Unavailable(
+                "nats: a publication without a message id was taken for a repeat".into(),
+            )),
+        }
     }
 
     async fn publish_once(

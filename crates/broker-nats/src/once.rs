@@ -1,40 +1,36 @@
-//! Idempotent publishing on NATS: each key a channel saw is a message of its own subject
-//! in the `PREFIX_once` stream, claimed by a compare-and-set before the publication and
-//! marked done with its position after it. Two publishes with one key, on any nodes: one
-//! claims it, the other waits for its outcome and answers with the same position.
+//! Idempotent publishing on NATS, in two parts:
 //!
-//! JetStream's own de-duplication (`Nats-Msg-Id`) is not used: it cannot say where the
-//! first publication went once it left history, and it has no bound per channel. Here a
-//! key is forgotten once its window passes, or once the channel has had
+//! - The publication carries its key as JetStream's message id (`Nats-Msg-Id`), so
+//!   JetStream stores one of two publishes with the key, on any nodes, at once or within
+//!   its duplicate window (two minutes), and tells the other where the first one went.
+//!   That holds whatever became of the first publisher: dead, cut off, or so slow that its
+//!   answer never came.
+//! - After it is stored, the key's record (its position, and until when it holds) is the
+//!   one message of its subject in the `PREFIX_once` stream, so a repeat after the
+//!   duplicate window, up to the key's window, is answered from it.
+//!
+//! A key is forgotten once its window passes, or once the channel has had
 //! [`KEYS_PER_CHANNEL`] publications since, whichever comes first, like the other brokers'
-//! cap of that many keys per channel.
+//! cap of that many keys per channel. A key JetStream still remembers whose publication is
+//! forgotten (or has left history) publishes anew, under an id of its own.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use async_nats::{
-    jetstream::{
-        context::PublishErrorKind,
-        stream::{Config, DirectGetErrorKind, DiscardPolicy, StorageType, Stream},
-    },
-    HeaderMap,
+use async_nats::jetstream::stream::{
+    Config, DirectGetErrorKind, DiscardPolicy, StorageType, Stream,
 };
 use bytes::Bytes;
 use herald_broker::{once::KEYS_PER_CHANNEL, BrokerError, StreamPolicy};
 use herald_protocol::{ChannelName, Epoch, StreamPosition};
 
-use crate::{store::Store, unavailable};
+use crate::{
+    names::hex,
+    store::{Published, Store},
+    unavailable,
+};
 
 /// Longest a key is kept: windows longer than this are cut to it.
 pub const LONGEST_WINDOW: Duration = Duration::from_secs(24 * 3600);
-
-/// How long a claim holds before another node may take the key over: a claimant that died
-/// mid-publish leaves its key free after this.
-const CLAIM_HOLDS: Duration = Duration::from_secs(15);
-
-/// How often a publish that waits on another's claim looks again.
-const LOOK_AGAIN: Duration = Duration::from_millis(5);
-
-const EXPECTED_LAST: &str = "Nats-Expected-Last-Subject-Sequence";
 
 pub(crate) async fn open_stream(store: &Store) -> Result<Stream, BrokerError> {
     store
@@ -53,36 +49,33 @@ pub(crate) async fn open_stream(store: &Store) -> Result<Stream, BrokerError> {
         .map_err(|e| BrokerError::Unavailable(format!("nats jetstream: {e}")))
 }
 
-/// What a key's message says.
+/// A key's record: published at this position; the key holds until this time (ms since
+/// the Unix epoch).
 #[derive(Debug, PartialEq)]
-enum Seen {
-    /// A node is publishing with it until this time (ms since the Unix epoch).
-    Claimed(u64),
-    /// Published at this position; the key holds until this time.
-    Done(StreamPosition, u64),
-}
+struct Seen(StreamPosition, u64);
 
 impl Seen {
     fn encode(&self) -> Bytes {
-        match self {
-            Seen::Claimed(until) => format!("c {until}").into(),
-            Seen::Done(p, until) => format!("d {until} {} {}", p.offset, p.epoch.as_str()).into(),
-        }
+        let Seen(p, until) = self;
+        format!("d {until} {} {}", p.offset, p.epoch.as_str()).into()
     }
 
     fn decode(payload: &[u8]) -> Option<Self> {
         let text = std::str::from_utf8(payload).ok()?;
         let mut parts = text.split(' ');
-        match (parts.next()?, parts.next()?.parse().ok()?) {
-            ("c", until) => Some(Seen::Claimed(until)),
-            ("d", until) => {
-                let offset = parts.next()?.parse().ok()?;
-                let epoch = Epoch::checked(parts.next()?)?;
-                Some(Seen::Done(StreamPosition { offset, epoch }, until))
-            }
-            _ => None,
+        if parts.next()? != "d" {
+            return None;
         }
+        let until = parts.next()?.parse().ok()?;
+        let offset = parts.next()?.parse().ok()?;
+        let epoch = Epoch::checked(parts.next()?)?;
+        Some(Seen(StreamPosition { offset, epoch }, until))
     }
+}
+
+/// Decodes a key's record, for the fuzzer (see [`crate::decode_stored`]).
+pub(crate) fn decode(payload: &[u8]) {
+    let _ = Seen::decode(payload);
 }
 
 fn now_ms() -> u64 {
@@ -104,49 +97,61 @@ pub(crate) async fn publish_once(
 ) -> Result<(StreamPosition, bool), BrokerError> {
     let subject = store.names.once(channel, key);
     let window = window.min(LONGEST_WINDOW);
-    loop {
-        let (seq, seen) = match keys.direct_get_last_for_subject(subject.as_str()).await {
-            Ok(message) => (message.sequence, Seen::decode(&message.payload)),
-            Err(e) if e.kind() == DirectGetErrorKind::NotFound => (0, None),
-            Err(e) => return Err(unavailable(e)),
-        };
-        let now = now_ms();
-        match seen {
-            Some(Seen::Done(position, until))
-                if until > now && still_kept(store, channel, policy, &position).await? =>
-            {
-                return Ok((position, true));
-            }
-            Some(Seen::Claimed(until)) if until > now => {
-                tokio::time::sleep(LOOK_AGAIN).await;
-                continue;
-            }
-            _ => {}
+    let recorded = match keys.direct_get_last_for_subject(subject.as_str()).await {
+        Ok(message) => Seen::decode(&message.payload),
+        Err(e) if e.kind() == DirectGetErrorKind::NotFound => None,
+        Err(e) => return Err(unavailable(e)),
+    };
+    if let Some(Seen(position, until)) = recorded {
+        if until > now_ms() && still_kept(store, channel, policy, &position).await? {
+            return Ok((position, true));
         }
-        // Free (never seen, expired, forgotten, or its claimant gone): claim it.
-        let claim = Seen::Claimed(now + CLAIM_HOLDS.as_millis() as u64);
-        let claimed = match put(store, &subject, seq, claim.encode()).await? {
-            Some(claimed) => claimed,
-            // Another publish claimed it first: look at its outcome.
-            None => continue,
-        };
-        return match store.publish(channel, data, policy).await {
-            Ok((position, _)) => {
-                let done = Seen::Done(position.clone(), now_ms() + window.as_millis() as u64);
-                // Were this lost, repeats would wait out the claim and publish again: say
-                // so, but the publication itself stands.
-                if let Err(e) = put(store, &subject, claimed, done.encode()).await {
-                    tracing::warn!(%channel, error = %e, "nats: an idempotency key was not recorded");
-                }
-                Ok((position, false))
-            }
-            Err(e) => {
-                // Free the key again for a retry.
-                let _ = put(store, &subject, claimed, Bytes::new()).await;
-                Err(e)
-            }
-        };
     }
+    // The id names the channel too: JetStream's ids are per stream, keys per channel.
+    let id = format!(
+        "{}.{}",
+        hex(channel.as_str().as_bytes()),
+        hex(key.as_bytes())
+    );
+    let position = match store.publish(channel, data, policy, Some(&id)).await? {
+        Published::New(position) => position,
+        Published::Before(position) if still_kept(store, channel, policy, &position).await? => {
+            return Ok((position, true));
+        }
+        // Remembered by JetStream but forgotten here: a new publication, under an id no
+        // earlier one had.
+        Published::Before(_) | Published::Gone => {
+            let top = store.top(channel, policy).await?;
+            let fresh = format!("{id}.{}.{}", top.epoch.as_str(), top.offset);
+            match store.publish(channel, data, policy, Some(&fresh)).await? {
+                Published::New(position) => position,
+                Published::Before(position) => return Ok((position, true)),
+                Published::Gone => {
+                    return Err(BrokerError::Unavailable(
+                        "nats: an idempotency key's publication left history at once".into(),
+                    ))
+                }
+            }
+        }
+    };
+    let record = Seen(position.clone(), now_ms() + window.as_millis() as u64);
+    // Lost, it costs a repeat after JetStream's duplicate window its answer from the
+    // record; the publication itself stands.
+    if let Err(e) = record_key(store, &subject, record.encode()).await {
+        tracing::warn!(%channel, error = %e, "nats: an idempotency key was not recorded");
+    }
+    Ok((position, false))
+}
+
+async fn record_key(store: &Store, subject: &str, record: Bytes) -> Result<(), BrokerError> {
+    store
+        .js
+        .publish(subject.to_string(), record)
+        .await
+        .map_err(unavailable)?
+        .await
+        .map(|_| ())
+        .map_err(unavailable)
 }
 
 /// Whether the channel had fewer than [`KEYS_PER_CHANNEL`] publications since `position`,
@@ -161,29 +166,6 @@ async fn still_kept(
     Ok(top.epoch == position.epoch && top.offset < position.offset + KEYS_PER_CHANNEL as u64)
 }
 
-/// Writes `payload` as the key's message if its newest is still `expected` (0: none): its
-/// sequence, or `None` if another got there first.
-async fn put(
-    store: &Store,
-    subject: &str,
-    expected: u64,
-    payload: Bytes,
-) -> Result<Option<u64>, BrokerError> {
-    let mut headers = HeaderMap::new();
-    headers.insert(EXPECTED_LAST, expected.to_string().as_str());
-    let acked = store
-        .js
-        .publish_with_headers(subject.to_string(), headers, payload)
-        .await
-        .map_err(unavailable)?
-        .await;
-    match acked {
-        Ok(ack) => Ok(Some(ack.sequence)),
-        Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Ok(None),
-        Err(e) => Err(unavailable(e)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,12 +173,8 @@ mod tests {
     #[test]
     fn what_a_key_says_reads_back() {
         let epoch = Epoch::checked("abcd").unwrap();
-        for seen in [
-            Seen::Claimed(17),
-            Seen::Done(StreamPosition { offset: 9, epoch }, 42),
-        ] {
-            assert_eq!(Seen::decode(&seen.encode()), Some(seen));
-        }
+        let seen = Seen(StreamPosition { offset: 9, epoch }, 42);
+        assert_eq!(Seen::decode(&seen.encode()), Some(seen));
         assert_eq!(Seen::decode(b""), None);
         assert_eq!(Seen::decode(b"d 1 x"), None);
     }

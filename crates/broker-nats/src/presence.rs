@@ -164,7 +164,7 @@ fn encode(member: &Member, user: Option<&str>) -> Bytes {
     out.freeze()
 }
 
-fn decode(value: &Bytes) -> Option<(Option<String>, Bytes)> {
+pub(crate) fn decode(value: &Bytes) -> Option<(Option<String>, Bytes)> {
     match value.first()? {
         b'-' => Some((None, value.slice(1..))),
         b'u' => {
@@ -179,7 +179,7 @@ fn decode(value: &Bytes) -> Option<(Option<String>, Bytes)> {
 }
 
 /// `{CH}.{ID}.{NODE}`, read back.
-fn parse_key(key: &str) -> Option<(ChannelName, u64, &str)> {
+pub(crate) fn parse_key(key: &str) -> Option<(ChannelName, u64, &str)> {
     let mut parts = key.splitn(3, '.');
     let channel = String::from_utf8(unhex(parts.next()?)?).ok()?;
     let id = u64::from_str_radix(parts.next()?, 16).ok()?;

@@ -35,6 +35,18 @@ pub(crate) const OFFSET: &str = "Herald-Offset";
 /// Header of the epoch of the channel's stream.
 pub(crate) const EPOCH: &str = "Herald-Epoch";
 const EXPECTED_LAST: &str = "Nats-Expected-Last-Subject-Sequence";
+const MESSAGE_ID: &str = "Nats-Msg-Id";
+
+/// What a publish did.
+#[derive(Debug)]
+pub(crate) enum Published {
+    /// Stored there.
+    New(StreamPosition),
+    /// Its message id was stored before, there: nothing stored now.
+    Before(StreamPosition),
+    /// Its message id was stored before, and that message has left history since.
+    Gone,
+}
 
 /// How many times a publish reads the channel anew after finding another writer ahead.
 /// Each retry means another node published meanwhile, so this bounds only a pathological
@@ -146,13 +158,17 @@ impl Store {
         Ok(stream)
     }
 
-    /// Appends `data` to `channel`; see the module docs.
+    /// Appends `data` to `channel`; see the module docs. With `message_id`, JetStream
+    /// stores it only if no message of the stream carried that id within its duplicate
+    /// window (two minutes, or the history's age if shorter): otherwise the answer is where
+    /// that one is.
     pub(crate) async fn publish(
         &self,
         channel: &ChannelName,
         data: &Bytes,
         policy: &StreamPolicy,
-    ) -> Result<(StreamPosition, u64), BrokerError> {
+        message_id: Option<&str>,
+    ) -> Result<Published, BrokerError> {
         let stream = self.stream(policy).await?;
         let subject = self.names.subject(channel, policy);
         let turn = self
@@ -163,7 +179,8 @@ impl Store {
             .clone();
         let published = {
             let _turn = turn.lock().await;
-            self.publish_in_turn(&stream, channel, &subject, data).await
+            self.publish_in_turn(&stream, channel, &subject, data, message_id)
+                .await
         };
         // The last one out forgets the turn (the map holds one reference, `turn` another).
         drop(turn);
@@ -183,7 +200,8 @@ impl Store {
         channel: &ChannelName,
         subject: &str,
         data: &Bytes,
-    ) -> Result<(StreamPosition, u64), BrokerError> {
+        message_id: Option<&str>,
+    ) -> Result<Published, BrokerError> {
         let cached = self.tops.lock().get(subject).cloned();
         let mut top = match cached {
             Some(top) => top,
@@ -195,6 +213,9 @@ impl Store {
             headers.insert(EXPECTED_LAST, top.seq.to_string().as_str());
             headers.insert(OFFSET, next.to_string().as_str());
             headers.insert(EPOCH, top.epoch.as_str());
+            if let Some(id) = message_id {
+                headers.insert(MESSAGE_ID, id);
+            }
             let acked = match self
                 .js
                 .publish_with_headers(subject.to_string(), headers, data.clone())
@@ -207,6 +228,17 @@ impl Store {
                 }
             };
             match acked {
+                Ok(ack) if ack.duplicate => {
+                    // Stored before, under this id: where it went, if it is still there.
+                    return match stream.direct_get(ack.sequence).await {
+                        Ok(message) => {
+                            let (offset, epoch) = position_of(channel, &message)?;
+                            Ok(Published::Before(StreamPosition { offset, epoch }))
+                        }
+                        Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(Published::Gone),
+                        Err(e) => Err(unavailable(e)),
+                    };
+                }
                 Ok(ack) => {
                     let stored = Top {
                         seq: ack.sequence,
@@ -219,7 +251,7 @@ impl Store {
                         tops.clear();
                     }
                     tops.insert(subject.to_string(), stored);
-                    return Ok((position, ack.sequence));
+                    return Ok(Published::New(position));
                 }
                 Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
                     // Another node published (or history was removed, or expired): read

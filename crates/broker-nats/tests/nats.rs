@@ -464,3 +464,36 @@ async fn every_way_to_sign_in_and_tls_work_and_the_wrong_one_is_refused() {
         "no client certificate, no connection"
     );
 }
+
+/// A keyed publication stored whose key's record never made it (its node died, or was cut
+/// off or slowed past the record's write, as in the partition test): publishing the key
+/// again is still a repeat, never a second copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_record_was_lost_is_still_a_repeat() {
+    let nats = NatsServer::start();
+    let (broker, _) = node(&nats).await;
+    let c = ch("once:lost-record");
+    let window = std::time::Duration::from_secs(60);
+    let policy = StreamPolicy::default();
+    let (first, repeat) = broker
+        .publish_once(&c, Bytes::from_static(b"1"), policy, "k1", window)
+        .await
+        .unwrap();
+    assert!(!repeat);
+    // What a node that stored the publication and then died leaves behind: no record.
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    js.get_stream("herald_once")
+        .await
+        .unwrap()
+        .purge()
+        .filter(">")
+        .await
+        .unwrap();
+    let (again, repeat) = broker
+        .publish_once(&c, Bytes::from_static(b"1 again"), policy, "k1", window)
+        .await
+        .unwrap();
+    assert_eq!((again, repeat), (first, true), "a repeat of the first");
+    let history = broker.history(&c, HistoryQuery::newest(10)).await.unwrap();
+    assert_eq!(history.publications.len(), 1, "stored once");
+}

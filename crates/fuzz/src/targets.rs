@@ -24,6 +24,9 @@ pub enum Target {
     LastEventId,
     /// Messages on a channel's Redis pub/sub channel (`EPOCH\nOFFSET\nDATA`).
     RedisMessage,
+    /// What the NATS broker reads back from NATS: presence keys and values, idempotency
+    /// records, a message's offset and epoch headers and its data.
+    NatsStored,
     /// Raw RESP bytes of a history script reply, parsed by redis-rs and decoded by Herald.
     RedisReply,
     /// The durable store's file with damaged bytes: opened, then every stream read.
@@ -34,13 +37,14 @@ pub enum Target {
 pub type Decoder = Box<dyn FnMut(&[u8])>;
 
 impl Target {
-    pub const ALL: [Target; 7] = [
+    pub const ALL: [Target; 8] = [
         Target::Command,
         Target::Cursor,
         Target::Query,
         Target::LastEventId,
         Target::RedisMessage,
         Target::RedisReply,
+        Target::NatsStored,
         Target::StoredFile,
     ];
 
@@ -52,6 +56,7 @@ impl Target {
             Target::LastEventId => "last-event-id",
             Target::RedisMessage => "redis-message",
             Target::RedisReply => "redis-reply",
+            Target::NatsStored => "nats-stored",
             Target::StoredFile => "stored-file",
         }
     }
@@ -103,6 +108,14 @@ impl Target {
                 "*4\r\n$6\r\nabc123\r\n:7\r\n:5\r\n*4\r\n:5\r\n$1\r\n1\r\n:6\r\n$9\r\n{\"a\":[1]}\r\n",
                 "*4\r\n$1\r\ne\r\n:0\r\n:1\r\n*0\r\n",
             ],
+            Target::NatsStored => &[
+                "636861743a6c6f626279.0000000000000007.node1\nabc123\n{\"text\":\"hi\"}",
+                "u\u{0}\u{3}ann{\"user\":\"ann\"}",
+                "-{}",
+                "d 1795772975656 7 abc123",
+                "c 1795772975656",
+                "18446744073709551615\ne\n[1,2,{\"a\":null}]",
+            ],
             Target::StoredFile => return vec![seed_file()],
         };
         texts.iter().map(|t| t.as_bytes().to_vec()).collect()
@@ -145,6 +158,7 @@ impl Target {
                     }
                 })
             }
+            Target::NatsStored => Box::new(herald_broker_nats::decode_stored),
             Target::StoredFile => stored_file(),
         }
     }
