@@ -11,11 +11,13 @@ use async_nats::jetstream::{
 };
 use herald_broker::BrokerError;
 
-/// The bucket `bucket`, keeping one value per key, each for `max_age` (`None`: forever).
+/// The bucket `bucket`, keeping one value per key, each for `max_age` (`None`: forever),
+/// on `replicas` servers.
 pub(crate) async fn open(
     js: &jetstream::Context,
     bucket: &str,
     max_age: Option<Duration>,
+    replicas: usize,
 ) -> Result<kv::Store, BrokerError> {
     let failed =
         |e: &dyn std::fmt::Display| BrokerError::Unavailable(format!("nats: bucket {bucket}: {e}"));
@@ -27,9 +29,10 @@ pub(crate) async fn open(
         storage: StorageType::File,
         allow_rollup: true,
         deny_delete: true,
-        allow_direct: true,
+        // A follower's direct get could be behind; the leader answers on a replicated one.
+        allow_direct: replicas == 1,
         discard: DiscardPolicy::New,
-        num_replicas: 1,
+        num_replicas: replicas,
         ..Default::default()
     })
     .await

@@ -66,6 +66,10 @@ pub struct NatsOptions {
     /// How soon a node that stops reaching NATS says so: the connection pings every third
     /// of it.
     pub unreachable_after: Duration,
+    /// Servers of a NATS cluster that keep each of Herald's streams and buckets (JetStream
+    /// replicas, at most 5): with 3, a publication is acknowledged once two have it, and
+    /// the loss of one server loses nothing. 1 on a single server.
+    pub replicas: usize,
 }
 
 impl NatsOptions {
@@ -78,6 +82,7 @@ impl NatsOptions {
             auth: NatsAuth::None,
             tls: NatsTls::default(),
             unreachable_after: Duration::from_secs(3),
+            replicas: 1,
         }
     }
 }

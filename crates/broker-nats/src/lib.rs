@@ -134,12 +134,21 @@ impl NatsBroker {
         let (client, events) = connect::connect(&options).await?;
         let js = async_nats::jetstream::new(client.clone());
         let names = names::Names::new(&options.prefix);
-        let store = Arc::new(Store::open(js.clone(), names.clone(), policies).await?);
+        let replicas = options.replicas.max(1);
+        let store = Arc::new(Store::open(js.clone(), names.clone(), policies, replicas).await?);
         let keys = once::open_stream(&store).await?;
         let node_id = format!("{:016x}", fastrand::u64(..));
-        let link = Link::open(client.clone(), &js, names.clone(), node_id.clone()).await?;
+        let link = Link::open(
+            client.clone(),
+            &js,
+            names.clone(),
+            node_id.clone(),
+            replicas,
+        )
+        .await?;
         let presence =
-            NatsPresence::start(client.clone(), js, names, node_id, events.clone()).await?;
+            NatsPresence::start(client.clone(), js, names, node_id, events.clone(), replicas)
+                .await?;
         Ok(Connected {
             client,
             events,

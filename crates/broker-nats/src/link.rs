@@ -43,8 +43,10 @@ impl Link {
         js: &jetstream::Context,
         names: Names,
         node_id: String,
+        replicas: usize,
     ) -> Result<Self, BrokerError> {
-        let figures = crate::bucket::open(js, &names.nodes_bucket(), Some(NODE_REPORT_TTL)).await?;
+        let figures =
+            crate::bucket::open(js, &names.nodes_bucket(), Some(NODE_REPORT_TTL), replicas).await?;
         let requests = client
             .subscribe(names.node(&node_id))
             .await

@@ -16,9 +16,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use async_nats::jetstream::stream::{
-    Config, DirectGetErrorKind, DiscardPolicy, StorageType, Stream,
-};
+use async_nats::jetstream::stream::{Config, DiscardPolicy, StorageType, Stream};
 use bytes::Bytes;
 use herald_broker::{once::KEYS_PER_CHANNEL, BrokerError, StreamPolicy};
 use herald_protocol::{ChannelName, Epoch, StreamPosition};
@@ -41,7 +39,8 @@ pub(crate) async fn open_stream(store: &Store) -> Result<Stream, BrokerError> {
             max_messages_per_subject: 1,
             max_age: LONGEST_WINDOW,
             discard: DiscardPolicy::Old,
-            allow_direct: true,
+            allow_direct: store.replicas == 1,
+            num_replicas: store.replicas,
             storage: StorageType::File,
             ..Default::default()
         })
@@ -97,11 +96,11 @@ pub(crate) async fn publish_once(
 ) -> Result<(StreamPosition, bool), BrokerError> {
     let subject = store.names.once(channel, key);
     let window = window.min(LONGEST_WINDOW);
-    let recorded = match keys.direct_get_last_for_subject(subject.as_str()).await {
-        Ok(message) => Seen::decode(&message.payload),
-        Err(e) if e.kind() == DirectGetErrorKind::NotFound => None,
-        Err(e) => return Err(unavailable(e)),
-    };
+    let recorded = store
+        .reader(keys)
+        .newest(&subject)
+        .await?
+        .and_then(|message| Seen::decode(&message.payload));
     if let Some(Seen(position, until)) = recorded {
         if until > now_ms() && still_kept(store, channel, policy, &position).await? {
             return Ok((position, true));

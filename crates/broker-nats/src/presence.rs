@@ -195,11 +195,17 @@ impl NatsPresence {
         names: Names,
         node: String,
         connection: Arc<crate::connect::Events>,
+        replicas: usize,
     ) -> Result<Arc<Self>, BrokerError> {
         let bucket = names.presence_bucket();
-        let members = crate::bucket::open(&js, &bucket, None).await?;
-        let alive =
-            crate::bucket::open(&js, &format!("{}_alive", names.prefix()), Some(NODE_TTL)).await?;
+        let members = crate::bucket::open(&js, &bucket, None, replicas).await?;
+        let alive = crate::bucket::open(
+            &js,
+            &format!("{}_alive", names.prefix()),
+            Some(NODE_TTL),
+            replicas,
+        )
+        .await?;
         let view: Arc<Mutex<View>> = Arc::default();
         let events: Arc<Mutex<Option<Weak<dyn PresenceEvents>>>> = Arc::default();
         alive.put(&node, Bytes::new()).await.map_err(unavailable)?;

@@ -16,7 +16,10 @@ use async_nats::{
         self,
         context::PublishErrorKind,
         message::StreamMessage,
-        stream::{Config, DirectGetErrorKind, DiscardPolicy, Republish, StorageType, Stream},
+        stream::{
+            Config, DirectGetErrorKind, DiscardPolicy, LastRawMessageErrorKind,
+            RawMessageErrorKind, Republish, StorageType, Stream,
+        },
     },
     HeaderMap,
 };
@@ -87,6 +90,8 @@ pub(crate) struct Store {
     tops: Mutex<HashMap<String, Top>>,
     /// Per subject, whose turn it is to publish on this node.
     turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Servers that keep each stream (see [`crate::NatsOptions::replicas`]).
+    pub(crate) replicas: usize,
 }
 
 impl Store {
@@ -96,6 +101,7 @@ impl Store {
         js: jetstream::Context,
         names: Names,
         policies: Policies,
+        replicas: usize,
     ) -> Result<Self, BrokerError> {
         let empty = js
             .get_or_create_stream(Config {
@@ -105,7 +111,8 @@ impl Store {
                 max_messages: MAX_UNWRITTEN_STREAMS as i64,
                 max_age: EMPTY_STREAM_GRACE,
                 discard: DiscardPolicy::Old,
-                allow_direct: true,
+                allow_direct: replicas == 1,
+                num_replicas: replicas,
                 storage: StorageType::File,
                 ..Default::default()
             })
@@ -119,7 +126,16 @@ impl Store {
             empty,
             tops: Mutex::default(),
             turns: Mutex::default(),
+            replicas,
         })
+    }
+
+    /// How to read `stream` (see [`Reader`]).
+    pub(crate) fn reader<'a>(&self, stream: &'a Stream) -> Reader<'a> {
+        Reader {
+            stream,
+            leader: self.replicas > 1,
+        }
     }
 
     pub(crate) fn policy(&self, channel: &ChannelName) -> StreamPolicy {
@@ -143,7 +159,8 @@ impl Store {
                 // JetStream reads 0 as "forever"; a zero TTL is "as short as it gets".
                 max_age: policy.history_ttl.max(Duration::from_millis(1)),
                 discard: DiscardPolicy::Old,
-                allow_direct: true,
+                allow_direct: self.replicas == 1,
+                num_replicas: self.replicas,
                 storage: StorageType::File,
                 republish: Some(Republish {
                     source: subjects,
@@ -230,13 +247,12 @@ impl Store {
             match acked {
                 Ok(ack) if ack.duplicate => {
                     // Stored before, under this id: where it went, if it is still there.
-                    return match stream.direct_get(ack.sequence).await {
-                        Ok(message) => {
+                    return match self.reader(stream).at(ack.sequence).await? {
+                        Some(message) => {
                             let (offset, epoch) = position_of(channel, &message)?;
                             Ok(Published::Before(StreamPosition { offset, epoch }))
                         }
-                        Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(Published::Gone),
-                        Err(e) => Err(unavailable(e)),
+                        None => Ok(Published::Gone),
                     };
                 }
                 Ok(ack) => {
@@ -294,7 +310,7 @@ impl Store {
         subject: &str,
         keep: bool,
     ) -> Result<Top, BrokerError> {
-        match newest(stream, subject).await? {
+        match self.reader(stream).newest(subject).await? {
             Some(message) => {
                 let (offset, epoch) = position_of(channel, &message)?;
                 Ok(Top {
@@ -315,7 +331,7 @@ impl Store {
     async fn empty_epoch(&self, channel: &ChannelName, keep: bool) -> Result<Epoch, BrokerError> {
         let subject = self.names.empty(channel);
         loop {
-            let seq = match newest(&self.empty, &subject).await? {
+            let seq = match self.reader(&self.empty).newest(&subject).await? {
                 Some(message) => return epoch_of(channel, &message),
                 None if !keep => return Ok(new_epoch()),
                 None => 0,
@@ -352,7 +368,7 @@ impl Store {
         let position = top.position();
         let oldest = match (top.seq, policy.history_size) {
             (0, _) | (_, 0) => None,
-            _ => next_of(&stream, &subject, 1).await?,
+            _ => self.reader(&stream).next_of(&subject, 1).await?,
         };
         let first = match &oldest {
             Some(message) => position_of(channel, message)?.0,
@@ -382,8 +398,9 @@ impl Store {
         };
         let mut candidates = Vec::new();
         if from <= to {
-            let start = find(&stream, channel, &subject, (&oldest, first), &top, from).await?;
-            candidates = read_run(&stream, channel, &subject, start, from, to).await?;
+            let reader = self.reader(&stream);
+            let start = find(reader, channel, &subject, (&oldest, first), &top, from).await?;
+            candidates = read_run(reader, channel, &subject, start, from, to).await?;
             if query.since.is_some() && candidates.first().map(|p| p.offset) != Some(from) {
                 // Trimmed while being read: the page would not start where it must.
                 return Err(BrokerError::Unrecoverable { current: position });
@@ -416,25 +433,73 @@ impl Store {
     }
 }
 
-/// The newest message of `subject`, if it has one.
-async fn newest(stream: &Stream, subject: &str) -> Result<Option<StreamMessage>, BrokerError> {
-    match stream.direct_get_last_for_subject(subject).await {
-        Ok(message) => Ok(Some(message)),
-        Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
-        Err(e) => Err(unavailable(e)),
-    }
+/// Reads of one stream: direct gets (any server that holds the stream answers, without
+/// the stream's lock) on a stream with one replica; the stream leader's answers on a
+/// replicated one, where a follower's direct get could be behind what was acknowledged.
+#[derive(Clone, Copy)]
+pub(crate) struct Reader<'a> {
+    stream: &'a Stream,
+    leader: bool,
 }
 
-/// The first message of `subject` at stream sequence `seq` or later, if there is one.
-async fn next_of(
-    stream: &Stream,
-    subject: &str,
-    seq: u64,
-) -> Result<Option<StreamMessage>, BrokerError> {
-    match stream.direct_get_next_for_subject(subject, Some(seq)).await {
-        Ok(message) => Ok(Some(message)),
-        Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
-        Err(e) => Err(unavailable(e)),
+impl Reader<'_> {
+    /// The newest message of `subject`, if it has one.
+    pub(crate) async fn newest(&self, subject: &str) -> Result<Option<StreamMessage>, BrokerError> {
+        if self.leader {
+            return match self.stream.get_last_raw_message_by_subject(subject).await {
+                Ok(message) => Ok(Some(message)),
+                Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+                Err(e) => Err(unavailable(e)),
+            };
+        }
+        match self.stream.direct_get_last_for_subject(subject).await {
+            Ok(message) => Ok(Some(message)),
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    /// The first message of `subject` at stream sequence `seq` or later, if there is one.
+    async fn next_of(&self, subject: &str, seq: u64) -> Result<Option<StreamMessage>, BrokerError> {
+        if self.leader {
+            let read = self
+                .stream
+                .raw_message_builder()
+                .sequence(seq)
+                .next_by_subject(subject)
+                .send()
+                .await;
+            return match read {
+                Ok(message) => Ok(Some(message)),
+                Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+                Err(e) => Err(unavailable(e)),
+            };
+        }
+        match self
+            .stream
+            .direct_get_next_for_subject(subject, Some(seq))
+            .await
+        {
+            Ok(message) => Ok(Some(message)),
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    /// The message at stream sequence `seq`, if it is still there.
+    async fn at(&self, seq: u64) -> Result<Option<StreamMessage>, BrokerError> {
+        if self.leader {
+            return match self.stream.get_raw_message(seq).await {
+                Ok(message) => Ok(Some(message)),
+                Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+                Err(e) => Err(unavailable(e)),
+            };
+        }
+        match self.stream.direct_get(seq).await {
+            Ok(message) => Ok(Some(message)),
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
+            Err(e) => Err(unavailable(e)),
+        }
     }
 }
 
@@ -443,7 +508,7 @@ async fn next_of(
 /// at least one sequence, which bounds the search on both sides (a channel alone in its
 /// stream is found at once).
 async fn find(
-    stream: &Stream,
+    reader: Reader<'_>,
     channel: &ChannelName,
     subject: &str,
     (oldest, first): (&StreamMessage, u64),
@@ -459,7 +524,7 @@ async fn find(
     let mut found = None;
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
-        let probe = next_of(stream, subject, mid).await?;
+        let probe = reader.next_of(subject, mid).await?;
         match &probe {
             Some(m) if position_of(channel, m)?.0 < from => lo = m.sequence + 1,
             _ => {
@@ -470,14 +535,14 @@ async fn find(
     }
     match found {
         Some(m) if m.sequence >= lo => Ok(Some(m)),
-        _ => next_of(stream, subject, lo).await,
+        _ => reader.next_of(subject, lo).await,
     }
 }
 
 /// The publications from `start` (offset `from`) up to offset `to`, in order, stopping at
 /// a gap (trimmed meanwhile). Messages Herald did not write are skipped, never handed on.
 async fn read_run(
-    stream: &Stream,
+    reader: Reader<'_>,
     channel: &ChannelName,
     subject: &str,
     start: Option<StreamMessage>,
@@ -502,7 +567,7 @@ async fn read_run(
         if offset == to {
             break;
         }
-        message = next_of(stream, subject, m.sequence + 1).await?;
+        message = reader.next_of(subject, m.sequence + 1).await?;
     }
     Ok(run)
 }

@@ -154,6 +154,77 @@ impl Drop for NatsServer {
     }
 }
 
+/// Servers of one NATS cluster with JetStream, on loopback ports, each with its store in a
+/// temporary directory; stopped when dropped.
+#[derive(Debug)]
+pub struct NatsCluster {
+    servers: Vec<(Option<Child>, u16, tempfile::TempDir)>,
+}
+
+impl NatsCluster {
+    /// Starts `size` servers that route to each other and returns once each accepts
+    /// connections (JetStream elects its leaders a moment later: clients retry meanwhile).
+    ///
+    /// # Panics
+    /// When `nats-server` is missing or does not start.
+    pub fn start(size: usize) -> Self {
+        let ports: Vec<(u16, u16)> = (0..size)
+            .map(|_| (free_port().expect("a port"), free_port().expect("a port")))
+            .collect();
+        let routes: Vec<String> = ports
+            .iter()
+            .map(|(_, route)| format!("\"nats-route://127.0.0.1:{route}\""))
+            .collect();
+        let mut servers = Vec::new();
+        for (i, (port, route)) in ports.iter().enumerate() {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            let config = format!(
+                "server_name: \"n{i}\"\nlisten: \"127.0.0.1:{port}\"\n\
+                 jetstream {{ store_dir: {:?} }}\n\
+                 cluster {{ name: \"herald-test\", listen: \"127.0.0.1:{route}\", routes: [{}] }}\n",
+                dir.path().join("jetstream").display().to_string(),
+                routes.join(", ")
+            );
+            std::fs::write(dir.path().join("nats.conf"), config).expect("writable directory");
+            servers.push((None, *port, dir));
+        }
+        for (child, port, dir) in &mut servers {
+            *child = Some(spawn(dir.path(), *port).expect("nats-server starts"));
+        }
+        Self { servers }
+    }
+
+    /// Every server's `nats://127.0.0.1:PORT`.
+    pub fn urls(&self) -> Vec<String> {
+        self.servers
+            .iter()
+            .map(|(_, port, _)| format!("nats://127.0.0.1:{port}"))
+            .collect()
+    }
+
+    /// Kills server `i` (SIGKILL).
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.servers[i].0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts server `i` again on its store.
+    pub fn restart(&mut self, i: usize) {
+        let (child, port, dir) = &mut self.servers[i];
+        *child = Some(spawn(dir.path(), *port).expect("nats-server restarts"));
+    }
+}
+
+impl Drop for NatsCluster {
+    fn drop(&mut self) {
+        for i in 0..self.servers.len() {
+            self.kill(i);
+        }
+    }
+}
+
 /// `nats.conf` in `dir`, as `setup` says.
 fn write_config(
     dir: &Path,

@@ -97,6 +97,10 @@ fn invalid_configuration_is_refused_naming_the_key() {
             "storage = \"nats\"\n[nats]\npassword = \"p\"\n",
             "nats.password",
         ),
+        (
+            "storage = \"nats\"\n[nats]\nreplicas = 0\n",
+            "nats.replicas",
+        ),
         // Moved to [broker] when NATS came: the error says where to.
         (
             "[redis]\npublish_timeout = \"1s\"\n",

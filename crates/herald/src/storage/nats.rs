@@ -37,6 +37,11 @@ pub struct NatsConfig {
     pub key_file: Option<PathBuf>,
     /// Speak TLS even when the URL says `nats://`. Default false.
     pub tls: bool,
+    /// Servers of the NATS cluster that keep each of Herald's streams and buckets
+    /// (JetStream replicas, 1 to 5): 3 keeps every acknowledged publication through the
+    /// loss of a server. Default 1 (a single server). Set when Herald first makes its
+    /// streams; changing it later needs the streams changed too (`nats stream edit`).
+    pub replicas: usize,
 }
 
 impl Default for NatsConfig {
@@ -53,6 +58,7 @@ impl Default for NatsConfig {
             cert_file: None,
             key_file: None,
             tls: false,
+            replicas: 1,
         }
     }
 }
@@ -82,6 +88,9 @@ impl NatsConfig {
         }
         if self.password.is_some() && self.user.is_none() {
             return Err(bad("nats.password", "needs nats.user"));
+        }
+        if !(1..=5).contains(&self.replicas) {
+            return Err(bad("nats.replicas", "must be 1 to 5 (JetStream's range)"));
         }
         if self.cert_file.is_some() != self.key_file.is_some() {
             return Err(bad("nats.cert_file", "and nats.key_file go together"));
@@ -126,6 +135,7 @@ impl NatsConfig {
                 required: self.tls,
             },
             unreachable_after,
+            replicas: self.replicas,
         }
     }
 
