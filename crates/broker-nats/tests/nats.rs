@@ -67,36 +67,13 @@ async fn node(nats: &NatsServer) -> (Arc<NatsBroker>, Arc<Recorder>) {
     (broker, sink)
 }
 
+/// Every publication a compare-and-set race between two nodes; the third only reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_nodes_share_one_order() {
+async fn nodes_share_one_order() {
     let nats = NatsServer::start();
-    let (a, seen_a) = node(&nats).await;
-    let (b, seen_b) = node(&nats).await;
-    let c = ch("shared:room");
-    a.subscribe(&c).await.unwrap();
-    b.subscribe(&c).await.unwrap();
-    let publishers: Vec<_> = [a.clone(), b.clone()]
-        .into_iter()
-        .map(|broker| {
-            let c = c.clone();
-            tokio::spawn(async move {
-                for i in 0..100 {
-                    broker
-                        .publish(&c, Bytes::from(i.to_string()), StreamPolicy::default())
-                        .await
-                        .unwrap();
-                }
-            })
-        })
-        .collect();
-    for p in publishers {
-        p.await.unwrap();
-    }
-    let all: Vec<u64> = (1..=200).collect();
-    assert_eq!(seen_a.await_offsets("shared:room", 200).await, all);
-    assert_eq!(seen_b.await_offsets("shared:room", 200).await, all);
-    let history = b.history(&c, HistoryQuery::newest(1000)).await.unwrap();
-    assert_eq!(history.publications.len(), 200);
+    let (a, b, c) = (node(&nats).await, node(&nats).await, node(&nats).await);
+    let shared = |(broker, seen): (Arc<NatsBroker>, Arc<Recorder>)| (broker as SharedBroker, seen);
+    conformance::nodes_share_one_order([shared(a), shared(b), shared(c)]).await;
 }
 
 /// Waits until `done` holds, looking every few milliseconds, at most `within`.
@@ -339,39 +316,6 @@ async fn bad_settings_fail_at_start_with_the_reason() {
     let url = format!("nats://herald:secret@127.0.0.1:{}", nats.port());
     let from_url = NatsBroker::connect(NatsOptions::at(url, "herald"), default_policies()).await;
     assert!(from_url.is_ok(), "{:?}", from_url.err());
-}
-
-/// Sixteen publishers on one channel through two nodes (a compare-and-set contest on every
-/// publication): every node hears 1..=4000 once, in order, whatever order nats-server
-/// republished them in.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hot_channel_written_through_two_nodes_stays_in_order() {
-    let nats = NatsServer::start();
-    let (a, seen_a) = node(&nats).await;
-    let (b, seen_b) = node(&nats).await;
-    let c = ch("hot:room");
-    a.subscribe(&c).await.unwrap();
-    b.subscribe(&c).await.unwrap();
-    let mut tasks = Vec::new();
-    for broker in [a.clone(), b.clone()] {
-        for _ in 0..8 {
-            let (broker, c) = (broker.clone(), c.clone());
-            tasks.push(tokio::spawn(async move {
-                for i in 0..250 {
-                    broker
-                        .publish(&c, Bytes::from(i.to_string()), StreamPolicy::default())
-                        .await
-                        .unwrap();
-                }
-            }));
-        }
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let all: Vec<u64> = (1..=4000).collect();
-    assert_eq!(seen_a.await_offsets("hot:room", 4000).await, all);
-    assert_eq!(seen_b.await_offsets("hot:room", 4000).await, all);
 }
 
 /// Every way to sign in that `[nats]` offers, against a server that takes only that way,

@@ -53,52 +53,12 @@ async fn node(redis: &RedisServer) -> (Arc<RedisBroker>, Arc<Recorder>) {
     (broker, sink)
 }
 
-#[tokio::test]
-async fn two_nodes_share_one_order() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_share_one_order() {
     let redis = RedisServer::start();
-    let (a, seen_a) = node(&redis).await;
-    let (b, seen_b) = node(&redis).await;
-    let c = ch("shared:room");
-    a.subscribe(&c).await.unwrap();
-    b.subscribe(&c).await.unwrap();
-    let publishers: Vec<_> = [a.clone(), b.clone()]
-        .into_iter()
-        .map(|broker| {
-            let c = c.clone();
-            tokio::spawn(async move {
-                for i in 0..100 {
-                    broker
-                        .publish(&c, Bytes::from(i.to_string()), StreamPolicy::default())
-                        .await
-                        .unwrap();
-                }
-            })
-        })
-        .collect();
-    for p in publishers {
-        p.await.unwrap();
-    }
-    let all: Vec<u64> = (1..=200).collect();
-    assert_eq!(seen_a.await_offsets("shared:room", 200).await, all);
-    assert_eq!(seen_b.await_offsets("shared:room", 200).await, all);
-    // One epoch for both nodes.
-    let epochs: std::collections::HashSet<String> = seen_a
-        .0
-        .lock()
-        .iter()
-        .chain(seen_b.0.lock().iter())
-        .map(|r| r.1.clone())
-        .collect();
-    assert_eq!(epochs.len(), 1, "{epochs:?}");
-    // A node that never subscribed is handed nothing, but reads the same history.
-    let (c_node, seen_c) = node(&redis).await;
-    let h = c_node.history(&c, HistoryQuery::newest(3)).await.unwrap();
-    assert_eq!(h.position.offset, 200);
-    assert_eq!(
-        h.publications.iter().map(|p| p.offset).collect::<Vec<_>>(),
-        [198, 199, 200]
-    );
-    assert!(seen_c.0.lock().is_empty());
+    let (a, b, c) = (node(&redis).await, node(&redis).await, node(&redis).await);
+    let shared = |(broker, seen): (Arc<RedisBroker>, Arc<Recorder>)| (broker as SharedBroker, seen);
+    conformance::nodes_share_one_order([shared(a), shared(b), shared(c)]).await;
 }
 
 #[tokio::test]

@@ -13,7 +13,9 @@ use parking_lot::Mutex;
 use crate::{BrokerError, HistoryQuery, PublicationSink, SharedBroker, StreamPolicy};
 
 mod presence;
+mod shared;
 pub use presence::run_presence;
+pub use shared::nodes_share_one_order;
 
 /// A sink that remembers what it was handed: (channel, epoch, offset), and each record.
 #[derive(Debug, Default)]
