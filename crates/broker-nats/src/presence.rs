@@ -16,7 +16,7 @@
 //! [`PresenceEvents::expired`]), and its keys are purged.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{hash_map::RandomState, HashMap, HashSet},
     sync::{Arc, Weak},
     time::{Duration, Instant},
 };
@@ -28,7 +28,9 @@ use async_nats::{
 use async_trait::async_trait;
 use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::StreamExt;
-use herald_broker::{BrokerError, Member, PresenceEvents, PresenceStats, PresenceStore};
+use herald_broker::{
+    user_key, BrokerError, Member, PresenceEvents, PresenceStats, PresenceStore, Roster,
+};
 use herald_protocol::ChannelName;
 use parking_lot::Mutex;
 use tokio::task::AbortHandle;
@@ -60,27 +62,17 @@ pub struct NatsPresence {
 
 #[derive(Default)]
 struct View {
-    /// Holders of each member on this node.
-    own: HashMap<(ChannelName, u64), u32>,
-    channels: HashMap<ChannelName, Channel>,
+    /// This node's members: how many of its connections hold each, and its value in the
+    /// bucket (written again after a reconnect).
+    own: HashMap<(ChannelName, u64), (u32, Bytes)>,
+    /// Every channel's members, and the nodes that hold each.
+    channels: HashMap<ChannelName, Roster<Vec<String>>>,
+    /// Users' keys in the rosters (this node's own hashing: the counts are its own).
+    users: RandomState,
     /// What each other node holds, as heard.
     others: HashMap<String, Other>,
     /// Keys of this node whose delete failed, to delete at the next beat.
     undeleted: Vec<String>,
-}
-
-#[derive(Default)]
-struct Channel {
-    members: BTreeMap<u64, Held>,
-    /// Members per user: its length is the distinct users.
-    users: HashMap<String, u32>,
-}
-
-struct Held {
-    info: Bytes,
-    user: Option<String>,
-    /// The nodes that hold it.
-    nodes: Vec<String>,
 }
 
 struct Other {
@@ -99,50 +91,31 @@ impl View {
         user: Option<&str>,
         node: &str,
     ) -> bool {
-        let c = self.channels.entry(channel.clone()).or_default();
-        if let Some(held) = c.members.get_mut(&member.id) {
-            if !held.nodes.iter().any(|n| n == node) {
-                held.nodes.push(node.to_string());
+        let user = user_key(&self.users, user);
+        let roster = self.channels.entry(channel.clone()).or_default();
+        if let Some(nodes) = roster.holders(member.id) {
+            if !nodes.iter().any(|n| n == node) {
+                nodes.push(node.to_string());
             }
             return false;
         }
-        if let Some(user) = user {
-            *c.users.entry(user.to_string()).or_default() += 1;
-        }
-        c.members.insert(
-            member.id,
-            Held {
-                info: member.info.clone(),
-                user: user.map(str::to_string),
-                nodes: vec![node.to_string()],
-            },
-        );
-        true
+        roster.add(member, user, vec![node.to_string()])
     }
 
     /// `node` no longer holds member `id`; true when no node does (it left).
     fn remove(&mut self, channel: &ChannelName, id: u64, node: &str) -> bool {
-        let Some(c) = self.channels.get_mut(channel) else {
+        let Some(roster) = self.channels.get_mut(channel) else {
             return false;
         };
-        let Some(held) = c.members.get_mut(&id) else {
+        let Some(nodes) = roster.holders(id) else {
             return false;
         };
-        held.nodes.retain(|n| n != node);
-        if !held.nodes.is_empty() {
+        nodes.retain(|n| n != node);
+        if !nodes.is_empty() {
             return false;
         }
-        if let Some(held) = c.members.remove(&id) {
-            if let Some(user) = held.user {
-                if let Some(count) = c.users.get_mut(&user) {
-                    *count -= 1;
-                    if *count == 0 {
-                        c.users.remove(&user);
-                    }
-                }
-            }
-        }
-        if c.members.is_empty() {
+        roster.remove(id);
+        if roster.is_empty() {
             self.channels.remove(channel);
         }
         true
@@ -340,24 +313,18 @@ async fn rewrite_after_reconnects(
     mut reconnected: tokio::sync::watch::Receiver<u64>,
 ) {
     while reconnected.changed().await.is_ok() {
-        let held: Vec<(String, Bytes)> = {
-            let view = view.lock();
-            view.own
-                .keys()
-                .filter_map(|(channel, id)| {
-                    let held = view.channels.get(channel)?.members.get(id)?;
-                    let member = Member {
-                        id: *id,
-                        info: held.info.clone(),
-                    };
-                    let key = format!(
-                        "$KV.{bucket}.{}.{id:016x}.{node}",
-                        hex(channel.as_str().as_bytes())
-                    );
-                    Some((key, encode(&member, held.user.as_deref())))
-                })
-                .collect()
-        };
+        let held: Vec<(String, Bytes)> = view
+            .lock()
+            .own
+            .iter()
+            .map(|((channel, id), (_, value))| {
+                let key = format!(
+                    "$KV.{bucket}.{}.{id:016x}.{node}",
+                    hex(channel.as_str().as_bytes())
+                );
+                (key, value.clone())
+            })
+            .collect();
         for (key, value) in held {
             if let Err(e) = js.publish(key, value).await {
                 tracing::info!(error = %e, "nats: could not write a member again after a reconnect");
@@ -482,24 +449,26 @@ impl PresenceStore for NatsPresence {
         member: &Member,
         user: Option<&str>,
     ) -> Result<bool, BrokerError> {
+        let value = encode(member, user);
         let new = {
             let mut view = self.view.lock();
-            let holders = view.own.entry((channel.clone(), member.id)).or_default();
-            *holders += 1;
-            if *holders > 1 {
+            let own = view
+                .own
+                .entry((channel.clone(), member.id))
+                .or_insert_with(|| (0, value.clone()));
+            own.0 += 1;
+            if own.0 > 1 {
                 return Ok(false);
             }
             view.add(channel, member, user, &self.node)
         };
-        let written = self
-            .write(self.key(channel, member.id), Some(encode(member, user)))
-            .await;
+        let written = self.write(self.key(channel, member.id), Some(value)).await;
         if let Err(e) = written {
             let mut view = self.view.lock();
             let key = (channel.clone(), member.id);
-            if let Some(holders) = view.own.get_mut(&key) {
-                *holders -= 1;
-                if *holders == 0 {
+            if let Some(own) = view.own.get_mut(&key) {
+                own.0 -= 1;
+                if own.0 == 0 {
                     view.own.remove(&key);
                     view.remove(channel, member.id, &self.node);
                 }
@@ -513,11 +482,11 @@ impl PresenceStore for NatsPresence {
         let gone = {
             let mut view = self.view.lock();
             let key = (channel.clone(), id);
-            let Some(holders) = view.own.get_mut(&key) else {
+            let Some(own) = view.own.get_mut(&key) else {
                 return Ok(false);
             };
-            *holders -= 1;
-            if *holders > 0 {
+            own.0 -= 1;
+            if own.0 > 0 {
                 return Ok(false);
             }
             view.own.remove(&key);
@@ -537,10 +506,7 @@ impl PresenceStore for NatsPresence {
         Ok(view
             .channels
             .get(channel)
-            .map_or_else(Default::default, |c| PresenceStats {
-                clients: c.members.len() as u64,
-                users: c.users.len() as u64,
-            }))
+            .map_or_else(Default::default, Roster::stats))
     }
 
     async fn members(
@@ -549,20 +515,11 @@ impl PresenceStore for NatsPresence {
         after: Option<u64>,
         limit: usize,
     ) -> Result<Vec<Member>, BrokerError> {
-        use std::ops::Bound::{Excluded, Unbounded};
         let view = self.view.lock();
-        let Some(c) = view.channels.get(channel) else {
-            return Ok(Vec::new());
-        };
-        let from = after.map_or(Unbounded, Excluded);
-        Ok(c.members
-            .range((from, Unbounded))
-            .take(limit)
-            .map(|(id, held)| Member {
-                id: *id,
-                info: held.info.clone(),
-            })
-            .collect())
+        Ok(view
+            .channels
+            .get(channel)
+            .map_or_else(Vec::new, |roster| roster.page(after, limit)))
     }
 
     async fn announce(&self, batch: Bytes) {

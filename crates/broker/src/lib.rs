@@ -45,7 +45,8 @@ pub use durable::{DurableBroker, OpenError, SyncPolicy};
 pub use link::{Engine, NodeLink, NodeRequests, SharedLink};
 pub use memory::MemoryBroker;
 pub use presence::{
-    Member, MemoryPresence, PresenceEvents, PresenceStats, PresenceStore, SharedPresence,
+    user_key, Member, MemoryPresence, PresenceEvents, PresenceStats, PresenceStore, Roster,
+    SharedPresence,
 };
 pub use routed::Routed;
 

@@ -100,30 +100,120 @@ pub trait PresenceStore: Send + Sync + 'static {
 /// A shared presence store.
 pub type SharedPresence = Arc<dyn PresenceStore>;
 
+/// One channel's members, in id order, with their distinct users counted as they come and
+/// go: stats in constant time, pages as ranges. `H` is what a store keeps per member
+/// beside its info (how many hold it, which nodes do).
+#[derive(Debug)]
+pub struct Roster<H> {
+    members: BTreeMap<u64, Listed<H>>,
+    /// Members per user (by the user's key): its length is the distinct users.
+    users: HashMap<u64, u32>,
+}
+
+#[derive(Debug)]
+struct Listed<H> {
+    info: Bytes,
+    /// The user's key, 0 for none.
+    user: u64,
+    holders: H,
+}
+
+impl<H> Default for Roster<H> {
+    fn default() -> Self {
+        Self {
+            members: BTreeMap::new(),
+            users: HashMap::new(),
+        }
+    }
+}
+
+impl<H> Roster<H> {
+    /// What is kept beside member `id`, if it is here.
+    pub fn holders(&mut self, id: u64) -> Option<&mut H> {
+        self.members.get_mut(&id).map(|listed| &mut listed.holders)
+    }
+
+    /// Adds `member` of user `user` (its key: never 0; 0 for none), unless it is here.
+    /// True when it was not.
+    pub fn add(&mut self, member: &Member, user: u64, holders: H) -> bool {
+        if self.members.contains_key(&member.id) {
+            return false;
+        }
+        self.members.insert(
+            member.id,
+            Listed {
+                info: member.info.clone(),
+                user,
+                holders,
+            },
+        );
+        if user != 0 {
+            *self.users.entry(user).or_default() += 1;
+        }
+        true
+    }
+
+    /// Removes member `id`; true when it was here.
+    pub fn remove(&mut self, id: u64) -> bool {
+        let Some(listed) = self.members.remove(&id) else {
+            return false;
+        };
+        if listed.user != 0 {
+            if let Some(count) = self.users.get_mut(&listed.user) {
+                *count -= 1;
+                if *count == 0 {
+                    self.users.remove(&listed.user);
+                }
+            }
+        }
+        true
+    }
+
+    /// Whether nobody is here.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Members and distinct users.
+    pub fn stats(&self) -> PresenceStats {
+        PresenceStats {
+            clients: self.members.len() as u64,
+            users: self.users.len() as u64,
+        }
+    }
+
+    /// At most `limit` members with ids above `after`, in id order.
+    pub fn page(&self, after: Option<u64>, limit: usize) -> Vec<Member> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let from = after.map_or(Unbounded, Excluded);
+        self.members
+            .range((from, Unbounded))
+            .take(limit)
+            .map(|(id, listed)| Member {
+                id: *id,
+                info: listed.info.clone(),
+            })
+            .collect()
+    }
+}
+
+/// A user's key in a [`Roster`]: a hash of its name (never 0, which stands for "no user").
+pub fn user_key(hasher: &RandomState, user: Option<&str>) -> u64 {
+    user.map_or(0, |u| hasher.hash_one(u) | 1)
+}
+
 const SHARDS: usize = 32;
+
+/// One shard's channels, each with its members and how many connections hold each.
+type Rosters = HashMap<ChannelName, Roster<u32>>;
 
 /// Presence of one node, in memory: for the memory and durable brokers (presence is about
 /// who is connected now, so there is nothing to keep over a restart).
 #[derive(Debug)]
 pub struct MemoryPresence {
-    shards: Box<[Mutex<HashMap<ChannelName, Set>>]>,
+    /// Per channel, its members and how many connections hold each.
+    shards: Box<[Mutex<Rosters>]>,
     hasher: RandomState,
-}
-
-#[derive(Debug, Default)]
-struct Set {
-    /// By id: ordered, so pages continue after a cursor.
-    members: BTreeMap<u64, Entry>,
-    /// Members per user (by the user's hash): its length is the distinct users.
-    users: HashMap<u64, u32>,
-}
-
-#[derive(Debug)]
-struct Entry {
-    info: Bytes,
-    /// The user's hash, 0 for none.
-    user: u64,
-    holders: u32,
 }
 
 impl Default for MemoryPresence {
@@ -141,13 +231,8 @@ impl MemoryPresence {
         Arc::new(Self::default())
     }
 
-    fn shard(&self, channel: &ChannelName) -> &Mutex<HashMap<ChannelName, Set>> {
+    fn shard(&self, channel: &ChannelName) -> &Mutex<Rosters> {
         &self.shards[self.hasher.hash_one(channel) as usize % SHARDS]
-    }
-
-    fn user_key(&self, user: Option<&str>) -> u64 {
-        // Never 0, which stands for "no user".
-        user.map_or(0, |u| self.hasher.hash_one(u) | 1)
     }
 }
 
@@ -159,50 +244,30 @@ impl PresenceStore for MemoryPresence {
         member: &Member,
         user: Option<&str>,
     ) -> Result<bool, BrokerError> {
-        let user = self.user_key(user);
+        let user = user_key(&self.hasher, user);
         let mut shard = self.shard(channel).lock();
-        let set = shard.entry(channel.clone()).or_default();
-        if let Some(entry) = set.members.get_mut(&member.id) {
-            entry.holders += 1;
+        let roster = shard.entry(channel.clone()).or_default();
+        if let Some(holders) = roster.holders(member.id) {
+            *holders += 1;
             return Ok(false);
         }
-        set.members.insert(
-            member.id,
-            Entry {
-                info: member.info.clone(),
-                user,
-                holders: 1,
-            },
-        );
-        if user != 0 {
-            *set.users.entry(user).or_default() += 1;
-        }
-        Ok(true)
+        Ok(roster.add(member, user, 1))
     }
 
     async fn leave(&self, channel: &ChannelName, id: u64) -> Result<bool, BrokerError> {
         let mut shard = self.shard(channel).lock();
-        let Some(set) = shard.get_mut(channel) else {
+        let Some(roster) = shard.get_mut(channel) else {
             return Ok(false);
         };
-        let Some(entry) = set.members.get_mut(&id) else {
+        let Some(holders) = roster.holders(id) else {
             return Ok(false);
         };
-        entry.holders -= 1;
-        if entry.holders > 0 {
+        *holders -= 1;
+        if *holders > 0 {
             return Ok(false);
         }
-        let user = entry.user;
-        set.members.remove(&id);
-        if user != 0 {
-            if let Some(count) = set.users.get_mut(&user) {
-                *count -= 1;
-                if *count == 0 {
-                    set.users.remove(&user);
-                }
-            }
-        }
-        if set.members.is_empty() {
+        roster.remove(id);
+        if roster.is_empty() {
             shard.remove(channel);
         }
         Ok(true)
@@ -212,10 +277,7 @@ impl PresenceStore for MemoryPresence {
         let shard = self.shard(channel).lock();
         Ok(shard
             .get(channel)
-            .map_or_else(Default::default, |set| PresenceStats {
-                clients: set.members.len() as u64,
-                users: set.users.len() as u64,
-            }))
+            .map_or_else(Default::default, Roster::stats))
     }
 
     async fn members(
@@ -224,20 +286,9 @@ impl PresenceStore for MemoryPresence {
         after: Option<u64>,
         limit: usize,
     ) -> Result<Vec<Member>, BrokerError> {
-        use std::ops::Bound::{Excluded, Unbounded};
         let shard = self.shard(channel).lock();
-        let Some(set) = shard.get(channel) else {
-            return Ok(Vec::new());
-        };
-        let from = after.map_or(Unbounded, Excluded);
-        Ok(set
-            .members
-            .range((from, Unbounded))
-            .take(limit)
-            .map(|(id, e)| Member {
-                id: *id,
-                info: e.info.clone(),
-            })
-            .collect())
+        Ok(shard
+            .get(channel)
+            .map_or_else(Vec::new, |roster| roster.page(after, limit)))
     }
 }
