@@ -18,6 +18,7 @@
 
 mod bucket;
 mod connect;
+mod lag;
 mod link;
 mod live;
 mod names;
@@ -90,6 +91,7 @@ fn unavailable(e: impl std::fmt::Display) -> BrokerError {
 /// A stream store in NATS JetStream shared by every node that connects to it.
 pub struct NatsBroker {
     store: Arc<Store>,
+    lag: lag::Lag,
     keys: Stream,
     live: Arc<Live>,
     link: Link,
@@ -110,6 +112,7 @@ impl std::fmt::Debug for NatsBroker {
 /// whose NATS cannot be reached, or has no JetStream, fails at start with a clear error.
 pub struct Connected {
     client: Client,
+    lag: lag::Lag,
     events: Arc<Events>,
     store: Arc<Store>,
     keys: Stream,
@@ -146,11 +149,22 @@ impl NatsBroker {
             replicas,
         )
         .await?;
+        let every = (options.unreachable_after / 3).max(Duration::from_millis(100));
+        let lag = lag::Lag::start(
+            client.clone(),
+            js.clone(),
+            &names,
+            &node_id,
+            every,
+            replicas,
+        )
+        .await?;
         let presence =
             NatsPresence::start(client.clone(), js, names, node_id, events.clone(), replicas)
                 .await?;
         Ok(Connected {
             client,
+            lag,
             events,
             store,
             keys,
@@ -210,6 +224,7 @@ impl Connected {
         );
         Arc::new(NatsBroker {
             store: self.store,
+            lag: self.lag,
             keys: self.keys,
             live,
             link: self.link,
@@ -294,6 +309,10 @@ impl Broker for NatsBroker {
     /// all.
     fn channel_count(&self) -> usize {
         self.live.channel_count()
+    }
+
+    fn delivery_lag(&self) -> Option<Duration> {
+        Some(self.lag.lag())
     }
 
     fn reach(&self) -> Option<herald_broker::Reach> {

@@ -526,3 +526,30 @@ async fn a_cluster_with_three_replicas_loses_nothing_when_a_server_dies() {
     let expected: Vec<String> = (1..=100).map(|n| n.to_string()).collect();
     assert_eq!(data, expected, "each once, in order");
 }
+
+/// The lag a node reports is measured on the publications' own path (a JetStream publish,
+/// republished to the node), and grows while that path is stalled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivery_lag_is_measured_and_grows_while_the_path_is_stalled() {
+    use herald_broker::relay::Partition;
+    use std::time::Duration;
+    let nats = NatsServer::start();
+    let relay = Partition::start_to(nats.port());
+    let mut options = NatsOptions::at(format!("nats://127.0.0.1:{}", relay.port()), "herald");
+    options.unreachable_after = Duration::from_millis(300);
+    let broker = NatsBroker::start(options, default_policies(), Arc::new(Recorder::default()))
+        .await
+        .unwrap();
+    let lag = || broker.delivery_lag().unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || lag() > Duration::ZERO).await,
+        "a probe came back"
+    );
+    assert!(lag() < Duration::from_millis(500), "{:?}", lag());
+    relay.blackhole();
+    assert!(
+        eventually(Duration::from_secs(5), || lag() > Duration::from_secs(1)).await,
+        "a stalled path shows as a growing lag: {:?}",
+        lag()
+    );
+}
