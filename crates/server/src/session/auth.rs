@@ -450,8 +450,17 @@ impl Session {
 fn expiry(expires: Option<u64>) -> Option<results::Expiry> {
     expires.map(|expires| results::Expiry {
         expires,
-        ttl: expires.saturating_sub(unix_now()),
+        ttl: seconds_left(expires, std::time::SystemTime::now()),
     })
+}
+
+/// Whole seconds left at `now` until `expires` (Unix seconds), rounded down: a client
+/// schedules its refresh from it, and must never be told more time than it has.
+fn seconds_left(expires: u64, now: std::time::SystemTime) -> u64 {
+    let now = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Duration::from_secs(expires).saturating_sub(now).as_secs()
 }
 
 /// A timer for a session's [`Session::deadline`], for transports' select loops.
@@ -486,5 +495,23 @@ impl ExpiryTimer {
             }
             None => std::future::pending().await,
         }
+    }
+}
+
+#[cfg(test)]
+mod ttl_tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    /// A client schedules its refresh from `ttl`: it must never be told more time than the
+    /// token has. Rounding the clock down told it up to a second too many (a 3 s token
+    /// minted at .9 of a second said 3 with 2.1 left), and the refresh came after the
+    /// token had expired (3504 now and then in the SDK's 3 s token test).
+    #[test]
+    fn the_time_left_is_never_more_than_the_token_has() {
+        let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
+        assert_eq!(super::seconds_left(3, at(900)), 2);
+        assert_eq!(super::seconds_left(3, at(0)), 3);
+        assert_eq!(super::seconds_left(3, at(2_999)), 0);
+        assert_eq!(super::seconds_left(3, at(5_000)), 0);
     }
 }
