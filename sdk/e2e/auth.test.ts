@@ -54,17 +54,22 @@ function mint(user: string, ttl: string): string {
 
 /**
  * A page with a client whose `getToken` asks this test: `answers` says, call by call,
- * what the backend gives ("token" for a 3-second token, "fail" to throw, "none" for null).
+ * what the backend gives ("token" for a 3-second token, "fail" to throw, "none" for null,
+ * "fail until expired" to throw on every call until the last token given has expired).
  */
 async function page(transport: string, channel: string, answers: string[]): Promise<Page> {
   const p = await browser.newPage();
   let calls = 0;
+  let expires = 0;
   await p.exposeFunction("backendToken", () => {
     const answer = answers[Math.min(calls, answers.length - 1)];
+    if (answer === "fail until expired" && Date.now() / 1000 < expires) return { fail: true };
     calls += 1;
-    if (answer === "fail") return { fail: true };
+    if (answer === "fail" || answer === "fail until expired") return { fail: true };
     if (answer === "none") return { token: null };
-    return { token: mint("alice", "3s") };
+    const token = mint("alice", "3s");
+    expires = JSON.parse(Buffer.from(token.split(".")[1] ?? "", "base64url").toString()).exp;
+    return { token };
   });
   // Any page of the server's origin will do: the SDK is served at /herald.js.
   await p.goto(`${server.url}/healthz`);
@@ -129,10 +134,12 @@ describe.each(TRANSPORTS)("over %s", (transport) => {
 
   it("on 3504 gets a new token and resumes; with no token it stops with 3500", async () => {
     const channel = `private:expiry-${transport}`;
-    // The first token; then a backend that fails (the refresh retries, with backoff, until
-    // the token has expired, and the reconnect's first ask fails too); then a token again;
-    // and at the next refresh nothing.
-    const answers = ["token", "fail", "fail", "fail", "fail", "token", "none"];
+    // The first token; then a backend that fails until that token has expired (the refresh
+    // retries, with backoff, in vain, and the server ends the connection with 3504), and
+    // once more (the reconnect's first ask); then a token again; and at the next refresh
+    // nothing. (A fixed number of failures raced the refresh's backoff: when the refresh
+    // started earlier than the script assumed, the failures ran out before the token did.)
+    const answers = ["token", "fail until expired", "fail", "token", "none"];
     const p = await page(transport, channel, answers);
     await server.publish(channel, 1);
     await waitForReceived(p, 1);
