@@ -191,7 +191,7 @@ impl NatsPresence {
             tokio::spawn(hear_changes(watch, view.clone(), node.clone())).abort_handle(),
             tokio::spawn(hear_batches(batches, events.clone(), node.clone())).abort_handle(),
             tokio::spawn(rewrite_after_reconnects(
-                js.clone(),
+                (js.clone(), alive.clone()),
                 bucket.clone(),
                 view.clone(),
                 node.clone(),
@@ -306,13 +306,18 @@ async fn hear_changes(mut watch: kv::Watch, view: Arc<Mutex<View>>, node: String
 /// Writes every member this node holds again each time its connection is back: a node cut
 /// off longer than [`NODE_TTL`] was taken for dead, and its keys purged, by the others.
 async fn rewrite_after_reconnects(
-    js: jetstream::Context,
+    (js, alive): (jetstream::Context, kv::Store),
     bucket: String,
     view: Arc<Mutex<View>>,
     node: String,
     mut reconnected: tokio::sync::watch::Receiver<u64>,
 ) {
     while reconnected.changed().await.is_ok() {
+        // Alive first: a survivor that sees the keys again must not take them for a dead
+        // node's at its next beat.
+        if let Err(e) = alive.put(&node, Bytes::new()).await {
+            tracing::info!(error = %e, "nats: presence beat failed after a reconnect");
+        }
         let held: Vec<(String, Bytes)> = view
             .lock()
             .own

@@ -553,3 +553,49 @@ async fn delivery_lag_is_measured_and_grows_while_the_path_is_stalled() {
         lag()
     );
 }
+
+/// A node cut off longer than `NODE_TTL` is taken for dead: the others drop its members.
+/// Once it is back, it writes them again, and the others count them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_past_its_ttl_has_its_members_back_after_it_returns() {
+    use herald_broker::{relay::Partition, Member};
+    use herald_broker_nats::{BEAT_EVERY, NODE_TTL};
+    use std::time::Duration;
+    let nats = NatsServer::start();
+    let relay = Partition::start_to(nats.port());
+    let mut options = NatsOptions::at(format!("nats://127.0.0.1:{}", relay.port()), "herald");
+    options.unreachable_after = Duration::from_millis(900);
+    let cut = NatsBroker::start(options, default_policies(), Arc::new(Recorder::default()))
+        .await
+        .unwrap();
+    let (other, _) = node(&nats).await;
+    let c = ch("presence:cut");
+    let member = Member {
+        id: 7,
+        info: Bytes::from_static(br#"{"user":"ann"}"#),
+    };
+    assert!(cut.presence().join(&c, &member, Some("ann")).await.unwrap());
+    let seen = other.presence();
+    let clients = || block_on(seen.stats(&c)).unwrap().clients;
+    assert!(
+        eventually(Duration::from_secs(5), || clients() == 1).await,
+        "joined"
+    );
+    relay.blackhole();
+    assert!(
+        eventually(NODE_TTL + 3 * BEAT_EVERY, || clients() == 0).await,
+        "a node silent past its TTL has its members dropped"
+    );
+    relay.heal();
+    relay.reset();
+    assert!(
+        eventually(Duration::from_secs(15), || clients() == 1).await,
+        "back, it writes them again"
+    );
+    // And they stay: the others see it beating.
+    let stays = !eventually(2 * BEAT_EVERY + Duration::from_millis(500), || {
+        clients() == 0
+    })
+    .await;
+    assert!(stays, "its members were dropped again");
+}
