@@ -14,6 +14,8 @@ use herald_broker::{BrokerError, Reach};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+use herald_broker::redacted;
+
 use crate::names::valid_prefix;
 
 /// How Herald proves itself to NATS (beyond credentials in the URL).
@@ -245,23 +247,4 @@ pub(crate) async fn connect(options: &NatsOptions) -> Result<(Client, Arc<Events
         .await
         .map_err(|e| BrokerError::Unavailable(format!("nats: {e}")))?;
     Ok((client, events))
-}
-
-/// `url` without its password or token, for logs and errors.
-pub fn redacted(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn redacts_credentials() {
-        assert_eq!(super::redacted("nats://u:secret@h:1"), "nats://***@h:1");
-        assert_eq!(super::redacted("nats://h:1"), "nats://h:1");
-    }
 }

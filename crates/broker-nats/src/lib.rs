@@ -39,7 +39,8 @@ use herald_broker::{
 };
 use herald_protocol::{ChannelName, StreamPosition};
 
-pub use connect::{redacted, NatsAuth, NatsOptions, NatsTls};
+pub use connect::{NatsAuth, NatsOptions, NatsTls};
+pub use herald_broker::redacted;
 pub use link::NODE_REPORT_TTL;
 pub use names::valid_prefix;
 pub use once::LONGEST_WINDOW;

@@ -151,6 +151,16 @@ pub(crate) fn decode(value: &Bytes) -> Option<(Option<String>, Bytes)> {
     }
 }
 
+/// The key of member `id` of `channel` as `node` holds it: `{CH}.{ID}.{NODE}`.
+fn member_key(channel: &ChannelName, id: u64, node: &str) -> String {
+    format!("{}.{id:016x}.{node}", hex(channel.as_str().as_bytes()))
+}
+
+/// The subject a key of `bucket` is written on.
+fn kv_subject(bucket: &str, key: &str) -> String {
+    format!("$KV.{bucket}.{key}")
+}
+
 /// `{CH}.{ID}.{NODE}`, read back.
 pub(crate) fn parse_key(key: &str) -> Option<(ChannelName, u64, &str)> {
     let mut parts = key.splitn(3, '.');
@@ -221,15 +231,6 @@ impl NatsPresence {
             connection,
             tasks,
         }))
-    }
-
-    fn key(&self, channel: &ChannelName, id: u64) -> String {
-        format!(
-            "$KV.{}.{}.{id:016x}.{}",
-            self.bucket,
-            hex(channel.as_str().as_bytes()),
-            self.node
-        )
     }
 
     /// Sends a put (or, without a value, a delete) in this node's order, then waits for
@@ -323,11 +324,10 @@ async fn rewrite_after_reconnects(
             .own
             .iter()
             .map(|((channel, id), (_, value))| {
-                let key = format!(
-                    "$KV.{bucket}.{}.{id:016x}.{node}",
-                    hex(channel.as_str().as_bytes())
-                );
-                (key, value.clone())
+                (
+                    kv_subject(&bucket, &member_key(channel, *id, &node)),
+                    value.clone(),
+                )
             })
             .collect();
         for (key, value) in held {
@@ -467,7 +467,12 @@ impl PresenceStore for NatsPresence {
             }
             view.add(channel, member, user, &self.node)
         };
-        let written = self.write(self.key(channel, member.id), Some(value)).await;
+        let written = self
+            .write(
+                kv_subject(&self.bucket, &member_key(channel, member.id, &self.node)),
+                Some(value),
+            )
+            .await;
         if let Err(e) = written {
             let mut view = self.view.lock();
             let key = (channel.clone(), member.id);
@@ -497,10 +502,9 @@ impl PresenceStore for NatsPresence {
             view.own.remove(&key);
             view.remove(channel, id, &self.node)
         };
-        let subject = self.key(channel, id);
-        if let Err(e) = self.write(subject.clone(), None).await {
-            let key = subject.trim_start_matches(&format!("$KV.{}.", self.bucket));
-            self.view.lock().undeleted.push(key.to_string());
+        let key = member_key(channel, id, &self.node);
+        if let Err(e) = self.write(kv_subject(&self.bucket, &key), None).await {
+            self.view.lock().undeleted.push(key);
             return Err(e);
         }
         Ok(gone)
@@ -561,7 +565,8 @@ mod tests {
             assert_eq!((back.as_deref(), info), (user, member.info.clone()));
         }
         let channel = ChannelName::new("chat:a.b").unwrap();
-        let key = format!("{}.{:016x}.node1", hex(b"chat:a.b"), u64::MAX);
+        let key = member_key(&channel, u64::MAX, "node1");
+        assert_eq!(key, format!("{}.ffffffffffffffff.node1", hex(b"chat:a.b")));
         assert_eq!(parse_key(&key), Some((channel, u64::MAX, "node1")));
         assert_eq!(parse_key("zz.1.n"), None);
     }

@@ -533,9 +533,10 @@ async fn find(
             }
         }
     }
+    // The last probe that moved `hi` is the answer (hi == lo now); none moved it: read it.
     match found {
-        Some(m) if m.sequence >= lo => Ok(Some(m)),
-        _ => reader.next_of(subject, lo).await,
+        Some(m) => Ok(Some(m)),
+        None => reader.next_of(subject, lo).await,
     }
 }
 

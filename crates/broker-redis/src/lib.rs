@@ -31,6 +31,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 pub use endpoint::RedisSentinel;
 use endpoint::{Conn, Endpoint};
+pub use herald_broker::redacted;
 use herald_broker::{
     Broker, BrokerError, Engine, History, HistoryQuery, NodeLink, NodeRequests, PublicationSink,
     StreamPolicy,
@@ -230,16 +231,6 @@ return redis.call('HMGET', KEYS[1], unpack(live))
 static NODES: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(NODES_SCRIPT));
 
-/// `url` without its password, for logs and errors.
-pub fn redacted(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_string(),
-    }
-}
-
 /// How long a command may wait for its answer (and a connection for its handshake).
 pub(crate) const COMMAND_WAIT: Duration = Duration::from_secs(5);
 
@@ -429,17 +420,5 @@ impl NodeLink for RedisBroker {
             .call(|mut c| async move { script.invoke_async(&mut c).await })
             .await?;
         Ok(figures.into_iter().flatten().map(Bytes::from).collect())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn redacts_credentials() {
-        assert_eq!(
-            super::redacted("redis://u:secret@h:1/0"),
-            "redis://***@h:1/0"
-        );
-        assert_eq!(super::redacted("redis://h:1"), "redis://h:1");
     }
 }

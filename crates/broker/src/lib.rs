@@ -290,6 +290,17 @@ pub fn check_since(since: &Since, current: &StreamPosition, first: u64) -> Resul
     Ok(())
 }
 
+/// `url` without its credentials (`scheme://***@host…`), for logs and errors: remote
+/// brokers' URLs may carry a password or a token.
+pub fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
 /// Inside a Tokio runtime, calls `sweep` on the broker every second until it is dropped.
 pub(crate) fn spawn_sweeper<B: Send + Sync + 'static>(broker: &Arc<B>, sweep: fn(&B)) {
     if tokio::runtime::Handle::try_current().is_err() {
@@ -315,3 +326,16 @@ pub mod certs;
 pub mod conformance;
 #[cfg(any(test, feature = "testkit"))]
 pub mod relay;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn urls_lose_their_credentials() {
+        assert_eq!(
+            super::redacted("redis://u:secret@h:1/0"),
+            "redis://***@h:1/0"
+        );
+        assert_eq!(super::redacted("nats://token@h:1"), "nats://***@h:1");
+        assert_eq!(super::redacted("nats://h:1"), "nats://h:1");
+    }
+}

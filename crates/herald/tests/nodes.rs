@@ -333,17 +333,7 @@ fn nodes_share_channels_through_a_redis_that_speaks_only_mutual_tls() {
         Server::spawn_with(&mut command, data.path(), &args)
     };
     let (a, b) = (start(), start());
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let answer = rt.block_on(api_post(
-        &format!("{}/api/publish", a.url),
-        json!({ "channel": "chat:tls", "data": { "text": "over tls" } }),
-    ));
-    assert_eq!(answer["offset"], 1, "{answer}");
-    let seen = history(&rt, &b.url, "chat:tls");
-    assert_eq!(
-        seen["publications"][0]["data"]["text"], "over tls",
-        "{seen}"
-    );
+    what_one_stores_the_other_reads(&a, &b);
 
     let mut without_ca = herald();
     proving(&mut without_ca);
@@ -400,17 +390,7 @@ fn nodes_share_channels_through_a_nats_with_mutual_tls_and_a_password() {
         Server::spawn_with(&mut command, data.path(), &args)
     };
     let (a, b) = (start(), start());
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let answer = rt.block_on(api_post(
-        &format!("{}/api/publish", a.url),
-        json!({ "channel": "chat:tls", "data": { "text": "over tls" } }),
-    ));
-    assert_eq!(answer["offset"], 1, "{answer}");
-    let seen = history(&rt, &b.url, "chat:tls");
-    assert_eq!(
-        seen["publications"][0]["data"]["text"], "over tls",
-        "{seen}"
-    );
+    what_one_stores_the_other_reads(&a, &b);
 
     let mut without_ca = herald();
     signed_in(&mut without_ca);
@@ -422,4 +402,19 @@ fn nodes_share_channels_through_a_nats_with_mutual_tls_and_a_password() {
     );
     assert!(err.contains("cannot use nats at tls://127.0.0.1:"), "{err}");
     assert!(!err.contains("pa55word"), "{err}");
+}
+
+/// A publication through node `a` is in node `b`'s history.
+fn what_one_stores_the_other_reads(a: &Server, b: &Server) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let answer = rt.block_on(api_post(
+        &format!("{}/api/publish", a.url),
+        json!({ "channel": "chat:tls", "data": { "text": "over tls" } }),
+    ));
+    assert_eq!(answer["offset"], 1, "{answer}");
+    let seen = history(&rt, &b.url, "chat:tls");
+    assert_eq!(
+        seen["publications"][0]["data"]["text"], "over tls",
+        "{seen}"
+    );
 }

@@ -108,9 +108,10 @@ pub async fn run_all(make: impl Fn(Arc<dyn PublicationSink>) -> SharedBroker) {
     once::keys_past_the_cap_forget_the_oldest(&make).await;
 }
 
-/// The retention the suite's channels are published with, for brokers that take each
-/// channel's retention from their [`crate::Policies`] (as the server gives them, from the
-/// namespaces) rather than from each publish: build them with this.
+/// The retention the suite's channels are published with (the suite's own publishes read it
+/// here too), for brokers that take each channel's retention from their
+/// [`crate::Policies`] (as the server gives them, from the namespaces) rather than from each
+/// publish: build them with this.
 pub fn policies() -> crate::Policies {
     Arc::new(|channel| match channel.as_str() {
         "conformance:b" => StreamPolicy {
@@ -221,10 +222,8 @@ async fn gaps_history_cannot_cover_are_unrecoverable(
 ) {
     let broker = make(Arc::new(Recorder::default()));
     let c = ch("conformance:b");
-    let policy = StreamPolicy {
-        history_size: 3,
-        ..Default::default()
-    };
+    // History holds 3 (see `policies`).
+    let policy = policies()(&c);
     let mut epoch = None;
     for i in 1..=10 {
         epoch = Some(

@@ -63,10 +63,8 @@ pub(super) async fn keys_past_the_cap_forget_the_oldest(
     let broker = make(Arc::new(Recorder::default()));
     let c = ch("conformance:once-cap");
     let window = Duration::from_secs(60);
-    let policy = StreamPolicy {
-        history_size: 10,
-        ..StreamPolicy::default()
-    };
+    // History holds 10 (see `policies`).
+    let policy = super::policies()(&c);
     let once = |key: String| {
         let (broker, c) = (broker.clone(), c.clone());
         async move {
