@@ -31,13 +31,15 @@ pub enum Target {
     RedisReply,
     /// The durable store's file with damaged bytes: opened, then every stream read.
     StoredFile,
+    /// A Pusher client's message, and a stored payload turned into a Pusher event.
+    Pusher,
 }
 
 /// A decoder: takes one input, must not panic.
 pub type Decoder = Box<dyn FnMut(&[u8])>;
 
 impl Target {
-    pub const ALL: [Target; 8] = [
+    pub const ALL: [Target; 9] = [
         Target::Command,
         Target::Cursor,
         Target::Query,
@@ -46,6 +48,7 @@ impl Target {
         Target::RedisReply,
         Target::NatsStored,
         Target::StoredFile,
+        Target::Pusher,
     ];
 
     pub fn name(self) -> &'static str {
@@ -58,6 +61,7 @@ impl Target {
             Target::RedisReply => "redis-reply",
             Target::NatsStored => "nats-stored",
             Target::StoredFile => "stored-file",
+            Target::Pusher => "pusher",
         }
     }
 
@@ -116,6 +120,14 @@ impl Target {
                 "c 1795772975656",
                 "18446744073709551615\ne\n[1,2,{\"a\":null}]",
             ],
+            Target::Pusher => &[
+                r#"{"event":"pusher:subscribe","data":{"channel":"presence-room","auth":"k:00ff","channel_data":"{\"user_id\":7,\"user_info\":{\"name\":\"a\"}}"}}"#,
+                r#"{"event":"pusher:subscribe","data":"{\"channel\":\"private-a\",\"auth\":\"k:s\"}"}"#,
+                r#"{"event":"client-typing","channel":"private-a","data":{"x":[1,2.5,null]}}"#,
+                r#"{"event":"pusher:ping","data":{}}"#,
+                r#"{"event":"pusher:signin","data":{"auth":"k:s","user_data":"{\"id\":\"1\"}"}}"#,
+                r#"{"event":"created","data":"{\"id\":1}","user_id":"7","socket_id":"1.2"}"#,
+            ],
             Target::StoredFile => return vec![seed_file()],
         };
         texts.iter().map(|t| t.as_bytes().to_vec()).collect()
@@ -160,6 +172,15 @@ impl Target {
             }
             Target::NatsStored => Box::new(herald_broker_nats::decode_stored),
             Target::StoredFile => stored_file(),
+            // A message as the front reads it; the same bytes as a stored payload, as the
+            // hub turns one into a Pusher event.
+            Target::Pusher => Box::new(|input| {
+                use herald_protocol::pusher;
+                if let Ok(pusher::ClientMessage::Subscribe(s)) = pusher::decode(input) {
+                    let _ = pusher::check_channel(&s.channel);
+                }
+                let _ = pusher::event("presence-room", input);
+            }),
         }
     }
 }

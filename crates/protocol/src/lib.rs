@@ -21,6 +21,7 @@ pub mod cursor;
 mod encoding;
 pub mod json;
 mod position;
+pub mod pusher;
 pub mod results;
 
 pub use channel::{ChannelError, ChannelName, MAX_CHANNEL_LEN};

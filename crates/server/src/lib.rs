@@ -18,6 +18,7 @@ pub mod api;
 pub mod bounded;
 pub mod config;
 pub mod error;
+pub mod fronts;
 pub mod history;
 pub mod hooks;
 pub mod hub;

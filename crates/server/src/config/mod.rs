@@ -5,6 +5,7 @@
 
 mod auth;
 mod connections;
+mod fronts;
 mod hooks;
 mod namespaces;
 mod network;
@@ -18,6 +19,7 @@ pub const MIN_API_KEY: usize = 16;
 
 pub use auth::{AuthConfig, PreviousKey, MIN_HMAC_SECRET};
 pub use connections::{ClientConfig, HttpConfig, LimitsConfig, PresenceConfig};
+pub use fronts::{PusherApp, PusherConfig, MIN_PUSHER_SECRET};
 pub use hooks::HooksConfig;
 pub use namespaces::{Access, NamespaceConfig, NamespaceOverride, Presence};
 pub use network::Network;
@@ -104,6 +106,8 @@ pub struct Config {
     /// the value from `channels`. Default: a `chat` namespace that anyone may read and
     /// publish to, keeping 1000 messages for 7 days (the demo's).
     pub namespaces: BTreeMap<String, NamespaceOverride>,
+    /// The Pusher protocol front: its apps. Default none.
+    pub pusher: PusherConfig,
 }
 
 /// An API key, with what it may do.
@@ -218,6 +222,7 @@ impl Default for Config {
                     ..Default::default()
                 },
             )]),
+            pusher: PusherConfig::default(),
         }
     }
 }
@@ -339,6 +344,7 @@ impl Config {
             }
         }
         self.auth.check()?;
+        self.pusher.check()?;
         self.hooks.check()
     }
 
@@ -369,12 +375,32 @@ impl Config {
                 ));
             }
             o.check_replaced(&key)?;
-            let ns = base.apply(o);
+            let ns = self.namespace_base(&base, name).apply(o);
             ns.check(&key, &self.hooks)?;
             namespaces.insert(name.clone(), ns);
         }
+        // A Pusher app's namespace exists whether or not the configuration names it.
+        for app in &self.pusher.apps {
+            let name = app.namespace();
+            if !namespaces.contains_key(name) {
+                let ns = self.namespace_base(&base, name);
+                ns.check(&format!("namespaces.{name}"), &self.hooks)?;
+                namespaces.insert(name.to_owned(), ns);
+            }
+        }
         namespaces.insert(OPERATOR_NAMESPACE.to_string(), operator_namespace(&base));
         Ok((base, namespaces))
+    }
+}
+
+impl Config {
+    /// What a namespace's own entry applies over: `[channels]`, and for a Pusher app's
+    /// namespace the front's rules over that (see [`PusherApp::namespace_rules`]).
+    fn namespace_base(&self, base: &NamespaceConfig, name: &str) -> NamespaceConfig {
+        match self.pusher.apps.iter().any(|a| a.namespace() == name) {
+            true => base.apply(&PusherApp::namespace_rules()),
+            false => base.clone(),
+        }
     }
 }
 

@@ -100,3 +100,56 @@ fn api_keys_may_be_scoped() {
     let c: Config = toml::from_str("api_keys = [{ key = \"p\", scope = \"publish\" }]\n").unwrap();
     assert_eq!(c.validate().unwrap_err().key, "api_keys");
 }
+
+fn pusher_app(id: &str, key: &str) -> PusherApp {
+    PusherApp {
+        id: id.into(),
+        key: key.into(),
+        secret: "a-secret-of-sixteen-bytes".into(),
+        namespace: None,
+        client_events: false,
+        client_events_per_second: 10,
+        activity_timeout: Duration::from_secs(120),
+        enabled: true,
+    }
+}
+
+#[test]
+fn a_pusher_apps_namespace_keeps_presence_and_grants_what_the_front_admits() {
+    let mut c = Config::default();
+    c.pusher.apps.push(pusher_app("1001", "k1"));
+    // The operator's own entry applies over the front's rules.
+    c.namespaces.insert(
+        "1001".into(),
+        NamespaceOverride {
+            history_size: Some(5),
+            ..Default::default()
+        },
+    );
+    let s = c.validate().unwrap();
+    let ns = s.namespace("1001");
+    assert_eq!(ns.subscribe, Access::Granted);
+    assert_eq!(ns.presence, Presence::On(Access::Granted));
+    assert!(ns.join_leave);
+    assert_eq!(ns.history_size, 5);
+}
+
+#[test]
+fn pusher_apps_need_their_own_id_key_namespace_and_a_real_secret() {
+    let mut c = Config::default();
+    c.pusher.apps.push(pusher_app("1001", "k1"));
+    c.pusher.apps[0].secret = "short".into();
+    assert_eq!(c.validate().unwrap_err().key, "pusher.apps[0].secret");
+    let mut c = Config::default();
+    c.pusher.apps.push(pusher_app("1001", "k1"));
+    c.pusher.apps.push(pusher_app("1002", "k1"));
+    assert_eq!(c.validate().unwrap_err().key, "pusher.apps[1].key");
+    let mut c = Config::default();
+    c.pusher.apps.push(pusher_app("1001", "k1"));
+    c.pusher.apps.push(pusher_app("1002", "k2"));
+    c.pusher.apps[1].namespace = Some("1001".into());
+    assert_eq!(c.validate().unwrap_err().key, "pusher.apps[1].namespace");
+    let mut c = Config::default();
+    c.pusher.apps.push(pusher_app("herald", "k1"));
+    assert_eq!(c.validate().unwrap_err().key, "pusher.apps[0].namespace");
+}

@@ -54,6 +54,8 @@ pub enum Transport {
     Poll,
     /// `POST /connection/send` without a stream.
     Send,
+    /// `/app/{key}`: a Pusher client's WebSocket (see [`crate::fronts::pusher`]).
+    Pusher,
 }
 
 impl Transport {
@@ -67,6 +69,7 @@ impl Transport {
             Self::Longpoll => "longpoll",
             Self::Poll => "poll",
             Self::Send => "send",
+            Self::Pusher => "pusher",
         }
     }
 

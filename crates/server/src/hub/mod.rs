@@ -349,20 +349,23 @@ impl PublicationSink for Hub {
         let Some(entry) = subs.get(channel) else {
             return;
         };
-        let delivery = Arc::new(Delivery::new(
-            channel.clone(),
-            epoch.clone(),
-            publication.offset,
-            // One encoding for every subscriber (one codec today; a second would add its
-            // bytes to the delivery, made once as framings are).
-            Encoding::Json
-                .codec()
-                .push(&Push::Pub {
-                    channel,
-                    publication,
-                })
-                .into(),
-        ));
+        let delivery = Arc::new(
+            Delivery::new(
+                channel.clone(),
+                epoch.clone(),
+                publication.offset,
+                // One encoding for every subscriber (one codec today; a second would add its
+                // bytes to the delivery, made once as framings are).
+                Encoding::Json
+                    .codec()
+                    .push(&Push::Pub {
+                        channel,
+                        publication,
+                    })
+                    .into(),
+            )
+            .carrying(publication.record.clone()),
+        );
         let count = entry.len();
         if count <= INLINE_MAX && entry.pending.load(Ordering::Acquire) == 0 {
             for m in entry.members() {

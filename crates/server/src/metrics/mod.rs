@@ -129,7 +129,15 @@ pub struct Snapshot {
 
 /// The transports sessions are counted under, for counters made once and then touched
 /// without a lookup. (Sends without a stream are commands, not connections: not counted.)
-pub const TRANSPORTS: [&str; 6] = ["websocket", "sse", "stream", "iframe", "longpoll", "poll"];
+pub const TRANSPORTS: [&str; 7] = [
+    "websocket",
+    "sse",
+    "stream",
+    "iframe",
+    "longpoll",
+    "poll",
+    "pusher",
+];
 
 /// One node's metrics.
 pub struct Metrics {

@@ -42,6 +42,12 @@ pub struct Delivery {
     pub offset: u64,
     /// The encoded push, one JSON line without the newline.
     pub json: Bytes,
+    /// The publication's record (see [`herald_protocol::Publication`]), for the fronts
+    /// that encode it their own way; empty for a presence push.
+    pub record: Bytes,
+    /// The publication as a Pusher event, made by the first Pusher connection that takes it
+    /// and shared by the rest.
+    pusher: OnceLock<herald_protocol::pusher::Event>,
     /// The push framed for each kind of [`DirectSocket`] (by [`Lane`]), made by the first
     /// one that writes it and shared by the rest.
     pub framed: [OnceLock<Bytes>; LANES],
@@ -57,9 +63,31 @@ impl Delivery {
             epoch,
             offset,
             json,
+            record: Bytes::new(),
+            pusher: OnceLock::new(),
             framed: Default::default(),
             at: Instant::now(),
         }
+    }
+
+    /// This delivery, carrying its publication's record.
+    pub fn carrying(mut self, record: Bytes) -> Self {
+        self.record = record;
+        self
+    }
+
+    /// The publication as a Pusher event on the channel's Pusher name (the part after
+    /// the app's namespace), made once.
+    pub fn pusher(&self) -> &herald_protocol::pusher::Event {
+        self.pusher.get_or_init(|| {
+            let name = self.channel.as_str();
+            let name = name.split_once(':').map_or(name, |(_, rest)| rest);
+            let publication = herald_protocol::Publication {
+                offset: self.offset,
+                record: self.record.clone(),
+            };
+            herald_protocol::pusher::event(name, publication.data())
+        })
     }
 }
 
@@ -129,10 +157,12 @@ pub enum Lane {
     Ndjson,
     /// An SSE event (id: the channel's position) in an HTTP chunk.
     Sse,
+    /// A Pusher event in a WebSocket text frame.
+    Pusher,
 }
 
 /// How many kinds of [`Lane`] there are.
-pub const LANES: usize = 3;
+pub const LANES: usize = 4;
 
 impl Delivery {
     /// The delivery framed for `lane`, made by `make` the first time.

@@ -37,6 +37,10 @@ pub(super) struct Credentials {
     /// What the connect hook may see of the request that opened the session; taken when
     /// the client is identified, so its presence means "not asked yet".
     pub(super) facts: Option<Box<RequestFacts>>,
+    /// Whether the session is a member only of channels whose grant names a presence user
+    /// (a Pusher connection: members of `presence-` channels only, as their signed
+    /// `channel_data` says), not of every channel of a namespace that keeps presence.
+    pub(super) members_by_grant: bool,
 }
 
 /// Why a client was not admitted: its token, or the connect hook.
@@ -206,6 +210,12 @@ impl Session {
             None => identity.from.clone(),
             Some(ci) => crate::token::sender(&identity.user, identity.info.as_deref(), Some(ci)),
         })
+    }
+
+    /// What grants this session `channel`, if anything does.
+    pub(super) fn granted(&self, channel: &ChannelName) -> Option<&ChannelGrant> {
+        let auth = self.auth.as_ref()?;
+        auth.channels.iter().find(|g| &g.channel == channel)
     }
 
     /// The session's identity, if a token gave one.

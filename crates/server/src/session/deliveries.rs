@@ -32,7 +32,20 @@ impl Session {
         max_bytes: usize,
         mut emit: impl FnMut(&[u8], Positions<'_>),
     ) -> Result<(), Disconnect> {
-        self.obey(&mut emit)?;
+        self.drain_deliveries(max_bytes, |drained, at| match drained {
+            Drained::Delivery(d) => emit(&d.json, at),
+            Drained::Notice(push) => emit(push, at),
+        })
+    }
+
+    /// [`Session::drain`], handing over each delivery itself, for a front that writes
+    /// publications in its own words.
+    pub fn drain_deliveries(
+        &mut self,
+        max_bytes: usize,
+        mut emit: impl FnMut(Drained<'_>, Positions<'_>),
+    ) -> Result<(), Disconnect> {
+        self.obey(&mut |push, at| emit(Drained::Notice(push), at))?;
         // The batch's vector is the thread's, reused: a session keeps none of its own.
         let mut batch = SCRATCH.with_borrow_mut(std::mem::take);
         let result = match self.queue.take(max_bytes, &mut batch) {
@@ -42,7 +55,7 @@ impl Session {
             )),
             Ok(()) => batch.drain(..).try_for_each(|d| {
                 if self.advance(&d)? {
-                    emit(&d.json, Positions(&self.subscriptions));
+                    emit(Drained::Delivery(&d), Positions(&self.subscriptions));
                 }
                 Ok(())
             }),
@@ -117,7 +130,7 @@ impl Session {
 
     /// Carries out what an operator ordered (see [`crate::admin`]): subscriptions ended
     /// with an `unsubscribe` push (code 120) through `emit`, or the connection's end.
-    fn obey(&mut self, emit: &mut impl FnMut(&[u8], Positions<'_>)) -> Result<(), Disconnect> {
+    fn obey(&mut self, emit: &mut dyn FnMut(&[u8], Positions<'_>)) -> Result<(), Disconnect> {
         let Some(orders) = self.queue.take_orders() else {
             return Ok(());
         };
@@ -140,6 +153,15 @@ impl Session {
         }
         orders.end.map_or(Ok(()), Err)
     }
+}
+
+/// What [`Session::drain_deliveries`] hands over.
+#[derive(Debug, Clone, Copy)]
+pub enum Drained<'a> {
+    /// A publication in order (or a presence change: offset 0).
+    Delivery(&'a Delivery),
+    /// A push of the session's own, in Herald's protocol: an operator's order carried out.
+    Notice(&'a [u8]),
 }
 
 thread_local! {

@@ -10,13 +10,15 @@
 
 mod auth;
 mod deliveries;
+mod front;
 mod presence;
 mod subscribe;
 mod subscriptions;
 
 use auth::{Credentials, Refusal};
 pub use auth::{Denied, ExpiryTimer};
-pub use deliveries::Positions;
+pub use deliveries::{Drained, Positions};
+pub use front::Opened;
 use subscriptions::Subscriptions;
 
 use std::sync::Arc;
@@ -110,7 +112,7 @@ impl Session {
         self.encoding.codec()
     }
 
-    fn node(&self) -> &Arc<Node> {
+    pub(crate) fn node(&self) -> &Arc<Node> {
         self.guard.node()
     }
 

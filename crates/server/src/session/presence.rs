@@ -35,12 +35,24 @@ impl Session {
     pub(super) fn membership(&self, channel: &ChannelName) -> Option<Joining> {
         let rules = self.node().settings.namespace(channel.namespace());
         rules.presence.access()?;
-        let user = self.identity().map(|i| i.user.clone());
+        let granted = self.granted(channel).filter(|g| g.user.is_some());
+        let (user, info) = match granted {
+            Some(g) => {
+                let user = g.user.clone().expect("filtered on a user");
+                let info = crate::token::sender(&user, g.info.as_deref(), None);
+                (Some(user), info)
+            }
+            None if self.auth.as_ref().is_some_and(|a| a.members_by_grant) => return None,
+            None => (
+                self.identity().map(|i| i.user.clone()),
+                self.sender(channel).unwrap_or_default(),
+            ),
+        };
         let secret = self.first_client.as_deref().unwrap_or(&self.client);
         Some(Joining {
             member: herald_broker::Member {
                 id: member_id(secret, user.as_deref().unwrap_or("")),
-                info: self.sender(channel).unwrap_or_default(),
+                info,
             },
             user,
             announce: rules.join_leave,
@@ -51,7 +63,9 @@ impl Session {
     /// Whether this session is pushed joins and leaves of `channel`.
     pub(super) fn takes_join_leave(&self, channel: &ChannelName) -> bool {
         let node = self.node();
+        let by_grant = self.auth.as_ref().is_some_and(|a| a.members_by_grant);
         node.settings.namespace(channel.namespace()).join_leave
+            && (!by_grant || self.granted(channel).is_some_and(|g| g.user.is_some()))
             && policy::check(node, self.asker(channel), Action::Presence, channel).is_ok()
     }
 

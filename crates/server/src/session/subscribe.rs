@@ -201,7 +201,7 @@ impl Session {
     /// Joins the hub first, then reads history: publications that race with the read
     /// arrive through the queue as well, and [`Session::drain`] drops the ones already
     /// replayed. Nothing falls between the two.
-    async fn join(
+    pub(super) async fn join(
         &mut self,
         channel: ChannelName,
         since: Option<Since>,
@@ -234,10 +234,17 @@ impl Session {
             };
             // The allowance is a grant for as long as the subscription lives (or
             // until its `expires`), so history and presence follow it.
+            // A front's presence member (and its info) stays what the front granted.
+            let (info, user) = self
+                .granted(&channel)
+                .map(|g| (g.info.clone(), g.user.clone()))
+                .filter(|(_, user)| user.is_some())
+                .unwrap_or_default();
             self.grant(ChannelGrant {
                 channel: channel.clone(),
                 expires,
-                info: None,
+                info,
+                user,
             });
             data
         } else {
@@ -323,11 +330,11 @@ pub(super) type HookAnswer = (Option<bytes::Bytes>, Option<u64>);
 
 /// What joining a channel gives: where its stream is, what was replayed, and the
 /// subscribe hook's state (checked JSON, without line breaks).
-struct Joined {
-    position: StreamPosition,
-    recovered: Option<bool>,
-    publications: Vec<Publication>,
-    data: Option<bytes::Bytes>,
+pub(super) struct Joined {
+    pub(super) position: StreamPosition,
+    pub(super) recovered: Option<bool>,
+    pub(super) publications: Vec<Publication>,
+    pub(super) data: Option<bytes::Bytes>,
 }
 
 /// The stream's position, without publications.

@@ -166,6 +166,10 @@ pub struct ChannelGrant {
     /// The subscription token's `info`: shown as `channel_info` with the connection's
     /// publications in this channel.
     pub info: Option<Bytes>,
+    /// The presence member this grant makes the connection in this channel, instead of its
+    /// identity's user: a Pusher presence channel's signed `channel_data` (whose
+    /// `user_info` is then `info`).
+    pub user: Option<Box<str>>,
 }
 
 #[derive(Deserialize)]
@@ -348,6 +352,7 @@ impl Verifier {
             channel,
             expires: claims.exp,
             info,
+            user: None,
         })
     }
 

@@ -142,6 +142,60 @@ pub trait Wire: Send {
 /// How long the last word to a client may take to go out.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
+/// The protocol a connection speaks over its session: Herald's own (the [`Session`]
+/// itself), or a front's (Pusher's), which reads the client's frames its own way and
+/// writes publications in its own words, over the same session, hub and queue.
+pub trait Speaker: Send {
+    /// The session under it.
+    fn session(&self) -> &Session;
+
+    /// The session under it, to change.
+    fn session_mut(&mut self) -> &mut Session;
+
+    /// Handles what a client sent (see [`Session::handle_frame_until`]): answers go to
+    /// `out`, one per line; returns the part of the frame not handled yet.
+    fn handle<'f>(
+        &mut self,
+        frame: &'f [u8],
+        out: &mut Vec<u8>,
+        flush_at: usize,
+    ) -> impl Future<Output = Result<&'f [u8], Disconnect>> + Send;
+
+    /// Takes queued publications, as [`Session::drain`] does, in this protocol's words.
+    fn drain(
+        &mut self,
+        max_bytes: usize,
+        emit: &mut dyn FnMut(&[u8], Positions<'_>),
+    ) -> Result<(), Disconnect>;
+}
+
+impl Speaker for Session {
+    fn session(&self) -> &Session {
+        self
+    }
+
+    fn session_mut(&mut self) -> &mut Session {
+        self
+    }
+
+    fn handle<'f>(
+        &mut self,
+        frame: &'f [u8],
+        out: &mut Vec<u8>,
+        flush_at: usize,
+    ) -> impl Future<Output = Result<&'f [u8], Disconnect>> + Send {
+        self.handle_frame_until(frame, out, flush_at)
+    }
+
+    fn drain(
+        &mut self,
+        max_bytes: usize,
+        emit: &mut dyn FnMut(&[u8], Positions<'_>),
+    ) -> Result<(), Disconnect> {
+        Session::drain(self, max_bytes, emit)
+    }
+}
+
 /// Runs a connection whose session is open until it ends, and ends the session (the queue
 /// detached, the end counted and told to the backend); `opened` is how opening its channels
 /// went (a stream opens them first). Returns what the client is to be told, `None` when it
@@ -151,9 +205,9 @@ pub const CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// The session and the wire are borrowed, not moved in: a future keeps its arguments in
 /// its own state, so the caller's and the driver's would both hold a whole session for
 /// every idle connection (0.8 KB more per connection when they were moved).
-pub async fn drive<W: Wire>(
+pub async fn drive<S: Speaker, W: Wire>(
     node: &Node,
-    session: &mut Session,
+    speaker: &mut S,
     wire: &mut W,
     mut opened: Result<(), Disconnect>,
     mut written: usize,
@@ -173,11 +227,11 @@ pub async fn drive<W: Wire>(
         if let Err(d) = std::mem::replace(&mut opened, Ok(())) {
             break Some(d.into());
         }
-        expiry.follow(session);
+        expiry.follow(speaker.session());
         // Everything is written: the hub may write publications itself until something
         // wakes the connection (unless something arrived meanwhile; then `ready` is at once).
-        wire.idle(session);
-        session.queue().release();
+        wire.idle(speaker.session());
+        speaker.session().queue().release();
         let mut bytes = Vec::new();
         // In a block of its own, so that what woke the connection takes no room in the
         // task while it writes (nor while it waits: most of its life).
@@ -187,7 +241,7 @@ pub async fn drive<W: Wire>(
                 _ = node.shutdown.cancelled() => Woke::Shutdown,
                 heard = wire.heard() => Woke::Heard(heard),
                 _ = expiry.wait() => Woke::Expiry,
-                _ = session.queue().ready() => Woke::Queue,
+                _ = speaker.session().queue().ready() => Woke::Queue,
                 () = &mut timer => match deadline {
                     Some(d) if Instant::now() >= d => Woke::Deadline,
                     _ => Woke::Keepalive,
@@ -195,7 +249,7 @@ pub async fn drive<W: Wire>(
             };
             // From here the connection writes: the hub queues until the next `release`, so
             // that replies and queued publications keep their order.
-            session.queue().hold();
+            speaker.session().queue().hold();
             match woke {
                 Woke::Shutdown => Err(Disconnect::new(DisconnectCode::Shutdown).into()),
                 Woke::Heard(Heard::Left) => break None,
@@ -207,7 +261,7 @@ pub async fn drive<W: Wire>(
                 // spans an await takes room in the task.) The frame moves into the box.
                 Woke::Heard(Heard::Frame(frame)) => {
                     let obeying = Box::pin(obey(
-                        session,
+                        speaker,
                         wire,
                         Command::unanswered(frame),
                         (&mut written, client.write_timeout),
@@ -215,20 +269,20 @@ pub async fn drive<W: Wire>(
                     obeying.await
                 }
                 Woke::Expiry => {
-                    let expiring = Box::pin(session.expire());
+                    let expiring = Box::pin(speaker.session_mut().expire());
                     let expired = expiring.await;
                     expired
                         .map(|pushes| {
                             for push in pushes {
-                                wire.push(&push, session.positions(), &mut bytes);
+                                wire.push(&push, speaker.session().positions(), &mut bytes);
                             }
                         })
                         .map_err(Stop::from)
                 }
-                Woke::Queue => match session.queue().take_command() {
+                Woke::Queue => match speaker.session().queue().take_command() {
                     Some(command) => {
                         let obeying = Box::pin(obey(
-                            session,
+                            speaker,
                             wire,
                             command,
                             (&mut written, client.write_timeout),
@@ -265,8 +319,10 @@ pub async fn drive<W: Wire>(
         };
         // Replies first, then whatever publications are queued, in writes of bounded size.
         let step = step.and_then(|()| {
-            session
-                .drain(MAX_BATCH_BYTES, |json, at| wire.push(json, at, &mut bytes))
+            speaker
+                .drain(MAX_BATCH_BYTES, &mut |json, at| {
+                    wire.push(json, at, &mut bytes)
+                })
                 .map_err(Stop::from)
         });
         written += bytes.len();
@@ -288,6 +344,7 @@ pub async fn drive<W: Wire>(
     };
     // The hub writes no more, whatever the end; commands still waiting are answered
     // "closed" (their `done` dropped).
+    let session = speaker.session_mut();
     session.queue().detach();
     while session.queue().take_command().is_some() {}
     session.ending(ended.as_ref().map(|s| &s.why));
@@ -307,8 +364,8 @@ enum Woke {
 /// Handles a frame of commands, sending replies in pieces of about [`MAX_BATCH_BYTES`] as
 /// they are made, each waiting for the client: a frame full of history reads is never
 /// answered (or held) whole. A command posted from elsewhere is told how it went.
-async fn obey<W: Wire>(
-    session: &mut Session,
+async fn obey<S: Speaker, W: Wire>(
+    speaker: &mut S,
     wire: &mut W,
     Command { frame, done }: Command,
     (written, write_timeout): (&mut usize, Duration),
@@ -316,12 +373,10 @@ async fn obey<W: Wire>(
     let mut rest = &frame[..];
     let obeyed = loop {
         let mut replies = Vec::new();
-        let step = session
-            .handle_frame_until(rest, &mut replies, MAX_BATCH_BYTES)
-            .await;
+        let step = speaker.handle(rest, &mut replies, MAX_BATCH_BYTES).await;
         let mut bytes = Vec::new();
         for reply in replies.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            wire.push(reply, session.positions(), &mut bytes);
+            wire.push(reply, speaker.session().positions(), &mut bytes);
         }
         *written += bytes.len();
         if let Err(u) = wire.send(bytes, write_timeout).await {

@@ -5,7 +5,7 @@
 mod upgrade;
 mod wire;
 
-use std::{net::IpAddr, sync::Arc, time::Duration};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
@@ -23,12 +23,13 @@ use tungstenite::{
     Message, Utf8Bytes,
 };
 
-pub use upgrade::upgrade;
+pub use upgrade::{accept, upgrade, Upgraded};
+pub use wire::{text_frame, Framing, HeraldFrames};
 
 use super::driver::{self, Heard, Unwritten, Wire, CLOSE_GRACE};
 use crate::{
     error::Disconnect,
-    hooks::{RequestFacts, Transport},
+    hooks::Transport,
     node::Node,
     session::{Positions, Session},
 };
@@ -37,35 +38,21 @@ use wire::Io;
 /// The subprotocol of the JSON codec. Clients may also offer no subprotocol at all.
 pub const JSON_SUBPROTOCOL: &str = "herald.json";
 
-type Socket = WebSocketStream<Io>;
+type Socket<F> = WebSocketStream<Io<F>>;
 
-async fn run(
-    stream: TcpStream,
-    early: Vec<u8>,
-    node: Arc<Node>,
-    address: Option<IpAddr>,
-    facts: Option<Box<RequestFacts>>,
-) {
+async fn run(up: Upgraded) {
+    let Upgraded {
+        stream,
+        early,
+        node,
+        address,
+        facts,
+    } = up;
     let mut session = Session::new(&node)
         .at_address(address)
         .came_by(Transport::Websocket, facts);
-    let limit = node.settings.config.client.max_frame_size;
-    let config = WebSocketConfig::default()
-        .max_message_size(Some(limit))
-        .max_frame_size(Some(limit))
-        // Small buffers: most connections are idle most of the time, and client frames are
-        // small commands (the buffer grows for a larger frame when its header announces it).
-        .read_buffer_size(256)
-        .write_buffer_size(0);
-    let io = Io::new(stream, session.queue().clone());
     // Made in place: a local moved into another keeps its room in the task.
-    let mut wire = WebSocket {
-        socket: WebSocketStream::from_partially_read(io, early, Role::Server, Some(config)).await,
-        session: session.id(),
-        last_heard: Instant::now(),
-        // Herald's JSON, whether the client asked for `herald.json` or for no subprotocol.
-        encoding: Encoding::Json,
-    };
+    let mut wire = WebSocket::open(stream, early, &session, &node, HeraldFrames).await;
     let told = driver::drive(&node, &mut session, &mut wire, Ok(()), 0).await;
     // Free the session (and its subscriptions) now; the closing handshake is only manners.
     drop(session);
@@ -73,10 +60,10 @@ async fn run(
     Box::pin(wire.farewell(told)).await;
 }
 
-/// A WebSocket connection as the driver sees it: pushes are lines of text frames, and the
-/// client's frames are commands.
-struct WebSocket {
-    socket: Socket,
+/// A WebSocket connection as the driver sees it: pushes are lines of text frames (or a
+/// message each, as its [`Framing`] says), and the client's frames are commands.
+pub struct WebSocket<F> {
+    socket: Socket<F>,
     /// The session's id, for the log line of its close.
     session: u64,
     /// When the client last sent anything (a pong counts).
@@ -85,7 +72,40 @@ struct WebSocket {
     encoding: Encoding,
 }
 
-impl Wire for WebSocket {
+impl<F: Framing> WebSocket<F> {
+    /// The WebSocket over an upgraded `stream` (`early`: what the client sent after its
+    /// upgrade request), for `session`, whose queue's direct lane writes to it framed by
+    /// `framing`.
+    pub async fn open(
+        stream: TcpStream,
+        early: Vec<u8>,
+        session: &Session,
+        node: &Node,
+        framing: F,
+    ) -> Self {
+        let limit = node.settings.config.client.max_frame_size;
+        let config = WebSocketConfig::default()
+            .max_message_size(Some(limit))
+            .max_frame_size(Some(limit))
+            // Small buffers: most connections are idle most of the time, and client frames
+            // are small commands (the buffer grows for a larger frame when its header
+            // announces it).
+            .read_buffer_size(256)
+            .write_buffer_size(0);
+        let io = Io::new(stream, session.queue().clone(), framing);
+        WebSocket {
+            socket: WebSocketStream::from_partially_read(io, early, Role::Server, Some(config))
+                .await,
+            session: session.id(),
+            last_heard: Instant::now(),
+            // Herald's JSON, whether the client asked for `herald.json` or for no
+            // subprotocol (a front's pushes are its own JSON, joined the same way).
+            encoding: Encoding::Json,
+        }
+    }
+}
+
+impl<F: Framing> Wire for WebSocket<F> {
     fn push(&self, json: &[u8], _at: Positions<'_>, out: &mut Vec<u8>) {
         self.encoding.codec().join(out, json);
     }
@@ -95,6 +115,14 @@ impl Wire for WebSocket {
             // Nothing new: still send the tail of a direct write the socket did not take.
             if self.socket.get_ref().queue().has_unsent() {
                 return finish(self.socket.flush(), timeout).await;
+            }
+            return Ok(());
+        }
+        if F::MESSAGE_PER_PUSH {
+            // A message per line: JSON text holds no raw line break.
+            for line in bytes.split(|b| *b == b'\n') {
+                let text = std::str::from_utf8(line).map_err(|_| Unwritten::Gone)?;
+                send_text(&mut self.socket, text.to_owned(), timeout).await?;
             }
             return Ok(());
         }
@@ -138,10 +166,11 @@ impl Wire for WebSocket {
         let Some(d) = ended else {
             return false;
         };
-        tracing::debug!(session = self.session, code = d.wire_code(), reason = %d.reason, "websocket closed by server");
+        let (code, reason) = F::close(&d);
+        tracing::debug!(session = self.session, code, reason = %d.reason, "websocket closed by server");
         let frame = CloseFrame {
-            code: d.wire_code().into(),
-            reason: Utf8Bytes::from(d.short_reason()),
+            code: code.into(),
+            reason: Utf8Bytes::from(reason),
         };
         if send(&mut self.socket, Message::Close(Some(frame)), CLOSE_GRACE)
             .await
@@ -166,7 +195,11 @@ impl Wire for WebSocket {
 /// Sends `text` as one message, in frames of at most [`MAX_FRAGMENT`] bytes: tungstenite
 /// keeps its write buffer's capacity for the connection's life, so one 130 KB answer sent as
 /// one frame would leave every connection that ever got one holding 130 KB.
-async fn send_text(socket: &mut Socket, text: String, timeout: Duration) -> Result<(), Unwritten> {
+async fn send_text<F: Framing>(
+    socket: &mut Socket<F>,
+    text: String,
+    timeout: Duration,
+) -> Result<(), Unwritten> {
     if text.len() <= MAX_FRAGMENT {
         return send(socket, Message::Text(text.into()), timeout).await;
     }
@@ -193,7 +226,11 @@ fn is_char_start(text: &[u8], at: usize) -> bool {
 /// The largest frame a message is sent in; larger ones are fragmented (RFC 6455 §5.4).
 const MAX_FRAGMENT: usize = 16 * 1024;
 
-async fn send(socket: &mut Socket, message: Message, timeout: Duration) -> Result<(), Unwritten> {
+async fn send<F: Framing>(
+    socket: &mut Socket<F>,
+    message: Message,
+    timeout: Duration,
+) -> Result<(), Unwritten> {
     finish(socket.send(message), timeout).await
 }
 

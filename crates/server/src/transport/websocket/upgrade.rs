@@ -18,10 +18,44 @@ use crate::transport::deadline::WriteDeadline;
 use tungstenite::handshake::derive_accept_key;
 
 use super::{run, JSON_SUBPROTOCOL};
-use crate::{error::Failure, limits::Peer, node::Node, transport::request, Counted};
+use crate::{
+    error::Failure, hooks::RequestFacts, limits::Peer, node::Node, transport::request, Counted,
+};
 
 /// `GET /connection/websocket`.
-pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Response {
+pub async fn upgrade(State(node): State<Arc<Node>>, request: Request) -> Response {
+    let json = offers_json(request.headers());
+    let subprotocol = json.then_some(JSON_SUBPROTOCOL);
+    accept(node, request, subprotocol, run)
+}
+
+/// A connection upgraded to WebSocket, with what its request said.
+pub struct Upgraded {
+    /// The socket.
+    pub stream: tokio::net::TcpStream,
+    /// What the client sent after its upgrade request, read already.
+    pub early: Vec<u8>,
+    /// The node.
+    pub node: Arc<Node>,
+    /// The client's address (see [`crate::limits`]), when admitted by one.
+    pub address: Option<std::net::IpAddr>,
+    /// What the connect hook may see of the request.
+    pub facts: Option<Box<RequestFacts>>,
+}
+
+/// Answers a WebSocket upgrade request as every WebSocket endpoint does (the node's
+/// admission: origin, limits per address, connection count; the handshake; `subprotocol`
+/// when one was chosen), then runs `serve` with the connection in a task of its own.
+pub fn accept<F, Fut>(
+    node: Arc<Node>,
+    mut request: Request,
+    subprotocol: Option<&'static str>,
+    serve: F,
+) -> Response
+where
+    F: FnOnce(Upgraded) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
     let peer = request.extensions().get::<Peer>().copied().map(Extension);
     // The socket's count lives on with the WebSocket once hyper lets the socket go.
     let socket = request.extensions_mut().remove::<Arc<Counted>>();
@@ -34,7 +68,6 @@ pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Res
         Ok(key) => key,
         Err(f) => return f.into_response(),
     };
-    let json = offers_json(headers);
     let facts = node.settings.hooks.facts(headers);
     // hyper offers an upgrade only on connections that can take one (HTTP/1.1 with
     // upgrades enabled); answering 101 without it would leave the client hanging.
@@ -64,7 +97,14 @@ pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Res
         match upgraded.downcast::<TokioIo<WriteDeadline>>() {
             Ok(parts) => {
                 let (stream, early) = socket_and_early(parts);
-                run(stream, early, node, address, facts).await
+                let up = Upgraded {
+                    stream,
+                    early,
+                    node,
+                    address,
+                    facts,
+                };
+                serve(up).await
             }
             Err(_) => tracing::error!("upgraded connection is not a TCP stream"),
         }
@@ -79,10 +119,10 @@ pub async fn upgrade(State(node): State<Arc<Node>>, mut request: Request) -> Res
         header::SEC_WEBSOCKET_ACCEPT,
         HeaderValue::from_str(&accept).expect("base64 is a valid header value"),
     );
-    if json {
+    if let Some(subprotocol) = subprotocol {
         h.insert(
             header::SEC_WEBSOCKET_PROTOCOL,
-            HeaderValue::from_static(JSON_SUBPROTOCOL),
+            HeaderValue::from_static(subprotocol),
         );
     }
     response

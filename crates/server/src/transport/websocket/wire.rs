@@ -24,13 +24,41 @@ use tungstenite::protocol::frame::{
 
 use crate::queue::{Delivery, DirectSocket, Lane, Queue};
 
-/// The TCP socket under a WebSocket connection.
-#[derive(Debug)]
-pub struct Wire(TcpStream);
+/// How a WebSocket connection's protocol frames what the hub writes to it directly, and
+/// the words of its close. Herald's own protocol is [`HeraldFrames`] (no bytes per
+/// connection); a front brings its own.
+pub trait Framing: Send + Sync + std::fmt::Debug + 'static {
+    /// The frame that carries `delivery` on this connection; `None` when the connection's
+    /// task must handle it (it goes through the queue).
+    fn frame<'d>(&self, delivery: &'d Delivery) -> Option<&'d Bytes>;
 
-impl DirectSocket for Wire {
+    /// Whether each push is a message of its own (Herald's protocol puts several in one,
+    /// a line each).
+    const MESSAGE_PER_PUSH: bool = false;
+
+    /// The close code and reason a connection ending for `why` is closed with.
+    fn close(why: &crate::error::Disconnect) -> (u16, String) {
+        (why.wire_code(), why.short_reason().to_owned())
+    }
+}
+
+/// Herald's own protocol: every publication as the hub encoded it, in a text frame.
+#[derive(Debug)]
+pub struct HeraldFrames;
+
+impl Framing for HeraldFrames {
     fn frame<'d>(&self, delivery: &'d Delivery) -> Option<&'d Bytes> {
         Some(delivery.framed(Lane::WebSocket, |d| text_frame(&d.json)))
+    }
+}
+
+/// The TCP socket under a WebSocket connection, with its protocol's framing.
+#[derive(Debug)]
+pub struct Wire<F>(TcpStream, F);
+
+impl<F: Framing> DirectSocket for Wire<F> {
+    fn frame<'d>(&self, delivery: &'d Delivery) -> Option<&'d Bytes> {
+        self.1.frame(delivery)
     }
 
     fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
@@ -39,7 +67,7 @@ impl DirectSocket for Wire {
 }
 
 /// One unmasked, final text frame (a server's frames are never masked: RFC 6455 §5.1).
-fn text_frame(payload: &[u8]) -> Bytes {
+pub fn text_frame(payload: &[u8]) -> Bytes {
     let header = FrameHeader {
         opcode: OpCode::Data(Data::Text),
         ..FrameHeader::default()
@@ -54,15 +82,15 @@ fn text_frame(payload: &[u8]) -> Bytes {
 
 /// tungstenite's view of the socket: reads straight from it, writes through the queue.
 #[derive(Debug)]
-pub struct Io {
-    wire: Arc<Wire>,
+pub struct Io<F> {
+    wire: Arc<Wire<F>>,
     queue: Arc<Queue>,
 }
 
-impl Io {
+impl<F: Framing> Io<F> {
     /// Wraps `stream`, and opens the direct lane of `queue` to it.
-    pub fn new(stream: TcpStream, queue: Arc<Queue>) -> Self {
-        let wire = Arc::new(Wire(stream));
+    pub fn new(stream: TcpStream, queue: Arc<Queue>, framing: F) -> Self {
+        let wire = Arc::new(Wire(stream, framing));
         queue.attach(wire.clone());
         Self { wire, queue }
     }
@@ -73,7 +101,7 @@ impl Io {
     }
 }
 
-impl AsyncRead for Io {
+impl<F: Framing> AsyncRead for Io<F> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -93,7 +121,7 @@ impl AsyncRead for Io {
     }
 }
 
-impl AsyncWrite for Io {
+impl<F: Framing> AsyncWrite for Io<F> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

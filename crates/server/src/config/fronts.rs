@@ -1,0 +1,148 @@
+//! The protocol fronts' configuration: Pusher apps (`[[pusher.apps]]`).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{bad, Access, ConfigError, NamespaceOverride, Presence};
+
+/// `[pusher]`: the Pusher protocol front.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PusherConfig {
+    /// The apps clients and backends may use, each with its own key and secret. Default
+    /// none: the front answers nothing.
+    pub apps: Vec<PusherApp>,
+}
+
+/// One Pusher app.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PusherApp {
+    /// The app id (`/apps/{id}/…` in the HTTP API).
+    pub id: String,
+    /// The app key: public, in the client's WebSocket address (`/app/{key}`).
+    pub key: String,
+    /// The secret that signs subscriptions and API calls; at least 16 bytes.
+    pub secret: String,
+    /// The namespace of the app's channels in Herald: its channel `NAME` is Herald's
+    /// `NAMESPACE:NAME`. Default: the app id.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Whether clients may send events (`client-…`) on private and presence channels.
+    /// Default false.
+    #[serde(default)]
+    pub client_events: bool,
+    /// Client events per connection per second (Pusher's own limit: 10); more get error
+    /// 4301 and are not sent. Default 10.
+    #[serde(default = "default_client_event_rate")]
+    pub client_events_per_second: u32,
+    /// How long a quiet client waits before it pings (told in `connection_established`).
+    /// Default `120s`, Pusher's.
+    #[serde(default = "default_activity_timeout", with = "humantime_serde")]
+    pub activity_timeout: Duration,
+    /// Whether the app is served; a disabled app's clients are refused with 4003.
+    /// Default true.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+fn default_client_event_rate() -> u32 {
+    10
+}
+
+fn default_activity_timeout() -> Duration {
+    Duration::from_secs(120)
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Shortest app secret accepted.
+pub const MIN_PUSHER_SECRET: usize = 16;
+
+impl PusherApp {
+    /// The namespace of its channels.
+    pub fn namespace(&self) -> &str {
+        self.namespace.as_deref().unwrap_or(&self.id)
+    }
+
+    /// The rules its namespace starts from, before the configuration's own
+    /// `[namespaces.NS]`: the front grants each channel it admits (public ones to anyone,
+    /// private and presence ones to a valid signature), so `granted` lets exactly those
+    /// in, and Herald's own clients need a token that grants the channel. Presence is
+    /// kept (for `presence-` channels) and its changes pushed.
+    pub fn namespace_rules() -> NamespaceOverride {
+        NamespaceOverride {
+            subscribe: Some(Access::Granted),
+            history: Some(Access::Granted),
+            publish: Some(Access::Granted),
+            presence: Some(Presence::On(Access::Granted)),
+            join_leave: Some(true),
+            ..Default::default()
+        }
+    }
+}
+
+impl PusherConfig {
+    /// Checks the apps: each complete, and no two sharing an id, a key or a namespace.
+    pub(super) fn check(&self) -> Result<(), ConfigError> {
+        let mut seen = std::collections::HashSet::new();
+        for (i, app) in self.apps.iter().enumerate() {
+            let key = |field: &str| format!("pusher.apps[{i}].{field}");
+            let ids_ok = |s: &str| {
+                !s.is_empty()
+                    && s.len() <= 64
+                    && s.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            };
+            if !ids_ok(&app.id) {
+                return Err(bad(key("id"), "1 to 64 of A-Z a-z 0-9 - _"));
+            }
+            if !ids_ok(&app.key) {
+                return Err(bad(key("key"), "1 to 64 of A-Z a-z 0-9 - _"));
+            }
+            if app.secret.len() < MIN_PUSHER_SECRET {
+                return Err(bad(
+                    key("secret"),
+                    format!(
+                        "must be at least {MIN_PUSHER_SECRET} bytes, and your own: make one with `openssl rand -hex 16`"
+                    ),
+                ));
+            }
+            let ns = app.namespace();
+            if ns.is_empty() || herald_protocol::ChannelName::new(ns).is_err() || ns.contains(':') {
+                return Err(bad(
+                    key("namespace"),
+                    "a namespace name uses the channel-name characters and no `:`",
+                ));
+            }
+            if ns == super::OPERATOR_NAMESPACE {
+                return Err(bad(
+                    key("namespace"),
+                    "the `herald` namespace is Herald's own",
+                ));
+            }
+            for (what, value) in [
+                ("id", &app.id),
+                ("key", &app.key),
+                ("namespace", &ns.to_owned()),
+            ] {
+                if !seen.insert((what, value.clone())) {
+                    return Err(bad(
+                        key(what),
+                        format!("another app has the {what} {value:?}"),
+                    ));
+                }
+            }
+            if app.client_events_per_second == 0 {
+                return Err(bad(key("client_events_per_second"), "must be at least 1"));
+            }
+            if app.activity_timeout < Duration::from_secs(1) {
+                return Err(bad(key("activity_timeout"), "must be at least 1s"));
+            }
+        }
+        Ok(())
+    }
+}

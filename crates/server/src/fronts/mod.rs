@@ -1,0 +1,9 @@
+//! Protocol fronts: other real-time protocols spoken over Herald's one channel model, so
+//! that clients written for them connect unchanged. Each is a parser and a framing over
+//! the same session, hub, queue and presence as Herald's own protocol (no second hub):
+//! what one front publishes, every other client of the channel receives.
+//!
+//! - [`pusher`]: Pusher Channels, protocol 7 (`pusher-js`, Laravel Echo), with its signed
+//!   HTTP API.
+
+pub mod pusher;

@@ -1,0 +1,40 @@
+//! The Pusher Channels front (protocol 7): `pusher-js` and Laravel Echo connect to
+//! `/app/{key}` unchanged, and the app's backend publishes through Pusher's signed HTTP
+//! API (`/apps/{id}/…`), the `pusher` server SDKs and Laravel's broadcaster included.
+//!
+//! Each app (`[[pusher.apps]]`) is a namespace of Herald's: its channel `NAME` is Herald's
+//! `NS:NAME` (see [`herald_protocol::pusher`] for how events are stored), so what Herald's
+//! own API and SDK publish there reaches Pusher clients and the reverse, and one app's key
+//! never names another app's channels. Public channels are granted to anyone, private and
+//! presence channels to a valid signature; the namespace's rules still apply over that.
+//!
+//! - [`socket`]: the WebSocket endpoint, and the framing the hub writes with;
+//! - [`speaker`]: what a client sends, done with the session's own steps, and presence
+//!   per user;
+//! - [`api`]: the HTTP API;
+//! - [`sign`]: the signatures.
+
+mod api;
+mod sign;
+mod socket;
+mod speaker;
+
+use std::sync::Arc;
+
+use axum::{
+    routing::{get, post},
+    Router,
+};
+
+use crate::node::Node;
+
+/// The front's routes (answering only for configured apps).
+pub fn routes() -> Router<Arc<Node>> {
+    Router::new()
+        .route("/app/{key}", get(socket::connect))
+        .route("/apps/{id}/events", post(api::events))
+        .route("/apps/{id}/batch_events", post(api::batch_events))
+        .route("/apps/{id}/channels", get(api::channels))
+        .route("/apps/{id}/channels/{name}", get(api::channel_info))
+        .route("/apps/{id}/channels/{name}/users", get(api::users))
+}

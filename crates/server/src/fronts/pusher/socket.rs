@@ -1,0 +1,183 @@
+//! `GET /app/{key}?protocol=7`: a Pusher client's WebSocket. The connection is admitted
+//! as every WebSocket is (origin, limits per address, connection count), then told its
+//! socket id, or why it is refused (`pusher:error`, then a close with the same 4xxx code:
+//! an unknown key, a disabled app, a protocol version this server does not speak).
+
+use std::sync::Arc;
+
+use axum::{
+    extract::{Path, Query, Request, State},
+    response::Response,
+};
+use bytes::Bytes;
+use herald_protocol::{
+    pusher::{self, codes},
+    DisconnectCode,
+};
+use serde::Deserialize;
+
+use super::speaker::Pusher;
+use crate::{
+    error::Disconnect,
+    hooks::Transport,
+    node::Node,
+    queue::{Delivery, Lane},
+    session::Session,
+    transport::{
+        driver::{self, Wire},
+        websocket::{self, text_frame, Framing, Upgraded, WebSocket},
+    },
+};
+
+/// The query of a client's WebSocket address.
+#[derive(Debug, Default, Deserialize)]
+pub struct Params {
+    protocol: Option<String>,
+}
+
+/// `GET /app/{key}`.
+pub async fn connect(
+    State(node): State<Arc<Node>>,
+    Path(key): Path<String>,
+    Query(params): Query<Params>,
+    request: Request,
+) -> Response {
+    websocket::accept(node, request, None, move |up| run(up, key, params))
+}
+
+/// Which app the client asked for, or why it is refused: a code of
+/// [`pusher::codes`] and a message.
+fn app_of(node: &Node, key: &str, params: &Params) -> Result<usize, (u16, String)> {
+    let version = params
+        .protocol
+        .as_deref()
+        .ok_or((codes::NO_VERSION, "no protocol version given".to_owned()))?;
+    let version: u32 = version.parse().map_err(|_| {
+        (
+            codes::INVALID_VERSION,
+            format!("invalid protocol version {version:?}"),
+        )
+    })?;
+    if !pusher::VERSIONS.contains(&version) {
+        return Err((
+            codes::UNSUPPORTED_VERSION,
+            format!(
+                "unsupported protocol version {version}; this server speaks {} to {}",
+                pusher::VERSIONS.start(),
+                pusher::VERSIONS.end()
+            ),
+        ));
+    }
+    let apps = &node.settings.config.pusher.apps;
+    let index = apps.iter().position(|a| a.key == key).ok_or((
+        codes::APP_NOT_FOUND,
+        format!("app key {key} does not exist"),
+    ))?;
+    if !apps[index].enabled {
+        return Err((codes::APP_DISABLED, "application is disabled".to_owned()));
+    }
+    Ok(index)
+}
+
+async fn run(up: Upgraded, key: String, params: Params) {
+    let Upgraded {
+        stream,
+        early,
+        node,
+        address,
+        facts,
+    } = up;
+    let mut session = Session::new(&node)
+        .at_address(address)
+        .came_by(Transport::Pusher, facts);
+    session.members_by_grant();
+    let socket_id = socket_id();
+    let framing = PusherFrames {
+        socket_id: socket_id.clone(),
+    };
+    let mut wire = WebSocket::open(stream, early, &session, &node, framing).await;
+    let timeout = node.settings.config.client.write_timeout;
+    let app = match app_of(&node, &key, &params) {
+        Ok(app) => app,
+        Err((code, message)) => {
+            let said = wire
+                .send(pusher::error(Some(code), &message), timeout)
+                .await;
+            let d = Disconnect {
+                code: DisconnectCode::Forbidden,
+                reason: message,
+                chosen: Some(code),
+            };
+            drop(session);
+            if said.is_ok() {
+                Box::pin(wire.farewell(Some(d))).await;
+            }
+            return;
+        }
+    };
+    let activity = node.settings.config.pusher.apps[app]
+        .activity_timeout
+        .as_secs();
+    let hello = pusher::connection_established(&socket_id, activity);
+    if wire.send(hello, timeout).await.is_err() {
+        return;
+    }
+    session.announce();
+    let mut speaker = Pusher::new(session, app, socket_id);
+    let told = driver::drive(&node, &mut speaker, &mut wire, Ok(()), 0).await;
+    drop(speaker);
+    Box::pin(wire.farewell(told)).await;
+}
+
+/// A socket id as Pusher writes them (`123.456`): two random numbers. It names the
+/// connection to the app's backend (signatures, `socket_id` exclusions) and is no
+/// capability of its own: Herald's client id, which is one, is never shown to a Pusher
+/// client.
+fn socket_id() -> Arc<str> {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).expect("the operating system's random generator works");
+    let a = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")) % 1_000_000_000;
+    let b = u32::from_le_bytes(bytes[4..].try_into().expect("4 bytes")) % 1_000_000_000;
+    format!("{a}.{b}").into()
+}
+
+/// How a Pusher connection is written to: each event a message of its own; the hub
+/// writes publications straight to the socket as Pusher events (made once per
+/// publication), except those this connection sent (`socket_id`) and presence changes,
+/// which its task turns into member events.
+#[derive(Debug)]
+pub struct PusherFrames {
+    socket_id: Arc<str>,
+}
+
+impl Framing for PusherFrames {
+    const MESSAGE_PER_PUSH: bool = true;
+
+    fn frame<'d>(&self, delivery: &'d Delivery) -> Option<&'d Bytes> {
+        if delivery.offset == 0 {
+            return None;
+        }
+        let event = delivery.pusher();
+        if event.except.as_deref() == Some(&*self.socket_id) {
+            return None;
+        }
+        Some(delivery.framed(Lane::Pusher, |d| text_frame(&d.pusher().frame)))
+    }
+
+    /// Herald's reasons in Pusher's codes, so that `pusher-js` does what Herald's SDK
+    /// would: 4200 reconnect at once, 4100 after a pause, 4000-4099 not at all.
+    fn close(why: &Disconnect) -> (u16, String) {
+        let reason = why.short_reason().to_owned();
+        if let Some(code @ 4000..=4999) = why.chosen {
+            return (code, reason);
+        }
+        let code = match why.code {
+            DisconnectCode::Stale => codes::PONG_NOT_RECEIVED,
+            DisconnectCode::Slow | DisconnectCode::BackendUnavailable => codes::OVER_CAPACITY,
+            DisconnectCode::ConnectionLimit => codes::OVER_QUOTA,
+            c if c.reconnect() => codes::RECONNECT,
+            _ => codes::UNAUTHORIZED,
+        };
+        (code, reason)
+    }
+}

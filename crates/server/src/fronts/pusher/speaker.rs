@@ -1,0 +1,493 @@
+//! A Pusher connection over a Herald session: what its client sends, done with the
+//! session's own steps, and what the hub queues for it, in Pusher's words.
+//!
+//! **Presence per user.** Herald's presence counts connections (members); Pusher's counts
+//! users. The connection keeps, for each `presence-` channel it joined, which member is
+//! which user: the list read when it joined, then Herald's join and leave pushes (which
+//! every node of the cluster receives). A user's first member arriving is
+//! `member_added`, its last leaving `member_removed`: once per user, whichever nodes its
+//! connections are on.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use herald_protocol::{
+    json,
+    pusher::{self, codes, ClientMessage, Kind},
+    ChannelName, ErrorCode,
+};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::sign;
+use crate::{
+    config::PusherApp,
+    error::{Disconnect, Failure},
+    limits::Bucket,
+    session::{Drained, Positions, Session},
+    transport::driver::Speaker,
+};
+
+/// One Pusher client's connection.
+#[derive(Debug)]
+pub struct Pusher {
+    session: Session,
+    /// Its app (an index into `pusher.apps`).
+    app: usize,
+    socket_id: std::sync::Arc<str>,
+    /// Messages per second (`client.max_commands_per_second`).
+    messages: Bucket,
+    /// Client events per second (the app's `client_events_per_second`).
+    client_events: Bucket,
+    /// The presence channels it is in.
+    rosters: HashMap<ChannelName, Roster>,
+}
+
+/// Who is in a presence channel, as one connection follows it.
+#[derive(Debug, Default)]
+struct Roster {
+    /// The connection's own user.
+    me: Box<str>,
+    /// Each member (its id, as Herald's presence pushes write it) and its user.
+    members: HashMap<String, Box<str>>,
+    /// Each user's members.
+    users: HashMap<Box<str>, u32>,
+}
+
+impl Roster {
+    /// Counts a member in; its user's info when the user is new.
+    fn join(&mut self, member: String, user: &str) -> bool {
+        if self.members.contains_key(&member) {
+            return false;
+        }
+        self.members.insert(member, user.into());
+        let count = self.users.entry(user.into()).or_default();
+        *count += 1;
+        *count == 1
+    }
+
+    /// Counts a member out; its user when that was the user's last member.
+    fn leave(&mut self, member: &str) -> Option<Box<str>> {
+        let user = self.members.remove(member)?;
+        let count = self.users.get_mut(&user)?;
+        *count -= 1;
+        if *count > 0 {
+            return None;
+        }
+        self.users.remove(&user);
+        Some(user)
+    }
+}
+
+/// A presence member as Herald writes it in pushes and pages.
+#[derive(Deserialize)]
+struct Member<'a> {
+    #[serde(default)]
+    client: Option<String>,
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default, borrow)]
+    info: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct PresencePush<'a> {
+    #[serde(borrow)]
+    presence: Changes<'a>,
+}
+
+#[derive(Deserialize)]
+struct Changes<'a> {
+    #[serde(borrow)]
+    join: Vec<Member<'a>>,
+    #[serde(borrow)]
+    leave: Vec<Member<'a>>,
+}
+
+/// A presence channel's signed `channel_data`.
+#[derive(Deserialize)]
+struct ChannelData {
+    user_id: UserId,
+    #[serde(default)]
+    user_info: Option<Box<RawValue>>,
+}
+
+/// A user id, which clients write as a string or a number.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum UserId {
+    Text(String),
+    Number(serde_json::Number),
+}
+
+impl UserId {
+    fn into_string(self) -> String {
+        match self {
+            UserId::Text(s) => s,
+            UserId::Number(n) => n.to_string(),
+        }
+    }
+}
+
+/// Longest user id accepted (Pusher's limit).
+const MAX_USER_ID: usize = 128;
+
+/// Longest `channel_data` accepted.
+const MAX_CHANNEL_DATA: usize = 4096;
+
+impl Pusher {
+    /// The connection of `session`, a client of app `app` (its index in `pusher.apps`).
+    pub fn new(session: Session, app: usize, socket_id: std::sync::Arc<str>) -> Self {
+        let node = session.node();
+        let per_second = node.settings.config.client.max_commands_per_second;
+        let events = node.settings.config.pusher.apps[app].client_events_per_second;
+        Self {
+            session,
+            app,
+            socket_id,
+            messages: Bucket::full(per_second),
+            client_events: Bucket::full(events),
+            rosters: HashMap::new(),
+        }
+    }
+
+    fn app(&self) -> &PusherApp {
+        &self.session.node().settings.config.pusher.apps[self.app]
+    }
+
+    /// The Herald channel of Pusher channel `name` in this app.
+    fn channel(&self, name: &str) -> Result<ChannelName, String> {
+        pusher::check_channel(name).map_err(|e| e.0)?;
+        ChannelName::new(&format!("{}:{name}", self.app().namespace())).map_err(|e| e.to_string())
+    }
+
+    async fn handle_message(&mut self, message: &[u8], out: &mut Vec<u8>) {
+        let limit = self
+            .session
+            .node()
+            .settings
+            .config
+            .client
+            .max_commands_per_second;
+        if !self.messages.take(limit) {
+            let said = format!("more than {limit} messages per second; this one was ignored");
+            line(out, pusher::error(None, &said));
+            return;
+        }
+        let message = match pusher::decode(message) {
+            Ok(m) => m,
+            Err(e) => return line(out, pusher::error(None, &e.0)),
+        };
+        match message {
+            ClientMessage::Ping => line(out, pusher::pong()),
+            ClientMessage::Pong => {}
+            ClientMessage::Subscribe(s) => self.subscribe(s, out).await,
+            ClientMessage::Unsubscribe { channel } => {
+                if let Ok(c) = self.channel(&channel) {
+                    self.rosters.remove(&c);
+                    self.session.close(&c).await;
+                }
+            }
+            ClientMessage::Signin { auth, user_data } => self.sign_in(&auth, &user_data, out),
+            ClientMessage::ClientEvent {
+                event,
+                channel,
+                data,
+            } => {
+                if let Err(said) = self.client_event(&event, &channel, &data).await {
+                    line(out, said);
+                }
+            }
+        }
+    }
+
+    async fn subscribe(&mut self, s: pusher::Subscribe, out: &mut Vec<u8>) {
+        let name = s.channel.clone();
+        let refuse =
+            |status: u16, message: &str| pusher::subscription_error(&name, status, message);
+        let channel = match self.channel(&s.channel) {
+            Ok(c) => c,
+            Err(e) => return line(out, refuse(400, &e)),
+        };
+        let kind = Kind::of(&s.channel);
+        let member = match self.admitted(kind, &s) {
+            Ok(member) => member,
+            Err(e) => return line(out, refuse(401, &e)),
+        };
+        if !self.session.subscribed(&channel) {
+            let me = member.as_ref().map(|(user, _)| user.clone());
+            self.session.grant_channel(channel.clone(), member);
+            if let Err(f) = self.session.open(&channel, None).await {
+                return line(out, refuse(f.status().as_u16(), &f.message));
+            }
+            if let Some(me) = me {
+                self.rosters.insert(
+                    channel.clone(),
+                    Roster {
+                        me,
+                        ..Default::default()
+                    },
+                );
+            }
+        }
+        if kind != Kind::Presence {
+            return line(out, pusher::subscription_succeeded(&name, None));
+        }
+        match self.session.members(&channel).await {
+            Ok(members) => {
+                let succeeded = self.list(&channel, &name, &members);
+                line(out, succeeded)
+            }
+            Err(f) => line(out, refuse(f.status().as_u16(), &f.message)),
+        }
+    }
+
+    /// Whether the client may subscribe to a channel of `kind`: for private and presence
+    /// channels, the app's signature over `socket_id:channel[:channel_data]`; for presence,
+    /// the member it makes the connection (user id, `user_info`).
+    fn admitted(
+        &self,
+        kind: Kind,
+        s: &pusher::Subscribe,
+    ) -> Result<Option<(Box<str>, Bytes)>, String> {
+        if !kind.signed() {
+            return Ok(None);
+        }
+        let app = self.app();
+        let auth = s
+            .auth
+            .as_deref()
+            .ok_or_else(|| format!("{} needs a signature (auth)", s.channel))?;
+        let mut text = format!("{}:{}", self.socket_id, s.channel);
+        if kind == Kind::Presence {
+            let data = s
+                .channel_data
+                .as_deref()
+                .ok_or("a presence channel needs channel_data")?;
+            text.push(':');
+            text.push_str(data);
+        }
+        let signed = auth.split_once(':').is_some_and(|(key, signature)| {
+            key == app.key && sign::verify(&app.secret, &text, signature)
+        });
+        if !signed {
+            return Err(format!("invalid signature for {}", s.channel));
+        }
+        if kind != Kind::Presence {
+            return Ok(None);
+        }
+        let data = s.channel_data.as_deref().unwrap_or_default();
+        if data.len() > MAX_CHANNEL_DATA {
+            return Err(format!("channel_data is over {MAX_CHANNEL_DATA} bytes"));
+        }
+        let parsed: ChannelData = serde_json::from_str(data)
+            .map_err(|e| format!("channel_data must hold a user_id: {e}"))?;
+        let user = parsed.user_id.into_string();
+        if user.is_empty() || user.len() > MAX_USER_ID {
+            return Err(format!("user_id must be 1 to {MAX_USER_ID} bytes"));
+        }
+        let info = match parsed.user_info {
+            Some(raw) => json::payload(&raw)?,
+            None => Bytes::from_static(b"null"),
+        };
+        Ok(Some((user.into(), info)))
+    }
+
+    /// Counts `members` into the channel's roster and says who is there.
+    fn list(
+        &mut self,
+        channel: &ChannelName,
+        name: &str,
+        members: &[herald_broker::Member],
+    ) -> Vec<u8> {
+        let roster = self.rosters.entry(channel.clone()).or_default();
+        let parsed: Vec<(String, Member)> = members
+            .iter()
+            .filter_map(|m| {
+                let member: Member = serde_json::from_slice(&m.info).ok()?;
+                Some((format!("{:016x}", m.id), member))
+            })
+            .collect();
+        let null: &RawValue = serde_json::from_str("null").expect("null is JSON");
+        let mut list = pusher::Members::default();
+        for (id, member) in &parsed {
+            let Some(user) = member.user.as_deref() else {
+                continue;
+            };
+            roster.join(id.clone(), user);
+            list.hash.entry(user).or_insert(member.info.unwrap_or(null));
+        }
+        list.ids = list.hash.keys().copied().collect();
+        list.count = list.ids.len();
+        pusher::subscription_succeeded(name, Some(&list))
+    }
+
+    /// `pusher:signin`: checks the app's signature over `socket_id::user::user_data`.
+    fn sign_in(&mut self, auth: &str, user_data: &str, out: &mut Vec<u8>) {
+        let app = self.app();
+        let text = format!("{}::user::{user_data}", self.socket_id);
+        let signed = auth.split_once(':').is_some_and(|(key, signature)| {
+            key == app.key && sign::verify(&app.secret, &text, signature)
+        });
+        #[derive(Deserialize)]
+        struct User {
+            #[serde(rename = "id")]
+            _id: serde::de::IgnoredAny,
+        }
+        let user = serde_json::from_str::<User>(user_data).ok();
+        match (signed, user) {
+            (true, Some(_)) => line(out, pusher::signin_success(user_data)),
+            (true, None) => line(
+                out,
+                pusher::error(Some(codes::UNAUTHORIZED), "user_data must hold an id"),
+            ),
+            (false, _) => line(
+                out,
+                pusher::error(Some(codes::UNAUTHORIZED), "invalid signature for signin"),
+            ),
+        }
+    }
+
+    /// A client event: only on a private or presence channel the connection is in, only
+    /// when the app allows them, at most `client_events_per_second`; never sent back to
+    /// its sender. Refusals are `pusher:error`s; the connection stays.
+    async fn client_event(&mut self, event: &str, name: &str, data: &str) -> Result<(), Vec<u8>> {
+        let app = self.app();
+        let (enabled, rate) = (app.client_events, app.client_events_per_second);
+        let refuse = |code: Option<u16>, message: &str| pusher::error(code, message);
+        if !enabled {
+            return Err(refuse(
+                None,
+                "client events are not enabled for this app (client_events)",
+            ));
+        }
+        let kind = Kind::of(name);
+        if !kind.signed() {
+            return Err(refuse(
+                None,
+                "client events are only supported on private and presence channels",
+            ));
+        }
+        let channel = self.channel(name).map_err(|e| refuse(None, &e))?;
+        if !self.session.subscribed(&channel) {
+            return Err(refuse(None, &format!("not subscribed to {name}")));
+        }
+        if !self.client_events.take(rate) {
+            return Err(refuse(
+                Some(codes::CLIENT_EVENT_RATE),
+                &format!("client event rejected: at most {rate} per second"),
+            ));
+        }
+        let raw: &RawValue =
+            serde_json::from_str(data).map_err(|e| refuse(None, &e.to_string()))?;
+        let user = self.rosters.get(&channel).map(|r| &*r.me);
+        let stored = pusher::stored(event, raw, user, Some(&self.socket_id));
+        let stored: &RawValue = serde_json::from_slice(&stored).expect("stored events are JSON");
+        let payload = json::payload(stored).map_err(|e| refuse(None, &e))?;
+        match self.session.publish_allowed(&channel, payload).await {
+            Ok(_) => Ok(()),
+            Err(f) => Err(refuse(client_event_code(&f), &f.message)),
+        }
+    }
+
+    /// Turns a presence push of Herald's into member events, once per user.
+    fn presence(
+        rosters: &mut HashMap<ChannelName, Roster>,
+        channel: &ChannelName,
+        push: &[u8],
+        emit: &mut dyn FnMut(&[u8]),
+    ) {
+        let Some(roster) = rosters.get_mut(channel) else {
+            return;
+        };
+        let Ok(push) = serde_json::from_slice::<PresencePush>(push) else {
+            tracing::warn!(%channel, "undecodable presence push");
+            return;
+        };
+        let name = channel
+            .as_str()
+            .split_once(':')
+            .map_or(channel.as_str(), |(_, n)| n);
+        let null: &RawValue = serde_json::from_str("null").expect("null is JSON");
+        for m in &push.presence.join {
+            let (Some(id), Some(user)) = (&m.client, &m.user) else {
+                continue;
+            };
+            if roster.join(id.clone(), user) && **user != *roster.me {
+                emit(&pusher::member_added(name, user, m.info.unwrap_or(null)));
+            }
+        }
+        for m in &push.presence.leave {
+            let Some(id) = &m.client else { continue };
+            if let Some(user) = roster.leave(id) {
+                if *user != *roster.me {
+                    emit(&pusher::member_removed(name, &user));
+                }
+            }
+        }
+    }
+}
+
+/// The `pusher:error` code of a client event the session refused.
+fn client_event_code(f: &Failure) -> Option<u16> {
+    match f.code {
+        ErrorCode::TooManyRequests => Some(codes::CLIENT_EVENT_RATE),
+        ErrorCode::PermissionDenied | ErrorCode::Unauthorized => Some(codes::UNAUTHORIZED),
+        _ => None,
+    }
+}
+
+/// Appends one message to `out` (messages are lines there: JSON holds no raw line break).
+fn line(out: &mut Vec<u8>, message: Vec<u8>) {
+    if !out.is_empty() {
+        out.push(b'\n');
+    }
+    out.extend_from_slice(&message);
+}
+
+impl Speaker for Pusher {
+    fn session(&self) -> &Session {
+        &self.session
+    }
+
+    fn session_mut(&mut self) -> &mut Session {
+        &mut self.session
+    }
+
+    async fn handle<'f>(
+        &mut self,
+        frame: &'f [u8],
+        out: &mut Vec<u8>,
+        _flush_at: usize,
+    ) -> Result<&'f [u8], Disconnect> {
+        // A WebSocket message is one Pusher message.
+        self.handle_message(frame, out).await;
+        Ok(&[])
+    }
+
+    fn drain(
+        &mut self,
+        max_bytes: usize,
+        emit: &mut dyn FnMut(&[u8], Positions<'_>),
+    ) -> Result<(), Disconnect> {
+        let Self {
+            session,
+            rosters,
+            socket_id,
+            ..
+        } = self;
+        session.drain_deliveries(max_bytes, |drained, at| match drained {
+            // Herald's own notices (an operator's unsubscribe) have no Pusher words.
+            Drained::Notice(_) => {}
+            Drained::Delivery(d) if d.offset == 0 => {
+                Self::presence(rosters, &d.channel, &d.json, &mut |m| emit(m, at));
+            }
+            Drained::Delivery(d) => {
+                let event = d.pusher();
+                if event.except.as_deref() != Some(&**socket_id) {
+                    emit(&event.frame, at);
+                }
+            }
+        })
+    }
+}

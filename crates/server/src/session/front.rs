@@ -1,0 +1,118 @@
+//! What a protocol front (Pusher) does with a session: the same steps Herald's own
+//! commands take (grants, joining a channel with its presence, leaving it, a client's
+//! publication), without Herald's wire format around them. The front decides who may do
+//! what by its own protocol's rules (a Pusher signature) and says so with a grant; the
+//! namespace's rules are still asked, so an operator's `nobody` holds for every front.
+
+use bytes::Bytes;
+use herald_protocol::{ChannelName, Publication, Since, StreamPosition};
+
+use super::Session;
+use herald_protocol::ErrorCode;
+
+use crate::{
+    config::Access,
+    error::Failure,
+    policy::Action,
+    publish::{self, Published},
+    token::ChannelGrant,
+};
+
+/// A channel a front opened: where its stream is, and what a resume replayed.
+#[derive(Debug)]
+pub struct Opened {
+    /// The stream's position once opened.
+    pub position: StreamPosition,
+    /// Whether a resume replayed everything missed (`None`: not a resume).
+    pub recovered: Option<bool>,
+    /// What it replayed.
+    pub publications: Vec<Publication>,
+}
+
+impl Session {
+    /// Makes this session a member only of channels whose grant names a presence user
+    /// (see [`Session::grant_channel`]).
+    pub fn members_by_grant(&mut self) {
+        self.credentials().members_by_grant = true;
+    }
+
+    /// Grants `channel` to this session, as a subscription token would; with `member`,
+    /// as that presence user (its id and `user_info`, JSON text).
+    pub fn grant_channel(&mut self, channel: ChannelName, member: Option<(Box<str>, Bytes)>) {
+        let (user, info) = member.map_or((None, None), |(u, i)| (Some(u), Some(i)));
+        self.grant(ChannelGrant {
+            channel,
+            expires: None,
+            info,
+            user,
+        });
+    }
+
+    /// Opens `channel` as the `subscribe` command does (the namespace's rules, its
+    /// subscribe hook, presence), resuming after `since` when given. A refusal takes the
+    /// channel's grant back.
+    pub async fn open(
+        &mut self,
+        channel: &ChannelName,
+        since: Option<Since>,
+    ) -> Result<Opened, Failure> {
+        let joined = self.join(channel.clone(), since).await;
+        match joined {
+            Ok(j) => Ok(Opened {
+                position: j.position,
+                recovered: j.recovered,
+                publications: j.publications,
+            }),
+            Err(f) => {
+                self.drop_grant(channel);
+                Err(f)
+            }
+        }
+    }
+
+    /// Leaves `channel` (and its presence, at once) and takes its grant back; false when
+    /// not subscribed.
+    pub async fn close(&mut self, channel: &ChannelName) -> bool {
+        let left = self.leave_channel(channel).await;
+        self.drop_grant(channel);
+        left
+    }
+
+    /// Whether this session is subscribed to `channel`.
+    pub fn subscribed(&self, channel: &ChannelName) -> bool {
+        self.subscriptions.contains_key(channel)
+    }
+
+    /// A client's publication the front allowed by its own rules (a Pusher client event on
+    /// a channel it signed): the namespace must still let clients publish at all (an
+    /// operator's `publish = "nobody"` closes it to every front), and it is charged to the
+    /// client's address as every client's publication is.
+    pub async fn publish_allowed(
+        &mut self,
+        channel: &ChannelName,
+        data: Bytes,
+    ) -> Result<Published, Failure> {
+        let node = self.node().clone();
+        if node.settings.namespace(channel.namespace()).publish == Access::Nobody {
+            return Err(Failure::new(
+                ErrorCode::PermissionDenied,
+                format!(
+                    "clients may not publish to {channel} (its namespace's `publish` is `nobody`)"
+                ),
+            ));
+        }
+        publish::from_client(&node, self.address, channel, data, None, None).await
+    }
+
+    /// The members of `channel` (up to `presence.max_page`), for a front that lists them
+    /// when a client joins; its presence rule is asked as for the `presence` command.
+    pub async fn members(
+        &self,
+        channel: &ChannelName,
+    ) -> Result<Vec<herald_broker::Member>, Failure> {
+        let node = self.node().clone();
+        self.may_read(channel, Action::Presence).await?;
+        let max = node.settings.config.presence.max_page;
+        Ok(node.presence.page(channel, None, Some(max)).await?.0)
+    }
+}

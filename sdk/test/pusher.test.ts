@@ -1,0 +1,366 @@
+/** Herald's Pusher front with the real libraries from npm: `pusher-js` (Node build) as the
+ * client, the `pusher` server SDK as the app's backend (its HTTP API calls and its channel
+ * signatures), and Herald's own API on the same channels. */
+import PusherServer from "pusher";
+import PusherClient from "pusher-js";
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import WebSocket from "ws";
+import { Herald, Redis, until } from "./herald.js";
+import { APP, OTHER, pusherConfig } from "./pusher.js";
+
+let herald: Herald;
+const clients: PusherClient[] = [];
+
+beforeAll(async () => {
+  herald = await Herald.start({ args: ["--config", pusherConfig()] });
+});
+afterEach(() => {
+  for (const c of clients.splice(0)) c.disconnect();
+});
+afterAll(async () => {
+  await herald.dispose();
+});
+
+/** The app's backend, as the `pusher` server SDK. */
+function backend(server: Herald = herald, app = APP): PusherServer {
+  return new PusherServer({ appId: app.id, key: app.key, secret: app.secret, host: "127.0.0.1", port: String(server.port), useTLS: false });
+}
+
+/** A `pusher-js` client whose private and presence channels are signed by the app's
+ * backend (`authorizeChannel`, as an auth endpoint would), as user `user` when given. */
+function connect(options: { server?: Herald; app?: typeof APP; user?: { user_id: string; user_info?: Record<string, unknown> } } = {}): PusherClient {
+  const server = options.server ?? herald;
+  const app = options.app ?? APP;
+  const signer = backend(server, app);
+  const client = new PusherClient(app.key, {
+    cluster: "local",
+    wsHost: "127.0.0.1",
+    wsPort: server.port,
+    forceTLS: false,
+    enabledTransports: ["ws"],
+    channelAuthorization: {
+      endpoint: "unused",
+      transport: "ajax",
+      customHandler: ({ socketId, channelName }, callback) => {
+        const auth = channelName.startsWith("presence-")
+          ? signer.authorizeChannel(socketId, channelName, options.user ?? { user_id: "anonymous" })
+          : signer.authorizeChannel(socketId, channelName);
+        callback(null, auth);
+      },
+    },
+  });
+  clients.push(client);
+  return client;
+}
+
+async function connected(client: PusherClient): Promise<string> {
+  await until("connected", () => client.connection.state === "connected");
+  return client.connection.socket_id;
+}
+
+/** Subscribes and waits for the server's confirmation. */
+async function subscribed(client: PusherClient, name: string) {
+  const channel = client.subscribe(name);
+  await new Promise<void>((resolve, reject) => {
+    channel.bind("pusher:subscription_succeeded", () => resolve());
+    channel.bind("pusher:subscription_error", (e: unknown) => reject(new Error(`subscription_error: ${JSON.stringify(e)}`)));
+  });
+  return channel;
+}
+
+/** Every event `name` on `channel`, as it arrives. */
+function collect(channel: ReturnType<PusherClient["subscribe"]>, name: string): unknown[] {
+  const got: unknown[] = [];
+  channel.bind(name, (data: unknown) => got.push(data));
+  return got;
+}
+
+describe("pusher-js on a public channel", () => {
+  it("receives events from the pusher SDK and from Herald's own API on the same channel", async () => {
+    const client = connect();
+    await connected(client);
+    const channel = await subscribed(client, "orders");
+    const created = collect(channel, "created");
+    const plain = collect(channel, "message");
+
+    await backend().trigger("orders", "created", { id: 1 });
+    // Herald's own API, on the app's namespace: the same channel.
+    await herald.publish(`${APP.id}:orders`, { event: "created", data: { id: 2 } });
+    await herald.publish(`${APP.id}:orders`, { text: "not a Pusher event" });
+    await until("three events", () => created.length === 2 && plain.length === 1);
+    expect(created).toEqual([{ id: 1 }, { id: 2 }]);
+    expect(plain).toEqual([{ text: "not a Pusher event" }]);
+  });
+
+  it("leaves out the connection named by socket_id", async () => {
+    const sender = connect();
+    const other = connect();
+    const socketId = await connected(sender);
+    await connected(other);
+    const mine = collect(await subscribed(sender, "news"), "flash");
+    const theirs = collect(await subscribed(other, "news"), "flash");
+    await backend().trigger("news", "flash", { n: 1 }, { socket_id: socketId });
+    await backend().trigger("news", "flash", { n: 2 });
+    await until("both reach the other client", () => theirs.length === 2);
+    await until("the second reaches the sender", () => mine.length === 1);
+    expect(mine).toEqual([{ n: 2 }]);
+  });
+
+  it("never lets one app's key read another app's channels", async () => {
+    const one = connect();
+    const two = connect({ app: OTHER });
+    await connected(one);
+    await connected(two);
+    const seenByOne = collect(await subscribed(one, "shared-name"), "ping");
+    const seenByTwo = collect(await subscribed(two, "shared-name"), "ping");
+    await backend(herald, OTHER).trigger("shared-name", "ping", { app: 2 });
+    await backend().trigger("shared-name", "ping", { app: 1 });
+    await until("each app hears its own", () => seenByOne.length === 1 && seenByTwo.length === 1);
+    expect(seenByOne).toEqual([{ app: 1 }]);
+    expect(seenByTwo).toEqual([{ app: 2 }]);
+    // Signed with app two's secret, app one's API refuses.
+    const forged = new PusherServer({ appId: APP.id, key: APP.key, secret: OTHER.secret, host: "127.0.0.1", port: String(herald.port), useTLS: false });
+    await expect(forged.trigger("shared-name", "ping", { forged: true })).rejects.toMatchObject({ status: 401 });
+  });
+});
+
+describe("private and presence channels", () => {
+  it("admits a private channel with the backend's signature, and refuses a forged one", async () => {
+    const client = connect();
+    await connected(client);
+    const channel = await subscribed(client, "private-account.7");
+    const got = collect(channel, "paid");
+    await backend().trigger("private-account.7", "paid", { amount: 3 });
+    await until("the event", () => got.length === 1);
+
+    // A client that signs with a wrong secret is refused, and its connection stays.
+    const forger = new PusherClient(APP.key, {
+      cluster: "local",
+      wsHost: "127.0.0.1",
+      wsPort: herald.port,
+      forceTLS: false,
+      enabledTransports: ["ws"],
+      channelAuthorization: {
+        endpoint: "unused",
+        transport: "ajax",
+        customHandler: ({ socketId, channelName }, callback) =>
+          callback(null, backend(herald, { ...APP, secret: "not-the-secret-0123456" }).authorizeChannel(socketId, channelName)),
+      },
+    });
+    clients.push(forger);
+    await connected(forger);
+    const refused = forger.subscribe("private-account.7");
+    const error = await new Promise<{ status: number }>((resolve) => refused.bind("pusher:subscription_error", resolve));
+    expect(error.status).toBe(401);
+    const open = await subscribed(forger, "public-board");
+    expect(open.subscribed).toBe(true);
+    expect(forger.connection.state).toBe("connected");
+  });
+
+  it("counts presence per user: member_added and member_removed once per user", async () => {
+    const watcher = connect({ user: { user_id: "watcher", user_info: { name: "W" } } });
+    await connected(watcher);
+    const room = await subscribed(watcher, "presence-room");
+    const added: Array<{ id: string; info: unknown }> = [];
+    const removed: string[] = [];
+    room.bind("pusher:member_added", (m: { id: string; info: unknown }) => added.push(m));
+    room.bind("pusher:member_removed", (m: { id: string }) => removed.push(m.id));
+
+    // Ann on two connections: one member_added.
+    const ann1 = connect({ user: { user_id: "ann", user_info: { name: "Ann" } } });
+    const ann2 = connect({ user: { user_id: "ann", user_info: { name: "Ann" } } });
+    await connected(ann1);
+    await connected(ann2);
+    const annRoom = await subscribed(ann1, "presence-room");
+    await subscribed(ann2, "presence-room");
+    await until("ann added", () => added.length === 1);
+    expect(added).toEqual([{ id: "ann", info: { name: "Ann" } }]);
+    // Ann's own view lists both users.
+    const members = (annRoom as unknown as { members: { count: number; me: { id: string } } }).members;
+    expect(members.count).toBe(2);
+    expect(members.me.id).toBe("ann");
+
+    // One of Ann's connections leaves: still there. The last leaves: removed once.
+    ann1.unsubscribe("presence-room");
+    const bob = connect({ user: { user_id: 42 as unknown as string } });
+    await connected(bob);
+    await subscribed(bob, "presence-room");
+    await until("bob added", () => added.length === 2);
+    expect(removed).toEqual([]);
+    ann2.unsubscribe("presence-room");
+    await until("ann removed", () => removed.length === 1);
+    expect(removed).toEqual(["ann"]);
+    expect(added[1]).toEqual({ id: "42", info: null });
+
+    const users = (await backend().get({ path: "/channels/presence-room/users" })) as { json(): Promise<unknown> };
+    expect(await users.json()).toEqual({ users: [{ id: "42" }, { id: "watcher" }] });
+  });
+});
+
+describe("client events", () => {
+  it("reach the channel's other members, never the sender, and are rate-limited", async () => {
+    const a = connect({ user: { user_id: "a" } });
+    const b = connect({ user: { user_id: "b" } });
+    await connected(a);
+    await connected(b);
+    const roomA = await subscribed(a, "presence-chat");
+    const roomB = await subscribed(b, "presence-chat");
+    const atA = collect(roomA, "client-typing");
+    const atB: Array<{ data: unknown; user_id?: string }> = [];
+    roomB.bind("client-typing", (data: unknown, meta: { user_id?: string }) => atB.push({ data, user_id: meta?.user_id }));
+    expect(roomA.trigger("client-typing", { typing: true })).toBe(true);
+    await until("b hears it", () => atB.length === 1);
+    expect(atB[0]).toEqual({ data: { typing: true }, user_id: "a" });
+
+    // Over 10 a second: pusher:error 4301, and the others are not sent.
+    const errors: Array<{ code: number | null; message: string }> = [];
+    a.connection.bind("error", (e: { data?: { code: number | null; message: string } }) => {
+      if (e.data) errors.push(e.data);
+    });
+    for (let i = 0; i < 30; i++) roomA.trigger("client-typing", { i });
+    await until("a rate error", () => errors.some((e) => e.code === 4301));
+    await until("b's share arrives", () => atB.length >= 11);
+    expect(atB.length).toBeLessThan(31);
+    expect(atA).toEqual([]);
+
+    // Not on public channels.
+    const lobby = await subscribed(a, "lobby");
+    lobby.trigger("client-hi", {});
+    await until("refused on a public channel", () => errors.some((e) => e.message.includes("private and presence")));
+  });
+
+  it("are refused by an app that does not enable them", async () => {
+    const client = connect({ app: OTHER });
+    await connected(client);
+    const channel = await subscribed(client, "private-x");
+    const errors: Array<{ message: string }> = [];
+    client.connection.bind("error", (e: { data?: { message: string } }) => {
+      if (e.data) errors.push(e.data);
+    });
+    channel.trigger("client-x", {});
+    await until("an error", () => errors.length === 1);
+    expect(errors[0]!.message).toContain("not enabled");
+  });
+});
+
+describe("the signed HTTP API", () => {
+  it("answers channels, a channel's counts, and batches, from the pusher SDK", async () => {
+    const client = connect({ user: { user_id: "u1" } });
+    await connected(client);
+    await subscribed(client, "presence-stats");
+    await subscribed(client, "ticker");
+    const api = backend();
+    const list = (await (await api.get({ path: "/channels", params: { filter_by_prefix: "presence-", info: "user_count" } })).json()) as {
+      channels: Record<string, { user_count: number }>;
+    };
+    expect(list.channels["presence-stats"]).toEqual({ user_count: 1 });
+    const one = (await (await api.get({ path: "/channels/ticker", params: { info: "subscription_count" } })).json()) as unknown;
+    expect(one).toEqual({ occupied: true, subscription_count: 1 });
+    const empty = (await (await api.get({ path: "/channels/nobody-here" })).json()) as unknown;
+    expect(empty).toEqual({ occupied: false });
+
+    const ticks = collect(client.channel("ticker")!, "tick");
+    await api.triggerBatch([
+      { channel: "ticker", name: "tick", data: { n: 1 } },
+      { channel: "ticker", name: "tick", data: { n: 2 } },
+    ]);
+    await until("both ticks", () => ticks.length === 2);
+    expect(ticks).toEqual([{ n: 1 }, { n: 2 }]);
+  });
+
+  it("refuses a stale timestamp and a body that does not match its md5", async () => {
+    const body = JSON.stringify({ name: "e", channels: ["c"], data: "{}" });
+    const stale = await fetch(`${herald.url}/apps/${APP.id}/events?auth_key=${APP.key}&auth_timestamp=1000&auth_version=1.0&body_md5=x&auth_signature=00`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body,
+    });
+    expect(stale.status).toBe(401);
+    expect(await stale.text()).toContain("auth_timestamp");
+    const unknown = await fetch(`${herald.url}/apps/nope/events`, { method: "POST", body });
+    expect(unknown.status).toBe(404);
+  });
+});
+
+describe("connection refusals", () => {
+  /** Opens a raw WebSocket to `path`; the first message and the close code. */
+  async function refusal(path: string): Promise<{ first: unknown; code: number }> {
+    const ws = new WebSocket(`ws://127.0.0.1:${herald.port}${path}`);
+    let first: unknown;
+    ws.on("message", (m) => {
+      first ??= JSON.parse(m.toString());
+    });
+    const code = await new Promise<number>((resolve) => ws.on("close", (c) => resolve(c)));
+    return { first, code };
+  }
+
+  it("says why with pusher:error and the same close code", async () => {
+    expect(await refusal(`/app/no-such-key?protocol=7`)).toMatchObject({ code: 4001, first: { event: "pusher:error", data: { code: 4001 } } });
+    expect((await refusal(`/app/${APP.key}?protocol=4`)).code).toBe(4007);
+    expect((await refusal(`/app/${APP.key}`)).code).toBe(4008);
+    expect((await refusal(`/app/${APP.key}?protocol=x`)).code).toBe(4006);
+  });
+
+  it("answers malformed and unknown messages with pusher:error and keeps the connection", async () => {
+    const ws = new WebSocket(`ws://127.0.0.1:${herald.port}/app/${APP.key}?protocol=7`);
+    const got: Array<{ event: string; data: unknown }> = [];
+    ws.on("message", (m) => got.push(JSON.parse(m.toString())));
+    await until("established", () => got.some((m) => m.event === "pusher:connection_established"));
+    ws.send("{not json");
+    ws.send(JSON.stringify({ event: "pusher:nonsense", data: {} }));
+    ws.send(JSON.stringify({ event: "pusher:subscribe", data: { channel: "bad:name" } }));
+    ws.send(JSON.stringify({ event: "pusher:ping", data: {} }));
+    await until("pong", () => got.some((m) => m.event === "pusher:pong"));
+    expect(got.filter((m) => m.event === "pusher:error").length).toBe(2);
+    expect(got.some((m) => m.event === "pusher:subscription_error")).toBe(true);
+    expect(ws.readyState).toBe(WebSocket.OPEN);
+    ws.close();
+  });
+});
+
+describe("two Herald nodes on Redis", () => {
+  let redis: Redis;
+  let a: Herald;
+  let b: Herald;
+  beforeAll(async () => {
+    redis = await Redis.start();
+    const args = ["--config", pusherConfig(), "--storage", "redis", "--redis-url", redis.url];
+    a = await Herald.start({ args });
+    b = await Herald.start({ args });
+  });
+  afterAll(async () => {
+    await a.dispose();
+    await b.dispose();
+    await redis.dispose();
+  });
+
+  it("tells each user's arrival and departure once, whichever node its connections are on", async () => {
+    const watcher = connect({ server: a, user: { user_id: "watcher" } });
+    await connected(watcher);
+    const room = await subscribed(watcher, "presence-nodes");
+    const added: string[] = [];
+    const removed: string[] = [];
+    room.bind("pusher:member_added", (m: { id: string }) => added.push(m.id));
+    room.bind("pusher:member_removed", (m: { id: string }) => removed.push(m.id));
+
+    const onA = connect({ server: a, user: { user_id: "carol" } });
+    const onB = connect({ server: b, user: { user_id: "carol" } });
+    await connected(onA);
+    await connected(onB);
+    await subscribed(onA, "presence-nodes");
+    const seenFromB = await subscribed(onB, "presence-nodes");
+    await until("carol added", () => added.length === 1);
+    expect((seenFromB as unknown as { members: { count: number } }).members.count).toBe(2);
+    onA.disconnect();
+    // Carol is still there through node b: nothing is removed, and an event published on
+    // node b reaches the watcher on node a.
+    const events = collect(room, "moved");
+    await backend(b).trigger("presence-nodes", "moved", { to: "b" });
+    await until("the event crosses nodes", () => events.length === 1);
+    expect(removed).toEqual([]);
+    onB.disconnect();
+    await until("carol removed", () => removed.length === 1);
+    expect(added).toEqual(["carol"]);
+    expect(removed).toEqual(["carol"]);
+  });
+});

@@ -1,0 +1,29 @@
+/** Herald's Pusher front under test: two apps, the first allowing client events. */
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+export const APP = { id: "1001", key: "app-one-key", secret: "app-one-secret-0123456789" };
+export const OTHER = { id: "1002", key: "app-two-key", secret: "app-two-secret-0123456789" };
+
+/** A configuration with two apps; the first allows client events. */
+export function pusherConfig(): string {
+  const dir = mkdtempSync(join(tmpdir(), "herald-pusher-"));
+  const file = join(dir, "herald.toml");
+  writeFileSync(
+    file,
+    `[[pusher.apps]]
+id = "${APP.id}"
+key = "${APP.key}"
+secret = "${APP.secret}"
+client_events = true
+
+[[pusher.apps]]
+id = "${OTHER.id}"
+key = "${OTHER.key}"
+secret = "${OTHER.secret}"
+`,
+  );
+  return file;
+}
+
