@@ -243,6 +243,50 @@ describe("client events", () => {
   });
 });
 
+describe("cache channels and signed-in users", () => {
+  it("sends a cache channel's last event on subscribing, or pusher:cache_miss", async () => {
+    await backend().trigger("cache-price", "tick", { price: 1 });
+    await backend().trigger("cache-price", "tick", { price: 2 });
+    const client = connect();
+    await connected(client);
+    const price = client.subscribe("cache-price");
+    const ticks = collect(price, "tick");
+    const empty = client.subscribe("cache-nothing-yet");
+    const misses = collect(empty, "pusher:cache_miss");
+    await until("the cached event and the miss", () => ticks.length === 1 && misses.length === 1);
+    expect(ticks).toEqual([{ price: 2 }]);
+    await backend().trigger("cache-price", "tick", { price: 3 });
+    await until("the next one live", () => ticks.length === 2);
+    expect(ticks).toEqual([{ price: 2 }, { price: 3 }]);
+  });
+
+  it("signs a user in, and the backend ends that user's connections", async () => {
+    const signer = backend();
+    const client = new PusherClient(APP.key, {
+      cluster: "local",
+      wsHost: "127.0.0.1",
+      wsPort: herald.port,
+      forceTLS: false,
+      enabledTransports: ["ws"],
+      userAuthentication: {
+        endpoint: "unused",
+        transport: "ajax",
+        customHandler: ({ socketId }, callback) => callback(null, signer.authenticateUser(socketId, { id: "u-77", name: "Ann" })),
+      },
+    });
+    clients.push(client);
+    const states: string[] = [];
+    client.connection.bind("state_change", (s: { current: string }) => states.push(s.current));
+    client.signin();
+    await until("signed in", () => (client.user as unknown as { user_data?: { id: string } }).user_data?.id === "u-77");
+    const bystander = connect();
+    await connected(bystander);
+    await signer.terminateUserConnections("u-77");
+    await until("its connection ended", () => states.includes("disconnected") || states.includes("unavailable") || states.includes("failed"));
+    expect(bystander.connection.state).toBe("connected");
+  });
+});
+
 describe("the signed HTTP API", () => {
   it("answers channels, a channel's counts, and batches, from the pusher SDK", async () => {
     const client = connect({ user: { user_id: "u1" } });

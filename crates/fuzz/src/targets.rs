@@ -33,13 +33,16 @@ pub enum Target {
     StoredFile,
     /// A Pusher client's message, and a stored payload turned into a Pusher event.
     Pusher,
+    /// A Phoenix client's message (both serializers), and a stored payload turned into a
+    /// Phoenix broadcast.
+    Phoenix,
 }
 
 /// A decoder: takes one input, must not panic.
 pub type Decoder = Box<dyn FnMut(&[u8])>;
 
 impl Target {
-    pub const ALL: [Target; 9] = [
+    pub const ALL: [Target; 10] = [
         Target::Command,
         Target::Cursor,
         Target::Query,
@@ -49,6 +52,7 @@ impl Target {
         Target::NatsStored,
         Target::StoredFile,
         Target::Pusher,
+        Target::Phoenix,
     ];
 
     pub fn name(self) -> &'static str {
@@ -62,6 +66,7 @@ impl Target {
             Target::NatsStored => "nats-stored",
             Target::StoredFile => "stored-file",
             Target::Pusher => "pusher",
+            Target::Phoenix => "phoenix",
         }
     }
 
@@ -128,6 +133,13 @@ impl Target {
                 r#"{"event":"pusher:signin","data":{"auth":"k:s","user_data":"{\"id\":\"1\"}"}}"#,
                 r#"{"event":"created","data":"{\"id\":1}","user_id":"7","socket_id":"1.2"}"#,
             ],
+            Target::Phoenix => &[
+                r#"["1","1","chat:lobby","phx_join",{"token":"t","since":{"offset":3}}]"#,
+                r#"[null,"2","phoenix","heartbeat",{}]"#,
+                r#"{"topic":"chat","event":"speak","payload":{"body":"hi"},"ref":"3"}"#,
+                r#"{"topic":"chat","event":"phx_join","payload":{},"ref":1,"join_ref":"1"}"#,
+                r#"{"event":"publish","data":{"body":"x"}}"#,
+            ],
             Target::StoredFile => return vec![seed_file()],
         };
         texts.iter().map(|t| t.as_bytes().to_vec()).collect()
@@ -180,6 +192,15 @@ impl Target {
                     let _ = pusher::check_channel(&s.channel);
                 }
                 let _ = pusher::event("presence-room", input);
+            }),
+            Target::Phoenix => Box::new(|input| {
+                use herald_protocol::phoenix::{self, Vsn};
+                for vsn in [Vsn::V1, Vsn::V2] {
+                    if let Ok(m) = phoenix::decode(vsn, input) {
+                        let _ = phoenix::reply(vsn, &m, false, &phoenix::reason(&m.payload, None));
+                    }
+                    let _ = phoenix::broadcast(vsn, "chat", input);
+                }
             }),
         }
     }

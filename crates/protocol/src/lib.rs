@@ -20,6 +20,7 @@ pub mod command;
 pub mod cursor;
 mod encoding;
 pub mod json;
+pub mod phoenix;
 mod position;
 pub mod pusher;
 pub mod results;

@@ -226,6 +226,34 @@ impl Kind {
     }
 }
 
+/// Whether `channel` is a cache channel (`cache-`, `private-cache-`,
+/// `private-encrypted-cache-`, `presence-cache-`): a subscriber is sent its last event at
+/// once, or `pusher:cache_miss`.
+pub fn cached(channel: &str) -> bool {
+    [
+        "cache-",
+        "private-cache-",
+        "private-encrypted-cache-",
+        "presence-cache-",
+    ]
+    .iter()
+    .any(|p| channel.starts_with(p))
+}
+
+/// `pusher:cache_miss` on a cache channel with no event yet.
+pub fn cache_miss(channel: &str) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Miss<'a> {
+        event: &'a str,
+        channel: &'a str,
+    }
+    serde_json::to_vec(&Miss {
+        event: "pusher:cache_miss",
+        channel,
+    })
+    .expect("frames serialise")
+}
+
 /// Checks a Pusher channel name: 1 to 164 of `A-Z a-z 0-9 _ - = @ , .` (Pusher also allows
 /// `;`, which Herald's channel names do not: refused, saying so).
 pub fn check_channel(name: &str) -> Result<(), Malformed> {

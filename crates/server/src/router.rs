@@ -124,6 +124,7 @@ pub fn router(node: Arc<Node>, parked: poll::Parked) -> Router {
     let mut all = Router::new()
         .merge(connection)
         .merge(crate::fronts::pusher::routes())
+        .merge(crate::fronts::phoenix::routes())
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz));
     if node.settings.config.web {

@@ -59,6 +59,28 @@ fn yes() -> bool {
     true
 }
 
+/// `[phoenix]`: the Phoenix Channels front (`/socket/websocket`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PhoenixConfig {
+    /// Whether `/socket/websocket` answers. Its clients are Herald's clients: topics are
+    /// channels, under the same namespace rules, tokens and hooks. Default true.
+    pub enabled: bool,
+    /// The event each client event is published as, when it is not its own name: the seed
+    /// study's chat sends `speak` and hears `publish` (`{ speak = "publish" }`). Default
+    /// none.
+    pub events: std::collections::BTreeMap<String, String>,
+}
+
+impl Default for PhoenixConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            events: Default::default(),
+        }
+    }
+}
+
 /// Shortest app secret accepted.
 pub const MIN_PUSHER_SECRET: usize = 16;
 

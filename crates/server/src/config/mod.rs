@@ -19,7 +19,7 @@ pub const MIN_API_KEY: usize = 16;
 
 pub use auth::{AuthConfig, PreviousKey, MIN_HMAC_SECRET};
 pub use connections::{ClientConfig, HttpConfig, LimitsConfig, PresenceConfig};
-pub use fronts::{PusherApp, PusherConfig, MIN_PUSHER_SECRET};
+pub use fronts::{PhoenixConfig, PusherApp, PusherConfig, MIN_PUSHER_SECRET};
 pub use hooks::HooksConfig;
 pub use namespaces::{Access, NamespaceConfig, NamespaceOverride, Presence};
 pub use network::Network;
@@ -108,6 +108,8 @@ pub struct Config {
     pub namespaces: BTreeMap<String, NamespaceOverride>,
     /// The Pusher protocol front: its apps. Default none.
     pub pusher: PusherConfig,
+    /// The Phoenix Channels front. Default: on.
+    pub phoenix: PhoenixConfig,
 }
 
 /// An API key, with what it may do.
@@ -223,6 +225,7 @@ impl Default for Config {
                 },
             )]),
             pusher: PusherConfig::default(),
+            phoenix: PhoenixConfig::default(),
         }
     }
 }

@@ -5,5 +5,7 @@
 //!
 //! - [`pusher`]: Pusher Channels, protocol 7 (`pusher-js`, Laravel Echo), with its signed
 //!   HTTP API.
+//! - [`phoenix`]: Phoenix Channels (`phoenix.js`, serializers 1.0.0 and 2.0.0).
 
+pub mod phoenix;
 pub mod pusher;

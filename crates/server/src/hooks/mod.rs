@@ -56,6 +56,8 @@ pub enum Transport {
     Send,
     /// `/app/{key}`: a Pusher client's WebSocket (see [`crate::fronts::pusher`]).
     Pusher,
+    /// `/socket/websocket`: a Phoenix client's WebSocket (see [`crate::fronts::phoenix`]).
+    Phoenix,
 }
 
 impl Transport {
@@ -70,6 +72,7 @@ impl Transport {
             Self::Poll => "poll",
             Self::Send => "send",
             Self::Pusher => "pusher",
+            Self::Phoenix => "phoenix",
         }
     }
 
@@ -88,6 +91,9 @@ pub struct RequestFacts {
     pub headers: BTreeMap<String, String>,
     /// Allowed cookies.
     pub cookies: BTreeMap<String, String>,
+    /// The connection's own parameters, for a protocol that has them (a Phoenix socket's
+    /// query, `vsn` and `token` aside).
+    pub params: BTreeMap<String, String>,
 }
 
 /// Every configured hook.
@@ -238,6 +244,9 @@ pub struct ConnectRequest<'a> {
     /// The client's token, when no token key is configured (the backend checks it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<&'a str>,
+    /// The connection's own parameters (a Phoenix socket's `params`), when it has any.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: &'a BTreeMap<String, String>,
 }
 
 /// The connect hook's answer: what a connection token would say.
@@ -299,6 +308,10 @@ pub struct SubscribeRequest<'a> {
     pub client: Client<'a>,
     /// The channel.
     pub channel: &'a ChannelName,
+    /// What the client sent with its subscription, for a protocol that sends something (a
+    /// Phoenix join's payload).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub params: Option<&'a RawValue>,
 }
 
 /// The subscribe hook's answer.

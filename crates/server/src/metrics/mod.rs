@@ -129,7 +129,7 @@ pub struct Snapshot {
 
 /// The transports sessions are counted under, for counters made once and then touched
 /// without a lookup. (Sends without a stream are commands, not connections: not counted.)
-pub const TRANSPORTS: [&str; 7] = [
+pub const TRANSPORTS: [&str; 8] = [
     "websocket",
     "sse",
     "stream",
@@ -137,6 +137,7 @@ pub const TRANSPORTS: [&str; 7] = [
     "longpoll",
     "poll",
     "pusher",
+    "phoenix",
 ];
 
 /// One node's metrics.

@@ -48,6 +48,8 @@ pub struct Delivery {
     /// The publication as a Pusher event, made by the first Pusher connection that takes it
     /// and shared by the rest.
     pusher: OnceLock<herald_protocol::pusher::Event>,
+    /// The publication as a Phoenix broadcast, per serializer (1.0.0, 2.0.0), made once.
+    phoenix: [OnceLock<Bytes>; 2],
     /// The push framed for each kind of [`DirectSocket`] (by [`Lane`]), made by the first
     /// one that writes it and shared by the rest.
     pub framed: [OnceLock<Bytes>; LANES],
@@ -65,6 +67,7 @@ impl Delivery {
             json,
             record: Bytes::new(),
             pusher: OnceLock::new(),
+            phoenix: Default::default(),
             framed: Default::default(),
             at: Instant::now(),
         }
@@ -87,6 +90,23 @@ impl Delivery {
                 record: self.record.clone(),
             };
             herald_protocol::pusher::event(name, publication.data())
+        })
+    }
+
+    /// The publication as a Phoenix broadcast on its topic (the channel), made once per
+    /// serializer.
+    pub fn phoenix(&self, vsn: herald_protocol::phoenix::Vsn) -> &Bytes {
+        use herald_protocol::phoenix::{broadcast, Vsn};
+        let i = match vsn {
+            Vsn::V1 => 0,
+            Vsn::V2 => 1,
+        };
+        self.phoenix[i].get_or_init(|| {
+            let publication = herald_protocol::Publication {
+                offset: self.offset,
+                record: self.record.clone(),
+            };
+            broadcast(vsn, self.channel.as_str(), publication.data()).into()
         })
     }
 }
@@ -159,10 +179,14 @@ pub enum Lane {
     Sse,
     /// A Pusher event in a WebSocket text frame.
     Pusher,
+    /// A Phoenix broadcast (serializer 1.0.0) in a WebSocket text frame.
+    PhoenixV1,
+    /// A Phoenix broadcast (serializer 2.0.0) in a WebSocket text frame.
+    PhoenixV2,
 }
 
 /// How many kinds of [`Lane`] there are.
-pub const LANES: usize = 4;
+pub const LANES: usize = 6;
 
 impl Delivery {
     /// The delivery framed for `lane`, made by `make` the first time.

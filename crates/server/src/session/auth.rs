@@ -147,6 +147,7 @@ impl Session {
                     headers: &facts.headers,
                     cookies: &facts.cookies,
                     token,
+                    params: &facts.params,
                 };
                 let answer: hooks::ConnectResult =
                     hook.call(&request).await.map_err(Denied::Hook)?;

@@ -49,14 +49,15 @@ impl Session {
     }
 
     /// Opens `channel` as the `subscribe` command does (the namespace's rules, its
-    /// subscribe hook, presence), resuming after `since` when given. A refusal takes the
-    /// channel's grant back.
+    /// subscribe hook, told `params` when the client sent any, presence), resuming after
+    /// `since` when given. A refusal takes the channel's grant back.
     pub async fn open(
         &mut self,
         channel: &ChannelName,
         since: Option<Since>,
+        params: Option<&serde_json::value::RawValue>,
     ) -> Result<Opened, Failure> {
-        let joined = self.join(channel.clone(), since).await;
+        let joined = self.join(channel.clone(), since, params).await;
         match joined {
             Ok(j) => Ok(Opened {
                 position: j.position,
@@ -102,6 +103,60 @@ impl Session {
             ));
         }
         publish::from_client(&node, self.address, channel, data, None, None).await
+    }
+
+    /// Accepts a subscription token for `channel` (as the `subscribe` command's `token`).
+    pub async fn accept_token(
+        &mut self,
+        channel: &ChannelName,
+        token: &str,
+    ) -> Result<(), Failure> {
+        self.accept_channel_token(channel, token).await
+    }
+
+    /// Identifies the client by its connection token, or asks the connect hook, as a
+    /// `connect` command does (once, before anything else the client does); a refusal
+    /// ends the connection.
+    pub async fn identify_once(
+        &mut self,
+        token: Option<&str>,
+    ) -> Result<(), crate::error::Disconnect> {
+        if self.connected {
+            return Ok(());
+        }
+        self.connected = true;
+        self.identify(token).await.map_err(|d| d.disconnect())
+    }
+
+    /// A client's publication, as the `publish` command does it: the namespace's rules,
+    /// its publish hook (which may refuse or rewrite it), the sender shown with it.
+    pub async fn publish_checked(
+        &mut self,
+        channel: &ChannelName,
+        data: Bytes,
+    ) -> Result<Published, Failure> {
+        self.publish_as_client(channel, data, None).await
+    }
+
+    /// The newest publication of `channel`, if any (a Pusher `cache-` channel's cached
+    /// event); reading it asks what reading history asks.
+    pub async fn last_publication(
+        &self,
+        channel: &ChannelName,
+    ) -> Result<Option<Publication>, Failure> {
+        let node = self.node().clone();
+        self.may_read(channel, Action::History).await?;
+        let newest = node
+            .broker
+            .history(channel, herald_broker::HistoryQuery::newest(1))
+            .await?;
+        Ok(newest.publications.into_iter().next_back())
+    }
+
+    /// Registers this connection as `user`'s, so that an operator's (or a front's)
+    /// actions on that user reach it (a Pusher `pusher:signin`).
+    pub fn known_as(&self, user: &str) {
+        self.node().sessions.identified(&self.client, user);
     }
 
     /// The members of `channel` (up to `presence.max_page`), for a front that lists them

@@ -299,9 +299,25 @@ impl Session {
         data: bytes::Bytes,
         key: Option<&str>,
     ) -> Result<Option<Vec<u8>>, Failure> {
+        let position = self.publish_as_client(&channel, data, key).await?;
+        Ok(reply.with(Outcome::Publish(results::Published {
+            offset: position.position.offset,
+            epoch: &position.position.epoch,
+            repeat: position.repeat,
+        })))
+    }
+
+    /// A client's publication: the rules, then the namespace's publish hook (which may
+    /// refuse or rewrite the data), then the broker.
+    pub(super) async fn publish_as_client(
+        &mut self,
+        channel: &ChannelName,
+        data: bytes::Bytes,
+        key: Option<&str>,
+    ) -> Result<publish::Published, Failure> {
         let node = self.node().clone();
         let hooked = node.settings.namespace(channel.namespace()).publish_hook;
-        policy::check(&node, self.asker(&channel), Action::Publish, &channel)?;
+        policy::check(&node, self.asker(channel), Action::Publish, channel)?;
         let data = match node.settings.hooks.publish.as_ref().filter(|_| hooked) {
             None => data,
             Some(hook) => {
@@ -309,7 +325,7 @@ impl Session {
                 let raw = raw_json(&data);
                 let request = hooks::PublishRequest {
                     client: self.hook_client(),
-                    channel: &channel,
+                    channel,
                     data: raw,
                 };
                 let answer: hooks::DataResult = hook
@@ -322,14 +338,8 @@ impl Session {
                 }
             }
         };
-        let from = self.sender(&channel);
-        let position =
-            publish::from_client(&node, self.address, &channel, data, from.as_deref(), key).await?;
-        Ok(reply.with(Outcome::Publish(results::Published {
-            offset: position.position.offset,
-            epoch: &position.position.epoch,
-            repeat: position.repeat,
-        })))
+        let from = self.sender(channel);
+        publish::from_client(&node, self.address, channel, data, from.as_deref(), key).await
     }
 
     /// `rpc`: the client's call, answered by the backend's rpc hook.

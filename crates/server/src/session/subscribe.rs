@@ -27,7 +27,7 @@ impl Session {
         if let Some(token) = &req.token {
             self.accept_channel_token(&req.channel, token).await?;
         }
-        let joined = self.join(req.channel.clone(), req.since).await;
+        let joined = self.join(req.channel.clone(), req.since, None).await;
         if joined.is_err() && req.token.is_some() {
             self.drop_grant(&req.channel);
         }
@@ -67,7 +67,7 @@ impl Session {
         })?;
         for (channel, _) in channels {
             if node.settings.namespace(channel.namespace()).subscribe_hook {
-                let asking = self.ask_subscribe_hook(channel);
+                let asking = self.ask_subscribe_hook(channel, None);
                 let answer = asking.await.map_err(|f| f.about(channel))?;
                 self.credentials().admitted.push((channel.clone(), answer));
             }
@@ -75,9 +75,14 @@ impl Session {
         Ok(())
     }
 
-    /// Asks the subscribe hook whether this client may read `channel`; its answer's state
-    /// on yes. Keeps nothing: the caller decides whether the yes outlives the call.
-    async fn ask_subscribe_hook(&self, channel: &ChannelName) -> Result<HookAnswer, Failure> {
+    /// Asks the subscribe hook whether this client may read `channel` (telling it what the
+    /// client sent with its subscription, `params`, if anything); its answer's state on
+    /// yes. Keeps nothing: the caller decides whether the yes outlives the call.
+    async fn ask_subscribe_hook(
+        &self,
+        channel: &ChannelName,
+        params: Option<&serde_json::value::RawValue>,
+    ) -> Result<HookAnswer, Failure> {
         let node = self.node();
         let Some(hook) = node.settings.hooks.subscribe.as_ref() else {
             // Configuration refuses a namespace switch without its hook's address.
@@ -90,6 +95,7 @@ impl Session {
         let request = hooks::SubscribeRequest {
             client: self.hook_client(),
             channel,
+            params,
         };
         let answer: hooks::SubscribeResult = hook
             .call(&request)
@@ -123,7 +129,7 @@ impl Session {
         }
         let hooked = node.settings.namespace(channel.namespace()).subscribe_hook;
         if hooked && !self.subscriptions.contains_key(channel) {
-            self.ask_subscribe_hook(channel).await?;
+            self.ask_subscribe_hook(channel, None).await?;
         }
         ruled
     }
@@ -166,7 +172,7 @@ impl Session {
             recovered,
             publications: history,
             data,
-        } = self.join(channel.clone(), since).await?;
+        } = self.join(channel.clone(), since, None).await?;
         if let Some(first) = history.first() {
             // Walk the position forward through the replay so each event's cursor is exact.
             self.set_offset(&channel, first.offset - 1);
@@ -205,6 +211,7 @@ impl Session {
         &mut self,
         channel: ChannelName,
         since: Option<Since>,
+        params: Option<&serde_json::value::RawValue>,
     ) -> Result<Joined, Failure> {
         let node = self.node().clone();
         let hooked = node.settings.namespace(channel.namespace()).subscribe_hook;
@@ -230,7 +237,7 @@ impl Session {
             });
             let (data, expires) = match admitted {
                 Some(answer) => answer,
-                None => self.ask_subscribe_hook(&channel).await?,
+                None => self.ask_subscribe_hook(&channel, params).await?,
             };
             // The allowance is a grant for as long as the subscription lives (or
             // until its `expires`), so history and presence follow it.

@@ -448,3 +448,25 @@ pub async fn users(
     let users: Vec<Value> = users.into_iter().map(|id| value!({ "id": id })).collect();
     Ok(Json(value!({ "users": users })))
 }
+
+/// `POST /apps/{id}/users/{user}/terminate_connections`: ends every connection the user
+/// signed in on (`pusher:signin`), on every node, with 4009 (not to reconnect).
+pub async fn terminate(
+    State(node): State<Arc<Node>>,
+    Path((id, user)): Path<(String, String)>,
+    method: Method,
+    uri: Uri,
+    RawQuery(query): RawQuery,
+    body: Bytes,
+) -> Result<Json<Value>, Refused> {
+    let app = signed(&node, &id, &method, &uri, query.as_deref(), &body)?;
+    let action = admin::Action::Disconnect {
+        who: crate::registry::Who::User(super::speaker::user_key(app, &user)),
+        code: pusher::codes::UNAUTHORIZED,
+        reason: "connections terminated by the app".into(),
+    };
+    admin::everywhere(&node, action)
+        .await
+        .map_err(|f| refused(f.status(), f.message))?;
+    Ok(Json(value!({})))
+}

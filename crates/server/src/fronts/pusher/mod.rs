@@ -37,4 +37,8 @@ pub fn routes() -> Router<Arc<Node>> {
         .route("/apps/{id}/channels", get(api::channels))
         .route("/apps/{id}/channels/{name}", get(api::channel_info))
         .route("/apps/{id}/channels/{name}/users", get(api::users))
+        .route(
+            "/apps/{id}/users/{user}/terminate_connections",
+            post(api::terminate),
+        )
 }

@@ -217,7 +217,7 @@ impl Pusher {
         if !self.session.subscribed(&channel) {
             let me = member.as_ref().map(|(user, _)| user.clone());
             self.session.grant_channel(channel.clone(), member);
-            if let Err(f) = self.session.open(&channel, None).await {
+            if let Err(f) = self.session.open(&channel, None, None).await {
                 return line(out, refuse(f.status().as_u16(), &f.message));
             }
             if let Some(me) = me {
@@ -230,15 +230,22 @@ impl Pusher {
                 );
             }
         }
-        if kind != Kind::Presence {
-            return line(out, pusher::subscription_succeeded(&name, None));
-        }
-        match self.session.members(&channel).await {
-            Ok(members) => {
-                let succeeded = self.list(&channel, &name, &members);
-                line(out, succeeded)
+        let succeeded = match kind {
+            Kind::Presence => match self.session.members(&channel).await {
+                Ok(members) => self.list(&channel, &name, &members),
+                Err(f) => return line(out, refuse(f.status().as_u16(), &f.message)),
+            },
+            _ => pusher::subscription_succeeded(&name, None),
+        };
+        line(out, succeeded);
+        if pusher::cached(&name) {
+            // Its last event, read after joining: anything newer arrives through the
+            // queue, after this.
+            match self.session.last_publication(&channel).await {
+                Ok(Some(last)) => line(out, pusher::event(&name, last.data()).frame),
+                Ok(None) => line(out, pusher::cache_miss(&name)),
+                Err(f) => line(out, pusher::error(None, &f.message)),
             }
-            Err(f) => line(out, refuse(f.status().as_u16(), &f.message)),
         }
     }
 
@@ -331,12 +338,17 @@ impl Pusher {
         });
         #[derive(Deserialize)]
         struct User {
-            #[serde(rename = "id")]
-            _id: serde::de::IgnoredAny,
+            id: UserId,
         }
         let user = serde_json::from_str::<User>(user_data).ok();
         match (signed, user) {
-            (true, Some(_)) => line(out, pusher::signin_success(user_data)),
+            (true, Some(user)) => {
+                // Known to the registry as the app's user, so that the app's backend can
+                // end its connections (`terminate_connections`).
+                let id = user.id.into_string();
+                self.session.known_as(&user_key(self.app(), &id));
+                line(out, pusher::signin_success(user_data))
+            }
             (true, None) => line(
                 out,
                 pusher::error(Some(codes::UNAUTHORIZED), "user_data must hold an id"),
@@ -426,6 +438,12 @@ impl Pusher {
             }
         }
     }
+}
+
+/// How a signed-in user of `app` is known to the node's registry (users of two apps are
+/// two users).
+pub fn user_key(app: &PusherApp, user: &str) -> String {
+    format!("{}:{user}", app.namespace())
 }
 
 /// The `pusher:error` code of a client event the session refused.

@@ -1,0 +1,275 @@
+//! Phoenix Channels' messages, as Herald's Phoenix front speaks them to `phoenix.js` (and
+//! Tsung's Phoenix sessions). No I/O; fuzzed (`crates/fuzz`, target `phoenix`).
+//!
+//! Two serializers, chosen by the socket's `vsn=`:
+//!
+//! ```text
+//! 2.0.0  ["1","1","chat:lobby","phx_join",{"token":"…"}]                  [join_ref, ref, topic, event, payload]
+//! 1.0.0  {"topic":"chat","event":"phx_join","payload":{},"ref":"1"}
+//! ```
+//!
+//! A topic is Herald's channel of the same name. A publication stored as a Pusher-style
+//! event (`{"event": E, "data": D}`, see [`crate::pusher`]) arrives as event `E` with
+//! payload `D`; any other payload arrives whole as the event [`PLAIN_EVENT`].
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+/// The event a publication that is not an event envelope arrives as.
+pub const PLAIN_EVENT: &str = crate::pusher::PLAIN_EVENT;
+
+/// The topic of the socket's own messages (heartbeats).
+pub const SOCKET_TOPIC: &str = "phoenix";
+
+/// Which serializer a socket speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Vsn {
+    /// `1.0.0`: one JSON object per message.
+    V1,
+    /// `2.0.0`: one JSON array per message.
+    V2,
+}
+
+impl Vsn {
+    /// The serializer `vsn=` names (none: 1.0.0, as Phoenix assumes); `None` for a version
+    /// this server does not speak.
+    pub fn parse(vsn: Option<&str>) -> Option<Vsn> {
+        match vsn {
+            None => Some(Vsn::V1),
+            Some(v) if v.starts_with("1.") => Some(Vsn::V1),
+            Some(v) if v.starts_with("2.") => Some(Vsn::V2),
+            Some(_) => None,
+        }
+    }
+}
+
+/// One message from a client.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    /// The join this message belongs to (the `ref` of its `phx_join`).
+    pub join_ref: Option<String>,
+    /// The message's own ref, echoed in the reply.
+    pub reference: Option<String>,
+    /// The topic.
+    pub topic: String,
+    /// The event (`phx_join`, `phx_leave`, `heartbeat`, or the app's own).
+    pub event: String,
+    /// The payload, as JSON text.
+    pub payload: String,
+}
+
+/// Why a message was not understood.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Malformed(pub String);
+
+/// A ref as clients write it: a string, a number, or null.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Ref {
+    Text(String),
+    Number(serde_json::Number),
+}
+
+fn text(r: Option<Ref>) -> Option<String> {
+    r.map(|r| match r {
+        Ref::Text(s) => s,
+        Ref::Number(n) => n.to_string(),
+    })
+}
+
+/// Decodes one message. Never panics.
+pub fn decode(vsn: Vsn, message: &[u8]) -> Result<Message, Malformed> {
+    let bad = |e: serde_json::Error| Malformed(format!("not a Phoenix message: {e}"));
+    match vsn {
+        Vsn::V2 => {
+            let (join_ref, reference, topic, event, payload): (
+                Option<Ref>,
+                Option<Ref>,
+                String,
+                String,
+                &RawValue,
+            ) = serde_json::from_slice(message).map_err(bad)?;
+            Ok(Message {
+                join_ref: text(join_ref),
+                reference: text(reference),
+                topic,
+                event,
+                payload: payload.get().to_owned(),
+            })
+        }
+        Vsn::V1 => {
+            #[derive(Deserialize)]
+            struct Object<'a> {
+                topic: String,
+                event: String,
+                #[serde(borrow, default)]
+                payload: Option<&'a RawValue>,
+                #[serde(default, rename = "ref")]
+                reference: Option<Ref>,
+                #[serde(default)]
+                join_ref: Option<Ref>,
+            }
+            let o: Object = serde_json::from_slice(message).map_err(bad)?;
+            Ok(Message {
+                join_ref: text(o.join_ref),
+                reference: text(o.reference),
+                topic: o.topic,
+                event: o.event,
+                payload: o.payload.map_or("{}", |p| p.get()).to_owned(),
+            })
+        }
+    }
+}
+
+/// Encodes a message from the server.
+pub fn encode(
+    vsn: Vsn,
+    join_ref: Option<&str>,
+    reference: Option<&str>,
+    topic: &str,
+    event: &str,
+    payload: &RawValue,
+) -> Vec<u8> {
+    match vsn {
+        Vsn::V2 => serde_json::to_vec(&(join_ref, reference, topic, event, payload)),
+        Vsn::V1 => {
+            #[derive(Serialize)]
+            struct Object<'a> {
+                topic: &'a str,
+                event: &'a str,
+                payload: &'a RawValue,
+                #[serde(rename = "ref")]
+                reference: Option<&'a str>,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                join_ref: Option<&'a str>,
+            }
+            serde_json::to_vec(&Object {
+                topic,
+                event,
+                payload,
+                reference,
+                join_ref,
+            })
+        }
+    }
+    .expect("messages serialise")
+}
+
+/// `phx_reply` to `message`: `{"status": "ok"|"error", "response": …}`.
+pub fn reply(vsn: Vsn, message: &Message, ok: bool, response: &RawValue) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Reply<'a> {
+        status: &'a str,
+        response: &'a RawValue,
+    }
+    let payload = serde_json::to_string(&Reply {
+        status: if ok { "ok" } else { "error" },
+        response,
+    })
+    .expect("replies serialise");
+    let payload: &RawValue = serde_json::from_str(&payload).expect("just written");
+    encode(
+        vsn,
+        message.join_ref.as_deref(),
+        message.reference.as_deref(),
+        &message.topic,
+        "phx_reply",
+        payload,
+    )
+}
+
+/// An error reply's response: `{"reason": …}`, with Herald's error code when there is one.
+pub fn reason(reason: &str, code: Option<u16>) -> Box<RawValue> {
+    #[derive(Serialize)]
+    struct Reason<'a> {
+        reason: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        code: Option<u16>,
+    }
+    let text = serde_json::to_string(&Reason { reason, code }).expect("reasons serialise");
+    RawValue::from_string(text).expect("just written")
+}
+
+/// The empty object.
+pub fn empty() -> &'static RawValue {
+    serde_json::from_str("{}").expect("{} is JSON")
+}
+
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    event: std::borrow::Cow<'a, str>,
+    #[serde(default, borrow)]
+    data: Option<&'a RawValue>,
+}
+
+/// A publication's payload (`data`, one JSON value) as a broadcast on `topic`: no join
+/// ref, so every member of the topic takes it, and one encoding serves them all.
+pub fn broadcast(vsn: Vsn, topic: &str, data: &[u8]) -> Vec<u8> {
+    let null: &RawValue = serde_json::from_str("null").expect("null is JSON");
+    let envelope = (data.first() == Some(&b'{'))
+        .then(|| serde_json::from_slice::<Envelope>(data).ok())
+        .flatten();
+    match envelope {
+        Some(e) => encode(vsn, None, None, topic, &e.event, e.data.unwrap_or(null)),
+        None => {
+            let whole: &RawValue = serde_json::from_slice(data).unwrap_or(null);
+            encode(vsn, None, None, topic, PLAIN_EVENT, whole)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_both_serializers() {
+        let m = decode(
+            Vsn::V2,
+            br#"["1","2","chat:lobby","phx_join",{"token":"t"}]"#,
+        )
+        .unwrap();
+        assert_eq!(m.join_ref.as_deref(), Some("1"));
+        assert_eq!(m.reference.as_deref(), Some("2"));
+        assert_eq!(m.payload, r#"{"token":"t"}"#);
+        let m = decode(
+            Vsn::V1,
+            br#"{"topic":"chat","event":"speak","payload":{"body":"hi"}}"#,
+        )
+        .unwrap();
+        assert_eq!((m.topic.as_str(), m.event.as_str()), ("chat", "speak"));
+        assert_eq!(m.reference, None);
+        let m = decode(Vsn::V2, br#"[null,7,"phoenix","heartbeat",{}]"#).unwrap();
+        assert_eq!(m.reference.as_deref(), Some("7"));
+        for bad in [&b"[]"[..], b"{}", br#"[1,2,3]"#, b"nope"] {
+            assert!(decode(Vsn::V2, bad).is_err());
+            assert!(decode(Vsn::V1, bad).is_err());
+        }
+        assert_eq!(Vsn::parse(Some("2.0.0")), Some(Vsn::V2));
+        assert_eq!(Vsn::parse(None), Some(Vsn::V1));
+        assert_eq!(Vsn::parse(Some("3.0.0")), None);
+    }
+
+    #[test]
+    fn writes_replies_and_broadcasts() {
+        let m = decode(Vsn::V2, br#"["1","2","room","phx_join",{}]"#).unwrap();
+        assert_eq!(
+            String::from_utf8(reply(Vsn::V2, &m, true, empty())).unwrap(),
+            r#"["1","2","room","phx_reply",{"status":"ok","response":{}}]"#
+        );
+        assert_eq!(
+            String::from_utf8(broadcast(
+                Vsn::V1,
+                "chat",
+                br#"{"event":"publish","data":{"body":"x"}}"#
+            ))
+            .unwrap(),
+            r#"{"topic":"chat","event":"publish","payload":{"body":"x"},"ref":null}"#
+        );
+        assert_eq!(
+            String::from_utf8(broadcast(Vsn::V2, "chat", br#"[1]"#)).unwrap(),
+            r#"[null,null,"chat","message",[1]]"#
+        );
+    }
+}

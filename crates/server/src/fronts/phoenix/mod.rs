@@ -1,0 +1,28 @@
+//! The Phoenix Channels front: `phoenix.js` (and Tsung's Phoenix sessions) connect to
+//! `/socket/websocket` unchanged.
+//!
+//! A topic is Herald's channel of the same name, so everything about it is Herald's: the
+//! namespace's rules, tokens (the socket's `token` param is the connection token, a join
+//! payload's `token` a subscription token), the connect hook (told the socket's params)
+//! and the subscribe hook (told the join payload), the publish hook. A client's event on a
+//! joined topic is published as `{"event": E, "data": payload}` (`E` renamed by
+//! `[phoenix] events`) and broadcast to every member, the sender included, as Phoenix's
+//! `broadcast!` does; publications from Herald's API and the other fronts arrive the same
+//! way (see [`herald_protocol::phoenix`]).
+//!
+//! - [`socket`]: the WebSocket endpoint and the framing the hub writes with;
+//! - [`speaker`]: joins, leaves, heartbeats and events, over the session.
+
+mod socket;
+mod speaker;
+
+use std::sync::Arc;
+
+use axum::{routing::get, Router};
+
+use crate::node::Node;
+
+/// The front's routes.
+pub fn routes() -> Router<Arc<Node>> {
+    Router::new().route("/socket/websocket", get(socket::connect))
+}

@@ -1,0 +1,100 @@
+//! `GET /socket/websocket?vsn=2.0.0[&token=…][&…]`: a Phoenix client's WebSocket.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use axum::{
+    extract::{Query, Request, State},
+    response::{IntoResponse, Response},
+};
+use bytes::Bytes;
+use herald_protocol::{phoenix::Vsn, ErrorCode};
+
+use super::speaker::Phoenix;
+use crate::{
+    error::Failure,
+    hooks::Transport,
+    node::Node,
+    queue::{Delivery, Lane},
+    session::Session,
+    transport::{
+        driver::{self, Wire},
+        websocket::{self, text_frame, Framing, Upgraded, WebSocket},
+    },
+};
+
+/// `GET /socket/websocket`.
+pub async fn connect(
+    State(node): State<Arc<Node>>,
+    Query(mut params): Query<BTreeMap<String, String>>,
+    request: Request,
+) -> Response {
+    if !node.settings.config.phoenix.enabled {
+        return Failure::new(
+            ErrorCode::MethodNotFound,
+            "the Phoenix front is off ([phoenix] enabled = false)",
+        )
+        .into_response();
+    }
+    let Some(vsn) = Vsn::parse(params.get("vsn").map(String::as_str)) else {
+        return Failure::new(
+            ErrorCode::BadRequest,
+            "unsupported vsn: this server speaks 1.0.0 and 2.0.0",
+        )
+        .into_response();
+    };
+    params.remove("vsn");
+    let token = params.remove("token");
+    websocket::accept(node, request, None, move |up| run(up, vsn, token, params))
+}
+
+async fn run(up: Upgraded, vsn: Vsn, token: Option<String>, params: BTreeMap<String, String>) {
+    let Upgraded {
+        stream,
+        early,
+        node,
+        address,
+        mut facts,
+    } = up;
+    if let Some(facts) = facts.as_mut() {
+        facts.params = params;
+    }
+    let mut session = Session::new(&node)
+        .at_address(address)
+        .came_by(Transport::Phoenix, facts);
+    let mut wire = WebSocket::open(stream, early, &session, &node, PhoenixFrames(vsn)).await;
+    // Who the client is, before anything it sends: a refused token (or connect hook)
+    // closes the socket with the code Herald's own clients get.
+    let identified = session.identify_once(token.as_deref()).await;
+    if let Err(d) = identified {
+        drop(session);
+        Box::pin(wire.farewell(Some(d))).await;
+        return;
+    }
+    session.announce();
+    let mut speaker = Phoenix::new(session, vsn);
+    let told = driver::drive(&node, &mut speaker, &mut wire, Ok(()), 0).await;
+    drop(speaker);
+    Box::pin(wire.farewell(told)).await;
+}
+
+/// How a Phoenix connection is written to: a message per push; the hub writes broadcasts
+/// straight to the socket, made once per publication and serializer. Presence changes are
+/// not sent (Phoenix Presence is not spoken yet).
+#[derive(Debug)]
+pub struct PhoenixFrames(Vsn);
+
+impl Framing for PhoenixFrames {
+    const MESSAGE_PER_PUSH: bool = true;
+
+    fn frame<'d>(&self, delivery: &'d Delivery) -> Option<&'d Bytes> {
+        if delivery.offset == 0 {
+            return None;
+        }
+        let vsn = self.0;
+        let lane = match vsn {
+            Vsn::V1 => Lane::PhoenixV1,
+            Vsn::V2 => Lane::PhoenixV2,
+        };
+        Some(delivery.framed(lane, |d| text_frame(d.phoenix(vsn))))
+    }
+}

@@ -1,0 +1,176 @@
+//! A Phoenix connection over a Herald session: joins, leaves, heartbeats and client events
+//! done with the session's own steps; broadcasts in Phoenix's words.
+
+use std::collections::HashSet;
+
+use herald_protocol::{
+    json,
+    phoenix::{self, Message, Vsn},
+    pusher, ChannelName, DisconnectCode,
+};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::{
+    error::Disconnect,
+    session::{Drained, Positions, Session},
+    transport::driver::Speaker,
+};
+
+/// One Phoenix client's connection.
+#[derive(Debug)]
+pub struct Phoenix {
+    session: Session,
+    vsn: Vsn,
+    /// The topics it joined.
+    joined: HashSet<ChannelName>,
+}
+
+impl Phoenix {
+    /// The connection of `session`, speaking serializer `vsn`.
+    pub fn new(session: Session, vsn: Vsn) -> Self {
+        Self {
+            session,
+            vsn,
+            joined: HashSet::new(),
+        }
+    }
+
+    fn reply(&self, out: &mut Vec<u8>, m: &Message, ok: bool, response: &RawValue) {
+        if m.reference.is_some() {
+            line(out, phoenix::reply(self.vsn, m, ok, response));
+        }
+    }
+
+    fn refuse(&self, out: &mut Vec<u8>, m: &Message, reason: &str, code: Option<u16>) {
+        self.reply(out, m, false, &phoenix::reason(reason, code));
+    }
+
+    async fn handle_message(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), Disconnect> {
+        let m = phoenix::decode(self.vsn, bytes)
+            .map_err(|e| Disconnect::because(DisconnectCode::BadRequest, e.0))?;
+        match (m.topic.as_str(), m.event.as_str()) {
+            (phoenix::SOCKET_TOPIC, "heartbeat") => self.reply(out, &m, true, phoenix::empty()),
+            (_, "phx_join") => self.join(&m, out).await,
+            (_, "phx_leave") => {
+                if let Ok(channel) = ChannelName::new(&m.topic) {
+                    self.joined.remove(&channel);
+                    self.session.close(&channel).await;
+                }
+                self.reply(out, &m, true, phoenix::empty());
+                let close = phoenix::encode(
+                    self.vsn,
+                    m.join_ref.as_deref(),
+                    m.join_ref.as_deref(),
+                    &m.topic,
+                    "phx_close",
+                    phoenix::empty(),
+                );
+                line(out, close);
+            }
+            _ => self.event(&m, out).await,
+        }
+        Ok(())
+    }
+
+    async fn join(&mut self, m: &Message, out: &mut Vec<u8>) {
+        let channel = match ChannelName::new(&m.topic) {
+            Ok(c) => c,
+            Err(e) => return self.refuse(out, m, &e.to_string(), None),
+        };
+        if self.joined.contains(&channel) {
+            // Joined again (a rejoin after an error): the same subscription goes on.
+            return self.reply(out, m, true, phoenix::empty());
+        }
+        #[derive(Deserialize)]
+        struct Params {
+            #[serde(default)]
+            token: Option<String>,
+        }
+        let payload: Option<&RawValue> = serde_json::from_str(&m.payload).ok();
+        let params = serde_json::from_str::<Params>(&m.payload).ok();
+        if let Some(token) = params.and_then(|p| p.token) {
+            if let Err(f) = self.session.accept_token(&channel, &token).await {
+                return self.refuse(out, m, &f.message, Some(f.wire_code()));
+            }
+        }
+        match self.session.open(&channel, None, payload).await {
+            Ok(_) => {
+                self.joined.insert(channel);
+                self.reply(out, m, true, phoenix::empty());
+            }
+            Err(f) => self.refuse(out, m, &f.message, Some(f.wire_code())),
+        }
+    }
+
+    /// A client's event on a joined topic: published through the session (the rules, the
+    /// publish hook), as the event `[phoenix] events` names.
+    async fn event(&mut self, m: &Message, out: &mut Vec<u8>) {
+        let Ok(channel) = ChannelName::new(&m.topic) else {
+            return self.refuse(out, m, "unmatched topic", None);
+        };
+        if !self.joined.contains(&channel) {
+            return self.refuse(out, m, "unmatched topic", None);
+        }
+        let node = self.session.node().clone();
+        let events = &node.settings.config.phoenix.events;
+        let event = events.get(&m.event).unwrap_or(&m.event);
+        let Ok(data) = serde_json::from_str::<&RawValue>(&m.payload) else {
+            return self.refuse(out, m, "the payload is not JSON", None);
+        };
+        let stored = pusher::stored(event, data, None, None);
+        let stored: &RawValue = serde_json::from_slice(&stored).expect("stored events are JSON");
+        let payload = match json::payload(stored) {
+            Ok(p) => p,
+            Err(e) => return self.refuse(out, m, &e, None),
+        };
+        match self.session.publish_checked(&channel, payload).await {
+            Ok(_) => self.reply(out, m, true, phoenix::empty()),
+            Err(f) => self.refuse(out, m, &f.message, Some(f.wire_code())),
+        }
+    }
+}
+
+/// Appends one message to `out` (messages are lines there: JSON holds no raw line break).
+fn line(out: &mut Vec<u8>, message: Vec<u8>) {
+    if !out.is_empty() {
+        out.push(b'\n');
+    }
+    out.extend_from_slice(&message);
+}
+
+impl Speaker for Phoenix {
+    fn session(&self) -> &Session {
+        &self.session
+    }
+
+    fn session_mut(&mut self) -> &mut Session {
+        &mut self.session
+    }
+
+    async fn handle<'f>(
+        &mut self,
+        frame: &'f [u8],
+        out: &mut Vec<u8>,
+        _flush_at: usize,
+    ) -> Result<&'f [u8], Disconnect> {
+        // A WebSocket message is one Phoenix message.
+        self.handle_message(frame, out).await?;
+        Ok(&[])
+    }
+
+    fn drain(
+        &mut self,
+        max_bytes: usize,
+        emit: &mut dyn FnMut(&[u8], Positions<'_>),
+    ) -> Result<(), Disconnect> {
+        let vsn = self.vsn;
+        self.session
+            .drain_deliveries(max_bytes, |drained, at| match drained {
+                // Herald's own notices and presence changes have no Phoenix words yet.
+                Drained::Notice(_) => {}
+                Drained::Delivery(d) if d.offset == 0 => {}
+                Drained::Delivery(d) => emit(d.phoenix(vsn), at),
+            })
+    }
+}

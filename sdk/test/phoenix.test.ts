@@ -1,0 +1,140 @@
+/** Herald's Phoenix front with the real `phoenix` client from npm (in Node, over `ws`),
+ * and the seed study's Tsung exchange (serializer 1.0.0) byte for byte. */
+import { Socket, type Channel } from "phoenix";
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import WebSocket from "ws";
+import { Herald, signedToken, until } from "./herald.js";
+import { SECRET, phoenixConfig } from "./phoenix.js";
+
+let herald: Herald;
+const sockets: Socket[] = [];
+
+beforeAll(async () => {
+  herald = await Herald.start({ args: ["--config", phoenixConfig()] });
+});
+afterEach(() => {
+  for (const s of sockets.splice(0)) s.disconnect();
+});
+afterAll(async () => {
+  await herald.dispose();
+});
+
+function socket(params: Record<string, string> = {}): Socket {
+  const s = new Socket(`ws://127.0.0.1:${herald.port}/socket`, { transport: WebSocket as unknown as typeof globalThis.WebSocket, params });
+  sockets.push(s);
+  s.connect();
+  return s;
+}
+
+/** Joins `topic`; resolves with the channel, or rejects with the server's reason. */
+function joined(s: Socket, topic: string, params: Record<string, unknown> = {}): Promise<Channel> {
+  const channel = s.channel(topic, params);
+  return new Promise((resolve, reject) => {
+    channel
+      .join()
+      .receive("ok", () => resolve(channel))
+      .receive("error", (e: unknown) => reject(new Error(JSON.stringify(e))))
+      .receive("timeout", () => reject(new Error("join timed out")));
+  });
+}
+
+function pushed(channel: Channel, event: string, payload: object): Promise<unknown> {
+  return new Promise((resolve, reject) => {
+    channel
+      .push(event, payload)
+      .receive("ok", resolve)
+      .receive("error", (e: unknown) => reject(new Error(JSON.stringify(e))))
+      .receive("timeout", () => reject(new Error("push timed out")));
+  });
+}
+
+describe("phoenix.js", () => {
+  it("joins a topic, and an event pushed by one member reaches every member, the sender too", async () => {
+    const a = await joined(socket(), "chat:lobby");
+    const b = await joined(socket(), "chat:lobby");
+    const atA: unknown[] = [];
+    const atB: unknown[] = [];
+    a.on("new_msg", (p) => void atA.push(p));
+    b.on("new_msg", (p) => void atB.push(p));
+    await pushed(a, "new_msg", { body: "hello" });
+    await until("both hear it", () => atA.length === 1 && atB.length === 1);
+    expect(atB).toEqual([{ body: "hello" }]);
+  });
+
+  it("receives what Herald's API publishes on the topic, as the event it names", async () => {
+    const c = await joined(socket(), "chat:news");
+    const alerts: unknown[] = [];
+    const plain: unknown[] = [];
+    c.on("alert", (p) => void alerts.push(p));
+    c.on("message", (p) => void plain.push(p));
+    await herald.publish("chat:news", { event: "alert", data: { level: 2 } });
+    await herald.publish("chat:news", { text: "plain" });
+    await until("both", () => alerts.length === 1 && plain.length === 1);
+    expect(alerts).toEqual([{ level: 2 }]);
+    expect(plain).toEqual([{ text: "plain" }]);
+  });
+
+  it("asks the namespace's rules: a members-only topic needs the socket's token", async () => {
+    await expect(joined(socket(), "members:room")).rejects.toThrow(/members:room/);
+    const token = signedToken(SECRET, "ann", { name: "Ann" });
+    const room = await joined(socket({ token }), "members:room");
+    await pushed(room, "hi", {});
+    // A bad token closes the socket (3500), as for Herald's own clients.
+    const bad = socket({ token: "not-a-token" });
+    const closes: number[] = [];
+    bad.onClose((e: unknown) => void closes.push((e as { code: number }).code));
+    await until("closed", () => closes.length > 0);
+    expect(closes[0]).toBe(3500);
+  });
+
+  it("leaves a topic: nothing more arrives", async () => {
+    const s = socket();
+    const c = await joined(s, "chat:leaving");
+    const got: unknown[] = [];
+    c.on("message", (p) => void got.push(p));
+    await herald.publish("chat:leaving", { n: 1 });
+    await until("the first", () => got.length === 1);
+    await new Promise<void>((resolve) => c.leave().receive("ok", () => resolve()));
+    const other = await joined(s, "chat:still");
+    const after: unknown[] = [];
+    other.on("message", (p) => void after.push(p));
+    await herald.publish("chat:leaving", { n: 2 });
+    await herald.publish("chat:still", { n: 3 });
+    await until("the other topic's", () => after.length === 1);
+    expect(got).toEqual([{ n: 1 }]);
+  });
+});
+
+describe("the seed's Tsung exchange (serializer 1.0.0)", () => {
+  it("joins chat, heartbeats, and hears its speak broadcast back as publish", async () => {
+    const ws = new WebSocket(`ws://127.0.0.1:${herald.port}/socket/websocket`);
+    const got: Array<Record<string, unknown>> = [];
+    ws.on("message", (m) => got.push(JSON.parse(m.toString())));
+    await new Promise((resolve) => ws.on("open", resolve));
+    ws.send(JSON.stringify({ topic: "chat", event: "phx_join", payload: {}, ref: "1" }));
+    await until("joined", () => got.some((m) => m.ref === "1"));
+    expect(got[0]).toEqual({ topic: "chat", event: "phx_reply", payload: { status: "ok", response: {} }, ref: "1" });
+    ws.send(JSON.stringify({ topic: "chat", event: "speak", payload: { body: "hi all" } }));
+    ws.send(JSON.stringify({ topic: "phoenix", event: "heartbeat", payload: {}, ref: "2" }));
+    await until("the broadcast and the heartbeat reply", () => got.length === 3);
+    expect(got).toContainEqual({ topic: "chat", event: "publish", payload: { body: "hi all" }, ref: null });
+    expect(got).toContainEqual({ topic: "phoenix", event: "phx_reply", payload: { status: "ok", response: {} }, ref: "2" });
+    // Not a Phoenix message: closed with 3501 (bad request), saying why.
+    const closed = new Promise<number>((resolve) => ws.on("close", (code) => resolve(code)));
+    ws.send("{nope");
+    expect(await closed).toBe(3501);
+  });
+
+  it("answers an event on a topic it has not joined with an error, and refuses a bad topic", async () => {
+    const ws = new WebSocket(`ws://127.0.0.1:${herald.port}/socket/websocket?vsn=2.0.0`);
+    const got: unknown[] = [];
+    ws.on("message", (m) => got.push(JSON.parse(m.toString())));
+    await new Promise((resolve) => ws.on("open", resolve));
+    ws.send(JSON.stringify([null, "1", "chat", "speak", { body: "x" }]));
+    ws.send(JSON.stringify(["2", "2", "bad topic!", "phx_join", {}]));
+    await until("two errors", () => got.length === 2);
+    expect(got[0]).toEqual([null, "1", "chat", "phx_reply", { status: "error", response: { reason: "unmatched topic" } }]);
+    expect((got[1] as unknown[])[4]).toMatchObject({ status: "error" });
+    ws.close();
+  });
+});

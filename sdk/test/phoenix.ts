@@ -1,0 +1,32 @@
+/** Herald's Phoenix front under test. */
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+export const SECRET = "phoenix-test-hmac-secret-0123456789";
+
+/** The seed's chat (topic `chat`, `speak` heard as `publish`), and a members-only
+ * namespace. */
+export function phoenixConfig(): string {
+  const file = join(mkdtempSync(join(tmpdir(), "herald-phoenix-")), "herald.toml");
+  writeFileSync(
+    file,
+    `[auth]
+hmac_secret = "${SECRET}"
+
+[channels]
+subscribe = "anyone"
+history = "anyone"
+publish = "anyone"
+
+[namespaces.members]
+subscribe = "authenticated"
+publish = "authenticated"
+
+[phoenix.events]
+speak = "publish"
+`,
+  );
+  return file;
+}
+
