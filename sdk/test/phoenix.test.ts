@@ -1,6 +1,6 @@
 /** Herald's Phoenix front with the real `phoenix` client from npm (in Node, over `ws`),
  * and the seed study's Tsung exchange (serializer 1.0.0) byte for byte. */
-import { Socket, type Channel } from "phoenix";
+import { LongPoll, Socket, type Channel } from "phoenix";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import WebSocket from "ws";
 import { Herald, signedToken, until } from "./herald.js";
@@ -102,6 +102,36 @@ describe("phoenix.js", () => {
     await herald.publish("chat:still", { n: 3 });
     await until("the other topic's", () => after.length === 1);
     expect(got).toEqual([{ n: 1 }]);
+  });
+});
+
+describe("phoenix.js's long-poll fallback", () => {
+  it("joins, pushes and receives over /socket/longpoll, with the socket's token", async () => {
+    const token = signedToken(SECRET, "lp-user", {});
+    const s = new Socket(`ws://127.0.0.1:${herald.port}/socket`, { transport: LongPoll, params: { token } });
+    sockets.push(s);
+    s.connect();
+    const room = await joined(s, "members:polled");
+    const ws = await joined(socket({ token }), "members:polled");
+    const polled: unknown[] = [];
+    const viaWs: unknown[] = [];
+    room.on("new_msg", (p) => void polled.push(p));
+    ws.on("new_msg", (p) => void viaWs.push(p));
+    await pushed(room, "new_msg", { from: "poller" });
+    await pushed(ws, "new_msg", { from: "websocket" });
+    await herald.publish("members:polled", { event: "new_msg", data: { from: "api" } });
+    await until("all three, both ways", () => polled.length === 3 && viaWs.length === 3);
+    expect(polled).toEqual([{ from: "poller" }, { from: "websocket" }, { from: "api" }]);
+    expect(viaWs).toEqual(polled);
+  });
+
+  it("refuses a stale session token with 410, and a members-only topic without a token", async () => {
+    const stale = await fetch(`${herald.url}/socket/longpoll?vsn=2.0.0&token=${"0".repeat(32)}`);
+    expect(await stale.json()).toEqual({ status: 410 });
+    const s = new Socket(`ws://127.0.0.1:${herald.port}/socket`, { transport: LongPoll });
+    sockets.push(s);
+    s.connect();
+    await expect(joined(s, "members:polled")).rejects.toThrow(/members:polled/);
   });
 });
 

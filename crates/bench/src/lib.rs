@@ -96,6 +96,13 @@ pub struct Common {
     /// Repeat each measurement this many times and report the median run (by its main figure).
     #[arg(long, global = true, default_value_t = 1)]
     pub repeat: usize,
+    /// Measure through the Pusher protocol (`ID:KEY:SECRET` of an app): clients connect to
+    /// `/app/KEY?protocol=7` and subscribe with `pusher:subscribe`; publications go through
+    /// the signed `POST /apps/ID/events`. The Herald this tool starts gets the app
+    /// (`HERALD_PUSHER__APPS`); a Pusher server of another kind is named by `--url`.
+    /// Channel names use `-` for `:` (Pusher names allow no `:`).
+    #[arg(long, global = true)]
+    pub pusher_app: Option<String>,
     #[command(flatten)]
     pub generic: GenericArgs,
 }

@@ -37,6 +37,7 @@ impl Server {
         nodes: usize,
         redis_url: Option<&str>,
         nats_url: Option<&str>,
+        env: &[(String, String)],
     ) -> anyhow::Result<Self> {
         let data = tempfile::tempdir()?;
         let mut args: Vec<String> = extra.to_vec();
@@ -61,10 +62,10 @@ impl Server {
             );
             shared = Some(url);
         }
-        let (first, address) = spawn_node("127.0.0.1:0", data.path(), &args)?;
+        let (first, address) = spawn_node("127.0.0.1:0", data.path(), &args, env)?;
         let mut children = vec![first];
         for _ in 1..nodes.max(1) {
-            children.push(spawn_node(&address, data.path(), &args)?.0);
+            children.push(spawn_node(&address, data.path(), &args, env)?.0);
         }
         let mut pids: Vec<u32> = children.iter().map(Child::id).collect();
         pids.extend(redis.as_ref().map(|r| r.child.id()));
@@ -167,6 +168,7 @@ fn spawn_node(
     listen: &str,
     data: &std::path::Path,
     extra: &[String],
+    env: &[(String, String)],
 ) -> anyhow::Result<(Child, String)> {
     let mut child = Command::new(std::env::current_exe()?)
         .args(["serve", "--listen", listen, "--api-key", BENCH_API_KEY])
@@ -182,6 +184,7 @@ fn spawn_node(
         .env("HERALD_LIMITS__CONNECTION_RATE_PER_ADDRESS", "0")
         .env("HERALD_LIMITS__COMMANDS_PER_ADDRESS", "0")
         .env("HERALD_LIMITS__HOOK_CALLS_PER_ADDRESS", "0")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -213,7 +216,8 @@ fn spawn_node(
     Ok((child, address))
 }
 
-/// Publishes through an HTTP API: Herald's, or any server's through a template.
+/// Publishes through an HTTP API: Herald's, any server's through a template, or a Pusher
+/// server's signed events API.
 #[derive(Clone)]
 pub struct Publisher {
     http: reqwest::Client,
@@ -222,6 +226,50 @@ pub struct Publisher {
     /// None = Herald's `/api/publish`.
     template: Option<String>,
     headers: Vec<(String, String)>,
+    /// A Pusher app's id, key and secret: each publication is signed for `/apps/ID/events`.
+    pusher: Option<PusherApp>,
+}
+
+/// A Pusher app, as `--pusher-app ID:KEY:SECRET` names it.
+#[derive(Debug, Clone)]
+pub struct PusherApp {
+    pub id: String,
+    pub key: String,
+    pub secret: String,
+}
+
+impl PusherApp {
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        let mut parts = text.splitn(3, ':');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(id), Some(key), Some(secret)) if !id.is_empty() && !key.is_empty() => Ok(Self {
+                id: id.into(),
+                key: key.into(),
+                secret: secret.into(),
+            }),
+            _ => bail!("--pusher-app is ID:KEY:SECRET"),
+        }
+    }
+
+    /// The query that signs `POST path` with `body` (Pusher's HTTP API authentication).
+    fn signed_query(&self, path: &str, body: &[u8]) -> String {
+        use hmac::{Hmac, Mac};
+        use md5::Digest;
+        let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let query = format!(
+            "auth_key={}&auth_timestamp={}&auth_version=1.0&body_md5={}",
+            self.key,
+            now_ns() / 1_000_000_000,
+            hex(&md5::Md5::digest(body))
+        );
+        let mut mac =
+            Hmac::<sha2::Sha256>::new_from_slice(self.secret.as_bytes()).expect("any key");
+        mac.update(format!("POST\n{path}\n{query}").as_bytes());
+        format!(
+            "{query}&auth_signature={}",
+            hex(&mac.finalize().into_bytes())
+        )
+    }
 }
 
 pub fn now_ns() -> u64 {
@@ -237,6 +285,19 @@ impl Publisher {
             url: format!("{server_url}/api/publish"),
             template: None,
             headers: vec![("authorization".into(), format!("apikey {api_key}"))],
+            pusher: None,
+        }
+    }
+
+    /// Publishes as a Pusher app's backend to the server at `server_url`: the event
+    /// `bench` with the data as a JSON string, as the `pusher` SDKs send it.
+    pub fn pusher(server_url: &str, app: PusherApp) -> Self {
+        Self {
+            http: reqwest::Client::new(),
+            url: server_url.trim_end_matches('/').to_string(),
+            template: None,
+            headers: Vec::new(),
+            pusher: Some(app),
         }
     }
 
@@ -254,6 +315,7 @@ impl Publisher {
             url: url.to_string(),
             template: Some(template.to_string()),
             headers,
+            pusher: None,
         })
     }
 
@@ -261,6 +323,27 @@ impl Publisher {
     pub async fn publish(&self, channel: &str, seq: u64, payload: usize) -> anyhow::Result<()> {
         let pad = "x".repeat(payload.saturating_sub(48));
         let data = json!({"t": now_ns(), "seq": seq, "pad": pad});
+        if let Some(app) = &self.pusher {
+            let path = format!("/apps/{}/events", app.id);
+            let body = json!({"name": "bench", "channels": [pusher_name(channel)], "data": data.to_string()})
+                .to_string();
+            let query = app.signed_query(&path, body.as_bytes());
+            let r = self
+                .http
+                .post(format!("{}{path}?{query}", self.url))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await?;
+            if !r.status().is_success() {
+                bail!(
+                    "publish: HTTP {} {}",
+                    r.status(),
+                    r.text().await.unwrap_or_default()
+                );
+            }
+            return Ok(());
+        }
         let body = match &self.template {
             None => json!({"channel": channel, "data": data}).to_string(),
             Some(t) => t
@@ -284,4 +367,9 @@ impl Publisher {
         }
         Ok(())
     }
+}
+
+/// A bench channel's name as a Pusher channel (Pusher names allow no `:`).
+pub fn pusher_name(channel: &str) -> String {
+    channel.replace(':', "-")
 }

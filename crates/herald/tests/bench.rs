@@ -62,6 +62,30 @@ fn fanout_delivers_everything_once_across_worker_processes() {
     assert!(dir.path().join("fanout-latency.svg").exists());
 }
 
+/// Issue #34: the Pusher front as one more target: Pusher clients subscribed with
+/// `pusher:subscribe`, publications signed for `POST /apps/ID/events`, every one counted.
+#[test]
+fn fanout_through_the_pusher_protocol_reaches_everyone_once() {
+    let out = succeeds(herald().args([
+        "bench",
+        "fanout",
+        "--subscribers",
+        "20",
+        "--publications",
+        "30",
+        "--rate",
+        "60",
+        "--channels",
+        "2",
+        "--json",
+        "--pusher-app",
+        "77:bench-key:bench-secret-0123456789",
+    ]));
+    let rows = rows(&out.stdout);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    every_delivery_once(&rows[0], 10 * 15 + 10 * 15);
+}
+
 #[test]
 fn transports_counts_bytes_and_packets_both_ways() {
     let charts = tempfile::tempdir().unwrap();

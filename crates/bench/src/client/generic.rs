@@ -80,8 +80,10 @@ pub(super) async fn generic_session(
                     }
                 }
             }
-            ws.send(Message::text(frame.replace("{channel}", &spec.channel)))
-                .await?;
+            let frame = frame
+                .replace("{channel_dashed}", &spec.channel.replace(':', "-"))
+                .replace("{channel}", &spec.channel);
+            ws.send(Message::text(frame)).await?;
         }
         rec.connected();
         let mut beat = (g.heartbeat.is_some() && g.heartbeat_ms > 0)

@@ -142,8 +142,13 @@ fn now_ns() -> u64 {
 /// The `"t"` (publish time, ns) and `"seq"` of a publication's data, wherever it sits in
 /// the text: works for any server's framing.
 pub fn stamp(text: &str) -> Option<(u64, Option<u64>)> {
+    // The data may come inside a JSON string (Pusher's events): `\"t\":` then.
     let number_after = |key: &str| -> Option<u64> {
-        let at = text.find(key)? + key.len();
+        let escaped = key.replace('"', "\\\"");
+        let at = match text.find(key) {
+            Some(at) => at + key.len(),
+            None => text.find(&escaped)? + escaped.len(),
+        };
         let digits: String = text[at..]
             .chars()
             .skip_while(|c| *c == ' ')

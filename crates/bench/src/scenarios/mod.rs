@@ -54,14 +54,31 @@ pub struct Target {
 
 impl Target {
     pub async fn start(common: &Common) -> anyhow::Result<Self> {
+        let pusher = common
+            .pusher_app
+            .as_deref()
+            .map(crate::target::PusherApp::parse)
+            .transpose()?;
         let server = match &common.url {
             Some(url) => Server::external(url, &common.pid),
             None => {
+                // The Pusher app, for a Herald started here to serve.
+                let env: Vec<(String, String)> = match &pusher {
+                    Some(app) => vec![(
+                        "HERALD_PUSHER__APPS".into(),
+                        format!(
+                            r#"[{{ id = "{}", key = "{}", secret = "{}" }}]"#,
+                            app.id, app.key, app.secret
+                        ),
+                    )],
+                    None => Vec::new(),
+                };
                 let mut server = Server::spawn(
                     &common.server_args,
                     common.nodes,
                     common.redis_url.as_deref(),
                     common.nats_url.as_deref(),
+                    &env,
                 )?;
                 // Counted with it: the Redis servers it was pointed at, say.
                 server.pids.extend(&common.pid);
@@ -73,17 +90,34 @@ impl Target {
             .clone()
             .unwrap_or_else(|| BENCH_API_KEY.into());
         let g = &common.generic;
-        let publisher = match &g.publish_url {
-            Some(url) => Publisher::generic(url, &g.publish_body, &g.publish_header)?,
-            None => Publisher::herald(&server.url, &api_key),
+        let publisher = match (&pusher, &g.publish_url) {
+            (Some(app), _) => Publisher::pusher(&server.url, app.clone()),
+            (None, Some(url)) => Publisher::generic(url, &g.publish_body, &g.publish_header)?,
+            (None, None) => Publisher::herald(&server.url, &api_key),
         };
-        let generic = g.client_url.as_ref().map(|url| Generic {
-            url: url.clone(),
-            subscribe: g.subscribe_frame.clone(),
-            wait_for: g.wait_for.clone(),
-            heartbeat: g.heartbeat_frame.clone(),
-            heartbeat_ms: g.heartbeat_interval.as_millis() as u64,
-        });
+        let generic = match &pusher {
+            // A Pusher client: connected once it is told its socket id, then subscribed.
+            Some(app) => Some(Generic {
+                url: format!(
+                    "{}/app/{}?protocol=7",
+                    server.url.replacen("http", "ws", 1),
+                    app.key
+                ),
+                subscribe: vec![
+                    r#"{"event":"pusher:subscribe","data":{"channel":"{channel_dashed}"}}"#.into(),
+                ],
+                wait_for: vec!["pusher:connection_established".into()],
+                heartbeat: None,
+                heartbeat_ms: 0,
+            }),
+            None => g.client_url.as_ref().map(|url| Generic {
+                url: url.clone(),
+                subscribe: g.subscribe_frame.clone(),
+                wait_for: g.wait_for.clone(),
+                heartbeat: g.heartbeat_frame.clone(),
+                heartbeat_ms: g.heartbeat_interval.as_millis() as u64,
+            }),
+        };
         Ok(Self {
             is_herald: generic.is_none(),
             server,

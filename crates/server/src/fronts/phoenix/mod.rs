@@ -11,10 +11,14 @@
 //! way (see [`herald_protocol::phoenix`]).
 //!
 //! - [`socket`]: the WebSocket endpoint and the framing the hub writes with;
-//! - [`speaker`]: joins, leaves, heartbeats and events, over the session.
+//! - [`speaker`]: joins, leaves, heartbeats and events, over the session;
+//! - [`longpoll`]: phoenix.js's long-poll fallback (`/socket/longpoll`), the same speaker.
 
+mod longpoll;
 mod socket;
 mod speaker;
+
+pub use longpoll::Polls;
 
 use std::sync::Arc;
 
@@ -22,7 +26,13 @@ use axum::{routing::get, Router};
 
 use crate::node::Node;
 
-/// The front's routes.
+/// The front's WebSocket route.
 pub fn routes() -> Router<Arc<Node>> {
     Router::new().route("/socket/websocket", get(socket::connect))
+}
+
+/// The long-poll fallback's routes (with the HTTP transports: their CORS and body limit),
+/// given the node's long-poll sessions as an extension.
+pub fn polling_routes() -> Router<Arc<Node>> {
+    Router::new().route("/socket/longpoll", get(longpoll::poll).post(longpoll::send))
 }

@@ -28,12 +28,8 @@ pub async fn connect(
     Query(mut params): Query<BTreeMap<String, String>>,
     request: Request,
 ) -> Response {
-    if !node.settings.config.phoenix.enabled {
-        return Failure::new(
-            ErrorCode::MethodNotFound,
-            "the Phoenix front is off ([phoenix] enabled = false)",
-        )
-        .into_response();
+    if let Some(off) = off(&node) {
+        return off;
     }
     let Some(vsn) = Vsn::parse(params.get("vsn").map(String::as_str)) else {
         return Failure::new(
@@ -45,6 +41,17 @@ pub async fn connect(
     params.remove("vsn");
     let token = params.remove("token");
     websocket::accept(node, request, None, move |up| run(up, vsn, token, params))
+}
+
+/// The answer of every Phoenix route while the front is off.
+pub fn off(node: &Node) -> Option<Response> {
+    (!node.settings.config.phoenix.enabled).then(|| {
+        Failure::new(
+            ErrorCode::MethodNotFound,
+            "the Phoenix front is off ([phoenix] enabled = false)",
+        )
+        .into_response()
+    })
 }
 
 async fn run(up: Upgraded, vsn: Vsn, token: Option<String>, params: BTreeMap<String, String>) {

@@ -1,0 +1,297 @@
+//! `/socket/longpoll`: phoenix.js's long-polling fallback, over the same Phoenix speaker
+//! as its WebSocket.
+//!
+//! The first `GET` opens a session and answers `{"status": 410, "token": T}`; `T` (128
+//! random bits, the session's only capability) comes back with every request, as the last
+//! `token` parameter (a socket's own `token` param, its connection token, comes first, as
+//! phoenix.js writes them).
+//! A `GET` with it answers the messages waiting, or waits for some up to
+//! `http.longpoll_timeout` (then `{"status": 204}`); a `POST` carries the client's messages
+//! (one per line) and answers `{"status": 200}` (their replies wait for the next `GET`).
+//! A session no request asked for `http.longpoll_grace` plus the long-poll timeout is
+//! dropped, and its token answers 410 (phoenix.js then opens a new one and joins again).
+//! Every answer is HTTP 200: phoenix.js reads the status from the body.
+
+use std::{collections::BTreeMap, collections::HashMap, sync::Arc, time::Duration};
+
+use axum::{
+    body::Bytes,
+    extract::{RawQuery, Request, State},
+    http::HeaderMap,
+    response::{IntoResponse, Response},
+    Extension, Json,
+};
+use herald_protocol::{phoenix::Vsn, ErrorCode};
+use parking_lot::Mutex;
+use serde_json::json;
+use tokio::{sync::Notify, time::Instant};
+
+use super::speaker::Phoenix;
+use crate::{
+    error::Failure,
+    hooks::Transport,
+    limits::{AddressGuard, Peer},
+    node::Node,
+    session::Session,
+    transport::{driver::Speaker, request, MAX_BATCH_BYTES},
+};
+
+/// The long-poll sessions of this node, by token.
+#[derive(Debug, Clone, Default)]
+pub struct Polls(Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<Polled>>>>>);
+
+/// One long-polling client.
+#[derive(Debug)]
+pub struct Polled {
+    speaker: Phoenix,
+    /// Messages waiting for the next `GET`.
+    outbox: Vec<String>,
+    /// Wakes a waiting `GET` when a `POST` left replies in the outbox.
+    replied: Arc<Notify>,
+    /// When a request last asked for it.
+    seen: Instant,
+    /// Its address's count of connections, for as long as it lives.
+    _counted: Option<AddressGuard>,
+}
+
+impl Polls {
+    /// Starts the sweeper that drops sessions nobody asked for (inside a runtime).
+    pub fn start(node: &Arc<Node>) -> Self {
+        let polls = Self::default();
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let weak = Arc::downgrade(&polls.0);
+            let http = &node.settings.config.http;
+            let idle = http.longpoll_grace + http.longpoll_timeout + Duration::from_secs(5);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(5));
+                loop {
+                    tick.tick().await;
+                    let Some(all) = weak.upgrade() else { return };
+                    let stale: Vec<_> = {
+                        let all = all.lock();
+                        all.iter()
+                            .filter(|(_, p)| p.try_lock().is_ok_and(|p| p.seen.elapsed() > idle))
+                            .map(|(k, _)| k.clone())
+                            .collect()
+                    };
+                    let mut all = all.lock();
+                    for token in stale {
+                        all.remove(&token);
+                    }
+                }
+            });
+        }
+        polls
+    }
+
+    fn get(&self, token: &str) -> Option<Arc<tokio::sync::Mutex<Polled>>> {
+        self.0.lock().get(token).cloned()
+    }
+}
+
+/// A request's query: its parameters, and its `token`s in order.
+struct PollQuery {
+    params: BTreeMap<String, String>,
+    tokens: Vec<String>,
+}
+
+impl PollQuery {
+    fn parse(query: Option<&str>) -> Self {
+        let mut params = BTreeMap::new();
+        let mut tokens = Vec::new();
+        for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+            match &*k {
+                "token" if !v.is_empty() => tokens.push(v.into_owned()),
+                "token" => {}
+                _ => {
+                    params.insert(k.into_owned(), v.into_owned());
+                }
+            }
+        }
+        Self { params, tokens }
+    }
+
+    /// The session token, if the last `token` is one.
+    fn session(&self) -> Option<&str> {
+        self.tokens
+            .last()
+            .map(String::as_str)
+            .filter(|t| is_session(t))
+    }
+
+    /// The connection token: the first `token`, unless it is the session's.
+    fn connection(&self) -> Option<&str> {
+        self.tokens
+            .first()
+            .map(String::as_str)
+            .filter(|t| !is_session(t))
+    }
+}
+
+/// Whether `token` has a session token's shape (32 lowercase hex digits: no JWT has).
+fn is_session(token: &str) -> bool {
+    token.len() == 32
+        && token
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+fn token() -> String {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).expect("the operating system's random generator works");
+    format!("{:032x}", u128::from_le_bytes(bytes))
+}
+
+fn status(status: u16) -> Response {
+    Json(json!({ "status": status })).into_response()
+}
+
+/// `GET /socket/longpoll`.
+pub async fn poll(
+    State(node): State<Arc<Node>>,
+    Extension(polls): Extension<Polls>,
+    RawQuery(query): RawQuery,
+    request: Request,
+) -> Response {
+    if let Some(off) = super::socket::off(&node) {
+        return off;
+    }
+    let query = PollQuery::parse(query.as_deref());
+    let Some(vsn) = Vsn::parse(query.params.get("vsn").map(String::as_str)) else {
+        return Failure::new(ErrorCode::BadRequest, "unsupported vsn").into_response();
+    };
+    let Some(given) = query.session().map(str::to_owned) else {
+        return open(&node, &polls, vsn, query, request).await;
+    };
+    if let Err(f) = request::may_continue(&node, request.headers()) {
+        return f.into_response();
+    }
+    // Gone (dropped, or another node's): phoenix.js opens a new session.
+    let Some(polled) = polls.get(&given) else {
+        return status(410);
+    };
+    let (queue, replied) = {
+        let mut p = polled.lock().await;
+        p.seen = Instant::now();
+        if !p.outbox.is_empty() {
+            return answer(&given, &mut p);
+        }
+        (p.speaker.session().queue().clone(), p.replied.clone())
+    };
+    let wait = node.settings.config.http.longpoll_timeout;
+    tokio::select! {
+        _ = queue.ready() => {}
+        _ = replied.notified() => {}
+        _ = tokio::time::sleep(wait) => {}
+        _ = node.shutdown.cancelled() => {}
+    }
+    let mut p = polled.lock().await;
+    p.seen = Instant::now();
+    let Polled {
+        speaker, outbox, ..
+    } = &mut *p;
+    let drained = speaker.drain(MAX_BATCH_BYTES, &mut |m, _| {
+        outbox.push(String::from_utf8_lossy(m).into_owned());
+    });
+    if let Err(d) = drained {
+        polls.0.lock().remove(&given);
+        tracing::debug!(reason = %d.reason, "phoenix long-poll session ended");
+        return status(410);
+    }
+    answer(&given, &mut p)
+}
+
+/// What waits for the client: 200 with the messages, or 204.
+fn answer(token: &str, p: &mut Polled) -> Response {
+    if p.outbox.is_empty() {
+        return Json(json!({ "status": 204, "token": token })).into_response();
+    }
+    let messages = std::mem::take(&mut p.outbox);
+    Json(json!({ "status": 200, "token": token, "messages": messages })).into_response()
+}
+
+/// A first request: a session, identified by the `token` param as on the WebSocket.
+async fn open(
+    node: &Arc<Node>,
+    polls: &Polls,
+    vsn: Vsn,
+    query: PollQuery,
+    request: Request,
+) -> Response {
+    let headers: &HeaderMap = request.headers();
+    let peer = request.extensions().get::<Peer>().copied().map(Extension);
+    let counted = match request::admit(node, headers, peer) {
+        Ok(c) => c,
+        Err(f) => return f.into_response(),
+    };
+    let mut facts = node.settings.hooks.facts(headers);
+    let mut params = query.params.clone();
+    params.remove("vsn");
+    if let Some(f) = facts.as_mut() {
+        f.params = params;
+    }
+    let connection_token = query.connection();
+    let address = counted.as_ref().map(|c| c.ip());
+    let mut session = Session::new(node)
+        .at_address(address)
+        .came_by(Transport::Phoenix, facts);
+    if let Err(d) = session.identify_once(connection_token).await {
+        tracing::debug!(reason = %d.reason, "phoenix long-poll refused");
+        return status(403);
+    }
+    session.announce();
+    let token = token();
+    let polled = Polled {
+        speaker: Phoenix::new(session, vsn),
+        outbox: Vec::new(),
+        replied: Arc::new(Notify::new()),
+        seen: Instant::now(),
+        _counted: counted,
+    };
+    polls
+        .0
+        .lock()
+        .insert(token.clone(), Arc::new(tokio::sync::Mutex::new(polled)));
+    Json(json!({ "status": 410, "token": token })).into_response()
+}
+
+/// `POST /socket/longpoll?token=T`: the client's messages, one per line.
+pub async fn send(
+    State(node): State<Arc<Node>>,
+    Extension(polls): Extension<Polls>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(off) = super::socket::off(&node) {
+        return off;
+    }
+    if let Err(f) = request::may_continue(&node, &headers) {
+        return f.into_response();
+    }
+    let query = PollQuery::parse(query.as_deref());
+    let Some(given) = query.session() else {
+        return status(410);
+    };
+    let Some(polled) = polls.get(given) else {
+        return status(410);
+    };
+    let mut p = polled.lock().await;
+    p.seen = Instant::now();
+    for message in body.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        let mut out = Vec::new();
+        let handled = p.speaker.handle(message, &mut out, MAX_BATCH_BYTES).await;
+        for reply in out.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            p.outbox.push(String::from_utf8_lossy(reply).into_owned());
+        }
+        if let Err(d) = handled {
+            drop(p);
+            polls.0.lock().remove(given);
+            tracing::debug!(reason = %d.reason, "phoenix long-poll session ended");
+            return Json(json!({ "status": 400, "reason": d.reason })).into_response();
+        }
+    }
+    // A GET waiting learns of the replies at once.
+    p.replied.notify_one();
+    status(200)
+}
