@@ -193,6 +193,12 @@ impl Session {
     pub fn grant(&mut self, grant: ChannelGrant) {
         let channels = &mut self.credentials().channels;
         channels.retain(|g| g.channel != grant.channel);
+        // Most connections hold one grant (a Pusher client per channel it subscribed,
+        // a token's single channel): room for exactly one, not the four a first push
+        // makes room for (320 bytes per connection).
+        if channels.is_empty() {
+            channels.reserve_exact(1);
+        }
         channels.push(grant);
     }
 

@@ -79,6 +79,13 @@ impl Session {
         left
     }
 
+    /// Takes one of the client's commands out of its allowance
+    /// (`client.max_commands_per_second`): false when it is spent.
+    pub fn take_command(&mut self) -> bool {
+        let limit = self.node().settings.config.client.max_commands_per_second;
+        self.rate.take(limit)
+    }
+
     /// Whether this session is subscribed to `channel`.
     pub fn subscribed(&self, channel: &ChannelName) -> bool {
         self.subscriptions.contains_key(channel)

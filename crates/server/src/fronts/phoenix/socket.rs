@@ -40,7 +40,25 @@ pub async fn connect(
     };
     params.remove("vsn");
     let token = params.remove("token");
-    websocket::accept(node, request, None, move |up| run(up, vsn, token, params))
+    let opening = move |up| {
+        Box::new(Opening {
+            up,
+            vsn,
+            token,
+            params,
+        })
+    };
+    websocket::accept(node, request, None, move |up| run(opening(up)))
+}
+
+/// What opening a connection takes; boxed, so that none of it stays in the connection's
+/// task (an async fn keeps its arguments, and futures it awaits inline, for its whole
+/// run: see the Pusher front's `run`).
+struct Opening {
+    up: Upgraded,
+    vsn: Vsn,
+    token: Option<String>,
+    params: BTreeMap<String, String>,
 }
 
 /// The answer of every Phoenix route while the front is off.
@@ -54,7 +72,25 @@ pub fn off(node: &Node) -> Option<Response> {
     })
 }
 
-async fn run(up: Upgraded, vsn: Vsn, token: Option<String>, params: BTreeMap<String, String>) {
+async fn run(opening: Box<Opening>) {
+    let node = opening.up.node.clone();
+    let Some((mut speaker, mut wire)) = Box::pin(open(opening)).await else {
+        return;
+    };
+    let told = driver::drive(&node, &mut speaker, &mut wire, Ok(()), 0).await;
+    drop(speaker);
+    Box::pin(wire.farewell(told)).await;
+}
+
+/// Identifies the client (its `token` param, or the connect hook told its params); a
+/// refusal closes the socket with the code Herald's own clients get.
+async fn open(opening: Box<Opening>) -> Option<(Phoenix, WebSocket<PhoenixFrames>)> {
+    let Opening {
+        up,
+        vsn,
+        token,
+        params,
+    } = *opening;
     let Upgraded {
         stream,
         early,
@@ -68,20 +104,17 @@ async fn run(up: Upgraded, vsn: Vsn, token: Option<String>, params: BTreeMap<Str
     let mut session = Session::new(&node)
         .at_address(address)
         .came_by(Transport::Phoenix, facts);
-    let mut wire = WebSocket::open(stream, early, &session, &node, PhoenixFrames(vsn)).await;
+    let wire = WebSocket::open(stream, early, &session, &node, PhoenixFrames(vsn)).await;
     // Who the client is, before anything it sends: a refused token (or connect hook)
     // closes the socket with the code Herald's own clients get.
     let identified = session.identify_once(token.as_deref()).await;
     if let Err(d) = identified {
         drop(session);
         Box::pin(wire.farewell(Some(d))).await;
-        return;
+        return None;
     }
     session.announce();
-    let mut speaker = Phoenix::new(session, vsn);
-    let told = driver::drive(&node, &mut speaker, &mut wire, Ok(()), 0).await;
-    drop(speaker);
-    Box::pin(wire.farewell(told)).await;
+    Some((Phoenix::new(session, vsn), wire))
 }
 
 /// How a Phoenix connection is written to: a message per push; the hub writes broadcasts

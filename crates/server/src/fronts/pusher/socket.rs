@@ -42,8 +42,13 @@ pub async fn connect(
     Query(params): Query<Params>,
     request: Request,
 ) -> Response {
-    websocket::accept(node, request, None, move |up| run(up, key, params))
+    // Decided here, so that the connection's task keeps neither the key nor the query.
+    let app = app_of(&node, &key, &params).map_err(Box::new);
+    websocket::accept(node, request, None, move |up| run(Box::new((up, app))))
 }
+
+/// Which app a connection is for, or why it is refused.
+type Admitted = Result<usize, Box<(u16, String)>>;
 
 /// Which app the client asked for, or why it is refused: a code of
 /// [`pusher::codes`] and a message.
@@ -79,7 +84,23 @@ fn app_of(node: &Node, key: &str, params: &Params) -> Result<usize, (u16, String
     Ok(index)
 }
 
-async fn run(up: Upgraded, key: String, params: Params) {
+/// Serves a connection. What opening it takes comes boxed and opens in a future of its
+/// own: an async fn keeps its arguments, and a future it awaits inline, in its task for as
+/// long as it runs, so the upgraded socket's parts, the greeting and a refusal would take
+/// room in every connection's task for its whole life.
+async fn run(opening: Box<(Upgraded, Admitted)>) {
+    let node = opening.0.node.clone();
+    let Some((mut speaker, mut wire)) = Box::pin(open(opening)).await else {
+        return;
+    };
+    let told = driver::drive(&node, &mut speaker, &mut wire, Ok(()), 0).await;
+    drop(speaker);
+    Box::pin(wire.farewell(told)).await;
+}
+
+/// Greets the client with its socket id, or refuses it and closes.
+async fn open(opening: Box<(Upgraded, Admitted)>) -> Option<(Pusher, WebSocket<PusherFrames>)> {
+    let (up, app) = *opening;
     let Upgraded {
         stream,
         early,
@@ -91,15 +112,13 @@ async fn run(up: Upgraded, key: String, params: Params) {
         .at_address(address)
         .came_by(Transport::Pusher, facts);
     session.members_by_grant();
-    let socket_id = socket_id();
-    let framing = PusherFrames {
-        socket_id: socket_id.clone(),
-    };
-    let mut wire = WebSocket::open(stream, early, &session, &node, framing).await;
+    let socket_id = SocketId::random();
+    let mut wire = WebSocket::open(stream, early, &session, &node, PusherFrames(socket_id)).await;
     let timeout = node.settings.config.client.write_timeout;
-    let app = match app_of(&node, &key, &params) {
+    let app = match app {
         Ok(app) => app,
-        Err((code, message)) => {
+        Err(refused) => {
+            let (code, message) = *refused;
             let said = wire
                 .send(pusher::error(Some(code), &message), timeout)
                 .await;
@@ -112,33 +131,46 @@ async fn run(up: Upgraded, key: String, params: Params) {
             if said.is_ok() {
                 Box::pin(wire.farewell(Some(d))).await;
             }
-            return;
+            return None;
         }
     };
     let activity = node.settings.config.pusher.apps[app]
         .activity_timeout
         .as_secs();
-    let hello = pusher::connection_established(&socket_id, activity);
-    if wire.send(hello, timeout).await.is_err() {
-        return;
-    }
+    let hello = pusher::connection_established(&socket_id.to_string(), activity);
+    wire.send(hello, timeout).await.ok()?;
     session.announce();
-    let mut speaker = Pusher::new(session, app, socket_id);
-    let told = driver::drive(&node, &mut speaker, &mut wire, Ok(()), 0).await;
-    drop(speaker);
-    Box::pin(wire.farewell(told)).await;
+    let app = u16::try_from(app).expect("apps are counted in u16");
+    Some((Pusher::new(session, app, socket_id), wire))
 }
 
-/// A socket id as Pusher writes them (`123.456`): two random numbers. It names the
-/// connection to the app's backend (signatures, `socket_id` exclusions) and is no
-/// capability of its own: Herald's client id, which is one, is never shown to a Pusher
-/// client.
-fn socket_id() -> Arc<str> {
-    let mut bytes = [0u8; 8];
-    getrandom::fill(&mut bytes).expect("the operating system's random generator works");
-    let a = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")) % 1_000_000_000;
-    let b = u32::from_le_bytes(bytes[4..].try_into().expect("4 bytes")) % 1_000_000_000;
-    format!("{a}.{b}").into()
+/// A socket id as Pusher writes them (`123.456`): two random numbers, kept as numbers
+/// (8 bytes, nothing allocated per connection). It names the connection to the app's
+/// backend (signatures, `socket_id` exclusions) and is no capability of its own: Herald's
+/// client id, which is one, is never shown to a Pusher client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketId(u32, u32);
+
+impl SocketId {
+    fn random() -> Self {
+        let mut bytes = [0u8; 8];
+        getrandom::fill(&mut bytes).expect("the operating system's random generator works");
+        let part = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes")) % 1_000_000_000;
+        SocketId(part(&bytes[..4]), part(&bytes[4..]))
+    }
+
+    /// Whether `text` (a publication's `socket_id`) names this connection.
+    pub fn is(self, text: &str) -> bool {
+        text.split_once('.').is_some_and(|(a, b)| {
+            a.parse() == Ok(self.0) && b.parse() == Ok(self.1) && !a.starts_with('+')
+        })
+    }
+}
+
+impl std::fmt::Display for SocketId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.0, self.1)
+    }
 }
 
 /// How a Pusher connection is written to: each event a message of its own; the hub
@@ -146,9 +178,7 @@ fn socket_id() -> Arc<str> {
 /// publication), except those this connection sent (`socket_id`) and presence changes,
 /// which its task turns into member events.
 #[derive(Debug)]
-pub struct PusherFrames {
-    socket_id: Arc<str>,
-}
+pub struct PusherFrames(SocketId);
 
 impl Framing for PusherFrames {
     const MESSAGE_PER_PUSH: bool = true;
@@ -158,7 +188,7 @@ impl Framing for PusherFrames {
             return None;
         }
         let event = delivery.pusher();
-        if event.except.as_deref() == Some(&*self.socket_id) {
+        if event.except.as_deref().is_some_and(|e| self.0.is(e)) {
             return None;
         }
         Some(delivery.framed(Lane::Pusher, |d| text_frame(&d.pusher().frame)))
