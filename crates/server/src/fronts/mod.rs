@@ -9,3 +9,12 @@
 
 pub mod phoenix;
 pub mod pusher;
+
+/// Appends one message to `out`, the answers a front's speaker gives the driver: a line
+/// each (JSON holds no raw line break), sent as a WebSocket message each.
+pub(crate) fn line(out: &mut Vec<u8>, message: Vec<u8>) {
+    if !out.is_empty() {
+        out.push(b'\n');
+    }
+    out.extend_from_slice(&message);
+}

@@ -13,6 +13,7 @@ use serde_json::value::RawValue;
 
 use crate::{
     error::Disconnect,
+    fronts::line,
     session::{Drained, Positions, Session},
     transport::driver::Speaker,
 };
@@ -129,14 +130,6 @@ impl Phoenix {
             Err(f) => self.refuse(out, m, &f.message, Some(f.wire_code())),
         }
     }
-}
-
-/// Appends one message to `out` (messages are lines there: JSON holds no raw line break).
-fn line(out: &mut Vec<u8>, message: Vec<u8>) {
-    if !out.is_empty() {
-        out.push(b'\n');
-    }
-    out.extend_from_slice(&message);
 }
 
 impl Speaker for Phoenix {

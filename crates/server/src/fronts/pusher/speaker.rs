@@ -23,6 +23,7 @@ use super::{sign, socket::SocketId};
 use crate::{
     config::PusherApp,
     error::{Disconnect, Failure},
+    fronts::line,
     limits::Bucket,
     session::{Drained, Positions, Session},
     transport::driver::Speaker,
@@ -480,14 +481,6 @@ fn client_event_code(f: &Failure) -> Option<u16> {
         ErrorCode::PermissionDenied | ErrorCode::Unauthorized => Some(codes::UNAUTHORIZED),
         _ => None,
     }
-}
-
-/// Appends one message to `out` (messages are lines there: JSON holds no raw line break).
-fn line(out: &mut Vec<u8>, message: Vec<u8>) {
-    if !out.is_empty() {
-        out.push(b'\n');
-    }
-    out.extend_from_slice(&message);
 }
 
 impl Speaker for Pusher {
