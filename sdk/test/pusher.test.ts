@@ -3,6 +3,8 @@
  * signatures), and Herald's own API on the same channels. */
 import PusherServer from "pusher";
 import PusherClient from "pusher-js";
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import WebSocket from "ws";
 import { Herald, Redis, until } from "./herald.js";
@@ -229,6 +231,36 @@ describe("client events", () => {
     await until("refused on a public channel", () => errors.some((e) => e.message.includes("private and presence")));
   });
 
+  it("refuse an oversized client event and a subscribe flood with Pusher's errors; the connection's channels go on", async () => {
+    const a = connect({ user: { user_id: "flooder" } });
+    const b = connect({ user: { user_id: "listener" } });
+    await connected(a);
+    await connected(b);
+    const roomA = await subscribed(a, "private-flood");
+    const heardByB = collect(await subscribed(b, "private-flood"), "client-big");
+    const errors: Array<{ code: number | null; message: string }> = [];
+    a.connection.bind("error", (e: { data?: { code: number | null; message: string } }) => {
+      if (e.data) errors.push(e.data);
+    });
+    // Over Pusher's 10 KB for a client event: refused, not sent.
+    roomA.trigger("client-big", { pad: "x".repeat(11 * 1024) });
+    await until("the size error", () => errors.some((e) => e.message.includes("over 10240 bytes")));
+    // A flood of subscriptions past client.max_subscriptions (512) and the message rate:
+    // errors, and the connection stays with what it had.
+    const refused: unknown[] = [];
+    for (let i = 0; i < 700; i++) a.subscribe(`flood-${i}`).bind("pusher:subscription_error", (e: unknown) => refused.push(e));
+    await until("refusals", () => refused.length > 0 || errors.some((e) => e.message.includes("messages per second")));
+    expect(a.connection.state).toBe("connected");
+    // The flood spent the connection's message allowance: a client event goes through
+    // once it refills (sent again until one does).
+    const resend = setInterval(() => roomA.trigger("client-big", { small: true }), 250);
+    await until("a client event after the flood", () => heardByB.length >= 1, 15_000).finally(() => clearInterval(resend));
+    expect(heardByB[0]).toEqual({ small: true });
+    const ok = collect(roomA, "after");
+    await backend().trigger("private-flood", "after", { n: 1 });
+    await until("an event after the flood", () => ok.length === 1);
+  });
+
   it("are refused by an app that does not enable them", async () => {
     const client = connect({ app: OTHER });
     await connected(client);
@@ -284,6 +316,48 @@ describe("cache channels and signed-in users", () => {
     await signer.terminateUserConnections("u-77");
     await until("its connection ended", () => states.includes("disconnected") || states.includes("unavailable") || states.includes("failed"));
     expect(bystander.connection.state).toBe("connected");
+  });
+});
+
+describe("webhooks", () => {
+  it("posts client events and cache misses, signed as Pusher signs them", async () => {
+    const received: Array<{ valid: boolean; events: Array<Record<string, unknown>> }> = [];
+    const hooks = createServer((req, res) => {
+      let body = "";
+      req.on("data", (c) => (body += c));
+      req.on("end", () => {
+        const webhook = backend().webhook({ headers: req.headers as Record<string, string>, rawBody: body });
+        received.push({ valid: webhook.isValid(), events: webhook.getEvents() as unknown as Array<Record<string, unknown>> });
+        res.end("ok");
+      });
+    });
+    await new Promise<void>((resolve) => hooks.listen(0, "127.0.0.1", resolve));
+    const url = `http://127.0.0.1:${(hooks.address() as AddressInfo).port}/pusher/webhook`;
+    const server = await Herald.start({ args: ["--config", pusherConfig(url)] });
+    try {
+      const a = connect({ server, user: { user_id: "hooked" } });
+      const b = connect({ server, user: { user_id: "other" } });
+      await connected(a);
+      await connected(b);
+      const room = await subscribed(a, "presence-hooked");
+      await subscribed(b, "presence-hooked");
+      room.trigger("client-ping", { n: 1 });
+      b.subscribe("cache-empty-for-hooks");
+      const events = () => received.flatMap((r) => r.events);
+      await until("both webhook events", () => events().some((e) => e.name === "client_event") && events().some((e) => e.name === "cache_miss"));
+      expect(received.every((r) => r.valid)).toBe(true);
+      expect(events().find((e) => e.name === "client_event")).toMatchObject({
+        channel: "presence-hooked",
+        event: "client-ping",
+        data: JSON.stringify({ n: 1 }),
+        socket_id: a.connection.socket_id,
+        user_id: "hooked",
+      });
+      expect(events().find((e) => e.name === "cache_miss")).toMatchObject({ channel: "cache-empty-for-hooks" });
+    } finally {
+      await server.dispose();
+      hooks.close();
+    }
   });
 });
 

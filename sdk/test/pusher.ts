@@ -7,7 +7,7 @@ export const APP = { id: "1001", key: "app-one-key", secret: "app-one-secret-012
 export const OTHER = { id: "1002", key: "app-two-key", secret: "app-two-secret-0123456789" };
 
 /** A configuration with two apps; the first allows client events. */
-export function pusherConfig(): string {
+export function pusherConfig(webhookUrl?: string): string {
   const dir = mkdtempSync(join(tmpdir(), "herald-pusher-"));
   const file = join(dir, "herald.toml");
   writeFileSync(
@@ -17,6 +17,7 @@ id = "${APP.id}"
 key = "${APP.key}"
 secret = "${APP.secret}"
 client_events = true
+${webhookUrl ? `webhook_url = "${webhookUrl}"` : ""}
 
 [[pusher.apps]]
 id = "${OTHER.id}"

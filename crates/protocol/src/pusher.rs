@@ -33,6 +33,9 @@ pub const PLAIN_EVENT: &str = "message";
 /// Longest channel name Pusher allows.
 pub const MAX_CHANNEL_LEN: usize = 164;
 
+/// Largest client event's data Pusher allows, in bytes.
+pub const MAX_CLIENT_EVENT: usize = 10 * 1024;
+
 /// Longest event name Pusher allows.
 pub const MAX_EVENT_LEN: usize = 200;
 

@@ -89,6 +89,9 @@ pub struct Node {
     pub sockets: Arc<AtomicUsize>,
     /// Where sessions record events for the backend (`hooks.events_url`).
     pub events: Option<Arc<crate::hooks::events::EventLog>>,
+    /// Each Pusher app's webhook log (by its place in `pusher.apps`), for the apps that
+    /// have a `webhook_url`.
+    pub webhooks: Vec<Option<Arc<crate::hooks::events::EventLog>>>,
     /// What `GET /metrics` reports.
     pub metrics: crate::metrics::Metrics,
     /// Open connections by client id, for operators' actions.
@@ -170,9 +173,27 @@ impl Node {
             caller.count_into(metrics.hook(caller.name()));
             crate::hooks::events::EventLog::start(&settings.config.hooks, caller, broker.clone())
         });
+        // Each Pusher app's webhook, delivered like the events hook, from its own log.
+        let webhooks = settings
+            .config
+            .pusher
+            .apps
+            .iter()
+            .map(|app| {
+                let sink = crate::hooks::webhook::PusherWebhook::of(app)?;
+                let streams = crate::hooks::events::Streams::named(&format!("pusher-{}", app.id));
+                Some(crate::hooks::events::EventLog::start_to(
+                    &settings.config.hooks,
+                    streams,
+                    Arc::new(sink),
+                    broker.clone(),
+                ))
+            })
+            .collect();
         let shutdown = Shutdown::default();
         let node = Arc::new(Self {
             events,
+            webhooks,
             id,
             limits,
             settings,

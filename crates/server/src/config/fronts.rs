@@ -45,7 +45,24 @@ pub struct PusherApp {
     /// Default true.
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// Where the app's webhooks are posted (`http://` or `https://`). Default none.
+    #[serde(default)]
+    pub webhook_url: Option<String>,
+    /// Which events are posted there, of [`WEBHOOK_EVENTS`]. Default all of them.
+    #[serde(default)]
+    pub webhook_events: Option<Vec<String>>,
 }
+
+/// The webhook events this server posts.
+pub const WEBHOOK_EVENTS: [&str; 2] = ["client_event", "cache_miss"];
+
+/// Webhook events Pusher posts that this server does not yet.
+const WEBHOOK_EVENTS_LATER: [&str; 4] = [
+    "channel_occupied",
+    "channel_vacated",
+    "member_added",
+    "member_removed",
+];
 
 fn default_client_event_rate() -> u32 {
     10
@@ -85,6 +102,15 @@ impl Default for PhoenixConfig {
 pub const MIN_PUSHER_SECRET: usize = 16;
 
 impl PusherApp {
+    /// Whether webhook event `name` is posted (the app has a webhook, and wants it).
+    pub fn posts(&self, name: &str) -> bool {
+        self.webhook_url.is_some()
+            && self
+                .webhook_events
+                .as_ref()
+                .is_none_or(|wanted| wanted.iter().any(|w| w == name))
+    }
+
     /// The namespace of its channels.
     pub fn namespace(&self) -> &str {
         self.namespace.as_deref().unwrap_or(&self.id)
@@ -163,6 +189,29 @@ impl PusherConfig {
             }
             if app.activity_timeout < Duration::from_secs(1) {
                 return Err(bad(key("activity_timeout"), "must be at least 1s"));
+            }
+            if let Some(url) = &app.webhook_url {
+                let parsed = reqwest::Url::parse(url).ok();
+                if !parsed.is_some_and(|u| matches!(u.scheme(), "http" | "https")) {
+                    return Err(bad(
+                        key("webhook_url"),
+                        "must be an http:// or https:// address",
+                    ));
+                }
+            }
+            for event in app.webhook_events.iter().flatten() {
+                if WEBHOOK_EVENTS_LATER.contains(&event.as_str()) {
+                    return Err(bad(
+                        key("webhook_events"),
+                        format!("{event} is not posted by this server yet (it posts {WEBHOOK_EVENTS:?})"),
+                    ));
+                }
+                if !WEBHOOK_EVENTS.contains(&event.as_str()) {
+                    return Err(bad(
+                        key("webhook_events"),
+                        format!("{event:?} is none of {WEBHOOK_EVENTS:?}"),
+                    ));
+                }
             }
         }
         Ok(())

@@ -111,6 +111,8 @@ fn pusher_app(id: &str, key: &str) -> PusherApp {
         client_events_per_second: 10,
         activity_timeout: Duration::from_secs(120),
         enabled: true,
+        webhook_url: None,
+        webhook_events: None,
     }
 }
 
@@ -152,4 +154,30 @@ fn pusher_apps_need_their_own_id_key_namespace_and_a_real_secret() {
     let mut c = Config::default();
     c.pusher.apps.push(pusher_app("herald", "k1"));
     assert_eq!(c.validate().unwrap_err().key, "pusher.apps[0].namespace");
+}
+
+#[test]
+fn a_pusher_webhook_is_an_http_address_and_names_only_events_it_will_get() {
+    let with = |url: &str, events: Option<Vec<&str>>| {
+        let mut c = Config::default();
+        let mut app = pusher_app("1001", "k1");
+        app.webhook_url = Some(url.into());
+        app.webhook_events = events.map(|e| e.into_iter().map(String::from).collect());
+        c.pusher.apps.push(app);
+        c.validate().err().map(|e| (e.key, e.problem))
+    };
+    assert_eq!(
+        with("https://app.example/pusher", Some(vec!["client_event"])),
+        None
+    );
+    assert_eq!(
+        with("ftp://x", None).unwrap().0,
+        "pusher.apps[0].webhook_url"
+    );
+    let (key, problem) = with("http://x", Some(vec!["member_added"])).unwrap();
+    assert_eq!(key, "pusher.apps[0].webhook_events");
+    assert!(
+        problem.contains("not posted by this server yet"),
+        "{problem}"
+    );
 }

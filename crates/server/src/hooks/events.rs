@@ -71,6 +71,54 @@ pub struct Event<'a> {
     pub time: u64,
 }
 
+/// Where stored events are delivered: the events hook, or a Pusher app's webhook
+/// ([`crate::fronts::pusher`]). A delivery that fails is tried again, with the same events.
+#[async_trait::async_trait]
+pub trait Sink: Send + Sync + 'static {
+    /// Posts `delivery`; `Err` (why, for the log) when it was not accepted.
+    async fn post(&self, delivery: &Delivery) -> Result<(), String>;
+}
+
+#[async_trait::async_trait]
+impl Sink for Caller {
+    async fn post(&self, delivery: &Delivery) -> Result<(), String> {
+        match self.call::<serde::de::IgnoredAny>(delivery).await {
+            Ok(_) => Ok(()),
+            Err(HookError::Refused { code, message }) => Err(format!(
+                "the events hook refused a batch ({code}: {message})"
+            )),
+            Err(HookError::Failed(why)) => Err(why),
+        }
+    }
+}
+
+/// Where a log keeps its events: the stream of stored batches, and the stream of the last
+/// batch delivered.
+#[derive(Debug, Clone)]
+pub struct Streams {
+    log: ChannelName,
+    acked: ChannelName,
+}
+
+impl Streams {
+    /// The events hook's streams.
+    pub fn events() -> Self {
+        Self {
+            log: channel(LOG),
+            acked: channel(ACKED),
+        }
+    }
+
+    /// Streams named `$herald:NAME` and `$herald:NAME-acked` (`name` of channel-name
+    /// characters), kept by the events' retention.
+    pub fn named(name: &str) -> Self {
+        Self {
+            log: channel(&format!("{NAMESPACE}:{name}")),
+            acked: channel(&format!("{NAMESPACE}:{name}-acked")),
+        }
+    }
+}
+
 /// Where sessions record events.
 #[derive(Debug)]
 pub struct EventLog {
@@ -86,6 +134,17 @@ pub struct EventLog {
 impl EventLog {
     /// Starts the writer and the deliverer on `broker` (inside a Tokio runtime).
     pub fn start(config: &HooksConfig, caller: Caller, broker: SharedBroker) -> Arc<Self> {
+        Self::start_to(config, Streams::events(), Arc::new(caller), broker)
+    }
+
+    /// Starts a log of `streams` delivered to `sink`, with `config`'s batching, bounds and
+    /// retention (inside a Tokio runtime).
+    pub fn start_to(
+        config: &HooksConfig,
+        streams: Streams,
+        sink: Arc<dyn Sink>,
+        broker: SharedBroker,
+    ) -> Arc<Self> {
         let (queue, received) = mpsc::unbounded_channel();
         let log = Arc::new(Self {
             queue,
@@ -101,15 +160,21 @@ impl EventLog {
             log.pending.clone(),
             config.events_batch,
             broker.clone(),
-            policy,
+            (streams.log.clone(), policy),
             stored.clone(),
         ));
-        tokio::spawn(deliver(caller, broker, policy, stored, log.dropped.clone()));
+        tokio::spawn(deliver(
+            sink,
+            broker,
+            (streams, policy),
+            stored,
+            log.dropped.clone(),
+        ));
         log
     }
 
     /// Records an event; never waits.
-    pub fn record(&self, event: &Event<'_>) {
+    pub fn record(&self, event: &impl Serialize) {
         if self.pending.load(Ordering::Relaxed) >= self.max_pending {
             self.drop_one();
             return;
@@ -149,10 +214,9 @@ async fn write(
     pending: Arc<AtomicUsize>,
     batch: usize,
     broker: SharedBroker,
-    policy: StreamPolicy,
+    (log, policy): (ChannelName, StreamPolicy),
     stored: Arc<Notify>,
 ) {
-    let log = channel(LOG);
     let mut events = Vec::with_capacity(batch);
     while received.recv_many(&mut events, batch).await > 0 {
         let mut body = b"[".to_vec();
@@ -183,22 +247,23 @@ struct Acked {
     offset: u64,
 }
 
-/// What the events hook is posted.
-#[derive(Serialize)]
-struct Delivery {
-    events: Vec<Box<RawValue>>,
+/// What a sink is posted (the events hook: as it is).
+#[derive(Debug, Serialize)]
+pub struct Delivery {
+    /// The events, oldest first, each with its `id`.
+    pub events: Vec<Box<RawValue>>,
     /// Events dropped before they were stored (the queue was full), since the last
     /// delivery.
     #[serde(skip_serializing_if = "is_zero")]
-    dropped: u64,
+    pub dropped: u64,
     /// Batches trimmed from the log before they were delivered (each up to
     /// `events_batch` events).
     #[serde(skip_serializing_if = "is_zero")]
-    lost_batches: u64,
+    pub lost_batches: u64,
     /// The log itself was lost (a store without durability restarted): events before
     /// these may be missing.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
-    log_restarted: bool,
+    pub log_restarted: bool,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -207,13 +272,16 @@ fn is_zero(n: &u64) -> bool {
 
 /// Posts stored batches in order, each until the backend accepts it.
 async fn deliver(
-    caller: Caller,
+    sink: Arc<dyn Sink>,
     broker: SharedBroker,
-    policy: StreamPolicy,
+    (streams, policy): (Streams, StreamPolicy),
     stored: Arc<Notify>,
     dropped: Arc<AtomicU64>,
 ) {
-    let (log, acked_log) = (channel(LOG), channel(ACKED));
+    let Streams {
+        log,
+        acked: acked_log,
+    } = streams;
     let mut acked: Option<Acked> = loop {
         match broker.history(&acked_log, HistoryQuery::newest(1)).await {
             Ok(h) => {
@@ -304,8 +372,8 @@ async fn deliver(
             lost_batches,
             log_restarted,
         };
-        match caller.call::<serde::de::IgnoredAny>(&delivery).await {
-            Ok(_) => {
+        match sink.post(&delivery).await {
+            Ok(()) => {
                 wait = Backoff::default();
                 let done = Acked {
                     epoch,
@@ -322,12 +390,10 @@ async fn deliver(
                 }
                 acked = Some(done);
             }
-            Err(e) => {
+            Err(why) => {
                 // Counted again with the next try.
                 dropped.fetch_add(delivery.dropped, Ordering::Relaxed);
-                if let HookError::Refused { code, message } = &e {
-                    tracing::warn!(code, %message, "the events hook refused a batch; retrying");
-                }
+                tracing::warn!(%why, "delivering events failed; retrying");
                 wait.sleep().await;
             }
         }

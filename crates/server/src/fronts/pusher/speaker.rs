@@ -267,7 +267,11 @@ impl Pusher {
             // queue, after this.
             match self.session.last_publication(&channel).await {
                 Ok(Some(last)) => line(out, pusher::event(&name, last.data()).frame),
-                Ok(None) => line(out, pusher::cache_miss(&name)),
+                Ok(None) => {
+                    let hook = serde_json::json!({ "name": "cache_miss", "channel": name });
+                    self.webhook("cache_miss", &hook);
+                    line(out, pusher::cache_miss(&name))
+                }
                 Err(f) => line(out, pusher::error(None, &f.message)),
             }
         }
@@ -410,6 +414,15 @@ impl Pusher {
         if !self.session.subscribed(&channel) {
             return Err(refuse(None, &format!("not subscribed to {name}")));
         }
+        if data.len() > pusher::MAX_CLIENT_EVENT {
+            return Err(refuse(
+                None,
+                &format!(
+                    "client event rejected: its data is over {} bytes",
+                    pusher::MAX_CLIENT_EVENT
+                ),
+            ));
+        }
         if !self.more().client_events.take(rate) {
             return Err(refuse(
                 Some(codes::CLIENT_EVENT_RATE),
@@ -425,8 +438,35 @@ impl Pusher {
         let stored: &RawValue = serde_json::from_slice(&stored).expect("stored events are JSON");
         let payload = json::payload(stored).map_err(|e| refuse(None, &e))?;
         match self.session.publish_allowed(&channel, payload).await {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                let user = self.rosters().iter().find(|r| r.channel == channel);
+                let hook = serde_json::json!({
+                    "name": "client_event",
+                    "channel": name,
+                    "event": event,
+                    "data": data,
+                    "socket_id": socket_id,
+                    "user_id": user.map(|r| &*r.me),
+                });
+                self.webhook("client_event", &hook);
+                Ok(())
+            }
             Err(f) => Err(refuse(client_event_code(&f), &f.message)),
+        }
+    }
+
+    /// Records webhook event `name` (`body`) when the app posts it.
+    fn webhook(&self, name: &str, body: &serde_json::Value) {
+        if !self.app().posts(name) {
+            return;
+        }
+        let node = self.session.node();
+        if let Some(log) = node
+            .webhooks
+            .get(self.app as usize)
+            .and_then(Option::as_ref)
+        {
+            log.record(body);
         }
     }
 
