@@ -1,6 +1,6 @@
 /** Herald's Phoenix front with the real `phoenix` client from npm (in Node, over `ws`),
  * and the seed study's Tsung exchange (serializer 1.0.0) byte for byte. */
-import { LongPoll, Socket, type Channel } from "phoenix";
+import { LongPoll, Presence, Socket, type Channel } from "phoenix";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import WebSocket from "ws";
 import { Herald, signedToken, until } from "./herald.js";
@@ -102,6 +102,26 @@ describe("phoenix.js", () => {
     await herald.publish("chat:still", { n: 3 });
     await until("the other topic's", () => after.length === 1);
     expect(got).toEqual([{ n: 1 }]);
+  });
+});
+
+describe("Phoenix Presence", () => {
+  it("lists a topic's members by user and tells who joins and leaves", async () => {
+    // As apps do: the Presence made before the join, so that it hears the state.
+    const annChannel = socket({ token: signedToken(SECRET, "ann", { name: "Ann" }) }).channel("room:presence", {});
+    const seen = new Presence(annChannel);
+    await new Promise<void>((resolve, reject) => annChannel.join().receive("ok", () => resolve()).receive("error", reject));
+    const left: string[] = [];
+    seen.onLeave((id) => void (id && left.push(id)));
+    await until("ann sees herself", () => seen.list((id) => id).includes("ann"));
+    const bobSocket = socket({ token: signedToken(SECRET, "bob", { name: "Bob" }) });
+    const bob = await joined(bobSocket, "room:presence");
+    await until("ann sees bob", () => seen.list((id) => id).sort().join() === "ann,bob");
+    const metas = seen.list((id, { metas }) => ({ id, info: (metas[0] as { info?: unknown }).info }));
+    expect(metas).toContainEqual({ id: "bob", info: { name: "Bob" } });
+    await new Promise<void>((resolve) => bob.leave().receive("ok", () => resolve()));
+    await until("bob left", () => left.includes("bob"));
+    expect(seen.list((id) => id)).toEqual(["ann"]);
   });
 });
 

@@ -19,6 +19,10 @@ subscribe = "anyone"
 history = "anyone"
 publish = "anyone"
 
+[namespaces.room]
+presence = true
+join_leave = true
+
 [namespaces.members]
 subscribe = "authenticated"
 publish = "authenticated"

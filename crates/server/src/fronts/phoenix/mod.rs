@@ -15,6 +15,7 @@
 //! - [`longpoll`]: phoenix.js's long-poll fallback (`/socket/longpoll`), the same speaker.
 
 mod longpoll;
+mod presence;
 mod socket;
 mod speaker;
 

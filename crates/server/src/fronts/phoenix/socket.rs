@@ -118,8 +118,8 @@ async fn open(opening: Box<Opening>) -> Option<(Phoenix, WebSocket<PhoenixFrames
 }
 
 /// How a Phoenix connection is written to: a message per push; the hub writes broadcasts
-/// straight to the socket, made once per publication and serializer. Presence changes are
-/// not sent (Phoenix Presence is not spoken yet).
+/// straight to the socket, made once per publication and serializer. Presence changes
+/// go through the connection's task, which turns them into `presence_diff`s.
 #[derive(Debug)]
 pub struct PhoenixFrames(Vsn);
 

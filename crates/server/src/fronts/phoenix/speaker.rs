@@ -11,6 +11,7 @@ use herald_protocol::{
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::presence::Tracked;
 use crate::{
     error::Disconnect,
     fronts::line,
@@ -25,6 +26,8 @@ pub struct Phoenix {
     vsn: Vsn,
     /// The topics it joined.
     joined: HashSet<ChannelName>,
+    /// The joined topics whose presence it is shown (Phoenix Presence).
+    presence: Vec<Tracked>,
 }
 
 impl Phoenix {
@@ -34,6 +37,7 @@ impl Phoenix {
             session,
             vsn,
             joined: HashSet::new(),
+            presence: Vec::new(),
         }
     }
 
@@ -56,6 +60,7 @@ impl Phoenix {
             (_, "phx_leave") => {
                 if let Ok(channel) = ChannelName::new(&m.topic) {
                     self.joined.remove(&channel);
+                    self.presence.retain(|t| t.channel != channel);
                     self.session.close(&channel).await;
                 }
                 self.reply(out, &m, true, phoenix::empty());
@@ -97,11 +102,32 @@ impl Phoenix {
         }
         match self.session.open(&channel, None, payload).await {
             Ok(_) => {
-                self.joined.insert(channel);
+                self.joined.insert(channel.clone());
                 self.reply(out, m, true, phoenix::empty());
+                self.present(&channel, m, out).await;
             }
             Err(f) => self.refuse(out, m, &f.message, Some(f.wire_code())),
         }
+    }
+
+    /// Phoenix Presence: when the namespace keeps presence and shows it to this client,
+    /// the topic's members as `presence_state`, then its changes as `presence_diff`.
+    async fn present(&mut self, channel: &ChannelName, m: &Message, out: &mut Vec<u8>) {
+        let Ok(members) = self.session.members(channel).await else {
+            return;
+        };
+        let (tracked, state) = Tracked::start(channel.clone(), &members);
+        self.presence.push(tracked);
+        let state = serde_json::value::to_raw_value(&state).expect("state serialises");
+        let push = phoenix::encode(
+            self.vsn,
+            m.join_ref.as_deref(),
+            None,
+            &m.topic,
+            "presence_state",
+            &state,
+        );
+        line(out, push);
     }
 
     /// A client's event on a joined topic: published through the session (the rules, the
@@ -157,13 +183,30 @@ impl Speaker for Phoenix {
         max_bytes: usize,
         emit: &mut dyn FnMut(&[u8], Positions<'_>),
     ) -> Result<(), Disconnect> {
-        let vsn = self.vsn;
-        self.session
-            .drain_deliveries(max_bytes, |drained, at| match drained {
-                // Herald's own notices and presence changes have no Phoenix words yet.
-                Drained::Notice(_) => {}
-                Drained::Delivery(d) if d.offset == 0 => {}
-                Drained::Delivery(d) => emit(d.phoenix(vsn), at),
-            })
+        let Self {
+            session,
+            vsn,
+            presence,
+            ..
+        } = self;
+        let vsn = *vsn;
+        session.drain_deliveries(max_bytes, |drained, at| match drained {
+            // Herald's own notices (an operator's unsubscribe) have no Phoenix words.
+            Drained::Notice(_) => {}
+            Drained::Delivery(d) if d.offset == 0 => {
+                let Some(tracked) = presence.iter_mut().find(|t| t.channel == d.channel) else {
+                    return;
+                };
+                if let Some(diff) = tracked.diff(&d.json) {
+                    let diff = serde_json::value::to_raw_value(&diff).expect("diffs serialise");
+                    let topic = d.channel.as_str();
+                    emit(
+                        &phoenix::encode(vsn, None, None, topic, "presence_diff", &diff),
+                        at,
+                    );
+                }
+            }
+            Drained::Delivery(d) => emit(d.phoenix(vsn), at),
+        })
     }
 }

@@ -1,0 +1,142 @@
+//! Phoenix Presence over Herald's presence: `presence_state` when a topic is joined, and
+//! `presence_diff` for each of Herald's join and leave pushes, keyed as phoenix.js's
+//! `Presence` keys them: by user (a member without a user by its member id), one meta per
+//! connection (`phx_ref`: the member's id), carrying the member's `info`.
+
+use std::collections::HashMap;
+
+use herald_protocol::ChannelName;
+use serde::Deserialize;
+use serde_json::{json, value::RawValue, Map, Value};
+
+/// One joined topic's members, as a connection follows them: each member's key.
+#[derive(Debug)]
+pub struct Tracked {
+    pub channel: ChannelName,
+    keys: HashMap<String, String>,
+}
+
+/// A member as Herald writes it (`client` in pushes; pages give the id apart).
+#[derive(Deserialize)]
+struct Member<'a> {
+    #[serde(default)]
+    client: Option<String>,
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default, borrow)]
+    info: Option<&'a RawValue>,
+}
+
+impl Tracked {
+    /// The state of `channel` with `members` in it (`presence_state`'s payload).
+    pub fn start(channel: ChannelName, members: &[herald_broker::Member]) -> (Self, Value) {
+        let mut tracked = Self {
+            channel,
+            keys: HashMap::new(),
+        };
+        let mut state = Map::new();
+        for m in members {
+            let id = format!("{:016x}", m.id);
+            let parsed = serde_json::from_slice::<Member>(&m.info).ok();
+            let (key, meta) = tracked.add(&id, parsed.as_ref());
+            push_meta(&mut state, key, meta);
+        }
+        (tracked, Value::Object(state))
+    }
+
+    fn add(&mut self, id: &str, m: Option<&Member>) -> (String, Value) {
+        let key = m
+            .and_then(|m| m.user.clone())
+            .unwrap_or_else(|| id.to_owned());
+        self.keys.insert(id.to_owned(), key.clone());
+        let info = m.and_then(|m| m.info).map(RawValue::get).unwrap_or("null");
+        let info: Value = serde_json::from_str(info).unwrap_or(Value::Null);
+        (key, json!({ "phx_ref": id, "info": info }))
+    }
+
+    /// `presence_diff`'s payload for one of Herald's presence pushes, if it changes
+    /// anything this connection follows.
+    pub fn diff(&mut self, push: &[u8]) -> Option<Value> {
+        #[derive(Deserialize)]
+        struct Push<'a> {
+            #[serde(borrow)]
+            presence: Changes<'a>,
+        }
+        #[derive(Deserialize)]
+        struct Changes<'a> {
+            #[serde(borrow)]
+            join: Vec<Member<'a>>,
+            #[serde(borrow)]
+            leave: Vec<Member<'a>>,
+        }
+        let push: Push = serde_json::from_slice(push).ok()?;
+        let (mut joins, mut leaves) = (Map::new(), Map::new());
+        for m in &push.presence.join {
+            let Some(id) = m.client.as_deref() else {
+                continue;
+            };
+            if self.keys.contains_key(id) {
+                continue;
+            }
+            let (key, meta) = self.add(id, Some(m));
+            push_meta(&mut joins, key, meta);
+        }
+        for m in &push.presence.leave {
+            let Some(id) = m.client.as_deref() else {
+                continue;
+            };
+            let Some(key) = self.keys.remove(id) else {
+                continue;
+            };
+            push_meta(&mut leaves, key, json!({ "phx_ref": id }));
+        }
+        if joins.is_empty() && leaves.is_empty() {
+            return None;
+        }
+        Some(json!({ "joins": joins, "leaves": leaves }))
+    }
+}
+
+fn push_meta(into: &mut Map<String, Value>, key: String, meta: Value) {
+    let entry = into.entry(key).or_insert_with(|| json!({ "metas": [] }));
+    if let Some(metas) = entry["metas"].as_array_mut() {
+        metas.push(meta);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_by_user_with_a_meta_per_connection() {
+        let channel = ChannelName::new("chat:a").unwrap();
+        let member = |id, info: &str| herald_broker::Member {
+            id,
+            info: bytes::Bytes::copy_from_slice(info.as_bytes()),
+        };
+        let (mut t, state) = Tracked::start(
+            channel,
+            &[
+                member(1, r#"{"user":"ann","info":{"n":1}}"#),
+                member(2, r#"{"user":"ann"}"#),
+            ],
+        );
+        assert_eq!(state["ann"]["metas"].as_array().unwrap().len(), 2);
+        let diff = t
+            .diff(br#"{"presence":{"channel":"chat:a","join":[{"client":"0000000000000003","user":"bob"}],"leave":[{"client":"0000000000000001"}]}}"#)
+            .unwrap();
+        assert_eq!(
+            diff["joins"]["bob"]["metas"][0]["phx_ref"],
+            "0000000000000003"
+        );
+        assert_eq!(
+            diff["leaves"]["ann"]["metas"][0]["phx_ref"],
+            "0000000000000001"
+        );
+        // A member already known joins again: nothing to say.
+        assert!(t
+            .diff(br#"{"presence":{"channel":"chat:a","join":[{"client":"0000000000000002","user":"ann"}],"leave":[]}}"#)
+            .is_none());
+    }
+}
