@@ -439,15 +439,17 @@ impl Pusher {
         let payload = json::payload(stored).map_err(|e| refuse(None, &e))?;
         match self.session.publish_allowed(&channel, payload).await {
             Ok(_) => {
-                let user = self.rosters().iter().find(|r| r.channel == channel);
-                let hook = serde_json::json!({
+                let mut hook = serde_json::json!({
                     "name": "client_event",
                     "channel": name,
                     "event": event,
                     "data": data,
                     "socket_id": socket_id,
-                    "user_id": user.map(|r| &*r.me),
                 });
+                // Only a presence channel's client events say who sent them.
+                if let Some(r) = self.rosters().iter().find(|r| r.channel == channel) {
+                    hook["user_id"] = r.me.as_ref().into();
+                }
                 self.webhook("client_event", &hook);
                 Ok(())
             }
