@@ -9,12 +9,13 @@
 //! presence channels to a valid signature; the namespace's rules still apply over that.
 //!
 //! - [`socket`]: the WebSocket endpoint, and the framing the hub writes with;
-//! - [`speaker`]: what a client sends, done with the session's own steps, and presence
-//!   per user;
+//! - [`speaker`]: what a client sends, done with the session's own steps;
+//! - [`roster`]: presence per user;
 //! - [`api`]: the HTTP API;
 //! - [`sign`]: the signatures.
 
 mod api;
+mod roster;
 mod sign;
 mod socket;
 mod speaker;

@@ -1,14 +1,6 @@
 //! A Pusher connection over a Herald session: what its client sends, done with the
-//! session's own steps, and what the hub queues for it, in Pusher's words.
-//!
-//! **Presence per user.** Herald's presence counts connections (members); Pusher's counts
-//! users. The connection keeps, for each `presence-` channel it joined, which member is
-//! which user: the list read when it joined, then Herald's join and leave pushes (which
-//! every node of the cluster receives). A user's first member arriving is
-//! `member_added`, its last leaving `member_removed`: once per user, whichever nodes its
-//! connections are on.
-
-use std::collections::HashMap;
+//! session's own steps, and what the hub queues for it, in Pusher's words (presence per
+//! user: [`super::roster`]).
 
 use bytes::Bytes;
 use herald_protocol::{
@@ -19,7 +11,7 @@ use herald_protocol::{
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{sign, socket::SocketId};
+use super::{roster::Roster, sign, socket::SocketId};
 use crate::{
     config::PusherApp,
     error::{Disconnect, Failure},
@@ -49,68 +41,6 @@ struct More {
     client_events: Bucket,
     /// The presence channels it is in (a few at most: a list).
     rosters: Vec<Roster>,
-}
-
-/// Who is in a presence channel, as one connection follows it.
-#[derive(Debug)]
-struct Roster {
-    channel: ChannelName,
-    /// The connection's own user.
-    me: Box<str>,
-    /// Each member (its id, as Herald's presence pushes write it) and its user.
-    members: HashMap<String, Box<str>>,
-    /// Each user's members.
-    users: HashMap<Box<str>, u32>,
-}
-
-impl Roster {
-    /// Counts a member in; its user's info when the user is new.
-    fn join(&mut self, member: String, user: &str) -> bool {
-        if self.members.contains_key(&member) {
-            return false;
-        }
-        self.members.insert(member, user.into());
-        let count = self.users.entry(user.into()).or_default();
-        *count += 1;
-        *count == 1
-    }
-
-    /// Counts a member out; its user when that was the user's last member.
-    fn leave(&mut self, member: &str) -> Option<Box<str>> {
-        let user = self.members.remove(member)?;
-        let count = self.users.get_mut(&user)?;
-        *count -= 1;
-        if *count > 0 {
-            return None;
-        }
-        self.users.remove(&user);
-        Some(user)
-    }
-}
-
-/// A presence member as Herald writes it in pushes and pages.
-#[derive(Deserialize)]
-struct Member<'a> {
-    #[serde(default)]
-    client: Option<String>,
-    #[serde(default)]
-    user: Option<String>,
-    #[serde(default, borrow)]
-    info: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct PresencePush<'a> {
-    #[serde(borrow)]
-    presence: Changes<'a>,
-}
-
-#[derive(Deserialize)]
-struct Changes<'a> {
-    #[serde(borrow)]
-    join: Vec<Member<'a>>,
-    #[serde(borrow)]
-    leave: Vec<Member<'a>>,
 }
 
 /// A presence channel's signed `channel_data`.
@@ -246,17 +176,15 @@ impl Pusher {
                 return line(out, refuse(f.status().as_u16(), &f.message));
             }
             if let Some(me) = me {
-                self.more().rosters.push(Roster {
-                    channel: channel.clone(),
-                    me,
-                    members: HashMap::new(),
-                    users: HashMap::new(),
-                });
+                self.more().rosters.push(Roster::new(channel.clone(), me));
             }
         }
         let succeeded = match kind {
             Kind::Presence => match self.session.members(&channel).await {
-                Ok(members) => self.list(&channel, &name, &members),
+                Ok(members) => match self.roster(&channel) {
+                    Some(roster) => roster.list(&name, &members),
+                    None => pusher::subscription_succeeded(&name, Some(&Default::default())),
+                },
                 Err(f) => return line(out, refuse(f.status().as_u16(), &f.message)),
             },
             _ => pusher::subscription_succeeded(&name, None),
@@ -326,37 +254,6 @@ impl Pusher {
             None => Bytes::from_static(b"null"),
         };
         Ok(Some((user.into(), info)))
-    }
-
-    /// Counts `members` into the channel's roster and says who is there.
-    fn list(
-        &mut self,
-        channel: &ChannelName,
-        name: &str,
-        members: &[herald_broker::Member],
-    ) -> Vec<u8> {
-        let Some(roster) = self.roster(channel) else {
-            return pusher::subscription_succeeded(name, Some(&pusher::Members::default()));
-        };
-        let parsed: Vec<(String, Member)> = members
-            .iter()
-            .filter_map(|m| {
-                let member: Member = serde_json::from_slice(&m.info).ok()?;
-                Some((format!("{:016x}", m.id), member))
-            })
-            .collect();
-        let null: &RawValue = serde_json::from_str("null").expect("null is JSON");
-        let mut list = pusher::Members::default();
-        for (id, member) in &parsed {
-            let Some(user) = member.user.as_deref() else {
-                continue;
-            };
-            roster.join(id.clone(), user);
-            list.hash.entry(user).or_insert(member.info.unwrap_or(null));
-        }
-        list.ids = list.hash.keys().copied().collect();
-        list.count = list.ids.len();
-        pusher::subscription_succeeded(name, Some(&list))
     }
 
     /// `pusher:signin`: checks the app's signature over `socket_id::user::user_data`.
@@ -471,43 +368,6 @@ impl Pusher {
             log.record(body);
         }
     }
-
-    /// Turns a presence push of Herald's into member events, once per user.
-    fn presence(
-        rosters: &mut [Roster],
-        channel: &ChannelName,
-        push: &[u8],
-        emit: &mut dyn FnMut(&[u8]),
-    ) {
-        let Some(roster) = rosters.iter_mut().find(|r| &r.channel == channel) else {
-            return;
-        };
-        let Ok(push) = serde_json::from_slice::<PresencePush>(push) else {
-            tracing::warn!(%channel, "undecodable presence push");
-            return;
-        };
-        let name = channel
-            .as_str()
-            .split_once(':')
-            .map_or(channel.as_str(), |(_, n)| n);
-        let null: &RawValue = serde_json::from_str("null").expect("null is JSON");
-        for m in &push.presence.join {
-            let (Some(id), Some(user)) = (&m.client, &m.user) else {
-                continue;
-            };
-            if roster.join(id.clone(), user) && **user != *roster.me {
-                emit(&pusher::member_added(name, user, m.info.unwrap_or(null)));
-            }
-        }
-        for m in &push.presence.leave {
-            let Some(id) = &m.client else { continue };
-            if let Some(user) = roster.leave(id) {
-                if *user != *roster.me {
-                    emit(&pusher::member_removed(name, &user));
-                }
-            }
-        }
-    }
 }
 
 /// How a signed-in user of `app` is known to the node's registry (users of two apps are
@@ -561,7 +421,9 @@ impl Speaker for Pusher {
             Drained::Notice(_) => {}
             Drained::Delivery(d) if d.offset == 0 => {
                 if let Some(more) = more.as_mut() {
-                    Self::presence(&mut more.rosters, &d.channel, &d.json, &mut |m| emit(m, at));
+                    if let Some(r) = more.rosters.iter_mut().find(|r| r.channel == d.channel) {
+                        r.changed(&d.json, &mut |m| emit(m, at));
+                    }
                 }
             }
             Drained::Delivery(d) => {

@@ -1,0 +1,141 @@
+//! Presence per user, as one Pusher connection follows a `presence-` channel.
+//!
+//! Herald's presence counts connections (members); Pusher's counts users. The connection
+//! keeps which member is which user: the list read when it joined, then Herald's join and
+//! leave pushes (which every node of the cluster receives). A user's first member arriving
+//! is `member_added`, its last leaving `member_removed`: once per user, whichever nodes
+//! its connections are on.
+
+use std::collections::HashMap;
+
+use herald_protocol::{pusher, ChannelName};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// Who is in a presence channel, as one connection follows it.
+#[derive(Debug)]
+pub struct Roster {
+    pub channel: ChannelName,
+    /// The connection's own user.
+    pub me: Box<str>,
+    /// Each member (its id, as Herald's presence pushes write it) and its user.
+    members: HashMap<String, Box<str>>,
+    /// Each user's members.
+    users: HashMap<Box<str>, u32>,
+}
+
+impl Roster {
+    /// Counts a member in; its user's info when the user is new.
+    fn join(&mut self, member: String, user: &str) -> bool {
+        if self.members.contains_key(&member) {
+            return false;
+        }
+        self.members.insert(member, user.into());
+        let count = self.users.entry(user.into()).or_default();
+        *count += 1;
+        *count == 1
+    }
+
+    /// Counts a member out; its user when that was the user's last member.
+    fn leave(&mut self, member: &str) -> Option<Box<str>> {
+        let user = self.members.remove(member)?;
+        let count = self.users.get_mut(&user)?;
+        *count -= 1;
+        if *count > 0 {
+            return None;
+        }
+        self.users.remove(&user);
+        Some(user)
+    }
+}
+
+/// A presence member as Herald writes it in pushes and pages.
+#[derive(Deserialize)]
+struct Member<'a> {
+    #[serde(default)]
+    client: Option<String>,
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default, borrow)]
+    info: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct PresencePush<'a> {
+    #[serde(borrow)]
+    presence: Changes<'a>,
+}
+
+#[derive(Deserialize)]
+struct Changes<'a> {
+    #[serde(borrow)]
+    join: Vec<Member<'a>>,
+    #[serde(borrow)]
+    leave: Vec<Member<'a>>,
+}
+
+impl Roster {
+    /// The roster of `channel`, which the connection is in as user `me`.
+    pub fn new(channel: ChannelName, me: Box<str>) -> Self {
+        Self {
+            channel,
+            me,
+            members: HashMap::new(),
+            users: HashMap::new(),
+        }
+    }
+
+    /// Counts `members` in and says who is there (`subscription_succeeded`).
+    pub fn list(&mut self, name: &str, members: &[herald_broker::Member]) -> Vec<u8> {
+        let parsed: Vec<(String, Member)> = members
+            .iter()
+            .filter_map(|m| {
+                let member: Member = serde_json::from_slice(&m.info).ok()?;
+                Some((format!("{:016x}", m.id), member))
+            })
+            .collect();
+        let null: &RawValue = serde_json::from_str("null").expect("null is JSON");
+        let mut list = pusher::Members::default();
+        for (id, member) in &parsed {
+            let Some(user) = member.user.as_deref() else {
+                continue;
+            };
+            self.join(id.clone(), user);
+            list.hash.entry(user).or_insert(member.info.unwrap_or(null));
+        }
+        list.ids = list.hash.keys().copied().collect();
+        list.count = list.ids.len();
+        pusher::subscription_succeeded(name, Some(&list))
+    }
+
+    /// Turns one of Herald's presence pushes into member events, once per user.
+    pub fn changed(&mut self, push: &[u8], emit: &mut dyn FnMut(&[u8])) {
+        let channel = self.channel.clone();
+        let roster = self;
+        let Ok(push) = serde_json::from_slice::<PresencePush>(push) else {
+            tracing::warn!(%channel, "undecodable presence push");
+            return;
+        };
+        let name = channel
+            .as_str()
+            .split_once(':')
+            .map_or(channel.as_str(), |(_, n)| n);
+        let null: &RawValue = serde_json::from_str("null").expect("null is JSON");
+        for m in &push.presence.join {
+            let (Some(id), Some(user)) = (&m.client, &m.user) else {
+                continue;
+            };
+            if roster.join(id.clone(), user) && **user != *roster.me {
+                emit(&pusher::member_added(name, user, m.info.unwrap_or(null)));
+            }
+        }
+        for m in &push.presence.leave {
+            let Some(id) = &m.client else { continue };
+            if let Some(user) = roster.leave(id) {
+                if *user != *roster.me {
+                    emit(&pusher::member_removed(name, &user));
+                }
+            }
+        }
+    }
+}
