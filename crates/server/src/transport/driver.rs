@@ -165,7 +165,7 @@ pub trait Speaker: Send {
     fn drain(
         &mut self,
         max_bytes: usize,
-        emit: &mut dyn FnMut(&[u8], Positions<'_>),
+        emit: impl FnMut(&[u8], Positions<'_>),
     ) -> Result<(), Disconnect>;
 }
 
@@ -190,7 +190,7 @@ impl Speaker for Session {
     fn drain(
         &mut self,
         max_bytes: usize,
-        emit: &mut dyn FnMut(&[u8], Positions<'_>),
+        emit: impl FnMut(&[u8], Positions<'_>),
     ) -> Result<(), Disconnect> {
         Session::drain(self, max_bytes, emit)
     }
@@ -320,9 +320,7 @@ pub async fn drive<S: Speaker, W: Wire>(
         // Replies first, then whatever publications are queued, in writes of bounded size.
         let step = step.and_then(|()| {
             speaker
-                .drain(MAX_BATCH_BYTES, &mut |json, at| {
-                    wire.push(json, at, &mut bytes)
-                })
+                .drain(MAX_BATCH_BYTES, |json, at| wire.push(json, at, &mut bytes))
                 .map_err(Stop::from)
         });
         written += bytes.len();

@@ -408,7 +408,7 @@ impl Speaker for Pusher {
     fn drain(
         &mut self,
         max_bytes: usize,
-        emit: &mut dyn FnMut(&[u8], Positions<'_>),
+        mut emit: impl FnMut(&[u8], Positions<'_>),
     ) -> Result<(), Disconnect> {
         let Self {
             session,
