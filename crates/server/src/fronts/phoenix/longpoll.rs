@@ -295,3 +295,23 @@ pub async fn send(
     p.replied.notify_one();
     status(200)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_session_token_is_the_last_and_the_connection_token_the_first() {
+        let session = "0123456789abcdef0123456789abcdef";
+        let q = PollQuery::parse(Some(&format!("token=eyJ.jwt&vsn=2.0.0&token={session}")));
+        assert_eq!(q.session(), Some(session));
+        assert_eq!(q.connection(), Some("eyJ.jwt"));
+        assert_eq!(q.params.get("vsn").map(String::as_str), Some("2.0.0"));
+        // A first request: only the socket's own token, which no session has the shape of.
+        let q = PollQuery::parse(Some("token=eyJ.jwt&vsn=2.0.0"));
+        assert_eq!((q.session(), q.connection()), (None, Some("eyJ.jwt")));
+        let q = PollQuery::parse(Some("vsn=2.0.0&token="));
+        assert_eq!((q.session(), q.connection()), (None, None));
+        assert!(!is_session("0123456789ABCDEF0123456789abcdef"));
+    }
+}

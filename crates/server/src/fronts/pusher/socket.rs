@@ -211,3 +211,44 @@ impl Framing for PusherFrames {
         (code, reason)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_socket_id_is_written_and_recognised_as_pusher_writes_it() {
+        let id = SocketId(123, 456);
+        assert_eq!(id.to_string(), "123.456");
+        assert!(id.is("123.456"));
+        for other in [
+            "123.457",
+            "124.456",
+            "123",
+            "+123.456",
+            "123.456.7",
+            "",
+            "a.b",
+        ] {
+            assert!(!id.is(other), "{other}");
+        }
+        let random = SocketId::random();
+        assert!(random.is(&random.to_string()));
+    }
+
+    #[test]
+    fn herald_reasons_become_pusher_close_codes() {
+        let close = |code| PusherFrames::close(&Disconnect::new(code)).0;
+        assert_eq!(close(DisconnectCode::Shutdown), codes::RECONNECT);
+        assert_eq!(close(DisconnectCode::Slow), codes::OVER_CAPACITY);
+        assert_eq!(close(DisconnectCode::Stale), codes::PONG_NOT_RECEIVED);
+        assert_eq!(close(DisconnectCode::ConnectionLimit), codes::OVER_QUOTA);
+        assert_eq!(close(DisconnectCode::BadRequest), codes::UNAUTHORIZED);
+        let chosen = Disconnect {
+            code: DisconnectCode::Forbidden,
+            reason: "bye".into(),
+            chosen: Some(4001),
+        };
+        assert_eq!(PusherFrames::close(&chosen).0, 4001);
+    }
+}
