@@ -7,6 +7,7 @@
 //!   HTTP API.
 //! - [`phoenix`]: Phoenix Channels (`phoenix.js`, serializers 1.0.0 and 2.0.0).
 
+mod members;
 pub mod phoenix;
 pub mod pusher;
 

@@ -6,25 +6,15 @@
 use std::collections::HashMap;
 
 use herald_protocol::ChannelName;
-use serde::Deserialize;
 use serde_json::{json, value::RawValue, Map, Value};
+
+use crate::fronts::members::{Changes, Member};
 
 /// One joined topic's members, as a connection follows them: each member's key.
 #[derive(Debug)]
 pub struct Tracked {
     pub channel: ChannelName,
     keys: HashMap<String, String>,
-}
-
-/// A member as Herald writes it (`client` in pushes; pages give the id apart).
-#[derive(Deserialize)]
-struct Member<'a> {
-    #[serde(default)]
-    client: Option<String>,
-    #[serde(default)]
-    user: Option<String>,
-    #[serde(default, borrow)]
-    info: Option<&'a RawValue>,
 }
 
 impl Tracked {
@@ -37,7 +27,7 @@ impl Tracked {
         let mut state = Map::new();
         for m in members {
             let id = format!("{:016x}", m.id);
-            let parsed = serde_json::from_slice::<Member>(&m.info).ok();
+            let parsed = Member::of(&m.info);
             let (key, meta) = tracked.add(&id, parsed.as_ref());
             push_meta(&mut state, key, meta);
         }
@@ -57,21 +47,9 @@ impl Tracked {
     /// `presence_diff`'s payload for one of Herald's presence pushes, if it changes
     /// anything this connection follows.
     pub fn diff(&mut self, push: &[u8]) -> Option<Value> {
-        #[derive(Deserialize)]
-        struct Push<'a> {
-            #[serde(borrow)]
-            presence: Changes<'a>,
-        }
-        #[derive(Deserialize)]
-        struct Changes<'a> {
-            #[serde(borrow)]
-            join: Vec<Member<'a>>,
-            #[serde(borrow)]
-            leave: Vec<Member<'a>>,
-        }
-        let push: Push = serde_json::from_slice(push).ok()?;
+        let changes = Changes::of(push)?;
         let (mut joins, mut leaves) = (Map::new(), Map::new());
-        for m in &push.presence.join {
+        for m in &changes.join {
             let Some(id) = m.client.as_deref() else {
                 continue;
             };
@@ -81,7 +59,7 @@ impl Tracked {
             let (key, meta) = self.add(id, Some(m));
             push_meta(&mut joins, key, meta);
         }
-        for m in &push.presence.leave {
+        for m in &changes.leave {
             let Some(id) = m.client.as_deref() else {
                 continue;
             };

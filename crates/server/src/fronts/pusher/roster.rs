@@ -9,8 +9,9 @@
 use std::collections::HashMap;
 
 use herald_protocol::{pusher, ChannelName};
-use serde::Deserialize;
 use serde_json::value::RawValue;
+
+use crate::fronts::members::{Changes, Member};
 
 /// Who is in a presence channel, as one connection follows it.
 #[derive(Debug)]
@@ -25,7 +26,7 @@ pub struct Roster {
 }
 
 impl Roster {
-    /// Counts a member in; its user's info when the user is new.
+    /// Counts a member in; true when its user is new.
     fn join(&mut self, member: String, user: &str) -> bool {
         if self.members.contains_key(&member) {
             return false;
@@ -49,31 +50,6 @@ impl Roster {
     }
 }
 
-/// A presence member as Herald writes it in pushes and pages.
-#[derive(Deserialize)]
-struct Member<'a> {
-    #[serde(default)]
-    client: Option<String>,
-    #[serde(default)]
-    user: Option<String>,
-    #[serde(default, borrow)]
-    info: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct PresencePush<'a> {
-    #[serde(borrow)]
-    presence: Changes<'a>,
-}
-
-#[derive(Deserialize)]
-struct Changes<'a> {
-    #[serde(borrow)]
-    join: Vec<Member<'a>>,
-    #[serde(borrow)]
-    leave: Vec<Member<'a>>,
-}
-
 impl Roster {
     /// The roster of `channel`, which the connection is in as user `me`.
     pub fn new(channel: ChannelName, me: Box<str>) -> Self {
@@ -89,10 +65,7 @@ impl Roster {
     pub fn list(&mut self, name: &str, members: &[herald_broker::Member]) -> Vec<u8> {
         let parsed: Vec<(String, Member)> = members
             .iter()
-            .filter_map(|m| {
-                let member: Member = serde_json::from_slice(&m.info).ok()?;
-                Some((format!("{:016x}", m.id), member))
-            })
+            .filter_map(|m| Some((format!("{:016x}", m.id), Member::of(&m.info)?)))
             .collect();
         let null: &RawValue = serde_json::from_str("null").expect("null is JSON");
         let mut list = pusher::Members::default();
@@ -110,29 +83,28 @@ impl Roster {
 
     /// Turns one of Herald's presence pushes into member events, once per user.
     pub fn changed(&mut self, push: &[u8], emit: &mut dyn FnMut(&[u8])) {
-        let channel = self.channel.clone();
-        let roster = self;
-        let Ok(push) = serde_json::from_slice::<PresencePush>(push) else {
-            tracing::warn!(%channel, "undecodable presence push");
+        let Some(changes) = Changes::of(push) else {
+            tracing::warn!(channel = %self.channel, "undecodable presence push");
             return;
         };
+        let channel = self.channel.clone();
         let name = channel
             .as_str()
             .split_once(':')
             .map_or(channel.as_str(), |(_, n)| n);
         let null: &RawValue = serde_json::from_str("null").expect("null is JSON");
-        for m in &push.presence.join {
+        for m in &changes.join {
             let (Some(id), Some(user)) = (&m.client, &m.user) else {
                 continue;
             };
-            if roster.join(id.clone(), user) && **user != *roster.me {
+            if self.join(id.clone(), user) && **user != *self.me {
                 emit(&pusher::member_added(name, user, m.info.unwrap_or(null)));
             }
         }
-        for m in &push.presence.leave {
+        for m in &changes.leave {
             let Some(id) = &m.client else { continue };
-            if let Some(user) = roster.leave(id) {
-                if *user != *roster.me {
+            if let Some(user) = self.leave(id) {
+                if *user != *self.me {
                     emit(&pusher::member_removed(name, &user));
                 }
             }
