@@ -319,20 +319,72 @@ describe("cache channels and signed-in users", () => {
   });
 });
 
-describe("webhooks", () => {
-  it("posts client events and cache misses, signed as Pusher signs them", async () => {
-    const received: Array<{ valid: boolean; events: Array<Record<string, unknown>> }> = [];
-    const hooks = createServer((req, res) => {
-      let body = "";
-      req.on("data", (c) => (body += c));
-      req.on("end", () => {
-        const webhook = backend().webhook({ headers: req.headers as Record<string, string>, rawBody: body });
-        received.push({ valid: webhook.isValid(), events: webhook.getEvents() as unknown as Array<Record<string, unknown>> });
-        res.end("ok");
-      });
+/** A real HTTP server taking the app's webhooks: each post's events, and whether its
+ * signature is valid (checked by the `pusher` SDK). */
+async function webhookReceiver() {
+  const received: Array<{ valid: boolean; events: Array<Record<string, unknown>> }> = [];
+  const hooks = createServer((req, res) => {
+    let body = "";
+    req.on("data", (c) => (body += c));
+    req.on("end", () => {
+      const webhook = backend().webhook({ headers: req.headers as Record<string, string>, rawBody: body });
+      received.push({ valid: webhook.isValid(), events: webhook.getEvents() as unknown as Array<Record<string, unknown>> });
+      res.end("ok");
     });
-    await new Promise<void>((resolve) => hooks.listen(0, "127.0.0.1", resolve));
-    const url = `http://127.0.0.1:${(hooks.address() as AddressInfo).port}/pusher/webhook`;
+  });
+  await new Promise<void>((resolve) => hooks.listen(0, "127.0.0.1", resolve));
+  const url = `http://127.0.0.1:${(hooks.address() as AddressInfo).port}/pusher/webhook`;
+  /** Each event once (a post may come again: at least once, the same `id`). */
+  const events = () => [...new Map(received.flatMap((r) => r.events).map((e) => [e.id, e])).values()];
+  /** Events `name` about `channel`. */
+  const named = (name: string, channel: string) => events().filter((e) => e.name === name && e.channel === channel);
+  return { url, received, events, named, close: () => hooks.close() };
+}
+
+describe("webhooks", () => {
+  it("posts occupied and vacated once per channel, member added and removed once per user; a reload posts nothing", async () => {
+    const hooks = await webhookReceiver();
+    const server = await Herald.start({ args: ["--config", pusherConfig(hooks.url)] });
+    const room = "presence-occupancy";
+    try {
+      const first = connect({ server, user: { user_id: "dora" } });
+      const second = connect({ server, user: { user_id: "dora" } });
+      const public1 = connect({ server });
+      await connected(first);
+      await connected(second);
+      await connected(public1);
+      await subscribed(first, room);
+      await subscribed(second, room);
+      await subscribed(public1, "lobby-hooks");
+      await until("occupied and added", () => hooks.named("member_added", room).length === 1 && hooks.named("channel_occupied", room).length === 1);
+      await until("the public channel occupied", () => hooks.named("channel_occupied", "lobby-hooks").length === 1);
+      expect(hooks.named("member_added", room)[0]).toMatchObject({ user_id: "dora" });
+      // Dora's second tab closes, then her first reloads: she is never away for longer
+      // than the app's delay, so nothing is posted.
+      second.disconnect();
+      first.disconnect();
+      const reloaded = connect({ server, user: { user_id: "dora" } });
+      await connected(reloaded);
+      await subscribed(reloaded, room);
+      reloaded.disconnect();
+      public1.disconnect();
+      await until("removed and vacated", () => hooks.named("member_removed", room).length === 1 && hooks.named("channel_vacated", room).length === 1);
+      await until("the public channel vacated", () => hooks.named("channel_vacated", "lobby-hooks").length === 1);
+      expect(hooks.named("member_added", room)).toHaveLength(1);
+      expect(hooks.named("channel_occupied", room)).toHaveLength(1);
+      expect(hooks.named("member_removed", room)[0]).toMatchObject({ user_id: "dora" });
+      expect(hooks.named("channel_occupied", "lobby-hooks")).toHaveLength(1);
+      expect(hooks.named("member_added", "lobby-hooks")).toHaveLength(0);
+      expect(hooks.received.every((r) => r.valid)).toBe(true);
+    } finally {
+      await server.dispose();
+      hooks.close();
+    }
+  });
+
+  it("posts client events and cache misses, signed as Pusher signs them", async () => {
+    const { url, received, close } = await webhookReceiver();
+    const hooks = { close };
     const server = await Herald.start({ args: ["--config", pusherConfig(url)] });
     try {
       const a = connect({ server, user: { user_id: "hooked" } });
@@ -440,9 +492,11 @@ describe("two Herald nodes on Redis", () => {
   let redis: Redis;
   let a: Herald;
   let b: Herald;
+  let hooks: Awaited<ReturnType<typeof webhookReceiver>>;
   beforeAll(async () => {
     redis = await Redis.start();
-    const args = ["--config", pusherConfig(), "--storage", "redis", "--redis-url", redis.url];
+    hooks = await webhookReceiver();
+    const args = ["--config", pusherConfig(hooks.url, "1s"), "--storage", "redis", "--redis-url", redis.url];
     a = await Herald.start({ args });
     b = await Herald.start({ args });
   });
@@ -450,6 +504,7 @@ describe("two Herald nodes on Redis", () => {
     await a.dispose();
     await b.dispose();
     await redis.dispose();
+    hooks.close();
   });
 
   it("tells each user's arrival and departure once, whichever node its connections are on", async () => {
@@ -481,4 +536,28 @@ describe("two Herald nodes on Redis", () => {
     expect(added).toEqual(["carol"]);
     expect(removed).toEqual(["carol"]);
   });
+
+  // Last: it kills node b.
+  it("posts each user's and channel's webhooks once across nodes, and a killed node's leaves", async () => {
+    const room = "presence-hooked-nodes";
+    const erinOnA = connect({ server: a, user: { user_id: "erin" } });
+    const erinOnB = connect({ server: b, user: { user_id: "erin" } });
+    const frank = connect({ server: b, user: { user_id: "frank" } });
+    for (const c of [erinOnA, erinOnB, frank]) await connected(c);
+    await subscribed(erinOnA, room);
+    await subscribed(erinOnB, room);
+    await subscribed(frank, room);
+    const users = (name: string) => hooks.named(name, room).map((e) => e.user_id).sort();
+    await until("both users added", () => users("member_added").length === 2);
+    // Erin leaves node a but stays through node b: she is not removed.
+    erinOnA.disconnect();
+    // Node b dies without a word: node a's sweep of b's presence is the users' and the
+    // channel's leave.
+    await b.stop("SIGKILL");
+    await until("both users removed and the channel vacated", () => users("member_removed").length === 2 && hooks.named("channel_vacated", room).length === 1, 40_000);
+    expect(users("member_added")).toEqual(["erin", "frank"]);
+    expect(users("member_removed")).toEqual(["erin", "frank"]);
+    expect(hooks.named("channel_occupied", room)).toHaveLength(1);
+    expect(hooks.received.every((r) => r.valid)).toBe(true);
+  }, 60_000);
 });

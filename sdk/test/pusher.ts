@@ -6,8 +6,9 @@ import { join } from "node:path";
 export const APP = { id: "1001", key: "app-one-key", secret: "app-one-secret-0123456789" };
 export const OTHER = { id: "1002", key: "app-two-key", secret: "app-two-secret-0123456789" };
 
-/** A configuration with two apps; the first allows client events. */
-export function pusherConfig(webhookUrl?: string): string {
+/** A configuration with two apps; the first allows client events, and posts webhooks to
+ * `webhookUrl` when given (leaves after `leaveDelay`). */
+export function pusherConfig(webhookUrl?: string, leaveDelay = "2s"): string {
   const dir = mkdtempSync(join(tmpdir(), "herald-pusher-"));
   const file = join(dir, "herald.toml");
   writeFileSync(
@@ -17,7 +18,8 @@ id = "${APP.id}"
 key = "${APP.key}"
 secret = "${APP.secret}"
 client_events = true
-${webhookUrl ? `webhook_url = "${webhookUrl}"` : ""}
+${webhookUrl ? `webhook_url = "${webhookUrl}"
+webhook_leave_delay = "${leaveDelay}"` : ""}
 
 [[pusher.apps]]
 id = "${OTHER.id}"

@@ -166,7 +166,7 @@ pub(crate) fn parse_key(key: &str) -> Option<(ChannelName, u64, &str)> {
     let mut parts = key.splitn(3, '.');
     let channel = String::from_utf8(unhex(parts.next()?)?).ok()?;
     let id = u64::from_str_radix(parts.next()?, 16).ok()?;
-    Some((ChannelName::new(&channel).ok()?, id, parts.next()?))
+    Some((ChannelName::stored(&channel).ok()?, id, parts.next()?))
 }
 
 impl NatsPresence {
@@ -402,8 +402,8 @@ async fn beat(
             let expired = drop_node(&view, &gone);
             let listener = events.lock().as_ref().and_then(Weak::upgrade);
             if let Some(listener) = listener {
-                for (channel, ids) in expired {
-                    listener.expired(&channel, ids);
+                for (channel, members) in expired {
+                    listener.expired(&channel, members);
                 }
             }
             // Any survivor may purge them; purging twice is harmless.
@@ -432,15 +432,23 @@ async fn live_nodes(alive: &kv::Store) -> Result<HashSet<String>, BrokerError> {
 }
 
 /// Removes what node `gone` held from the view: the members that left, per channel.
-fn drop_node(view: &Mutex<View>, gone: &str) -> HashMap<ChannelName, Vec<u64>> {
+fn drop_node(view: &Mutex<View>, gone: &str) -> HashMap<ChannelName, Vec<Member>> {
     let mut view = view.lock();
     let Some(other) = view.others.remove(gone) else {
         return HashMap::new();
     };
-    let mut expired: HashMap<ChannelName, Vec<u64>> = HashMap::new();
+    let mut expired: HashMap<ChannelName, Vec<Member>> = HashMap::new();
     for (channel, id) in other.holds {
+        let info = view
+            .channels
+            .get(&channel)
+            .and_then(|roster| roster.info(id).cloned())
+            .unwrap_or_default();
         if view.remove(&channel, id, gone) {
-            expired.entry(channel).or_default().push(id);
+            expired
+                .entry(channel)
+                .or_default()
+                .push(Member { id, info });
         }
     }
     expired

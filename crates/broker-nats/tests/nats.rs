@@ -180,11 +180,11 @@ async fn history_and_offsets_survive_a_nats_restart() {
 async fn presence_is_shared_and_a_dead_nodes_members_expire() {
     use herald_broker::{Member, PresenceEvents};
     #[derive(Default)]
-    struct Heard(parking_lot::Mutex<Vec<(String, Vec<u64>)>>);
+    struct Heard(parking_lot::Mutex<Vec<(String, Vec<Member>)>>);
     impl PresenceEvents for Heard {
         fn heard(&self, _: Bytes) {}
-        fn expired(&self, channel: &ChannelName, ids: Vec<u64>) {
-            self.0.lock().push((channel.to_string(), ids));
+        fn expired(&self, channel: &ChannelName, gone: Vec<Member>) {
+            self.0.lock().push((channel.to_string(), gone));
         }
     }
     let nats = NatsServer::start();
@@ -247,7 +247,8 @@ async fn presence_is_shared_and_a_dead_nodes_members_expire() {
     );
     assert_eq!(
         heard.0.lock().clone(),
-        [("presence:room".to_string(), vec![1])]
+        [("presence:room".to_string(), vec![member(1, "ann")])],
+        "the member that left, with its info"
     );
 }
 

@@ -93,9 +93,9 @@ struct Expired {
 
 impl PresenceEvents for Expired {
     fn heard(&self, _batch: Bytes) {}
-    fn expired(&self, channel: &ChannelName, ids: Vec<u64>) {
+    fn expired(&self, channel: &ChannelName, gone: Vec<Member>) {
         let mut members = self.members.lock();
-        members.extend(ids.into_iter().map(|id| (channel.to_string(), id)));
+        members.extend(gone.into_iter().map(|m| (channel.to_string(), m.id)));
         self.changed.notify_waiters();
     }
 }

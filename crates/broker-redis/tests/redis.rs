@@ -327,7 +327,7 @@ async fn fulfils_the_presence_contract() {
 #[derive(Default)]
 struct Heard {
     batches: parking_lot::Mutex<Vec<Bytes>>,
-    expired: parking_lot::Mutex<Vec<(String, u64)>>,
+    expired: parking_lot::Mutex<Vec<(String, u64, Bytes)>>,
     changed: tokio::sync::Notify,
 }
 
@@ -336,10 +336,11 @@ impl herald_broker::PresenceEvents for Heard {
         self.batches.lock().push(batch);
         self.changed.notify_waiters();
     }
-    fn expired(&self, channel: &ChannelName, ids: Vec<u64>) {
-        self.expired
-            .lock()
-            .extend(ids.into_iter().map(|id| (channel.to_string(), id)));
+    fn expired(&self, channel: &ChannelName, gone: Vec<herald_broker::Member>) {
+        self.expired.lock().extend(
+            gone.into_iter()
+                .map(|m| (channel.to_string(), m.id, m.info)),
+        );
         self.changed.notify_waiters();
     }
 }
@@ -378,7 +379,11 @@ async fn presence_is_shared_by_nodes_and_a_dead_nodes_members_expire() {
     pa.listen(weak);
     let c = ch("room:nodes");
     assert!(pa.join(&c, &anonymous(1), None).await.unwrap());
-    assert!(pb.join(&c, &anonymous(2), Some("bo")).await.unwrap());
+    let bo = herald_broker::Member {
+        id: 2,
+        info: Bytes::from_static(br#"{"user":"bo"}"#),
+    };
+    assert!(pb.join(&c, &bo, Some("bo")).await.unwrap());
     assert!(
         !pb.join(&c, &anonymous(1), None).await.unwrap(),
         "held on both nodes"
@@ -406,8 +411,10 @@ async fn presence_is_shared_by_nodes_and_a_dead_nodes_members_expire() {
     drop(b);
     let started = std::time::Instant::now();
     heard
-        .wait("b's member expired", |h| {
-            h.expired.lock().contains(&("room:nodes".to_string(), 2))
+        .wait("b's member expired, with its info", |h| {
+            h.expired
+                .lock()
+                .contains(&("room:nodes".to_string(), 2, bo.info.clone()))
         })
         .await;
     assert!(

@@ -55,8 +55,9 @@ pub struct PresenceStats {
 pub trait PresenceEvents: Send + Sync + 'static {
     /// Another node's batch (see [`PresenceStore::announce`]).
     fn heard(&self, batch: Bytes);
-    /// Members held only by a node that stopped were removed.
-    fn expired(&self, channel: &ChannelName, ids: Vec<u64>);
+    /// Members held only by a node that stopped were removed (each with the info it had,
+    /// or empty when the store no longer knows it).
+    fn expired(&self, channel: &ChannelName, members: Vec<Member>);
 }
 
 /// Where a cluster's presence lives. See the module docs for the contract.
@@ -131,6 +132,11 @@ impl<H> Roster<H> {
     /// What is kept beside member `id`, if it is here.
     pub fn holders(&mut self, id: u64) -> Option<&mut H> {
         self.members.get_mut(&id).map(|listed| &mut listed.holders)
+    }
+
+    /// The info of member `id`, if it is here.
+    pub fn info(&self, id: u64) -> Option<&Bytes> {
+        self.members.get(&id).map(|listed| &listed.info)
     }
 
     /// Adds `member` of user `user` (its key: never 0; 0 for none), unless it is here.

@@ -125,7 +125,7 @@ pub fn router(node: Arc<Node>, parked: poll::Parked) -> Router {
         .layer(axum::middleware::from_fn(readable_refusal));
     let mut all = Router::new()
         .merge(connection)
-        .merge(crate::fronts::pusher::routes())
+        .merge(crate::fronts::pusher::routes(&node))
         .merge(crate::fronts::phoenix::routes())
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz));

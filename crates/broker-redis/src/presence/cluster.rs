@@ -125,7 +125,8 @@ impl Cluster {
 
     /// Marks `node` alive and removes the members of nodes that are not: found at the nodes'
     /// slot, released channel by channel, then forgotten (a sweep cut short is done again by
-    /// the next beat). Returns `{channel, id, …}` of members that left.
+    /// the next beat). Returns `{channel, id ++ info, …}` of members that
+    /// left.
     pub(super) async fn beat(
         &self,
         store: &Store,
@@ -154,7 +155,7 @@ impl Cluster {
                 continue;
             };
             let mut whole = true;
-            for channel in channels.iter().filter_map(|c| ChannelName::new(c).ok()) {
+            for channel in channels.iter().filter_map(|c| ChannelName::stored(c).ok()) {
                 let mut call = sweep.key(channel_key(prefix, &channel));
                 call.arg(prefix).arg(channel.as_str()).arg(&tag);
                 let left: Result<Vec<Vec<u8>>, BrokerError> = store

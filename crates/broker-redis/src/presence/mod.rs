@@ -220,19 +220,21 @@ impl RedisPresence {
         Ok(())
     }
 
-    /// Tells the node of members that left with a dead node: `{channel, id, …}`.
+    /// Tells the node of members that left with a dead node: `{channel, id ++ info, …}`.
     fn expired(&self, gone: Vec<Vec<u8>>) {
         let events = self.events.lock().as_ref().and_then(Weak::upgrade);
         let Some(events) = events else { return };
         for pair in gone.chunks(2) {
             let channel = std::str::from_utf8(&pair[0]).ok();
-            let (Some(channel), Some(id)) = (
-                channel.and_then(|c| ChannelName::new(c).ok()),
-                pair.get(1).and_then(|id| id_of(id)),
+            let (Some(channel), Some(entry)) = (
+                channel.and_then(|c| ChannelName::stored(c).ok()),
+                pair.get(1),
             ) else {
                 continue;
             };
-            events.expired(&channel, vec![id]);
+            let Some(id) = id_of(entry) else { continue };
+            let info = Bytes::copy_from_slice(&entry[8..]);
+            events.expired(&channel, vec![Member { id, info }]);
         }
     }
 

@@ -40,7 +40,8 @@ local function shift(holders, T, d)
   if not found and d > 0 then out[#out + 1] = T .. ':' .. d end
   return table.concat(out, ',')
 end
--- Removes member id of channel C from every structure.
+-- Removes member id of channel C from every structure; returns id ++ info (id alone
+-- when its entry is gone).
 local function remove(P, C, id)
   redis.call('HDEL', P .. ':pc:{' .. C .. '}', id)
   -- Its entry is id ++ info; info is JSON, which never holds the byte 255.
@@ -54,9 +55,10 @@ local function remove(P, C, id)
       redis.call('HDEL', P .. ':pn:{' .. C .. '}', user)
     end
   end
+  return entry[1] or id
 end
 -- Takes d holders of node T off member id of C: removed from the node's channel count,
--- and from the channel when no holder is left (then returns 1).
+-- and from the channel when no holder is left (then returns its id ++ info; else false).
 local function release(P, C, id, T, d)
   local k, f = pnc(P, C, T)
   if redis.call('HINCRBY', k, f, -d) <= 0 then
@@ -66,10 +68,9 @@ local function release(P, C, id, T, d)
   local rest = shift(redis.call('HGET', key, id), T, -d)
   if rest ~= '' then
     redis.call('HSET', key, id, rest)
-    return 0
+    return false
   end
-  remove(P, C, id)
-  return 1
+  return remove(P, C, id)
 end
 -- One change of node T: a join (`j`, with info and `u` ++ user or '') or a leave (`l`).
 -- 1 when the member is new (join) or left (leave), else 0.
@@ -89,18 +90,20 @@ local function change(P, T, kind, C, id, info, user)
     end
     return 1
   elseif count_of(redis.call('HGET', key, id), T) > 0 then
-    return release(P, C, id, T, 1)
+    if release(P, C, id, T, 1) then return 1 end
   end
   return 0
 end
--- Releases every holder node T has in C; appends C, id of each member that left to out.
+-- Releases every holder node T has in C; appends C, id ++ info of each member that left
+-- to out.
 local function sweep(P, C, T, out)
   local all = redis.call('HGETALL', P .. ':pc:{' .. C .. '}')
   for i = 1, #all, 2 do
     local n = count_of(all[i + 1], T)
-    if n > 0 and release(P, C, all[i], T, n) == 1 then
+    local left = n > 0 and release(P, C, all[i], T, n)
+    if left then
       out[#out + 1] = C
-      out[#out + 1] = all[i]
+      out[#out + 1] = left
     end
   end
 end
@@ -140,7 +143,7 @@ return out
 }
 
 /// One Redis. ARGV: prefix, node, node TTL ms. Marks the node alive; removes the members
-/// of nodes silent for longer than the TTL. Returns `{channel, id, channel, id, …}` of
+/// of nodes silent for longer than the TTL. Returns `{channel, id ++ info, …}` of
 /// members that left.
 pub(super) fn beat() -> Script {
     Script::new(&format!(
@@ -238,7 +241,8 @@ return out
 }
 
 /// A cluster, one channel's slot. KEYS: `P:pc:{C}`. ARGV: prefix, channel, a dead node's
-/// tag. Releases the node's holders there; returns `{channel, id, …}` of members that left.
+/// tag. Releases the node's holders there; returns `{channel, id ++ info, …}` of members that
+/// left.
 pub(super) fn cluster_sweep() -> Script {
     Script::new(&format!(
         r#"{PER_CHANNEL}{COMMON}

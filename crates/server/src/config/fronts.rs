@@ -51,18 +51,26 @@ pub struct PusherApp {
     /// Which events are posted there, of [`WEBHOOK_EVENTS`]. Default all of them.
     #[serde(default)]
     pub webhook_events: Option<Vec<String>>,
+    /// How long `member_removed` and `channel_vacated` wait: none is posted when the user
+    /// (the channel's first subscriber) is back by then, as when a page reloads. Default
+    /// `3s`.
+    #[serde(default = "default_leave_delay", with = "humantime_serde")]
+    pub webhook_leave_delay: Duration,
 }
 
 /// The webhook events this server posts.
-pub const WEBHOOK_EVENTS: [&str; 2] = ["client_event", "cache_miss"];
-
-/// Webhook events Pusher posts that this server does not yet.
-const WEBHOOK_EVENTS_LATER: [&str; 4] = [
+pub const WEBHOOK_EVENTS: [&str; 6] = [
     "channel_occupied",
     "channel_vacated",
     "member_added",
     "member_removed",
+    "client_event",
+    "cache_miss",
 ];
+
+fn default_leave_delay() -> Duration {
+    Duration::from_secs(3)
+}
 
 fn default_client_event_rate() -> u32 {
     10
@@ -199,13 +207,10 @@ impl PusherConfig {
                     ));
                 }
             }
+            if app.webhook_leave_delay > Duration::from_secs(3600) {
+                return Err(bad(key("webhook_leave_delay"), "must be at most 1h"));
+            }
             for event in app.webhook_events.iter().flatten() {
-                if WEBHOOK_EVENTS_LATER.contains(&event.as_str()) {
-                    return Err(bad(
-                        key("webhook_events"),
-                        format!("{event} is not posted by this server yet (it posts {WEBHOOK_EVENTS:?})"),
-                    ));
-                }
                 if !WEBHOOK_EVENTS.contains(&event.as_str()) {
                     return Err(bad(
                         key("webhook_events"),

@@ -113,6 +113,7 @@ fn pusher_app(id: &str, key: &str) -> PusherApp {
         enabled: true,
         webhook_url: None,
         webhook_events: None,
+        webhook_leave_delay: Duration::from_secs(3),
     }
 }
 
@@ -174,10 +175,11 @@ fn a_pusher_webhook_is_an_http_address_and_names_only_events_it_will_get() {
         with("ftp://x", None).unwrap().0,
         "pusher.apps[0].webhook_url"
     );
-    let (key, problem) = with("http://x", Some(vec!["member_added"])).unwrap();
-    assert_eq!(key, "pusher.apps[0].webhook_events");
-    assert!(
-        problem.contains("not posted by this server yet"),
-        "{problem}"
+    assert_eq!(
+        with("http://x", Some(vec!["member_added", "channel_vacated"])),
+        None
     );
+    let (key, problem) = with("http://x", Some(vec!["subscription_count"])).unwrap();
+    assert_eq!(key, "pusher.apps[0].webhook_events");
+    assert!(problem.contains("is none of"), "{problem}");
 }

@@ -1,4 +1,5 @@
-//! Pusher webhooks: a Pusher app's events (`client_event`, `cache_miss`), posted to the
+//! Pusher webhooks: a Pusher app's events (`client_event`, `cache_miss`, and who occupies
+//! its channels: `fronts::pusher::occupancy`), posted to the
 //! app's `webhook_url` as Pusher posts them (`{"time_ms": …, "events": […]}`, signed
 //! `X-Pusher-Signature: HMAC-SHA256(secret, body)` beside `X-Pusher-Key`), through the
 //! same stored, at-least-once, in-order log as the events hook ([`super::events`]).

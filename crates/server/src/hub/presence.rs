@@ -143,6 +143,9 @@ pub struct Presence {
     held: Mutex<Holds>,
     /// Channels whose changes this node stopped pushing (above the member threshold).
     over: Mutex<std::collections::HashSet<ChannelName>>,
+    /// Who is told of the expiries of the server's own presence channels (`$…`, which no
+    /// client subscribes to: a front's count of who occupies a channel).
+    internal: Mutex<Option<Weak<dyn PresenceEvents>>>,
 }
 
 impl std::fmt::Debug for Presence {
@@ -165,6 +168,7 @@ impl Presence {
             window: Mutex::default(),
             held: Mutex::default(),
             over: Mutex::default(),
+            internal: Mutex::default(),
         });
         let events: Weak<dyn PresenceEvents> = Arc::downgrade(&presence) as _;
         presence.store.listen(events);
@@ -273,6 +277,17 @@ impl Presence {
             .entry(channel.clone())
             .or_default()
             .push(Change { member, joined });
+    }
+
+    /// The store itself, for the server's own presence channels (`$…`): no grace, no
+    /// pushes.
+    pub fn store(&self) -> &SharedPresence {
+        &self.store
+    }
+
+    /// Tells `events` of the expiries of the server's own presence channels.
+    pub fn watch_internal(&self, events: Weak<dyn PresenceEvents>) {
+        *self.internal.lock() = Some(events);
     }
 
     /// Members and distinct users.
@@ -426,12 +441,15 @@ impl PresenceEvents for Presence {
         }
     }
 
-    fn expired(&self, channel: &ChannelName, ids: Vec<u64>) {
-        for id in ids {
-            let member = Member {
-                id,
-                info: Bytes::new(),
-            };
+    fn expired(&self, channel: &ChannelName, members: Vec<Member>) {
+        if channel.as_str().starts_with('$') {
+            let internal = self.internal.lock().as_ref().and_then(Weak::upgrade);
+            if let Some(internal) = internal {
+                internal.expired(channel, members);
+            }
+            return;
+        }
+        for member in members {
             self.record(channel, member, false);
         }
     }

@@ -11,10 +11,12 @@
 //! - [`socket`]: the WebSocket endpoint, and the framing the hub writes with;
 //! - [`speaker`]: what a client sends, done with the session's own steps;
 //! - [`roster`]: presence per user;
+//! - [`occupancy`]: who occupies each channel across the cluster, for webhooks;
 //! - [`api`]: the HTTP API;
 //! - [`sign`]: the signatures.
 
 mod api;
+mod occupancy;
 mod roster;
 mod sign;
 mod socket;
@@ -29,8 +31,8 @@ use axum::{
 
 use crate::node::Node;
 
-/// The front's routes (answering only for configured apps).
-pub fn routes() -> Router<Arc<Node>> {
+/// The front's routes (answering only for configured apps) on `node`.
+pub fn routes(node: &Arc<Node>) -> Router<Arc<Node>> {
     Router::new()
         .route("/app/{key}", get(socket::connect))
         .route("/apps/{id}/events", post(api::events))
@@ -42,4 +44,5 @@ pub fn routes() -> Router<Arc<Node>> {
             "/apps/{id}/users/{user}/terminate_connections",
             post(api::terminate),
         )
+        .layer(axum::Extension(occupancy::Occupancy::start(node)))
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use axum::{
     extract::{Path, Query, Request, State},
     response::Response,
+    Extension,
 };
 use bytes::Bytes;
 use herald_protocol::{
@@ -16,7 +17,7 @@ use herald_protocol::{
 };
 use serde::Deserialize;
 
-use super::speaker::Pusher;
+use super::{occupancy::Occupancy, speaker::Pusher};
 use crate::{
     error::Disconnect,
     hooks::Transport,
@@ -38,17 +39,23 @@ pub struct Params {
 /// `GET /app/{key}`.
 pub async fn connect(
     State(node): State<Arc<Node>>,
+    Extension(occupancy): Extension<Option<Arc<Occupancy>>>,
     Path(key): Path<String>,
     Query(params): Query<Params>,
     request: Request,
 ) -> Response {
     // Decided here, so that the connection's task keeps neither the key nor the query.
     let app = app_of(&node, &key, &params).map_err(Box::new);
-    websocket::accept(node, request, None, move |up| run(Box::new((up, app))))
+    websocket::accept(node, request, None, move |up| {
+        run(Box::new((up, app, occupancy)))
+    })
 }
 
 /// Which app a connection is for, or why it is refused.
 type Admitted = Result<usize, Box<(u16, String)>>;
+
+/// What opening a connection takes.
+type Opening = (Upgraded, Admitted, Option<Arc<Occupancy>>);
 
 /// Which app the client asked for, or why it is refused: a code of
 /// [`pusher::codes`] and a message.
@@ -88,19 +95,24 @@ fn app_of(node: &Node, key: &str, params: &Params) -> Result<usize, (u16, String
 /// own: an async fn keeps its arguments, and a future it awaits inline, in its task for as
 /// long as it runs, so the upgraded socket's parts, the greeting and a refusal would take
 /// room in every connection's task for its whole life.
-async fn run(opening: Box<(Upgraded, Admitted)>) {
+async fn run(opening: Box<Opening>) {
     let node = opening.0.node.clone();
     let Some((mut speaker, mut wire)) = Box::pin(open(opening)).await else {
         return;
     };
     let told = driver::drive(&node, &mut speaker, &mut wire, Ok(()), 0).await;
+    let (occupancy, counts) = speaker.take_counts();
     drop(speaker);
+    if !counts.is_empty() {
+        // In a task of its own: nothing of it then stays in the connection's task.
+        node.tasks.spawn(Pusher::leave_counts(occupancy, counts));
+    }
     Box::pin(wire.farewell(told)).await;
 }
 
 /// Greets the client with its socket id, or refuses it and closes.
-async fn open(opening: Box<(Upgraded, Admitted)>) -> Option<(Pusher, WebSocket<PusherFrames>)> {
-    let (up, app) = *opening;
+async fn open(opening: Box<Opening>) -> Option<(Pusher, WebSocket<PusherFrames>)> {
+    let (up, app, occupancy) = *opening;
     let Upgraded {
         stream,
         early,
@@ -141,7 +153,7 @@ async fn open(opening: Box<(Upgraded, Admitted)>) -> Option<(Pusher, WebSocket<P
     wire.send(hello, timeout).await.ok()?;
     session.announce();
     let app = u16::try_from(app).expect("apps are counted in u16");
-    Some((Pusher::new(session, app, socket_id), wire))
+    Some((Pusher::new(session, app, socket_id, occupancy), wire))
 }
 
 /// A socket id as Pusher writes them (`123.456`): two random numbers, kept as numbers

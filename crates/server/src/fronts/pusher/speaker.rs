@@ -2,6 +2,8 @@
 //! session's own steps, and what the hub queues for it, in Pusher's words (presence per
 //! user: [`super::roster`]).
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use herald_protocol::{
     json,
@@ -11,7 +13,12 @@ use herald_protocol::{
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{roster::Roster, sign, socket::SocketId};
+use super::{
+    occupancy::{Held, Occupancy, Watched},
+    roster::Roster,
+    sign,
+    socket::SocketId,
+};
 use crate::{
     config::PusherApp,
     error::{Disconnect, Failure},
@@ -32,15 +39,19 @@ pub struct Pusher {
     /// event nor join a presence channel, and each byte here is in every connection's task
     /// (inline, these made an idle Pusher connection 0.5 KB larger than Herald's own).
     more: Option<Box<More>>,
+    /// The node's counts of who occupies channels, when an app posts webhooks about it.
+    occupancy: Option<Arc<Occupancy>>,
 }
 
-/// A connection's client-event allowance and presence channels.
+/// A connection's client-event allowance, presence channels and part in the counts.
 #[derive(Debug)]
 struct More {
     /// Client events per second (the app's `client_events_per_second`).
     client_events: Bucket,
     /// The presence channels it is in (a few at most: a list).
     rosters: Vec<Roster>,
+    /// Its part in the counts of who occupies each channel it is in.
+    held: Vec<(ChannelName, Held)>,
 }
 
 /// A presence channel's signed `channel_data`.
@@ -76,13 +87,71 @@ const MAX_CHANNEL_DATA: usize = 4096;
 
 impl Pusher {
     /// The connection of `session`, a client of app `app` (its index in `pusher.apps`).
-    pub fn new(session: Session, app: u16, socket_id: SocketId) -> Self {
+    pub fn new(
+        session: Session,
+        app: u16,
+        socket_id: SocketId,
+        occupancy: Option<Arc<Occupancy>>,
+    ) -> Self {
         Self {
             session,
             app,
             socket_id,
             more: None,
+            occupancy,
         }
+    }
+
+    /// Gives back the connection's part in the counts of who occupies its channels (when
+    /// it ends, after the session has left them).
+    pub async fn leave_counts(occupancy: Option<Arc<Occupancy>>, held: Vec<(ChannelName, Held)>) {
+        if let Some(occupancy) = occupancy {
+            for (_, held) in held {
+                occupancy.leave(held).await;
+            }
+        }
+    }
+
+    /// What [`Self::leave_counts`] gives back.
+    pub fn take_counts(&mut self) -> (Option<Arc<Occupancy>>, Vec<(ChannelName, Held)>) {
+        let held = self
+            .more
+            .as_mut()
+            .map(|m| std::mem::take(&mut m.held))
+            .unwrap_or_default();
+        (self.occupancy.take(), held)
+    }
+
+    /// Counts the connection in `channel` (its subscribers, and its user `me` for a
+    /// presence channel), for the app's webhooks.
+    async fn count_in(&mut self, channel: &ChannelName, me: Option<Box<str>>) {
+        let Some(occupancy) = self.occupancy.clone() else {
+            return;
+        };
+        let app = self.app();
+        let mut held = Vec::new();
+        let mut watched = vec![Watched::Channel];
+        watched.extend(me.map(Watched::User));
+        for w in watched {
+            if let Some(h) = occupancy.enter(app, channel, w).await {
+                held.push((channel.clone(), h));
+            }
+        }
+        if !held.is_empty() {
+            self.more().held.extend(held);
+        }
+    }
+
+    /// Counts the connection out of `channel`.
+    async fn count_out(&mut self, channel: &ChannelName) {
+        let (Some(occupancy), Some(more)) = (self.occupancy.clone(), self.more.as_mut()) else {
+            return;
+        };
+        let (out, kept) = std::mem::take(&mut more.held)
+            .into_iter()
+            .partition(|(c, _)| c == channel);
+        more.held = kept;
+        Self::leave_counts(Some(occupancy), out).await;
     }
 
     fn more(&mut self) -> &mut More {
@@ -91,6 +160,7 @@ impl Pusher {
             Box::new(More {
                 client_events: Bucket::full(rate),
                 rosters: Vec::new(),
+                held: Vec::new(),
             })
         })
     }
@@ -140,7 +210,9 @@ impl Pusher {
                     if let Some(more) = self.more.as_mut() {
                         more.rosters.retain(|r| r.channel != c);
                     }
-                    self.session.close(&c).await;
+                    if self.session.close(&c).await {
+                        self.count_out(&c).await;
+                    }
                 }
             }
             ClientMessage::Signin { auth, user_data } => self.sign_in(&auth, &user_data, out),
@@ -175,6 +247,7 @@ impl Pusher {
             if let Err(f) = self.session.open(&channel, None, None).await {
                 return line(out, refuse(f.status().as_u16(), &f.message));
             }
+            self.count_in(&channel, me.clone()).await;
             if let Some(me) = me {
                 self.more().rosters.push(Roster::new(channel.clone(), me));
             }
