@@ -3,6 +3,7 @@
  * signatures), and Herald's own API on the same channels. */
 import PusherServer from "pusher";
 import PusherClient from "pusher-js";
+import { randomUUID } from "node:crypto";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
@@ -30,7 +31,7 @@ function backend(server: Herald = herald, app = APP): PusherServer {
 
 /** A `pusher-js` client whose private and presence channels are signed by the app's
  * backend (`authorizeChannel`, as an auth endpoint would), as user `user` when given. */
-function connect(options: { server?: Herald; app?: typeof APP; user?: { user_id: string; user_info?: Record<string, unknown> } } = {}): PusherClient {
+function connect(options: { server?: Herald; app?: typeof APP; user?: { user_id: string; user_info?: Record<string, unknown> }; wsPath?: string } = {}): PusherClient {
   const server = options.server ?? herald;
   const app = options.app ?? APP;
   const signer = backend(server, app);
@@ -40,6 +41,7 @@ function connect(options: { server?: Herald; app?: typeof APP; user?: { user_id:
     wsPort: server.port,
     forceTLS: false,
     enabledTransports: ["ws"],
+    ...(options.wsPath ? { wsPath: options.wsPath } : {}),
     channelAuthorization: {
       endpoint: "unused",
       transport: "ajax",
@@ -340,6 +342,90 @@ async function webhookReceiver() {
   const named = (name: string, channel: string) => events().filter((e) => e.name === name && e.channel === channel);
   return { url, received, events, named, close: () => hooks.close() };
 }
+
+describe("a page that opted in to resuming", () => {
+  it("is sent what it missed while away, once and in order, and not what it sent itself", async () => {
+    const page = `/resume/page-${randomUUID()}`;
+    const client = connect({ wsPath: page });
+    const other = connect();
+    await connected(client);
+    await connected(other);
+    const name = "private-resume-room";
+    const room = await subscribed(client, name);
+    const othersRoom = await subscribed(other, name);
+    const news = collect(room, "news") as Array<{ n: number }>;
+    const typed = collect(room, "client-typed");
+    const othersTyped = collect(othersRoom, "client-typed");
+    await backend().trigger(name, "news", { n: 1 });
+    await until("the first event", () => news.length === 1);
+    room.trigger("client-typed", { by: "page" });
+    await until("the other client hears it", () => othersTyped.length === 1);
+    // A round trip after the event: the pong that confirms it was read comes first.
+    await subscribed(client, "resume-round-trip");
+    client.disconnect();
+    await until("disconnected", () => client.connection.state === "disconnected");
+    await backend().trigger(name, "news", { n: 2 });
+    await backend().trigger(name, "news", { n: 3 });
+    client.connect();
+    await until("what it missed", () => news.length === 3);
+    await backend().trigger(name, "news", { n: 4 });
+    await until("live again", () => news.length === 4);
+    expect(news.map((e) => e.n)).toEqual([1, 2, 3, 4]);
+    expect(typed).toEqual([]);
+  });
+
+  it("closes the page's connection Herald still holds when the page is back, and takes its place", async () => {
+    const path = `/resume/page-${randomUUID()}/app/${APP.key}?protocol=7`;
+    /** A raw Pusher connection (the \`ws\` client answers pings by itself). */
+    const open = () => {
+      const ws = new WebSocket(`ws://127.0.0.1:${herald.port}${path}`);
+      const got: Array<{ event: string; channel?: string; data: unknown }> = [];
+      ws.on("message", (m) => got.push(JSON.parse(m.toString())));
+      const closed = new Promise<number>((resolve) => ws.on("close", (c) => resolve(c)));
+      return { ws, got, closed };
+    };
+    const subscribe = async (c: ReturnType<typeof open>) => {
+      await until("established", () => c.got.some((m) => m.event === "pusher:connection_established"));
+      c.ws.send(JSON.stringify({ event: "pusher:subscribe", data: { channel: "resume-takeover" } }));
+      await until("subscribed", () => c.got.some((m) => m.event === "pusher_internal:subscription_succeeded"));
+    };
+    const news = (c: ReturnType<typeof open>) => c.got.filter((m) => m.event === "news").map((m) => JSON.parse(m.data as string).n);
+    const first = open();
+    await subscribe(first);
+    await backend().trigger("resume-takeover", "news", { n: 1 });
+    await until("the first event", () => news(first).length === 1);
+    first.ws.send(JSON.stringify({ event: "pusher:ping", data: {} }));
+    await until("a round trip", () => first.got.some((m) => m.event === "pusher:pong"));
+    // The same page connects again while its first connection is open (as after a drop
+    // Herald has not noticed): the first is closed with 4200, the second resumes after it.
+    const second = open();
+    expect(await first.closed).toBe(4200);
+    await subscribe(second);
+    await backend().trigger("resume-takeover", "news", { n: 2 });
+    await until("the next event", () => news(second).length === 1);
+    expect(news(second)).toEqual([2]);
+    second.ws.close();
+  });
+
+  it("is not resumed without a page in its address, and a malformed page id is refused", async () => {
+    const plain = connect();
+    await connected(plain);
+    const room = await subscribed(plain, "resume-plain");
+    const got = collect(room, "news");
+    plain.disconnect();
+    await until("disconnected", () => plain.connection.state === "disconnected");
+    await backend().trigger("resume-plain", "news", { missed: true });
+    plain.connect();
+    await connected(plain);
+    await backend().trigger("resume-plain", "news", { live: true });
+    await until("the live event", () => got.length === 1);
+    expect(got).toEqual([{ live: true }]);
+    // A page id that is too short is refused with Pusher's 4005.
+    const bad = new WebSocket(`ws://127.0.0.1:${herald.port}/resume/short/app/${APP.key}?protocol=7`);
+    const code = await new Promise<number>((resolve) => bad.on("close", (c) => resolve(c)));
+    expect(code).toBe(4005);
+  });
+});
 
 describe("webhooks", () => {
   it("posts occupied and vacated once per channel, member added and removed once per user; a reload posts nothing", async () => {

@@ -56,6 +56,10 @@ pub struct PusherApp {
     /// `3s`.
     #[serde(default = "default_leave_delay", with = "humantime_serde")]
     pub webhook_leave_delay: Duration,
+    /// How long a page that opted in (`wsPath: "/resume/ID"`) may be away and still be
+    /// sent what it missed when it subscribes again; `0s` turns resuming off. Default `2m`.
+    #[serde(default = "default_resume_window", with = "humantime_serde")]
+    pub resume_window: Duration,
 }
 
 /// The webhook events this server posts.
@@ -67,6 +71,10 @@ pub const WEBHOOK_EVENTS: [&str; 6] = [
     "client_event",
     "cache_miss",
 ];
+
+fn default_resume_window() -> Duration {
+    Duration::from_secs(120)
+}
 
 fn default_leave_delay() -> Duration {
     Duration::from_secs(3)
@@ -206,6 +214,9 @@ impl PusherConfig {
                         "must be an http:// or https:// address",
                     ));
                 }
+            }
+            if app.resume_window > Duration::from_secs(3600) {
+                return Err(bad(key("resume_window"), "must be at most 1h"));
             }
             if app.webhook_leave_delay > Duration::from_secs(3600) {
                 return Err(bad(key("webhook_leave_delay"), "must be at most 1h"));

@@ -71,6 +71,23 @@ impl Session {
         }
     }
 
+    /// Where each subscription stands: the last offset written to the client.
+    pub fn written_positions(&self) -> Vec<(ChannelName, Since)> {
+        self.subscriptions
+            .iter()
+            .filter_map(|(channel, position)| {
+                let (epoch, offset) = position.get()?;
+                Some((
+                    channel.clone(),
+                    Since {
+                        offset,
+                        epoch: Some(epoch.clone()),
+                    },
+                ))
+            })
+            .collect()
+    }
+
     /// Leaves `channel` (and its presence, at once) and takes its grant back; false when
     /// not subscribed.
     pub async fn close(&mut self, channel: &ChannelName) -> bool {

@@ -79,6 +79,9 @@ pub enum Heard {
     Frame(bytes::Bytes),
     /// Something that only says it is alive (a pong, a ping).
     Alive,
+    /// A pong to a ping that carried a payload (WebSocket): the client has read everything
+    /// written before that ping.
+    Pong(bytes::Bytes),
     /// It closed the connection.
     Left,
     /// It sent what ends the connection (a malformed or oversized frame).
@@ -110,6 +113,17 @@ pub trait Wire: Send {
         &mut self,
         timeout: Duration,
     ) -> impl Future<Output = Result<(), Unwritten>> + Send;
+
+    /// Sends a ping carrying `payload`, whose pong comes back as [`Heard::Pong`]; nothing
+    /// where the client cannot answer one (a stream).
+    fn ping(
+        &mut self,
+        payload: [u8; 8],
+        timeout: Duration,
+    ) -> impl Future<Output = Result<(), Unwritten>> + Send {
+        let _ = (payload, timeout);
+        std::future::ready(Ok(()))
+    }
 
     /// How often this connection's client asked to hear a keepalive (a stream's `ping=`),
     /// if it did; otherwise `client.ping_interval`.
@@ -167,6 +181,17 @@ pub trait Speaker: Send {
         max_bytes: usize,
         emit: impl FnMut(&[u8], Positions<'_>),
     ) -> Result<(), Disconnect>;
+
+    /// Something was written: the payload of a ping to send now, when the speaker wants
+    /// the client to confirm it read everything so far (see [`Speaker::confirmed`]).
+    fn confirm_writes(&mut self) -> Option<[u8; 8]> {
+        None
+    }
+
+    /// The client answered the ping that carried `payload`.
+    fn confirmed(&mut self, payload: &[u8]) {
+        let _ = payload;
+    }
 }
 
 impl Speaker for Session {
@@ -224,6 +249,7 @@ pub async fn drive<S: Speaker, W: Wire>(
 
     // Why the connection ends; None: the client left.
     let ended: Option<Stop> = loop {
+        let written_before = written;
         if let Err(d) = std::mem::replace(&mut opened, Ok(())) {
             break Some(d.into());
         }
@@ -255,6 +281,10 @@ pub async fn drive<S: Speaker, W: Wire>(
                 Woke::Heard(Heard::Left) => break None,
                 Woke::Heard(Heard::Refused(d)) => Err(d.into()),
                 Woke::Heard(Heard::Alive) => Ok(()),
+                Woke::Heard(Heard::Pong(payload)) => {
+                    speaker.confirmed(&payload);
+                    Ok(())
+                }
                 // Boxed, as every rare step: a waiting connection's task is as large as its
                 // largest step, and most of its life is spent waiting. (Each in a statement
                 // of its own: a temporary lives to the end of its statement, and one that
@@ -329,6 +359,14 @@ pub async fn drive<S: Speaker, W: Wire>(
         }
         if let Err(stop) = step {
             break Some(stop);
+        }
+        if written > written_before {
+            if let Some(payload) = speaker.confirm_writes() {
+                let pinging = Box::pin(wire.ping(payload, client.write_timeout));
+                if let Err(u) = pinging.await {
+                    break Some(u.into());
+                }
+            }
         }
         if written >= max_bytes {
             break Some(

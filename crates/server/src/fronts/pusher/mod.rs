@@ -12,11 +12,13 @@
 //! - [`speaker`]: what a client sends, done with the session's own steps;
 //! - [`roster`]: presence per user;
 //! - [`occupancy`]: who occupies each channel across the cluster, for webhooks;
+//! - [`resume`]: what a page that reconnects missed;
 //! - [`api`]: the HTTP API;
 //! - [`sign`]: the signatures.
 
 mod api;
 mod occupancy;
+mod resume;
 mod roster;
 mod sign;
 mod socket;
@@ -35,6 +37,7 @@ use crate::node::Node;
 pub fn routes(node: &Arc<Node>) -> Router<Arc<Node>> {
     Router::new()
         .route("/app/{key}", get(socket::connect))
+        .route("/resume/{page}/app/{key}", get(socket::connect_page))
         .route("/apps/{id}/events", post(api::events))
         .route("/apps/{id}/batch_events", post(api::batch_events))
         .route("/apps/{id}/channels", get(api::channels))
@@ -44,5 +47,8 @@ pub fn routes(node: &Arc<Node>) -> Router<Arc<Node>> {
             "/apps/{id}/users/{user}/terminate_connections",
             post(api::terminate),
         )
-        .layer(axum::Extension(occupancy::Occupancy::start(node)))
+        .layer(axum::Extension(socket::Shared {
+            occupancy: occupancy::Occupancy::start(node),
+            bookmarks: resume::Bookmarks::new(),
+        }))
 }

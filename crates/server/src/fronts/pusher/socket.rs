@@ -17,7 +17,11 @@ use herald_protocol::{
 };
 use serde::Deserialize;
 
-use super::{occupancy::Occupancy, speaker::Pusher};
+use super::{
+    occupancy::Occupancy,
+    resume::{page_id_ok, Bookmarks, Page},
+    speaker::Pusher,
+};
 use crate::{
     error::Disconnect,
     hooks::Transport,
@@ -39,7 +43,7 @@ pub struct Params {
 /// `GET /app/{key}`.
 pub async fn connect(
     State(node): State<Arc<Node>>,
-    Extension(occupancy): Extension<Option<Arc<Occupancy>>>,
+    Extension(fronts): Extension<Shared>,
     Path(key): Path<String>,
     Query(params): Query<Params>,
     request: Request,
@@ -47,15 +51,60 @@ pub async fn connect(
     // Decided here, so that the connection's task keeps neither the key nor the query.
     let app = app_of(&node, &key, &params).map_err(Box::new);
     websocket::accept(node, request, None, move |up| {
-        run(Box::new((up, app, occupancy)))
+        run(Box::new((up, app, fronts.occupancy, None)))
     })
+}
+
+/// `GET /resume/{page}/app/{key}`: a connection of a page that opted in to resuming
+/// ([`super::resume`]).
+pub async fn connect_page(
+    State(node): State<Arc<Node>>,
+    Extension(fronts): Extension<Shared>,
+    Path((page, key)): Path<(String, String)>,
+    Query(params): Query<Params>,
+    request: Request,
+) -> Response {
+    let app = app_of(&node, &key, &params).and_then(|app| {
+        if page_id_ok(&page) {
+            Ok(app)
+        } else {
+            Err((
+                codes::PATH_NOT_FOUND,
+                "a page id is 16 to 64 of A-Z a-z 0-9 - _".to_owned(),
+            ))
+        }
+    });
+    let page = Some((fronts.bookmarks, page.into_boxed_str()));
+    websocket::accept(node, request, None, move |up| {
+        run(Box::new((
+            up,
+            app.map_err(Box::new),
+            fronts.occupancy,
+            page,
+        )))
+    })
+}
+
+/// What the front's connections share on a node.
+#[derive(Debug, Clone)]
+pub struct Shared {
+    /// Who occupies channels, when an app posts webhooks about it.
+    pub occupancy: Option<Arc<Occupancy>>,
+    /// Where pages that opted in to resuming left their channels.
+    pub bookmarks: Arc<Bookmarks>,
 }
 
 /// Which app a connection is for, or why it is refused.
 type Admitted = Result<usize, Box<(u16, String)>>;
 
-/// What opening a connection takes.
-type Opening = (Upgraded, Admitted, Option<Arc<Occupancy>>);
+/// What opening a connection takes: the socket, the app, the node's counts, and the
+/// page it resumes (with where pages are kept).
+type Opening = (
+    Upgraded,
+    Admitted,
+    Option<Arc<Occupancy>>,
+    Option<(Arc<Bookmarks>, Box<str>)>,
+);
 
 /// Which app the client asked for, or why it is refused: a code of
 /// [`pusher::codes`] and a message.
@@ -101,6 +150,8 @@ async fn run(opening: Box<Opening>) {
         return;
     };
     let told = driver::drive(&node, &mut speaker, &mut wire, Ok(()), 0).await;
+    // Kept before the client hears the end, so that its next connection finds it.
+    speaker.keep_page();
     let (occupancy, counts) = speaker.take_counts();
     drop(speaker);
     if !counts.is_empty() {
@@ -112,7 +163,7 @@ async fn run(opening: Box<Opening>) {
 
 /// Greets the client with its socket id, or refuses it and closes.
 async fn open(opening: Box<Opening>) -> Option<(Pusher, WebSocket<PusherFrames>)> {
-    let (up, app, occupancy) = *opening;
+    let (up, app, occupancy, page) = *opening;
     let Upgraded {
         stream,
         early,
@@ -125,7 +176,13 @@ async fn open(opening: Box<Opening>) -> Option<(Pusher, WebSocket<PusherFrames>)
         .came_by(Transport::Pusher, facts);
     session.members_by_grant();
     let socket_id = SocketId::random();
-    let mut wire = WebSocket::open(stream, early, &session, &node, PusherFrames(socket_id)).await;
+    // A page that resumes is written to by its own task only, which pings after each
+    // write to learn what it read (see `resume`); the hub writes to the others directly.
+    let framing = PusherFrames {
+        socket_id,
+        direct: page.is_none(),
+    };
+    let mut wire = WebSocket::open(stream, early, &session, &node, framing).await;
     let timeout = node.settings.config.client.write_timeout;
     let app = match app {
         Ok(app) => app,
@@ -152,8 +209,14 @@ async fn open(opening: Box<Opening>) -> Option<(Pusher, WebSocket<PusherFrames>)
     let hello = pusher::connection_established(&socket_id.to_string(), activity);
     wire.send(hello, timeout).await.ok()?;
     session.announce();
-    let app = u16::try_from(app).expect("apps are counted in u16");
-    Some((Pusher::new(session, app, socket_id, occupancy), wire))
+    let index = u16::try_from(app).expect("apps are counted in u16");
+    let window = node.settings.config.pusher.apps[app].resume_window;
+    let mut speaker = Pusher::new(session, index, socket_id, occupancy);
+    if let Some((bookmarks, id)) = page.filter(|_| !window.is_zero()) {
+        let found = Box::pin(bookmarks.open(&node, index, &id, speaker.client(), window)).await;
+        speaker.resumes(bookmarks, Page::new(id, found));
+    }
+    Some((speaker, wire))
 }
 
 /// A socket id as Pusher writes them (`123.456`): two random numbers, kept as numbers
@@ -190,17 +253,25 @@ impl std::fmt::Display for SocketId {
 /// publication), except those this connection sent (`socket_id`) and presence changes,
 /// which its task turns into member events.
 #[derive(Debug)]
-pub struct PusherFrames(SocketId);
+pub struct PusherFrames {
+    socket_id: SocketId,
+    /// Whether the hub may write to the socket itself.
+    direct: bool,
+}
 
 impl Framing for PusherFrames {
     const MESSAGE_PER_PUSH: bool = true;
 
     fn frame<'d>(&self, delivery: &'d Delivery) -> Option<&'d Bytes> {
-        if delivery.offset == 0 {
+        if delivery.offset == 0 || !self.direct {
             return None;
         }
         let event = delivery.pusher();
-        if event.except.as_deref().is_some_and(|e| self.0.is(e)) {
+        if event
+            .except
+            .as_deref()
+            .is_some_and(|e| self.socket_id.is(e))
+        {
             return None;
         }
         Some(delivery.framed(Lane::Pusher, |d| text_frame(&d.pusher().frame)))

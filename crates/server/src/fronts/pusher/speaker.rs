@@ -8,13 +8,14 @@ use bytes::Bytes;
 use herald_protocol::{
     json,
     pusher::{self, codes, ClientMessage, Kind},
-    ChannelName, ErrorCode,
+    ChannelName, ErrorCode, Since,
 };
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::{
     occupancy::{Held, Occupancy, Watched},
+    resume::{Bookmarks, Page},
     roster::Roster,
     sign,
     socket::SocketId,
@@ -52,6 +53,8 @@ struct More {
     rosters: Vec<Roster>,
     /// Its part in the counts of who occupies each channel it is in.
     held: Vec<(ChannelName, Held)>,
+    /// The page it resumes, and where pages are kept, when it opted in.
+    page: Option<(Arc<Bookmarks>, Page)>,
 }
 
 /// A presence channel's signed `channel_data`.
@@ -99,6 +102,30 @@ impl Pusher {
             socket_id,
             more: None,
             occupancy,
+        }
+    }
+
+    /// Herald's client id of the connection.
+    pub fn client(&self) -> &str {
+        self.session.client()
+    }
+
+    /// The connection is page `page`'s, kept in `bookmarks` when it ends.
+    pub fn resumes(&mut self, bookmarks: Arc<Bookmarks>, page: Page) {
+        self.more().page = Some((bookmarks, page));
+    }
+
+    fn page(&mut self) -> Option<&mut Page> {
+        self.more.as_mut()?.page.as_mut().map(|(_, p)| p)
+    }
+
+    /// Keeps where the page's channels stand, for its next connection.
+    pub fn keep_page(&mut self) {
+        let socket_id = self.socket_id;
+        let client: Box<str> = self.session.client().into();
+        if let Some((bookmarks, mut page)) = self.more.as_mut().and_then(|m| m.page.take()) {
+            let bookmark = page.bookmark(socket_id);
+            bookmarks.keep(self.app, &page.id, &client, bookmark);
         }
     }
 
@@ -161,6 +188,7 @@ impl Pusher {
                 client_events: Bucket::full(rate),
                 rosters: Vec::new(),
                 held: Vec::new(),
+                page: None,
             })
         })
     }
@@ -210,6 +238,9 @@ impl Pusher {
                     if let Some(more) = self.more.as_mut() {
                         more.rosters.retain(|r| r.channel != c);
                     }
+                    if let Some(page) = self.page() {
+                        page.closed(&c);
+                    }
                     if self.session.close(&c).await {
                         self.count_out(&c).await;
                     }
@@ -241,11 +272,28 @@ impl Pusher {
             Ok(member) => member,
             Err(e) => return line(out, refuse(401, &e)),
         };
+        let mut replay = None;
         if !self.session.subscribed(&channel) {
             let me = member.as_ref().map(|(user, _)| user.clone());
+            let resume = self.page().and_then(|p| p.resume(&channel));
             self.session.grant_channel(channel.clone(), member);
-            if let Err(f) = self.session.open(&channel, None, None).await {
-                return line(out, refuse(f.status().as_u16(), &f.message));
+            let since = resume.as_ref().map(|(since, _)| since.clone());
+            let opened = match self.session.open(&channel, since.clone(), None).await {
+                Ok(opened) => opened,
+                Err(f) => return line(out, refuse(f.status().as_u16(), &f.message)),
+            };
+            if let Some(page) = self.page() {
+                // The client has what it had before; a replay is confirmed by its pong.
+                page.opened(
+                    &channel,
+                    since.unwrap_or(Since {
+                        offset: opened.position.offset,
+                        epoch: Some(opened.position.epoch.clone()),
+                    }),
+                );
+            }
+            if let Some((_, before)) = resume {
+                replay = Some((opened, before));
             }
             self.count_in(&channel, me.clone()).await;
             if let Some(me) = me {
@@ -263,6 +311,25 @@ impl Pusher {
             _ => pusher::subscription_succeeded(&name, None),
         };
         line(out, succeeded);
+        if let Some((opened, before)) = replay {
+            // What the page missed, after the confirmation as a live event would be; not
+            // what its last connection sent itself.
+            for p in &opened.publications {
+                let event = pusher::event(&name, p.data());
+                if !event.except.as_deref().is_some_and(|e| before.is(e)) {
+                    line(out, event.frame);
+                }
+            }
+            if opened.recovered == Some(false) {
+                let gap = serde_json::json!({
+                    "event": "herald:gap",
+                    "channel": name,
+                    "data": r#"{"reason":"history no longer holds everything missed"}"#,
+                });
+                line(out, serde_json::to_vec(&gap).expect("json"));
+            }
+            return;
+        }
         if pusher::cached(&name) {
             // Its last event, read after joining: anything newer arrives through the
             // queue, after this.
@@ -461,6 +528,17 @@ fn client_event_code(f: &Failure) -> Option<u16> {
 impl Speaker for Pusher {
     fn session(&self) -> &Session {
         &self.session
+    }
+
+    fn confirm_writes(&mut self) -> Option<[u8; 8]> {
+        let (_, page) = self.more.as_mut()?.page.as_mut()?;
+        Some(page.written(self.session.written_positions()))
+    }
+
+    fn confirmed(&mut self, payload: &[u8]) {
+        if let Some(page) = self.page() {
+            page.pong(payload);
+        }
     }
 
     fn session_mut(&mut self) -> &mut Session {

@@ -145,6 +145,7 @@ impl<F: Framing> Wire for WebSocket<F> {
             None | Some(Ok(Message::Close(_))) => Heard::Left,
             Some(Ok(Message::Text(text))) => Heard::Frame(Bytes::from(text)),
             Some(Ok(Message::Binary(bytes))) => Heard::Frame(bytes),
+            Some(Ok(Message::Pong(payload))) if !payload.is_empty() => Heard::Pong(payload),
             Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => Heard::Alive,
             Some(Err(e)) => match read_error(e) {
                 Some(d) => Heard::Refused(d),
@@ -155,6 +156,11 @@ impl<F: Framing> Wire for WebSocket<F> {
 
     async fn keepalive(&mut self, timeout: Duration) -> Result<(), Unwritten> {
         send(&mut self.socket, Message::Ping(Default::default()), timeout).await
+    }
+
+    async fn ping(&mut self, payload: [u8; 8], timeout: Duration) -> Result<(), Unwritten> {
+        let payload = Bytes::copy_from_slice(&payload);
+        send(&mut self.socket, Message::Ping(payload), timeout).await
     }
 
     fn silent_for(&self) -> Option<Duration> {

@@ -1,0 +1,279 @@
+//! A Pusher client that reconnects gets what it missed, when its page opts in.
+//!
+//! `pusher-js` sends no position when it subscribes again, so the page names itself
+//! instead: `wsPath: "/resume/" + id`, an id it makes once per page load (16 to 64 of
+//! `A-Z a-z 0-9 - _`). Herald keeps, per app and page, where each of the page's channels
+//! stood when its connection ended, for the app's `resume_window`; the page's next
+//! connection subscribing to a channel again is sent what it missed, from Herald's history,
+//! right after `subscription_succeeded` (or the event `herald:gap` when history no longer
+//! holds all of it).
+//!
+//! Where a channel stood is what the client is known to have read, not merely what was
+//! written: after each write Herald sends a WebSocket ping carrying a number, and keeps the
+//! positions written so far under it; the pong (which every WebSocket client sends by
+//! itself, after reading everything before the ping) confirms them. So what was in flight
+//! when the line dropped is sent again, and at most what arrived in the last round trip
+//! comes twice. A page's connection that Herald still holds open when the page is back (a
+//! dropped line Herald has not noticed yet) is closed, and its positions taken over.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use herald_protocol::{ChannelName, Since};
+use parking_lot::Mutex;
+
+use super::socket::SocketId;
+use crate::{admin, node::Node, registry::Who};
+
+/// Most pages whose positions a node keeps; past it, the oldest are forgotten.
+const MAX_PAGES: usize = 100_000;
+
+/// Most pings awaiting their pong; past it, the oldest is forgotten (its positions are
+/// confirmed by a later pong anyway).
+const MAX_UNCONFIRMED: usize = 8;
+
+/// How long a page's next connection waits for the positions of the connection it
+/// replaces to be kept.
+const TAKEOVER_WAIT: Duration = Duration::from_secs(2);
+
+/// A page: its app and the id it chose.
+type PageKey = (u16, Box<str>);
+
+/// Where a page's channels stood when its connection ended.
+#[derive(Debug)]
+pub struct Bookmark {
+    kept: Instant,
+    /// The connection's socket id: what it sent itself is not sent back.
+    pub socket_id: SocketId,
+    channels: Vec<(ChannelName, Since)>,
+}
+
+/// The positions a node keeps, by page.
+#[derive(Debug, Default)]
+pub struct Bookmarks {
+    pages: Mutex<Pages>,
+    kept: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct Pages {
+    kept: HashMap<PageKey, Bookmark>,
+    /// Pages in the order they were kept, to forget the oldest.
+    order: VecDeque<PageKey>,
+    /// Each page's open connection (its Herald client id).
+    open: HashMap<PageKey, Arc<str>>,
+}
+
+/// Whether `id` may name a page.
+pub fn page_id_ok(id: &str) -> bool {
+    (16..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+impl Bookmarks {
+    /// The node's bookmarks.
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    /// A connection of page `id` of app `app` opens (as Herald client `client`): what the
+    /// page's last connection left, if within `window`. A connection of the page still
+    /// open is closed first, and its positions waited for.
+    pub async fn open(
+        &self,
+        node: &Node,
+        app: u16,
+        id: &str,
+        client: &str,
+        window: Duration,
+    ) -> Option<Bookmark> {
+        let key: PageKey = (app, id.into());
+        let before = self.pages.lock().open.insert(key.clone(), client.into());
+        if let Some(before) = before {
+            let kept = self.kept.notified();
+            tokio::pin!(kept);
+            kept.as_mut().enable();
+            let action = admin::Action::Disconnect {
+                who: Who::Client(before.to_string()),
+                code: herald_protocol::pusher::codes::RECONNECT,
+                reason: "the page connected again".into(),
+            };
+            admin::here(node, &action);
+            let deadline = tokio::time::Instant::now() + TAKEOVER_WAIT;
+            while !self.pages.lock().kept.contains_key(&key) {
+                if tokio::time::timeout_at(deadline, kept.as_mut())
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+                kept.set(self.kept.notified());
+                kept.as_mut().enable();
+            }
+        }
+        let mut pages = self.pages.lock();
+        let found = pages.kept.remove(&key)?;
+        (found.kept.elapsed() <= window).then_some(found)
+    }
+
+    /// The connection of a page ended where `channels` stood.
+    pub fn keep(&self, app: u16, id: &str, client: &str, bookmark: Bookmark) {
+        let key: PageKey = (app, id.into());
+        let mut pages = self.pages.lock();
+        if pages.open.get(&key).is_some_and(|c| &**c == client) {
+            pages.open.remove(&key);
+        }
+        if pages.kept.insert(key.clone(), bookmark).is_none() {
+            pages.order.push_back(key);
+        }
+        while pages.kept.len() > MAX_PAGES {
+            let Some(oldest) = pages.order.pop_front() else {
+                break;
+            };
+            pages.kept.remove(&oldest);
+        }
+        // Keys of pages taken back since they were kept stay in `order` until they come
+        // round; bounded by the pages kept meanwhile.
+        if pages.order.len() > 2 * MAX_PAGES {
+            let Pages { kept, order, .. } = &mut *pages;
+            order.retain(|k| kept.contains_key(k));
+        }
+        drop(pages);
+        self.kept.notify_waiters();
+    }
+}
+
+/// One connection's page: what its last connection left, and what this one's client has
+/// confirmed reading.
+#[derive(Debug)]
+pub struct Page {
+    pub id: Box<str>,
+    /// What the page's last connection left, channel by channel as it subscribes again.
+    pub found: Option<Bookmark>,
+    /// Confirmed positions, by channel.
+    confirmed: Vec<(ChannelName, Since)>,
+    /// Positions written before each ping still unanswered, by the ping's number.
+    unconfirmed: VecDeque<(u64, Vec<(ChannelName, Since)>)>,
+    pings: u64,
+}
+
+impl Page {
+    pub fn new(id: Box<str>, found: Option<Bookmark>) -> Self {
+        Self {
+            id,
+            found,
+            confirmed: Vec::new(),
+            unconfirmed: VecDeque::new(),
+            pings: 0,
+        }
+    }
+
+    /// Where the page's last connection left `channel`, taken (once), and who it was.
+    pub fn resume(&mut self, channel: &ChannelName) -> Option<(Since, SocketId)> {
+        let found = self.found.as_mut()?;
+        let i = found.channels.iter().position(|(c, _)| c == channel)?;
+        let (_, since) = found.channels.swap_remove(i);
+        Some((since, found.socket_id))
+    }
+
+    /// The client is subscribed to `channel` from `since`: it has everything up to there.
+    pub fn opened(&mut self, channel: &ChannelName, since: Since) {
+        self.closed(channel);
+        self.confirmed.push((channel.clone(), since));
+    }
+
+    /// The client left `channel`.
+    pub fn closed(&mut self, channel: &ChannelName) {
+        self.confirmed.retain(|(c, _)| c != channel);
+    }
+
+    /// Positions `written`: the payload of the ping that is to confirm them.
+    pub fn written(&mut self, written: Vec<(ChannelName, Since)>) -> [u8; 8] {
+        self.pings += 1;
+        if self.unconfirmed.len() == MAX_UNCONFIRMED {
+            self.unconfirmed.pop_front();
+        }
+        self.unconfirmed.push_back((self.pings, written));
+        self.pings.to_be_bytes()
+    }
+
+    /// The pong of the ping that carried `payload`: what was written before it is read.
+    pub fn pong(&mut self, payload: &[u8]) {
+        let Some(number) = payload.try_into().ok().map(u64::from_be_bytes) else {
+            return;
+        };
+        while let Some((n, written)) = self.unconfirmed.pop_front() {
+            if n < number {
+                continue;
+            }
+            if n == number {
+                for (channel, since) in written {
+                    // Only channels still subscribed (and opened before the ping).
+                    if let Some(c) = self.confirmed.iter_mut().find(|(c, _)| *c == channel) {
+                        c.1 = since;
+                    }
+                }
+            } else {
+                self.unconfirmed.push_front((n, written));
+            }
+            break;
+        }
+    }
+
+    /// What the connection leaves for the page's next one.
+    pub fn bookmark(&mut self, socket_id: SocketId) -> Bookmark {
+        Bookmark {
+            kept: Instant::now(),
+            socket_id,
+            channels: std::mem::take(&mut self.confirmed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use herald_protocol::Epoch;
+
+    fn at(offset: u64) -> Since {
+        Since {
+            offset,
+            epoch: Some(Epoch::checked("e1").unwrap()),
+        }
+    }
+
+    #[test]
+    fn only_a_pong_confirms_what_was_written_before_its_ping() {
+        let c = ChannelName::new("app:c").unwrap();
+        let mut page = Page::new("page".into(), None);
+        page.opened(&c, at(3));
+        let first = page.written(vec![(c.clone(), at(5))]);
+        let second = page.written(vec![(c.clone(), at(9))]);
+        page.pong(b"junk");
+        assert_eq!(page.confirmed, vec![(c.clone(), at(3))]);
+        page.pong(&first);
+        assert_eq!(page.confirmed, vec![(c.clone(), at(5))]);
+        page.pong(&second);
+        assert_eq!(page.confirmed, vec![(c.clone(), at(9))]);
+        // A stale pong confirms nothing older.
+        page.pong(&first);
+        assert_eq!(page.confirmed, vec![(c.clone(), at(9))]);
+        page.closed(&c);
+        let third = page.written(vec![(c.clone(), at(12))]);
+        page.pong(&third);
+        assert!(page.confirmed.is_empty(), "a channel left is not kept");
+    }
+
+    #[test]
+    fn page_ids_are_long_and_plain() {
+        assert!(page_id_ok("0123456789abcdef"));
+        assert!(page_id_ok("f47ac10b-58cc-4372-a567-0e02b2c3d479"));
+        assert!(!page_id_ok("short"));
+        assert!(!page_id_ok("0123456789abcdef/.."));
+    }
+}
