@@ -155,6 +155,37 @@ describe("phoenix.js's long-poll fallback", () => {
   });
 });
 
+describe("heartbeats", () => {
+  it("drop a client silent past client.idle_timeout (no heartbeat, no pong) with 3005, and keep one that heartbeats", async () => {
+    const server = await Herald.start({ args: ["--config", phoenixConfig(`[client]\nping_interval = "300ms"\nidle_timeout = "1s"\n`)] });
+    try {
+      const url = `ws://127.0.0.1:${server.port}/socket/websocket?vsn=2.0.0`;
+      // Neither answers the server's pings (a stalled client); only one heartbeats.
+      const silent = new WebSocket(url, { autoPong: false });
+      const beating = new WebSocket(url, { autoPong: false });
+      const silentClosed = new Promise<number>((resolve) => silent.on("close", (c) => resolve(c)));
+      let beatingClosed: number | undefined;
+      beating.on("close", (c) => (beatingClosed = c));
+      await new Promise((resolve) => beating.on("open", resolve));
+      let ref = 0;
+      const beat = setInterval(() => beating.send(JSON.stringify([null, String(++ref), "phoenix", "heartbeat", {}])), 200);
+      try {
+        expect(await silentClosed).toBe(3005);
+        // Twice the idle timeout after the silent one went, the beating one is still open.
+        const stillOpen = Date.now() + 2000;
+        await until("two idle timeouts", () => Date.now() > stillOpen, 5000);
+        expect(beatingClosed).toBeUndefined();
+        expect(beating.readyState).toBe(WebSocket.OPEN);
+      } finally {
+        clearInterval(beat);
+        beating.close();
+      }
+    } finally {
+      await server.dispose();
+    }
+  });
+});
+
 describe("the seed's Tsung exchange (serializer 1.0.0)", () => {
   it("joins chat, heartbeats, and hears its speak broadcast back as publish", async () => {
     const ws = new WebSocket(`ws://127.0.0.1:${herald.port}/socket/websocket`);

@@ -6,8 +6,8 @@ import { join } from "node:path";
 export const SECRET = "phoenix-test-hmac-secret-0123456789";
 
 /** The seed's chat (topic `chat`, `speak` heard as `publish`), and a members-only
- * namespace. */
-export function phoenixConfig(): string {
+ * namespace; `extra` is appended (more tables). */
+export function phoenixConfig(extra = ""): string {
   const file = join(mkdtempSync(join(tmpdir(), "herald-phoenix-")), "herald.toml");
   writeFileSync(
     file,
@@ -29,7 +29,7 @@ publish = "authenticated"
 
 [phoenix.events]
 speak = "publish"
-`,
+${extra}`,
   );
   return file;
 }
