@@ -13,6 +13,7 @@
 //! Panics that Herald itself contains (redb decodes damaged records with `unwrap`, and the
 //! store turns that into an error) are counted apart.
 
+pub mod access;
 pub mod mutate;
 pub mod server;
 pub mod targets;

@@ -11,6 +11,8 @@ use herald_protocol::{
 };
 use herald_server::transport::request::OpenRequest;
 
+use crate::access;
+
 /// A decoder under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
@@ -36,13 +38,22 @@ pub enum Target {
     /// A Phoenix client's message (both serializers), and a stored payload turned into a
     /// Phoenix broadcast.
     Phoenix,
+    /// A token, checked as a connection token and as a subscription token against an HMAC
+    /// secret, an RSA key and a previous secret.
+    Token,
+    /// A JWKS document, as fetched from `auth.jwks_url`.
+    Jwks,
+    /// A backend's answer to each hook.
+    HookAnswer,
+    /// A configuration file (`herald serve --config`).
+    Config,
 }
 
 /// A decoder: takes one input, must not panic.
 pub type Decoder = Box<dyn FnMut(&[u8])>;
 
 impl Target {
-    pub const ALL: [Target; 10] = [
+    pub const ALL: [Target; 14] = [
         Target::Command,
         Target::Cursor,
         Target::Query,
@@ -53,6 +64,10 @@ impl Target {
         Target::StoredFile,
         Target::Pusher,
         Target::Phoenix,
+        Target::Token,
+        Target::Jwks,
+        Target::HookAnswer,
+        Target::Config,
     ];
 
     pub fn name(self) -> &'static str {
@@ -67,6 +82,10 @@ impl Target {
             Target::StoredFile => "stored-file",
             Target::Pusher => "pusher",
             Target::Phoenix => "phoenix",
+            Target::Token => "token",
+            Target::Jwks => "jwks",
+            Target::HookAnswer => "hook-answer",
+            Target::Config => "config",
         }
     }
 
@@ -141,6 +160,10 @@ impl Target {
                 r#"{"event":"publish","data":{"body":"x"}}"#,
             ],
             Target::StoredFile => return vec![seed_file()],
+            Target::Token => return access::tokens(),
+            Target::Jwks => return access::jwks_documents(),
+            Target::HookAnswer => return access::hook_answers(),
+            Target::Config => return access::config_files(),
         };
         texts.iter().map(|t| t.as_bytes().to_vec()).collect()
     }
@@ -184,6 +207,10 @@ impl Target {
             }
             Target::NatsStored => Box::new(herald_broker_nats::decode_stored),
             Target::StoredFile => stored_file(),
+            Target::Token => access::token(),
+            Target::Jwks => access::jwks(),
+            Target::HookAnswer => access::hook_answer(),
+            Target::Config => access::config(),
             // A message as the front reads it; the same bytes as a stored payload, as the
             // hub turns one into a Pusher event.
             Target::Pusher => Box::new(|input| {
@@ -209,7 +236,7 @@ impl Target {
 /// Channels in the seed file.
 const STORED_CHANNELS: [&str; 3] = ["chat:lobby", "chat:other", "news"];
 
-fn runtime() -> tokio::runtime::Runtime {
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

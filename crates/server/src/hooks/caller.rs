@@ -126,7 +126,7 @@ impl Caller {
         let started = Instant::now();
         let answered = tokio::time::timeout(self.timeout, self.exchange(body)).await;
         let answer = match answered {
-            Ok(Ok(bytes)) => parse::<R>(&bytes),
+            Ok(Ok(bytes)) => parse_answer::<R>(&bytes),
             Ok(Err(e)) => Err(HookError::Failed(e)),
             Err(_) => Err(HookError::Failed(format!(
                 "no answer within {:?}",
@@ -202,7 +202,8 @@ fn cause(e: &(dyn std::error::Error + 'static)) -> String {
     inner.to_string()
 }
 
-fn parse<R: DeserializeOwned>(bytes: &[u8]) -> Result<R, HookError> {
+/// A hook's answer: its `result` as `R`, its refusal, or why it is neither.
+pub fn parse_answer<R: DeserializeOwned>(bytes: &[u8]) -> Result<R, HookError> {
     let answer: Answer<R> = serde_json::from_slice(bytes).map_err(|e| {
         HookError::Failed(format!(
             "answer is not {{\"result\": …}} or {{\"error\": {{\"code\": N, \"message\": …}}}}: {e}"
@@ -232,11 +233,11 @@ mod tests {
     #[test]
     fn answers_are_a_result_or_an_error_never_both() {
         assert_eq!(
-            parse::<R>(br#"{"result":{"user":"a"}}"#).unwrap(),
+            parse_answer::<R>(br#"{"result":{"user":"a"}}"#).unwrap(),
             R { user: "a".into() }
         );
         assert_eq!(
-            parse::<R>(br#"{"error":{"code":103,"message":"no"}}"#).unwrap_err(),
+            parse_answer::<R>(br#"{"error":{"code":103,"message":"no"}}"#).unwrap_err(),
             HookError::Refused {
                 code: 103,
                 message: "no".into()
@@ -250,7 +251,7 @@ mod tests {
             br#"{"result":{"user":"a"},"extra":1}"#,
         ] {
             assert!(
-                matches!(parse::<R>(garbage), Err(HookError::Failed(_))),
+                matches!(parse_answer::<R>(garbage), Err(HookError::Failed(_))),
                 "{}",
                 String::from_utf8_lossy(garbage)
             );

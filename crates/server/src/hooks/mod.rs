@@ -28,7 +28,7 @@ use herald_protocol::{codes::APPLICATION_ERROR_CODES, ChannelName, DisconnectCod
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-pub use caller::{Caller, HookError};
+pub use caller::{parse_answer, Caller, HookError};
 
 use crate::{
     config::HooksConfig,

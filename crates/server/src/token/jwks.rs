@@ -134,9 +134,19 @@ impl Jwks {
         if body.len() > MAX_DOCUMENT {
             return Err(format!("document larger than {MAX_DOCUMENT} bytes"));
         }
-        let set: JwkSet = serde_json::from_slice(&body).map_err(|e| format!("not a JWKS: {e}"))?;
-        Ok(set.keys.iter().filter_map(read_key).collect())
+        read_document(&body)
     }
+}
+
+/// The verification keys of a JWKS document.
+fn read_document(body: &[u8]) -> Result<Vec<Key>, String> {
+    let set: JwkSet = serde_json::from_slice(body).map_err(|e| format!("not a JWKS: {e}"))?;
+    Ok(set.keys.iter().filter_map(read_key).collect())
+}
+
+/// How many verification keys a JWKS document gives (what the fuzzer reaches).
+pub fn jwks_key_count(body: &[u8]) -> Result<usize, String> {
+    read_document(body).map(|keys| keys.len())
 }
 
 /// A JWK as a verification key; symmetric (`oct`) keys and unknown types are skipped: a

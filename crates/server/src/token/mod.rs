@@ -24,6 +24,8 @@ use serde_json::value::RawValue;
 pub mod grants;
 mod jwks;
 
+pub use jwks::jwks_key_count;
+
 use crate::{
     config::{bad, AuthConfig, ConfigError},
     error::{Disconnect, Failure},

@@ -1,0 +1,58 @@
+//! The corpora of the access targets start past the checks they fuzz: a mutated input is
+//! one edit away from something Herald accepts, not stopped at the door.
+
+use herald_fuzz::access;
+use herald_protocol::ChannelName;
+use herald_server::{
+    hooks::{parse_answer, ConnectResult},
+    token::jwks_key_count,
+};
+
+#[tokio::test]
+async fn the_token_corpus_has_valid_tokens_of_every_key() {
+    let verifier = access::verifier();
+    let mut accepted = 0;
+    for token in access::tokens() {
+        let token = String::from_utf8(token).unwrap();
+        let channel = ChannelName::new("room:a").unwrap();
+        if verifier.connection(&token).await.is_ok()
+            || verifier.channel(&token, "7", &channel).await.is_ok()
+            || verifier.channel_named_by(&token, "").await.is_ok()
+        {
+            accepted += 1;
+        }
+    }
+    // HS256 and HS512 (current secret), the previous secret, RS256 (x2), the anonymous
+    // subscription token; not the expired one, alg none, nor EdDSA.
+    assert_eq!(accepted, 6);
+}
+
+#[test]
+fn the_jwks_corpus_gives_keys_and_skips_symmetric_ones() {
+    let counts: Vec<_> = access::jwks_documents()
+        .iter()
+        .map(|d| jwks_key_count(d))
+        .collect();
+    assert_eq!(counts, vec![Ok(1), Ok(1), Ok(1), Ok(0), Ok(0)]);
+}
+
+#[test]
+fn the_hook_corpus_has_answers_each_hook_takes() {
+    let answers = access::hook_answers();
+    let identity = parse_answer::<ConnectResult>(&answers[0])
+        .unwrap()
+        .identity()
+        .unwrap();
+    assert_eq!(&*identity.unwrap().user, "7");
+}
+
+#[test]
+fn the_config_corpus_is_valid() {
+    for file in access::config_files() {
+        assert!(
+            access::read_config(&file).is_ok_and(|c| c.validate().is_ok()),
+            "{}",
+            String::from_utf8_lossy(&file)
+        );
+    }
+}
