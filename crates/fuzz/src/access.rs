@@ -14,10 +14,10 @@ use herald_server::{
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::json;
 
-use crate::targets::Decoder;
+use crate::decoder::{runtime, Decoder};
 
-/// The current HMAC secret of the fuzzed `[auth]`.
-const SECRET: &str = "fuzz-secret-that-is-long-enough-0123456789";
+/// The current HMAC secret of the fuzzed `[auth]` (the server fuzz's too).
+pub const SECRET: &str = "fuzz-secret-that-is-long-enough-0123456789";
 /// The previous one, still accepted.
 const PREVIOUS: &str = "fuzz-previous-secret-long-enough-0123456789";
 
@@ -35,6 +35,24 @@ fn sign(alg: Algorithm, key: &EncodingKey, claims: &serde_json::Value) -> Vec<u8
     jsonwebtoken::encode(&Header::new(alg), claims, key)
         .expect("the fixtures sign")
         .into_bytes()
+}
+
+/// A connection token for user `7` (HS256, an hour), granted `room:*` and `chat:*`.
+pub fn connection_token() -> String {
+    let claims = json!({
+        "sub": "7", "exp": now() + 3600, "info": {"name": "Ada"},
+        "subscribe": ["room:*", "chat:*"], "publish": ["room:*", "chat:*"],
+    });
+    let key = EncodingKey::from_secret(SECRET.as_bytes());
+    String::from_utf8(sign(Algorithm::HS256, &key, &claims)).expect("a token is text")
+}
+
+/// A subscription token of user `7` for `channel` (HS256, an hour).
+pub fn subscription_token(channel: &str) -> String {
+    let claims =
+        json!({ "sub": "7", "exp": now() + 3600, "channel": channel, "info": {"seat": 1} });
+    let key = EncodingKey::from_secret(SECRET.as_bytes());
+    String::from_utf8(sign(Algorithm::HS256, &key, &claims)).expect("a token is text")
 }
 
 /// Valid tokens of every kind the verifier takes.
@@ -97,7 +115,7 @@ pub fn verifier() -> Verifier {
 /// without a user, for the channel it names and for another).
 pub fn token() -> Decoder {
     let verifier = verifier();
-    let rt = crate::targets::runtime();
+    let rt = runtime();
     let channel = herald_protocol::ChannelName::new("room:a").expect("valid");
     Box::new(move |input| {
         let token = String::from_utf8_lossy(input);

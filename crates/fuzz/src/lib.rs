@@ -14,6 +14,7 @@
 //! store turns that into an error) are counted apart.
 
 pub mod access;
+pub mod decoder;
 pub mod mutate;
 pub mod server;
 pub mod targets;
@@ -67,13 +68,36 @@ thread_local! {
     static LAST_PANIC: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
 }
 
+/// Panics on the fuzzed server's threads (Tokio's workers), which Tokio catches: the
+/// connection's task ends and the server goes on, so only this counts them.
+static SERVER_PANICS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static LAST_SERVER_PANIC: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
 /// Replaces the panic hook with one that counts and remembers instead of printing, so a
-/// run of a million inputs is not a million stack traces.
+/// run of a million inputs is not a million stack traces; a panic on a Tokio worker (the
+/// fuzzed server's) is counted apart.
 pub fn quiet_panics() {
     panic::set_hook(Box::new(|info| {
         PANICS.with(|p| p.set(p.get() + 1));
         LAST_PANIC.with(|l| *l.borrow_mut() = Some(info.to_string()));
+        let thread = std::thread::current();
+        // Tokio names its workers `tokio-rt-worker` (older versions: `tokio-runtime-worker`).
+        if thread.name().is_some_and(|n| n.starts_with("tokio-r")) {
+            SERVER_PANICS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if let Ok(mut last) = LAST_SERVER_PANIC.lock() {
+                *last = Some(info.to_string());
+            }
+        }
     }));
+}
+
+/// Panics on the fuzzed server's threads so far, and the last one's message.
+pub fn server_panics() -> (u64, Option<String>) {
+    let last = LAST_SERVER_PANIC.lock().ok().and_then(|l| l.clone());
+    (
+        SERVER_PANICS.load(std::sync::atomic::Ordering::Relaxed),
+        last,
+    )
 }
 
 fn take_panic() -> Option<String> {

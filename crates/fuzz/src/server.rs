@@ -27,7 +27,9 @@ const READ_FOR: Duration = Duration::from_millis(300);
 /// One publication through the API every this many rounds.
 const PUBLISH_EVERY: u64 = 50;
 const KEY: &str = "fuzz-api-key-0123";
-const WATCHED: &str = "chat:watched";
+/// The watcher's channel: in a namespace of its own, which no corpus entry names, so that
+/// only the fuzz's own publications reach it.
+const WATCHED: &str = "fuzzwatch:only";
 
 /// What a server fuzz did and found.
 #[derive(Debug, Default)]
@@ -40,12 +42,14 @@ pub struct ServerReport {
     /// Rounds by the HTTP status they were answered with (0: no answer before the
     /// connection closed or the round's time was up).
     pub statuses: std::collections::BTreeMap<u16, u64>,
+    /// Panics on the server's threads (each ended a connection's task), and the last.
+    pub panics: (u64, Option<String>),
     pub elapsed: Duration,
 }
 
 impl ServerReport {
     pub fn passed(&self) -> bool {
-        self.healthy && self.in_order && self.received == self.published
+        self.healthy && self.in_order && self.received == self.published && self.panics.0 == 0
     }
 }
 
@@ -71,14 +75,56 @@ impl std::fmt::Display for ServerReport {
             .iter()
             .map(|(s, n)| format!("{s}: {n}"))
             .collect();
-        write!(f, "\n  answers by status: {}", statuses.join(", "))
+        write!(f, "\n  answers by status: {}", statuses.join(", "))?;
+        if let (n, Some(last)) = &self.panics {
+            write!(
+                f,
+                "\n  {n} panics on the server's threads; the last: {last}"
+            )?;
+        }
+        Ok(())
     }
 }
 
-/// Requests to mutate: one per transport and then some.
+/// Requests to mutate: one per transport, the API with its key (every route), two
+/// requests on one kept-alive connection, and then some.
 fn corpus() -> Vec<Vec<u8>> {
     let host = "Host: 127.0.0.1\r\n";
     let big = "x".repeat(70 * 1024);
+    let key = format!("Authorization: apikey {KEY}\r\n");
+    let api = |method: &str, path: &str, body: &str| {
+        format!(
+            "{method} {path} HTTP/1.1\r\n{host}{key}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let token = crate::access::connection_token();
+    let room = crate::access::subscription_token("room:a");
+    let mut requests: Vec<String> = vec![
+        api("POST", "/api/publish", r#"{"channel":"chat:a","data":{"n":[1,2.5,null]},"idempotency_key":"k-1"}"#),
+        api("POST", "/api/broadcast", r#"{"channels":["chat:a","room:a"],"data":"x"}"#),
+        api("GET", "/api/history?channel=chat:a&since=0&limit=5", ""),
+        api("DELETE", "/api/history?channel=chat:b", ""),
+        api("GET", "/api/info", ""),
+        api("GET", "/api/nodes", ""),
+        api("GET", "/api/presence?channel=room:a&limit=2&cursor=0000000000000001", ""),
+        api("GET", "/api/presence_stats?channel=room:a", ""),
+        api("POST", "/api/disconnect", r#"{"user":"7","code":3000,"reason":"fuzz"}"#),
+        api("POST", "/api/unsubscribe", r#"{"client":"abc","channel":"room:a"}"#),
+        api("GET", "/api/connections?user=7", ""),
+        api("GET", "/api/channels?prefix=chat:&limit=3&after=chat:a", ""),
+        api("GET", "/api/dashboard/ticket", ""),
+        format!("GET /connection/sse?channel=room:a&token={token}&sub_token={room} HTTP/1.1\r\n{host}\r\n"),
+    ];
+    // Kept alive: a valid request, then one the mutations reach; through hyper (the API),
+    // and through the lean path of held requests (a long-poll answered at once from
+    // `chat:a`'s history, which the API rounds fill).
+    requests.push(format!(
+        "GET /api/info HTTP/1.1\r\n{host}{key}\r\nGET /connection/poll?channel=chat:a&token={token} HTTP/1.1\r\n{host}\r\n"
+    ));
+    requests.push(format!(
+        "GET /connection/longpoll?cursor=chat:a%3B*%3B0&timeout=1 HTTP/1.1\r\n{host}\r\nGET /connection/longpoll?cursor=chat:b%3B*%3B0&channel=room:a&timeout=1 HTTP/1.1\r\n{host}\r\n"
+    ));
     [
         format!("GET /connection/poll?channel=chat:a&channel=chat:b HTTP/1.1\r\n{host}\r\n"),
         format!("GET /connection/longpoll?cursor=chat:a%3B*%3B0&timeout=1 HTTP/1.1\r\n{host}\r\n"),
@@ -99,8 +145,36 @@ fn corpus() -> Vec<Vec<u8>> {
         format!("GET /{} HTTP/1.1\r\n{host}\r\n", "a".repeat(20_000)),
     ]
     .into_iter()
+    .chain(requests)
     .map(String::into_bytes)
     .collect()
+}
+
+/// A session that signs in with a token, subscribes to a presence channel with a
+/// subscription token and reads its members and counts (ids 1 to 4): each answered
+/// without an error by the fuzzed server.
+pub fn signed_in_commands() -> String {
+    let token = crate::access::connection_token();
+    let room = crate::access::subscription_token("room:a");
+    [
+        format!(r#"{{"id":1,"connect":{{"token":"{token}"}}}}"#),
+        format!(r#"{{"id":2,"subscribe":{{"channel":"room:a","token":"{room}"}}}}"#),
+        r#"{"id":3,"presence":{"channel":"room:a","limit":5}}"#.into(),
+        r#"{"id":4,"presence_stats":{"channel":"room:a"}}"#.into(),
+    ]
+    .join("\n")
+}
+
+/// After [`signed_in_commands`]: the connection's and the subscription's tokens refreshed
+/// (ids 5 and 6).
+pub fn refresh_commands() -> String {
+    let token = crate::access::connection_token();
+    let room = crate::access::subscription_token("room:a");
+    [
+        format!(r#"{{"id":5,"refresh":{{"token":"{token}"}}}}"#),
+        format!(r#"{{"id":6,"refresh":{{"token":"{room}","channel":"room:a"}}}}"#),
+    ]
+    .join("\n")
 }
 
 /// WebSocket frames (client to server, masked) to mutate after a real handshake.
@@ -124,6 +198,18 @@ fn frames() -> Vec<Vec<u8>> {
         f
     };
     vec![
+        text(signed_in_commands().as_bytes(), 1, true),
+        text(refresh_commands().as_bytes(), 1, true),
+        text(
+            br#"{"id":7,"rpc":{"method":"m","data":{"q":[1]}}}"#,
+            1,
+            true,
+        ),
+        text(
+            br#"{"id":8,"presence":{"channel":"room:a","cursor":"zz"}}"#,
+            1,
+            true,
+        ),
         text(br#"{"id":1,"connect":{}}"#, 1, true),
         text(
             br#"{"id":2,"subscribe":{"channel":"chat:a","since":{"offset":0}}}"#,
@@ -151,23 +237,9 @@ fn frames() -> Vec<Vec<u8>> {
 /// Starts a server with its defaults (memory broker, an API key), fuzzes it for `rounds`
 /// rounds from `seed`, and reports.
 pub async fn fuzz(rounds: u64, seed: u64) -> anyhow::Result<ServerReport> {
-    let mut config = Config::default();
-    config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-    config.api_key = Some(KEY.into());
-    // Every round comes from 127.0.0.1: per-address limits would refuse most of them
-    // before a decoder sees them. Limits have their own tests.
-    config.limits.connections_per_address = 0;
-    config.limits.connection_rate_per_address = 0;
-    config.limits.commands_per_address = 0;
-    config.limits.new_channels_per_address = 0;
-    let node = Node::with_memory_broker(config.validate()?);
-    let listener = tokio::net::TcpListener::bind(node.settings.config.listen).await?;
-    let addr = listener.local_addr()?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(herald_server::serve(listener, node.clone(), async move {
-        let _ = stopped.await;
-    }));
-
+    crate::quiet_panics();
+    let panics_before = crate::server_panics().0;
+    let Fuzzed { addr, stop, server } = start().await?;
     let started = std::time::Instant::now();
     let received = watch(addr).await?;
     let api = Api {
@@ -214,11 +286,73 @@ pub async fn fuzz(rounds: u64, seed: u64) -> anyhow::Result<ServerReport> {
         in_order: got.iter().copied().eq(1..=got.len() as u64),
         healthy: api.healthy().await,
         statuses,
+        panics: {
+            let (n, last) = crate::server_panics();
+            (n - panics_before, last)
+        },
         elapsed: started.elapsed(),
     };
     let _ = stop.send(());
     let _ = server.await;
     Ok(report)
+}
+
+/// A server under fuzz.
+pub struct Fuzzed {
+    pub addr: SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Fuzzed {
+    /// Stops the server.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.server.await;
+    }
+}
+
+/// Starts the fuzzed server: the memory broker, an API key, an HMAC secret the fuzz
+/// signs tokens with, a presence namespace (`room`), per-address limits off.
+pub async fn start() -> anyhow::Result<Fuzzed> {
+    let mut config = Config::default();
+    config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    config.api_key = Some(KEY.into());
+    // Tokens the fuzz mints pass: its sessions sign in, subscribe with subscription tokens
+    // and refresh, so what follows a valid token is reached.
+    config.auth.hmac_secret = Some(crate::access::SECRET.into());
+    config.namespaces.insert(
+        "room".into(),
+        herald_server::config::NamespaceOverride {
+            presence: Some(herald_server::config::Presence::On(
+                herald_server::config::Access::Granted,
+            )),
+            join_leave: Some(true),
+            ..Default::default()
+        },
+    );
+    // The watcher stays anonymous (no fuzzed disconnect or unsubscribe of a user names it).
+    config.namespaces.insert(
+        "fuzzwatch".into(),
+        herald_server::config::NamespaceOverride {
+            subscribe: Some(herald_server::config::Access::Anyone),
+            ..Default::default()
+        },
+    );
+    // Every round comes from 127.0.0.1: per-address limits would refuse most of them
+    // before a decoder sees them. Limits have their own tests.
+    config.limits.connections_per_address = 0;
+    config.limits.connection_rate_per_address = 0;
+    config.limits.commands_per_address = 0;
+    config.limits.new_channels_per_address = 0;
+    let node = Node::with_memory_broker(config.validate()?);
+    let listener = tokio::net::TcpListener::bind(node.settings.config.listen).await?;
+    let addr = listener.local_addr()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(herald_server::serve(listener, node.clone(), async move {
+        let _ = stopped.await;
+    }));
+    Ok(Fuzzed { addr, stop, server })
 }
 
 /// One mutated request, or a WebSocket handshake followed by mutated frames.
@@ -288,7 +422,11 @@ async fn watch(addr: SocketAddr) -> anyhow::Result<Arc<Recorder>> {
     // Publications made after the subscribe reply all reach it.
     let subscribed = async {
         while let Some(message) = socket.next().await {
-            if lines(message?).iter().any(|v| v["id"] == 2) {
+            if let Some(reply) = lines(message?).into_iter().find(|v| v["id"] == 2) {
+                anyhow::ensure!(
+                    reply.get("error").is_none(),
+                    "the watcher could not subscribe: {reply}"
+                );
                 return Ok(());
             }
         }

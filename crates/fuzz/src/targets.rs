@@ -49,8 +49,7 @@ pub enum Target {
     Config,
 }
 
-/// A decoder: takes one input, must not panic.
-pub type Decoder = Box<dyn FnMut(&[u8])>;
+pub use crate::decoder::Decoder;
 
 impl Target {
     pub const ALL: [Target; 14] = [
@@ -236,12 +235,7 @@ impl Target {
 /// Channels in the seed file.
 const STORED_CHANNELS: [&str; 3] = ["chat:lobby", "chat:other", "news"];
 
-pub(crate) fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime")
-}
+use crate::decoder::runtime;
 
 /// A small durable file with a few streams, closed cleanly.
 fn seed_file() -> Vec<u8> {

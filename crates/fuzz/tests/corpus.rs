@@ -56,3 +56,49 @@ fn the_config_corpus_is_valid() {
         );
     }
 }
+
+/// The server fuzz's signed-in session is answered without an error: its mutations start
+/// past the token checks, in the presence and refresh commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_fuzz_signs_in_and_reaches_presence_and_refresh() {
+    use futures_util::{SinkExt, StreamExt};
+    use herald_fuzz::server;
+    use tokio_tungstenite::tungstenite::Message;
+
+    let fuzzed = server::start().await.unwrap();
+    let (mut ws, _) =
+        tokio_tungstenite::connect_async(format!("ws://{}/connection/websocket", fuzzed.addr))
+            .await
+            .unwrap();
+    let mut replies = Vec::new();
+    for (commands, last) in [
+        (server::signed_in_commands(), 4),
+        (server::refresh_commands(), 6),
+    ] {
+        ws.send(Message::text(commands)).await.unwrap();
+        while !replies.iter().any(|r: &serde_json::Value| r["id"] == last) {
+            let Some(Ok(Message::Text(text))) = ws.next().await else {
+                panic!("the connection ended; replies so far: {replies:?}");
+            };
+            replies.extend(text.lines().filter_map(|l| serde_json::from_str(l).ok()));
+        }
+    }
+    for id in 1..=6 {
+        let reply = replies.iter().find(|r| r["id"] == id).unwrap();
+        assert!(reply.get("error").is_none(), "{reply}");
+    }
+    fuzzed.stop().await;
+}
+
+/// A panic in a server's task (which Tokio catches) is counted, so a server fuzz that
+/// made one fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_on_a_server_thread_is_counted() {
+    herald_fuzz::quiet_panics();
+    let before = herald_fuzz::server_panics().0;
+    let task = tokio::spawn(async { panic!("a connection's task failed") });
+    assert!(task.await.is_err());
+    let (after, last) = herald_fuzz::server_panics();
+    assert_eq!(after, before + 1);
+    assert!(last.unwrap().contains("a connection's task failed"));
+}
