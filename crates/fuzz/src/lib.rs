@@ -14,6 +14,7 @@
 //! store turns that into an error) are counted apart.
 
 pub mod access;
+pub mod backend;
 pub mod decoder;
 pub mod mutate;
 pub mod server;

@@ -2,13 +2,13 @@
 //! each found. Exits 1 when any input panicked. See docs/fuzzing.md.
 
 use clap::Parser;
-use herald_fuzz::{server, Target};
+use herald_fuzz::{backend, server, Target};
 
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// Targets to run (default: every decoder target, then the server): command, cursor,
-    /// query, last-event-id, redis-message, redis-reply, stored-file, server.
+    /// Targets to run (default: every decoder target, then the server, then the hostile
+    /// backend): see docs/fuzzing.md for the names; `server`, `backend`.
     targets: Vec<String>,
     /// Generated inputs per decoder target.
     #[arg(long, default_value_t = 1_000_000)]
@@ -16,6 +16,9 @@ struct Args {
     /// Requests, frames and connections sent to the running server.
     #[arg(long, default_value_t = 20_000)]
     server_rounds: u64,
+    /// Sessions against a server whose hooks ask a hostile backend.
+    #[arg(long, default_value_t = 2_000)]
+    backend_rounds: u64,
     /// Seed of the first thread; the same seed replays the same inputs.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -34,7 +37,7 @@ fn main() -> anyhow::Result<()> {
         Target::ALL
             .iter()
             .map(|t| t.name().to_string())
-            .chain(["server".to_string()])
+            .chain(["server".to_string(), "backend".to_string()])
             .collect()
     } else {
         args.targets.clone()
@@ -59,6 +62,13 @@ fn main() -> anyhow::Result<()> {
         if name == "server" {
             let rt = tokio::runtime::Runtime::new()?;
             let report = rt.block_on(server::fuzz(args.server_rounds, args.seed))?;
+            println!("{report}");
+            failed |= !report.passed();
+            continue;
+        }
+        if name == "backend" {
+            let rt = tokio::runtime::Runtime::new()?;
+            let report = rt.block_on(backend::fuzz(args.backend_rounds, args.seed))?;
             println!("{report}");
             failed |= !report.passed();
             continue;

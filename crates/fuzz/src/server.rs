@@ -315,6 +315,11 @@ impl Fuzzed {
 /// Starts the fuzzed server: the memory broker, an API key, an HMAC secret the fuzz
 /// signs tokens with, a presence namespace (`room`), per-address limits off.
 pub async fn start() -> anyhow::Result<Fuzzed> {
+    start_with(|_| {}).await
+}
+
+/// [`start`], with `adjust` applied to the configuration last.
+pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> anyhow::Result<Fuzzed> {
     let mut config = Config::default();
     config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     config.api_key = Some(KEY.into());
@@ -345,6 +350,7 @@ pub async fn start() -> anyhow::Result<Fuzzed> {
     config.limits.connection_rate_per_address = 0;
     config.limits.commands_per_address = 0;
     config.limits.new_channels_per_address = 0;
+    adjust(&mut config);
     let node = Node::with_memory_broker(config.validate()?);
     let listener = tokio::net::TcpListener::bind(node.settings.config.listen).await?;
     let addr = listener.local_addr()?;

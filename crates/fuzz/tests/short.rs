@@ -39,3 +39,18 @@ async fn the_server_survives_mutated_requests_and_frames() {
     eprintln!("{report}");
     assert!(report.passed(), "seed {seed}: {report}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_backend_neither_hangs_nor_crashes_the_server() {
+    let seed = seed();
+    let report = herald_fuzz::backend::fuzz(200, seed).await.unwrap();
+    eprintln!("{report}");
+    assert!(report.passed(), "seed {seed}: {report}");
+    // Every hook was asked: the fuzz reached past each one's door.
+    for hook in ["/connect", "/subscribe", "/publish", "/rpc", "/refresh"] {
+        assert!(
+            report.asked.contains_key(hook),
+            "{hook} never asked: {report}"
+        );
+    }
+}
