@@ -37,8 +37,8 @@ use herald_broker::{
     StreamPolicy,
 };
 use herald_protocol::{json::stored_record, ChannelName, Epoch, Publication, StreamPosition};
-pub use listener::decode_message;
 use listener::Listener;
+pub use listener::{decode_message, decode_node_message, NodeMessage};
 pub use presence::{RedisPresence, BEAT_EVERY, NODE_TTL};
 pub(crate) use store::Store;
 pub use tls::RedisTls;

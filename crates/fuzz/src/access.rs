@@ -282,3 +282,58 @@ pub fn read_config(input: &[u8]) -> Result<Config, Box<figment::Error>> {
         .extract()
         .map_err(Box::new)
 }
+
+/// `Origin` and `Host` pairs (one line each): allowed, same-origin, foreign, odd hosts.
+pub fn origins() -> Vec<Vec<u8>> {
+    [
+        "https://app.example\napp.example",
+        "http://herald.example:8080\nherald.example:8080",
+        "https://evil.example\nherald.example",
+        "null\n[::1]:8080",
+        "https://APP.EXAMPLE\n127.0.0.1",
+        "\n",
+    ]
+    .iter()
+    .map(|t| t.as_bytes().to_vec())
+    .collect()
+}
+
+/// An `Origin` and a `Host` (the input's first line and the rest, as hyper would accept
+/// them), checked by the origin and host checks and given CORS answer headers, under an
+/// operator's lists and under the defaults, listening on loopback and on every address.
+pub fn origin() -> Decoder {
+    use axum::http::{header, HeaderMap, HeaderValue};
+    use herald_server::policy::origin;
+    let settings: Vec<herald_server::Settings> =
+        [("127.0.0.1:8080", false), ("0.0.0.0:8080", true)]
+            .iter()
+            .map(|(listen, lists)| {
+                let mut config = Config::default();
+                config.listen = listen.parse().expect("an address");
+                if *lists {
+                    config.allowed_origins = vec!["https://app.example".into()];
+                    config.allowed_hosts = vec!["app.example".into(), "herald.example".into()];
+                }
+                config.validate().expect("valid")
+            })
+            .collect();
+    Box::new(move |input| {
+        let (origin_value, host) = match input.iter().position(|b| *b == b'\n') {
+            Some(i) => (&input[..i], &input[i + 1..]),
+            None => (input, &b""[..]),
+        };
+        let mut headers = HeaderMap::new();
+        if let Ok(v) = HeaderValue::from_bytes(origin_value) {
+            headers.insert(header::ORIGIN, v);
+        }
+        if let Ok(v) = HeaderValue::from_bytes(host) {
+            headers.insert(header::HOST, v);
+        }
+        for s in &settings {
+            let _ = origin::check(s, &headers);
+            let _ = origin::check_host(s, &headers);
+            let mut answer = HeaderMap::new();
+            origin::cors_answer_headers(s, headers.get(header::ORIGIN), &mut answer);
+        }
+    })
+}

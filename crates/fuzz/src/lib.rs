@@ -17,6 +17,7 @@ pub mod access;
 pub mod backend;
 pub mod decoder;
 pub mod mutate;
+pub mod node;
 pub mod server;
 pub mod targets;
 

@@ -16,6 +16,10 @@ struct Args {
     /// Requests, frames and connections sent to the running server.
     #[arg(long, default_value_t = 20_000)]
     server_rounds: u64,
+    /// Where the fuzzed server keeps publications: memory, durable or redis (a
+    /// `redis-server` is started for the run).
+    #[arg(long, default_value = "memory")]
+    engine: String,
     /// Sessions against a server whose hooks ask a hostile backend.
     #[arg(long, default_value_t = 2_000)]
     backend_rounds: u64,
@@ -61,7 +65,9 @@ fn main() -> anyhow::Result<()> {
     for name in names {
         if name == "server" {
             let rt = tokio::runtime::Runtime::new()?;
-            let report = rt.block_on(server::fuzz(args.server_rounds, args.seed))?;
+            let engine = server::Engine::from_name(&args.engine)
+                .ok_or_else(|| anyhow::anyhow!("unknown engine {:?}", args.engine))?;
+            let report = rt.block_on(server::fuzz_on(engine, args.server_rounds, args.seed))?;
             println!("{report}");
             failed |= !report.passed();
             continue;

@@ -34,6 +34,8 @@ const WATCHED: &str = "fuzzwatch:only";
 /// What a server fuzz did and found.
 #[derive(Debug, Default)]
 pub struct ServerReport {
+    /// The engine's name.
+    pub engine: &'static str,
     pub rounds: u64,
     pub published: u64,
     pub received: u64,
@@ -58,7 +60,7 @@ impl std::fmt::Display for ServerReport {
         write!(
             f,
             "{:<14} {:>10} rounds  healthy: {}  subscriber got {}/{} publications{}  {:>8.1} s",
-            "server",
+            format!("server/{}", self.engine),
             self.rounds,
             self.healthy,
             self.received,
@@ -234,12 +236,49 @@ fn frames() -> Vec<Vec<u8>> {
     ]
 }
 
-/// Starts a server with its defaults (memory broker, an API key), fuzzes it for `rounds`
+/// Where the fuzzed server keeps publications.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// The memory broker.
+    Memory,
+    /// The durable store, in a directory of its own.
+    Durable,
+    /// A real `redis-server` started for the run, on a free port.
+    Redis,
+}
+
+impl Engine {
+    pub const ALL: [Engine; 3] = [Engine::Memory, Engine::Durable, Engine::Redis];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Memory => "memory",
+            Engine::Durable => "durable",
+            Engine::Redis => "redis",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|e| e.name() == name)
+    }
+}
+
+/// Starts a server with its defaults (on `engine`, an API key), fuzzes it for `rounds`
 /// rounds from `seed`, and reports.
 pub async fn fuzz(rounds: u64, seed: u64) -> anyhow::Result<ServerReport> {
+    fuzz_on(Engine::Memory, rounds, seed).await
+}
+
+/// [`fuzz`], on `engine`.
+pub async fn fuzz_on(engine: Engine, rounds: u64, seed: u64) -> anyhow::Result<ServerReport> {
     crate::quiet_panics();
     let panics_before = crate::server_panics().0;
-    let Fuzzed { addr, stop, server } = start().await?;
+    let Fuzzed {
+        addr,
+        stop,
+        server,
+        keep,
+    } = start_on(engine, |_| {}).await?;
     let started = std::time::Instant::now();
     let received = watch(addr).await?;
     let api = Api {
@@ -280,6 +319,7 @@ pub async fn fuzz(rounds: u64, seed: u64) -> anyhow::Result<ServerReport> {
         .await;
     let got = offsets(&received);
     let report = ServerReport {
+        engine: engine.name(),
         rounds,
         published,
         received: got.len() as u64,
@@ -294,6 +334,7 @@ pub async fn fuzz(rounds: u64, seed: u64) -> anyhow::Result<ServerReport> {
     };
     let _ = stop.send(());
     let _ = server.await;
+    drop(keep);
     Ok(report)
 }
 
@@ -302,13 +343,16 @@ pub struct Fuzzed {
     pub addr: SocketAddr,
     stop: tokio::sync::oneshot::Sender<()>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// What its engine needs kept (its directory, its Redis) until it stops.
+    keep: Box<dyn std::any::Any + Send>,
 }
 
 impl Fuzzed {
-    /// Stops the server.
+    /// Stops the server (and its Redis).
     pub async fn stop(self) {
         let _ = self.stop.send(());
         let _ = self.server.await;
+        drop(self.keep);
     }
 }
 
@@ -320,6 +364,11 @@ pub async fn start() -> anyhow::Result<Fuzzed> {
 
 /// [`start`], with `adjust` applied to the configuration last.
 pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> anyhow::Result<Fuzzed> {
+    start_on(Engine::Memory, adjust).await
+}
+
+/// [`start_with`], on `engine`.
+pub async fn start_on(engine: Engine, adjust: impl FnOnce(&mut Config)) -> anyhow::Result<Fuzzed> {
     let mut config = Config::default();
     config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     config.api_key = Some(KEY.into());
@@ -350,15 +399,36 @@ pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> anyhow::Result<Fuzz
     config.limits.connection_rate_per_address = 0;
     config.limits.commands_per_address = 0;
     config.limits.new_channels_per_address = 0;
+    let dir = tempfile::tempdir()?;
+    config.data_dir = dir.path().to_path_buf();
     adjust(&mut config);
-    let node = Node::with_memory_broker(config.validate()?);
+    let settings = config.validate()?;
+    let (node, keep): (Arc<Node>, Box<dyn std::any::Any + Send>) = match engine {
+        Engine::Memory => (Node::with_memory_broker(settings), Box::new(dir)),
+        Engine::Durable => (
+            Node::embedded(settings, herald_server::Embedded::Durable)?,
+            Box::new(dir),
+        ),
+        Engine::Redis => {
+            let redis = herald_broker_redis::testkit::RedisServer::start();
+            let options = herald_broker_redis::RedisOptions::at(redis.url(), "fuzz");
+            let connected = herald_broker_redis::RedisBroker::connect(options).await?;
+            let node = Node::with_engine(settings, |sink| connected.into_engine(sink));
+            (node, Box::new((redis, dir)))
+        }
+    };
     let listener = tokio::net::TcpListener::bind(node.settings.config.listen).await?;
     let addr = listener.local_addr()?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(herald_server::serve(listener, node.clone(), async move {
         let _ = stopped.await;
     }));
-    Ok(Fuzzed { addr, stop, server })
+    Ok(Fuzzed {
+        addr,
+        stop,
+        server,
+        keep,
+    })
 }
 
 /// One mutated request, or a WebSocket handshake followed by mutated frames.

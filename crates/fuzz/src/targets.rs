@@ -47,12 +47,17 @@ pub enum Target {
     HookAnswer,
     /// A configuration file (`herald serve --config`).
     Config,
+    /// What a node reads from another through Redis, publications aside: a message on
+    /// its own channel, a request it answers, a presence batch.
+    NodeMessage,
+    /// A browser's `Origin` and `Host`, through the origin, host and CORS checks.
+    Origin,
 }
 
 pub use crate::decoder::Decoder;
 
 impl Target {
-    pub const ALL: [Target; 14] = [
+    pub const ALL: [Target; 16] = [
         Target::Command,
         Target::Cursor,
         Target::Query,
@@ -67,6 +72,8 @@ impl Target {
         Target::Jwks,
         Target::HookAnswer,
         Target::Config,
+        Target::NodeMessage,
+        Target::Origin,
     ];
 
     pub fn name(self) -> &'static str {
@@ -85,6 +92,8 @@ impl Target {
             Target::Jwks => "jwks",
             Target::HookAnswer => "hook-answer",
             Target::Config => "config",
+            Target::NodeMessage => "node-message",
+            Target::Origin => "origin",
         }
     }
 
@@ -163,6 +172,8 @@ impl Target {
             Target::Jwks => return access::jwks_documents(),
             Target::HookAnswer => return access::hook_answers(),
             Target::Config => return access::config_files(),
+            Target::NodeMessage => return crate::node::corpus(),
+            Target::Origin => return access::origins(),
         };
         texts.iter().map(|t| t.as_bytes().to_vec()).collect()
     }
@@ -210,6 +221,8 @@ impl Target {
             Target::Jwks => access::jwks(),
             Target::HookAnswer => access::hook_answer(),
             Target::Config => access::config(),
+            Target::NodeMessage => crate::node::decoder(),
+            Target::Origin => access::origin(),
             // A message as the front reads it; the same bytes as a stored payload, as the
             // hub turns one into a Pusher event.
             Target::Pusher => Box::new(|input| {

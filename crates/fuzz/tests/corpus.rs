@@ -102,3 +102,17 @@ async fn a_panic_on_a_server_thread_is_counted() {
     assert_eq!(after, before + 1);
     assert!(last.unwrap().contains("a connection's task failed"));
 }
+
+#[test]
+fn the_node_corpus_has_requests_a_node_answers() {
+    use herald_broker_redis::{decode_node_message, NodeMessage};
+    let corpus = herald_fuzz::node::corpus();
+    let asked = corpus
+        .iter()
+        .filter(|m| matches!(decode_node_message(m), Some(NodeMessage::Request { .. })))
+        .count();
+    assert_eq!(asked, 2, "two requests another node sends");
+    assert!(corpus
+        .iter()
+        .any(|m| matches!(decode_node_message(m), Some(NodeMessage::Probe(Some(17))))));
+}

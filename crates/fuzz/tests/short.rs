@@ -40,6 +40,22 @@ async fn the_server_survives_mutated_requests_and_frames() {
     assert!(report.passed(), "seed {seed}: {report}");
 }
 
+/// The same on the durable store and on a real Redis (fewer rounds: the memory run has
+/// the decoders; these have the engines' paths under load).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_survives_them_on_the_durable_store_and_on_redis() {
+    let seed = seed();
+    for engine in [server::Engine::Durable, server::Engine::Redis] {
+        let report = server::fuzz_on(engine, 300, seed).await.unwrap();
+        eprintln!("{report}");
+        assert!(
+            report.passed(),
+            "seed {seed} (replay: herald-fuzz --engine {} --seed {seed} --server-rounds 300 server): {report}",
+            engine.name()
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_backend_neither_hangs_nor_crashes_the_server() {
     let seed = seed();

@@ -303,10 +303,7 @@ impl Listener {
         });
     }
 
-    fn on_probe(&self, number: &[u8]) {
-        let number: Option<u64> = std::str::from_utf8(number)
-            .ok()
-            .and_then(|n| n.parse().ok());
+    fn on_probe(&self, number: Option<u64>) {
         let mut probe = self.probe.lock();
         if let Some((sent_number, sent)) = *probe {
             if Some(sent_number) == number {
@@ -330,15 +327,13 @@ impl Listener {
 
     /// A message on this node's own channel: a request to answer, an answer, or a probe.
     fn on_node_message(self: &Arc<Self>, payload: &[u8]) {
-        match payload.split_first() {
-            Some((b't', number)) => self.on_probe(number),
-            Some((b'q', rest)) => {
-                let mut parts = rest.splitn(3, |b| *b == b'\n');
-                let (Some(origin), Some(number), Some(request)) =
-                    (parts.next(), parts.next(), parts.next())
-                else {
-                    return;
-                };
+        match decode_node_message(payload) {
+            Some(NodeMessage::Probe(number)) => self.on_probe(number),
+            Some(NodeMessage::Request {
+                origin,
+                number,
+                request,
+            }) => {
                 let Some(answerer) = self.answerer.lock().as_ref().and_then(|w| w.upgrade()) else {
                     return;
                 };
@@ -355,19 +350,12 @@ impl Listener {
                     }
                 });
             }
-            Some((b'r', rest)) => {
-                let mut parts = rest.splitn(2, |b| *b == b'\n');
-                let (Some(number), Some(answer)) = (parts.next(), parts.next()) else {
-                    return;
-                };
-                let number = std::str::from_utf8(number)
-                    .ok()
-                    .and_then(|n| n.parse().ok());
+            Some(NodeMessage::Answer { number, answer }) => {
                 if let Some(tx) = number.and_then(|n| self.asked.lock().remove(&n)) {
                     let _ = tx.send(Bytes::copy_from_slice(answer));
                 }
             }
-            _ => tracing::warn!("undecodable message on this node's channel"),
+            None => tracing::warn!("undecodable message on this node's channel"),
         }
     }
 
@@ -449,6 +437,49 @@ impl Drop for Untrack<'_> {
                 self.listener.release(t.held.as_ref());
             }
         }
+    }
+}
+
+/// A message on a node's own channel.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NodeMessage<'a> {
+    /// `t` + a number: this node's probe, back.
+    Probe(Option<u64>),
+    /// `q` + origin node `\n` number `\n` request: another node asks.
+    Request {
+        origin: &'a [u8],
+        number: &'a [u8],
+        request: &'a [u8],
+    },
+    /// `r` + number `\n` answer: the answer to this node's request `number`.
+    Answer {
+        number: Option<u64>,
+        answer: &'a [u8],
+    },
+}
+
+/// Reads a message on a node's own channel; `None` for anything else.
+pub fn decode_node_message(payload: &[u8]) -> Option<NodeMessage<'_>> {
+    let number = |n: &[u8]| std::str::from_utf8(n).ok().and_then(|n| n.parse().ok());
+    match payload.split_first()? {
+        (b't', n) => Some(NodeMessage::Probe(number(n))),
+        (b'q', rest) => {
+            let mut parts = rest.splitn(3, |b| *b == b'\n');
+            Some(NodeMessage::Request {
+                origin: parts.next()?,
+                number: parts.next()?,
+                request: parts.next()?,
+            })
+        }
+        (b'r', rest) => {
+            let mut parts = rest.splitn(2, |b| *b == b'\n');
+            let n = parts.next()?;
+            Some(NodeMessage::Answer {
+                number: number(n),
+                answer: parts.next()?,
+            })
+        }
+        _ => None,
     }
 }
 
