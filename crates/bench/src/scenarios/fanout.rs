@@ -24,9 +24,12 @@ pub struct FanoutArgs {
     /// Publications.
     #[arg(long, default_value_t = 200)]
     pub publications: u64,
-    /// Publications per second; 0 = as fast as the API answers (8 in flight).
+    /// Publications per second; 0 = as fast as the API answers (`--publishers` in flight).
     #[arg(long, default_value_t = 10.0)]
     pub rate: f64,
+    /// Publish calls in flight at most when `--rate 0` (the "many rooms" study: 16).
+    #[arg(long, default_value_t = 8)]
+    pub publishers: usize,
     /// Bytes of each publication's data.
     #[arg(long, default_value_t = 64)]
     pub payload: usize,
@@ -79,6 +82,7 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
     let received0 = joined.received;
     let publish_start = Instant::now();
     let mut expected = 0u64;
+    let mut publish_us: Vec<u64> = Vec::with_capacity(args.publications as usize);
     let mut in_flight = tokio::task::JoinSet::new();
     for seq in 0..args.publications {
         let c = (seq as usize) % channels.len();
@@ -86,16 +90,29 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
         if args.rate > 0.0 {
             let due = publish_start + Duration::from_secs_f64(seq as f64 / args.rate);
             tokio::time::sleep_until(due.into()).await;
-        } else if in_flight.len() >= 8 {
-            in_flight.join_next().await.transpose()?.transpose()?;
+        } else if in_flight.len() >= args.publishers.max(1) {
+            if let Some(took) = in_flight.join_next().await.transpose()?.transpose()? {
+                publish_us.push(took);
+            }
         }
         let (p, ch, size) = (target.publisher.clone(), channels[c].clone(), args.payload);
-        in_flight.spawn(async move { p.publish(&ch, seq, size).await });
+        in_flight.spawn(async move {
+            let began = Instant::now();
+            p.publish(&ch, seq, size).await?;
+            Ok::<_, anyhow::Error>(began.elapsed().as_micros() as u64)
+        });
         monitor.observe(&fleet.totals());
     }
     while let Some(r) = in_flight.join_next().await {
-        r??;
+        publish_us.push(r??);
     }
+    publish_us.sort_unstable();
+    // The publish API's answer time, as the publisher saw it (its HTTP round trip).
+    let publish_ms = |q: f64| {
+        publish_us
+            .get(((publish_us.len() as f64 - 1.0) * q).round() as usize)
+            .map_or(serde_json::Value::Null, |us| round(*us as f64 / 1000.0, 2))
+    };
     let published_in = publish_start.elapsed();
     let drained = fleet
         .wait_for(
@@ -147,6 +164,9 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
             "CPU ms / 1000 deliveries",
             "deliveries/s",
             "server RSS MB",
+            "publish p50 ms",
+            "publish p99 ms",
+            "publications/s",
         ],
     );
     t.push(vec![
@@ -167,6 +187,12 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
         cpu1.map_or(serde_json::Value::Null, |s| {
             round(s.rss_bytes as f64 / 1e6, 1)
         }),
+        publish_ms(0.5),
+        publish_ms(0.99),
+        round(
+            args.publications as f64 / published_in.as_secs_f64().max(1e-3),
+            0,
+        ),
     ]);
     let mut notes = vec![format!(
         "publishing took {:.2} s; deliveries counted until every expected one arrived (or 30 s); CPU is the server's user+system time over that window (/proc/PID/stat)",

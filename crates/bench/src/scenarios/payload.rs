@@ -36,6 +36,7 @@ pub async fn run(args: PayloadArgs, common: &Common) -> anyhow::Result<Outcome> 
                 channels: 1,
                 publications: args.publications,
                 rate: args.rate,
+                publishers: 8,
                 payload,
                 transport: args.transport.clone(),
                 connect_rate: 0.0,
