@@ -46,6 +46,9 @@ pub struct ServerReport {
     pub statuses: std::collections::BTreeMap<u16, u64>,
     /// Panics on the server's threads (each ended a connection's task), and the last.
     pub panics: (u64, Option<String>),
+    /// The process's resident memory (MB) before the rounds, halfway, and after: a server
+    /// that leaks grows in the second half as in the first.
+    pub rss_mb: [f64; 3],
     pub elapsed: Duration,
 }
 
@@ -78,6 +81,11 @@ impl std::fmt::Display for ServerReport {
             .map(|(s, n)| format!("{s}: {n}"))
             .collect();
         write!(f, "\n  answers by status: {}", statuses.join(", "))?;
+        let [before, half, after] = self.rss_mb;
+        write!(
+            f,
+            "\n  resident memory: {before:.0} MB before, {half:.0} MB halfway, {after:.0} MB after"
+        )?;
         if let (n, Some(last)) = &self.panics {
             write!(
                 f,
@@ -292,7 +300,11 @@ pub async fn fuzz_on(engine: Engine, rounds: u64, seed: u64) -> anyhow::Result<S
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut in_flight = tokio::task::JoinSet::new();
     let mut statuses = std::collections::BTreeMap::new();
+    let mut rss = [resident_mb(), 0.0, 0.0];
     for round in 0..rounds {
+        if round == rounds / 2 {
+            rss[1] = resident_mb();
+        }
         if in_flight.len() >= PARALLEL {
             if let Some(Ok(status)) = in_flight.join_next().await {
                 *statuses.entry(status).or_insert(0) += 1;
@@ -320,6 +332,10 @@ pub async fn fuzz_on(engine: Engine, rounds: u64, seed: u64) -> anyhow::Result<S
     let got = offsets(&received);
     let report = ServerReport {
         engine: engine.name(),
+        rss_mb: {
+            rss[2] = resident_mb();
+            rss
+        },
         rounds,
         published,
         received: got.len() as u64,
@@ -557,4 +573,12 @@ impl Api {
         let health = self.http.get(format!("{}/healthz", self.base)).send().await;
         health.is_ok_and(|r| r.status().is_success())
     }
+}
+
+/// This process's resident memory in MB (Linux; 0 elsewhere).
+fn resident_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .map_or(0.0, |pages| pages * 4096.0 / 1e6)
 }
