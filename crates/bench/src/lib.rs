@@ -103,6 +103,10 @@ pub struct Common {
     /// Channel names use `-` for `:` (Pusher names allow no `:`).
     #[arg(long, global = true)]
     pub pusher_app: Option<String>,
+    /// With `--pusher-app`: each client connects as a page that opted in to resuming
+    /// (`/resume/PAGE/app/KEY`, a page id of its own), to measure that path.
+    #[arg(long, global = true, requires = "pusher_app")]
+    pub pusher_resume: bool,
     #[command(flatten)]
     pub generic: GenericArgs,
 }

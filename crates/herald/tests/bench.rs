@@ -66,24 +66,33 @@ fn fanout_delivers_everything_once_across_worker_processes() {
 /// `pusher:subscribe`, publications signed for `POST /apps/ID/events`, every one counted.
 #[test]
 fn fanout_through_the_pusher_protocol_reaches_everyone_once() {
-    let out = succeeds(herald().args([
-        "bench",
-        "fanout",
-        "--subscribers",
-        "20",
-        "--publications",
-        "30",
-        "--rate",
-        "60",
-        "--channels",
-        "2",
-        "--json",
-        "--pusher-app",
-        "77:bench-key:bench-secret-0123456789",
-    ]));
-    let rows = rows(&out.stdout);
-    assert_eq!(rows.len(), 1, "{rows:?}");
-    every_delivery_once(&rows[0], 10 * 15 + 10 * 15);
+    for resume in [false, true] {
+        let mut command = herald();
+        command.args([
+            "bench",
+            "fanout",
+            "--subscribers",
+            "20",
+            "--publications",
+            "30",
+            "--rate",
+            "60",
+            "--channels",
+            "2",
+            "--json",
+            "--pusher-app",
+            "77:bench-key:bench-secret-0123456789",
+        ]);
+        if resume {
+            // Each client a page that opted in to resuming: its own task writes, with a
+            // ping after each write.
+            command.arg("--pusher-resume");
+        }
+        let out = succeeds(&mut command);
+        let rows = rows(&out.stdout);
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        every_delivery_once(&rows[0], 10 * 15 + 10 * 15);
+    }
 }
 
 #[test]

@@ -61,7 +61,17 @@ pub(super) async fn generic_session(
     g: &Generic,
     rec: &Tracker,
 ) -> anyhow::Result<()> {
-    let url = g.url.replace("{channel}", &spec.channel);
+    // `{random}`: an id of this connection's own (a Pusher page id, say).
+    let url = g.url.replace("{channel}", &spec.channel).replace(
+        "{random}",
+        &format!(
+            "{:016x}",
+            std::hash::BuildHasher::hash_one(
+                &std::collections::hash_map::RandomState::new(),
+                spec.channel.as_str()
+            )
+        ),
+    );
     let target = address(url.strip_prefix(LONGPOLL).unwrap_or(&url))?;
     let tcp = connect_tcp(spec, target, rec).await?;
     if url.starts_with("ws") {

@@ -99,8 +99,13 @@ impl Target {
             // A Pusher client: connected once it is told its socket id, then subscribed.
             Some(app) => Some(Generic {
                 url: format!(
-                    "{}/app/{}?protocol=7",
+                    "{}{}/app/{}?protocol=7",
                     server.url.replacen("http", "ws", 1),
+                    if common.pusher_resume {
+                        "/resume/bench-page-{random}"
+                    } else {
+                        ""
+                    },
                     app.key
                 ),
                 subscribe: vec![
