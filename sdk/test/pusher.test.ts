@@ -72,6 +72,15 @@ async function subscribed(client: PusherClient, name: string) {
   return channel;
 }
 
+/** Every `pusher:error` the client is sent, as it arrives. */
+function pusherErrors(client: PusherClient): Array<{ code: number | null; message: string }> {
+  const errors: Array<{ code: number | null; message: string }> = [];
+  client.connection.bind("error", (e: { data?: { code: number | null; message: string } }) => {
+    if (e.data) errors.push(e.data);
+  });
+  return errors;
+}
+
 /** Every event `name` on `channel`, as it arrives. */
 function collect(channel: ReturnType<PusherClient["subscribe"]>, name: string): unknown[] {
   const got: unknown[] = [];
@@ -217,10 +226,7 @@ describe("client events", () => {
     expect(atB[0]).toEqual({ data: { typing: true }, user_id: "a" });
 
     // Over 10 a second: pusher:error 4301, and the others are not sent.
-    const errors: Array<{ code: number | null; message: string }> = [];
-    a.connection.bind("error", (e: { data?: { code: number | null; message: string } }) => {
-      if (e.data) errors.push(e.data);
-    });
+    const errors = pusherErrors(a);
     for (let i = 0; i < 30; i++) roomA.trigger("client-typing", { i });
     await until("a rate error", () => errors.some((e) => e.code === 4301));
     await until("b's share arrives", () => atB.length >= 11);
@@ -240,10 +246,7 @@ describe("client events", () => {
     await connected(b);
     const roomA = await subscribed(a, "private-flood");
     const heardByB = collect(await subscribed(b, "private-flood"), "client-big");
-    const errors: Array<{ code: number | null; message: string }> = [];
-    a.connection.bind("error", (e: { data?: { code: number | null; message: string } }) => {
-      if (e.data) errors.push(e.data);
-    });
+    const errors = pusherErrors(a);
     // Over Pusher's 10 KB for a client event: refused, not sent.
     roomA.trigger("client-big", { pad: "x".repeat(11 * 1024) });
     await until("the size error", () => errors.some((e) => e.message.includes("over 10240 bytes")));
@@ -267,10 +270,7 @@ describe("client events", () => {
     const client = connect({ app: OTHER });
     await connected(client);
     const channel = await subscribed(client, "private-x");
-    const errors: Array<{ message: string }> = [];
-    client.connection.bind("error", (e: { data?: { message: string } }) => {
-      if (e.data) errors.push(e.data);
-    });
+    const errors = pusherErrors(client);
     channel.trigger("client-x", {});
     await until("an error", () => errors.length === 1);
     expect(errors[0]!.message).toContain("not enabled");

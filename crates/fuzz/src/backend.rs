@@ -243,13 +243,13 @@ pub struct BackendReport {
     pub asked: BTreeMap<String, u64>,
     pub healthy: bool,
     /// Panics on the server's threads, and the last.
-    pub panics: (u64, Option<String>),
+    pub panics: crate::ServerPanics,
     pub elapsed: Duration,
 }
 
 impl BackendReport {
     pub fn passed(&self) -> bool {
-        self.healthy && self.hung == 0 && self.panics.0 == 0
+        self.healthy && self.hung == 0 && self.panics.count == 0
     }
 }
 
@@ -273,13 +273,7 @@ impl std::fmt::Display for BackendReport {
             .map(|(p, n)| format!("{p}: {n}"))
             .collect();
         write!(f, "\n  hooks asked: {}", asked.join(", "))?;
-        if let (n, Some(last)) = &self.panics {
-            write!(
-                f,
-                "\n  {n} panics on the server's threads; the last: {last}"
-            )?;
-        }
-        Ok(())
+        write!(f, "{}", self.panics)
     }
 }
 
@@ -288,8 +282,7 @@ impl std::fmt::Display for BackendReport {
 /// refresh, over WebSocket, and a poll. Passes when every round is answered (or closed)
 /// within [`ROUND_DEADLINE`], the server still answers `/healthz`, and nothing panicked.
 pub async fn fuzz(rounds: u64, seed: u64) -> anyhow::Result<BackendReport> {
-    crate::quiet_panics();
-    let panics_before = crate::server_panics().0;
+    let panics_mark = crate::ServerPanics::mark();
     let (backend, asked, backend_task) = start(seed).await?;
     let fuzzed = crate::server::start_with(|config| {
         let url = |hook: &str| Some(format!("http://{backend}/{hook}"));
@@ -356,8 +349,7 @@ pub async fn fuzz(rounds: u64, seed: u64) -> anyhow::Result<BackendReport> {
     report.healthy = reqwest::get(format!("http://{addr}/healthz"))
         .await
         .is_ok_and(|r| r.status().is_success());
-    let (n, last) = crate::server_panics();
-    report.panics = (n - panics_before, last);
+    report.panics = crate::ServerPanics::since(panics_mark);
     report.elapsed = started.elapsed();
     report.asked = asked.lock().map(|a| a.clone()).unwrap_or_default();
     fuzzed.stop().await;

@@ -93,6 +93,45 @@ pub fn quiet_panics() {
     }));
 }
 
+/// Panics on the fuzzed server's threads during one run.
+#[derive(Debug, Clone, Default)]
+pub struct ServerPanics {
+    pub count: u64,
+    /// The last one's message.
+    pub last: Option<String>,
+}
+
+impl ServerPanics {
+    /// Starts counting (with [`quiet_panics`]'s hook): a mark for [`ServerPanics::since`].
+    pub fn mark() -> u64 {
+        quiet_panics();
+        server_panics().0
+    }
+
+    /// The server-thread panics since `mark`.
+    pub fn since(mark: u64) -> Self {
+        let (count, last) = server_panics();
+        Self {
+            count: count - mark,
+            last,
+        }
+    }
+}
+
+impl std::fmt::Display for ServerPanics {
+    /// Nothing when there were none; else a line of its own.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.last {
+            Some(last) if self.count > 0 => write!(
+                f,
+                "\n  {} panics on the server's threads; the last: {last}",
+                self.count
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Panics on the fuzzed server's threads so far, and the last one's message.
 pub fn server_panics() -> (u64, Option<String>) {
     let last = LAST_SERVER_PANIC.lock().ok().and_then(|l| l.clone());

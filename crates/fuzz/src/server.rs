@@ -45,7 +45,7 @@ pub struct ServerReport {
     /// connection closed or the round's time was up).
     pub statuses: std::collections::BTreeMap<u16, u64>,
     /// Panics on the server's threads (each ended a connection's task), and the last.
-    pub panics: (u64, Option<String>),
+    pub panics: crate::ServerPanics,
     /// The process's resident memory (MB) before the rounds, halfway, and after: a server
     /// that leaks grows in the second half as in the first.
     pub rss_mb: [f64; 3],
@@ -54,7 +54,7 @@ pub struct ServerReport {
 
 impl ServerReport {
     pub fn passed(&self) -> bool {
-        self.healthy && self.in_order && self.received == self.published && self.panics.0 == 0
+        self.healthy && self.in_order && self.received == self.published && self.panics.count == 0
     }
 }
 
@@ -86,13 +86,7 @@ impl std::fmt::Display for ServerReport {
             f,
             "\n  resident memory: {before:.0} MB before, {half:.0} MB halfway, {after:.0} MB after"
         )?;
-        if let (n, Some(last)) = &self.panics {
-            write!(
-                f,
-                "\n  {n} panics on the server's threads; the last: {last}"
-            )?;
-        }
-        Ok(())
+        write!(f, "{}", self.panics)
     }
 }
 
@@ -279,14 +273,9 @@ pub async fn fuzz(rounds: u64, seed: u64) -> anyhow::Result<ServerReport> {
 
 /// [`fuzz`], on `engine`.
 pub async fn fuzz_on(engine: Engine, rounds: u64, seed: u64) -> anyhow::Result<ServerReport> {
-    crate::quiet_panics();
-    let panics_before = crate::server_panics().0;
-    let Fuzzed {
-        addr,
-        stop,
-        server,
-        keep,
-    } = start_on(engine, |_| {}).await?;
+    let panics_mark = crate::ServerPanics::mark();
+    let fuzzed = start_on(engine, |_| {}).await?;
+    let addr = fuzzed.addr;
     let started = std::time::Instant::now();
     let received = watch(addr).await?;
     let api = Api {
@@ -342,15 +331,10 @@ pub async fn fuzz_on(engine: Engine, rounds: u64, seed: u64) -> anyhow::Result<S
         in_order: got.iter().copied().eq(1..=got.len() as u64),
         healthy: api.healthy().await,
         statuses,
-        panics: {
-            let (n, last) = crate::server_panics();
-            (n - panics_before, last)
-        },
+        panics: crate::ServerPanics::since(panics_mark),
         elapsed: started.elapsed(),
     };
-    let _ = stop.send(());
-    let _ = server.await;
-    drop(keep);
+    fuzzed.stop().await;
     Ok(report)
 }
 

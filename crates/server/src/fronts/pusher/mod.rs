@@ -33,6 +33,17 @@ use axum::{
 
 use crate::node::Node;
 
+/// Records webhook event `event` of app `app` (an index into `pusher.apps`), its body made
+/// by `body` only when the app posts that event.
+fn post_webhook(node: &Node, app: usize, event: &str, body: impl FnOnce() -> serde_json::Value) {
+    if !node.settings.config.pusher.apps[app].posts(event) {
+        return;
+    }
+    if let Some(log) = node.webhooks.get(app).and_then(Option::as_ref) {
+        log.record(&body());
+    }
+}
+
 /// The front's routes (answering only for configured apps) on `node`.
 pub fn routes(node: &Arc<Node>) -> Router<Arc<Node>> {
     Router::new()

@@ -36,12 +36,17 @@ pub enum Watched {
     User(Box<str>),
 }
 
+/// The webhook events of a channel's first and last subscriber.
+const CHANNEL_EVENTS: [&str; 2] = ["channel_occupied", "channel_vacated"];
+/// The webhook events of a presence channel user's first and last connection.
+const USER_EVENTS: [&str; 2] = ["member_added", "member_removed"];
+
 impl Watched {
     /// The webhook events of a first holder and of a last.
     fn events(&self) -> [&'static str; 2] {
         match self {
-            Watched::Channel => ["channel_occupied", "channel_vacated"],
-            Watched::User(_) => ["member_added", "member_removed"],
+            Watched::Channel => CHANNEL_EVENTS,
+            Watched::User(_) => USER_EVENTS,
         }
     }
 
@@ -121,9 +126,9 @@ impl Occupancy {
     /// The counts of `node`, when one of its apps posts any of these webhooks.
     pub fn start(node: &Arc<Node>) -> Option<Arc<Self>> {
         let apps = &node.settings.config.pusher.apps;
-        let wanted = [Watched::Channel, Watched::User("".into())]
+        let wanted = CHANNEL_EVENTS
             .iter()
-            .flat_map(Watched::events)
+            .chain(&USER_EVENTS)
             .any(|event| apps.iter().any(|app| app.posts(event)));
         if !wanted {
             return None;
@@ -254,17 +259,14 @@ impl Occupancy {
             return;
         };
         let event = watched.events()[usize::from(!joined)];
-        if !app.posts(event) {
-            return;
-        }
-        let name = &channel.as_str()[app.namespace().len() + 1..];
-        let mut body = serde_json::json!({ "name": event, "channel": name });
-        if let Watched::User(user) = &watched {
-            body["user_id"] = user.as_ref().into();
-        }
-        if let Some(log) = node.webhooks.get(index).and_then(Option::as_ref) {
-            log.record(&body);
-        }
+        super::post_webhook(node, index, event, || {
+            let name = &channel.as_str()[app.namespace().len() + 1..];
+            let mut body = serde_json::json!({ "name": event, "channel": name });
+            if let Watched::User(user) = &watched {
+                body["user_id"] = user.as_ref().into();
+            }
+            body
+        });
     }
 }
 

@@ -48,11 +48,8 @@ pub async fn connect(
     Query(params): Query<Params>,
     request: Request,
 ) -> Response {
-    // Decided here, so that the connection's task keeps neither the key nor the query.
-    let app = app_of(&node, &key, &params).map_err(Box::new);
-    websocket::accept(node, request, None, move |up| {
-        run(Box::new((up, app, fronts.occupancy, None)))
-    })
+    let app = app_of(&node, &key, &params);
+    accept(node, request, app, fronts.occupancy, None)
 }
 
 /// `GET /resume/{page}/app/{key}`: a connection of a page that opted in to resuming
@@ -75,13 +72,21 @@ pub async fn connect_page(
         }
     });
     let page = Some((fronts.bookmarks, page.into_boxed_str()));
+    accept(node, request, app, fronts.occupancy, page)
+}
+
+/// Upgrades to a WebSocket served by [`run`]. What the connection needs is decided before,
+/// so that its task keeps neither the key nor the query.
+fn accept(
+    node: Arc<Node>,
+    request: Request,
+    app: Result<usize, (u16, String)>,
+    occupancy: Option<Arc<Occupancy>>,
+    page: Option<(Arc<Bookmarks>, Box<str>)>,
+) -> Response {
+    let app = app.map_err(Box::new);
     websocket::accept(node, request, None, move |up| {
-        run(Box::new((
-            up,
-            app.map_err(Box::new),
-            fronts.occupancy,
-            page,
-        )))
+        run(Box::new((up, app, occupancy, page)))
     })
 }
 
@@ -152,9 +157,9 @@ async fn run(opening: Box<Opening>) {
     let told = driver::drive(&node, &mut speaker, &mut wire, Ok(()), 0).await;
     // Kept before the client hears the end, so that its next connection finds it.
     speaker.keep_page();
-    let (occupancy, counts) = speaker.take_counts();
+    let counts = speaker.take_counts();
     drop(speaker);
-    if !counts.is_empty() {
+    if let Some((occupancy, counts)) = counts {
         // In a task of its own: nothing of it then stays in the connection's task.
         node.tasks.spawn(Pusher::leave_counts(occupancy, counts));
     }

@@ -52,10 +52,13 @@ struct More {
     /// The presence channels it is in (a few at most: a list).
     rosters: Vec<Roster>,
     /// Its part in the counts of who occupies each channel it is in.
-    held: Vec<(ChannelName, Held)>,
+    held: HeldParts,
     /// The page it resumes, and where pages are kept, when it opted in.
     page: Option<(Arc<Bookmarks>, Page)>,
 }
+
+/// A connection's parts in the counts of who occupies channels, by channel.
+pub type HeldParts = Vec<(ChannelName, Held)>;
 
 /// A presence channel's signed `channel_data`.
 #[derive(Deserialize)]
@@ -121,32 +124,28 @@ impl Pusher {
 
     /// Keeps where the page's channels stand, for its next connection.
     pub fn keep_page(&mut self) {
-        let socket_id = self.socket_id;
-        let client: Box<str> = self.session.client().into();
         if let Some((bookmarks, mut page)) = self.more.as_mut().and_then(|m| m.page.take()) {
-            let bookmark = page.bookmark(socket_id);
-            bookmarks.keep(self.app, &page.id, &client, bookmark);
+            let bookmark = page.bookmark(self.socket_id);
+            bookmarks.keep(self.app, &page.id, self.session.client(), bookmark);
         }
     }
 
-    /// Gives back the connection's part in the counts of who occupies its channels (when
-    /// it ends, after the session has left them).
-    pub async fn leave_counts(occupancy: Option<Arc<Occupancy>>, held: Vec<(ChannelName, Held)>) {
-        if let Some(occupancy) = occupancy {
-            for (_, held) in held {
-                occupancy.leave(held).await;
-            }
+    /// Gives back a connection's part in the counts of who occupies its channels (when
+    /// it ends, after the session has left them, or when it leaves a channel).
+    pub async fn leave_counts(occupancy: Arc<Occupancy>, held: HeldParts) {
+        for (_, held) in held {
+            occupancy.leave(held).await;
         }
     }
 
-    /// What [`Self::leave_counts`] gives back.
-    pub fn take_counts(&mut self) -> (Option<Arc<Occupancy>>, Vec<(ChannelName, Held)>) {
-        let held = self
-            .more
-            .as_mut()
-            .map(|m| std::mem::take(&mut m.held))
-            .unwrap_or_default();
-        (self.occupancy.take(), held)
+    /// What [`Self::leave_counts`] gives back when the connection ends: none when it holds
+    /// no part.
+    pub fn take_counts(&mut self) -> Option<(Arc<Occupancy>, HeldParts)> {
+        let held = std::mem::take(&mut self.more.as_mut()?.held);
+        if held.is_empty() {
+            return None;
+        }
+        Some((self.occupancy.clone()?, held))
     }
 
     /// Counts the connection in `channel` (its subscribers, and its user `me` for a
@@ -178,7 +177,7 @@ impl Pusher {
             .into_iter()
             .partition(|(c, _)| c == channel);
         more.held = kept;
-        Self::leave_counts(Some(occupancy), out).await;
+        Self::leave_counts(occupancy, out).await;
     }
 
     fn more(&mut self) -> &mut More {
@@ -336,8 +335,10 @@ impl Pusher {
             match self.session.last_publication(&channel).await {
                 Ok(Some(last)) => line(out, pusher::event(&name, last.data()).frame),
                 Ok(None) => {
-                    let hook = serde_json::json!({ "name": "cache_miss", "channel": name });
-                    self.webhook("cache_miss", &hook);
+                    self.webhook(
+                        "cache_miss",
+                        || serde_json::json!({ "name": "cache_miss", "channel": name }),
+                    );
                     line(out, pusher::cache_miss(&name))
                 }
                 Err(f) => line(out, pusher::error(None, &f.message)),
@@ -476,37 +477,30 @@ impl Pusher {
         let payload = json::payload(stored).map_err(|e| refuse(None, &e))?;
         match self.session.publish_allowed(&channel, payload).await {
             Ok(_) => {
-                let mut hook = serde_json::json!({
-                    "name": "client_event",
-                    "channel": name,
-                    "event": event,
-                    "data": data,
-                    "socket_id": socket_id,
-                });
                 // Only a presence channel's client events say who sent them.
-                if let Some(r) = self.rosters().iter().find(|r| r.channel == channel) {
-                    hook["user_id"] = r.me.as_ref().into();
-                }
-                self.webhook("client_event", &hook);
+                let sender = self.rosters().iter().find(|r| r.channel == channel);
+                self.webhook("client_event", || {
+                    let mut hook = serde_json::json!({
+                        "name": "client_event",
+                        "channel": name,
+                        "event": event,
+                        "data": data,
+                        "socket_id": socket_id,
+                    });
+                    if let Some(r) = sender {
+                        hook["user_id"] = r.me.as_ref().into();
+                    }
+                    hook
+                });
                 Ok(())
             }
             Err(f) => Err(refuse(client_event_code(&f), &f.message)),
         }
     }
 
-    /// Records webhook event `name` (`body`) when the app posts it.
-    fn webhook(&self, name: &str, body: &serde_json::Value) {
-        if !self.app().posts(name) {
-            return;
-        }
-        let node = self.session.node();
-        if let Some(log) = node
-            .webhooks
-            .get(self.app as usize)
-            .and_then(Option::as_ref)
-        {
-            log.record(body);
-        }
+    /// Records webhook event `name` (its body made by `body`) when the app posts it.
+    fn webhook(&self, name: &str, body: impl FnOnce() -> serde_json::Value) {
+        super::post_webhook(self.session.node(), self.app as usize, name, body);
     }
 }
 
