@@ -82,6 +82,38 @@ describe.each(TRANSPORTS)("transport=%s", (transport) => {
   });
 });
 
+describe("compression", () => {
+  it("Chromium negotiates permessage-deflate over /chat and chats both ways with long messages", async () => {
+    const room = "e2e-deflate";
+    const ctx = await browser.newContext({ viewport: { width: 900, height: 560 } });
+    const page = await ctx.newPage();
+    // The handshake's answer, as Chromium's network stack saw it.
+    const cdp = await ctx.newCDPSession(page);
+    await cdp.send("Network.enable");
+    const answers: string[] = [];
+    cdp.on("Network.webSocketHandshakeResponseReceived", (e) => {
+      const headers = e.response.headers as Record<string, string>;
+      const key = Object.keys(headers).find((k) => k.toLowerCase() === "sec-websocket-extensions");
+      answers.push(key ? headers[key]! : "");
+    });
+    page.on("pageerror", (e) => pageErrors.push(`deflate: ${e.message}`));
+    await page.goto(`${server.url}/chat?transport=ws&room=${room}`, { waitUntil: "domcontentloaded" });
+    await page.waitForSelector('body[data-state="connected"]');
+    const other = await openChat(server.url, `transport=ws&room=${room}`);
+    expect(answers).toEqual(["permessage-deflate; server_no_context_takeover; client_no_context_takeover"]);
+    // Longer than websocket.compression_min_size both ways: Chromium compresses what it
+    // sends, Herald what it pushes.
+    const long = `${"a long line that compresses well, ".repeat(8)}from Chromium`;
+    await speak(page, "alice", long);
+    await waitForText(other, long);
+    const reply = `${"an answer that compresses well too, ".repeat(8)}from the other page`;
+    await speak(other, "bob", reply);
+    await waitForText(page, reply);
+    expect(await texts(page)).toEqual([long, reply]);
+    await ctx.close();
+  });
+});
+
 describe("forever frame", () => {
   it("the page's load event fires while messages keep flowing", async () => {
     const context = await browser.newContext({ viewport: { width: 900, height: 560 } });

@@ -96,6 +96,16 @@ pub struct Common {
     /// Repeat each measurement this many times and report the median run (by its main figure).
     #[arg(long, global = true, default_value_t = 1)]
     pub repeat: usize,
+    /// WebSocket clients offer permessage-deflate as browsers do (`permessage-deflate;
+    /// client_max_window_bits`) and inflate what comes compressed; bytes on the wire are
+    /// counted as they travel.
+    #[arg(long, global = true)]
+    pub deflate: bool,
+    /// What a publication's data holds besides its stamp: `pad` (one repeated letter),
+    /// `json` (a catalogue of items, as a shop or dashboard pushes) or `chat` (a nick and a
+    /// line of chat), about `--payload` bytes. Compression depends on it.
+    #[arg(long, global = true, default_value = "pad", value_parser = target::Content::parse)]
+    pub content: target::Content,
     /// Measure through the Pusher protocol (`ID:KEY:SECRET` of an app): clients connect to
     /// `/app/KEY?protocol=7` and subscribe with `pusher:subscribe`; publications go through
     /// the signed `POST /apps/ID/events`. The Herald this tool starts gets the app

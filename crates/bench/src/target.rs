@@ -228,7 +228,87 @@ pub struct Publisher {
     headers: Vec<(String, String)>,
     /// A Pusher app's id, key and secret: each publication is signed for `/apps/ID/events`.
     pusher: Option<PusherApp>,
+    /// What the data holds.
+    content: Content,
 }
+
+/// What a publication's data holds besides its stamp (`--content`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Content {
+    /// One letter repeated: compresses to almost nothing.
+    #[default]
+    Pad,
+    /// A catalogue of items with ids, names, prices and tags, as a shop or a dashboard
+    /// pushes: compresses as real JSON does.
+    Json,
+    /// A chat line and its author.
+    Chat,
+}
+
+impl Content {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "pad" => Ok(Self::Pad),
+            "json" => Ok(Self::Json),
+            "chat" => Ok(Self::Chat),
+            other => Err(format!("unknown content {other:?}: pad, json or chat")),
+        }
+    }
+
+    /// Data of about `size` bytes, stamped with the time and `seq`.
+    pub fn data(self, seq: u64, size: usize) -> serde_json::Value {
+        let t = now_ns();
+        match self {
+            Self::Pad => json!({"t": t, "seq": seq, "pad": "x".repeat(size.saturating_sub(48))}),
+            Self::Json => {
+                let mut items = Vec::new();
+                let mut data =
+                    json!({"t": t, "seq": seq, "updated": "2026-11-27T10:00:00Z", "items": []});
+                let mut i = 0u64;
+                while data.to_string().len() < size {
+                    let n = seq.wrapping_mul(7919).wrapping_add(i * 104_729);
+                    items.push(json!({
+                        "id": n % 1_000_000,
+                        "name": format!("{} {}", WORDS[(n % 13) as usize], WORDS[(n / 13 % 13) as usize]),
+                        "price": (n % 10_000) as f64 / 100.0,
+                        "currency": "EUR",
+                        "stock": n % 97,
+                        "tags": [WORDS[(n / 7 % 13) as usize], "sale"],
+                    }));
+                    data["items"] = json!(items);
+                    i += 1;
+                }
+                data
+            }
+            Self::Chat => {
+                let mut text = String::new();
+                let mut i = seq as usize;
+                while text.len() + 60 < size {
+                    text.push_str(LINES[i % LINES.len()]);
+                    text.push(' ');
+                    i += 7;
+                }
+                json!({"t": t, "seq": seq, "nick": format!("user{}", seq % 50), "text": text.trim_end()})
+            }
+        }
+    }
+}
+
+const WORDS: [&str; 13] = [
+    "widget", "gadget", "lamp", "chair", "table", "cable", "phone", "case", "shelf", "desk", "mug",
+    "pen", "book",
+];
+
+const LINES: [&str; 8] = [
+    "anyone around?",
+    "the deploy went out at noon",
+    "ok, looking at it now",
+    "can you share the link again",
+    "lunch at one?",
+    "tests are green on main",
+    "I'll be five minutes late",
+    "nice work on the release",
+];
 
 /// A Pusher app, as `--pusher-app ID:KEY:SECRET` names it.
 #[derive(Debug, Clone)]
@@ -286,6 +366,7 @@ impl Publisher {
             template: None,
             headers: vec![("authorization".into(), format!("apikey {api_key}"))],
             pusher: None,
+            content: Content::Pad,
         }
     }
 
@@ -298,6 +379,7 @@ impl Publisher {
             template: None,
             headers: Vec::new(),
             pusher: Some(app),
+            content: Content::Pad,
         }
     }
 
@@ -316,13 +398,18 @@ impl Publisher {
             template: Some(template.to_string()),
             headers,
             pusher: None,
+            content: Content::Pad,
         })
     }
 
-    /// Publishes `{"t": now, "seq": seq, "pad": …}` padded to about `payload` bytes.
+    /// The same publisher, its data holding `content`.
+    pub fn with_content(self, content: Content) -> Self {
+        Self { content, ..self }
+    }
+
+    /// Publishes `{"t": now, "seq": seq, …}` of about `payload` bytes (see [`Content`]).
     pub async fn publish(&self, channel: &str, seq: u64, payload: usize) -> anyhow::Result<()> {
-        let pad = "x".repeat(payload.saturating_sub(48));
-        let data = json!({"t": now_ns(), "seq": seq, "pad": pad});
+        let data = self.content.data(seq, payload);
         if let Some(app) = &self.pusher {
             let path = format!("/apps/{}/events", app.id);
             let body = json!({"name": "bench", "channels": [pusher_name(channel)], "data": data.to_string()})

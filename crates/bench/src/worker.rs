@@ -41,6 +41,9 @@ pub struct WorkerSpec {
     /// Presence runs (WebSocket): see [`ClientSpec::presence`].
     #[serde(default)]
     pub presence: bool,
+    /// WebSocket clients offer permessage-deflate: see [`ClientSpec::deflate`].
+    #[serde(default)]
+    pub deflate: bool,
 }
 
 /// How long a churning client waits after a failed connection: 100 ms, doubling up to 5 s,
@@ -131,6 +134,7 @@ async fn run(spec: WorkerSpec) -> anyhow::Result<()> {
                     source: spec.sources[i % spec.sources.len()],
                     generic: spec.generic.clone(),
                     presence: spec.presence,
+                    deflate: spec.deflate,
                 };
                 let speak = (i < spec.speakers).then(|| spec.speak.clone()).flatten();
                 started.fetch_add(1, Relaxed);

@@ -52,12 +52,15 @@ pub enum Target {
     NodeMessage,
     /// A browser's `Origin` and `Host`, through the origin, host and CORS checks.
     Origin,
+    /// What a WebSocket client sends after its handshake (frames, fragments, compressed
+    /// messages), through Herald's frame reader; and a permessage-deflate offer.
+    Websocket,
 }
 
 pub use crate::decoder::Decoder;
 
 impl Target {
-    pub const ALL: [Target; 16] = [
+    pub const ALL: [Target; 17] = [
         Target::Command,
         Target::Cursor,
         Target::Query,
@@ -74,6 +77,7 @@ impl Target {
         Target::Config,
         Target::NodeMessage,
         Target::Origin,
+        Target::Websocket,
     ];
 
     pub fn name(self) -> &'static str {
@@ -94,6 +98,7 @@ impl Target {
             Target::Config => "config",
             Target::NodeMessage => "node-message",
             Target::Origin => "origin",
+            Target::Websocket => "websocket",
         }
     }
 
@@ -174,6 +179,7 @@ impl Target {
             Target::Config => return access::config_files(),
             Target::NodeMessage => return crate::node::corpus(),
             Target::Origin => return access::origins(),
+            Target::Websocket => return crate::websocket::corpus(),
         };
         texts.iter().map(|t| t.as_bytes().to_vec()).collect()
     }
@@ -223,6 +229,7 @@ impl Target {
             Target::Config => access::config(),
             Target::NodeMessage => crate::node::decoder(),
             Target::Origin => access::origin(),
+            Target::Websocket => crate::websocket::decoder(),
             // A message as the front reads it; the same bytes as a stored payload, as the
             // hub turns one into a Pusher event.
             Target::Pusher => Box::new(|input| {

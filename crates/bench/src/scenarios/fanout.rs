@@ -167,6 +167,7 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
             "publish p50 ms",
             "publish p99 ms",
             "publications/s",
+            "wire B / delivery",
         ],
     );
     t.push(vec![
@@ -193,6 +194,16 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
             args.publications as f64 / published_in.as_secs_f64().max(1e-3),
             0,
         ),
+        // What the subscribers read off their sockets while the publications came, per
+        // delivery: frames, compressed or not, and their TCP framing's share of nothing.
+        if deliveries > 0 {
+            round(
+                drained.bytes_in.saturating_sub(joined.bytes_in) as f64 / deliveries as f64,
+                1,
+            )
+        } else {
+            serde_json::Value::Null
+        },
     ]);
     let mut notes = vec![format!(
         "publishing took {:.2} s; deliveries counted until every expected one arrived (or 30 s); CPU is the server's user+system time over that window (/proc/PID/stat)",

@@ -50,6 +50,8 @@ pub struct Target {
     pub generic: Option<Generic>,
     pub is_herald: bool,
     api_key: String,
+    /// Clients offer permessage-deflate.
+    deflate: bool,
 }
 
 impl Target {
@@ -126,9 +128,10 @@ impl Target {
         Ok(Self {
             is_herald: generic.is_none(),
             server,
-            publisher,
+            publisher: publisher.with_content(common.content),
             generic,
             api_key,
+            deflate: common.deflate,
         })
     }
 
@@ -153,6 +156,7 @@ impl Target {
             histogram: Default::default(),
             lifetime_ms: None,
             presence: false,
+            deflate: self.deflate,
         }
     }
 

@@ -1,5 +1,5 @@
-//! Settings of client connections: each connection's limits and timers (`[client]`), the
-//! HTTP transports (`[http]`), the limits per client address (`[limits]`), and presence
+//! Settings of client connections: each connection's limits and timers (`[client]`),
+//! WebSocket compression (`[websocket]`), the HTTP transports (`[http]`), the limits per client address (`[limits]`), and presence
 //! (`[presence]`).
 
 use std::time::Duration;
@@ -24,8 +24,9 @@ pub struct ClientConfig {
     /// Bytes of publications waiting for one client before it is closed as slow (3003).
     /// Default 1 MiB.
     pub queue_max_bytes: usize,
-    /// Largest frame or request body a client may send, in bytes; larger ones close a
-    /// WebSocket with 1009. Default 65536.
+    /// Largest message (WebSocket: inflated, if compressed) or request body a client may
+    /// send, in bytes; a larger one closes a WebSocket with 3503 (a compressed one that
+    /// inflates past it: 1009). Default 65536.
     pub max_frame_size: usize,
     /// Most channels one connection may subscribe to. Default 512.
     pub max_subscriptions: usize,
@@ -40,6 +41,40 @@ pub struct ClientConfig {
     /// Commands one connection may send per second, on average; bursts of twice this pass.
     /// Commands over the rate get error 111 and are not executed. 0 = no limit. Default 200.
     pub max_commands_per_second: u32,
+}
+
+/// Settings of WebSocket connections (`[websocket]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebsocketConfig {
+    /// permessage-deflate (RFC 7692), which browsers offer on every WebSocket: `on` takes
+    /// it when offered (each publication is compressed once for every connection that took
+    /// it; no context is kept between messages, so a connection holds no compression
+    /// state), `off` declines it. Default `on`.
+    pub compression: Compression,
+    /// Messages shorter than this many bytes go uncompressed: on tiny messages deflate
+    /// gains little and costs CPU. Default 128.
+    pub compression_min_size: usize,
+}
+
+/// Whether WebSocket connections may compress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// Take permessage-deflate when the client offers it.
+    #[default]
+    On,
+    /// Decline it.
+    Off,
+}
+
+impl Default for WebsocketConfig {
+    fn default() -> Self {
+        Self {
+            compression: Compression::On,
+            compression_min_size: 128,
+        }
+    }
 }
 
 /// Limits per client address: the TCP peer's, or behind a trusted proxy the address it

@@ -18,7 +18,9 @@ use serde::{Deserialize, Serialize};
 pub const MIN_API_KEY: usize = 16;
 
 pub use auth::{AuthConfig, PreviousKey, MIN_HMAC_SECRET};
-pub use connections::{ClientConfig, HttpConfig, LimitsConfig, PresenceConfig};
+pub use connections::{
+    ClientConfig, Compression, HttpConfig, LimitsConfig, PresenceConfig, WebsocketConfig,
+};
 pub use fronts::{PhoenixConfig, PusherApp, PusherConfig, MIN_PUSHER_SECRET};
 pub use hooks::HooksConfig;
 pub use namespaces::{Access, NamespaceConfig, NamespaceOverride, Presence};
@@ -93,6 +95,8 @@ pub struct Config {
     pub idempotency_window: Duration,
     /// Per-connection settings.
     pub client: ClientConfig,
+    /// Settings of WebSocket connections (compression).
+    pub websocket: WebsocketConfig,
     /// Settings of the HTTP transports (SSE, streaming, forever frame, polling).
     pub http: HttpConfig,
     /// Limits per client address.
@@ -206,6 +210,7 @@ impl Default for Config {
             shutdown_timeout: Duration::from_secs(10),
             idempotency_window: Duration::from_secs(300),
             client: ClientConfig::default(),
+            websocket: WebsocketConfig::default(),
             http: HttpConfig::default(),
             limits: LimitsConfig::default(),
             presence: PresenceConfig::default(),

@@ -53,6 +53,8 @@ pub struct Delivery {
     /// The push framed for each kind of [`DirectSocket`] (by [`Lane`]), made by the first
     /// one that writes it and shared by the rest.
     pub framed: [OnceLock<Bytes>; LANES],
+    /// The same, compressed (permessage-deflate), for the connections that negotiated it.
+    deflated: [OnceLock<Bytes>; LANES],
     /// When the hub got it: the start of its delivery latency.
     pub at: Instant,
 }
@@ -69,6 +71,7 @@ impl Delivery {
             pusher: OnceLock::new(),
             phoenix: Default::default(),
             framed: Default::default(),
+            deflated: Default::default(),
             at: Instant::now(),
         }
     }
@@ -192,6 +195,11 @@ impl Delivery {
     /// The delivery framed for `lane`, made by `make` the first time.
     pub fn framed(&self, lane: Lane, make: impl FnOnce(&Self) -> Bytes) -> &Bytes {
         self.framed[lane as usize].get_or_init(|| make(self))
+    }
+
+    /// The delivery framed and compressed for `lane`, made by `make` the first time.
+    pub fn deflated(&self, lane: Lane, make: impl FnOnce(&Self) -> Bytes) -> &Bytes {
+        self.deflated[lane as usize].get_or_init(|| make(self))
     }
 }
 

@@ -134,9 +134,8 @@ async fn the_handshake_names_the_json_subprotocol_and_refuses_plain_requests() {
     server.stop().await.unwrap();
 }
 
-/// A large reply arrives as one message in frames of at most 16 KiB: the server's
-/// WebSocket write buffer never grows past that (tungstenite keeps its capacity for the
-/// connection's life), and characters are never cut between frames.
+/// A large reply arrives as one message in frames of at most 16 KiB (a client may bound
+/// the frames it takes), and characters are never cut between frames.
 #[tokio::test]
 async fn large_messages_are_sent_in_small_frames() {
     use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;

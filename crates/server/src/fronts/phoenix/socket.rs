@@ -6,7 +6,6 @@ use axum::{
     extract::{Query, Request, State},
     response::{IntoResponse, Response},
 };
-use bytes::Bytes;
 use herald_protocol::{phoenix::Vsn, ErrorCode};
 
 use super::speaker::Phoenix;
@@ -18,7 +17,7 @@ use crate::{
     session::Session,
     transport::{
         driver::{self, Wire},
-        websocket::{self, text_frame, Framing, Upgraded, WebSocket},
+        websocket::{self, Framing, Upgraded, WebSocket},
     },
 };
 
@@ -97,6 +96,7 @@ async fn open(opening: Box<Opening>) -> Option<(Phoenix, WebSocket<PhoenixFrames
         node,
         address,
         mut facts,
+        deflate,
     } = up;
     if let Some(facts) = facts.as_mut() {
         facts.params = params;
@@ -104,7 +104,7 @@ async fn open(opening: Box<Opening>) -> Option<(Phoenix, WebSocket<PhoenixFrames
     let mut session = Session::new(&node)
         .at_address(address)
         .came_by(Transport::Phoenix, facts);
-    let wire = WebSocket::open(stream, early, &session, &node, PhoenixFrames(vsn)).await;
+    let wire = WebSocket::open(stream, early, deflate, &session, &node, PhoenixFrames(vsn));
     // Who the client is, before anything it sends: a refused token (or connect hook)
     // closes the socket with the code Herald's own clients get.
     let identified = session.identify_once(token.as_deref()).await;
@@ -126,7 +126,7 @@ pub struct PhoenixFrames(Vsn);
 impl Framing for PhoenixFrames {
     const MESSAGE_PER_PUSH: bool = true;
 
-    fn frame<'d>(&self, delivery: &'d Delivery) -> Option<&'d Bytes> {
+    fn message<'d>(&self, delivery: &'d Delivery) -> Option<(Lane, &'d [u8])> {
         if delivery.offset == 0 {
             return None;
         }
@@ -135,6 +135,6 @@ impl Framing for PhoenixFrames {
             Vsn::V1 => Lane::PhoenixV1,
             Vsn::V2 => Lane::PhoenixV2,
         };
-        Some(delivery.framed(lane, |d| text_frame(d.phoenix(vsn))))
+        Some((lane, delivery.phoenix(vsn)))
     }
 }

@@ -10,7 +10,6 @@ use axum::{
     response::Response,
     Extension,
 };
-use bytes::Bytes;
 use herald_protocol::{
     pusher::{self, codes},
     DisconnectCode,
@@ -30,7 +29,7 @@ use crate::{
     session::Session,
     transport::{
         driver::{self, Wire},
-        websocket::{self, text_frame, Framing, Upgraded, WebSocket},
+        websocket::{self, Framing, Upgraded, WebSocket},
     },
 };
 
@@ -175,6 +174,7 @@ async fn open(opening: Box<Opening>) -> Option<(Pusher, WebSocket<PusherFrames>)
         node,
         address,
         facts,
+        deflate,
     } = up;
     let mut session = Session::new(&node)
         .at_address(address)
@@ -187,7 +187,7 @@ async fn open(opening: Box<Opening>) -> Option<(Pusher, WebSocket<PusherFrames>)
         socket_id,
         direct: page.is_none(),
     };
-    let mut wire = WebSocket::open(stream, early, &session, &node, framing).await;
+    let mut wire = WebSocket::open(stream, early, deflate, &session, &node, framing);
     let timeout = node.settings.config.client.write_timeout;
     let app = match app {
         Ok(app) => app,
@@ -267,7 +267,7 @@ pub struct PusherFrames {
 impl Framing for PusherFrames {
     const MESSAGE_PER_PUSH: bool = true;
 
-    fn frame<'d>(&self, delivery: &'d Delivery) -> Option<&'d Bytes> {
+    fn message<'d>(&self, delivery: &'d Delivery) -> Option<(Lane, &'d [u8])> {
         if delivery.offset == 0 || !self.direct {
             return None;
         }
@@ -279,14 +279,15 @@ impl Framing for PusherFrames {
         {
             return None;
         }
-        Some(delivery.framed(Lane::Pusher, |d| text_frame(&d.pusher().frame)))
+        Some((Lane::Pusher, &event.frame))
     }
 
     /// Herald's reasons in Pusher's codes, so that `pusher-js` does what Herald's SDK
     /// would: 4200 reconnect at once, 4100 after a pause, 4000-4099 not at all.
     fn close(why: &Disconnect) -> (u16, String) {
         let reason = why.short_reason().to_owned();
-        if let Some(code @ 4000..=4999) = why.chosen {
+        // An application's code, or RFC 6455's own (1009: a compressed message too big).
+        if let Some(code @ (1000..=1015 | 4000..=4999)) = why.chosen {
             return (code, reason);
         }
         let code = match why.code {

@@ -1,30 +1,22 @@
-//! WebSocket transport (RFC 6455 via tungstenite): JSON text frames, several commands or
-//! pushes per frame, one line each. Publications usually skip the connection's task: the
-//! hub writes them straight to the socket while the task is idle (see [`crate::queue`]).
+//! WebSocket transport (RFC 6455, with RFC 7692's permessage-deflate): JSON text frames,
+//! several commands or pushes per frame, one line each. Publications usually skip the
+//! connection's task: the hub writes them straight to the socket while the task is idle
+//! (see [`crate::queue`]), compressed once per publication for every connection that
+//! negotiated deflate. The frames are Herald's own ([`frames`]: tungstenite reads no
+//! compressed frame).
 
+pub mod deflate;
+pub mod frames;
 mod upgrade;
 mod wire;
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
 use herald_protocol::{DisconnectCode, Encoding};
 use tokio::{net::TcpStream, time::Instant};
-use tokio_tungstenite::WebSocketStream;
-use tungstenite::{
-    protocol::{
-        frame::{
-            coding::{Data, OpCode},
-            CloseFrame, Frame,
-        },
-        Role, WebSocketConfig,
-    },
-    Message, Utf8Bytes,
-};
 
 pub use upgrade::{accept, upgrade, Upgraded};
-pub use wire::{text_frame, Framing, HeraldFrames};
+pub use wire::{Framing, HeraldFrames};
 
 use super::driver::{self, Heard, Unwritten, Wire, CLOSE_GRACE};
 use crate::{
@@ -33,12 +25,11 @@ use crate::{
     node::Node,
     session::{Positions, Session},
 };
+use frames::{opcode, Incoming, Reader, Violation};
 use wire::Io;
 
 /// The subprotocol of the JSON codec. Clients may also offer no subprotocol at all.
 pub const JSON_SUBPROTOCOL: &str = "herald.json";
-
-type Socket<F> = WebSocketStream<Io<F>>;
 
 async fn run(up: Upgraded) {
     let Upgraded {
@@ -47,12 +38,13 @@ async fn run(up: Upgraded) {
         node,
         address,
         facts,
+        deflate,
     } = up;
     let mut session = Session::new(&node)
         .at_address(address)
         .came_by(Transport::Websocket, facts);
     // Made in place: a local moved into another keeps its room in the task.
-    let mut wire = WebSocket::open(stream, early, &session, &node, HeraldFrames).await;
+    let mut wire = WebSocket::open(stream, early, deflate, &session, &node, HeraldFrames);
     let told = driver::drive(&node, &mut session, &mut wire, Ok(()), 0).await;
     // Free the session (and its subscriptions) now; the closing handshake is only manners.
     drop(session);
@@ -63,7 +55,10 @@ async fn run(up: Upgraded) {
 /// A WebSocket connection as the driver sees it: pushes are lines of text frames (or a
 /// message each, as its [`Framing`] says), and the client's frames are commands.
 pub struct WebSocket<F> {
-    socket: Socket<F>,
+    io: Io<F>,
+    /// What the client sent and the reader has not taken yet.
+    unread: Vec<u8>,
+    reader: Reader,
     /// The session's id, for the log line of its close.
     session: u64,
     /// When the client last sent anything (a pong counts).
@@ -72,36 +67,100 @@ pub struct WebSocket<F> {
     encoding: Encoding,
 }
 
+/// Room read at once when the next frame's size is not known yet.
+const READ_CHUNK: usize = 512;
+
+/// A buffer this large is given back once it is empty: an idle connection holds none.
+const KEEP_BUFFER: usize = 2048;
+
 impl<F: Framing> WebSocket<F> {
     /// The WebSocket over an upgraded `stream` (`early`: what the client sent after its
-    /// upgrade request), for `session`, whose queue's direct lane writes to it framed by
-    /// `framing`.
-    pub async fn open(
+    /// upgrade request; `deflate`: whether permessage-deflate was negotiated), for
+    /// `session`, whose queue's direct lane writes to it framed by `framing`.
+    pub fn open(
         stream: TcpStream,
         early: Vec<u8>,
+        deflate: bool,
         session: &Session,
         node: &Node,
         framing: F,
     ) -> Self {
-        let limit = node.settings.config.client.max_frame_size;
-        let config = WebSocketConfig::default()
-            .max_message_size(Some(limit))
-            .max_frame_size(Some(limit))
-            // Small buffers: most connections are idle most of the time, and client frames
-            // are small commands (the buffer grows for a larger frame when its header
-            // announces it).
-            .read_buffer_size(256)
-            .write_buffer_size(0);
-        let io = Io::new(stream, session.queue().clone(), framing);
+        let config = &node.settings.config;
+        let compress_from = deflate.then_some(config.websocket.compression_min_size);
         WebSocket {
-            socket: WebSocketStream::from_partially_read(io, early, Role::Server, Some(config))
-                .await,
+            io: Io::new(stream, session.queue().clone(), framing, compress_from),
+            unread: early,
+            reader: Reader::new(config.client.max_frame_size, deflate),
             session: session.id(),
             last_heard: Instant::now(),
             // Herald's JSON, whether the client asked for `herald.json` or for no
             // subprotocol (a front's pushes are its own JSON, joined the same way).
             encoding: Encoding::Json,
         }
+    }
+
+    /// The next message or control frame from the client; `Ok(None)` when it is gone.
+    /// Cancel-safe: what was read stays in `unread`.
+    async fn next(&mut self) -> Result<Option<Incoming>, Violation> {
+        loop {
+            if let Some(incoming) = self.reader.read(&mut self.unread)? {
+                if self.unread.is_empty() && self.unread.capacity() > KEEP_BUFFER {
+                    self.unread = Vec::new();
+                }
+                return Ok(Some(incoming));
+            }
+            let wants = self.reader.wants(&self.unread).max(READ_CHUNK);
+            self.unread.reserve(wants);
+            match self.io.read(&mut self.unread).await {
+                Ok(0) | Err(_) => return Ok(None),
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// Appends `text` as one message, compressed if the connection negotiated it and the
+    /// message is large enough to gain from it, in frames of at most [`MAX_FRAGMENT`]
+    /// bytes (RFC 6455 §5.4): a client may bound the frames it takes (tungstenite does).
+    fn message(&self, text: &[u8], out: &mut Vec<u8>) {
+        let compressed;
+        let (payload, rsv1) = match self.io.compress_from() {
+            Some(min) if text.len() >= min => {
+                compressed = deflate::compress(text);
+                (&compressed[..], true)
+            }
+            _ => (text, false),
+        };
+        let (mut at, mut op) = (0, opcode::TEXT);
+        loop {
+            let mut end = (at + MAX_FRAGMENT).min(payload.len());
+            // Whole characters in each frame of plain text: some clients check UTF-8
+            // frame by frame. (Compressed bytes are checked once inflated, whole.)
+            while !rsv1 && !is_char_start(payload, end) {
+                end -= 1;
+            }
+            let last = end == payload.len();
+            frames::write_frame(out, last, rsv1 && at == 0, op, &payload[at..end]);
+            if last {
+                return;
+            }
+            (at, op) = (end, opcode::CONTINUATION);
+        }
+    }
+
+    /// Writes `bytes` whole, at most `timeout`: a client that does not read is cut off.
+    async fn write(&self, bytes: &[u8], timeout: Duration) -> Result<(), Unwritten> {
+        match tokio::time::timeout(timeout, self.io.write(bytes)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(Unwritten::Gone),
+            Err(_) => Err(Unwritten::Slow),
+        }
+    }
+
+    /// Sends a control frame.
+    async fn control(&self, op: u8, payload: &[u8], timeout: Duration) -> Result<(), Unwritten> {
+        let mut frame = Vec::with_capacity(payload.len() + 2);
+        frames::write_frame(&mut frame, true, false, op, payload);
+        self.write(&frame, timeout).await
     }
 }
 
@@ -113,54 +172,74 @@ impl<F: Framing> Wire for WebSocket<F> {
     async fn send(&mut self, bytes: Vec<u8>, timeout: Duration) -> Result<(), Unwritten> {
         if bytes.is_empty() {
             // Nothing new: still send the tail of a direct write the socket did not take.
-            if self.socket.get_ref().queue().has_unsent() {
-                return finish(self.socket.flush(), timeout).await;
-            }
-            return Ok(());
-        }
-        if F::MESSAGE_PER_PUSH {
-            // A message per line: JSON text holds no raw line break.
-            for line in bytes.split(|b| *b == b'\n') {
-                let text = std::str::from_utf8(line).map_err(|_| Unwritten::Gone)?;
-                send_text(&mut self.socket, text.to_owned(), timeout).await?;
+            if self.io.queue().has_unsent() {
+                return match tokio::time::timeout(timeout, self.io.flush()).await {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(_)) => Err(Unwritten::Gone),
+                    Err(_) => Err(Unwritten::Slow),
+                };
             }
             return Ok(());
         }
         // Frames are built from validated JSON; a defect that broke that ends the
-        // connection rather than the task.
-        let text = String::from_utf8(bytes).map_err(|_| {
+        // connection rather than sending a text frame no client could read.
+        if std::str::from_utf8(&bytes).is_err() {
             tracing::error!(
                 session = self.session,
                 "internal error: a frame was not UTF-8"
             );
-            Unwritten::Gone
-        })?;
-        send_text(&mut self.socket, text, timeout).await
+            return Err(Unwritten::Gone);
+        }
+        let mut frames = Vec::with_capacity(bytes.len() + 16);
+        if F::MESSAGE_PER_PUSH {
+            // A message per line: JSON text holds no raw line break.
+            for line in bytes.split(|b| *b == b'\n') {
+                self.message(line, &mut frames);
+            }
+        } else {
+            self.message(&bytes, &mut frames);
+        }
+        self.write(&frames, timeout).await
     }
 
     async fn heard(&mut self) -> Heard {
-        let message = self.socket.next().await;
+        let incoming = match self.next().await {
+            Ok(Some(incoming)) => incoming,
+            Ok(None) => return Heard::Left,
+            Err(v) => return Heard::Refused(refusal(v)),
+        };
         self.last_heard = Instant::now();
-        match message {
-            None | Some(Ok(Message::Close(_))) => Heard::Left,
-            Some(Ok(Message::Text(text))) => Heard::Frame(Bytes::from(text)),
-            Some(Ok(Message::Binary(bytes))) => Heard::Frame(bytes),
-            Some(Ok(Message::Pong(payload))) if !payload.is_empty() => Heard::Pong(payload),
-            Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => Heard::Alive,
-            Some(Err(e)) => match read_error(e) {
-                Some(d) => Heard::Refused(d),
-                None => Heard::Left,
-            },
+        match incoming {
+            Incoming::Text(frame) | Incoming::Binary(frame) => Heard::Frame(frame),
+            Incoming::Ping(payload) => {
+                match self.control(opcode::PONG, &payload, CLOSE_GRACE).await {
+                    Ok(()) => Heard::Alive,
+                    Err(_) => Heard::Left,
+                }
+            }
+            Incoming::Pong(payload) if !payload.is_empty() => Heard::Pong(payload),
+            Incoming::Pong(_) => Heard::Alive,
+            Incoming::Close(said) => {
+                // RFC 6455 §5.5.1: answer with a Close, echoing its code.
+                let echo = said.map(|(code, _)| code.to_be_bytes());
+                let _ = self
+                    .control(
+                        opcode::CLOSE,
+                        echo.as_ref().map_or(&[][..], |c| &c[..]),
+                        CLOSE_GRACE,
+                    )
+                    .await;
+                Heard::Left
+            }
         }
     }
 
     async fn keepalive(&mut self, timeout: Duration) -> Result<(), Unwritten> {
-        send(&mut self.socket, Message::Ping(Default::default()), timeout).await
+        self.control(opcode::PING, &[], timeout).await
     }
 
     async fn ping(&mut self, payload: [u8; 8], timeout: Duration) -> Result<(), Unwritten> {
-        let payload = Bytes::copy_from_slice(&payload);
-        send(&mut self.socket, Message::Ping(payload), timeout).await
+        self.control(opcode::PING, &payload, timeout).await
     }
 
     fn silent_for(&self) -> Option<Duration> {
@@ -174,11 +253,10 @@ impl<F: Framing> Wire for WebSocket<F> {
         };
         let (code, reason) = F::close(&d);
         tracing::debug!(session = self.session, code, reason = %d.reason, "websocket closed by server");
-        let frame = CloseFrame {
-            code: code.into(),
-            reason: Utf8Bytes::from(reason),
-        };
-        if send(&mut self.socket, Message::Close(Some(frame)), CLOSE_GRACE)
+        let mut payload = code.to_be_bytes().to_vec();
+        payload.extend_from_slice(reason.as_bytes());
+        if self
+            .control(opcode::CLOSE, &payload, CLOSE_GRACE)
             .await
             .is_err()
         {
@@ -187,8 +265,8 @@ impl<F: Framing> Wire for WebSocket<F> {
         // RFC 6455 §7.1.1: wait (briefly) for the peer's Close before dropping TCP, so the
         // peer reads our code instead of a reset.
         let _ = tokio::time::timeout(CLOSE_GRACE, async {
-            while let Some(Ok(m)) = self.socket.next().await {
-                if let Message::Close(_) = m {
+            while let Ok(Some(m)) = self.next().await {
+                if let Incoming::Close(_) = m {
                     break;
                 }
             }
@@ -198,83 +276,31 @@ impl<F: Framing> Wire for WebSocket<F> {
     }
 }
 
-/// Sends `text` as one message, in frames of at most [`MAX_FRAGMENT`] bytes: tungstenite
-/// keeps its write buffer's capacity for the connection's life, so one 130 KB answer sent as
-/// one frame would leave every connection that ever got one holding 130 KB.
-async fn send_text<F: Framing>(
-    socket: &mut Socket<F>,
-    text: String,
-    timeout: Duration,
-) -> Result<(), Unwritten> {
-    if text.len() <= MAX_FRAGMENT {
-        return send(socket, Message::Text(text.into()), timeout).await;
-    }
-    let text = Bytes::from(text);
-    let (mut at, mut opcode) = (0, OpCode::Data(Data::Text));
-    while at < text.len() {
-        let mut end = (at + MAX_FRAGMENT).min(text.len());
-        // Whole characters in each frame: some clients check UTF-8 frame by frame.
-        while !is_char_start(&text, end) {
-            end -= 1;
-        }
-        let frame = Frame::message(text.slice(at..end), opcode, end == text.len());
-        send(socket, Message::Frame(frame), timeout).await?;
-        (at, opcode) = (end, OpCode::Data(Data::Continue));
-    }
-    Ok(())
-}
-
 /// Whether a character starts at `at` (or the text ends there).
 fn is_char_start(text: &[u8], at: usize) -> bool {
     text.get(at).is_none_or(|b| (*b as i8) >= -0x40)
 }
 
-/// The largest frame a message is sent in; larger ones are fragmented (RFC 6455 §5.4).
+/// The largest frame a message is sent in; larger ones are fragmented.
 const MAX_FRAGMENT: usize = 16 * 1024;
 
-async fn send<F: Framing>(
-    socket: &mut Socket<F>,
-    message: Message,
-    timeout: Duration,
-) -> Result<(), Unwritten> {
-    finish(socket.send(message), timeout).await
-}
-
-/// Waits for a write, at most `timeout`: a client that does not read is cut off.
-async fn finish(
-    write: impl std::future::Future<Output = Result<(), tungstenite::Error>>,
-    timeout: Duration,
-) -> Result<(), Unwritten> {
-    match tokio::time::timeout(timeout, write).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(_)) => Err(Unwritten::Gone),
-        Err(_) => Err(Unwritten::Slow),
-    }
-}
-
-/// Maps a read error to a close: oversized messages get 3503; a broken connection just ends.
-fn read_error(e: tungstenite::Error) -> Option<Disconnect> {
-    use tungstenite::error::{CapacityError, Error, ProtocolError};
-    match e {
-        Error::Capacity(CapacityError::MessageTooLong { size, max_size }) => {
-            Some(Disconnect::because(
-                DisconnectCode::MessageTooLarge,
-                format!("message of {size} bytes is larger than the limit of {max_size}"),
-            ))
+/// How a connection whose client broke the rules is closed: oversized messages get 3503
+/// (a compressed one that inflates past the limit 1009, RFC 6455's "message too big":
+/// its size shows only while inflating), the rest 3501.
+fn refusal(v: Violation) -> Disconnect {
+    match v {
+        Violation::TooLarge { .. } => {
+            Disconnect::because(DisconnectCode::MessageTooLarge, v.to_string())
         }
-        Error::Capacity(c) => Some(Disconnect::because(
-            DisconnectCode::MessageTooLarge,
-            c.to_string(),
-        )),
-        Error::Utf8(_) => Some(Disconnect::because(
-            DisconnectCode::BadRequest,
-            "text frame is not valid UTF-8",
-        )),
-        Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) => None,
-        Error::Protocol(p) => Some(Disconnect::because(
-            DisconnectCode::BadRequest,
-            p.to_string(),
-        )),
-        _ => None,
+        Violation::InflatesTooLarge { .. } => Disconnect {
+            chosen: Some(MESSAGE_TOO_BIG),
+            ..Disconnect::because(DisconnectCode::MessageTooLarge, v.to_string())
+        },
+        Violation::Protocol(_) | Violation::NotUtf8 => {
+            Disconnect::because(DisconnectCode::BadRequest, v.to_string())
+        }
     }
 }
+
+/// RFC 6455's close code for a message too big to process.
+pub const MESSAGE_TOO_BIG: u16 = 1009;

@@ -17,9 +17,10 @@ use hyper_util::rt::TokioIo;
 use crate::transport::deadline::WriteDeadline;
 use tungstenite::handshake::derive_accept_key;
 
-use super::{run, JSON_SUBPROTOCOL};
+use super::{deflate, run, JSON_SUBPROTOCOL};
 use crate::{
-    error::Failure, hooks::RequestFacts, limits::Peer, node::Node, transport::request, Counted,
+    config::Compression, error::Failure, hooks::RequestFacts, limits::Peer, node::Node,
+    transport::request, Counted,
 };
 
 /// `GET /connection/websocket`.
@@ -41,6 +42,8 @@ pub struct Upgraded {
     pub address: Option<std::net::IpAddr>,
     /// What the connect hook may see of the request.
     pub facts: Option<Box<RequestFacts>>,
+    /// Whether permessage-deflate was negotiated.
+    pub deflate: bool,
 }
 
 /// Answers a WebSocket upgrade request as every WebSocket endpoint does (the node's
@@ -69,6 +72,15 @@ where
         Err(f) => return f.into_response(),
     };
     let facts = node.settings.hooks.facts(headers);
+    let deflate = match node.settings.config.websocket.compression {
+        Compression::On => deflate::negotiate(
+            headers
+                .get_all(header::SEC_WEBSOCKET_EXTENSIONS)
+                .iter()
+                .filter_map(|v| v.to_str().ok()),
+        ),
+        Compression::Off => None,
+    };
     // hyper offers an upgrade only on connections that can take one (HTTP/1.1 with
     // upgrades enabled); answering 101 without it would leave the client hanging.
     let Some(upgraded) = request.extensions_mut().remove::<OnUpgrade>() else {
@@ -103,6 +115,7 @@ where
                     node,
                     address,
                     facts,
+                    deflate: deflate.is_some(),
                 };
                 serve(up).await
             }
@@ -119,6 +132,12 @@ where
         header::SEC_WEBSOCKET_ACCEPT,
         HeaderValue::from_str(&accept).expect("base64 is a valid header value"),
     );
+    if let Some(answer) = deflate {
+        h.insert(
+            header::SEC_WEBSOCKET_EXTENSIONS,
+            HeaderValue::from_static(answer),
+        );
+    }
     if let Some(subprotocol) = subprotocol {
         h.insert(
             header::SEC_WEBSOCKET_PROTOCOL,

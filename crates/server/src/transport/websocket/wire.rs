@@ -1,36 +1,31 @@
-//! The socket of a WebSocket connection, shared by its task (through tungstenite) and the
-//! hub's direct lane (see [`crate::queue`]).
+//! The socket of a WebSocket connection, shared by its task and the hub's direct lane (see
+//! [`crate::queue`]).
 //!
-//! Every write, tungstenite's or the hub's, goes through the connection's queue, which keeps
+//! Every write, the task's or the hub's, goes through the connection's queue, which keeps
 //! a half-written frame's tail and sends it before anything else: two writers, one byte
 //! stream, no split frames.
 
 use std::{
+    future::poll_fn,
     io,
-    pin::Pin,
     sync::Arc,
-    task::{ready, Context, Poll},
+    task::{ready, Poll},
 };
 
 use bytes::Bytes;
-use tokio::{
-    io::{AsyncRead, AsyncWrite, ReadBuf},
-    net::TcpStream,
-};
-use tungstenite::protocol::frame::{
-    coding::{Data, OpCode},
-    FrameHeader,
-};
+use tokio::net::TcpStream;
 
+use super::{deflate, frames};
 use crate::queue::{Delivery, DirectSocket, Lane, Queue};
 
 /// How a WebSocket connection's protocol frames what the hub writes to it directly, and
 /// the words of its close. Herald's own protocol is [`HeraldFrames`] (no bytes per
 /// connection); a front brings its own.
 pub trait Framing: Send + Sync + std::fmt::Debug + 'static {
-    /// The frame that carries `delivery` on this connection; `None` when the connection's
-    /// task must handle it (it goes through the queue).
-    fn frame<'d>(&self, delivery: &'d Delivery) -> Option<&'d Bytes>;
+    /// The text of the message that carries `delivery` on this connection, and the lane
+    /// under which its frame is made once for every connection like it; `None` when the
+    /// connection's task must handle it (it goes through the queue).
+    fn message<'d>(&self, delivery: &'d Delivery) -> Option<(Lane, &'d [u8])>;
 
     /// Whether each push is a message of its own (Herald's protocol puts several in one,
     /// a line each).
@@ -47,40 +42,54 @@ pub trait Framing: Send + Sync + std::fmt::Debug + 'static {
 pub struct HeraldFrames;
 
 impl Framing for HeraldFrames {
-    fn frame<'d>(&self, delivery: &'d Delivery) -> Option<&'d Bytes> {
-        Some(delivery.framed(Lane::WebSocket, |d| text_frame(&d.json)))
+    fn message<'d>(&self, delivery: &'d Delivery) -> Option<(Lane, &'d [u8])> {
+        Some((Lane::WebSocket, &delivery.json))
     }
 }
 
-/// The TCP socket under a WebSocket connection, with its protocol's framing.
+/// The TCP socket under a WebSocket connection, with its protocol's framing and whether
+/// it compresses (the smallest message it compresses, when deflate was negotiated).
 #[derive(Debug)]
-pub struct Wire<F>(TcpStream, F);
+pub struct Wire<F> {
+    stream: TcpStream,
+    framing: F,
+    compress_from: Option<usize>,
+}
 
 impl<F: Framing> DirectSocket for Wire<F> {
     fn frame<'d>(&self, delivery: &'d Delivery) -> Option<&'d Bytes> {
-        self.1.frame(delivery)
+        let (lane, text) = self.framing.message(delivery)?;
+        Some(match self.compress_from {
+            // Compressed once per publication, for every connection that negotiated it.
+            Some(min) if text.len() >= min => {
+                delivery.deflated(lane, |_| compressed_text_frame(text))
+            }
+            _ => delivery.framed(lane, |_| text_frame(text)),
+        })
     }
 
     fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
-        self.0.try_write(buf)
+        self.stream.try_write(buf)
     }
 }
 
-/// One unmasked, final text frame (a server's frames are never masked: RFC 6455 §5.1).
+/// One final text frame (a server's frames are never masked: RFC 6455 §5.1).
 pub fn text_frame(payload: &[u8]) -> Bytes {
-    let header = FrameHeader {
-        opcode: OpCode::Data(Data::Text),
-        ..FrameHeader::default()
-    };
-    let mut frame = Vec::with_capacity(payload.len() + 10);
-    header
-        .format(payload.len() as u64, &mut frame)
-        .expect("writing to a Vec cannot fail");
-    frame.extend_from_slice(payload);
+    let mut frame = Vec::new();
+    frames::write_frame(&mut frame, true, false, frames::opcode::TEXT, payload);
     frame.into()
 }
 
-/// tungstenite's view of the socket: reads straight from it, writes through the queue.
+/// One final text frame carrying `payload` compressed (RFC 7692, RSV1 set).
+pub fn compressed_text_frame(payload: &[u8]) -> Bytes {
+    let mut frame = Vec::new();
+    let compressed = deflate::compress(payload);
+    frames::write_frame(&mut frame, true, true, frames::opcode::TEXT, &compressed);
+    frame.into()
+}
+
+/// The connection's socket as its task uses it: reads straight from it, writes through the
+/// queue (so a direct write's tail always goes first).
 #[derive(Debug)]
 pub struct Io<F> {
     wire: Arc<Wire<F>>,
@@ -88,9 +97,19 @@ pub struct Io<F> {
 }
 
 impl<F: Framing> Io<F> {
-    /// Wraps `stream`, and opens the direct lane of `queue` to it.
-    pub fn new(stream: TcpStream, queue: Arc<Queue>, framing: F) -> Self {
-        let wire = Arc::new(Wire(stream, framing));
+    /// Wraps `stream`, and opens the direct lane of `queue` to it; `compress_from`: the
+    /// smallest message compressed, if the connection negotiated deflate.
+    pub fn new(
+        stream: TcpStream,
+        queue: Arc<Queue>,
+        framing: F,
+        compress_from: Option<usize>,
+    ) -> Self {
+        let wire = Arc::new(Wire {
+            stream,
+            framing,
+            compress_from,
+        });
         queue.attach(wire.clone());
         Self { wire, queue }
     }
@@ -99,58 +118,54 @@ impl<F: Framing> Io<F> {
     pub fn queue(&self) -> &Arc<Queue> {
         &self.queue
     }
-}
 
-impl<F: Framing> AsyncRead for Io<F> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        loop {
-            ready!(self.wire.0.poll_read_ready(cx))?;
-            match self.wire.0.try_read(buf.initialize_unfilled()) {
-                Ok(n) => {
-                    buf.advance(n);
-                    return Poll::Ready(Ok(()));
-                }
+    /// The smallest message this connection's writes compress, if it negotiated deflate.
+    pub fn compress_from(&self) -> Option<usize> {
+        self.wire.compress_from
+    }
+
+    /// Reads what the socket has into `buf`'s spare room (at least some: the caller
+    /// reserves it); 0 when the client closed its side. Cancel-safe: what is read is in
+    /// `buf` at once.
+    pub async fn read(&self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        let stream = &self.wire.stream;
+        poll_fn(|cx| loop {
+            ready!(stream.poll_read_ready(cx))?;
+            match stream.try_read_buf(buf) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Poll::Ready(Err(e)),
+                done => return Poll::Ready(done),
             }
-        }
+        })
+        .await
     }
-}
 
-impl<F: Framing> AsyncWrite for Io<F> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        loop {
-            match self.queue.write_through(&*self.wire, buf) {
+    /// Writes `bytes` whole (after any tail of a direct write), waiting for the socket.
+    pub async fn write(&self, bytes: &[u8]) -> io::Result<()> {
+        let (wire, queue) = (&*self.wire, &self.queue);
+        poll_fn(|cx| loop {
+            match queue.write_through(wire, bytes) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    ready!(self.wire.0.poll_write_ready(cx))?
+                    ready!(wire.stream.poll_write_ready(cx))?
+                }
+                done => return Poll::Ready(done.map(drop)),
+            }
+        })
+        .await?;
+        self.flush().await
+    }
+
+    /// Waits until what the socket did not take of earlier writes has gone.
+    pub async fn flush(&self) -> io::Result<()> {
+        let (wire, queue) = (&*self.wire, &self.queue);
+        poll_fn(|cx| loop {
+            match queue.flush_unsent(wire) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    ready!(wire.stream.poll_write_ready(cx))?
                 }
                 done => return Poll::Ready(done),
             }
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        loop {
-            match self.queue.flush_unsent(&*self.wire) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    ready!(self.wire.0.poll_write_ready(cx))?
-                }
-                done => return Poll::Ready(done),
-            }
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        // The socket closes when the connection drops it; only the tail must go first.
-        self.poll_flush(cx)
+        })
+        .await
     }
 }
 
@@ -159,18 +174,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn frames_match_tungstenites_own() {
-        for size in [0, 125, 126, 65_535, 65_536] {
-            let payload = vec![b'x'; size];
-            let mut theirs = Vec::new();
-            tungstenite::protocol::frame::Frame::message(
-                payload.clone(),
-                OpCode::Data(Data::Text),
-                true,
-            )
-            .format(&mut theirs)
-            .unwrap();
-            assert_eq!(&text_frame(&payload)[..], &theirs[..], "size {size}");
-        }
+    fn a_compressed_frame_inflates_to_the_plain_ones_payload() {
+        let payload = br#"{"push":{"channel":"chat:room","pub":{"offset":7,"data":{"text":"hello hello hello"}}}}"#;
+        let plain = text_frame(payload);
+        let compressed = compressed_text_frame(payload);
+        assert_eq!(plain[0], 0x81);
+        assert_eq!(compressed[0], 0xC1, "final, RSV1, text");
+        let len = usize::from(compressed[1]);
+        assert_eq!(compressed.len(), 2 + len);
+        assert_eq!(deflate::inflate(&compressed[2..], 1000).unwrap(), payload);
+        assert!(compressed.len() < plain.len());
     }
 }
