@@ -20,8 +20,8 @@ use super::MAX_BATCH_BYTES;
 use crate::{
     error::Disconnect,
     node::Node,
-    queue::Command,
-    session::{ExpiryTimer, Positions, Session},
+    queue::{Command, Delivery},
+    session::{Drained, ExpiryTimer, Positions, Session},
 };
 
 /// Why a write did not go out.
@@ -91,9 +91,17 @@ pub enum Heard {
 /// A transport as the driver sees it: how pushes are framed and written, and what its
 /// client sends on the connection.
 pub trait Wire: Send {
-    /// Appends one push (a JSON object) in this transport's framing; `at` is the session's
-    /// positions right after it (SSE carries them as the event id).
-    fn push(&self, json: &[u8], at: Positions<'_>, out: &mut Vec<u8>);
+    /// Appends one push (a JSON object) in this transport's framing; `delivery`: the
+    /// publication it carries, if it is one (a compressed WebSocket then writes the frame
+    /// made once for every connection); `at` is the session's positions right after it
+    /// (SSE carries them as the event id).
+    fn push(
+        &mut self,
+        json: &[u8],
+        delivery: Option<&Delivery>,
+        at: Positions<'_>,
+        out: &mut Vec<u8>,
+    );
 
     /// Writes `bytes` (pushes as [`Wire::push`] framed them) whole, waiting at most
     /// `timeout` for the client to take them. Empty bytes still send what a direct write of
@@ -175,11 +183,13 @@ pub trait Speaker: Send {
         flush_at: usize,
     ) -> impl Future<Output = Result<&'f [u8], Disconnect>> + Send;
 
-    /// Takes queued publications, as [`Session::drain`] does, in this protocol's words.
+    /// Takes queued publications, as [`Session::drain`] does, in this protocol's words:
+    /// each with the delivery it carries, when its words are the ones the connection's
+    /// [`Framing`](super::websocket::Framing) gives that delivery (so the same frame serves).
     fn drain(
         &mut self,
         max_bytes: usize,
-        emit: impl FnMut(&[u8], Positions<'_>),
+        emit: impl FnMut(&[u8], Option<&Delivery>, Positions<'_>),
     ) -> Result<(), Disconnect>;
 
     /// Something was written: the payload of a ping to send now, when the speaker wants
@@ -215,9 +225,12 @@ impl Speaker for Session {
     fn drain(
         &mut self,
         max_bytes: usize,
-        emit: impl FnMut(&[u8], Positions<'_>),
+        mut emit: impl FnMut(&[u8], Option<&Delivery>, Positions<'_>),
     ) -> Result<(), Disconnect> {
-        Session::drain(self, max_bytes, emit)
+        self.drain_deliveries(max_bytes, |drained, at| match drained {
+            Drained::Delivery(d) => emit(&d.json, Some(d), at),
+            Drained::Notice(push) => emit(push, None, at),
+        })
     }
 }
 
@@ -304,7 +317,8 @@ pub async fn drive<S: Speaker, W: Wire>(
                     expired
                         .map(|pushes| {
                             for push in pushes {
-                                wire.push(&push, speaker.session().positions(), &mut bytes);
+                                let at = speaker.session().positions();
+                                wire.push(&push, None, at, &mut bytes);
                             }
                         })
                         .map_err(Stop::from)
@@ -350,7 +364,9 @@ pub async fn drive<S: Speaker, W: Wire>(
         // Replies first, then whatever publications are queued, in writes of bounded size.
         let step = step.and_then(|()| {
             speaker
-                .drain(MAX_BATCH_BYTES, |json, at| wire.push(json, at, &mut bytes))
+                .drain(MAX_BATCH_BYTES, |json, d, at| {
+                    wire.push(json, d, at, &mut bytes)
+                })
                 .map_err(Stop::from)
         });
         written += bytes.len();
@@ -412,7 +428,7 @@ async fn obey<S: Speaker, W: Wire>(
         let step = speaker.handle(rest, &mut replies, MAX_BATCH_BYTES).await;
         let mut bytes = Vec::new();
         for reply in replies.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            wire.push(reply, speaker.session().positions(), &mut bytes);
+            wire.push(reply, None, speaker.session().positions(), &mut bytes);
         }
         *written += bytes.len();
         if let Err(u) = wire.send(bytes, write_timeout).await {

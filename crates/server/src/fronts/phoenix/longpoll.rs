@@ -190,7 +190,7 @@ pub async fn poll(
     let Polled {
         speaker, outbox, ..
     } = &mut *p;
-    let drained = speaker.drain(MAX_BATCH_BYTES, |m, _| {
+    let drained = speaker.drain(MAX_BATCH_BYTES, |m, _, _| {
         outbox.push(String::from_utf8_lossy(m).into_owned());
     });
     if let Err(d) = drained {

@@ -15,6 +15,7 @@ use super::presence::Tracked;
 use crate::{
     error::Disconnect,
     fronts::line,
+    queue::Delivery,
     session::{Drained, Positions, Session},
     transport::driver::Speaker,
 };
@@ -181,7 +182,7 @@ impl Speaker for Phoenix {
     fn drain(
         &mut self,
         max_bytes: usize,
-        mut emit: impl FnMut(&[u8], Positions<'_>),
+        mut emit: impl FnMut(&[u8], Option<&Delivery>, Positions<'_>),
     ) -> Result<(), Disconnect> {
         let Self {
             session,
@@ -202,11 +203,12 @@ impl Speaker for Phoenix {
                     let topic = d.channel.as_str();
                     emit(
                         &phoenix::encode(vsn, None, None, topic, "presence_diff", &diff),
+                        None,
                         at,
                     );
                 }
             }
-            Drained::Delivery(d) => emit(d.phoenix(vsn), at),
+            Drained::Delivery(d) => emit(d.phoenix(vsn), Some(d), at),
         })
     }
 }

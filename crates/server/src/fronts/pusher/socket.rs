@@ -194,7 +194,7 @@ async fn open(opening: Box<Opening>) -> Option<(Pusher, WebSocket<PusherFrames>)
         Err(refused) => {
             let (code, message) = *refused;
             let said = wire
-                .send(pusher::error(Some(code), &message), timeout)
+                .say(&pusher::error(Some(code), &message), timeout)
                 .await;
             let d = Disconnect {
                 code: DisconnectCode::Forbidden,
@@ -212,7 +212,7 @@ async fn open(opening: Box<Opening>) -> Option<(Pusher, WebSocket<PusherFrames>)
         .activity_timeout
         .as_secs();
     let hello = pusher::connection_established(&socket_id.to_string(), activity);
-    wire.send(hello, timeout).await.ok()?;
+    wire.say(&hello, timeout).await.ok()?;
     session.announce();
     let index = u16::try_from(app).expect("apps are counted in u16");
     let window = node.settings.config.pusher.apps[app].resume_window;
@@ -280,6 +280,12 @@ impl Framing for PusherFrames {
             return None;
         }
         Some((Lane::Pusher, &event.frame))
+    }
+
+    /// Every publication's event, for the connection's task (which leaves out the client's
+    /// own events itself), whether the hub writes to this connection or not.
+    fn message_for_task<'d>(&self, delivery: &'d Delivery) -> Option<(Lane, &'d [u8])> {
+        (delivery.offset != 0).then(|| (Lane::Pusher, &delivery.pusher().frame[..]))
     }
 
     /// Herald's reasons in Pusher's codes, so that `pusher-js` does what Herald's SDK

@@ -25,6 +25,7 @@ use crate::{
     error::{Disconnect, Failure},
     fronts::line,
     limits::Bucket,
+    queue::Delivery,
     session::{Drained, Positions, Session},
     transport::driver::Speaker,
 };
@@ -553,7 +554,7 @@ impl Speaker for Pusher {
     fn drain(
         &mut self,
         max_bytes: usize,
-        mut emit: impl FnMut(&[u8], Positions<'_>),
+        mut emit: impl FnMut(&[u8], Option<&Delivery>, Positions<'_>),
     ) -> Result<(), Disconnect> {
         let Self {
             session,
@@ -567,14 +568,14 @@ impl Speaker for Pusher {
             Drained::Delivery(d) if d.offset == 0 => {
                 if let Some(more) = more.as_mut() {
                     if let Some(r) = more.rosters.iter_mut().find(|r| r.channel == d.channel) {
-                        r.changed(&d.json, &mut |m| emit(m, at));
+                        r.changed(&d.json, &mut |m| emit(m, None, at));
                     }
                 }
             }
             Drained::Delivery(d) => {
                 let event = d.pusher();
                 if !event.except.as_deref().is_some_and(|e| socket_id.is(e)) {
-                    emit(&event.frame, at);
+                    emit(&event.frame, Some(d), at);
                 }
             }
         })

@@ -138,7 +138,13 @@ struct StreamWire<'o, O> {
 }
 
 impl<O: Out> Wire for StreamWire<'_, O> {
-    fn push(&self, json: &[u8], at: Positions<'_>, out: &mut Vec<u8>) {
+    fn push(
+        &mut self,
+        json: &[u8],
+        _delivery: Option<&crate::queue::Delivery>,
+        at: Positions<'_>,
+        out: &mut Vec<u8>,
+    ) {
         self.framing.push_at(json, at, out);
     }
 

@@ -23,6 +23,7 @@ use crate::{
     error::Disconnect,
     hooks::Transport,
     node::Node,
+    queue::Delivery,
     session::{Positions, Session},
 };
 use frames::{opcode, Incoming, Reader, Violation};
@@ -65,6 +66,9 @@ pub struct WebSocket<F> {
     last_heard: Instant,
     /// The codec of its subprotocol (no bytes while there is one).
     encoding: Encoding,
+    /// On a compressed connection, the pushes not sent as a publication's shared frame,
+    /// joined, until they are framed as one message (see [`WebSocket::seal`]).
+    lines: Vec<u8>,
 }
 
 /// Room read at once when the next frame's size is not known yet.
@@ -96,7 +100,41 @@ impl<F: Framing> WebSocket<F> {
             // Herald's JSON, whether the client asked for `herald.json` or for no
             // subprotocol (a front's pushes are its own JSON, joined the same way).
             encoding: Encoding::Json,
+            lines: Vec::new(),
         }
+    }
+
+    /// Sends `json` (one message, or a message per line as the framing says) outside the
+    /// driver: a front's greeting, or its refusal.
+    pub async fn say(&mut self, json: &[u8], timeout: Duration) -> Result<(), Unwritten> {
+        let mut frames = Vec::new();
+        self.seal(json, &mut frames)?;
+        self.write(&frames, timeout).await
+    }
+
+    /// Frames `text`, joined pushes (as a message, or a message per push), at the end of
+    /// `out`. Frames are built from validated JSON; a defect that broke that
+    /// ends the connection rather than sending a text frame no client could read.
+    fn seal(&mut self, text: &[u8], out: &mut Vec<u8>) -> Result<(), Unwritten> {
+        if text.is_empty() {
+            return Ok(());
+        }
+        if std::str::from_utf8(text).is_err() {
+            tracing::error!(
+                session = self.session,
+                "internal error: a frame was not UTF-8"
+            );
+            return Err(Unwritten::Gone);
+        }
+        if F::MESSAGE_PER_PUSH {
+            // A message per line: JSON text holds no raw line break.
+            for line in text.split(|b| *b == b'\n') {
+                self.message(line, out);
+            }
+        } else {
+            self.message(text, out);
+        }
+        Ok(())
     }
 
     /// The next message or control frame from the client; `Ok(None)` when it is gone.
@@ -165,12 +203,36 @@ impl<F: Framing> WebSocket<F> {
 }
 
 impl<F: Framing> Wire for WebSocket<F> {
-    fn push(&self, json: &[u8], _at: Positions<'_>, out: &mut Vec<u8>) {
-        self.encoding.codec().join(out, json);
+    /// A plain connection joins every push (lines of one message, or a message each) and
+    /// frames them when sending. A compressed one writes a publication as the frame made
+    /// once for every connection that negotiated deflate, exactly as the hub's direct lane
+    /// does, so a publication is compressed once whichever path it takes; the rest is
+    /// joined in `lines` and compressed on the connection.
+    fn push(
+        &mut self,
+        json: &[u8],
+        delivery: Option<&Delivery>,
+        _at: Positions<'_>,
+        out: &mut Vec<u8>,
+    ) {
+        if self.io.compress_from().is_none() {
+            return self.encoding.codec().join(out, json);
+        }
+        if let Some(frame) = delivery.and_then(|d| self.io.shared_frame(d, json)) {
+            let lines = std::mem::take(&mut self.lines);
+            if self.seal(&lines, out).is_err() {
+                // Not UTF-8: leave it for `send`, which ends the connection.
+                self.lines = lines;
+                return;
+            }
+            out.extend_from_slice(frame);
+            return;
+        }
+        self.encoding.codec().join(&mut self.lines, json);
     }
 
     async fn send(&mut self, bytes: Vec<u8>, timeout: Duration) -> Result<(), Unwritten> {
-        if bytes.is_empty() {
+        if bytes.is_empty() && self.lines.is_empty() {
             // Nothing new: still send the tail of a direct write the socket did not take.
             if self.io.queue().has_unsent() {
                 return match tokio::time::timeout(timeout, self.io.flush()).await {
@@ -181,24 +243,14 @@ impl<F: Framing> Wire for WebSocket<F> {
             }
             return Ok(());
         }
-        // Frames are built from validated JSON; a defect that broke that ends the
-        // connection rather than sending a text frame no client could read.
-        if std::str::from_utf8(&bytes).is_err() {
-            tracing::error!(
-                session = self.session,
-                "internal error: a frame was not UTF-8"
-            );
-            return Err(Unwritten::Gone);
+        if self.io.compress_from().is_some() {
+            // Frames already, and what waits in `lines` after them.
+            let (mut frames, lines) = (bytes, std::mem::take(&mut self.lines));
+            self.seal(&lines, &mut frames)?;
+            return self.write(&frames, timeout).await;
         }
         let mut frames = Vec::with_capacity(bytes.len() + 16);
-        if F::MESSAGE_PER_PUSH {
-            // A message per line: JSON text holds no raw line break.
-            for line in bytes.split(|b| *b == b'\n') {
-                self.message(line, &mut frames);
-            }
-        } else {
-            self.message(&bytes, &mut frames);
-        }
+        self.seal(&bytes, &mut frames)?;
         self.write(&frames, timeout).await
     }
 
@@ -304,3 +356,89 @@ fn refusal(v: Violation) -> Disconnect {
 
 /// RFC 6455's close code for a message too big to process.
 pub const MESSAGE_TOO_BIG: u16 = 1009;
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use herald_protocol::{ChannelName, Epoch};
+
+    use super::*;
+    use crate::queue::DirectSocket;
+
+    /// A compressed WebSocket and the client end of its socket.
+    async fn compressed(
+        node: &Arc<Node>,
+        session: &Session,
+    ) -> (WebSocket<HeraldFrames>, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let ws = WebSocket::open(server, Vec::new(), true, session, node, HeraldFrames);
+        (ws, client)
+    }
+
+    #[tokio::test]
+    async fn a_publication_is_compressed_once_whichever_path_writes_it() {
+        let node = Node::with_memory_broker(crate::config::Config::default().validate().unwrap());
+        let json = format!(
+            r#"{{"pub":{{"channel":"c","offset":1,"data":"{}"}}}}"#,
+            "ab".repeat(200)
+        );
+        let d = Delivery::new(
+            ChannelName::new("c").unwrap(),
+            Epoch::new("e"),
+            1,
+            Bytes::from(json),
+        );
+        let (a, b) = (Session::new(&node), Session::new(&node));
+        let (mut first, _c1) = compressed(&node, &a).await;
+        let (mut second, _c2) = compressed(&node, &b).await;
+        // The task's path of one connection, then another's, then the hub's direct lane.
+        let (mut out1, mut out2) = (Vec::new(), Vec::new());
+        first.push(&d.json, Some(&d), a.positions(), &mut out1);
+        second.push(&d.json, Some(&d), b.positions(), &mut out2);
+        let shared = first.io.shared_frame(&d, &d.json).unwrap().clone();
+        let direct = first.io.wire().frame(&d).unwrap();
+        assert_eq!(out1, shared[..]);
+        assert_eq!(out2, shared[..]);
+        // The same allocation: made once, by the first.
+        assert_eq!(direct.as_ptr(), shared.as_ptr());
+        assert_eq!(shared[0], 0xC1, "final, compressed, text");
+        assert!(shared.len() < d.json.len() / 4);
+    }
+
+    #[tokio::test]
+    async fn replies_around_a_publication_keep_their_order_and_are_compressed_apart() {
+        let node = Node::with_memory_broker(crate::config::Config::default().validate().unwrap());
+        let session = Session::new(&node);
+        let (mut ws, _client) = compressed(&node, &session).await;
+        let d = Delivery::new(
+            ChannelName::new("c").unwrap(),
+            Epoch::new("e"),
+            1,
+            Bytes::from("x".repeat(300)),
+        );
+        let mut out = Vec::new();
+        ws.push(b"{\"id\":1}", None, session.positions(), &mut out);
+        ws.push(b"{\"id\":2}", None, session.positions(), &mut out);
+        ws.push(&d.json, Some(&d), session.positions(), &mut out);
+        ws.push(b"{\"id\":3}", None, session.positions(), &mut out);
+        // The two replies joined as one small (plain) message, then the shared frame;
+        // the third reply waits for `send`.
+        let mut expected = Vec::new();
+        frames::write_frame(
+            &mut expected,
+            true,
+            false,
+            opcode::TEXT,
+            b"{\"id\":1}\n{\"id\":2}",
+        );
+        expected.extend_from_slice(ws.io.shared_frame(&d, &d.json).unwrap());
+        assert_eq!(out, expected);
+        assert_eq!(ws.lines, b"{\"id\":3}");
+    }
+}

@@ -27,6 +27,12 @@ pub trait Framing: Send + Sync + std::fmt::Debug + 'static {
     /// connection's task must handle it (it goes through the queue).
     fn message<'d>(&self, delivery: &'d Delivery) -> Option<(Lane, &'d [u8])>;
 
+    /// The same, for the connection's own task: what [`Framing::message`] gives even
+    /// where the hub may not write it itself (a Pusher page that resumes).
+    fn message_for_task<'d>(&self, delivery: &'d Delivery) -> Option<(Lane, &'d [u8])> {
+        self.message(delivery)
+    }
+
     /// Whether each push is a message of its own (Herald's protocol puts several in one,
     /// a line each).
     const MESSAGE_PER_PUSH: bool = false;
@@ -56,16 +62,24 @@ pub struct Wire<F> {
     compress_from: Option<usize>,
 }
 
-impl<F: Framing> DirectSocket for Wire<F> {
-    fn frame<'d>(&self, delivery: &'d Delivery) -> Option<&'d Bytes> {
-        let (lane, text) = self.framing.message(delivery)?;
-        Some(match self.compress_from {
-            // Compressed once per publication, for every connection that negotiated it.
+impl<F: Framing> Wire<F> {
+    /// The frame of `text`, made once per delivery for every connection like this one:
+    /// compressed (once per publication, for every connection that negotiated it) when
+    /// this one compresses and the text is long enough.
+    fn shared_frame<'d>(&self, delivery: &'d Delivery, lane: Lane, text: &[u8]) -> &'d Bytes {
+        match self.compress_from {
             Some(min) if text.len() >= min => {
                 delivery.deflated(lane, |_| compressed_text_frame(text))
             }
             _ => delivery.framed(lane, |_| text_frame(text)),
-        })
+        }
+    }
+}
+
+impl<F: Framing> DirectSocket for Wire<F> {
+    fn frame<'d>(&self, delivery: &'d Delivery) -> Option<&'d Bytes> {
+        let (lane, text) = self.framing.message(delivery)?;
+        Some(self.shared_frame(delivery, lane, text))
     }
 
     fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
@@ -114,6 +128,12 @@ impl<F: Framing> Io<F> {
         Self { wire, queue }
     }
 
+    /// The socket as the hub's direct lane sees it.
+    #[cfg(test)]
+    pub fn wire(&self) -> &Wire<F> {
+        &self.wire
+    }
+
     /// The connection's queue, which writes go through.
     pub fn queue(&self) -> &Arc<Queue> {
         &self.queue
@@ -122,6 +142,14 @@ impl<F: Framing> Io<F> {
     /// The smallest message this connection's writes compress, if it negotiated deflate.
     pub fn compress_from(&self) -> Option<usize> {
         self.wire.compress_from
+    }
+
+    /// The shared frame of `delivery` (the direct lane's), when `text` is what this
+    /// connection's framing writes for it: the same words, so the same bytes serve.
+    pub fn shared_frame<'d>(&self, delivery: &'d Delivery, text: &[u8]) -> Option<&'d Bytes> {
+        let (lane, ours) = self.wire.framing.message_for_task(delivery)?;
+        let same = std::ptr::eq(ours, text) || ours == text;
+        same.then(|| self.wire.shared_frame(delivery, lane, ours))
     }
 
     /// Reads what the socket has into `buf`'s spare room (at least some: the caller
