@@ -59,16 +59,22 @@ impl<S> Inflating<S> {
             self.out.extend(self.raw.drain(..end + 4));
             self.upgraded = true;
         }
-        loop {
-            let Some((header, len)) = frame_at(&self.raw) else {
-                return Ok(());
-            };
-            let frame: Vec<u8> = self.raw.drain(..header + len).collect();
+        // Frames are taken by position and the buffer drained once: a read holds many.
+        let mut at = 0;
+        let raw = std::mem::take(&mut self.raw);
+        while let Some((header, len)) = frame_at(&raw[at..]) {
+            let frame = &raw[at..at + header + len];
+            at += header + len;
             let (b0, payload) = (frame[0], &frame[header..]);
             let (fin, rsv1, op) = (b0 & 0x80 != 0, b0 & 0x40 != 0, b0 & 0x0F);
             let continues = op == 0 && self.partial.is_some();
             if !rsv1 && !continues {
-                self.out.extend_from_slice(&frame);
+                self.out.extend_from_slice(frame);
+                continue;
+            }
+            if fin && !continues {
+                // The usual case: a whole compressed message in one frame.
+                self.inflate_message(op, &[payload, TAIL])?;
                 continue;
             }
             let (op, mut data) = self.partial.take().unwrap_or((op, Vec::new()));
@@ -77,32 +83,49 @@ impl<S> Inflating<S> {
                 self.partial = Some((op, data));
                 continue;
             }
-            data.extend_from_slice(&[0, 0, 0xFF, 0xFF]);
-            let plain = self.inflate(&data)?;
-            write_header(&mut self.out, op, plain.len());
-            self.out.extend_from_slice(&plain);
+            self.inflate_message(op, &[&data, TAIL])?;
         }
+        self.raw = raw;
+        self.raw.drain(..at);
+        Ok(())
     }
 
-    fn inflate(&mut self, data: &[u8]) -> io::Result<Vec<u8>> {
+    /// Appends the message the compressed `parts` make, as one plain frame.
+    fn inflate_message(&mut self, op: u8, parts: &[&[u8]]) -> io::Result<()> {
         if self.fresh_each {
             self.inflater.reset(false);
         }
-        let mut out = Vec::with_capacity(data.len() * 4);
-        let start = self.inflater.total_in();
-        loop {
-            let read = (self.inflater.total_in() - start) as usize;
-            out.reserve(out.len().max(256));
-            self.inflater
-                .decompress_vec(&data[read..], &mut out, FlushDecompress::Sync)
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-            let read = (self.inflater.total_in() - start) as usize;
-            if read == data.len() && out.len() < out.capacity() {
-                return Ok(out);
+        // Room for the header, written once the size is known.
+        let start = self.out.len();
+        self.out.extend_from_slice(&[0; 10]);
+        for part in parts {
+            let begin = self.inflater.total_in();
+            loop {
+                let read = (self.inflater.total_in() - begin) as usize;
+                self.out.reserve(part.len().max(1024));
+                self.inflater
+                    .decompress_vec(&part[read..], &mut self.out, FlushDecompress::Sync)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                let read = (self.inflater.total_in() - begin) as usize;
+                if read == part.len() && self.out.len() < self.out.capacity() {
+                    break;
+                }
             }
         }
+        let len = self.out.len() - start - 10;
+        let mut header = Vec::with_capacity(10);
+        write_header(&mut header, op, len);
+        // Shift the payload left over the unused part of the header's room.
+        let gap = 10 - header.len();
+        self.out.copy_within(start + 10.., start + header.len());
+        self.out.truncate(self.out.len() - gap);
+        self.out[start..start + header.len()].copy_from_slice(&header);
+        Ok(())
     }
 }
+
+/// What a sync flush ends with, which RFC 7692 leaves off the wire.
+const TAIL: &[u8] = &[0, 0, 0xFF, 0xFF];
 
 /// The header length and payload length of the whole frame at the start of `buf`.
 fn frame_at(buf: &[u8]) -> Option<(usize, usize)> {
