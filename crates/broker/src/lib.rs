@@ -41,7 +41,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use herald_protocol::{ChannelName, Epoch, Publication, Since, StreamPosition};
 
-pub use durable::{DurableBroker, OpenError, SyncPolicy};
+pub use durable::{DurableBroker, OpenError, StoreOptions, SyncPolicy, DEFAULT_CACHE_BYTES};
 pub use link::{Engine, NodeLink, NodeRequests, SharedLink};
 pub use memory::MemoryBroker;
 pub use presence::{

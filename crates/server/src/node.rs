@@ -237,15 +237,16 @@ impl Node {
         if engine == Embedded::Memory {
             return Ok(Self::with_memory_broker(settings));
         }
-        let (dir, sync) = (
-            settings.config.data_dir.clone(),
-            settings.config.sync.into(),
-        );
+        let dir = settings.config.data_dir.clone();
+        let options = herald_broker::StoreOptions {
+            sync: settings.config.sync.into(),
+            cache_bytes: settings.config.store_cache_bytes,
+        };
         let rules = settings.clone();
         let policies = settings.policies();
         Self::try_new(settings, |sink| {
             let memory: SharedBroker = MemoryBroker::with_policies(sink.clone(), policies.clone());
-            let durable = DurableBroker::open_with(&dir, sync, sink, policies)?;
+            let durable = DurableBroker::open_with(&dir, options, sink, policies)?;
             let is_durable =
                 move |c: &herald_protocol::ChannelName| rules.namespace(c.namespace()).durable;
             Ok(Engine::alone(

@@ -10,19 +10,19 @@ use std::{
 };
 
 use herald_protocol::{Publication, StreamPosition};
-use redb::{Database, Durability, ReadableTable};
+use redb::{Durability, ReadableTable};
 
 use super::recovery::{probe, set_unflushed};
 use super::store::{
     record_crc, stream_crc, unavailable, Failing, Job, Slot, PUBLICATIONS, STREAMS,
 };
-use super::{now_ms, Deadlines, SyncPolicy};
+use super::{now_ms, Deadlines, StoreOptions, SyncPolicy};
 use crate::PublicationSink;
 
 pub(super) struct Committer {
     pub(super) path: PathBuf,
     pub(super) db: Slot,
-    pub(super) sync: SyncPolicy,
+    pub(super) options: StoreOptions,
     pub(super) sink: Arc<dyn PublicationSink>,
     pub(super) failing: Failing,
     pub(super) deadlines: Arc<Deadlines>,
@@ -52,7 +52,7 @@ impl Committer {
             }
             let Some(first) = first else { continue };
             let mut batch = vec![first];
-            if self.sync != SyncPolicy::Always {
+            if self.options.sync != SyncPolicy::Always {
                 // Whatever queued up during the last commit shares this one.
                 while batch.len() < 8192 {
                     match jobs.try_recv() {
@@ -91,7 +91,7 @@ impl Committer {
     /// A clean close: with `sync = "none"`, one durable commit makes everything written so
     /// far durable and clears [`UNFLUSHED`], so the next start trusts the file.
     fn close(&self) {
-        if self.sync != SyncPolicy::None || self.failing.lock().is_some() {
+        if self.options.sync != SyncPolicy::None || self.failing.lock().is_some() {
             return;
         }
         if let Some(db) = self.db.read().clone() {
@@ -161,7 +161,7 @@ impl Committer {
                 }
             }
         }
-        let db = match Database::create(&self.path) {
+        let db = match self.options.database(&self.path) {
             Ok(db) => db,
             Err(e) => {
                 *self.failing.lock() = Some(format!("reopening: {e}"));
@@ -189,7 +189,7 @@ impl Committer {
             .clone()
             .ok_or_else(|| redb::Error::Corrupted("the file is being reopened".into()))?;
         let mut txn = db.begin_write()?;
-        let durability = if self.sync == SyncPolicy::None {
+        let durability = if self.options.sync == SyncPolicy::None {
             Durability::None
         } else {
             Durability::Immediate

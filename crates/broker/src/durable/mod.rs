@@ -53,6 +53,38 @@ pub enum SyncPolicy {
     None,
 }
 
+/// How the store file is kept: when commits reach the disk, and how much of it stays in
+/// memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// When a commit reaches the disk.
+    pub sync: SyncPolicy,
+    /// Most bytes of the file's pages kept in memory (redb's cache, whose own default is
+    /// 1 GiB: a restart that reads the whole file keeps that much of it).
+    pub cache_bytes: usize,
+}
+
+/// The page cache a store keeps unless told otherwise.
+pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
+
+impl From<SyncPolicy> for StoreOptions {
+    fn from(sync: SyncPolicy) -> Self {
+        Self {
+            sync,
+            cache_bytes: DEFAULT_CACHE_BYTES,
+        }
+    }
+}
+
+impl StoreOptions {
+    /// Opens (or creates) the file at `path` with these options.
+    pub(crate) fn database(&self, path: &Path) -> Result<redb::Database, redb::DatabaseError> {
+        redb::Builder::new()
+            .set_cache_size(self.cache_bytes)
+            .create(path)
+    }
+}
+
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -198,10 +230,10 @@ impl DurableBroker {
     /// channel; see [`DurableBroker::open_with`].
     pub fn open(
         dir: &Path,
-        sync: SyncPolicy,
+        options: impl Into<StoreOptions>,
         sink: Arc<dyn PublicationSink>,
     ) -> Result<Arc<Self>, OpenError> {
-        Self::open_with(dir, sync, sink, crate::default_policies())
+        Self::open_with(dir, options, sink, crate::default_policies())
     }
 
     /// Opens (or creates) `dir/herald.redb`. A file that cannot be read as a database is
@@ -209,12 +241,12 @@ impl DurableBroker {
     /// are kept by `policies`, as they were before the restart.
     pub fn open_with(
         dir: &Path,
-        sync: SyncPolicy,
+        options: impl Into<StoreOptions>,
         sink: Arc<dyn PublicationSink>,
         policies: Policies,
     ) -> Result<Arc<Self>, OpenError> {
         let deadlines = Arc::new(Deadlines::default());
-        let (store, streams) = Store::open(dir, sync, sink, deadlines.clone())?;
+        let (store, streams) = Store::open(dir, options.into(), sink, deadlines.clone())?;
         let broker = Arc::new(Self {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: Default::default(),

@@ -16,7 +16,7 @@ use super::committer::Committer;
 use super::recovery::{
     contained, damaged, renew_epochs, restored, set_unflushed, unflushed, verify, write_run_file,
 };
-use super::{Deadlines, Meta, SyncPolicy};
+use super::{Deadlines, Meta, StoreOptions, SyncPolicy};
 use crate::{BrokerError, History, HistoryQuery, PublicationSink};
 
 /// (channel, offset) → (published at in ms since the Unix epoch, CRC-32, JSON payload).
@@ -164,17 +164,18 @@ pub(super) fn unavailable(e: impl std::fmt::Display) -> BrokerError {
 impl Store {
     pub(crate) fn open(
         dir: &Path,
-        sync: SyncPolicy,
+        options: StoreOptions,
         sink: Arc<dyn PublicationSink>,
         deadlines: Arc<Deadlines>,
     ) -> Result<(Arc<Self>, Streams), OpenError> {
+        let sync = options.sync;
         std::fs::create_dir_all(dir).map_err(|source| OpenError::Directory {
             path: dir.to_owned(),
             source,
         })?;
         let path = dir.join(FILE_NAME);
         let (db, streams) = contained(&path, || {
-            let mut db = match Database::create(&path) {
+            let mut db = match options.database(&path) {
                 Ok(db) => db,
                 Err(
                     redb::DatabaseError::DatabaseAlreadyOpen
@@ -214,7 +215,7 @@ impl Store {
         let committer = Committer {
             path: path.clone(),
             db: db.clone(),
-            sync,
+            options,
             sink,
             failing: failing.clone(),
             deadlines,

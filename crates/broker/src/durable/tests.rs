@@ -396,3 +396,58 @@ async fn streams_made_by_reads_are_bounded_by_the_sweep() {
     let shared: crate::SharedBroker = broker.clone();
     crate::conformance::reads_are_bounded_by_the_sweep(&shared, || broker.sweep()).await;
 }
+
+/// Issue #35: the store keeps at most `cache_bytes` of its pages in memory; a history
+/// larger than the cache is still read back whole, after a restart, by a store whose cache
+/// holds a small part of it.
+#[tokio::test]
+async fn a_history_larger_than_the_cache_reads_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = StoreOptions {
+        sync: SyncPolicy::Group,
+        cache_bytes: 64 << 10,
+    };
+    let policy = StreamPolicy {
+        history_size: 2000,
+        ..StreamPolicy::default()
+    };
+    let record = |i: usize| Bytes::from(format!("{i:0>2000}"));
+    {
+        let sink = Arc::new(Recorder::default());
+        let broker = DurableBroker::open(dir.path(), tiny, sink).unwrap();
+        for i in 0..900 {
+            broker
+                .publish(&ch("chat:big"), record(i), policy)
+                .await
+                .unwrap();
+        }
+    }
+    let size = std::fs::metadata(dir.path().join(store::FILE_NAME))
+        .unwrap()
+        .len();
+    assert!(
+        size > 20 * (64 << 10),
+        "the file ({size} B) is many caches large"
+    );
+    let broker = DurableBroker::open(dir.path(), tiny, Arc::new(Recorder::default())).unwrap();
+    let h = broker
+        .history(
+            &ch("chat:big"),
+            HistoryQuery {
+                since: Some(Since {
+                    offset: 0,
+                    epoch: None,
+                }),
+                limit: 2000,
+                max_bytes: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(h.publications.len(), 900);
+    assert!(h
+        .publications
+        .iter()
+        .enumerate()
+        .all(|(i, p)| p.record == record(i)));
+}

@@ -75,6 +75,10 @@ pub struct Config {
     /// one fsync; an acknowledged publication is on disk), `always` (one fsync each), or
     /// `none` (no fsync; a machine crash may lose recent publications).
     pub sync: SyncMode,
+    /// Most memory, in bytes, the durable store keeps of its file's pages (its cache): idle
+    /// memory after a restart, however long the history, stays within about this. More
+    /// serves history reads of a large store from memory. Default 67108864 (64 MiB).
+    pub store_cache_bytes: usize,
     /// Serve the browser SDK at `/herald.js` and the chat demo at `/chat`. Default true.
     pub web: bool,
     /// Also serve `GET /metrics` on this address, without the API key (for a Prometheus
@@ -206,6 +210,7 @@ impl Default for Config {
             data_dir: "herald-data".into(),
             reuse_port: false,
             sync: SyncMode::Group,
+            store_cache_bytes: herald_broker::DEFAULT_CACHE_BYTES,
             max_connections: 100_000,
             shutdown_timeout: Duration::from_secs(10),
             idempotency_window: Duration::from_secs(300),
