@@ -109,6 +109,19 @@ describe("a client that offers deflate", () => {
     c.ws.close();
   });
 
+  it("reads a burst of publications whole and in order (those queued together come joined in one compressed message)", async () => {
+    const c = await Conn.open(herald, { perMessageDeflate: true });
+    await c.call({ subscribe: { channel: "chat:burst" } });
+    await Promise.all(Array.from({ length: 300 }, (_, i) => herald.publish("chat:burst", { n: i, ...(catalogue(i) as object) })));
+    await c.publication("chat:burst", 300);
+    // Every offset once, in order, and every publication's data whole.
+    const pubs = c.lines.map((l) => l["pub"] as { channel: string; offset: number; data: { n: number } } | undefined).filter((p) => p?.channel === "chat:burst");
+    expect(pubs.map((p) => p!.offset)).toEqual(Array.from({ length: 300 }, (_, i) => i + 1));
+    expect(pubs.map((p) => p!.data.n).sort((a, b) => a - b)).toEqual(Array.from({ length: 300 }, (_, i) => i));
+    for (const p of pubs) expect(p!.data).toEqual({ n: p!.data.n, ...(catalogue(p!.data.n) as object) });
+    c.ws.close();
+  });
+
   it("is closed with 1009 when a compressed message inflates past the limit; a bystander is still served", async () => {
     const bystander = await Conn.open(herald, { perMessageDeflate: true });
     await bystander.call({ subscribe: { channel: "chat:after-bomb" } });

@@ -108,6 +108,26 @@ pub fn compress(message: &[u8]) -> Vec<u8> {
     })
 }
 
+/// Adds a message compressed on its own (`payload`, as [`compress`] gives it) to `joined`,
+/// one message being made of several such, a newline between each: pieces compressed
+/// apart, each ending in a sync flush, follow each other in one deflate stream (each is
+/// whole blocks, byte-aligned at its end, and refers to nothing before it), so a batch of
+/// publications compressed once each is one message without compressing anything again.
+pub fn join(joined: &mut Vec<u8>, payload: &[u8]) {
+    static NEWLINE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    if !joined.is_empty() {
+        joined.extend_from_slice(NEWLINE.get_or_init(|| [&compress(b"\n")[..], TAIL].concat()));
+    }
+    joined.extend_from_slice(payload);
+    joined.extend_from_slice(TAIL);
+}
+
+/// The payload of a message [`join`] made: the last tail left off, as RFC 7692 sends it.
+pub fn finish(mut joined: Vec<u8>) -> Vec<u8> {
+    joined.truncate(joined.len().saturating_sub(TAIL.len()));
+    joined
+}
+
 /// What a sync flush ends with, which RFC 7692 §7.2.1 leaves off the wire.
 const TAIL: &[u8] = &[0x00, 0x00, 0xFF, 0xFF];
 
@@ -212,6 +232,29 @@ mod tests {
             assert!(!c.ends_with(TAIL), "{size}");
             assert_eq!(inflate(&c, size).unwrap(), text, "{size}");
         }
+    }
+
+    #[test]
+    fn pieces_compressed_apart_inflate_as_one_message_with_newlines() {
+        let parts: Vec<Vec<u8>> = (0..5)
+            .map(|i| {
+                format!(
+                    "{{\"pub\":{{\"offset\":{i},\"data\":\"{}\"}}}}",
+                    "ab".repeat(i * 50)
+                )
+                .into_bytes()
+            })
+            .collect();
+        let mut joined = Vec::new();
+        for part in &parts {
+            join(&mut joined, &compress(part));
+        }
+        let whole = finish(joined);
+        assert_eq!(inflate(&whole, 100_000).unwrap(), parts.join(&b'\n'));
+        // One piece alone is the piece.
+        let mut one = Vec::new();
+        join(&mut one, &compress(&parts[3]));
+        assert_eq!(finish(one), compress(&parts[3]));
     }
 
     #[test]

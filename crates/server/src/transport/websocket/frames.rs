@@ -357,6 +357,45 @@ pub fn write_frame(out: &mut Vec<u8>, fin: bool, compressed: bool, op: u8, paylo
     out.extend_from_slice(payload);
 }
 
+/// Appends `payload` as one text message (`compressed`: RSV1 on its first frame), in
+/// frames of at most [`MAX_FRAGMENT`] bytes (RFC 6455 §5.4): a client may bound the frames
+/// it takes (tungstenite does).
+pub fn write_message(out: &mut Vec<u8>, payload: &[u8], compressed: bool) {
+    let (mut at, mut op) = (0, opcode::TEXT);
+    loop {
+        let mut end = (at + MAX_FRAGMENT).min(payload.len());
+        // Whole characters in each frame of plain text: some clients check UTF-8 frame by
+        // frame. (Compressed bytes are checked once inflated, whole.)
+        while !compressed && !is_char_start(payload, end) {
+            end -= 1;
+        }
+        let last = end == payload.len();
+        write_frame(out, last, compressed && at == 0, op, &payload[at..end]);
+        if last {
+            return;
+        }
+        (at, op) = (end, opcode::CONTINUATION);
+    }
+}
+
+/// Whether a character starts at `at` (or the text ends there).
+fn is_char_start(text: &[u8], at: usize) -> bool {
+    text.get(at).is_none_or(|b| (*b as i8) >= -0x40)
+}
+
+/// The largest frame a message is sent in; larger ones are fragmented.
+pub const MAX_FRAGMENT: usize = 16 * 1024;
+
+/// The payload of one whole, unmasked frame (as [`write_frame`] makes them).
+pub fn payload(frame: &[u8]) -> &[u8] {
+    let header = match frame[1] & 0x7F {
+        126 => 4,
+        127 => 10,
+        _ => 2,
+    };
+    &frame[header..]
+}
+
 /// Appends one frame as a client sends it, masked with `mask` (RFC 6455 §5.3): for the
 /// tests and the fuzzer, which play the client.
 pub fn write_client_frame(

@@ -66,9 +66,12 @@ pub struct WebSocket<F> {
     last_heard: Instant,
     /// The codec of its subprotocol (no bytes while there is one).
     encoding: Encoding,
-    /// On a compressed connection, the pushes not sent as a publication's shared frame,
-    /// joined, until they are framed as one message (see [`WebSocket::seal`]).
-    lines: Vec<u8>,
+    /// On a compressed connection, what the task has not framed yet: joined pushes, or
+    /// (`pieces`) the compressed pieces of publications queued together.
+    pending: Vec<u8>,
+    pieces: bool,
+    /// A push was not UTF-8 (a defect): the next send ends the connection.
+    broken: bool,
 }
 
 /// Room read at once when the next frame's size is not known yet.
@@ -100,7 +103,9 @@ impl<F: Framing> WebSocket<F> {
             // Herald's JSON, whether the client asked for `herald.json` or for no
             // subprotocol (a front's pushes are its own JSON, joined the same way).
             encoding: Encoding::Json,
-            lines: Vec::new(),
+            pending: Vec::new(),
+            pieces: false,
+            broken: false,
         }
     }
 
@@ -157,31 +162,25 @@ impl<F: Framing> WebSocket<F> {
     }
 
     /// Appends `text` as one message, compressed if the connection negotiated it and the
-    /// message is large enough to gain from it, in frames of at most [`MAX_FRAGMENT`]
-    /// bytes (RFC 6455 §5.4): a client may bound the frames it takes (tungstenite does).
+    /// message is large enough to gain from it.
     fn message(&self, text: &[u8], out: &mut Vec<u8>) {
-        let compressed;
-        let (payload, rsv1) = match self.io.compress_from() {
+        match self.io.compress_from() {
             Some(min) if text.len() >= min => {
-                compressed = deflate::compress(text);
-                (&compressed[..], true)
+                frames::write_message(out, &deflate::compress(text), true)
             }
-            _ => (text, false),
-        };
-        let (mut at, mut op) = (0, opcode::TEXT);
-        loop {
-            let mut end = (at + MAX_FRAGMENT).min(payload.len());
-            // Whole characters in each frame of plain text: some clients check UTF-8
-            // frame by frame. (Compressed bytes are checked once inflated, whole.)
-            while !rsv1 && !is_char_start(payload, end) {
-                end -= 1;
-            }
-            let last = end == payload.len();
-            frames::write_frame(out, last, rsv1 && at == 0, op, &payload[at..end]);
-            if last {
-                return;
-            }
-            (at, op) = (end, opcode::CONTINUATION);
+            _ => frames::write_message(out, text, false),
+        }
+    }
+
+    /// Frames what waits in `pending` at the end of `out`: joined lines (as [`Self::seal`]
+    /// does), or publications' compressed pieces as one compressed message.
+    fn seal_pending(&mut self, out: &mut Vec<u8>) {
+        let pending = std::mem::take(&mut self.pending);
+        if std::mem::take(&mut self.pieces) {
+            frames::write_message(out, deflate::finish(pending).as_slice(), true);
+        } else if self.seal(&pending, out).is_err() {
+            // Not UTF-8: `send` ends the connection.
+            self.broken = true;
         }
     }
 
@@ -204,10 +203,10 @@ impl<F: Framing> WebSocket<F> {
 
 impl<F: Framing> Wire for WebSocket<F> {
     /// A plain connection joins every push (lines of one message, or a message each) and
-    /// frames them when sending. A compressed one writes a publication as the frame made
-    /// once for every connection that negotiated deflate, exactly as the hub's direct lane
-    /// does, so a publication is compressed once whichever path it takes; the rest is
-    /// joined in `lines` and compressed on the connection.
+    /// frames them when sending. A compressed one writes a publication from the frame made
+    /// once for every connection that negotiated deflate (the hub's direct lane writes the
+    /// same), so a publication is compressed once whichever path it takes; the rest is
+    /// joined in `pending` and compressed on the connection.
     fn push(
         &mut self,
         json: &[u8],
@@ -219,20 +218,29 @@ impl<F: Framing> Wire for WebSocket<F> {
             return self.encoding.codec().join(out, json);
         }
         if let Some(frame) = delivery.and_then(|d| self.io.shared_frame(d, json)) {
-            let lines = std::mem::take(&mut self.lines);
-            if self.seal(&lines, out).is_err() {
-                // Not UTF-8: leave it for `send`, which ends the connection.
-                self.lines = lines;
-                return;
+            let compressed = frame[0] & 0x40 != 0;
+            if compressed && !F::MESSAGE_PER_PUSH {
+                // Publications queued together still go as one message: their compressed
+                // pieces joined (see `deflate::join`), no compression on the connection.
+                if !self.pieces {
+                    self.seal_pending(out);
+                    self.pieces = true;
+                }
+                deflate::join(&mut self.pending, frames::payload(frame));
+            } else {
+                self.seal_pending(out);
+                out.extend_from_slice(frame);
             }
-            out.extend_from_slice(frame);
             return;
         }
-        self.encoding.codec().join(&mut self.lines, json);
+        if self.pieces {
+            self.seal_pending(out);
+        }
+        self.encoding.codec().join(&mut self.pending, json);
     }
 
     async fn send(&mut self, bytes: Vec<u8>, timeout: Duration) -> Result<(), Unwritten> {
-        if bytes.is_empty() && self.lines.is_empty() {
+        if bytes.is_empty() && self.pending.is_empty() {
             // Nothing new: still send the tail of a direct write the socket did not take.
             if self.io.queue().has_unsent() {
                 return match tokio::time::timeout(timeout, self.io.flush()).await {
@@ -244,9 +252,12 @@ impl<F: Framing> Wire for WebSocket<F> {
             return Ok(());
         }
         if self.io.compress_from().is_some() {
-            // Frames already, and what waits in `lines` after them.
-            let (mut frames, lines) = (bytes, std::mem::take(&mut self.lines));
-            self.seal(&lines, &mut frames)?;
+            // Frames already, and what waits in `pending` after them.
+            let mut frames = bytes;
+            self.seal_pending(&mut frames);
+            if std::mem::take(&mut self.broken) {
+                return Err(Unwritten::Gone);
+            }
             return self.write(&frames, timeout).await;
         }
         let mut frames = Vec::with_capacity(bytes.len() + 16);
@@ -328,14 +339,6 @@ impl<F: Framing> Wire for WebSocket<F> {
     }
 }
 
-/// Whether a character starts at `at` (or the text ends there).
-fn is_char_start(text: &[u8], at: usize) -> bool {
-    text.get(at).is_none_or(|b| (*b as i8) >= -0x40)
-}
-
-/// The largest frame a message is sent in; larger ones are fragmented.
-const MAX_FRAGMENT: usize = 16 * 1024;
-
 /// How a connection whose client broke the rules is closed: oversized messages get 3503
 /// (a compressed one that inflates past the limit 1009, RFC 6455's "message too big":
 /// its size shows only while inflating), the rest 3501.
@@ -401,6 +404,8 @@ mod tests {
         let (mut out1, mut out2) = (Vec::new(), Vec::new());
         first.push(&d.json, Some(&d), a.positions(), &mut out1);
         second.push(&d.json, Some(&d), b.positions(), &mut out2);
+        first.seal_pending(&mut out1);
+        second.seal_pending(&mut out2);
         let shared = first.io.shared_frame(&d, &d.json).unwrap().clone();
         let direct = first.io.wire().frame(&d).unwrap();
         assert_eq!(out1, shared[..]);
@@ -439,6 +444,38 @@ mod tests {
         );
         expected.extend_from_slice(ws.io.shared_frame(&d, &d.json).unwrap());
         assert_eq!(out, expected);
-        assert_eq!(ws.lines, b"{\"id\":3}");
+        assert_eq!(ws.pending, b"{\"id\":3}");
+    }
+
+    #[tokio::test]
+    async fn publications_queued_together_go_as_one_message_of_their_shared_pieces() {
+        let node = Node::with_memory_broker(crate::config::Config::default().validate().unwrap());
+        let session = Session::new(&node);
+        let (mut ws, _client) = compressed(&node, &session).await;
+        let c = ChannelName::new("c").unwrap();
+        let ds: Vec<Delivery> = (1..=3)
+            .map(|i| {
+                let json = format!(
+                    r#"{{"pub":{{"channel":"c","offset":{i},"data":"{}"}}}}"#,
+                    "yz".repeat(100)
+                );
+                Delivery::new(c.clone(), Epoch::new("e"), i, Bytes::from(json))
+            })
+            .collect();
+        let mut out = Vec::new();
+        for d in &ds {
+            ws.push(&d.json, Some(d), session.positions(), &mut out);
+        }
+        ws.seal_pending(&mut out);
+        // One compressed message, inflating to the three lines.
+        assert_eq!(out[0], 0xC1, "final, compressed, text");
+        let inflated = deflate::inflate(frames::payload(&out), 1 << 20).unwrap();
+        let lines: Vec<&[u8]> = ds.iter().map(|d| &d.json[..]).collect();
+        assert_eq!(inflated, lines.join(&b'\n'));
+        // Made of the shared frames' bytes: nothing compressed on the connection.
+        for d in &ds {
+            let piece = frames::payload(ws.io.shared_frame(d, &d.json).unwrap());
+            assert!(out.windows(piece.len()).any(|w| w == piece));
+        }
     }
 }
