@@ -1,7 +1,8 @@
 //! The `websocket` target: the bytes a WebSocket client sends after its handshake, read by
 //! Herald's own frame reader with permessage-deflate on (plain, fragmented, compressed,
-//! compressed and fragmented, control frames between fragments, closes), and the offer
-//! a handshake's `Sec-WebSocket-Extensions` header makes.
+//! compressed and fragmented, control frames between fragments, closes), the offer a
+//! handshake's `Sec-WebSocket-Extensions` header makes, and publications' compressed pieces
+//! joined into one message.
 //!
 //! Besides "no panic", the reader must not depend on how the bytes arrive: the input is
 //! read whole and again in pieces cut where its own bytes say, and both reads must give
@@ -90,6 +91,17 @@ pub fn decoder() -> Decoder {
         let _ = deflate::negotiate(std::iter::once(&*String::from_utf8_lossy(input)));
         if let Ok(inflated) = deflate::inflate(input, LIMIT) {
             assert!(inflated.len() <= LIMIT, "inflated past the limit");
+        }
+        // As lines compressed apart and joined (a batch of publications' shared pieces),
+        // which must inflate to the lines joined by newlines.
+        if input.len() <= LIMIT / 2 {
+            let lines: Vec<&[u8]> = input.split(|b| *b == b'\n').collect();
+            let mut joined = Vec::new();
+            for line in &lines {
+                deflate::join(&mut joined, &deflate::compress(line));
+            }
+            let inflated = deflate::inflate(&deflate::finish(joined), LIMIT);
+            assert_eq!(inflated.as_deref(), Ok(input), "joined pieces inflate to the lines");
         }
     })
 }
