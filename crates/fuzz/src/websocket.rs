@@ -101,7 +101,11 @@ pub fn decoder() -> Decoder {
                 deflate::join(&mut joined, &deflate::compress(line));
             }
             let inflated = deflate::inflate(&deflate::finish(joined), LIMIT);
-            assert_eq!(inflated.as_deref(), Ok(input), "joined pieces inflate to the lines");
+            assert_eq!(
+                inflated.as_deref(),
+                Ok(input),
+                "joined pieces inflate to the lines"
+            );
         }
     })
 }

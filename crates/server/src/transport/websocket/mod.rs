@@ -217,9 +217,19 @@ impl<F: Framing> Wire for WebSocket<F> {
         if self.io.compress_from().is_none() {
             return self.encoding.codec().join(out, json);
         }
-        if let Some(frame) = delivery.and_then(|d| self.io.shared_frame(d, json)) {
-            let compressed = frame[0] & 0x40 != 0;
-            if compressed && !F::MESSAGE_PER_PUSH {
+        let shared = delivery.and_then(|d| self.io.shared_frame(d, json));
+        if F::MESSAGE_PER_PUSH {
+            // A message each, framed now: what the driver counts as written is then what
+            // goes out (a front that confirms writes pings after them).
+            match shared {
+                Some(frame) => out.extend_from_slice(frame),
+                None if std::str::from_utf8(json).is_ok() => self.message(json, out),
+                None => self.broken = true,
+            }
+            return;
+        }
+        if let Some(frame) = shared {
+            if frame[0] & 0x40 != 0 {
                 // Publications queued together still go as one message: their compressed
                 // pieces joined (see `deflate::join`), no compression on the connection.
                 if !self.pieces {
