@@ -109,7 +109,7 @@ describe("a client that offers deflate", () => {
     c.ws.close();
   });
 
-  it("reads a burst of publications whole and in order (those queued together come joined in one compressed message)", async () => {
+  it("reads a burst of concurrent publications whole, every offset once and in order", async () => {
     const c = await Conn.open(herald, { perMessageDeflate: true });
     await c.call({ subscribe: { channel: "chat:burst" } });
     await Promise.all(Array.from({ length: 300 }, (_, i) => herald.publish("chat:burst", { n: i, ...(catalogue(i) as object) })));

@@ -62,6 +62,30 @@ fn fanout_delivers_everything_once_across_worker_processes() {
     assert!(dir.path().join("fanout-latency.svg").exists());
 }
 
+/// A Pusher app for `--pusher-app`.
+const PUSHER_APP: &str = "77:bench-key:bench-secret-0123456789";
+
+/// `herald bench fanout` of 20 subscribers and 30 publications with `more` arguments:
+/// its one row.
+fn fanout_row(more: &[&str]) -> Value {
+    let out = succeeds(
+        herald()
+            .args([
+                "bench",
+                "fanout",
+                "--subscribers",
+                "20",
+                "--publications",
+                "30",
+            ])
+            .arg("--json")
+            .args(more),
+    );
+    let rows = rows(&out.stdout);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    rows.into_iter().next().unwrap()
+}
+
 /// Issue #35: clients that offer permessage-deflate get every publication once, over
 /// Herald's own protocol and the Pusher front (a burst, so that the connections' own tasks
 /// write too, not only the hub's direct lane), and a JSON publication crosses the wire in
@@ -69,32 +93,16 @@ fn fanout_delivers_everything_once_across_worker_processes() {
 #[test]
 fn fanout_with_compression_reaches_everyone_once_in_fewer_bytes() {
     let wire = |deflate: bool, pusher: bool| {
-        let mut command = herald();
-        command.args([
-            "bench",
-            "fanout",
-            "--subscribers",
-            "20",
-            "--publications",
-            "30",
-            "--rate",
-            "0",
-            "--payload",
-            "1000",
-            "--content",
-            "json",
-            "--json",
-        ]);
+        let mut args = vec!["--rate", "0", "--payload", "1000", "--content", "json"];
         if deflate {
-            command.arg("--deflate");
+            args.push("--deflate");
         }
         if pusher {
-            command.args(["--pusher-app", "77:bench-key:bench-secret-0123456789"]);
+            args.extend(["--pusher-app", PUSHER_APP]);
         }
-        let out = succeeds(&mut command);
-        let rows = rows(&out.stdout);
-        every_delivery_once(&rows[0], 20 * 30);
-        rows[0]["wire B / delivery"].as_f64().unwrap()
+        let row = fanout_row(&args);
+        every_delivery_once(&row, 20 * 30);
+        row["wire B / delivery"].as_f64().unwrap()
     };
     for pusher in [false, true] {
         let (plain, compressed) = (wire(false, pusher), wire(true, pusher));
@@ -111,31 +119,20 @@ fn fanout_with_compression_reaches_everyone_once_in_fewer_bytes() {
 #[test]
 fn fanout_through_the_pusher_protocol_reaches_everyone_once() {
     for resume in [false, true] {
-        let mut command = herald();
-        command.args([
-            "bench",
-            "fanout",
-            "--subscribers",
-            "20",
-            "--publications",
-            "30",
+        let mut args = vec![
             "--rate",
             "60",
             "--channels",
             "2",
-            "--json",
             "--pusher-app",
-            "77:bench-key:bench-secret-0123456789",
-        ]);
+            PUSHER_APP,
+        ];
         if resume {
             // Each client a page that opted in to resuming: its own task writes, with a
             // ping after each write.
-            command.arg("--pusher-resume");
+            args.push("--pusher-resume");
         }
-        let out = succeeds(&mut command);
-        let rows = rows(&out.stdout);
-        assert_eq!(rows.len(), 1, "{rows:?}");
-        every_delivery_once(&rows[0], 10 * 15 + 10 * 15);
+        every_delivery_once(&fanout_row(&args), 10 * 15 + 10 * 15);
     }
 }
 

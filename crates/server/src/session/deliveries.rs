@@ -21,20 +21,21 @@ impl Session {
         max_bytes: usize,
     ) -> Result<(), Disconnect> {
         let codec = self.codec();
-        self.drain(max_bytes, |push, _| codec.join(out, push))
+        self.drain(max_bytes, |push, _, _| codec.join(out, push))
     }
 
     /// Takes queued publications (about `max_bytes`), skips duplicates, and calls `emit`
-    /// with each publication's encoded push and the session's positions right after it.
-    /// Fails when the queue overflowed or a publication is missing.
+    /// with each publication's encoded push, the delivery it carries (none for a notice),
+    /// and the session's positions right after it. Fails when the queue overflowed or a
+    /// publication is missing.
     pub fn drain(
         &mut self,
         max_bytes: usize,
-        mut emit: impl FnMut(&[u8], Positions<'_>),
+        mut emit: impl FnMut(&[u8], Option<&Delivery>, Positions<'_>),
     ) -> Result<(), Disconnect> {
         self.drain_deliveries(max_bytes, |drained, at| match drained {
-            Drained::Delivery(d) => emit(&d.json, at),
-            Drained::Notice(push) => emit(push, at),
+            Drained::Delivery(d) => emit(&d.json, Some(d), at),
+            Drained::Notice(push) => emit(push, None, at),
         })
     }
 

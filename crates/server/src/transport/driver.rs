@@ -21,7 +21,7 @@ use crate::{
     error::Disconnect,
     node::Node,
     queue::{Command, Delivery},
-    session::{Drained, ExpiryTimer, Positions, Session},
+    session::{ExpiryTimer, Positions, Session},
 };
 
 /// Why a write did not go out.
@@ -225,12 +225,9 @@ impl Speaker for Session {
     fn drain(
         &mut self,
         max_bytes: usize,
-        mut emit: impl FnMut(&[u8], Option<&Delivery>, Positions<'_>),
+        emit: impl FnMut(&[u8], Option<&Delivery>, Positions<'_>),
     ) -> Result<(), Disconnect> {
-        self.drain_deliveries(max_bytes, |drained, at| match drained {
-            Drained::Delivery(d) => emit(&d.json, Some(d), at),
-            Drained::Notice(push) => emit(push, None, at),
-        })
+        Session::drain(self, max_bytes, emit)
     }
 }
 

@@ -461,7 +461,7 @@ pub fn answer(prepared: Prepared) -> Answer {
     let mut ending = ended;
     while messages.len() < MAX_ANSWER_BYTES {
         let before = messages.len();
-        if let Err(d) = session.drain(MAX_BATCH_BYTES, |json, _| item(&mut messages, json)) {
+        if let Err(d) = session.drain(MAX_BATCH_BYTES, |json, _, _| item(&mut messages, json)) {
             ending = Some(d);
             break;
         }

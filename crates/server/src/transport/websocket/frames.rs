@@ -99,6 +99,9 @@ pub struct Reader {
     deflate: bool,
     /// A fragmented message being put together (boxed: most connections never get one).
     partial: Option<Box<Partial>>,
+    /// Where the next frame starts in the caller's buffer: frames taken out are removed
+    /// once per batch (when more bytes are needed), not one by one.
+    at: usize,
 }
 
 #[derive(Debug)]
@@ -126,36 +129,48 @@ impl Reader {
             limit,
             deflate,
             partial: None,
+            at: 0,
         }
     }
 
     /// Takes the next message or control frame out of `buf` (what the client sent, in
-    /// order), removing the frames it used; `Ok(None)` when `buf` holds no whole one yet.
+    /// order; the caller only appends to it); `Ok(None)` when `buf` holds no whole one yet.
+    /// The frames taken leave `buf` at once when they were all of it, else when `None`
+    /// says more is needed: a read of many frames moves its bytes once.
     pub fn read(&mut self, buf: &mut Vec<u8>) -> Result<Option<Incoming>, Violation> {
-        let mut used = 0;
+        let mut used = self.at;
         let read = loop {
             let Some(header) = self.header(&buf[used..])? else {
-                break Ok(None);
+                break None;
             };
             let end = header.len as u64 + header.payload;
             if ((buf.len() - used) as u64) < end {
-                break Ok(None);
+                break None;
             }
             let start = used + header.len;
             used += end as usize;
             let payload = &mut buf[start..used];
             unmask(payload, header.mask);
             if let Some(incoming) = self.frame(&header, payload)? {
-                break Ok(Some(incoming));
+                break Some(incoming);
             }
         };
-        buf.drain(..used);
-        read
+        if used == buf.len() {
+            buf.clear();
+            self.at = 0;
+        } else if read.is_none() {
+            buf.drain(..used);
+            self.at = 0;
+        } else {
+            self.at = used;
+        }
+        Ok(read)
     }
 
-    /// How many more bytes the frame at the start of `buf` needs (at least 1): a buffer
-    /// can be grown once for a large frame.
+    /// How many more bytes the next frame in `buf` needs (at least 1): a buffer can be
+    /// grown once for a large frame.
     pub fn wants(&self, buf: &[u8]) -> usize {
+        let buf = &buf[self.at.min(buf.len())..];
         match self.header(buf) {
             Ok(Some(h)) => (h.len + h.payload as usize)
                 .saturating_sub(buf.len())

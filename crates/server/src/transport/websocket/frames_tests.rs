@@ -71,6 +71,29 @@ fn a_frame_arriving_a_byte_at_a_time_is_read_once_whole() {
 }
 
 #[test]
+fn frames_read_from_a_buffer_the_caller_keeps_appending_to_come_in_order() {
+    let frames = [
+        client(true, false, opcode::TEXT, b"one"),
+        client(true, false, opcode::TEXT, b"two"),
+        client(true, false, opcode::TEXT, &[b'3'; 300]),
+    ];
+    let (third, cut) = (&frames[2], frames[2].len() / 2);
+    let mut r = reader();
+    // Two whole frames and half the third, in one read.
+    let mut buf = [&frames[0][..], &frames[1][..], &third[..cut]].concat();
+    assert_eq!(r.read(&mut buf), Ok(Some(text("one"))));
+    assert_eq!(r.wants(&buf), 1, "the next frame is whole");
+    assert_eq!(r.read(&mut buf), Ok(Some(text("two"))));
+    assert_eq!(r.wants(&buf), third.len() - cut);
+    assert_eq!(r.read(&mut buf), Ok(None));
+    // What was taken is gone once more is needed: only the third's first half is left.
+    assert_eq!(buf, third[..cut]);
+    buf.extend_from_slice(&third[cut..]);
+    assert_eq!(r.read(&mut buf), Ok(Some(text(&"3".repeat(300)))));
+    assert!(buf.is_empty());
+}
+
+#[test]
 fn wants_says_how_much_of_a_large_frame_is_missing() {
     let frame = client(true, false, opcode::TEXT, &[b'a'; 900]);
     let r = reader();

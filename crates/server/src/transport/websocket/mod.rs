@@ -186,11 +186,7 @@ impl<F: Framing> WebSocket<F> {
 
     /// Writes `bytes` whole, at most `timeout`: a client that does not read is cut off.
     async fn write(&self, bytes: &[u8], timeout: Duration) -> Result<(), Unwritten> {
-        match tokio::time::timeout(timeout, self.io.write(bytes)).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err(Unwritten::Gone),
-            Err(_) => Err(Unwritten::Slow),
-        }
+        within(timeout, self.io.write(bytes)).await
     }
 
     /// Sends a control frame.
@@ -253,11 +249,7 @@ impl<F: Framing> Wire for WebSocket<F> {
         if bytes.is_empty() && self.pending.is_empty() {
             // Nothing new: still send the tail of a direct write the socket did not take.
             if self.io.queue().has_unsent() {
-                return match tokio::time::timeout(timeout, self.io.flush()).await {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(_)) => Err(Unwritten::Gone),
-                    Err(_) => Err(Unwritten::Slow),
-                };
+                return within(timeout, self.io.flush()).await;
             }
             return Ok(());
         }
@@ -346,6 +338,18 @@ impl<F: Framing> Wire for WebSocket<F> {
         })
         .await;
         true
+    }
+}
+
+/// Waits for a write, at most `timeout`: a broken one is `Gone`, a late one `Slow`.
+async fn within(
+    timeout: Duration,
+    write: impl std::future::Future<Output = std::io::Result<()>>,
+) -> Result<(), Unwritten> {
+    match tokio::time::timeout(timeout, write).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(Unwritten::Gone),
+        Err(_) => Err(Unwritten::Slow),
     }
 }
 

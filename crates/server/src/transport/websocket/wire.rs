@@ -169,24 +169,25 @@ impl<F: Framing> Io<F> {
 
     /// Writes `bytes` whole (after any tail of a direct write), waiting for the socket.
     pub async fn write(&self, bytes: &[u8]) -> io::Result<()> {
-        let (wire, queue) = (&*self.wire, &self.queue);
-        poll_fn(|cx| loop {
-            match queue.write_through(wire, bytes) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    ready!(wire.stream.poll_write_ready(cx))?
-                }
-                done => return Poll::Ready(done.map(drop)),
-            }
-        })
-        .await?;
+        self.when_writable(|wire, queue| queue.write_through(wire, bytes).map(drop))
+            .await?;
         self.flush().await
     }
 
     /// Waits until what the socket did not take of earlier writes has gone.
     pub async fn flush(&self) -> io::Result<()> {
-        let (wire, queue) = (&*self.wire, &self.queue);
+        self.when_writable(|wire, queue| queue.flush_unsent(wire))
+            .await
+    }
+
+    /// Runs `write` until it no longer says `WouldBlock`, waiting for the socket between.
+    async fn when_writable(
+        &self,
+        mut write: impl FnMut(&Wire<F>, &Queue) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let (wire, queue) = (&*self.wire, &*self.queue);
         poll_fn(|cx| loop {
-            match queue.flush_unsent(wire) {
+            match write(wire, queue) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     ready!(wire.stream.poll_write_ready(cx))?
                 }
