@@ -41,7 +41,11 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use herald_protocol::{ChannelName, Epoch, Publication, Since, StreamPosition};
 
-pub use durable::{DurableBroker, OpenError, StoreOptions, SyncPolicy, DEFAULT_CACHE_BYTES};
+/// The durable store's write-ahead log format, for the fuzzer.
+pub use durable::wal;
+pub use durable::{
+    DurableBroker, OpenError, StoreOptions, SyncPolicy, DEFAULT_CACHE_BYTES, DEFAULT_SYNC_INTERVAL,
+};
 pub use link::{Engine, NodeLink, NodeRequests, SharedLink};
 pub use memory::MemoryBroker;
 pub use presence::{

@@ -20,6 +20,7 @@ pub mod mutate;
 pub mod node;
 pub mod server;
 pub mod targets;
+pub mod wal;
 pub mod websocket;
 
 use std::{

@@ -55,12 +55,14 @@ pub enum Target {
     /// What a WebSocket client sends after its handshake (frames, fragments, compressed
     /// messages), through Herald's frame reader; and a permessage-deflate offer.
     Websocket,
+    /// A segment of the durable store's write-ahead log, as replay reads it.
+    Wal,
 }
 
 pub use crate::decoder::Decoder;
 
 impl Target {
-    pub const ALL: [Target; 17] = [
+    pub const ALL: [Target; 18] = [
         Target::Command,
         Target::Cursor,
         Target::Query,
@@ -78,6 +80,7 @@ impl Target {
         Target::NodeMessage,
         Target::Origin,
         Target::Websocket,
+        Target::Wal,
     ];
 
     pub fn name(self) -> &'static str {
@@ -99,6 +102,7 @@ impl Target {
             Target::NodeMessage => "node-message",
             Target::Origin => "origin",
             Target::Websocket => "websocket",
+            Target::Wal => "wal",
         }
     }
 
@@ -180,6 +184,7 @@ impl Target {
             Target::NodeMessage => return crate::node::corpus(),
             Target::Origin => return access::origins(),
             Target::Websocket => return crate::websocket::corpus(),
+            Target::Wal => return crate::wal::corpus(),
         };
         texts.iter().map(|t| t.as_bytes().to_vec()).collect()
     }
@@ -230,6 +235,7 @@ impl Target {
             Target::NodeMessage => crate::node::decoder(),
             Target::Origin => access::origin(),
             Target::Websocket => crate::websocket::decoder(),
+            Target::Wal => crate::wal::decoder(),
             // A message as the front reads it; the same bytes as a stored payload, as the
             // hub turns one into a Pusher event.
             Target::Pusher => Box::new(|input| {

@@ -62,8 +62,8 @@ pub struct ServeArgs {
     /// Share the listening address with other processes (SO_REUSEPORT), e.g. several nodes on one machine [env: HERALD_REUSE_PORT]
     #[arg(long)]
     pub reuse_port: bool,
-    /// When durable writes reach the disk: group, always or none [env: HERALD_SYNC] [default: group]
-    #[arg(long, value_parser = ["group", "always", "none"])]
+    /// When durable writes reach the disk: group, always, interval or none [env: HERALD_SYNC] [default: group]
+    #[arg(long, value_parser = ["group", "always", "interval", "none"])]
     pub sync: Option<String>,
     /// Worker threads, 0 = one per core [env: HERALD_WORKERS] [default: 0]
     #[arg(long)]

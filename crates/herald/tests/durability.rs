@@ -294,14 +294,15 @@ fn a_restored_backup_never_reuses_an_offset_within_an_epoch() {
             )
         })
     };
-    let file = data.path().join("herald.redb");
     let server = Server::start_in(data.path(), &[]);
     let mut epoch = String::new();
     for i in 1..=3 {
         epoch = publish(&server.url, i).1;
     }
     drop(server); // SIGKILL; every commit so far was durable.
-    std::fs::copy(&file, backup.path().join("herald.redb")).unwrap();
+                  // A backup of a stopped server, as deployment.md says: the file and the log beside it
+                  // (after a `kill -9` the newest publications may be only in the log).
+    copy_store(data.path(), backup.path());
 
     // A plain restart keeps the epoch; a client sees 4 and 5 in it.
     let server = Server::start_in(data.path(), &[]);
@@ -310,7 +311,7 @@ fn a_restored_backup_never_reuses_an_offset_within_an_epoch() {
     drop(server);
 
     // The backup (taken at offset 3) is put back.
-    std::fs::copy(backup.path().join("herald.redb"), &file).unwrap();
+    copy_store(backup.path(), data.path());
     let server = Server::start_in(data.path(), &[]);
     let h = history(&rt, &server.url, "news");
     assert_ne!(
@@ -356,4 +357,26 @@ fn a_restored_backup_never_reuses_an_offset_within_an_epoch() {
         epoch != restarted_epoch,
         "offset {offset} of epoch {epoch} handed out twice"
     );
+}
+
+/// Copies the store (`herald.redb` and its log, `herald.wal.*`) from one data directory to
+/// another, replacing the log there: what deployment.md says a backup and a restore are.
+fn copy_store(from: &std::path::Path, to: &std::path::Path) {
+    let is_store = |name: &str| name == "herald.redb" || name.starts_with("herald.wal.");
+    for entry in std::fs::read_dir(to).unwrap() {
+        let entry = entry.unwrap();
+        if entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with("herald.wal."))
+        {
+            std::fs::remove_file(entry.path()).unwrap();
+        }
+    }
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name().to_str().is_some_and(is_store) {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
 }

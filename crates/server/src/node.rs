@@ -241,6 +241,7 @@ impl Node {
         let options = herald_broker::StoreOptions {
             sync: settings.config.sync.into(),
             cache_bytes: settings.config.store_cache_bytes,
+            sync_interval: std::time::Duration::from_millis(settings.config.sync_interval_ms),
         };
         let rules = settings.clone();
         let policies = settings.policies();

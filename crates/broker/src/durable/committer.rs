@@ -1,42 +1,68 @@
-//! The one thread that writes the database file: it takes jobs in batches, commits each
-//! batch in one transaction (synced as `sync` says), hands what it committed to the sink in
-//! order, and while writes fail, keeps the file's damage out and tries again.
+//! The one thread that makes publications durable: it takes jobs in batches, appends each
+//! batch to the write-ahead log with one sync (as `sync` says), then makes what it wrote
+//! readable, fans it out and acknowledges it in order, and hands it to the applier, which
+//! writes it into the database file later. While appends fail, it refuses publications,
+//! cuts what a failed append left and tries again.
 
 use std::{
-    collections::HashMap,
     path::PathBuf,
     sync::{mpsc, Arc},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use herald_protocol::{Publication, StreamPosition};
-use redb::{Durability, ReadableTable};
+use parking_lot::Mutex;
 
-use super::recovery::{probe, set_unflushed};
-use super::store::{
-    record_crc, stream_crc, unavailable, Failing, Job, Slot, PUBLICATIONS, STREAMS,
-};
-use super::{now_ms, Deadlines, StoreOptions, SyncPolicy};
+use super::applier::Op;
+use super::store::{unavailable, Failing, Job, Unapplied};
+use super::{now_ms, wal, Deadlines, StoreOptions, SyncPolicy};
 use crate::PublicationSink;
 
 pub(super) struct Committer {
-    pub(super) path: PathBuf,
-    pub(super) db: Slot,
+    pub(super) dir: PathBuf,
     pub(super) options: StoreOptions,
     pub(super) sink: Arc<dyn PublicationSink>,
+    /// Why appends to the log fail, while they do.
     pub(super) failing: Failing,
+    /// Why the applier's writes fail, while they do: publications are refused then too,
+    /// so that the log and what waits for the file do not grow without bound.
+    pub(super) applier_failing: Failing,
     pub(super) deadlines: Arc<Deadlines>,
+    pub(super) unapplied: Arc<Unapplied>,
+    pub(super) segment: wal::Segment,
+    pub(super) segments: Arc<Mutex<Vec<u64>>>,
+    /// The store's run mark, written in every segment's header.
+    pub(super) run: u64,
+    /// The LSN the next logged entry gets.
+    pub(super) next_lsn: u64,
+    /// The batch being encoded (kept to reuse its allocation).
+    pub(super) body: Vec<u8>,
+    /// With [`SyncPolicy::Interval`]: since when appends wait for a sync.
+    pub(super) unsynced: Option<Instant>,
+    pub(super) applier: Option<mpsc::Sender<Op>>,
+    pub(super) applier_thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// How often the committer tries the file again while writes fail.
+/// How often the committer tries the log again while appends fail.
 const RETRY: Duration = Duration::from_secs(1);
 
+/// A segment past this size is closed and a new one started, so that applied entries can
+/// be deleted.
+const SEGMENT_BYTES: u64 = 16 << 20;
+
 impl Committer {
-    pub(super) fn run(self, jobs: mpsc::Receiver<Job>) {
+    pub(super) fn run(mut self, jobs: mpsc::Receiver<Job>) {
         loop {
             let failing = self.failing.lock().is_some();
-            let first = if failing {
-                match jobs.recv_timeout(RETRY) {
+            let wait = match (failing, self.unsynced) {
+                (true, _) => Some(RETRY),
+                (false, Some(since)) => Some(
+                    (since + self.options.sync_interval).saturating_duration_since(Instant::now()),
+                ),
+                (false, None) => None,
+            };
+            let first = if let Some(wait) = wait {
+                match jobs.recv_timeout(wait) {
                     Ok(job) => Some(job),
                     Err(mpsc::RecvTimeoutError::Timeout) => None,
                     Err(mpsc::RecvTimeoutError::Disconnected) => return self.close(),
@@ -48,12 +74,13 @@ impl Committer {
                 }
             };
             if failing {
-                self.reopen();
+                self.recover();
             }
+            self.sync_if_due();
             let Some(first) = first else { continue };
             let mut batch = vec![first];
             if self.options.sync != SyncPolicy::Always {
-                // Whatever queued up during the last commit shares this one.
+                // Whatever queued up during the last append shares this one.
                 while batch.len() < 8192 {
                     match jobs.try_recv() {
                         Ok(job) => batch.push(job),
@@ -62,24 +89,15 @@ impl Committer {
                 }
             }
             let batch = self.without_stale(batch);
-            if let Some(why) = self.failing.lock().clone() {
+            let why = self.failing.lock().clone();
+            if let Some(why) = why.or_else(|| self.applier_failing.lock().clone()) {
                 self.fail(batch, &why);
                 continue;
             }
-            // redb decodes what trims read with `unwrap`: a damaged record must fail this
-            // batch (health says so), not end the only thread that writes.
-            let written =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.write(&batch)))
-                    .unwrap_or_else(|_| {
-                        Err(redb::Error::Corrupted(
-                    "a stored record cannot be decoded; restart to drop the damaged channel"
-                        .into(),
-                ))
-                    });
-            match written {
-                Ok(oldest_left) => self.complete(batch, oldest_left),
+            match self.write(&batch) {
+                Ok(first_lsn) => self.complete(batch, first_lsn),
                 Err(e) => {
-                    tracing::error!(error = %e, file = %self.path.display(), "storage write failed; publications are refused until a write works again (retried every second)");
+                    tracing::error!(error = %e, dir = %self.dir.display(), "storage write failed; publications are refused until a write works again (retried every second)");
                     let why = e.to_string();
                     *self.failing.lock() = Some(why.clone());
                     self.fail(batch, &why);
@@ -88,16 +106,39 @@ impl Committer {
         }
     }
 
-    /// A clean close: with `sync = "none"`, one durable commit makes everything written so
-    /// far durable and clears [`UNFLUSHED`], so the next start trusts the file.
-    fn close(&self) {
-        if self.options.sync != SyncPolicy::None || self.failing.lock().is_some() {
+    /// With [`SyncPolicy::Interval`]: syncs the log once its oldest unsynced append has
+    /// waited the interval.
+    fn sync_if_due(&mut self) {
+        let Some(since) = self.unsynced else { return };
+        if since.elapsed() < self.options.sync_interval {
             return;
         }
-        if let Some(db) = self.db.read().clone() {
-            if let Err(e) = set_unflushed(&db, false, None) {
-                tracing::error!(error = %e, "storage: the final durable commit failed; the next start gives every channel a new epoch");
+        self.unsynced = None;
+        if let Err(e) = self.segment.sync() {
+            // What was acknowledged may not be on disk: only a machine crash loses it, and
+            // the next start answers that with new epochs. New publications wait until
+            // the log works again.
+            tracing::error!(error = %e, dir = %self.dir.display(), "storage sync failed; publications are refused until a write works again (retried every second)");
+            *self.failing.lock() = Some(e.to_string());
+        }
+    }
+
+    /// Lets the applier write everything it was given and close the file.
+    fn close(&mut self) {
+        self.applier.take();
+        if let Some(thread) = self.applier_thread.take() {
+            let _ = thread.join();
+        }
+    }
+
+    /// After a failed append: cuts what it left and checks that writes work again.
+    fn recover(&mut self) {
+        match self.segment.recover() {
+            Ok(()) => {
+                *self.failing.lock() = None;
+                tracing::info!(dir = %self.dir.display(), "storage writes work again");
             }
+            Err(e) => *self.failing.lock() = Some(e.to_string()),
         }
     }
 
@@ -145,142 +186,88 @@ impl Committer {
         }
     }
 
-    /// Reopens the file (redb refuses everything after an I/O error until then) and checks
-    /// that a write of some size works; clears the failure if so.
-    fn reopen(&self) {
-        let old = self.db.write().take();
-        if let Some(mut old) = old {
-            // Readers hold it only for one read.
-            loop {
-                match Arc::try_unwrap(old) {
-                    Ok(db) => break drop(db),
-                    Err(still) => {
-                        old = still;
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
-                }
+    /// Appends a batch's logged jobs to the log as one batch, synced unless `sync` is
+    /// none; returns the LSN of its first entry.
+    fn write(&mut self, batch: &[Job]) -> std::io::Result<u64> {
+        let first = self.next_lsn;
+        self.body.clear();
+        let mut count = 0u32;
+        for job in batch {
+            match job {
+                Job::Publish(r) => wal::encode_publish(
+                    &mut self.body,
+                    r.channel.as_str(),
+                    r.epoch.as_str(),
+                    r.offset,
+                    r.at_ms,
+                    &r.data,
+                ),
+                Job::Reset {
+                    channel,
+                    epoch,
+                    at_ms,
+                    ..
+                } => wal::encode(
+                    &mut self.body,
+                    &wal::Entry::Reset {
+                        channel: channel.as_str().into(),
+                        epoch: epoch.as_str().into(),
+                        at_ms: *at_ms,
+                    },
+                ),
+                Job::Forget { channel } => wal::encode(
+                    &mut self.body,
+                    &wal::Entry::Forget {
+                        channel: channel.as_str().into(),
+                    },
+                ),
+                Job::Trim { .. } => continue,
+            }
+            count += 1;
+        }
+        if count > 0 {
+            let bytes = wal::batch(first, count, &self.body);
+            let sync = self.options.sync.syncs_before_ack();
+            self.segment.append(&bytes, sync)?;
+            if self.options.sync == SyncPolicy::Interval && self.unsynced.is_none() {
+                self.unsynced = Some(Instant::now());
+            }
+            self.next_lsn += u64::from(count);
+            if self.segment.len >= SEGMENT_BYTES {
+                self.rotate();
             }
         }
-        let db = match self.options.database(&self.path) {
-            Ok(db) => db,
+        Ok(first)
+    }
+
+    /// Starts a new segment; the applier deletes the old one once it is applied. A failure
+    /// keeps appending to the current one.
+    fn rotate(&mut self) {
+        match wal::Segment::create(&self.dir, self.run, self.next_lsn) {
+            Ok(segment) => {
+                // Whatever waits for a sync in the old one gets it now.
+                if self.unsynced.take().is_some() {
+                    if let Err(e) = self.segment.sync() {
+                        tracing::error!(error = %e, dir = %self.dir.display(), "storage sync failed");
+                        *self.failing.lock() = Some(e.to_string());
+                    }
+                }
+                self.segments.lock().push(segment.first_lsn);
+                self.segment = segment;
+            }
             Err(e) => {
-                *self.failing.lock() = Some(format!("reopening: {e}"));
-                return;
+                tracing::warn!(error = %e, dir = %self.dir.display(), "a new log segment could not be created; the current one grows");
             }
-        };
-        let probe = probe(&db);
-        *self.db.write() = Some(Arc::new(db));
-        match probe {
-            Ok(()) => {
-                *self.failing.lock() = None;
-                tracing::info!(file = %self.path.display(), "storage writes work again");
-            }
-            Err(e) => *self.failing.lock() = Some(e.to_string()),
         }
     }
 
-    /// Writes a batch in one transaction; returns, for every trimmed channel, when its
-    /// oldest publication left was published (`None`: none left).
-    fn write(&self, batch: &[Job]) -> Result<Vec<Option<u64>>, redb::Error> {
-        let mut oldest_left = Vec::new();
-        let db = self
-            .db
-            .read()
-            .clone()
-            .ok_or_else(|| redb::Error::Corrupted("the file is being reopened".into()))?;
-        let mut txn = db.begin_write()?;
-        let durability = if self.options.sync == SyncPolicy::None {
-            Durability::None
-        } else {
-            Durability::Immediate
-        };
-        txn.set_durability(durability)
-            .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
-        {
-            let mut pubs = txn.open_table(PUBLICATIONS)?;
-            let mut streams = txn.open_table(STREAMS)?;
-            let mut tops: HashMap<&str, (u64, usize)> = HashMap::new();
-            for job in batch {
-                match job {
-                    Job::Publish(r) => {
-                        let ch = r.channel.as_str();
-                        let crc = record_crc(ch, r.offset, r.at_ms, &r.data);
-                        pubs.insert((ch, r.offset), (r.at_ms, crc, &r.data[..]))?;
-                        let epoch = r.epoch.as_str();
-                        streams.insert(
-                            ch,
-                            (
-                                epoch,
-                                r.offset,
-                                r.at_ms,
-                                stream_crc(ch, epoch, r.offset, r.at_ms),
-                            ),
-                        )?;
-                        tops.insert(ch, (r.offset, r.meta.lock().policy.history_size));
-                    }
-                    Job::Reset { channel, epoch, .. } => {
-                        let ch = channel.as_str();
-                        pubs.retain_in((ch, 0)..=(ch, u64::MAX), |_, _| false)?;
-                        let now = now_ms();
-                        streams.insert(
-                            ch,
-                            (
-                                epoch.as_str(),
-                                0,
-                                now,
-                                stream_crc(ch, epoch.as_str(), 0, now),
-                            ),
-                        )?;
-                        tops.remove(ch);
-                    }
-                    Job::Forget { channel } => {
-                        let ch = channel.as_str();
-                        pubs.retain_in((ch, 0)..=(ch, u64::MAX), |_, _| false)?;
-                        streams.remove(ch)?;
-                        tops.remove(ch);
-                    }
-                    Job::Trim {
-                        channel,
-                        older_than_ms,
-                        ..
-                    } => {
-                        let ch = channel.as_str();
-                        // Expired publications are the oldest ones: find where they end.
-                        let mut end = None;
-                        for entry in pubs.range((ch, 0)..=(ch, u64::MAX))? {
-                            let (k, v) = entry?;
-                            if v.value().0 >= *older_than_ms {
-                                end = Some(k.value().1);
-                                break;
-                            }
-                            end = Some(k.value().1 + 1);
-                        }
-                        if let Some(end) = end {
-                            pubs.retain_in((ch, 0)..(ch, end), |_, (at, _, _)| {
-                                at >= *older_than_ms
-                            })?;
-                        }
-                        let first = pubs.range((ch, 0)..=(ch, u64::MAX))?.next();
-                        oldest_left.push(match first {
-                            Some(entry) => Some(entry?.1.value().0),
-                            None => None,
-                        });
-                    }
-                }
-            }
-            for (ch, (top, size)) in tops {
-                let keep_from = top.saturating_sub(size as u64) + 1;
-                pubs.retain_in((ch, 0)..(ch, keep_from), |_, _| false)?;
-            }
-        }
-        txn.commit()?;
-        Ok(oldest_left)
-    }
-
-    /// After the commit: publications become readable, are fanned out in order, and are
-    /// acknowledged.
-    fn complete(&self, batch: Vec<Job>, oldest_left: Vec<Option<u64>>) {
-        let mut oldest_left = oldest_left.into_iter();
+    /// After the append: publications become readable, are fanned out in order, and are
+    /// acknowledged; then everything goes to the applier in the same order.
+    fn complete(&mut self, batch: Vec<Job>, first_lsn: u64) {
+        let mut lsn = first_lsn;
+        let ops: Vec<Op> = batch.iter().map(|job| op(job, &mut lsn)).collect();
+        // Readable before anyone is told it is committed.
+        self.unapplied.add(&ops);
         for job in batch {
             match job {
                 Job::Publish(r) => {
@@ -307,17 +294,57 @@ impl Committer {
                     }
                     let _ = r.done.send(Ok(position));
                 }
-                Job::Reset { done, .. } => {
-                    let _ = done.send(Ok(()));
-                }
-                Job::Trim { channel, meta, .. } => {
-                    let oldest = oldest_left.next().flatten();
-                    let mut m = meta.lock();
-                    m.oldest_ms = oldest;
-                    self.deadlines.refile(&mut m, &channel, now_ms());
-                }
-                Job::Forget { .. } => {}
+                Job::Reset { done, .. } => drop(done.send(Ok(()))),
+                Job::Trim { .. } | Job::Forget { .. } => {}
             }
         }
+        if let Some(applier) = &self.applier {
+            for op in ops {
+                let _ = applier.send(op);
+            }
+        }
+    }
+}
+
+/// What the applier is to write for `job`; logged jobs take the next LSN.
+fn op(job: &Job, lsn: &mut u64) -> Op {
+    let mut next = || {
+        *lsn += 1;
+        *lsn - 1
+    };
+    match job {
+        Job::Publish(r) => Op::Publish {
+            lsn: next(),
+            channel: r.channel.clone(),
+            epoch: r.epoch.clone(),
+            offset: r.offset,
+            at_ms: r.at_ms,
+            data: r.data.clone(),
+            history_size: r.meta.lock().policy.history_size,
+        },
+        Job::Reset {
+            channel,
+            epoch,
+            at_ms,
+            ..
+        } => Op::Reset {
+            lsn: next(),
+            channel: channel.clone(),
+            epoch: epoch.clone(),
+            at_ms: *at_ms,
+        },
+        Job::Forget { channel } => Op::Forget {
+            lsn: next(),
+            channel: channel.clone(),
+        },
+        Job::Trim {
+            channel,
+            meta,
+            older_than_ms,
+        } => Op::Trim {
+            channel: channel.clone(),
+            meta: meta.clone(),
+            older_than_ms: *older_than_ms,
+        },
     }
 }

@@ -1,16 +1,21 @@
-//! The embedded durable broker: streams in a redb database file, so acknowledged
-//! publications survive `kill -9` and restarts, with their offsets and epochs.
+//! The embedded durable broker: streams in a redb database file fed by a write-ahead log,
+//! so acknowledged publications survive `kill -9` and restarts, with their offsets and
+//! epochs.
 //!
 //! Offsets are assigned under the channel's lock, in the order records are handed to one
-//! committer thread. The committer writes everything that has queued up since its last
-//! commit in one transaction (group commit: concurrent publications share one fsync),
-//! and only after the commit marks them readable, fans them out and acknowledges them.
-//! So nothing a client saw or was acknowledged can be lost, and history reads never show
-//! a publication that is not yet durable.
+//! committer thread. The committer appends everything that has queued up since its last
+//! append to the log ([`wal`]) as one batch, synced as [`SyncPolicy`] says, and only then
+//! makes it readable, fans it out and acknowledges it. The applier writes the log's
+//! batches into the database file many at a time, which is where a B-tree commit's cost
+//! is paid once for many publications. Reads join the file with what it does not hold yet
+//! ([`unapplied`]).
 
+mod applier;
 mod committer;
 mod recovery;
 pub(crate) mod store;
+mod unapplied;
+pub mod wal;
 
 use std::{
     cmp::Reverse,
@@ -40,17 +45,31 @@ const SHARDS: usize = 64;
 /// Most channels one sweep looks at; the rest wait for the next second.
 const SWEEP_BATCH: usize = 10_000;
 
-/// When a commit reaches the disk.
+/// When a publication written to the log reaches the disk. Whatever the policy, it is in
+/// the operating system's hands before it is acknowledged, so a crash of the process
+/// (`kill -9`) loses nothing; the policies differ on a crash of the machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncPolicy {
-    /// Every publication is its own transaction with its own fsync. Slowest, simplest.
+    /// Every publication is synced alone before it is acknowledged. Slowest.
     Always,
-    /// Publications waiting while a commit runs go together into the next one, with one
-    /// fsync for all of them. As safe as `Always`; the default.
+    /// Publications waiting while a sync runs share the next one; each is synced before it
+    /// is acknowledged, so a machine crash loses nothing acknowledged.
     Group,
-    /// No fsync: a crash of the machine (not just the process) may lose recent
-    /// publications. The process can still be killed safely only after a clean shutdown.
+    /// Acknowledged once written; synced within [`StoreOptions::sync_interval`]. A machine
+    /// crash may lose what was acknowledged within that interval before it: the next start
+    /// sees that the machine restarted and gives every stream a new epoch, so clients are
+    /// told (`recovered: false`), and no offset is handed out twice.
+    Interval,
+    /// Never synced (the database file is, at each of the applier's commits, a few times a
+    /// second): a machine crash is answered as with `Interval`.
     None,
+}
+
+impl SyncPolicy {
+    /// Whether every acknowledged publication is on disk.
+    pub fn syncs_before_ack(self) -> bool {
+        matches!(self, SyncPolicy::Always | SyncPolicy::Group)
+    }
 }
 
 /// How the store file is kept: when commits reach the disk, and how much of it stays in
@@ -62,7 +81,14 @@ pub struct StoreOptions {
     /// Most bytes of the file's pages kept in memory (redb's cache, whose own default is
     /// 1 GiB: a restart that reads the whole file keeps that much of it).
     pub cache_bytes: usize,
+    /// With [`SyncPolicy::Interval`], the longest an acknowledged publication waits to be
+    /// synced.
+    pub sync_interval: std::time::Duration,
 }
+
+/// How long a publication waits for its sync at most with [`SyncPolicy::Interval`], unless
+/// told otherwise.
+pub const DEFAULT_SYNC_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The page cache a store keeps unless told otherwise.
 pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
@@ -72,6 +98,7 @@ impl From<SyncPolicy> for StoreOptions {
         Self {
             sync,
             cache_bytes: DEFAULT_CACHE_BYTES,
+            sync_interval: DEFAULT_SYNC_INTERVAL,
         }
     }
 }
@@ -508,6 +535,7 @@ impl Broker for DurableBroker {
             self.store.submit(Job::Reset {
                 channel: channel.clone(),
                 epoch: m.epoch.clone(),
+                at_ms: now_ms(),
                 done,
             });
             break;
@@ -552,5 +580,7 @@ impl Broker for DurableBroker {
     }
 }
 
+#[cfg(test)]
+mod log_tests;
 #[cfg(test)]
 mod tests;

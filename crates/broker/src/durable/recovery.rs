@@ -8,11 +8,12 @@ use std::{collections::HashMap, path::Path};
 use herald_protocol::{ChannelName, Epoch};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableError};
 
+use super::applier::{apply, Op};
 use super::store::{
-    record_crc, stream_crc, OpenError, Streams, PUBLICATIONS, RUN, RUN_FILE_NAME, STATE, STREAMS,
-    UNFLUSHED,
+    record_crc, stream_crc, OpenError, Streams, APPLIED, BOOT, PUBLICATIONS, RUN, RUN_FILE_NAME,
+    STATE, STREAMS, UNFLUSHED,
 };
-use super::Meta;
+use super::{wal, Meta};
 use crate::StreamPolicy;
 
 /// Runs `open` with its panics turned into [`OpenError::Damaged`]: redb decodes keys and
@@ -37,9 +38,7 @@ pub(super) fn damaged(path: &Path, e: impl std::fmt::Display) -> OpenError {
 /// its checksum (or lies outside its stream) is reset: its history is deleted and it gets a
 /// new epoch, so clients resuming in it are told `recovered: false` instead of being served
 /// damaged data. A file that cannot be read at all is refused.
-///
-/// With `distrust_all` (a `sync = "none"` run stopped uncleanly), every channel is reset so.
-pub(super) fn verify(db: &Database, path: &Path, distrust_all: bool) -> Result<Streams, OpenError> {
+pub(super) fn verify(db: &Database, path: &Path) -> Result<Streams, OpenError> {
     let mut metas: HashMap<String, Meta> = HashMap::new();
     let mut bad: std::collections::BTreeSet<String> = Default::default();
     {
@@ -52,7 +51,7 @@ pub(super) fn verify(db: &Database, path: &Path, distrust_all: bool) -> Result<S
                     let (epoch, top, last, crc) = v.value();
                     let valid =
                         ChannelName::stored(&channel).is_ok() && Epoch::checked(epoch).is_some();
-                    if distrust_all || !valid || crc != stream_crc(&channel, epoch, top, last) {
+                    if !valid || crc != stream_crc(&channel, epoch, top, last) {
                         bad.insert(channel);
                         continue;
                     }
@@ -94,28 +93,79 @@ pub(super) fn verify(db: &Database, path: &Path, distrust_all: bool) -> Result<S
                     .map_err(|e| damaged(path, e))?;
                 streams.remove(ch).map_err(|e| damaged(path, e))?;
                 metas.remove(channel);
-                if !distrust_all {
-                    tracing::warn!(
-                        channel = ch,
-                        file = %path.display(),
-                        "damaged history dropped; the channel starts a new epoch (resuming clients get recovered: false)"
-                    );
-                }
+                tracing::warn!(
+                    channel = ch,
+                    file = %path.display(),
+                    "damaged history dropped; the channel starts a new epoch (resuming clients get recovered: false)"
+                );
             }
         }
         write.commit().map_err(|e| damaged(path, e))?;
-        if distrust_all {
-            tracing::warn!(
-                channels = bad.len(),
-                file = %path.display(),
-                "the last run used sync = \"none\" and did not stop cleanly, so its latest publications are lost: every channel starts a new epoch (resuming clients get recovered: false)"
-            );
-        }
     }
     Ok(metas
         .into_iter()
         .filter_map(|(c, m)| Some((ChannelName::stored(&c).ok()?, m)))
         .collect())
+}
+
+/// Writes into the file (durably) the log entries it does not hold yet, from the segments
+/// this file's run wrote; whether entries were lost inside the log (damaged bytes, a
+/// missing segment), which the caller answers with new epochs. Segments of another run
+/// belong to another copy of the file (this one was restored from a backup) and are
+/// ignored: the restore check gives every stream a new epoch then.
+pub(super) fn replay(db: &Database, dir: &Path, path: &Path) -> Result<bool, OpenError> {
+    let directory = |source| OpenError::Directory {
+        path: dir.to_owned(),
+        source,
+    };
+    let run = file_run(db).map_err(|e| damaged(path, e))?;
+    let mut expected = applied(db).map_err(|e| damaged(path, e))? + 1;
+    let mut lost = false;
+    let mut ops = Vec::new();
+    'segments: for (_, segment) in wal::segments(dir).map_err(directory)? {
+        let bytes = std::fs::read(&segment).map_err(directory)?;
+        let scan = wal::scan(&bytes);
+        lost |= scan.damaged;
+        if Some(scan.run) != run {
+            if !scan.damaged {
+                tracing::warn!(file = %segment.display(), "a log segment of another copy of the data file is ignored");
+            }
+            continue;
+        }
+        for (lsn, entry) in scan.entries {
+            if lsn < expected {
+                continue;
+            }
+            let op = (lsn == expected)
+                .then(|| Op::replayed(lsn, entry))
+                .flatten();
+            let Some(op) = op else {
+                // A gap, or an entry naming no valid stream: what follows cannot be trusted
+                // to continue what the file holds.
+                lost = true;
+                break 'segments;
+            };
+            ops.push(op);
+            expected += 1;
+        }
+    }
+    for chunk in ops.chunks(50_000) {
+        apply(db, chunk).map_err(|e| damaged(path, e))?;
+    }
+    if !ops.is_empty() {
+        tracing::info!(entries = ops.len(), dir = %dir.display(), "replayed the write-ahead log into the data file");
+    }
+    Ok(lost)
+}
+
+/// The last log entry the file holds ([`APPLIED`]; 0 for none).
+pub(super) fn applied(db: &Database) -> Result<u64, redb::Error> {
+    let read = db.begin_read()?;
+    match read.open_table(STATE) {
+        Ok(table) => Ok(table.get(APPLIED)?.map_or(0, |v| v.value())),
+        Err(TableError::TableDoesNotExist(_)) => Ok(0),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The [`RUN`] mark the file carries, if any (files written before marks carry none).
@@ -182,18 +232,38 @@ pub(super) fn renew_epochs(db: &Database, path: &Path) -> Result<usize, OpenErro
     Ok(renewed)
 }
 
-/// Whether [`UNFLUSHED`] is set.
+/// Whether the last run acknowledged publications before syncing them ([`UNFLUSHED`]) and
+/// did not stop cleanly, on a machine that has restarted since (or whose restarts cannot be
+/// told): then what it acknowledged last may be lost. A process that was killed on a
+/// machine still running lost nothing it wrote: the operating system keeps it.
 pub(super) fn unflushed(db: &Database) -> Result<bool, redb::Error> {
     let read = db.begin_read()?;
-    match read.open_table(STATE) {
-        Ok(table) => Ok(table.get(UNFLUSHED)?.is_some_and(|v| v.value() == 1)),
-        Err(TableError::TableDoesNotExist(_)) => Ok(false),
-        Err(e) => Err(e.into()),
+    let table = match read.open_table(STATE) {
+        Ok(table) => table,
+        Err(TableError::TableDoesNotExist(_)) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    if table.get(UNFLUSHED)?.is_none_or(|v| v.value() != 1) {
+        return Ok(false);
     }
+    let boot = table.get(BOOT)?.map(|v| v.value());
+    Ok(boot.is_none() || boot != boot_id())
+}
+
+/// This boot of the machine, as a number (Linux's `boot_id`); `None` where it is unknown.
+pub(super) fn boot_id() -> Option<u64> {
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let id = id.trim();
+    (!id.is_empty()).then(|| {
+        // FNV-1a: a stable hash (std's is seeded per process).
+        id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    })
 }
 
 /// Sets or clears [`UNFLUSHED`] in a durable commit (which also makes every earlier
-/// commit durable), with this open's [`RUN`] mark when given.
+/// commit durable), with this open's [`RUN`] mark when given, and this boot's id.
 pub(super) fn set_unflushed(db: &Database, on: bool, run: Option<u64>) -> Result<(), redb::Error> {
     let txn = db.begin_write()?;
     {
@@ -201,6 +271,10 @@ pub(super) fn set_unflushed(db: &Database, on: bool, run: Option<u64>) -> Result
         state.insert(UNFLUSHED, u64::from(on))?;
         if let Some(run) = run {
             state.insert(RUN, run)?;
+        }
+        match boot_id() {
+            Some(boot) => drop(state.insert(BOOT, boot)?),
+            None => drop(state.remove(BOOT)?),
         }
     }
     txn.commit()?;

@@ -12,11 +12,14 @@ use parking_lot::{Mutex, RwLock};
 use redb::{Database, ReadableDatabase, TableDefinition, TableError};
 use tokio::sync::oneshot;
 
+use super::applier::Applier;
 use super::committer::Committer;
 use super::recovery::{
-    contained, damaged, renew_epochs, restored, set_unflushed, unflushed, verify, write_run_file,
+    applied, contained, damaged, renew_epochs, replay, restored, set_unflushed, unflushed, verify,
+    write_run_file,
 };
-use super::{Deadlines, Meta, StoreOptions, SyncPolicy};
+pub(crate) use super::unapplied::Unapplied;
+use super::{wal, Deadlines, Meta, StoreOptions};
 use crate::{BrokerError, History, HistoryQuery, PublicationSink};
 
 /// (channel, offset) → (published at in ms since the Unix epoch, CRC-32, JSON payload).
@@ -32,11 +35,16 @@ pub(super) const STATE: TableDefinition<&str, u64> = TableDefinition::new("state
 /// snapshot of the file): then history may have gone backwards while clients saw what came
 /// later, so every stream starts a new epoch rather than hand their offsets out again.
 pub(super) const RUN: &str = "run";
-/// 1 while a process writes with `sync = "none"`, set durably at open and cleared durably at
-/// a clean close. Found set at open, the last such process stopped uncleanly: its latest
-/// commits were never made durable and are gone, but subscribers saw their offsets, so
+/// 1 while a process acknowledges publications before syncing them (`sync = "interval"` or
+/// `"none"`), set durably at open and cleared durably at a clean close. Found set at open
+/// on a machine that restarted since ([`BOOT`]), the last such process stopped with the
+/// machine: its latest publications may be gone, but subscribers saw their offsets, so
 /// every stream must start a new epoch rather than hand those offsets out again.
 pub(super) const UNFLUSHED: &str = "unflushed";
+/// The machine's boot the mark above was set in.
+pub(super) const BOOT: &str = "boot";
+/// The last write-ahead log entry the file holds: replay at open starts after it.
+pub(super) const APPLIED: &str = "applied";
 
 /// Herald's own checksum of a record, key included, so a damaged page cannot pass for a
 /// publication at another offset. (redb checks its pages only when it recovers from a
@@ -118,6 +126,7 @@ pub(crate) enum Job {
     Reset {
         channel: ChannelName,
         epoch: Epoch,
+        at_ms: u64,
         done: oneshot::Sender<Result<(), BrokerError>>,
     },
     /// Delete publications older than a time, then note the oldest one left.
@@ -132,7 +141,7 @@ pub(crate) enum Job {
     },
 }
 
-/// The open database. Empty while the committer reopens it after a write failure: redb
+/// The open database. Empty while the applier reopens it after a write failure: redb
 /// refuses every operation after an I/O error until the file is opened anew.
 pub(super) type Slot = Arc<RwLock<Option<Arc<Database>>>>;
 
@@ -144,12 +153,17 @@ pub(crate) struct Store {
     db: Slot,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     committer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Why appends to the log fail, while they do.
     failing: Failing,
+    /// Why writes of the database file fail, while they do.
+    applier_failing: Failing,
+    pub(crate) unapplied: Arc<Unapplied>,
 }
 
 impl Drop for Store {
     fn drop(&mut self) {
-        // Let the committer finish what it was given, so the file is closed cleanly.
+        // Let the committer finish what it was given, and the applier write it all, so the
+        // file is closed cleanly and the log is no longer needed.
         self.jobs.lock().take();
         if let Some(thread) = self.committer.lock().take() {
             let _ = thread.join();
@@ -174,7 +188,7 @@ impl Store {
             source,
         })?;
         let path = dir.join(FILE_NAME);
-        let (db, streams) = contained(&path, || {
+        let (db, streams, run, next_lsn) = contained(&path, || {
             let mut db = match options.database(&path) {
                 Ok(db) => db,
                 Err(
@@ -187,8 +201,23 @@ impl Store {
             // trusts a cleanly closed file otherwise, and a damaged page can make it panic
             // inside a destructor, which aborts the process instead of unwinding.
             db.check_integrity().map_err(|e| damaged(&path, e))?;
+            let log_damaged = replay(&db, dir, &path)?;
             let lost_unflushed = unflushed(&db).map_err(|e| damaged(&path, e))?;
-            if !lost_unflushed && restored(&db, dir).map_err(|e| damaged(&path, e))? {
+            if lost_unflushed {
+                let renewed = renew_epochs(&db, &path)?;
+                tracing::warn!(
+                    channels = renewed,
+                    dir = %dir.display(),
+                    "the last run acknowledged publications before syncing them (sync = \"interval\" or \"none\") and stopped with the machine, so its latest ones may be lost: every channel starts a new epoch, keeping its history (resuming clients get recovered: false)"
+                );
+            } else if log_damaged {
+                let renewed = renew_epochs(&db, &path)?;
+                tracing::warn!(
+                    channels = renewed,
+                    dir = %dir.display(),
+                    "the write-ahead log is damaged: entries in it may be lost, so every channel starts a new epoch, keeping its history (resuming clients get recovered: false)"
+                );
+            } else if restored(&db, dir).map_err(|e| damaged(&path, e))? {
                 let renewed = renew_epochs(&db, &path)?;
                 tracing::warn!(
                     channels = renewed,
@@ -196,43 +225,79 @@ impl Store {
                     "the data file is older than the one this directory last used (restored from a backup or a snapshot): every channel starts a new epoch, keeping its history, so clients that saw later publications get recovered: false instead of reused offsets"
                 );
             }
-            let streams = verify(&db, &path, lost_unflushed)?;
+            let streams = verify(&db, &path)?;
             // The mark goes into the file first: a crash before the copy beside it is
             // written looks like a restore next time, which costs a new epoch, never a
             // reused offset.
             let run = fastrand::u64(..);
-            set_unflushed(&db, sync == SyncPolicy::None, Some(run))
+            set_unflushed(&db, !sync.syncs_before_ack(), Some(run))
                 .map_err(|e| damaged(&path, e))?;
             write_run_file(dir, run).map_err(|source| OpenError::Directory {
                 path: dir.to_owned(),
                 source,
             })?;
-            Ok((db, streams))
+            let next_lsn = applied(&db).map_err(|e| damaged(&path, e))? + 1;
+            Ok((db, streams, run, next_lsn))
         })?;
+        let directory = |source| OpenError::Directory {
+            path: dir.to_owned(),
+            source,
+        };
+        // Every entry of the old log is in the file now (or was another file's, or lost
+        // and answered with new epochs): a new log starts.
+        for (_, old) in wal::segments(dir).map_err(directory)? {
+            std::fs::remove_file(old).map_err(directory)?;
+        }
+        let segment = wal::Segment::create(dir, run, next_lsn).map_err(directory)?;
+        let segments = Arc::new(Mutex::new(vec![next_lsn]));
         let db: Slot = Arc::new(RwLock::new(Some(Arc::new(db))));
-        let (jobs, rx) = mpsc::channel();
-        let failing = Failing::default();
-        let committer = Committer {
+        let unapplied = Arc::new(Unapplied::default());
+        let (failing, applier_failing) = (Failing::default(), Failing::default());
+        let (ops, rx) = mpsc::channel();
+        let applier = Applier {
             path: path.clone(),
+            dir: dir.to_owned(),
             db: db.clone(),
+            options,
+            failing: applier_failing.clone(),
+            deadlines: deadlines.clone(),
+            unapplied: unapplied.clone(),
+            segments: segments.clone(),
+        };
+        let applier_thread = std::thread::Builder::new()
+            .name("herald-store-apply".into())
+            .spawn(move || applier.run(rx))
+            .map_err(directory)?;
+        let (jobs, rx) = mpsc::channel();
+        let committer = Committer {
+            dir: dir.to_owned(),
             options,
             sink,
             failing: failing.clone(),
+            applier_failing: applier_failing.clone(),
             deadlines,
+            unapplied: unapplied.clone(),
+            segment,
+            segments,
+            run,
+            next_lsn,
+            body: Vec::new(),
+            unsynced: None,
+            applier: Some(ops),
+            applier_thread: Some(applier_thread),
         };
         let thread = std::thread::Builder::new()
             .name("herald-store".into())
             .spawn(move || committer.run(rx))
-            .map_err(|source| OpenError::Directory {
-                path: dir.to_owned(),
-                source,
-            })?;
+            .map_err(directory)?;
         let store = Self {
             path,
             db,
             jobs: Mutex::new(Some(jobs)),
             committer: Mutex::new(Some(thread)),
             failing,
+            applier_failing,
+            unapplied,
         };
         Ok((Arc::new(store), streams))
     }
@@ -246,7 +311,8 @@ impl Store {
 
     /// Why writes fail, while they do; `Ok` once a write (or the committer's retry) works.
     pub(crate) fn health(&self) -> Result<(), String> {
-        match &*self.failing.lock() {
+        let log = self.failing.lock().clone();
+        match log.or_else(|| self.applier_failing.lock().clone()) {
             None => Ok(()),
             Some(why) => Err(format!("storage writes fail: {why}")),
         }
@@ -254,6 +320,8 @@ impl Store {
 
     /// Reads committed history. `position` is the committed top, read under the channel's
     /// lock, so publications past it (committed but not yet fanned out) stay invisible.
+    /// The newest publications may not be in the file yet: those come from [`Unapplied`],
+    /// read first, so that one the applier moves meanwhile is found in the file.
     pub(crate) fn read(
         &self,
         channel: &ChannelName,
@@ -262,31 +330,61 @@ impl Store {
         history_size: usize,
         query: &HistoryQuery,
     ) -> Result<History, BrokerError> {
+        let top = position.offset;
+        let recent = self.unapplied.read(channel, &position.epoch, top);
+        // The file serves the offsets before the first one still waiting for it.
+        let split = recent.first().map_or(top + 1, |r| r.0);
         let db = self
             .db
             .read()
             .clone()
             .ok_or_else(|| unavailable("the file is being reopened after a write failure"))?;
         let txn = db.begin_read().map_err(unavailable)?;
-        let top = position.offset;
         let ch = channel.as_str();
-        let table = match txn.open_table(PUBLICATIONS) {
-            Ok(t) => Some(t),
-            Err(TableError::TableDoesNotExist(_)) => None,
-            Err(e) => return Err(unavailable(e)),
+        fn open<T>(found: Result<T, TableError>) -> Result<Option<T>, BrokerError> {
+            match found {
+                Ok(t) => Ok(Some(t)),
+                Err(TableError::TableDoesNotExist(_)) => Ok(None),
+                Err(e) => Err(unavailable(e)),
+            }
+        }
+        // Rows of another epoch (a reset or a new stream the file has not seen yet) are not
+        // this stream's.
+        let same_epoch = match open(txn.open_table(STREAMS))? {
+            Some(streams) => streams
+                .get(ch)
+                .map_err(unavailable)?
+                .is_some_and(|row| row.value().0 == position.epoch.as_str()),
+            None => false,
+        };
+        let table = if same_epoch && split > 1 {
+            open(txn.open_table(PUBLICATIONS))?
+        } else {
+            None
         };
         // The oldest publication still readable: within the size bound and not expired.
-        let mut first = top + 1;
         let lowest = top.saturating_sub(history_size as u64) + 1;
-        if let Some(table) = &table {
-            for entry in table.range((ch, lowest)..=(ch, top)).map_err(unavailable)? {
+        let mut first = None;
+        if let (Some(table), true) = (&table, lowest < split) {
+            for entry in table
+                .range((ch, lowest)..(ch, split))
+                .map_err(unavailable)?
+            {
                 let (k, v) = entry.map_err(unavailable)?;
                 if v.value().0 >= expired_before_ms {
-                    first = k.value().1;
+                    first = Some(k.value().1);
                     break;
                 }
             }
         }
+        let first = first
+            .or_else(|| {
+                recent
+                    .iter()
+                    .find(|r| r.0 >= lowest && r.1 >= expired_before_ms)
+                    .map(|r| r.0)
+            })
+            .unwrap_or(top + 1);
         let from = match &query.since {
             None => first.max((top + 1).saturating_sub(query.limit as u64)),
             Some(since) => {
@@ -294,39 +392,85 @@ impl Store {
                 (since.offset + 1).max(first)
             }
         };
-        let mut publications = Vec::new();
-        if let (Some(table), true) = (&table, query.limit > 0 && from <= top) {
+        let mut page = Page {
+            query,
+            publications: Vec::new(),
+            bytes: 0,
+        };
+        if query.limit > 0 && from <= top {
             // After a `since` the page is the oldest that fit; without one, the newest.
-            let range = table.range((ch, from)..=(ch, top)).map_err(unavailable)?;
-            let entries: Box<dyn Iterator<Item = _>> = match query.since {
-                Some(_) => Box::new(range),
-                None => Box::new(range.rev()),
-            };
-            let mut bytes = 0;
-            for entry in entries {
-                let (k, v) = entry.map_err(unavailable)?;
-                let offset = k.value().1;
-                let (at, crc, data) = v.value();
-                if !query.fits(publications.len(), bytes, data.len()) {
-                    break;
+            let newest_first = query.since.is_none();
+            let recent = recent.iter().filter(|r| r.0 >= from);
+            let mut more = true;
+            if newest_first {
+                for r in recent.clone().rev() {
+                    if !page.take(r.0, r.2.len(), || r.2.clone()) {
+                        more = false;
+                        break;
+                    }
                 }
-                if crc != record_crc(ch, offset, at, data) {
-                    tracing::error!(channel = ch, offset, file = %self.path.display(), "damaged record; restart to drop it");
-                    return Err(unavailable(format!("record {offset} of {ch} is damaged")));
-                }
-                bytes += data.len();
-                publications.push(Publication {
-                    offset,
-                    record: Bytes::copy_from_slice(data),
-                });
             }
-            if query.since.is_none() {
-                publications.reverse();
+            if let (Some(table), true) = (&table, more && from < split) {
+                let range = table.range((ch, from)..(ch, split)).map_err(unavailable)?;
+                let entries: Box<dyn Iterator<Item = _>> = match newest_first {
+                    false => Box::new(range),
+                    true => Box::new(range.rev()),
+                };
+                for entry in entries {
+                    let (k, v) = entry.map_err(unavailable)?;
+                    let offset = k.value().1;
+                    let (at, crc, data) = v.value();
+                    if !page.fits(data.len()) {
+                        more = false;
+                        break;
+                    }
+                    if crc != record_crc(ch, offset, at, data) {
+                        tracing::error!(channel = ch, offset, file = %self.path.display(), "damaged record; restart to drop it");
+                        return Err(unavailable(format!("record {offset} of {ch} is damaged")));
+                    }
+                    page.take(offset, data.len(), || Bytes::copy_from_slice(data));
+                }
+            }
+            if !newest_first && more {
+                for r in recent {
+                    if !page.take(r.0, r.2.len(), || r.2.clone()) {
+                        break;
+                    }
+                }
+            }
+            if newest_first {
+                page.publications.reverse();
             }
         }
         Ok(History {
             position: position.clone(),
-            publications,
+            publications: page.publications,
         })
+    }
+}
+
+/// A history page being filled, within the query's bounds.
+struct Page<'q> {
+    query: &'q HistoryQuery,
+    publications: Vec<Publication>,
+    bytes: usize,
+}
+
+impl Page<'_> {
+    fn fits(&self, len: usize) -> bool {
+        self.query.fits(self.publications.len(), self.bytes, len)
+    }
+
+    /// Adds a publication if it fits; whether it did.
+    fn take(&mut self, offset: u64, len: usize, record: impl FnOnce() -> Bytes) -> bool {
+        if !self.fits(len) {
+            return false;
+        }
+        self.bytes += len;
+        self.publications.push(Publication {
+            offset,
+            record: record(),
+        });
+        true
     }
 }

@@ -404,6 +404,7 @@ async fn streams_made_by_reads_are_bounded_by_the_sweep() {
 async fn a_history_larger_than_the_cache_reads_back_whole() {
     let dir = tempfile::tempdir().unwrap();
     let tiny = StoreOptions {
+        sync_interval: DEFAULT_SYNC_INTERVAL,
         sync: SyncPolicy::Group,
         cache_bytes: 64 << 10,
     };

@@ -79,6 +79,9 @@ pub struct Config {
     /// memory after a restart, however long the history, stays within about this. More
     /// serves history reads of a large store from memory. Default 67108864 (64 MiB).
     pub store_cache_bytes: usize,
+    /// With `sync = "interval"`, the longest an acknowledged publication waits to be
+    /// synced, in milliseconds. Default 10.
+    pub sync_interval_ms: u64,
     /// Serve the browser SDK at `/herald.js` and the chat demo at `/chat`. Default true.
     pub web: bool,
     /// Also serve `GET /metrics` on this address, without the API key (for a Prometheus
@@ -166,6 +169,8 @@ pub enum SyncMode {
     Group,
     /// One fsync per publication.
     Always,
+    /// Acknowledged once written, synced within `sync_interval_ms`.
+    Interval,
     /// No fsync.
     None,
 }
@@ -175,6 +180,7 @@ impl From<SyncMode> for herald_broker::SyncPolicy {
         match m {
             SyncMode::Group => Self::Group,
             SyncMode::Always => Self::Always,
+            SyncMode::Interval => Self::Interval,
             SyncMode::None => Self::None,
         }
     }
@@ -211,6 +217,7 @@ impl Default for Config {
             reuse_port: false,
             sync: SyncMode::Group,
             store_cache_bytes: herald_broker::DEFAULT_CACHE_BYTES,
+            sync_interval_ms: herald_broker::DEFAULT_SYNC_INTERVAL.as_millis() as u64,
             max_connections: 100_000,
             shutdown_timeout: Duration::from_secs(10),
             idempotency_window: Duration::from_secs(300),

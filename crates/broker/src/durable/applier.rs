@@ -1,0 +1,414 @@
+//! The one thread that writes the database file. What it writes is already durable in the
+//! write-ahead log (or is a trim, which the sweeper repeats if it is lost), so it takes
+//! what arrives over [`LINGER`] and commits it in one transaction: one B-tree update and
+//! one sync per many publications instead of one per commit of the log. Each commit
+//! records the last log entry it holds, so replay at the next open applies each entry
+//! once; after a durable commit, log segments wholly applied are deleted. While writes fail
+//! it keeps what it could not write, retries every second, and the committer refuses new
+//! publications meanwhile (what is kept is acknowledged: it is in the log).
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{mpsc, Arc},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use herald_protocol::{ChannelName, Epoch};
+use parking_lot::Mutex;
+use redb::{Database, Durability, ReadableTable, Table};
+
+use super::recovery::{probe, set_unflushed};
+use super::store::{
+    record_crc, stream_crc, Failing, Slot, Unapplied, APPLIED, PUBLICATIONS, STATE, STREAMS,
+};
+use super::{now_ms, wal, Deadlines, Meta, StoreOptions};
+
+/// How long the applier gathers work before a commit of the database.
+const LINGER: Duration = Duration::from_millis(100);
+/// Most operations in one commit.
+const MAX_OPS: usize = 50_000;
+/// How often the applier tries the file again while writes fail.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// What the applier writes, in the committer's order.
+pub(crate) enum Op {
+    Publish {
+        lsn: u64,
+        channel: ChannelName,
+        epoch: Epoch,
+        offset: u64,
+        at_ms: u64,
+        data: Bytes,
+        /// Most publications the stream keeps (`usize::MAX` when replayed: the retention
+        /// is known again at the stream's next publication).
+        history_size: usize,
+    },
+    Reset {
+        lsn: u64,
+        channel: ChannelName,
+        epoch: Epoch,
+        at_ms: u64,
+    },
+    Forget {
+        lsn: u64,
+        channel: ChannelName,
+    },
+    /// Delete publications older than a time, then note the oldest one left.
+    Trim {
+        channel: ChannelName,
+        meta: Arc<Mutex<Meta>>,
+        older_than_ms: u64,
+    },
+}
+
+impl Op {
+    fn lsn(&self) -> Option<u64> {
+        match self {
+            Op::Publish { lsn, .. } | Op::Reset { lsn, .. } | Op::Forget { lsn, .. } => Some(*lsn),
+            Op::Trim { .. } => None,
+        }
+    }
+
+    /// The operation a replayed log entry asks for, or `None` if the entry names no valid
+    /// channel or epoch (then the log is damaged).
+    pub(super) fn replayed(lsn: u64, entry: wal::Entry) -> Option<Op> {
+        let channel = |c: &str| ChannelName::stored(c).ok();
+        Some(match entry {
+            wal::Entry::Publish {
+                channel: c,
+                epoch,
+                offset,
+                at_ms,
+                data,
+            } => Op::Publish {
+                lsn,
+                channel: channel(&c)?,
+                epoch: Epoch::checked(&epoch)?,
+                offset,
+                at_ms,
+                data: Bytes::from(data),
+                history_size: usize::MAX,
+            },
+            wal::Entry::Reset {
+                channel: c,
+                epoch,
+                at_ms,
+            } => Op::Reset {
+                lsn,
+                channel: channel(&c)?,
+                epoch: Epoch::checked(&epoch)?,
+                at_ms,
+            },
+            wal::Entry::Forget { channel: c } => Op::Forget {
+                lsn,
+                channel: channel(&c)?,
+            },
+        })
+    }
+}
+
+pub(super) struct Applier {
+    pub(super) path: PathBuf,
+    pub(super) dir: PathBuf,
+    pub(super) db: Slot,
+    pub(super) options: StoreOptions,
+    pub(super) failing: Failing,
+    pub(super) deadlines: Arc<Deadlines>,
+    pub(super) unapplied: Arc<Unapplied>,
+    /// First LSNs of the log's segments, oldest first; the last is being appended to.
+    pub(super) segments: Arc<Mutex<Vec<u64>>>,
+}
+
+impl Applier {
+    pub(super) fn run(self, ops: mpsc::Receiver<Op>) {
+        let mut pending: Vec<Op> = Vec::new();
+        let mut open = true;
+        while open {
+            let failing = self.failing.lock().is_some();
+            let first = if failing {
+                match ops.recv_timeout(RETRY) {
+                    Ok(op) => Some(op),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+            } else {
+                match ops.recv() {
+                    Ok(op) => Some(op),
+                    Err(_) => break,
+                }
+            };
+            if failing {
+                self.reopen();
+            }
+            if let Some(first) = first {
+                pending.push(first);
+                // Sleeps through the linger rather than waiting on the channel: a receiver
+                // that waits is woken by every send, which costs both threads a switch per
+                // publication.
+                std::thread::sleep(LINGER);
+                while pending.len() < MAX_OPS {
+                    match ops.try_recv() {
+                        Ok(op) => pending.push(op),
+                        Err(mpsc::TryRecvError::Empty) => break,
+                        Err(mpsc::TryRecvError::Disconnected) => {
+                            open = false;
+                            break;
+                        }
+                    }
+                }
+            }
+            if !pending.is_empty() && self.failing.lock().is_none() {
+                self.flush(&mut pending);
+            }
+        }
+        if !pending.is_empty() && self.failing.lock().is_none() {
+            self.flush(&mut pending);
+        }
+        self.close(pending.is_empty());
+    }
+
+    /// Writes `pending` in one commit; on success empties it, otherwise keeps it for the
+    /// retry and says why writes fail.
+    fn flush(&self, pending: &mut Vec<Op>) {
+        // redb decodes what trims read with `unwrap`: a damaged record must fail this
+        // commit (health says so), not end the only thread that writes.
+        let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let db = self
+                .db
+                .read()
+                .clone()
+                .ok_or_else(|| redb::Error::Corrupted("the file is being reopened".into()))?;
+            apply(&db, pending)
+        }))
+        .unwrap_or_else(|_| {
+            Err(redb::Error::Corrupted(
+                "a stored record cannot be decoded; restart to drop the damaged channel".into(),
+            ))
+        });
+        match written {
+            Ok(oldest_left) => self.complete(std::mem::take(pending), oldest_left),
+            Err(e) => {
+                tracing::error!(error = %e, file = %self.path.display(), "storage write failed; publications are refused until a write works again (retried every second)");
+                *self.failing.lock() = Some(e.to_string());
+            }
+        }
+    }
+
+    /// After a commit: the log entries it holds are read from the file from now on, trims
+    /// tell their streams what is left, and segments wholly applied go.
+    fn complete(&self, done: Vec<Op>, oldest_left: Vec<Option<u64>>) {
+        let last = done.iter().filter_map(Op::lsn).max();
+        let mut oldest_left = oldest_left.into_iter();
+        let mut touched: Vec<&ChannelName> = Vec::new();
+        for op in &done {
+            match op {
+                Op::Publish { channel, .. } => touched.push(channel),
+                Op::Trim { channel, meta, .. } => {
+                    let mut m = meta.lock();
+                    m.oldest_ms = oldest_left.next().flatten();
+                    self.deadlines.refile(&mut m, channel, now_ms());
+                }
+                Op::Reset { .. } | Op::Forget { .. } => {}
+            }
+        }
+        if let Some(last) = last {
+            touched.sort_unstable();
+            touched.dedup();
+            self.unapplied.applied(touched, last);
+            self.drop_segments(last);
+        }
+    }
+
+    /// Deletes the segments, except the one being appended to, whose entries are all at or
+    /// before `applied`.
+    fn drop_segments(&self, applied: u64) {
+        let mut segments = self.segments.lock();
+        while segments.len() > 1 && segments[1] <= applied + 1 {
+            let first = segments.remove(0);
+            let path = wal::segment_path(&self.dir, first);
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(error = %e, file = %path.display(), "an applied log segment could not be deleted");
+            }
+        }
+    }
+
+    /// A clean close: everything is applied, so the log goes; with `sync = "none"`, one
+    /// durable commit makes everything durable and clears the unflushed mark, so the next
+    /// start trusts the file.
+    fn close(&self, all_applied: bool) {
+        if self.failing.lock().is_some() || !all_applied {
+            return; // the log keeps what is not applied; the next open replays it
+        }
+        let Some(db) = self.db.read().clone() else {
+            return;
+        };
+        if !self.options.sync.syncs_before_ack() {
+            if let Err(e) = set_unflushed(&db, false, None) {
+                tracing::error!(error = %e, "storage: the final durable commit failed; the next start gives every channel a new epoch");
+                return;
+            }
+        }
+        // The committer has stopped appending: every segment is applied.
+        for first in std::mem::take(&mut *self.segments.lock()) {
+            let _ = std::fs::remove_file(wal::segment_path(&self.dir, first));
+        }
+    }
+
+    /// Reopens the file (redb refuses everything after an I/O error until then) and checks
+    /// that a write of some size works; clears the failure if so.
+    fn reopen(&self) {
+        let old = self.db.write().take();
+        if let Some(mut old) = old {
+            // Readers hold it only for one read.
+            loop {
+                match Arc::try_unwrap(old) {
+                    Ok(db) => break drop(db),
+                    Err(still) => {
+                        old = still;
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            }
+        }
+        let db = match self.options.database(&self.path) {
+            Ok(db) => db,
+            Err(e) => {
+                *self.failing.lock() = Some(format!("reopening: {e}"));
+                return;
+            }
+        };
+        let probe = probe(&db);
+        *self.db.write() = Some(Arc::new(db));
+        match probe {
+            Ok(()) => {
+                *self.failing.lock() = None;
+                tracing::info!(file = %self.path.display(), "storage writes work again");
+            }
+            Err(e) => *self.failing.lock() = Some(e.to_string()),
+        }
+    }
+}
+
+/// Writes `ops` in one durable transaction (whatever the sync policy: the log segments it
+/// holds are deleted after it), with the last log entry among them recorded as applied;
+/// returns, for every trim, when the oldest publication left was published (`None`: none
+/// left).
+pub(super) fn apply(db: &Database, ops: &[Op]) -> Result<Vec<Option<u64>>, redb::Error> {
+    let mut oldest_left = Vec::new();
+    let mut txn = db.begin_write()?;
+    txn.set_durability(Durability::Immediate)
+        .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
+    {
+        let mut pubs = txn.open_table(PUBLICATIONS)?;
+        let mut streams = txn.open_table(STREAMS)?;
+        // Per channel: the epoch its rows are of (checked once per commit), and the newest
+        // offset written with how many the stream keeps.
+        let mut epochs: HashMap<&str, &str> = HashMap::new();
+        let mut tops: HashMap<&str, (u64, usize)> = HashMap::new();
+        for op in ops {
+            match op {
+                Op::Publish {
+                    channel,
+                    epoch,
+                    offset,
+                    at_ms,
+                    data,
+                    history_size,
+                    ..
+                } => {
+                    let (ch, epoch) = (channel.as_str(), epoch.as_str());
+                    if !epochs.contains_key(ch) {
+                        let stored = streams.get(ch)?.map(|v| v.value().0.to_owned());
+                        if stored.as_deref() != Some(epoch) {
+                            // A stream begun again (after a reset or a forget the file has
+                            // not seen, as on replay): its old rows are not this epoch's.
+                            clear(&mut pubs, ch)?;
+                        }
+                        epochs.insert(ch, epoch);
+                    }
+                    let crc = record_crc(ch, *offset, *at_ms, data);
+                    pubs.insert((ch, *offset), (*at_ms, crc, &data[..]))?;
+                    let row = (
+                        epoch,
+                        *offset,
+                        *at_ms,
+                        stream_crc(ch, epoch, *offset, *at_ms),
+                    );
+                    streams.insert(ch, row)?;
+                    tops.insert(ch, (*offset, *history_size));
+                }
+                Op::Reset {
+                    channel,
+                    epoch,
+                    at_ms,
+                    ..
+                } => {
+                    let (ch, epoch) = (channel.as_str(), epoch.as_str());
+                    clear(&mut pubs, ch)?;
+                    streams.insert(ch, (epoch, 0, *at_ms, stream_crc(ch, epoch, 0, *at_ms)))?;
+                    epochs.insert(ch, epoch);
+                    tops.remove(ch);
+                }
+                Op::Forget { channel, .. } => {
+                    let ch = channel.as_str();
+                    clear(&mut pubs, ch)?;
+                    streams.remove(ch)?;
+                    epochs.remove(ch);
+                    tops.remove(ch);
+                }
+                Op::Trim {
+                    channel,
+                    older_than_ms,
+                    ..
+                } => {
+                    oldest_left.push(trim(&mut pubs, channel.as_str(), *older_than_ms)?);
+                }
+            }
+        }
+        for (ch, (top, size)) in tops {
+            let keep_from = top.saturating_sub(size as u64) + 1;
+            pubs.retain_in((ch, 0)..(ch, keep_from), |_, _| false)?;
+        }
+        if let Some(last) = ops.iter().filter_map(Op::lsn).max() {
+            txn.open_table(STATE)?.insert(APPLIED, last)?;
+        }
+    }
+    txn.commit()?;
+    Ok(oldest_left)
+}
+
+type Publications<'t> = Table<'t, (&'static str, u64), (u64, u32, &'static [u8])>;
+
+fn clear(pubs: &mut Publications<'_>, ch: &str) -> Result<(), redb::Error> {
+    pubs.retain_in((ch, 0)..=(ch, u64::MAX), |_, _| false)?;
+    Ok(())
+}
+
+/// Deletes `ch`'s publications older than `older_than_ms`; when the oldest one left was
+/// published, if any is left.
+fn trim(
+    pubs: &mut Publications<'_>,
+    ch: &str,
+    older_than_ms: u64,
+) -> Result<Option<u64>, redb::Error> {
+    // Expired publications are the oldest ones: find where they end.
+    let mut end = None;
+    for entry in pubs.range((ch, 0)..=(ch, u64::MAX))? {
+        let (k, v) = entry?;
+        if v.value().0 >= older_than_ms {
+            end = Some(k.value().1);
+            break;
+        }
+        end = Some(k.value().1 + 1);
+    }
+    if let Some(end) = end {
+        pubs.retain_in((ch, 0)..(ch, end), |_, (at, _, _)| at >= older_than_ms)?;
+    }
+    let first = pubs.range((ch, 0)..=(ch, u64::MAX))?.next();
+    Ok(match first {
+        Some(entry) => Some(entry?.1.value().0),
+        None => None,
+    })
+}

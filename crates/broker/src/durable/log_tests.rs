@@ -1,0 +1,270 @@
+//! The write-ahead log seen through the broker: entries only the log holds (as after a
+//! `kill -9`) are replayed at open, damage inside the log costs epochs but never offsets,
+//! and reads join what the file holds with what it does not yet.
+
+use std::{path::Path, sync::Arc};
+
+use bytes::Bytes;
+use herald_protocol::{ChannelName, Epoch, Since};
+
+use super::{recovery, store, wal, DurableBroker, SyncPolicy};
+use crate::conformance::Recorder;
+use crate::{Broker, HistoryQuery, StreamPolicy};
+
+fn ch(name: &str) -> ChannelName {
+    ChannelName::new(name).unwrap()
+}
+
+fn open(dir: &Path) -> Arc<DurableBroker> {
+    DurableBroker::open(dir, SyncPolicy::Group, Arc::new(Recorder::default())).unwrap()
+}
+
+fn all() -> HistoryQuery {
+    HistoryQuery {
+        since: Some(Since {
+            offset: 0,
+            epoch: None,
+        }),
+        limit: 1000,
+        max_bytes: None,
+    }
+}
+
+async fn publish(broker: &DurableBroker, channel: &str, n: u64) -> Epoch {
+    let mut epoch = None;
+    for i in 1..=n {
+        let p = broker
+            .publish(
+                &ch(channel),
+                Bytes::from(i.to_string()),
+                StreamPolicy::default(),
+            )
+            .await
+            .unwrap();
+        epoch = Some(p.epoch);
+    }
+    epoch.unwrap()
+}
+
+/// The run mark and the last applied entry of the (closed) store in `dir`.
+fn file_state(dir: &Path) -> (u64, u64) {
+    let db = redb::Database::open(dir.join(store::FILE_NAME)).unwrap();
+    let run = recovery::file_run(&db).unwrap().unwrap();
+    (run, recovery::applied(&db).unwrap())
+}
+
+/// Writes a log segment of `run` from `first_lsn` holding publications `offsets` of
+/// `channel` in `epoch`, one batch each.
+fn write_segment(
+    dir: &Path,
+    run: u64,
+    first_lsn: u64,
+    channel: &str,
+    epoch: &Epoch,
+    offsets: &[u64],
+) -> Vec<u8> {
+    let mut bytes = wal::header(run, first_lsn).to_vec();
+    for (i, offset) in offsets.iter().enumerate() {
+        let mut body = Vec::new();
+        let data = offset.to_string();
+        wal::encode_publish(
+            &mut body,
+            channel,
+            epoch.as_str(),
+            *offset,
+            1,
+            data.as_bytes(),
+        );
+        bytes.extend(wal::batch(first_lsn + i as u64, 1, &body));
+    }
+    std::fs::write(wal::segment_path(dir, first_lsn), &bytes).unwrap();
+    bytes
+}
+
+fn offsets(h: &crate::History) -> Vec<u64> {
+    h.publications.iter().map(|p| p.offset).collect()
+}
+
+#[tokio::test]
+async fn publications_only_the_log_holds_are_replayed_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let epoch = publish(&open(dir.path()), "news", 5).await;
+    // What a `kill -9` leaves: acknowledged publications in the log, not in the file.
+    let (run, applied) = file_state(dir.path());
+    write_segment(dir.path(), run, applied + 1, "news", &epoch, &[6, 7, 8]);
+    let broker = open(dir.path());
+    let h = broker.history(&ch("news"), all()).await.unwrap();
+    assert_eq!(h.position.epoch, epoch, "a plain restart keeps the epoch");
+    assert_eq!(offsets(&h), (1..=8).collect::<Vec<_>>());
+    assert_eq!(h.publications[7].record, Bytes::from("8"));
+    let next = broker
+        .publish(&ch("news"), Bytes::from("9"), StreamPolicy::default())
+        .await
+        .unwrap();
+    assert_eq!((next.offset, next.epoch), (9, epoch));
+    drop(broker);
+    // Replayed once: the next open finds them in the file, and the old log is gone.
+    let (_, applied_now) = file_state(dir.path());
+    assert_eq!(applied_now, applied + 4);
+    let h = open(dir.path()).history(&ch("news"), all()).await.unwrap();
+    assert_eq!(offsets(&h), (1..=9).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn damage_inside_the_log_gives_new_epochs_and_keeps_what_it_can() {
+    let dir = tempfile::tempdir().unwrap();
+    let epoch = publish(&open(dir.path()), "news", 2).await;
+    let (run, applied) = file_state(dir.path());
+    let mut bytes = write_segment(dir.path(), run, applied + 1, "news", &epoch, &[3, 4, 5]);
+    // A flipped byte in the middle batch's payload: its CRC fails and a valid batch follows.
+    let middle = bytes.len() - (bytes.len() - wal::HEADER_LEN) / 3 - 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(wal::segment_path(dir.path(), applied + 1), &bytes).unwrap();
+    let broker = open(dir.path());
+    let h = broker.history(&ch("news"), all()).await.unwrap();
+    assert_ne!(
+        h.position.epoch, epoch,
+        "offsets after the damage could be reused otherwise"
+    );
+    assert_eq!(offsets(&h), [1, 2, 3], "what precedes the damage is kept");
+}
+
+#[tokio::test]
+async fn a_torn_last_batch_is_not_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let epoch = publish(&open(dir.path()), "news", 2).await;
+    let (run, applied) = file_state(dir.path());
+    let bytes = write_segment(dir.path(), run, applied + 1, "news", &epoch, &[3, 4]);
+    // The last append was cut short by the crash (so never acknowledged).
+    std::fs::write(
+        wal::segment_path(dir.path(), applied + 1),
+        &bytes[..bytes.len() - 3],
+    )
+    .unwrap();
+    let h = open(dir.path()).history(&ch("news"), all()).await.unwrap();
+    assert_eq!(h.position.epoch, epoch);
+    assert_eq!(offsets(&h), [1, 2, 3]);
+}
+
+#[tokio::test]
+async fn a_log_of_another_run_is_not_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let epoch = publish(&open(dir.path()), "news", 2).await;
+    let (run, applied) = file_state(dir.path());
+    write_segment(dir.path(), run ^ 1, applied + 1, "news", &epoch, &[3]);
+    let h = open(dir.path()).history(&ch("news"), all()).await.unwrap();
+    assert_eq!(offsets(&h), [1, 2]);
+}
+
+#[tokio::test]
+async fn a_missing_segment_is_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let epoch = publish(&open(dir.path()), "news", 2).await;
+    let (run, applied) = file_state(dir.path());
+    // Entries from applied + 1 should come first; this segment starts one later.
+    write_segment(dir.path(), run, applied + 2, "news", &epoch, &[4]);
+    let h = open(dir.path()).history(&ch("news"), all()).await.unwrap();
+    assert_ne!(h.position.epoch, epoch);
+    assert_eq!(offsets(&h), [1, 2]);
+}
+
+/// Reads join the file's rows with the publications it does not hold yet, at every page
+/// boundary, oldest-first and newest-first.
+#[tokio::test]
+async fn reads_join_the_file_and_what_waits_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = open(dir.path());
+    let c = ch("news");
+    let epoch = publish(&broker, "news", 50).await;
+    // Wait (bounded) until the applier has written them into the file.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !broker.store.unapplied.read(&c, &epoch, u64::MAX).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "never applied");
+        tokio::task::yield_now().await;
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    for i in 51..=80u64 {
+        broker
+            .publish(&c, Bytes::from(i.to_string()), StreamPolicy::default())
+            .await
+            .unwrap();
+    }
+    for from in [0, 10, 49, 50, 51, 70, 80] {
+        for limit in [1, 7, 30, 100] {
+            let q = HistoryQuery {
+                since: Some(Since {
+                    offset: from,
+                    epoch: Some(epoch.clone()),
+                }),
+                limit,
+                max_bytes: None,
+            };
+            let h = broker.history(&c, q).await.unwrap();
+            let want: Vec<u64> = (from + 1..=80).take(limit).collect();
+            assert_eq!(offsets(&h), want, "since {from}, limit {limit}");
+            for p in &h.publications {
+                assert_eq!(p.record, Bytes::from(p.offset.to_string()));
+            }
+        }
+    }
+    for limit in [1, 20, 30, 31, 60, 100] {
+        let q = HistoryQuery {
+            since: None,
+            limit,
+            max_bytes: None,
+        };
+        let h = broker.history(&c, q).await.unwrap();
+        let want: Vec<u64> = (81u64.saturating_sub(limit as u64).max(1)..=80).collect();
+        assert_eq!(offsets(&h), want, "newest {limit}");
+    }
+}
+
+/// `sync = "interval"` acknowledges before the sync. A killed process loses nothing it
+/// wrote (the operating system keeps it), so the same boot keeps every epoch; after the
+/// machine restarted, what was acknowledged last may be gone, so every stream starts a new
+/// epoch (keeping its history) instead of handing offsets out again.
+#[tokio::test]
+async fn an_unsynced_run_that_stopped_with_the_machine_costs_epochs_not_offsets() {
+    let dir = tempfile::tempdir().unwrap();
+    let interval = || super::StoreOptions {
+        sync: SyncPolicy::Interval,
+        ..SyncPolicy::Interval.into()
+    };
+    let broker =
+        DurableBroker::open(dir.path(), interval(), Arc::new(Recorder::default())).unwrap();
+    let epoch = publish(&broker, "news", 3).await;
+    drop(broker);
+    // What an unclean stop leaves: the mark that acknowledgements ran ahead of syncs.
+    let mark = |boot: Option<u64>| {
+        let db = redb::Database::open(dir.path().join(store::FILE_NAME)).unwrap();
+        let run = recovery::file_run(&db).unwrap();
+        recovery::set_unflushed(&db, true, run).unwrap();
+        if let Some(boot) = boot {
+            let txn = db.begin_write().unwrap();
+            txn.open_table(store::STATE)
+                .unwrap()
+                .insert(store::BOOT, boot)
+                .unwrap();
+            txn.commit().unwrap();
+        }
+    };
+    if recovery::boot_id().is_some() {
+        mark(None); // this boot
+        let broker =
+            DurableBroker::open(dir.path(), interval(), Arc::new(Recorder::default())).unwrap();
+        let h = broker.history(&ch("news"), all()).await.unwrap();
+        assert_eq!(
+            (h.position.epoch.clone(), offsets(&h)),
+            (epoch.clone(), vec![1, 2, 3])
+        );
+    }
+    mark(Some(recovery::boot_id().unwrap_or(0) ^ 1)); // another boot
+    let broker =
+        DurableBroker::open(dir.path(), interval(), Arc::new(Recorder::default())).unwrap();
+    let h = broker.history(&ch("news"), all()).await.unwrap();
+    assert_ne!(
+        h.position.epoch, epoch,
+        "offsets 1-3 could be handed out again otherwise"
+    );
+    assert_eq!(offsets(&h), [1, 2, 3], "history is kept");
+}
