@@ -268,3 +268,47 @@ async fn an_unsynced_run_that_stopped_with_the_machine_costs_epochs_not_offsets(
     );
     assert_eq!(offsets(&h), [1, 2, 3], "history is kept");
 }
+
+/// With `sync = "interval"` publishers write the log themselves. One that finds the log
+/// held by the store thread (syncing it) leaves its record queued: that thread must write
+/// it when it lets the log go, or a lone publisher waits for the next sweep (a second).
+/// The broker is opened outside a runtime, so that no sweeper runs.
+#[test]
+fn a_publisher_is_not_left_waiting_behind_the_store_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = DurableBroker::open(
+        dir.path(),
+        SyncPolicy::Interval,
+        Arc::new(Recorder::default()),
+    )
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let writer = broker.store.writer.clone();
+    let publisher = broker.clone();
+    let published = writer.with_log(|_| {
+        let published = rt.spawn(async move {
+            publisher
+                .publish(&ch("news"), Bytes::from("1"), StreamPolicy::default())
+                .await
+        });
+        // Until the publisher has queued its record and found the log held.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while writer.contended() == 0 {
+            assert!(std::time::Instant::now() < deadline, "never tried the log");
+            std::thread::yield_now();
+        }
+        published
+    });
+    let p = rt
+        .block_on(async {
+            tokio::time::timeout(std::time::Duration::from_secs(10), published).await
+        })
+        .expect("the queued publication was never written")
+        .unwrap()
+        .unwrap();
+    assert_eq!(p.offset, 1);
+}

@@ -414,6 +414,7 @@ impl DurableBroker {
                 self.deadlines.refile(&mut m, &channel, now);
             }
         }
+        self.store.drive();
     }
 }
 
@@ -447,11 +448,12 @@ impl Broker for DurableBroker {
                 data,
                 done,
             };
-            // Handed over under the lock: the committer sees one channel's records in
-            // offset order.
+            // Queued under the lock: the writer sees one channel's records in offset
+            // order.
             self.store.submit(Job::Publish(record));
             break;
         }
+        self.store.drive();
         acked.await.unwrap_or_else(|_| {
             Err(BrokerError::Unavailable(
                 "the storage thread stopped".into(),
@@ -540,6 +542,7 @@ impl Broker for DurableBroker {
             });
             break;
         }
+        self.store.drive();
         removed.await.unwrap_or_else(|_| {
             Err(BrokerError::Unavailable(
                 "the storage thread stopped".into(),

@@ -13,7 +13,7 @@ use redb::{Database, ReadableDatabase, TableDefinition, TableError};
 use tokio::sync::oneshot;
 
 use super::applier::Applier;
-use super::committer::Committer;
+use super::committer::{Log, Writer};
 use super::recovery::{
     applied, contained, damaged, renew_epochs, replay, restored, set_unflushed, unflushed, verify,
     write_run_file,
@@ -151,8 +151,8 @@ pub(super) type Failing = Arc<Mutex<Option<String>>>;
 pub(crate) struct Store {
     pub(crate) path: PathBuf,
     db: Slot,
-    jobs: Mutex<Option<mpsc::Sender<Job>>>,
-    committer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    pub(crate) writer: Arc<Writer>,
+    applier: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Why appends to the log fail, while they do.
     failing: Failing,
     /// Why writes of the database file fail, while they do.
@@ -162,12 +162,9 @@ pub(crate) struct Store {
 
 impl Drop for Store {
     fn drop(&mut self) {
-        // Let the committer finish what it was given, and the applier write it all, so the
-        // file is closed cleanly and the log is no longer needed.
-        self.jobs.lock().take();
-        if let Some(thread) = self.committer.lock().take() {
-            let _ = thread.join();
-        }
+        // Let the applier write everything, so the file is closed cleanly and the log is
+        // no longer needed.
+        self.writer.close(self.applier.lock().take());
     }
 }
 
@@ -268,33 +265,31 @@ impl Store {
             .name("herald-store-apply".into())
             .spawn(move || applier.run(rx))
             .map_err(directory)?;
-        let (jobs, rx) = mpsc::channel();
-        let committer = Committer {
+        let log = Log {
             dir: dir.to_owned(),
-            options,
-            sink,
-            failing: failing.clone(),
-            applier_failing: applier_failing.clone(),
-            deadlines,
-            unapplied: unapplied.clone(),
             segment,
             segments,
             run,
             next_lsn,
             body: Vec::new(),
             unsynced: None,
-            applier: Some(ops),
-            applier_thread: Some(applier_thread),
         };
-        let thread = std::thread::Builder::new()
-            .name("herald-store".into())
-            .spawn(move || committer.run(rx))
-            .map_err(directory)?;
+        let writer = Writer::start(
+            log,
+            options,
+            sink,
+            failing.clone(),
+            applier_failing.clone(),
+            deadlines,
+            unapplied.clone(),
+            ops,
+        )
+        .map_err(directory)?;
         let store = Self {
             path,
             db,
-            jobs: Mutex::new(Some(jobs)),
-            committer: Mutex::new(Some(thread)),
+            writer,
+            applier: Mutex::new(Some(applier_thread)),
             failing,
             applier_failing,
             unapplied,
@@ -302,11 +297,15 @@ impl Store {
         Ok((Arc::new(store), streams))
     }
 
-    /// Queues a job for the committer, which answers it (also while writes fail).
+    /// Queues a job, which is answered (also while writes fail) once [`Store::drive`] runs:
+    /// call it when no channel lock is held any more.
     pub(crate) fn submit(&self, job: Job) {
-        if let Some(jobs) = &*self.jobs.lock() {
-            let _ = jobs.send(job);
-        }
+        self.writer.submit(job);
+    }
+
+    /// Writes what is queued, here or by the writer already doing so.
+    pub(crate) fn drive(&self) {
+        self.writer.drive();
     }
 
     /// Why writes fail, while they do; `Ok` once a write (or the committer's retry) works.

@@ -23,6 +23,7 @@ use std::{
     io,
     os::unix::fs::FileExt,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 /// What the log records. Trims are not logged: one lost in a crash is done again by the
@@ -321,7 +322,8 @@ impl Reader<'_> {
 /// while one that also grows the file commits the file system's journal too (on this
 /// machine 45 against 55 us of CPU per sync).
 pub struct Segment {
-    file: File,
+    /// Shared with whoever syncs it without holding the log (see [`Segment::file`]).
+    file: Arc<File>,
     pub first_lsn: u64,
     /// Bytes of valid batches: the next one goes here.
     pub len: u64,
@@ -346,7 +348,7 @@ impl Segment {
             .truncate(true)
             .open(&path)?;
         let mut segment = Self {
-            file,
+            file: Arc::new(file),
             first_lsn,
             len: HEADER_LEN as u64,
             capacity: 0,
@@ -386,6 +388,12 @@ impl Segment {
     /// Makes every append so far durable.
     pub fn sync(&self) -> io::Result<()> {
         self.file.sync_data()
+    }
+
+    /// The file, to sync without holding the segment: a sync makes every append made
+    /// before it durable, whoever made it.
+    pub fn file(&self) -> Arc<File> {
+        self.file.clone()
     }
 
     /// After a failed append: zeros what it left after the last valid batch, and checks
