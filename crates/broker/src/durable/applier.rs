@@ -139,9 +139,10 @@ impl Applier {
                     Err(_) => break,
                 }
             };
-            if failing {
-                self.reopen();
-            }
+            // After a failure the file is reopened, and health turns green only once the
+            // writes that failed (or, with none kept, a probe) work: a probe that fits in
+            // the file's free pages says nothing about a write that must grow it.
+            let reopened = failing && self.reopen();
             if let Some(first) = first {
                 pending.push(first);
                 // Sleeps through the linger rather than waiting on the channel: a receiver
@@ -159,8 +160,10 @@ impl Applier {
                     }
                 }
             }
-            if !pending.is_empty() && self.failing.lock().is_none() {
+            if !pending.is_empty() && (!failing || reopened) {
                 self.flush(&mut pending);
+            } else if reopened {
+                self.probe();
             }
         }
         if !pending.is_empty() && self.failing.lock().is_none() {
@@ -188,7 +191,12 @@ impl Applier {
             ))
         });
         match written {
-            Ok(oldest_left) => self.complete(std::mem::take(pending), oldest_left),
+            Ok(oldest_left) => {
+                if self.failing.lock().take().is_some() {
+                    tracing::info!(file = %self.path.display(), "storage writes work again");
+                }
+                self.complete(std::mem::take(pending), oldest_left)
+            }
             Err(e) => {
                 tracing::error!(error = %e, file = %self.path.display(), "storage write failed; publications are refused until a write works again (retried every second)");
                 *self.failing.lock() = Some(e.to_string());
@@ -254,11 +262,36 @@ impl Applier {
         for first in std::mem::take(&mut *self.segments.lock()) {
             let _ = std::fs::remove_file(wal::segment_path(&self.dir, first));
         }
+        drop(db);
+        self.compact();
     }
 
-    /// Reopens the file (redb refuses everything after an I/O error until then) and checks
-    /// that a write of some size works; clears the failure if so.
-    fn reopen(&self) {
+    /// Gives the file's free pages back (redb keeps them; commits of many channels at once
+    /// leave many): 400,000 publications of 300 B in 2,000 channels made a 539 MB file,
+    /// 274 MB compacted, in 1.1 s. Done at a clean stop, when nothing reads the file.
+    fn compact(&self) {
+        let Some(db) = self.db.write().take() else {
+            return;
+        };
+        let Ok(mut db) = Arc::try_unwrap(db) else {
+            return; // a reader still holds it: the broker is being dropped while in use
+        };
+        let before = std::fs::metadata(&self.path).map_or(0, |m| m.len());
+        let started = std::time::Instant::now();
+        match db.compact() {
+            Ok(_) => {
+                let after = std::fs::metadata(&self.path).map_or(0, |m| m.len());
+                tracing::info!(file = %self.path.display(), before, after, ms = started.elapsed().as_millis() as u64, "compacted the data file");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, file = %self.path.display(), "the data file could not be compacted; it keeps its free pages")
+            }
+        }
+    }
+
+    /// Reopens the file (redb refuses everything after an I/O error until then); whether
+    /// it opened.
+    fn reopen(&self) -> bool {
         let old = self.db.write().take();
         if let Some(mut old) = old {
             // Readers hold it only for one read.
@@ -272,16 +305,24 @@ impl Applier {
                 }
             }
         }
-        let db = match self.options.database(&self.path) {
-            Ok(db) => db,
+        match self.options.database(&self.path) {
+            Ok(db) => {
+                *self.db.write() = Some(Arc::new(db));
+                true
+            }
             Err(e) => {
                 *self.failing.lock() = Some(format!("reopening: {e}"));
-                return;
+                false
             }
+        }
+    }
+
+    /// With nothing kept to write again: clears the failure if a write of some size works.
+    fn probe(&self) {
+        let Some(db) = self.db.read().clone() else {
+            return;
         };
-        let probe = probe(&db);
-        *self.db.write() = Some(Arc::new(db));
-        match probe {
+        match probe(&db) {
             Ok(()) => {
                 *self.failing.lock() = None;
                 tracing::info!(file = %self.path.display(), "storage writes work again");
