@@ -33,6 +33,10 @@ const RETRY: Duration = Duration::from_secs(1);
 /// be deleted.
 const SEGMENT_BYTES: u64 = 16 << 20;
 
+/// Most bytes of publications kept in memory for the applier (see [`Unapplied`]); past it,
+/// publications are refused until the file catches up.
+const MAX_UNAPPLIED_BYTES: usize = 256 << 20;
+
 /// Batches one leader writes before it hands the rest to a task of its own, so that a
 /// publisher is not kept writing others' publications for long.
 const MAX_ROUNDS: usize = 8;
@@ -168,6 +172,14 @@ impl Writer {
         let why = self.failing.lock().clone();
         if let Some(why) = why.or_else(|| self.applier_failing.lock().clone()) {
             return self.fail(batch, &why);
+        }
+        if self.unapplied.bytes() > MAX_UNAPPLIED_BYTES {
+            // The file cannot keep up (a flood, a slow disk): what waits for it is held in
+            // memory, so it must not grow without bound. Refused, not lost.
+            return self.fail(
+                batch,
+                "the data file is behind the log; publish again shortly",
+            );
         }
         match log.write(&batch, self.options.sync) {
             Ok(first_lsn) => {

@@ -3,7 +3,10 @@
 //! added in commit order before anyone is told of them, and removed in the same order once
 //! the applier's commit holds them.
 
-use std::collections::{HashMap, VecDeque};
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::atomic::{AtomicUsize, Ordering},
+};
 
 use bytes::Bytes;
 use herald_protocol::{ChannelName, Epoch};
@@ -23,12 +26,16 @@ struct Pending {
 pub(crate) type Recent = (u64, u64, Bytes);
 
 #[derive(Default)]
-pub(crate) struct Unapplied(Mutex<HashMap<ChannelName, VecDeque<Pending>>>);
+pub(crate) struct Unapplied {
+    channels: Mutex<HashMap<ChannelName, VecDeque<Pending>>>,
+    /// Bytes of records held.
+    bytes: AtomicUsize,
+}
 
 impl Unapplied {
     /// Adds the publications among `ops` (just made durable).
     pub(crate) fn add(&self, ops: &[Op]) {
-        let mut map = self.0.lock();
+        let mut map = self.channels.lock();
         for op in ops {
             if let Op::Publish {
                 lsn,
@@ -40,6 +47,7 @@ impl Unapplied {
                 ..
             } = op
             {
+                self.bytes.fetch_add(data.len(), Ordering::Relaxed);
                 map.entry(channel.clone()).or_default().push_back(Pending {
                     lsn: *lsn,
                     epoch: epoch.clone(),
@@ -57,13 +65,15 @@ impl Unapplied {
         channels: impl IntoIterator<Item = &'a ChannelName>,
         lsn: u64,
     ) {
-        let mut map = self.0.lock();
+        let mut map = self.channels.lock();
         for channel in channels {
             let Some(queue) = map.get_mut(channel) else {
                 continue;
             };
             while queue.front().is_some_and(|p| p.lsn <= lsn) {
-                queue.pop_front();
+                if let Some(p) = queue.pop_front() {
+                    self.bytes.fetch_sub(p.data.len(), Ordering::Relaxed);
+                }
             }
             if queue.is_empty() {
                 map.remove(channel);
@@ -73,7 +83,7 @@ impl Unapplied {
 
     /// `channel`'s publications of `epoch` up to `top` held here, oldest first.
     pub(crate) fn read(&self, channel: &ChannelName, epoch: &Epoch, top: u64) -> Vec<Recent> {
-        let map = self.0.lock();
+        let map = self.channels.lock();
         let Some(queue) = map.get(channel) else {
             return Vec::new();
         };
@@ -82,5 +92,56 @@ impl Unapplied {
             .filter(|p| p.epoch == *epoch && p.offset <= top)
             .map(|p| (p.offset, p.at_ms, p.data.clone()))
             .collect()
+    }
+
+    /// Bytes of records held: how far the file is behind the log.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn publish(channel: &ChannelName, lsn: u64, offset: u64, data: &'static str) -> Op {
+        Op::Publish {
+            lsn,
+            channel: channel.clone(),
+            epoch: Epoch::new("e1"),
+            offset,
+            at_ms: 0,
+            data: Bytes::from(data),
+            history_size: 10,
+        }
+    }
+
+    #[test]
+    fn entries_leave_in_order_once_applied_and_their_bytes_with_them() {
+        let (a, b) = (
+            ChannelName::new("a").unwrap(),
+            ChannelName::new("b").unwrap(),
+        );
+        let held = Unapplied::default();
+        held.add(&[
+            publish(&a, 1, 1, "xx"),
+            publish(&b, 2, 1, "yyy"),
+            publish(&a, 3, 2, "z"),
+        ]);
+        assert_eq!(held.bytes(), 6);
+        let e1 = Epoch::new("e1");
+        assert_eq!(held.read(&a, &e1, 2).len(), 2);
+        assert_eq!(held.read(&a, &e1, 1).len(), 1, "nothing past the top");
+        assert!(
+            held.read(&a, &Epoch::new("e2"), 9).is_empty(),
+            "nor of another epoch"
+        );
+        held.applied([&a, &b], 2);
+        assert_eq!(held.bytes(), 1);
+        let left: Vec<u64> = held.read(&a, &e1, 9).iter().map(|r| r.0).collect();
+        assert_eq!(left, [2]);
+        assert!(held.read(&b, &e1, 9).is_empty());
+        held.applied([&a], 3);
+        assert_eq!(held.bytes(), 0);
     }
 }
