@@ -9,8 +9,19 @@ use support::{history, Server, KEY};
 
 #[test]
 fn kill_9_during_a_publish_burst_loses_no_acknowledged_publication() {
+    kill_9_during_a_publish_burst(&[]);
+}
+
+/// `sync = "interval"` acknowledges before the sync; a killed process still loses nothing
+/// (the kernel holds what it wrote), and on the same boot the stream keeps its epoch.
+#[test]
+fn with_sync_interval_kill_9_loses_no_acknowledged_publication() {
+    kill_9_during_a_publish_burst(&["--sync", "interval"]);
+}
+
+fn kill_9_during_a_publish_burst(args: &[&str]) {
     let data = tempfile::tempdir().unwrap();
-    let mut server = Server::start_in(data.path(), &[]);
+    let mut server = Server::start_in(data.path(), args);
     let url = server.url.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -38,7 +49,7 @@ fn kill_9_during_a_publish_burst_loses_no_acknowledged_publication() {
                     let Some(offset) = v["offset"].as_u64() else {
                         return;
                     };
-                    acked.add(offset, body["data"].clone());
+                    acked.add(offset, json!([v["epoch"], body["data"]]));
                 }
             })
         })
@@ -60,19 +71,24 @@ fn kill_9_during_a_publish_burst_loses_no_acknowledged_publication() {
     let acked = acked.take();
     assert!(acked.len() >= 150);
 
-    let restarted = Server::start_in(data.path(), &[]);
+    let restarted = Server::start_in(data.path(), args);
     let h = history(&rt, &restarted.url, "chat:crash");
     let stored: BTreeMap<u64, Value> = h["publications"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| (p["offset"].as_u64().unwrap(), p["data"].clone()))
+        .map(|p| {
+            (
+                p["offset"].as_u64().unwrap(),
+                json!([h["epoch"], p["data"]]),
+            )
+        })
         .collect();
     for (offset, data) in &acked {
         assert_eq!(
             stored.get(offset),
             Some(data),
-            "acknowledged offset {offset} lost or changed"
+            "acknowledged offset {offset} lost, changed or of another epoch"
         );
     }
     let top = h["offset"].as_u64().unwrap();
