@@ -72,7 +72,9 @@ fn write_segment(
             channel,
             epoch.as_str(),
             *offset,
-            1,
+            // Now: a publication of 1970 would be expired, and its stream idle enough for
+            // the sweeper to forget.
+            super::now_ms(),
             data.as_bytes(),
         );
         bytes.extend(wal::batch(first_lsn + i as u64, 1, &body));

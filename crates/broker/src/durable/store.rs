@@ -105,6 +105,21 @@ pub enum OpenError {
     },
 }
 
+/// Reads the file once, in order, so that the integrity check that follows finds its pages
+/// in the kernel's cache: the check walks the B-tree, whose pages lie scattered in the file
+/// (the more so after commits of many channels and compaction), and on a cold cache that
+/// random reading, not the check, was the restart's time. 274 MB: 0.15-0.25 s read in order
+/// against 2.2 s of checking from a cold cache. Best effort: a read that fails leaves the
+/// check to read the file itself.
+fn prefetch(path: &Path) {
+    use std::io::Read;
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return;
+    };
+    let mut chunk = vec![0u8; 4 << 20];
+    while matches!(file.read(&mut chunk), Ok(n) if n > 0) {}
+}
+
 /// The streams found in the file when it was opened.
 pub(crate) type Streams = Vec<(ChannelName, Meta)>;
 
@@ -197,7 +212,10 @@ impl Store {
             // Checks every page's checksum before anything reads or writes the file: redb
             // trusts a cleanly closed file otherwise, and a damaged page can make it panic
             // inside a destructor, which aborts the process instead of unwinding.
+            let started = std::time::Instant::now();
+            prefetch(&path);
             db.check_integrity().map_err(|e| damaged(&path, e))?;
+            let checked = started.elapsed();
             let log_damaged = replay(&db, dir, &path)?;
             let lost_unflushed = unflushed(&db).map_err(|e| damaged(&path, e))?;
             if lost_unflushed {
@@ -222,7 +240,15 @@ impl Store {
                     "the data file is older than the one this directory last used (restored from a backup or a snapshot): every channel starts a new epoch, keeping its history, so clients that saw later publications get recovered: false instead of reused offsets"
                 );
             }
+            let verifying = std::time::Instant::now();
             let streams = verify(&db, &path)?;
+            tracing::info!(
+                file = %path.display(),
+                channels = streams.len(),
+                page_check_ms = checked.as_millis() as u64,
+                record_check_ms = verifying.elapsed().as_millis() as u64,
+                "opened the data file"
+            );
             // The mark goes into the file first: a crash before the copy beside it is
             // written looks like a restore next time, which costs a new epoch, never a
             // reused offset.
