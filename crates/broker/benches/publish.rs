@@ -27,6 +27,7 @@ fn brokers(dir: &std::path::Path) -> Vec<(&'static str, SharedBroker)> {
     vec![
         ("memory", MemoryBroker::new(Arc::new(Discard))),
         ("durable-none", open("none", SyncPolicy::None)),
+        ("durable-interval", open("interval", SyncPolicy::Interval)),
         ("durable-group", open("group", SyncPolicy::Group)),
         ("durable-always", open("always", SyncPolicy::Always)),
     ]

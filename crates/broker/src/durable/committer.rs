@@ -34,8 +34,11 @@ const RETRY: Duration = Duration::from_secs(1);
 const SEGMENT_BYTES: u64 = 16 << 20;
 
 /// Most bytes of publications kept in memory for the applier (see [`Unapplied`]); past it,
-/// publications are refused until the file catches up.
+/// publications wait for the file to catch up.
 const MAX_UNAPPLIED_BYTES: usize = 256 << 20;
+
+/// How long publications wait for the file to catch up before they are refused.
+const BEHIND_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Batches one leader writes before it hands the rest to a task of its own, so that a
 /// publisher is not kept writing others' publications for long.
@@ -173,9 +176,14 @@ impl Writer {
         if let Some(why) = why.or_else(|| self.applier_failing.lock().clone()) {
             return self.fail(batch, &why);
         }
-        if self.unapplied.bytes() > MAX_UNAPPLIED_BYTES {
-            // The file cannot keep up (a flood, a slow disk): what waits for it is held in
-            // memory, so it must not grow without bound. Refused, not lost.
+        // The file cannot keep up (a flood, a slow disk): what waits for it is held in
+        // memory, so it must not grow without bound. Publishers wait for the applier, and
+        // past `BEHIND_PATIENCE` are refused (nothing is lost).
+        if self.unapplied.bytes() > MAX_UNAPPLIED_BYTES
+            && !self
+                .unapplied
+                .wait_below(MAX_UNAPPLIED_BYTES, BEHIND_PATIENCE)
+        {
             return self.fail(
                 batch,
                 "the data file is behind the log; publish again shortly",

@@ -10,7 +10,7 @@ use std::{
 
 use bytes::Bytes;
 use herald_protocol::{ChannelName, Epoch};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::applier::Op;
 
@@ -30,6 +30,8 @@ pub(crate) struct Unapplied {
     channels: Mutex<HashMap<ChannelName, VecDeque<Pending>>>,
     /// Bytes of records held.
     bytes: AtomicUsize,
+    /// Told when the applier has taken records away.
+    drained: Condvar,
 }
 
 impl Unapplied {
@@ -79,6 +81,19 @@ impl Unapplied {
                 map.remove(channel);
             }
         }
+        self.drained.notify_all();
+    }
+
+    /// Waits, at most `patience`, until at most `limit` bytes are held; whether they are.
+    pub(crate) fn wait_below(&self, limit: usize, patience: std::time::Duration) -> bool {
+        let until = std::time::Instant::now() + patience;
+        let mut map = self.channels.lock();
+        while self.bytes() > limit {
+            if self.drained.wait_until(&mut map, until).timed_out() {
+                return self.bytes() <= limit;
+            }
+        }
+        true
     }
 
     /// `channel`'s publications of `epoch` up to `top` held here, oldest first.
@@ -143,5 +158,23 @@ mod tests {
         assert!(held.read(&b, &e1, 9).is_empty());
         held.applied([&a], 3);
         assert_eq!(held.bytes(), 0);
+    }
+
+    /// Publishers wait while too much waits for the file, and go on once the applier has
+    /// taken it; past their patience, they are told no.
+    #[test]
+    fn waiting_below_a_limit_ends_when_the_applier_drains_or_patience_runs_out() {
+        let a = ChannelName::new("a").unwrap();
+        let held = std::sync::Arc::new(Unapplied::default());
+        held.add(&[publish(&a, 1, 1, "0123456789")]);
+        let short = std::time::Duration::from_millis(20);
+        assert!(!held.wait_below(5, short), "still 10 bytes held");
+        assert!(held.wait_below(10, short), "at the limit already");
+        let applier = {
+            let (held, a) = (held.clone(), a.clone());
+            std::thread::spawn(move || held.applied([&a], 1))
+        };
+        assert!(held.wait_below(5, std::time::Duration::from_secs(10)));
+        applier.join().unwrap();
     }
 }
