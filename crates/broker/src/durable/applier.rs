@@ -4,7 +4,7 @@
 //! one sync per many publications instead of one per commit of the log. Each commit
 //! records the last log entry it holds, so replay at the next open applies each entry
 //! once; after a durable commit, log segments wholly applied are deleted. While writes fail
-//! it keeps what it could not write, retries every second, and the committer refuses new
+//! it keeps what it could not write, retries every second, and the writer refuses new
 //! publications meanwhile (what is kept is acknowledged: it is in the log).
 
 use std::{
@@ -32,7 +32,7 @@ const MAX_OPS: usize = 50_000;
 /// How often the applier tries the file again while writes fail.
 const RETRY: Duration = Duration::from_secs(1);
 
-/// What the applier writes, in the committer's order.
+/// What the applier writes, in the writer's order.
 pub(crate) enum Op {
     Publish {
         lsn: u64,
@@ -69,6 +69,37 @@ impl Op {
             Op::Publish { lsn, .. } | Op::Reset { lsn, .. } | Op::Forget { lsn, .. } => Some(*lsn),
             Op::Trim { .. } => None,
         }
+    }
+
+    /// Appends this operation's log entry to a batch body; whether it has one (trims are
+    /// not logged). The inverse of [`Op::replayed`].
+    pub(super) fn log(&self, body: &mut Vec<u8>) -> bool {
+        match self {
+            Op::Publish {
+                channel,
+                epoch,
+                offset,
+                at_ms,
+                data,
+                ..
+            } => wal::encode_publish(
+                body,
+                channel.as_str(),
+                epoch.as_str(),
+                *offset,
+                *at_ms,
+                data,
+            ),
+            Op::Reset {
+                channel,
+                epoch,
+                at_ms,
+                ..
+            } => wal::encode_reset(body, channel.as_str(), epoch.as_str(), *at_ms),
+            Op::Forget { channel, .. } => wal::encode_forget(body, channel.as_str()),
+            Op::Trim { .. } => return false,
+        }
+        true
     }
 
     /// The operation a replayed log entry asks for, or `None` if the entry names no valid
@@ -242,9 +273,9 @@ impl Applier {
         }
     }
 
-    /// A clean close: everything is applied, so the log goes; with `sync = "none"`, one
-    /// durable commit makes everything durable and clears the unflushed mark, so the next
-    /// start trusts the file.
+    /// A clean close: everything is applied, so the log goes; with a mode that
+    /// acknowledges before syncing (`interval`, `none`), one durable commit clears the
+    /// unflushed mark, so the next start trusts the file.
     fn close(&self, all_applied: bool) {
         if self.failing.lock().is_some() || !all_applied {
             return; // the log keeps what is not applied; the next open replays it
@@ -258,7 +289,7 @@ impl Applier {
                 return;
             }
         }
-        // The committer has stopped appending: every segment is applied.
+        // The writer has stopped appending: every segment is applied.
         for first in std::mem::take(&mut *self.segments.lock()) {
             let _ = std::fs::remove_file(wal::segment_path(&self.dir, first));
         }

@@ -1,13 +1,14 @@
-//! Making publications durable, on the publishers' own threads (a write group): a
-//! publisher queues its record under its channel's lock, then tries to become the leader.
-//! The leader takes everything queued, appends it to the write-ahead log as one batch with
-//! one sync (as `sync` says), then makes it readable, fans it out and acknowledges it in
-//! order, and hands it to the applier, which writes it into the database file later. The
-//! others find the log taken and wait for their answer. A lone publisher so writes its own
-//! record with no thread handing it over and back (two thread switches per publication,
-//! which cost more CPU than the write); concurrent ones still share one sync. One thread
-//! stays, for what no publisher does: syncing the log on time with `sync = "interval"`,
-//! and retrying it while writes fail.
+//! Making publications durable (a write group): a publisher queues its record under its
+//! channel's lock, then has the queue written. The leader, whoever holds the log, takes
+//! everything queued, appends it to the write-ahead log as one batch with one sync (as
+//! `sync` says), then makes it readable, fans it out and acknowledges it in order, and
+//! hands it to the applier, which writes it into the database file later. With a sync
+//! before each acknowledgement (`group`, `always`) the store thread leads, so that a sync
+//! never blocks a runtime worker. Otherwise (`interval`, `none`) the publisher leads on its
+//! own thread, unless another leader holds the log: a lone publisher writes its own record
+//! with no thread handing it over and back (two thread switches per publication, which
+//! cost more CPU than the write). The store thread also syncs the log on time with
+//! `interval`, and retries it while writes fail.
 
 use std::{
     path::PathBuf,
@@ -189,13 +190,15 @@ impl Writer {
                 "the data file is behind the log; publish again shortly",
             );
         }
-        match log.write(&batch, self.options.sync) {
-            Ok(first_lsn) => {
+        let mut lsn = log.next_lsn;
+        let ops: Vec<Op> = batch.iter().map(|job| op(job, &mut lsn)).collect();
+        match log.write(&ops, self.options.sync) {
+            Ok(()) => {
                 if self.options.sync == SyncPolicy::Interval && log.unsynced.is_none() {
                     log.unsynced = Some(Instant::now());
                     self.wake_store_thread();
                 }
-                self.complete(batch, first_lsn);
+                self.complete(batch, ops);
             }
             Err(e) => {
                 tracing::error!(error = %e, dir = %log.dir.display(), "storage write failed; publications are refused until a write works again (retried every second)");
@@ -297,10 +300,8 @@ impl Writer {
     }
 
     /// After the append: publications become readable, are fanned out in order, and are
-    /// acknowledged; then everything goes to the applier in the same order.
-    fn complete(&self, batch: Vec<Job>, first_lsn: u64) {
-        let mut lsn = first_lsn;
-        let ops: Vec<Op> = batch.iter().map(|job| op(job, &mut lsn)).collect();
+    /// acknowledged; then the batch's `ops` go to the applier in the same order.
+    fn complete(&self, batch: Vec<Job>, ops: Vec<Op>) {
         // Readable before anyone is told it is committed.
         self.unapplied.add(&ops);
         for job in batch {
@@ -342,54 +343,20 @@ impl Writer {
 }
 
 impl Log {
-    /// Appends a batch's logged jobs to the log as one batch, synced if `sync` syncs
-    /// before acknowledging; returns the LSN of its first entry.
-    fn write(&mut self, batch: &[Job], sync: SyncPolicy) -> std::io::Result<u64> {
-        let first = self.next_lsn;
+    /// Appends the logged ones of `ops` (numbered from [`Log::next_lsn`]) to the log as one
+    /// batch, synced if `sync` syncs before acknowledging.
+    fn write(&mut self, ops: &[Op], sync: SyncPolicy) -> std::io::Result<()> {
         self.body.clear();
-        let mut count = 0u32;
-        for job in batch {
-            match job {
-                Job::Publish(r) => wal::encode_publish(
-                    &mut self.body,
-                    r.channel.as_str(),
-                    r.epoch.as_str(),
-                    r.offset,
-                    r.at_ms,
-                    &r.data,
-                ),
-                Job::Reset {
-                    channel,
-                    epoch,
-                    at_ms,
-                    ..
-                } => wal::encode(
-                    &mut self.body,
-                    &wal::Entry::Reset {
-                        channel: channel.as_str().into(),
-                        epoch: epoch.as_str().into(),
-                        at_ms: *at_ms,
-                    },
-                ),
-                Job::Forget { channel } => wal::encode(
-                    &mut self.body,
-                    &wal::Entry::Forget {
-                        channel: channel.as_str().into(),
-                    },
-                ),
-                Job::Trim { .. } => continue,
-            }
-            count += 1;
-        }
+        let count = ops.iter().filter(|op| op.log(&mut self.body)).count() as u32;
         if count > 0 {
-            let bytes = wal::batch(first, count, &self.body);
+            let bytes = wal::batch(self.next_lsn, count, &self.body);
             self.segment.append(&bytes, sync.syncs_before_ack())?;
             self.next_lsn += u64::from(count);
             if self.segment.len >= SEGMENT_BYTES {
                 self.rotate();
             }
         }
-        Ok(first)
+        Ok(())
     }
 
     /// Starts a new segment; the applier deletes the old one once it is applied. A failure
@@ -487,7 +454,7 @@ fn op(job: &Job, lsn: &mut u64) -> Op {
             offset: r.offset,
             at_ms: r.at_ms,
             data: r.data.clone(),
-            history_size: r.meta.lock().policy.history_size,
+            history_size: r.history_size,
         },
         Job::Reset {
             channel,

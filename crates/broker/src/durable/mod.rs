@@ -2,8 +2,8 @@
 //! so acknowledged publications survive `kill -9` and restarts, with their offsets and
 //! epochs.
 //!
-//! Offsets are assigned under the channel's lock, in the order records are handed to one
-//! committer thread. The committer appends everything that has queued up since its last
+//! Offsets are assigned under the channel's lock, in the order records are queued for the
+//! writer (`committer`). Its leader appends everything that has queued up since the last
 //! append to the log ([`wal`]) as one batch, synced as [`SyncPolicy`] says, and only then
 //! makes it readable, fans it out and acknowledges it. The applier writes the log's
 //! batches into the database file many at a time, which is where a B-tree commit's cost
@@ -338,7 +338,7 @@ impl DurableBroker {
             self.unwritten.fetch_sub(1, Ordering::Relaxed);
         } else {
             // Submitted under the shard's lock: a publication that makes the channel anew
-            // reaches the committer after this, so it cannot be deleted by it.
+            // is queued after this, so it cannot be deleted by it.
             self.store.submit(Job::Forget {
                 channel: channel.clone(),
             });
@@ -381,7 +381,7 @@ impl DurableBroker {
         }
     }
 
-    /// Drops expired history and forgets idle streams, through the committer. Looks only at
+    /// Drops expired history and forgets idle streams, through the writer. Looks only at
     /// channels with something due (see [`Deadlines`]).
     pub fn sweep(&self) {
         let now = now_ms();
@@ -403,7 +403,7 @@ impl DurableBroker {
             drop(shard);
             let trim_due = m.oldest_ms.is_none_or(|at| at + m.ttl_ms() <= now);
             if trim_due && m.committed > 0 {
-                // The committer files the next deadline once it knows the new oldest.
+                // The applier files the next deadline once it knows the new oldest.
                 m.oldest_ms = None;
                 self.store.submit(Job::Trim {
                     channel: channel.clone(),
@@ -446,6 +446,7 @@ impl Broker for DurableBroker {
                 generation: m.generation,
                 at_ms: m.last_publish_ms,
                 data,
+                history_size: policy.history_size,
                 done,
             };
             // Queued under the lock: the writer sees one channel's records in offset
@@ -483,8 +484,8 @@ impl Broker for DurableBroker {
         // that the epoch it is told is the one the first publication will carry. Such a
         // stream is forgotten [`EMPTY_STREAM_GRACE`] after its last reader.
         let meta = self.meta(channel);
-        // The committed top, read under the lock; the file is read without it (the
-        // committer needs the lock for every record it writes) and off the async workers.
+        // The committed top, read under the lock; the file is read without it (the writer
+        // needs the lock for every record it writes) and off the async workers.
         let (position, cutoff, size) = {
             let mut m = meta.lock();
             if m.assigned == 0 {

@@ -1,5 +1,6 @@
-//! The database file: opening it (checked by `recovery`), reading it, and handing writes to
-//! the one thread that makes them (`committer`).
+//! The database file: opening it (checked by `recovery`, the log replayed), reading it
+//! (joined with what waits for it, `unapplied`), and handing writes to the writer
+//! (`committer`: the log) and the applier (the file).
 
 use std::{
     path::{Path, PathBuf},
@@ -132,6 +133,8 @@ pub(crate) struct Record {
     pub(crate) generation: u64,
     pub(crate) at_ms: u64,
     pub(crate) data: Bytes,
+    /// Most publications the stream keeps (its policy when published).
+    pub(crate) history_size: usize,
     pub(crate) done: oneshot::Sender<Result<StreamPosition, BrokerError>>,
 }
 
@@ -217,27 +220,24 @@ impl Store {
             db.check_integrity().map_err(|e| damaged(&path, e))?;
             let checked = started.elapsed();
             let log_damaged = replay(&db, dir, &path)?;
-            let lost_unflushed = unflushed(&db).map_err(|e| damaged(&path, e))?;
-            if lost_unflushed {
-                let renewed = renew_epochs(&db, &path)?;
-                tracing::warn!(
-                    channels = renewed,
-                    dir = %dir.display(),
-                    "the last run acknowledged publications before syncing them (sync = \"interval\" or \"none\") and stopped with the machine, so its latest ones may be lost: every channel starts a new epoch, keeping its history (resuming clients get recovered: false)"
-                );
+            // Each of these means history may have gone back, or has holes, while clients
+            // saw later offsets: every stream starts a new epoch, keeping its history, so
+            // that resuming clients get recovered: false instead of reused offsets.
+            let renew = if unflushed(&db).map_err(|e| damaged(&path, e))? {
+                Some("the last run acknowledged publications before syncing them (sync = \"interval\" or \"none\") and stopped with the machine, so its latest ones may be lost")
             } else if log_damaged {
-                let renewed = renew_epochs(&db, &path)?;
-                tracing::warn!(
-                    channels = renewed,
-                    dir = %dir.display(),
-                    "the write-ahead log is damaged: entries in it may be lost, so every channel starts a new epoch, keeping its history (resuming clients get recovered: false)"
-                );
+                Some("the write-ahead log is damaged: entries in it may be lost")
             } else if restored(&db, dir).map_err(|e| damaged(&path, e))? {
+                Some("the data file is older than the one this directory last used (restored from a backup or a snapshot)")
+            } else {
+                None
+            };
+            if let Some(why) = renew {
                 let renewed = renew_epochs(&db, &path)?;
                 tracing::warn!(
                     channels = renewed,
                     file = %path.display(),
-                    "the data file is older than the one this directory last used (restored from a backup or a snapshot): every channel starts a new epoch, keeping its history, so clients that saw later publications get recovered: false instead of reused offsets"
+                    "{why}: every channel starts a new epoch, keeping its history (resuming clients get recovered: false)"
                 );
             }
             let verifying = std::time::Instant::now();
@@ -334,7 +334,7 @@ impl Store {
         self.writer.drive();
     }
 
-    /// Why writes fail, while they do; `Ok` once a write (or the committer's retry) works.
+    /// Why writes fail, while they do; `Ok` once the writes that failed (or a retry) work.
     pub(crate) fn health(&self) -> Result<(), String> {
         let log = self.failing.lock().clone();
         match log.or_else(|| self.applier_failing.lock().clone()) {

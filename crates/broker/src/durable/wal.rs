@@ -2,7 +2,7 @@
 //!
 //! A commit of the database file rewrites B-tree pages and the allocator's state, which
 //! costs far more CPU than the bytes it stores; an append of the same records and one
-//! `fdatasync` costs little more than the bytes. So the committer appends each batch here,
+//! `fdatasync` costs little more than the bytes. So the writer appends each batch here,
 //! syncs, and acknowledges; the applier writes batches of many commits into the database
 //! later, and segments whose entries all reached the database (durably) are deleted.
 //!
@@ -106,14 +106,6 @@ pub fn header(run: u64, first_lsn: u64) -> [u8; HEADER_LEN] {
 
 /// Appends `entry` to a batch body being built.
 pub fn encode(body: &mut Vec<u8>, entry: &Entry) {
-    fn text(body: &mut Vec<u8>, s: &str, wide: bool) {
-        if wide {
-            body.extend_from_slice(&(s.len() as u16).to_le_bytes());
-        } else {
-            body.push(s.len() as u8);
-        }
-        body.extend_from_slice(s.as_bytes());
-    }
     match entry {
         Entry::Publish {
             channel,
@@ -126,20 +118,23 @@ pub fn encode(body: &mut Vec<u8>, entry: &Entry) {
             channel,
             epoch,
             at_ms,
-        } => {
-            body.push(RESET);
-            text(body, channel, true);
-            text(body, epoch, false);
-            body.extend_from_slice(&at_ms.to_le_bytes());
-        }
-        Entry::Forget { channel } => {
-            body.push(FORGET);
-            text(body, channel, true);
-        }
+        } => encode_reset(body, channel, epoch, *at_ms),
+        Entry::Forget { channel } => encode_forget(body, channel),
     }
 }
 
-/// [`encode`] of a publication without building an [`Entry`] (the committer's hot path).
+/// Channel names take a 16-bit length, epochs an 8-bit one.
+fn text(body: &mut Vec<u8>, s: &str, wide: bool) {
+    if wide {
+        body.extend_from_slice(&(s.len() as u16).to_le_bytes());
+    } else {
+        body.push(s.len() as u8);
+    }
+    body.extend_from_slice(s.as_bytes());
+}
+
+/// [`encode`] of a publication from borrowed parts (the writer's hot path builds no
+/// [`Entry`]).
 pub fn encode_publish(
     body: &mut Vec<u8>,
     channel: &str,
@@ -149,14 +144,26 @@ pub fn encode_publish(
     data: &[u8],
 ) {
     body.push(PUBLISH);
-    body.extend_from_slice(&(channel.len() as u16).to_le_bytes());
-    body.extend_from_slice(channel.as_bytes());
-    body.push(epoch.len() as u8);
-    body.extend_from_slice(epoch.as_bytes());
+    text(body, channel, true);
+    text(body, epoch, false);
     body.extend_from_slice(&offset.to_le_bytes());
     body.extend_from_slice(&at_ms.to_le_bytes());
     body.extend_from_slice(&(data.len() as u32).to_le_bytes());
     body.extend_from_slice(data);
+}
+
+/// [`encode`] of a reset from borrowed parts.
+pub fn encode_reset(body: &mut Vec<u8>, channel: &str, epoch: &str, at_ms: u64) {
+    body.push(RESET);
+    text(body, channel, true);
+    text(body, epoch, false);
+    body.extend_from_slice(&at_ms.to_le_bytes());
+}
+
+/// [`encode`] of a forget from borrowed parts.
+pub fn encode_forget(body: &mut Vec<u8>, channel: &str) {
+    body.push(FORGET);
+    text(body, channel, true);
 }
 
 /// A batch's bytes as written: header and `body` of `count` entries from `first_lsn`.
@@ -403,7 +410,7 @@ impl Segment {
             let left = (self.dirty_to - self.len) as usize;
             self.file.write_all_at(&vec![0u8; left], self.len)?;
         }
-        self.file.set_len(self.capacity.max(self.len))?;
+        self.file.set_len(self.capacity)?;
         self.file
             .write_all_at(&vec![0u8; 64 * 1024], self.capacity)?;
         self.file.sync_data()?;
