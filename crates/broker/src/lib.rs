@@ -181,6 +181,10 @@ pub enum BrokerError {
     /// The backing store cannot be reached or refused the operation.
     #[error("broker unavailable: {0}")]
     Unavailable(String),
+    /// The operation was carried out (a publication stored and delivered) but could not be
+    /// confirmed as lasting: a retry may repeat it.
+    #[error("outcome unknown: {0}")]
+    Unconfirmed(String),
 }
 
 /// A store of channel streams shared by every node that uses it. See the crate docs for

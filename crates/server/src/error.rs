@@ -101,6 +101,9 @@ impl From<BrokerError> for Failure {
             }
             // Passing: the client tries again (on another node, if it can).
             BrokerError::Unavailable(_) => Self::new(ErrorCode::BrokerUnavailable, e.to_string()),
+            // Stored and delivered, not confirmed on disk: a retry may store it twice (an
+            // idempotency key makes it once).
+            BrokerError::Unconfirmed(_) => Self::new(ErrorCode::OutcomeUnknown, e.to_string()),
         }
     }
 }

@@ -273,9 +273,9 @@ impl Applier {
         }
     }
 
-    /// A clean close: everything is applied, so the log goes; with a mode that
-    /// acknowledges before syncing (`interval`, `none`), one durable commit clears the
-    /// unflushed mark, so the next start trusts the file.
+    /// A clean close: everything is applied, so the log goes; with a mode that delivers
+    /// before syncing (`group`, `interval`, `none`), one durable commit clears the unflushed
+    /// mark, so the next start trusts the file.
     fn close(&self, all_applied: bool) {
         if self.failing.lock().is_some() || !all_applied {
             return; // the log keeps what is not applied; the next open replays it
@@ -283,7 +283,7 @@ impl Applier {
         let Some(db) = self.db.read().clone() else {
             return;
         };
-        if !self.options.sync.syncs_before_ack() {
+        if !self.options.sync.syncs_before_delivery() {
             if let Err(e) = set_unflushed(&db, false, None) {
                 tracing::error!(error = %e, "storage: the final durable commit failed; the next start gives every channel a new epoch");
                 return;

@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use super::applier::Op;
 use super::store::{unavailable, Failing, Job, Unapplied};
 use super::{now_ms, wal, Deadlines, StoreOptions, SyncPolicy};
-use crate::PublicationSink;
+use crate::{BrokerError, PublicationSink};
 
 /// How often the log is tried again while appends fail.
 const RETRY: Duration = Duration::from_secs(1);
@@ -192,13 +192,30 @@ impl Writer {
         }
         let mut lsn = log.next_lsn;
         let ops: Vec<Op> = batch.iter().map(|job| op(job, &mut lsn)).collect();
-        match log.write(&ops, self.options.sync) {
+        let sync = self.options.sync;
+        match log.write(&ops, sync.syncs_before_delivery()) {
             Ok(()) => {
-                if self.options.sync == SyncPolicy::Interval && log.unsynced.is_none() {
+                if sync == SyncPolicy::Interval && log.unsynced.is_none() {
                     log.unsynced = Some(Instant::now());
                     self.wake_store_thread();
                 }
-                self.complete(batch, ops);
+                // Written: a killed process loses none of it, so subscribers may have it
+                // now; with `group` the sync runs after, and only the answers wait for it.
+                self.deliver(&batch, &ops);
+                let synced = if sync.syncs_before_ack() && !sync.syncs_before_delivery() {
+                    log.segment.sync()
+                } else {
+                    Ok(())
+                };
+                if let Err(e) = &synced {
+                    // Delivered, so kept: its offset is not handed out again. The applier
+                    // still writes it to the file (which has syncs of its own); meanwhile
+                    // publications are refused until a sync works again.
+                    tracing::error!(error = %e, dir = %log.dir.display(), "storage sync failed; publications are refused until a write works again (retried every second)");
+                    *self.failing.lock() = Some(e.to_string());
+                    self.wake_store_thread();
+                }
+                self.acknowledge(batch, ops, synced.err());
             }
             Err(e) => {
                 tracing::error!(error = %e, dir = %log.dir.display(), "storage write failed; publications are refused until a write works again (retried every second)");
@@ -299,38 +316,58 @@ impl Writer {
         }
     }
 
-    /// After the append: publications become readable, are fanned out in order, and are
-    /// acknowledged; then the batch's `ops` go to the applier in the same order.
-    fn complete(&self, batch: Vec<Job>, ops: Vec<Op>) {
+    /// After the append: the batch's publications become readable and are fanned out, in
+    /// order.
+    fn deliver(&self, batch: &[Job], ops: &[Op]) {
         // Readable before anyone is told it is committed.
-        self.unapplied.add(&ops);
+        self.unapplied.add(ops);
+        for job in batch {
+            let Job::Publish(r) = job else {
+                continue;
+            };
+            let mut m = r.meta.lock();
+            // A record of an epoch removed meanwhile is acknowledged, not shown.
+            if m.epoch == r.epoch {
+                m.committed = r.offset;
+                if m.oldest_ms.is_none() && m.policy.history_size > 0 {
+                    // History was empty: this one falls due first.
+                    m.oldest_ms = Some(r.at_ms);
+                    self.deadlines.refile(&mut m, &r.channel, r.at_ms);
+                }
+                let publication = Publication {
+                    offset: r.offset,
+                    record: r.data.clone(),
+                };
+                self.sink.on_publication(&r.channel, &r.epoch, &publication);
+            }
+        }
+    }
+
+    /// After [`Writer::deliver`] (and the sync, where acknowledgements wait for it): the
+    /// batch is answered, `unsynced` saying why it may not be on disk; then its `ops` go to
+    /// the applier in the same order.
+    fn acknowledge(&self, batch: Vec<Job>, ops: Vec<Op>, unsynced: Option<std::io::Error>) {
+        let unconfirmed = |e: &std::io::Error| {
+            BrokerError::Unconfirmed(format!(
+                "storage: written and delivered, but the sync to disk failed ({e}); it is kept unless the machine stops first"
+            ))
+        };
         for job in batch {
             match job {
                 Job::Publish(r) => {
                     let position = StreamPosition {
                         offset: r.offset,
-                        epoch: r.epoch.clone(),
+                        epoch: r.epoch,
                     };
-                    {
-                        let mut m = r.meta.lock();
-                        // A record of an epoch removed meanwhile is acknowledged, not shown.
-                        if m.epoch == r.epoch {
-                            m.committed = r.offset;
-                            if m.oldest_ms.is_none() && m.policy.history_size > 0 {
-                                // History was empty: this one falls due first.
-                                m.oldest_ms = Some(r.at_ms);
-                                self.deadlines.refile(&mut m, &r.channel, r.at_ms);
-                            }
-                            let publication = Publication {
-                                offset: r.offset,
-                                record: r.data,
-                            };
-                            self.sink.on_publication(&r.channel, &r.epoch, &publication);
-                        }
-                    }
-                    let _ = r.done.send(Ok(position));
+                    let _ = r.done.send(
+                        unsynced
+                            .as_ref()
+                            .map_or(Ok(position), |e| Err(unconfirmed(e))),
+                    );
                 }
-                Job::Reset { done, .. } => drop(done.send(Ok(()))),
+                Job::Reset { done, .. } => {
+                    let _ = done.send(unsynced.as_ref().map_or(Ok(()), |e| Err(unconfirmed(e))));
+                }
                 Job::Trim { .. } | Job::Forget { .. } => {}
             }
         }
@@ -344,13 +381,13 @@ impl Writer {
 
 impl Log {
     /// Appends the logged ones of `ops` (numbered from [`Log::next_lsn`]) to the log as one
-    /// batch, synced if `sync` syncs before acknowledging.
-    fn write(&mut self, ops: &[Op], sync: SyncPolicy) -> std::io::Result<()> {
+    /// batch, synced if `sync`.
+    fn write(&mut self, ops: &[Op], sync: bool) -> std::io::Result<()> {
         self.body.clear();
         let count = ops.iter().filter(|op| op.log(&mut self.body)).count() as u32;
         if count > 0 {
             let bytes = wal::batch(self.next_lsn, count, &self.body);
-            self.segment.append(&bytes, sync.syncs_before_ack())?;
+            self.segment.append(&bytes, sync)?;
             self.next_lsn += u64::from(count);
             if self.segment.len >= SEGMENT_BYTES {
                 self.rotate();

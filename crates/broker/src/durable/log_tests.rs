@@ -223,16 +223,50 @@ async fn reads_join_the_file_and_what_waits_for_it() {
     }
 }
 
-/// `sync = "interval"` acknowledges before the sync. A killed process loses nothing it
-/// wrote (the operating system keeps it), so the same boot keeps every epoch; after the
-/// machine restarted, what was acknowledged last may be gone, so every stream starts a new
-/// epoch (keeping its history) instead of handing offsets out again.
+/// `sync = "interval"` acknowledges before the sync, and `group` delivers before it. A
+/// killed process loses nothing it wrote (the operating system keeps it), so the same boot
+/// keeps every epoch; after the machine restarted, what was delivered last may be gone, so
+/// every stream starts a new epoch (keeping its history) instead of handing offsets out
+/// again. `always` syncs before delivering: its epochs survive a machine crash.
 #[tokio::test]
 async fn an_unsynced_run_that_stopped_with_the_machine_costs_epochs_not_offsets() {
+    for sync in [SyncPolicy::Interval, SyncPolicy::Group] {
+        unsynced_run_stopped_with_the_machine(sync).await;
+    }
+    always_keeps_epochs_after_a_machine_crash().await;
+}
+
+async fn always_keeps_epochs_after_a_machine_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = || {
+        DurableBroker::open(
+            dir.path(),
+            SyncPolicy::Always,
+            Arc::new(Recorder::default()),
+        )
+        .unwrap()
+    };
+    let epoch = publish(&open(), "news", 2).await;
+    // The mark as `always` set it at open (its close leaves it alone), now dated from
+    // another boot of the machine: a crash of the machine looks so.
+    let db = redb::Database::open(dir.path().join(store::FILE_NAME)).unwrap();
+    let txn = db.begin_write().unwrap();
+    txn.open_table(store::STATE)
+        .unwrap()
+        .insert(store::BOOT, recovery::boot_id().unwrap_or(0) ^ 1)
+        .unwrap();
+    txn.commit().unwrap();
+    assert!(!recovery::unflushed(&db).unwrap());
+    drop(db);
+    let h = open().history(&ch("news"), all()).await.unwrap();
+    assert_eq!((h.position.epoch.clone(), offsets(&h)), (epoch, vec![1, 2]));
+}
+
+async fn unsynced_run_stopped_with_the_machine(sync: SyncPolicy) {
     let dir = tempfile::tempdir().unwrap();
     let interval = || super::StoreOptions {
-        sync: SyncPolicy::Interval,
-        ..SyncPolicy::Interval.into()
+        sync,
+        ..sync.into()
     };
     let broker =
         DurableBroker::open(dir.path(), interval(), Arc::new(Recorder::default())).unwrap();
@@ -271,6 +305,81 @@ async fn an_unsynced_run_that_stopped_with_the_machine_costs_epochs_not_offsets(
         "offsets 1-3 could be handed out again otherwise"
     );
     assert_eq!(offsets(&h), [1, 2, 3], "history is kept");
+}
+
+/// Publishes `data` to `channel` until the store takes publications again after a failed
+/// write (its thread retries at once when told, then every second).
+async fn publish_when_writable(broker: &DurableBroker, channel: &str, data: &str) -> u64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let published = broker
+            .publish(
+                &ch(channel),
+                Bytes::from(data.to_string()),
+                StreamPolicy::default(),
+            )
+            .await;
+        match published {
+            Ok(p) => return p.offset,
+            Err(crate::BrokerError::Unavailable(_)) if std::time::Instant::now() < deadline => {
+                tokio::task::yield_now().await;
+            }
+            Err(e) => panic!("the store never took publications again: {e}"),
+        }
+    }
+}
+
+/// `group` delivers a batch once it is written and answers once it is synced. A sync that
+/// fails after the delivery cannot take the publication back (subscribers have it): it is
+/// kept, its publisher hears "outcome unknown", and its offset is never handed out again.
+#[tokio::test]
+async fn a_group_sync_that_fails_after_delivery_keeps_the_publication() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Arc::new(Recorder::default());
+    let broker = DurableBroker::open(dir.path(), SyncPolicy::Group, sink.clone()).unwrap();
+    publish(&broker, "news", 1).await;
+    broker
+        .store
+        .writer
+        .with_log(|log| log.segment.fail_next_sync = true);
+    let failed = broker
+        .publish(&ch("news"), Bytes::from("2"), StreamPolicy::default())
+        .await;
+    assert!(
+        matches!(failed, Err(crate::BrokerError::Unconfirmed(_))),
+        "{failed:?}"
+    );
+    assert_eq!(sink.offsets("news"), [1, 2], "delivered before the sync");
+    assert_eq!(publish_when_writable(&broker, "news", "3").await, 3);
+    let h = broker.history(&ch("news"), all()).await.unwrap();
+    assert_eq!(offsets(&h), [1, 2, 3]);
+    assert_eq!(sink.records("news").len(), 3);
+}
+
+/// `always` syncs before delivering: a failed sync is a failed write, so nothing was
+/// delivered and the offset goes to the next publication.
+#[tokio::test]
+async fn an_always_sync_that_fails_delivers_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Arc::new(Recorder::default());
+    let broker = DurableBroker::open(dir.path(), SyncPolicy::Always, sink.clone()).unwrap();
+    publish(&broker, "news", 1).await;
+    broker
+        .store
+        .writer
+        .with_log(|log| log.segment.fail_next_sync = true);
+    let failed = broker
+        .publish(&ch("news"), Bytes::from("lost"), StreamPolicy::default())
+        .await;
+    assert!(
+        matches!(failed, Err(crate::BrokerError::Unavailable(_))),
+        "{failed:?}"
+    );
+    assert_eq!(sink.offsets("news"), [1], "nothing delivered");
+    assert_eq!(publish_when_writable(&broker, "news", "2").await, 2);
+    let h = broker.history(&ch("news"), all()).await.unwrap();
+    assert_eq!(offsets(&h), [1, 2]);
+    assert!(!sink.records("news").contains(&Bytes::from("lost")));
 }
 
 /// With `sync = "interval"` publishers write the log themselves. One that finds the log

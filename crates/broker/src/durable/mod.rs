@@ -46,14 +46,19 @@ const SHARDS: usize = 64;
 const SWEEP_BATCH: usize = 10_000;
 
 /// When a publication written to the log reaches the disk. Whatever the policy, it is in
-/// the operating system's hands before it is acknowledged, so a crash of the process
-/// (`kill -9`) loses nothing; the policies differ on a crash of the machine.
+/// the operating system's hands before it is delivered or acknowledged, so a crash of the
+/// process (`kill -9`) loses nothing; the policies differ on a crash of the machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncPolicy {
-    /// Every publication is synced alone before it is acknowledged. Slowest.
+    /// Every publication is synced alone before it is delivered and acknowledged. Slowest;
+    /// a machine crash keeps every epoch.
     Always,
     /// Publications waiting while a sync runs share the next one; each is synced before it
-    /// is acknowledged, so a machine crash loses nothing acknowledged.
+    /// is acknowledged, so a machine crash loses nothing acknowledged. Subscribers get it
+    /// while the sync runs (a sync takes a quarter of a millisecond or more when the disk
+    /// is idle): a machine crash in that moment may lose a publication someone saw and
+    /// nobody was told was stored, so the next start on a restarted machine gives every
+    /// stream a new epoch, as with `Interval`.
     Group,
     /// Acknowledged once written; synced within [`StoreOptions::sync_interval`]. A machine
     /// crash may lose what was acknowledged within that interval before it: the next start
@@ -69,6 +74,12 @@ impl SyncPolicy {
     /// Whether every acknowledged publication is on disk.
     pub fn syncs_before_ack(self) -> bool {
         matches!(self, SyncPolicy::Always | SyncPolicy::Group)
+    }
+
+    /// Whether every delivered publication is on disk: otherwise a crash of the machine may
+    /// lose one that subscribers saw, and the next start must not hand its offset out again.
+    pub fn syncs_before_delivery(self) -> bool {
+        self == SyncPolicy::Always
     }
 }
 

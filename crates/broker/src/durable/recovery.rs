@@ -232,9 +232,9 @@ pub(super) fn renew_epochs(db: &Database, path: &Path) -> Result<usize, OpenErro
     Ok(renewed)
 }
 
-/// Whether the last run acknowledged publications before syncing them ([`UNFLUSHED`]) and
+/// Whether the last run delivered publications before syncing them ([`UNFLUSHED`]) and
 /// did not stop cleanly, on a machine that has restarted since (or whose restarts cannot be
-/// told): then what it acknowledged last may be lost. A process that was killed on a
+/// told): then what it delivered last may be lost. A process that was killed on a
 /// machine still running lost nothing it wrote: the operating system keeps it.
 pub(super) fn unflushed(db: &Database) -> Result<bool, redb::Error> {
     let read = db.begin_read()?;

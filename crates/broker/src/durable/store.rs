@@ -36,8 +36,8 @@ pub(super) const STATE: TableDefinition<&str, u64> = TableDefinition::new("state
 /// snapshot of the file): then history may have gone backwards while clients saw what came
 /// later, so every stream starts a new epoch rather than hand their offsets out again.
 pub(super) const RUN: &str = "run";
-/// 1 while a process acknowledges publications before syncing them (`sync = "interval"` or
-/// `"none"`), set durably at open and cleared durably at a clean close. Found set at open
+/// 1 while a process delivers publications before syncing them (`sync = "group"`,
+/// `"interval"` or `"none"`), set durably at open and cleared durably at a clean close. Found set at open
 /// on a machine that restarted since ([`BOOT`]), the last such process stopped with the
 /// machine: its latest publications may be gone, but subscribers saw their offsets, so
 /// every stream must start a new epoch rather than hand those offsets out again.
@@ -224,7 +224,7 @@ impl Store {
             // saw later offsets: every stream starts a new epoch, keeping its history, so
             // that resuming clients get recovered: false instead of reused offsets.
             let renew = if unflushed(&db).map_err(|e| damaged(&path, e))? {
-                Some("the last run acknowledged publications before syncing them (sync = \"interval\" or \"none\") and stopped with the machine, so its latest ones may be lost")
+                Some("the last run delivered publications before syncing them (sync = \"group\", \"interval\" or \"none\") and stopped with the machine, so its latest ones may be lost")
             } else if log_damaged {
                 Some("the write-ahead log is damaged: entries in it may be lost")
             } else if restored(&db, dir).map_err(|e| damaged(&path, e))? {
@@ -253,7 +253,7 @@ impl Store {
             // written looks like a restore next time, which costs a new epoch, never a
             // reused offset.
             let run = fastrand::u64(..);
-            set_unflushed(&db, !sync.syncs_before_ack(), Some(run))
+            set_unflushed(&db, !sync.syncs_before_delivery(), Some(run))
                 .map_err(|e| damaged(&path, e))?;
             write_run_file(dir, run).map_err(|source| OpenError::Directory {
                 path: dir.to_owned(),

@@ -338,6 +338,9 @@ pub struct Segment {
     capacity: u64,
     /// The end of the last write tried, which may have left bytes after `len`.
     dirty_to: u64,
+    /// Tests: the next sync fails, as a disk's error would make it.
+    #[cfg(test)]
+    pub fail_next_sync: bool,
 }
 
 /// How much a segment's file grows at a time.
@@ -360,6 +363,8 @@ impl Segment {
             len: HEADER_LEN as u64,
             capacity: 0,
             dirty_to: 0,
+            #[cfg(test)]
+            fail_next_sync: false,
         };
         segment.grow(CHUNK)?;
         segment.file.write_all_at(&header(run, first_lsn), 0)?;
@@ -386,14 +391,18 @@ impl Segment {
         self.dirty_to = self.dirty_to.max(end);
         self.file.write_all_at(bytes, self.len)?;
         if sync {
-            self.file.sync_data()?;
+            self.sync()?;
         }
         self.len = end;
         Ok(())
     }
 
     /// Makes every append so far durable.
-    pub fn sync(&self) -> io::Result<()> {
+    pub fn sync(&mut self) -> io::Result<()> {
+        #[cfg(test)]
+        if std::mem::take(&mut self.fail_next_sync) {
+            return Err(io::Error::other("a sync failed on purpose"));
+        }
         self.file.sync_data()
     }
 
