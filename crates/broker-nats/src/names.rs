@@ -29,33 +29,6 @@ pub fn valid_prefix(prefix: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-/// `bytes` in lowercase hex.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(DIGITS[(b >> 4) as usize] as char);
-        out.push(DIGITS[(b & 15) as usize] as char);
-    }
-    out
-}
-
-/// The bytes of lowercase hex, or `None` when it is not.
-pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
-    let digit = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    };
-    let text = text.as_bytes();
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    text.chunks(2)
-        .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
-        .collect()
-}
-
 impl Names {
     pub(crate) fn new(prefix: &str) -> Self {
         Self {
@@ -94,7 +67,7 @@ impl Names {
             self.prefix,
             policy.history_size,
             policy.history_ttl.as_millis(),
-            hex(channel.as_str().as_bytes())
+            hex::encode(channel.as_str().as_bytes())
         )
     }
 
@@ -105,7 +78,11 @@ impl Names {
 
     /// Where nodes hear `channel`'s stored publications.
     pub(crate) fn live(&self, channel: &ChannelName) -> String {
-        format!("{}.live.{}", self.prefix, hex(channel.as_str().as_bytes()))
+        format!(
+            "{}.live.{}",
+            self.prefix,
+            hex::encode(channel.as_str().as_bytes())
+        )
     }
 
     pub(crate) fn empty_stream(&self) -> String {
@@ -118,7 +95,11 @@ impl Names {
 
     /// Where the epoch of `channel` is kept while nothing is published to it.
     pub(crate) fn empty(&self, channel: &ChannelName) -> String {
-        format!("{}.e.{}", self.prefix, hex(channel.as_str().as_bytes()))
+        format!(
+            "{}.e.{}",
+            self.prefix,
+            hex::encode(channel.as_str().as_bytes())
+        )
     }
 
     pub(crate) fn once_stream(&self) -> String {
@@ -134,8 +115,8 @@ impl Names {
         format!(
             "{}.k.{}.{}",
             self.prefix,
-            hex(channel.as_str().as_bytes()),
-            hex(key.as_bytes())
+            hex::encode(channel.as_str().as_bytes()),
+            hex::encode(key.as_bytes())
         )
     }
 
@@ -170,10 +151,10 @@ mod tests {
             let live = names.live(&channel);
             let token = live.strip_prefix("herald.live.").unwrap();
             assert!(!token.contains('.'), "{live}: one token");
-            assert_eq!(unhex(token).unwrap(), name.as_bytes());
+            assert_eq!(hex::decode(token).unwrap(), name.as_bytes());
         }
-        assert_eq!(unhex("zz"), None);
-        assert_eq!(unhex("616"), None);
+        assert!(hex::decode("zz").is_err());
+        assert!(hex::decode("616").is_err());
     }
 
     #[test]

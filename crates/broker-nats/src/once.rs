@@ -22,7 +22,6 @@ use herald_broker::{once::KEYS_PER_CHANNEL, BrokerError, StreamPolicy};
 use herald_protocol::{ChannelName, Epoch, StreamPosition};
 
 use crate::{
-    names::hex,
     store::{Published, Store},
     unavailable,
 };
@@ -109,8 +108,8 @@ pub(crate) async fn publish_once(
     // The id names the channel too: JetStream's ids are per stream, keys per channel.
     let id = format!(
         "{}.{}",
-        hex(channel.as_str().as_bytes()),
-        hex(key.as_bytes())
+        hex::encode(channel.as_str().as_bytes()),
+        hex::encode(key.as_bytes())
     );
     let position = match store.publish(channel, data, policy, Some(&id)).await? {
         Published::New(position) => position,

@@ -35,10 +35,7 @@ use herald_protocol::ChannelName;
 use parking_lot::Mutex;
 use tokio::task::AbortHandle;
 
-use crate::{
-    names::{hex, unhex, Names},
-    unavailable,
-};
+use crate::{names::Names, unavailable};
 
 /// How often a node says it is alive (and looks for nodes that stopped).
 pub const BEAT_EVERY: Duration = Duration::from_secs(2);
@@ -153,7 +150,10 @@ pub(crate) fn decode(value: &Bytes) -> Option<(Option<String>, Bytes)> {
 
 /// The key of member `id` of `channel` as `node` holds it: `{CH}.{ID}.{NODE}`.
 fn member_key(channel: &ChannelName, id: u64, node: &str) -> String {
-    format!("{}.{id:016x}.{node}", hex(channel.as_str().as_bytes()))
+    format!(
+        "{}.{id:016x}.{node}",
+        hex::encode(channel.as_str().as_bytes())
+    )
 }
 
 /// The subject a key of `bucket` is written on.
@@ -164,7 +164,7 @@ fn kv_subject(bucket: &str, key: &str) -> String {
 /// `{CH}.{ID}.{NODE}`, read back.
 pub(crate) fn parse_key(key: &str) -> Option<(ChannelName, u64, &str)> {
     let mut parts = key.splitn(3, '.');
-    let channel = String::from_utf8(unhex(parts.next()?)?).ok()?;
+    let channel = String::from_utf8(hex::decode(parts.next()?).ok()?).ok()?;
     let id = u64::from_str_radix(parts.next()?, 16).ok()?;
     Some((ChannelName::stored(&channel).ok()?, id, parts.next()?))
 }
@@ -574,7 +574,10 @@ mod tests {
         }
         let channel = ChannelName::new("chat:a.b").unwrap();
         let key = member_key(&channel, u64::MAX, "node1");
-        assert_eq!(key, format!("{}.ffffffffffffffff.node1", hex(b"chat:a.b")));
+        assert_eq!(
+            key,
+            format!("{}.ffffffffffffffff.node1", hex::encode(b"chat:a.b"))
+        );
         assert_eq!(parse_key(&key), Some((channel, u64::MAX, "node1")));
         assert_eq!(parse_key("zz.1.n"), None);
     }

@@ -10,7 +10,7 @@ type HmacSha256 = Hmac<Sha256>;
 pub fn sign(secret: &str, text: &str) -> String {
     let mut mac = HmacSha256::new_from_slice(secret.as_bytes()).expect("HMAC takes any key");
     mac.update(text.as_bytes());
-    hex(&mac.finalize().into_bytes())
+    hex::encode(mac.finalize().into_bytes())
 }
 
 /// Whether `signature` (hex) signs `text` with `secret`, compared in constant time.
@@ -26,29 +26,14 @@ pub fn verify(secret: &str, text: &str, signature: &str) -> bool {
 /// The MD5 of `body`, in lowercase hex (the API's `body_md5`).
 pub fn md5(body: &[u8]) -> String {
     use md5::Digest;
-    hex(&md5::Md5::digest(body))
+    hex::encode(md5::Md5::digest(body))
 }
 
-/// Lowercase hex.
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(DIGITS[(b >> 4) as usize] as char);
-        out.push(DIGITS[(b & 15) as usize] as char);
-    }
-    out
-}
-
+/// The bytes of a signature in hex, if it is one (at most 64 bytes: SHA-256's are 32).
 fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) || text.len() > 128 {
-        return None;
-    }
-    let digit = |c: u8| (c as char).to_digit(16);
-    text.as_bytes()
-        .chunks(2)
-        .map(|p| Some((digit(p[0])? * 16 + digit(p[1])?) as u8))
-        .collect()
+    (text.len() <= 128)
+        .then(|| hex::decode(text).ok())
+        .flatten()
 }
 
 #[cfg(test)]
