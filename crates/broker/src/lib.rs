@@ -10,7 +10,10 @@
 //!    to the [`PublicationSink`] of every node that [subscribed](Broker::subscribe) to the
 //!    channel. Publications of one channel reach each sink in offset order, with no offset
 //!    skipped, even when many publishers race. A publication is handed to sinks only once
-//!    it is stored as durably as the broker promises, so nothing a client saw can vanish.
+//!    it is stored as durably as the broker promises; where a failure can still take back
+//!    something a client saw (a machine crash before a sync, a store restored from an older
+//!    copy), the stream starts a new epoch afterwards, so no offset is ever reused for
+//!    other data.
 //! 2. **History is read since a position.** [`Broker::history`] returns the publications
 //!    after a [`Since`] position, oldest first, or [`BrokerError::Unrecoverable`] when the
 //!    epoch differs or history no longer reaches back that far: never a partial answer
