@@ -92,6 +92,8 @@ pub struct Node {
     /// Each Pusher app's webhook log (by its place in `pusher.apps`), for the apps that
     /// have a `webhook_url`.
     pub webhooks: Vec<Option<Arc<crate::hooks::events::EventLog>>>,
+    /// With several nodes on one broker: whether this one delivers the shared logs above.
+    pub lead: Option<crate::hooks::lead::Lead>,
     /// What `GET /metrics` reports.
     pub metrics: crate::metrics::Metrics,
     /// Open connections by client id, for operators' actions.
@@ -155,7 +157,7 @@ impl Node {
         let broker = crate::bounded::Bounded::wrap(broker, settings.broker);
         let broker = crate::metrics::Counted::wrap(broker, &metrics);
         let link = link.map(|link| crate::metrics::CountedLink::wrap(link, &metrics));
-        let id = link.as_ref().map_or_else(
+        let id: Box<str> = link.as_ref().map_or_else(
             || {
                 herald_protocol::Epoch::random(|| fastrand::u64(..))
                     .as_str()
@@ -169,9 +171,17 @@ impl Node {
         settings.tokens.prefetch();
         let limits = crate::limits::AddressLimits::new(settings.config.limits.clone());
         crate::limits::spawn_sweeper(&limits);
+        // Several nodes share the logs below: one of them delivers.
+        let lead = link
+            .as_ref()
+            .map(|link| crate::hooks::lead::Lead::new(link.clone(), Arc::from(&*id)));
         let events = settings.hooks.events(&settings.config.hooks).map(|caller| {
             caller.count_into(metrics.hook(caller.name()));
-            crate::hooks::events::EventLog::start(&settings.config.hooks, caller, broker.clone())
+            crate::hooks::events::EventLog::start(
+                &settings.config.hooks,
+                caller,
+                (broker.clone(), lead.clone()),
+            )
         });
         // Each Pusher app's webhook, delivered like the events hook, from its own log.
         let webhooks = settings
@@ -186,7 +196,7 @@ impl Node {
                     &settings.config.hooks,
                     streams,
                     Arc::new(sink),
-                    broker.clone(),
+                    (broker.clone(), lead.clone()),
                 ))
             })
             .collect();
@@ -194,6 +204,7 @@ impl Node {
         let node = Arc::new(Self {
             events,
             webhooks,
+            lead,
             id,
             limits,
             settings,

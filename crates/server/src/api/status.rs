@@ -27,7 +27,11 @@ pub async fn metrics(State(node): State<Arc<Node>>) -> Response {
 
 /// `GET /api/info`.
 pub(super) async fn info(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {
-    Json(node.figures())
+    let mut figures = node.figures();
+    if let Some(lead) = &node.lead {
+        figures["delivers_hooks"] = lead.held().await.into();
+    }
+    Json(figures)
 }
 
 /// `GET /api/nodes`: every live node's figures (this one's fresh), by node id. A node

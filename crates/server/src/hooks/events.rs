@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use tokio::sync::{mpsc, Notify};
 
-use super::{Caller, HookError, Transport};
+use super::{lead::Lead, Caller, HookError, Transport};
 use crate::config::HooksConfig;
 
 /// The stream of stored batches. `$` is outside the channel-name alphabet, so no client
@@ -132,9 +132,14 @@ pub struct EventLog {
 }
 
 impl EventLog {
-    /// Starts the writer and the deliverer on `broker` (inside a Tokio runtime).
-    pub fn start(config: &HooksConfig, caller: Caller, broker: SharedBroker) -> Arc<Self> {
-        Self::start_to(config, Streams::events(), Arc::new(caller), broker)
+    /// Starts the writer and the deliverer on `broker` (inside a Tokio runtime); with
+    /// several nodes on it, this one delivers while it holds `lead`.
+    pub fn start(
+        config: &HooksConfig,
+        caller: Caller,
+        (broker, lead): (SharedBroker, Option<Lead>),
+    ) -> Arc<Self> {
+        Self::start_to(config, Streams::events(), Arc::new(caller), (broker, lead))
     }
 
     /// Starts a log of `streams` delivered to `sink`, with `config`'s batching, bounds and
@@ -143,7 +148,7 @@ impl EventLog {
         config: &HooksConfig,
         streams: Streams,
         sink: Arc<dyn Sink>,
-        broker: SharedBroker,
+        (broker, lead): (SharedBroker, Option<Lead>),
     ) -> Arc<Self> {
         let (queue, received) = mpsc::unbounded_channel();
         let log = Arc::new(Self {
@@ -164,7 +169,7 @@ impl EventLog {
             stored.clone(),
         ));
         tokio::spawn(deliver(
-            sink,
+            (sink, lead),
             broker,
             (streams, policy),
             stored,
@@ -270,22 +275,12 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
-/// Posts stored batches in order, each until the backend accepts it.
-async fn deliver(
-    sink: Arc<dyn Sink>,
-    broker: SharedBroker,
-    (streams, policy): (Streams, StreamPolicy),
-    stored: Arc<Notify>,
-    dropped: Arc<AtomicU64>,
-) {
-    let Streams {
-        log,
-        acked: acked_log,
-    } = streams;
-    let mut acked: Option<Acked> = loop {
-        match broker.history(&acked_log, HistoryQuery::newest(1)).await {
+/// The last batch the backend accepted, as the shared stream remembers it.
+async fn read_acked(broker: &SharedBroker, acked_log: &ChannelName) -> Option<Acked> {
+    loop {
+        match broker.history(acked_log, HistoryQuery::newest(1)).await {
             Ok(h) => {
-                break h
+                return h
                     .publications
                     .last()
                     .and_then(|p| serde_json::from_slice(p.data()).ok())
@@ -295,9 +290,39 @@ async fn deliver(
                 Backoff::default().sleep().await;
             }
         }
-    };
+    }
+}
+
+/// Posts stored batches in order, each until the backend accepts it; with a `lead`, only
+/// while this node holds it.
+async fn deliver(
+    (sink, lead): (Arc<dyn Sink>, Option<Lead>),
+    broker: SharedBroker,
+    (streams, policy): (Streams, StreamPolicy),
+    stored: Arc<Notify>,
+    dropped: Arc<AtomicU64>,
+) {
+    let Streams {
+        log,
+        acked: acked_log,
+    } = streams;
+    let mut acked: Option<Acked> = None;
+    // Whether `acked` is to be read from the shared stream (at start, and after another
+    // node delivered for a while).
+    let mut stale = true;
     let mut wait = Backoff::default();
     loop {
+        if let Some(lead) = &lead {
+            if !lead.held().await {
+                stale = true;
+                let _ = tokio::time::timeout(Duration::from_secs(1), stored.notified()).await;
+                continue;
+            }
+        }
+        if stale {
+            acked = read_acked(&broker, &acked_log).await;
+            stale = false;
+        }
         let since = acked.as_ref().map_or(
             Since {
                 offset: 0,

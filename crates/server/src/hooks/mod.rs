@@ -19,6 +19,7 @@
 
 pub mod caller;
 pub mod events;
+pub mod lead;
 pub mod webhook;
 
 use std::{collections::BTreeMap, net::IpAddr};

@@ -230,3 +230,62 @@ async fn hook_calls_and_failures_are_counted_in_the_metrics() {
         "no connect hook here: {text}"
     );
 }
+
+/// Nodes on one Redis share the events log; only one of them posts it, so the backend gets
+/// each event once, not once per node. (Before, every node's deliverer posted every batch.)
+#[tokio::test]
+async fn nodes_sharing_a_broker_post_each_event_once() {
+    let backend = Backend::start(|path, _| match path {
+        "/events" => ok(json!({})),
+        _ => Answer::Status(404),
+    })
+    .await;
+    let redis = RedisServer::start();
+    let mut c = config();
+    c.hooks.events_url = backend.at("/events");
+    let a = start_on_redis(c.clone(), &redis).await;
+    let b = start_on_redis(c, &redis).await;
+    // Each node reports when it starts, then every 2 s; until each knows of the other,
+    // both may deliver.
+    let delivers = |v: Value| v["delivers_hooks"].as_bool().unwrap();
+    eventually("one node delivers", || async {
+        delivers(a.api_get("/api/info").await.1) != delivers(b.api_get("/api/info").await.1)
+    })
+    .await;
+    let before = backend.requests("/events").len();
+    // A client on each node connects and leaves: four events, stored by two nodes.
+    for server in [&a, &b] {
+        let mut client = server.client().await;
+        client.call("connect", json!({})).await;
+        drop(client);
+    }
+    let posted = || {
+        backend.requests("/events")[before..]
+            .iter()
+            .flat_map(|post| post["events"].as_array().cloned().unwrap_or_default())
+            .map(|e| e["id"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    eventually("four events posted", || async {
+        posted()
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+            >= 4
+    })
+    .await;
+    // The other node reads the shared log every second: three seconds in which it would
+    // have posted the same batches again.
+    let repeated = tokio::time::timeout(std::time::Duration::from_secs(3), async {
+        loop {
+            let ids = posted();
+            let unique: std::collections::HashSet<_> = ids.iter().collect();
+            if unique.len() < ids.len() {
+                return ids;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(repeated.is_err(), "posted twice: {:?}", repeated.unwrap());
+}
