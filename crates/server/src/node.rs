@@ -92,8 +92,12 @@ pub struct Node {
     /// Each Pusher app's webhook log (by its place in `pusher.apps`), for the apps that
     /// have a `webhook_url`.
     pub webhooks: Vec<Option<Arc<crate::hooks::events::EventLog>>>,
-    /// With several nodes on one broker: whether this one delivers the shared logs above.
+    /// With several nodes on one broker: which of them delivers each of the shared logs
+    /// above.
     pub lead: Option<crate::hooks::lead::Lead>,
+    /// The names of the logs above this node delivers (`events`, `pusher-APP`), told to the
+    /// other nodes with its figures.
+    pub hook_logs: Vec<String>,
     /// What `GET /metrics` reports.
     pub metrics: crate::metrics::Metrics,
     /// Open connections by client id, for operators' actions.
@@ -171,16 +175,19 @@ impl Node {
         settings.tokens.prefetch();
         let limits = crate::limits::AddressLimits::new(settings.config.limits.clone());
         crate::limits::spawn_sweeper(&limits);
-        // Several nodes share the logs below: one of them delivers.
+        // Several nodes share the logs below: for each, one of them delivers it.
         let lead = link
             .as_ref()
             .map(|link| crate::hooks::lead::Lead::new(link.clone(), Arc::from(&*id)));
+        let lead_of = |log: &str| lead.as_ref().map(|lead| lead.of(log));
+        let mut hook_logs = Vec::new();
         let events = settings.hooks.events(&settings.config.hooks).map(|caller| {
             caller.count_into(metrics.hook(caller.name()));
+            hook_logs.push(crate::hooks::events::EVENTS_LOG.to_string());
             crate::hooks::events::EventLog::start(
                 &settings.config.hooks,
                 caller,
-                (broker.clone(), lead.clone()),
+                (broker.clone(), lead_of(crate::hooks::events::EVENTS_LOG)),
             )
         });
         // Each Pusher app's webhook, delivered like the events hook, from its own log.
@@ -191,13 +198,16 @@ impl Node {
             .iter()
             .map(|app| {
                 let sink = crate::hooks::webhook::PusherWebhook::of(app)?;
-                let streams = crate::hooks::events::Streams::named(&format!("pusher-{}", app.id));
-                Some(crate::hooks::events::EventLog::start_to(
+                let name = format!("pusher-{}", app.id);
+                let streams = crate::hooks::events::Streams::named(&name);
+                let log = crate::hooks::events::EventLog::start_to(
                     &settings.config.hooks,
                     streams,
                     Arc::new(sink),
-                    (broker.clone(), lead.clone()),
-                ))
+                    (broker.clone(), lead_of(&name)),
+                );
+                hook_logs.push(name);
+                Some(log)
             })
             .collect();
         let shutdown = Shutdown::default();
@@ -205,6 +215,7 @@ impl Node {
             events,
             webhooks,
             lead,
+            hook_logs,
             id,
             limits,
             settings,
@@ -332,6 +343,7 @@ impl Node {
             "subscribed_channels": self.hub.channel_count(),
             "publications_fanned_out": publications,
             "deliveries": deliveries,
+            "hook_logs": &self.hook_logs,
         })
     }
 

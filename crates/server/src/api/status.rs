@@ -29,7 +29,13 @@ pub async fn metrics(State(node): State<Arc<Node>>) -> Response {
 pub(super) async fn info(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {
     let mut figures = node.figures();
     if let Some(lead) = &node.lead {
-        figures["delivers_hooks"] = lead.held().await.into();
+        let mut posted = Vec::new();
+        for log in &node.hook_logs {
+            if lead.of(log).held().await {
+                posted.push(log.as_str());
+            }
+        }
+        figures["delivers_hooks"] = posted.into();
     }
     Json(figures)
 }

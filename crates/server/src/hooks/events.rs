@@ -39,6 +39,9 @@ const LOG: &str = "$herald:events";
 /// Most stored batches in one post.
 const BATCHES_PER_POST: usize = 10;
 
+/// The events hook's log, as nodes name it to each other (see [`super::lead`]).
+pub const EVENTS_LOG: &str = "events";
+
 /// The stream whose newest publication is the last batch the backend accepted.
 const ACKED: &str = "$herald:events-acked";
 
