@@ -1,8 +1,9 @@
 //! Making publications durable (a write group): a publisher queues its record under its
 //! channel's lock, then has the queue written. The leader, whoever holds the log, takes
-//! everything queued, appends it to the write-ahead log as one batch with one sync (as
-//! `sync` says), then makes it readable, fans it out and acknowledges it in order, and
-//! hands it to the applier, which writes it into the database file later. With a sync
+//! everything queued and appends it to the write-ahead log as one batch, then makes it
+//! readable and fans it out in order, syncs it (once per batch, as `sync` says: `always`
+//! syncs before the fan-out instead), acknowledges it, and hands it to the applier, which
+//! writes it into the database file later. With a sync
 //! before each acknowledgement (`group`, `always`) the store thread leads, so that a sync
 //! never blocks a runtime worker. Otherwise (`interval`, `none`) the publisher leads on its
 //! own thread, unless another leader holds the log: a lone publisher writes its own record
@@ -32,7 +33,7 @@ const RETRY: Duration = Duration::from_secs(1);
 
 /// A segment past this size is closed and a new one started, so that applied entries can
 /// be deleted.
-const SEGMENT_BYTES: u64 = 16 << 20;
+pub(super) const SEGMENT_BYTES: u64 = 16 << 20;
 
 /// Most bytes of publications kept in memory for the applier (see [`Unapplied`]); past it,
 /// publications wait for the file to catch up.
@@ -207,6 +208,10 @@ impl Writer {
                 } else {
                     Ok(())
                 };
+                // Only now: the sync above is of the segment that holds this batch.
+                if synced.is_ok() {
+                    log.rotate_if_full();
+                }
                 if let Err(e) = &synced {
                     // Delivered, so kept: its offset is not handed out again. The applier
                     // still writes it to the file (which has syncs of its own); meanwhile
@@ -389,11 +394,16 @@ impl Log {
             let bytes = wal::batch(self.next_lsn, count, &self.body);
             self.segment.append(&bytes, sync)?;
             self.next_lsn += u64::from(count);
-            if self.segment.len >= SEGMENT_BYTES {
-                self.rotate();
-            }
         }
         Ok(())
+    }
+
+    /// Starts a new segment once the current one is full; called after a batch's sync, so
+    /// that the sync is of the segment that holds it.
+    fn rotate_if_full(&mut self) {
+        if self.segment.len >= SEGMENT_BYTES {
+            self.rotate();
+        }
     }
 
     /// Starts a new segment; the applier deletes the old one once it is applied. A failure

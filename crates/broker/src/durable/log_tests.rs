@@ -329,22 +329,38 @@ async fn publish_when_writable(broker: &DurableBroker, channel: &str, data: &str
     }
 }
 
-/// `group` delivers a batch once it is written and answers once it is synced. A sync that
-/// fails after the delivery cannot take the publication back (subscribers have it): it is
-/// kept, its publisher hears "outcome unknown", and its offset is never handed out again.
-#[tokio::test]
-async fn a_group_sync_that_fails_after_delivery_keeps_the_publication() {
+/// A store under `sync` whose channel `news` holds one publication, and the answer to a
+/// publication of `data` whose sync fails.
+async fn publish_through_a_failing_sync(
+    sync: SyncPolicy,
+    data: Bytes,
+) -> (
+    Arc<DurableBroker>,
+    Arc<Recorder>,
+    tempfile::TempDir,
+    Result<crate::StreamPosition, crate::BrokerError>,
+) {
     let dir = tempfile::tempdir().unwrap();
     let sink = Arc::new(Recorder::default());
-    let broker = DurableBroker::open(dir.path(), SyncPolicy::Group, sink.clone()).unwrap();
+    let broker = DurableBroker::open(dir.path(), sync, sink.clone()).unwrap();
     publish(&broker, "news", 1).await;
     broker
         .store
         .writer
         .with_log(|log| log.segment.fail_next_sync = true);
-    let failed = broker
-        .publish(&ch("news"), Bytes::from("2"), StreamPolicy::default())
+    let answer = broker
+        .publish(&ch("news"), data, StreamPolicy::default())
         .await;
+    (broker, sink, dir, answer)
+}
+
+/// `group` delivers a batch once it is written and answers once it is synced. A sync that
+/// fails after the delivery cannot take the publication back (subscribers have it): it is
+/// kept, its publisher hears "outcome unknown", and its offset is never handed out again.
+#[tokio::test]
+async fn a_group_sync_that_fails_after_delivery_keeps_the_publication() {
+    let (broker, sink, _dir, failed) =
+        publish_through_a_failing_sync(SyncPolicy::Group, Bytes::from("2")).await;
     assert!(
         matches!(failed, Err(crate::BrokerError::Unconfirmed(_))),
         "{failed:?}"
@@ -356,21 +372,25 @@ async fn a_group_sync_that_fails_after_delivery_keeps_the_publication() {
     assert_eq!(sink.records("news").len(), 3);
 }
 
+/// A batch that fills its segment is synced in that segment before a new one starts: the
+/// acknowledgement waits for the sync of the file that holds it, not of the next one.
+#[tokio::test]
+async fn a_batch_that_fills_its_segment_is_synced_there() {
+    let big = Bytes::from(vec![b'x'; super::committer::SEGMENT_BYTES as usize]);
+    let (_broker, _sink, _dir, answer) =
+        publish_through_a_failing_sync(SyncPolicy::Group, big).await;
+    assert!(
+        matches!(answer, Err(crate::BrokerError::Unconfirmed(_))),
+        "the failing sync was of the full segment: {answer:?}"
+    );
+}
+
 /// `always` syncs before delivering: a failed sync is a failed write, so nothing was
 /// delivered and the offset goes to the next publication.
 #[tokio::test]
 async fn an_always_sync_that_fails_delivers_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let sink = Arc::new(Recorder::default());
-    let broker = DurableBroker::open(dir.path(), SyncPolicy::Always, sink.clone()).unwrap();
-    publish(&broker, "news", 1).await;
-    broker
-        .store
-        .writer
-        .with_log(|log| log.segment.fail_next_sync = true);
-    let failed = broker
-        .publish(&ch("news"), Bytes::from("lost"), StreamPolicy::default())
-        .await;
+    let (broker, sink, _dir, failed) =
+        publish_through_a_failing_sync(SyncPolicy::Always, Bytes::from("lost")).await;
     assert!(
         matches!(failed, Err(crate::BrokerError::Unavailable(_))),
         "{failed:?}"
