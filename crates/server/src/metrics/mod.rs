@@ -158,6 +158,9 @@ pub struct Metrics {
     /// Kept long-poll sessions taken up by their client's next request: `[direct, routed]`
     /// (without the router, as an exact continuation; or through it).
     pub longpolls_taken_up: [Counter; 2],
+    /// Held long-polls answered by the thread that fanned a publication out, without
+    /// their connection's task (`transport::poll::lane`).
+    pub longpolls_answered_by_hub: Counter,
     snapshot: Arc<Mutex<Snapshot>>,
 }
 
@@ -265,6 +268,12 @@ impl Default for Metrics {
             "Kept long-poll sessions taken up by their client's next request, by path (direct: an exact continuation answered without the router)",
             taken_up,
         );
+        let longpolls_answered_by_hub = Counter::default();
+        registry.register(
+            "longpoll_hub_answers",
+            "Held long-polls answered with a publication by the thread that fanned it out, without waking their connection's task",
+            longpolls_answered_by_hub.clone(),
+        );
         let wires: Arc<[Arc<Wire>]> = TRANSPORTS
             .iter()
             .map(|&transport| {
@@ -295,6 +304,7 @@ impl Default for Metrics {
             hook_failures,
             longpolls_kept,
             longpolls_taken_up,
+            longpolls_answered_by_hub,
             snapshot,
         }
     }

@@ -21,7 +21,6 @@ use std::{
         atomic::{AtomicU64, Ordering},
         Arc, OnceLock,
     },
-    time::Instant,
 };
 
 use bytes::Bytes;
@@ -31,88 +30,8 @@ use tokio::sync::Notify;
 
 use crate::metrics::Wire;
 
-/// A publication encoded once by the hub and shared by every subscriber's queue.
-#[derive(Debug)]
-pub struct Delivery {
-    /// The channel.
-    pub channel: ChannelName,
-    /// The stream epoch the offset belongs to.
-    pub epoch: Epoch,
-    /// The publication's offset.
-    pub offset: u64,
-    /// The encoded push, one JSON line without the newline.
-    pub json: Bytes,
-    /// The publication's record (see [`herald_protocol::Publication`]), for the fronts
-    /// that encode it their own way; empty for a presence push.
-    pub record: Bytes,
-    /// The publication as a Pusher event, made by the first Pusher connection that takes it
-    /// and shared by the rest.
-    pusher: OnceLock<herald_protocol::pusher::Event>,
-    /// The publication as a Phoenix broadcast, per serializer (1.0.0, 2.0.0), made once.
-    phoenix: [OnceLock<Bytes>; 2],
-    /// The push framed for each kind of [`DirectSocket`] (by [`Lane`]), made by the first
-    /// one that writes it and shared by the rest.
-    pub framed: [OnceLock<Bytes>; LANES],
-    /// The same, compressed (permessage-deflate), for the connections that negotiated it.
-    deflated: [OnceLock<Bytes>; LANES],
-    /// When the hub got it: the start of its delivery latency.
-    pub at: Instant,
-}
-
-impl Delivery {
-    /// A delivery of an encoded push.
-    pub fn new(channel: ChannelName, epoch: Epoch, offset: u64, json: Bytes) -> Self {
-        Self {
-            channel,
-            epoch,
-            offset,
-            json,
-            record: Bytes::new(),
-            pusher: OnceLock::new(),
-            phoenix: Default::default(),
-            framed: Default::default(),
-            deflated: Default::default(),
-            at: Instant::now(),
-        }
-    }
-
-    /// This delivery, carrying its publication's record.
-    pub fn carrying(mut self, record: Bytes) -> Self {
-        self.record = record;
-        self
-    }
-
-    /// The publication as a Pusher event on the channel's Pusher name (the part after
-    /// the app's namespace), made once.
-    pub fn pusher(&self) -> &herald_protocol::pusher::Event {
-        self.pusher.get_or_init(|| {
-            let name = self.channel.as_str();
-            let name = name.split_once(':').map_or(name, |(_, rest)| rest);
-            let publication = herald_protocol::Publication {
-                offset: self.offset,
-                record: self.record.clone(),
-            };
-            herald_protocol::pusher::event(name, publication.data())
-        })
-    }
-
-    /// The publication as a Phoenix broadcast on its topic (the channel), made once per
-    /// serializer.
-    pub fn phoenix(&self, vsn: herald_protocol::phoenix::Vsn) -> &Bytes {
-        use herald_protocol::phoenix::{broadcast, Vsn};
-        let i = match vsn {
-            Vsn::V1 => 0,
-            Vsn::V2 => 1,
-        };
-        self.phoenix[i].get_or_init(|| {
-            let publication = herald_protocol::Publication {
-                offset: self.offset,
-                record: self.record.clone(),
-            };
-            broadcast(vsn, self.channel.as_str(), publication.data()).into()
-        })
-    }
-}
+mod delivery;
+pub use delivery::{Delivery, Lane, LANES};
 
 /// A subscription's position: the last offset its connection has been sent, shared by the
 /// session (which sets it when subscribing and moves it as its transport writes) and the
@@ -171,38 +90,6 @@ impl Position {
     }
 }
 
-/// The kinds of socket the hub writes to directly, each with its framing of a push.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lane {
-    /// A WebSocket text frame.
-    WebSocket,
-    /// An NDJSON line in an HTTP chunk.
-    Ndjson,
-    /// An SSE event (id: the channel's position) in an HTTP chunk.
-    Sse,
-    /// A Pusher event in a WebSocket text frame.
-    Pusher,
-    /// A Phoenix broadcast (serializer 1.0.0) in a WebSocket text frame.
-    PhoenixV1,
-    /// A Phoenix broadcast (serializer 2.0.0) in a WebSocket text frame.
-    PhoenixV2,
-}
-
-/// How many kinds of [`Lane`] there are.
-pub const LANES: usize = 6;
-
-impl Delivery {
-    /// The delivery framed for `lane`, made by `make` the first time.
-    pub fn framed(&self, lane: Lane, make: impl FnOnce(&Self) -> Bytes) -> &Bytes {
-        self.framed[lane as usize].get_or_init(|| make(self))
-    }
-
-    /// The delivery framed and compressed for `lane`, made by `make` the first time.
-    pub fn deflated(&self, lane: Lane, make: impl FnOnce(&Self) -> Bytes) -> &Bytes {
-        self.deflated[lane as usize].get_or_init(|| make(self))
-    }
-}
-
 /// A socket the hub may write publications to itself (see the module's "direct lane").
 pub trait DirectSocket: Send + Sync + std::fmt::Debug {
     /// The bytes that carry `delivery` on this kind of socket, made once per delivery;
@@ -210,6 +97,13 @@ pub trait DirectSocket: Send + Sync + std::fmt::Debug {
     fn frame<'d>(&self, delivery: &'d Delivery) -> Option<&'d Bytes>;
     /// Writes what the socket takes now, without waiting.
     fn try_write(&self, buf: &[u8]) -> io::Result<usize>;
+    /// For a socket that carries one answer per request (a held long-poll): the whole
+    /// answer that carries `delivery`, made for this connection alone, with `position`
+    /// moved to it. The lane closes once it has carried an answer. `None` (the default):
+    /// the socket takes the shared [`DirectSocket::frame`], or nothing now.
+    fn answer(&self, _delivery: &Delivery, _position: &Position) -> Option<Bytes> {
+        None
+    }
 }
 
 /// A connection's outbound queue.
@@ -376,6 +270,26 @@ impl Queue {
         inner.busy = true;
     }
 
+    /// Closes the direct lane if it is still `socket`'s (a long-poll's lane may have closed
+    /// itself with an answer, and its session have gone on with another connection's).
+    pub fn detach_from(&self, socket: &Arc<dyn DirectSocket>) {
+        let mut inner = self.inner.lock();
+        if inner
+            .direct
+            .as_ref()
+            .is_some_and(|d| std::ptr::addr_eq(Arc::as_ptr(d), Arc::as_ptr(socket)))
+        {
+            inner.direct = None;
+            inner.busy = true;
+        }
+    }
+
+    /// Wakes whoever waits for this queue: for a waiter that took a wake-up meant for the
+    /// connection its session has moved on to.
+    pub fn pass_wake(&self) {
+        self.wake.notify_one();
+    }
+
     /// Hands a delivery to the connection: written to the socket at once when the direct
     /// lane is open and idle and the socket takes it, queued otherwise. Never blocks.
     /// Returns false if the queue has overflowed.
@@ -386,6 +300,25 @@ impl Queue {
             match position.step(delivery) {
                 Step::Duplicate => return true,
                 Step::Next => 'direct: {
+                    if let Some(answer) = socket.answer(delivery, position) {
+                        let written = socket.try_write(&answer);
+                        if let Some(wire) = &inner.wire {
+                            wire.written(1, delivery.json.len(), delivery.at);
+                        }
+                        // One answer a request: the lane closes with it, and the session
+                        // queues until its next request takes it up.
+                        inner.direct = None;
+                        inner.busy = true;
+                        // What the socket did not take (all of it, if it took nothing or
+                        // failed) is the transport's to send, which finds any error.
+                        let taken = written.unwrap_or(0);
+                        if taken < answer.len() {
+                            inner.unsent = answer.slice(taken..);
+                            drop(guard);
+                            self.wake.notify_one();
+                        }
+                        return true;
+                    }
                     let Some(frame) = socket.frame(delivery) else {
                         break 'direct;
                     };

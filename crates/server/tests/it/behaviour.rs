@@ -96,10 +96,12 @@ async fn a_client_that_stops_reading_is_cut_as_slow_on_every_transport() {
     }
 }
 
-/// Opens SSE, stream, forever frame and a held long-poll with `query` (channels and token),
-/// each on a socket of its own, waiting until the server holds each (`before` connections
-/// are open already). The long-poll's first request answers at once with the subscription;
-/// the one held is the next, with its cursor (and the same token).
+/// Opens SSE, stream, forever frame and two held long-polls with `query` (channels and
+/// token), each on a socket of its own, waiting until the server holds each (`before`
+/// connections are open already). A long-poll's first request answers at once with the
+/// subscription; the one held is the next, with its cursor (and the same token). The
+/// second long-poll keeps its session between requests (`session_key`), so the hub may
+/// answer it itself (`transport::poll::lane`); the first is answered by its task.
 async fn hold_open(
     server: &TestServer,
     query: &str,
@@ -107,14 +109,16 @@ async fn hold_open(
 ) -> Vec<(&'static str, tokio::net::TcpStream)> {
     let addr = server.addr;
     let mut held = Vec::new();
-    for (i, transport) in ["sse", "stream", "iframe", "longpoll"]
+    for (i, transport) in ["sse", "stream", "iframe", "longpoll", "longpoll+key"]
         .into_iter()
         .enumerate()
     {
-        let query = match transport {
-            "longpoll" => {
+        let kept = transport == "longpoll+key";
+        let path = match transport {
+            "longpoll" | "longpoll+key" => {
+                let key = if kept { "&session_key=" } else { "" };
                 let first: serde_json::Value =
-                    reqwest::get(server.url(&format!("/connection/longpoll?{query}")))
+                    reqwest::get(server.url(&format!("/connection/longpoll?{query}{key}")))
                         .await
                         .unwrap()
                         .json()
@@ -122,16 +126,23 @@ async fn hold_open(
                         .unwrap();
                 let cursor = crate::http::urlencode(first["cursor"].as_str().unwrap());
                 let token = query.split('&').find(|p| p.starts_with("token="));
-                format!("cursor={cursor}&timeout=60&{}", token.unwrap_or(""))
+                let key = first["session_key"]
+                    .as_str()
+                    .map_or(String::new(), |k| format!("&session_key={k}"));
+                format!(
+                    "longpoll?cursor={cursor}&timeout=60{key}&{}",
+                    token.unwrap_or("")
+                )
             }
-            "iframe" => format!("{query}&callback=h"),
-            _ => query.to_string(),
+            "iframe" => format!("iframe?{query}&callback=h"),
+            _ => format!("{transport}?{query}"),
         };
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let head = format!("GET /connection/{transport}?{query} HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+        let head = format!("GET /connection/{path} HTTP/1.1\r\nHost: {addr}\r\n\r\n");
         s.write_all(head.as_bytes()).await.unwrap();
         eventually(&format!("{transport} is held"), || async {
             server.node.connection_count() == before + i + 1
+                && server.node.metrics.longpolls_kept.get() == 0
         })
         .await;
         held.push((transport, s));
@@ -236,7 +247,7 @@ async fn a_stream_gets_keepalives_as_often_as_its_client_asked() {
         Duration::from_secs(25)
     );
     let mut held = hold_open(&server, "channel=open:asked&ping=300ms", 0).await;
-    held.retain(|(transport, _)| *transport != "longpoll");
+    held.retain(|(transport, _)| !transport.starts_with("longpoll"));
     for (transport, s) in &mut held {
         let started = std::time::Instant::now();
         for _ in 0..3 {
@@ -263,7 +274,7 @@ async fn streams_get_keepalives_and_are_not_cut_for_the_clients_silence() {
     cfg.client.idle_timeout = Duration::from_millis(300);
     let server = start(cfg).await;
     let mut held = hold_open(&server, "channel=open:quiet", 0).await;
-    held.retain(|(transport, _)| *transport != "longpoll");
+    held.retain(|(transport, _)| !transport.starts_with("longpoll"));
     for (transport, s) in &mut held {
         let keepalive = r#"{"ping":{}}"#;
         // Keepalives for well past the idle timeout (each read waits for a new one).
@@ -287,42 +298,48 @@ async fn streams_get_keepalives_and_are_not_cut_for_the_clients_silence() {
 async fn an_expiring_subscription_token_answers_a_held_long_poll() {
     use crate::auth::{auth_config, claims, hs256};
     let server = start(auth_config()).await;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
     let token = hs256(&claims("42", json!({})));
-    let grant = hs256(&claims(
-        "42",
-        json!({ "channel": "private:lapsing", "exp": now + 2 }),
-    ));
-    let auth = format!("token={token}&sub_token={grant}");
-    let first: serde_json::Value = reqwest::get(server.url(&format!(
-        "/connection/longpoll?channel=private:lapsing&{auth}"
-    )))
-    .await
-    .unwrap()
-    .json()
-    .await
-    .unwrap();
-    let cursor = crate::http::urlencode(first["cursor"].as_str().expect("a cursor"));
-    let held = reqwest::get(server.url(&format!(
-        "/connection/longpoll?cursor={cursor}&timeout=60&{auth}"
-    )));
-    let answer: serde_json::Value = tokio::time::timeout(PATIENCE, held)
+    // Held by its task, and with its session kept (the hub may answer it).
+    for key in ["", "&session_key="] {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let grant = hs256(&claims(
+            "42",
+            json!({ "channel": "private:lapsing", "exp": now + 2 }),
+        ));
+        let auth = format!("token={token}&sub_token={grant}");
+        let first: serde_json::Value = reqwest::get(server.url(&format!(
+            "/connection/longpoll?channel=private:lapsing&{auth}{key}"
+        )))
         .await
-        .expect("answered before its timeout")
         .unwrap()
         .json()
         .await
         .unwrap();
-    let unsubscribed = answer["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find_map(|m| m.get("unsubscribe"))
-        .unwrap_or_else(|| panic!("no unsubscribe in {answer}"));
-    assert_eq!(unsubscribed["channel"], "private:lapsing");
-    assert_eq!(unsubscribed["code"], 109);
+        let cursor = crate::http::urlencode(first["cursor"].as_str().expect("a cursor"));
+        let key = first["session_key"]
+            .as_str()
+            .map_or(String::new(), |k| format!("&session_key={k}"));
+        let held = reqwest::get(server.url(&format!(
+            "/connection/longpoll?cursor={cursor}&timeout=60&{auth}{key}"
+        )));
+        let answer: serde_json::Value = tokio::time::timeout(PATIENCE, held)
+            .await
+            .expect("answered before its timeout")
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let unsubscribed = answer["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find_map(|m| m.get("unsubscribe"))
+            .unwrap_or_else(|| panic!("no unsubscribe in {answer}"));
+        assert_eq!(unsubscribed["channel"], "private:lapsing");
+        assert_eq!(unsubscribed["code"], 109, "{key}");
+    }
     server.stop().await.unwrap();
 }

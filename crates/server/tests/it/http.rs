@@ -366,8 +366,14 @@ async fn http_transports_refuse_bad_requests_clearly() {
 /// Sends `request` on `s` and reads one answer: its head (lowercased) and the body its
 /// content-length says.
 pub async fn raw_answer(s: &mut tokio::net::TcpStream, request: &str) -> (String, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     s.write_all(request.as_bytes()).await.unwrap();
+    read_answer(s).await
+}
+
+/// The next answer on `s`: its head (lowercased) and its body.
+pub async fn read_answer(s: &mut tokio::net::TcpStream) -> (String, String) {
+    use tokio::io::AsyncReadExt;
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     loop {

@@ -12,7 +12,7 @@ use crate::{
     support::*,
 };
 
-fn offsets(answer: &Value) -> Vec<u64> {
+pub(crate) fn offsets(answer: &Value) -> Vec<u64> {
     offsets_of(&answer["messages"])
 }
 
@@ -22,7 +22,7 @@ async fn get(server: &TestServer, path: &str) -> Value {
     answer
 }
 
-fn text<'a>(answer: &'a Value, field: &str) -> &'a str {
+pub(crate) fn text<'a>(answer: &'a Value, field: &str) -> &'a str {
     answer[field]
         .as_str()
         .unwrap_or_else(|| panic!("{field} in {answer}"))
@@ -244,13 +244,13 @@ async fn kept_sessions_count_as_their_address_connections_until_the_grace_ends()
 }
 
 /// The head of `request` for `path`, from `origin` (if any), on `host`.
-fn head(host: &str, path: &str, origin: Option<&str>) -> String {
+pub(crate) fn head(host: &str, path: &str, origin: Option<&str>) -> String {
     let origin = origin.map_or(String::new(), |o| format!("Origin: {o}\r\n"));
     format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{origin}\r\n")
 }
 
 /// An answer's headers that say what it is, not how it was framed.
-fn meaning(head: &str) -> Vec<String> {
+pub(crate) fn meaning(head: &str) -> Vec<String> {
     let mut lines: Vec<String> = head
         .lines()
         .skip(1)

@@ -20,6 +20,7 @@ mod lean;
 mod lifecycle;
 mod limits;
 mod longpoll;
+mod longpoll_lane;
 mod metrics;
 mod nodes;
 mod ordering;

@@ -198,6 +198,21 @@ pub async fn serve(
                     None => return None,
                 }
             }
+            // Held with the lane open: the hub may answer it itself.
+            Handled::Poll(prepared, true) if prepared.answerable_by_hub() => {
+                match poll::hold_on_socket(prepared, stream, limits.write_timeout).await {
+                    poll::HoldEnd::Answered(back) => {
+                        stream = back;
+                        true
+                    }
+                    poll::HoldEnd::Open(back, prepared) => {
+                        stream = back;
+                        let answer = poll::answer(*prepared).to_http1(true);
+                        write(&mut stream, &answer, limits.write_timeout).await
+                    }
+                    poll::HoldEnd::Gone => return None,
+                }
+            }
             Handled::Poll(mut prepared, keep_alive) => {
                 // Held until something arrives, the hold is over, the node shuts down or
                 // the client leaves.

@@ -37,8 +37,10 @@ use crate::{
     session::{ExpiryTimer, Session},
 };
 
+mod lane;
 mod parked;
 mod resumer;
+pub use lane::{hold_on_socket, HoldEnd};
 pub use parked::Parked;
 use parked::{Credentials, Key, Resumed};
 pub use resumer::Resumer;
@@ -188,25 +190,39 @@ impl Prepared {
                     return;
                 },
                 () = tokio::time::sleep_until(until) => return,
-                () = expiry.wait() => {
-                    let expiring = Box::pin(self.session.expire());
-                    match expiring.await {
-                        Err(d) => {
-                            self.ended = Some(d);
-                            return;
-                        }
-                        Ok(pushes) if !pushes.is_empty() => {
-                            for push in pushes {
-                                item(&mut self.messages, &push);
-                            }
-                            return;
-                        }
-                        // Refreshed by the hook: still granted.
-                        Ok(_) => {}
-                    }
-                }
+                () = expiry.wait() => if self.expired().await {
+                    return;
+                },
             }
         }
+    }
+
+    /// Something its token granted has expired: whether that ends the hold (the session
+    /// ended, or a channel's grant went and its `unsubscribe` is to be told). False when
+    /// the hook refreshed it.
+    async fn expired(&mut self) -> bool {
+        let expiring = Box::pin(self.session.expire());
+        match expiring.await {
+            Err(d) => {
+                self.ended = Some(d);
+                true
+            }
+            Ok(pushes) if !pushes.is_empty() => {
+                for push in pushes {
+                    item(&mut self.messages, &push);
+                }
+                true
+            }
+            // Refreshed by the hook: still granted.
+            Ok(_) => false,
+        }
+    }
+
+    /// Whether the hub may answer it itself ([`lane`]): it waits for something to say, and
+    /// its session is parked after the answer with nothing left for a later poll, so the
+    /// answer that carries a publication leaves nothing for this connection's task to do.
+    pub fn answerable_by_hub(&self) -> bool {
+        self.hold && self.wait.is_some() && self.park.is_some() && self.later.is_empty()
     }
 }
 
@@ -443,11 +459,34 @@ impl IntoResponse for Answer {
 
 /// The answer of `prepared`: what was replayed and everything that arrived meanwhile, with
 /// the cursor; the session parked again if it asked to be.
-pub fn answer(prepared: Prepared) -> Answer {
+pub fn answer(mut prepared: Prepared) -> Answer {
+    let Prepared {
+        session,
+        messages,
+        ended,
+        ..
+    } = &mut prepared;
+    while messages.len() < MAX_ANSWER_BYTES {
+        let before = messages.len();
+        if let Err(d) = session.drain(MAX_BATCH_BYTES, |json, _, _| item(messages, json)) {
+            *ended = Some(d);
+            break;
+        }
+        if messages.len() == before {
+            break;
+        }
+    }
+    compose(prepared).0
+}
+
+/// The answer of `prepared` with what it holds, nothing more taken from its queue; the
+/// session parked again if it asked to be, or handed back (to be dropped where its leave
+/// can be spawned).
+fn compose(prepared: Prepared) -> (Answer, Option<Session>) {
     let Prepared {
         _admitted: admitted,
         node,
-        mut session,
+        session,
         mut messages,
         later,
         if_none_match,
@@ -459,16 +498,6 @@ pub fn answer(prepared: Prepared) -> Answer {
         ..
     } = prepared;
     let mut ending = ended;
-    while messages.len() < MAX_ANSWER_BYTES {
-        let before = messages.len();
-        if let Err(d) = session.drain(MAX_BATCH_BYTES, |json, _, _| item(&mut messages, json)) {
-            ending = Some(d);
-            break;
-        }
-        if messages.len() == before {
-            break;
-        }
-    }
     // A long-poll held when the server shuts down ends as a stream does: told to reconnect
     // (3001), after what it had.
     if hold && ending.is_none() && node.shutdown.is_cancelled() {
@@ -512,9 +541,13 @@ pub fn answer(prepared: Prepared) -> Answer {
         let key = park.map(|(key, _)| key.to_string());
         json::encode_poll_answer(&cursor, session.first_client(), key.as_deref(), &messages)
     };
-    if let Some((key, credentials)) = park {
-        parked.park(key, Resumed { session, admitted }, credentials, cursor);
-    }
+    let unparked = match park {
+        Some((key, credentials)) => {
+            parked.park(key, Resumed { session, admitted }, credentials, cursor);
+            None
+        }
+        None => Some(session),
+    };
     let cors = match cors {
         Cors::Router => None,
         Cors::Here(origin) => {
@@ -523,7 +556,7 @@ pub fn answer(prepared: Prepared) -> Answer {
             Some(h)
         }
     };
-    Answer {
+    let answer = Answer {
         status: if unchanged {
             StatusCode::NOT_MODIFIED
         } else {
@@ -533,5 +566,6 @@ pub fn answer(prepared: Prepared) -> Answer {
         hold,
         etag,
         cors,
-    }
+    };
+    (answer, unparked)
 }
