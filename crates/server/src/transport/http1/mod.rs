@@ -482,6 +482,14 @@ async fn answer(
 /// open (a next request waits for the answer, and is left unread for after it), so
 /// anything it does send is not an end.
 async fn client_left(reader: &TcpStream) {
+    if !arrival(reader).await {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Resolves when the client sends something: true if it closed its side (or the socket
+/// failed), false for bytes, which stay unread.
+pub(crate) async fn arrival(reader: &TcpStream) -> bool {
     // Polled by hand rather than with `peek`: `poll_peek` keeps the waker in the socket's
     // own slot, where `peek`'s future carries a waiter of its own, about 270 bytes that
     // every held stream and long-poll would keep while it waits. Nothing else of this
@@ -492,10 +500,7 @@ async fn client_left(reader: &TcpStream) {
         reader.poll_peek(cx, &mut buf)
     })
     .await;
-    match peeked {
-        Ok(0) | Err(_) => {}
-        Ok(_) => std::future::pending::<()>().await,
-    }
+    matches!(peeked, Ok(0) | Err(_))
 }
 
 /// `data` as one HTTP chunk.

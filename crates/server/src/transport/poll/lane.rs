@@ -22,6 +22,7 @@ use super::{compose, item, Prepared};
 use crate::{
     queue::{Delivery, DirectSocket, Position, Queue},
     session::ExpiryTimer,
+    transport::http1::arrival,
 };
 
 /// A held long-poll's socket, with its session while the lane may answer.
@@ -121,6 +122,7 @@ pub async fn hold_on_socket(
                 () = tokio::time::sleep_until(until) => Woke::Over,
                 () = expiry.wait() => Woke::Expiry,
                 _ = node.shutdown.cancelled() => Woke::Over,
+                // The next request, once the hub has answered; or the client leaving.
                 left = arrival(&lane.stream) => if left { Woke::Left } else { Woke::Data },
             }
         } else {
@@ -182,18 +184,4 @@ async fn answered(lane: Arc<Lane>, queue: &Queue, woke: Woke, write_timeout: Dur
         Ok(lane) => HoldEnd::Answered(lane.stream),
         Err(_) => HoldEnd::Gone,
     }
-}
-
-/// Resolves when the client sends something (true if it closed its side, false for
-/// bytes: its next request, once the long-poll is answered). Polled by hand, as
-/// `transport::http1` watches a held answer's client, so the waker sits in the socket's
-/// own slot.
-async fn arrival(stream: &TcpStream) -> bool {
-    let mut one = [0u8; 1];
-    let peeked = std::future::poll_fn(|cx| {
-        let mut buf = tokio::io::ReadBuf::new(&mut one);
-        stream.poll_peek(cx, &mut buf)
-    })
-    .await;
-    matches!(peeked, Ok(0) | Err(_))
 }
