@@ -15,6 +15,7 @@
 use std::{io, sync::Arc, time::Duration};
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use parking_lot::Mutex;
 use tokio::{net::TcpStream, time::Instant};
 
@@ -85,9 +86,9 @@ enum Woke {
     Queue,
     Over,
     Expiry,
-    /// Bytes arrived: the next request, once the hub has answered.
-    Data,
-    Left,
+    /// The socket is readable: the next request once the hub has answered (or the
+    /// client's end, which the read of that request finds).
+    Readable,
 }
 
 /// Holds `prepared` on `stream` with the lane open (see the module), until the hub
@@ -122,8 +123,9 @@ pub async fn hold_on_socket(
                 () = tokio::time::sleep_until(until) => Woke::Over,
                 () = expiry.wait() => Woke::Expiry,
                 _ = node.shutdown.cancelled() => Woke::Over,
-                // The next request, once the hub has answered; or the client leaving.
-                left = arrival(&lane.stream) => if left { Woke::Left } else { Woke::Data },
+                // As epoll tells it, with no system call: the request's own read is the
+                // one `recv` the connection makes for it.
+                _ = std::future::poll_fn(|cx| lane.stream.poll_read_ready(cx)) => Woke::Readable,
             }
         } else {
             // Something queued while it was not held: answered at once.
@@ -137,7 +139,13 @@ pub async fn hold_on_socket(
         };
         prepared = taken;
         match woke {
-            Woke::Left => return HoldEnd::Gone,
+            // Unanswered: the client left (it is done), sent bytes before its answer (it
+            // is answered at once), or the readiness was stale (the peek clears it).
+            Woke::Readable => match arrival(&lane.stream).now_or_never() {
+                Some(true) => return HoldEnd::Gone,
+                Some(false) => {}
+                None => continue,
+            },
             Woke::Expiry if !prepared.expired().await => continue,
             // A wake-up left over from before the last answer finds nothing: hold on.
             Woke::Queue if !queue.has_work() => continue,
@@ -176,9 +184,6 @@ async fn answered(lane: Arc<Lane>, queue: &Queue, woke: Woke, write_timeout: Dur
         ) {
             return HoldEnd::Gone;
         }
-    }
-    if woke == Woke::Left {
-        return HoldEnd::Gone;
     }
     match Arc::try_unwrap(lane) {
         Ok(lane) => HoldEnd::Answered(lane.stream),
