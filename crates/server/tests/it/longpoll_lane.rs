@@ -242,3 +242,63 @@ async fn an_answer_the_client_does_not_read_is_cut_at_the_write_deadline() {
     );
     server.stop().await.unwrap();
 }
+
+/// A session the hub answered on one connection and now held on another: the first
+/// connection's task still waits on the session's queue (it wakes only for its next
+/// request), and a wake-up meant for the second (a presence push is queued, never written
+/// by the lane) that reaches it first is passed on, so the second answers at once instead
+/// of at its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wake_up_for_a_session_that_moved_on_reaches_its_new_connection() {
+    use herald_server::config::{NamespaceOverride, Presence};
+    let mut c = config();
+    c.presence.join_leave_window = std::time::Duration::from_secs(3600);
+    c.namespaces.insert(
+        "room".into(),
+        NamespaceOverride {
+            subscribe: Some(Access::Anyone),
+            presence: Some(Presence::On(Access::Anyone)),
+            join_leave: Some(true),
+            publish: Some(Access::Anyone),
+            ..Default::default()
+        },
+    );
+    let server = start(c).await;
+    let host = server.addr.to_string();
+    let mut a = TcpStream::connect(server.addr).await.unwrap();
+    let mut b = TcpStream::connect(server.addr).await.unwrap();
+    let first = subscribed(&server, &mut a, "room:r").await;
+    // Its own join, queued, answers the next request at once.
+    server.node.presence.end_window().await;
+    let (_, joined) = raw_answer(&mut a, &head(&host, &continuation(&first), None)).await;
+    let joined: Value = serde_json::from_str(&joined).unwrap();
+    assert!(joined["messages"][0].get("presence").is_some(), "{joined}");
+    let (_, one) = held_then_published(
+        &server,
+        &mut a,
+        (&continuation(&joined), None),
+        ("room:r", 1),
+    )
+    .await;
+    // Held on B; A's task still waits (for A's next request).
+    let kept = server.node.metrics.longpolls_kept.get();
+    b.write_all(head(&host, &continuation(&one), None).as_bytes())
+        .await
+        .unwrap();
+    eventually("B took the session up", || async {
+        server.node.metrics.longpolls_kept.get() < kept
+    })
+    .await;
+    let mut other = server.client().await;
+    other.call("connect", json!({})).await;
+    other.subscribe("room:r", None).await;
+    server.node.presence.end_window().await;
+    let (status, body) = tokio::time::timeout(PATIENCE, read_answer(&mut b))
+        .await
+        .expect("B answered before its timeout");
+    assert!(status.starts_with("http/1.1 200"), "{status}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert!(body["messages"][0].get("presence").is_some(), "{body}");
+    assert_eq!(body["client"], first["client"]);
+    server.stop().await.unwrap();
+}
