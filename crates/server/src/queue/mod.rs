@@ -12,7 +12,9 @@
 //! instead of queueing it and waking the connection's task: a paced publication then costs
 //! one `send` per subscriber and no task wake-up. Everything else (a busy transport, a full
 //! socket, a delivery that is not the subscription's next offset) takes the queue as before,
-//! so order and the exactly-once checks are those of the transport's own path.
+//! so order and the exactly-once checks are those of the transport's own path. A held
+//! long-poll's lane carries one whole answer instead, made for its connection
+//! ([`DirectSocket::answer`]), and closes with it.
 
 use std::{
     collections::VecDeque,
