@@ -115,8 +115,7 @@ pub async fn hold_on_socket(
     let mut expiry = ExpiryTimer::default();
     loop {
         expiry.follow(&prepared.session);
-        *lane.waiting.lock() = Some(prepared);
-        queue.attach(socket.clone());
+        let open = Open::new(&queue, &socket, &lane.waiting, prepared);
         let woke = if queue.release() {
             tokio::select! {
                 _ = queue.ready() => Woke::Queue,
@@ -131,9 +130,7 @@ pub async fn hold_on_socket(
             // Something queued while it was not held: answered at once.
             Woke::Queue
         };
-        queue.detach_from(&socket);
-        let taken = lane.waiting.lock().take();
-        let Some(taken) = taken else {
+        let Some(taken) = open.close() else {
             drop(socket);
             return answered(lane, &queue, woke, write_timeout).await;
         };
@@ -156,6 +153,52 @@ pub async fn hold_on_socket(
             Ok(lane) => HoldEnd::Open(lane.stream, prepared),
             Err(_) => HoldEnd::Gone,
         };
+    }
+}
+
+/// A lane open on a queue, with its long-poll waiting in it. Closed however the hold ends:
+/// if the hold's future is dropped while it waits, the queue must not keep the lane, which
+/// holds the session, which holds the queue.
+struct Open<'a> {
+    queue: &'a Queue,
+    socket: &'a Arc<dyn DirectSocket>,
+    waiting: &'a Mutex<Option<Box<Prepared>>>,
+    closed: bool,
+}
+
+impl<'a> Open<'a> {
+    /// Leaves `prepared` waiting in the lane and attaches the lane to `queue` (opened when
+    /// the queue is released).
+    fn new(
+        queue: &'a Queue,
+        socket: &'a Arc<dyn DirectSocket>,
+        waiting: &'a Mutex<Option<Box<Prepared>>>,
+        prepared: Box<Prepared>,
+    ) -> Self {
+        *waiting.lock() = Some(prepared);
+        queue.attach(socket.clone());
+        Self {
+            queue,
+            socket,
+            waiting,
+            closed: false,
+        }
+    }
+
+    /// Closes the lane: the long-poll if the hub has not answered it, `None` if it has.
+    fn close(mut self) -> Option<Box<Prepared>> {
+        self.closed = true;
+        self.queue.detach_from(self.socket);
+        self.waiting.lock().take()
+    }
+}
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        if !self.closed {
+            self.queue.detach_from(self.socket);
+            drop(self.waiting.lock().take());
+        }
     }
 }
 
