@@ -250,19 +250,8 @@ async fn an_answer_the_client_does_not_read_is_cut_at_the_write_deadline() {
 /// of at its timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wake_up_for_a_session_that_moved_on_reaches_its_new_connection() {
-    use herald_server::config::{NamespaceOverride, Presence};
-    let mut c = config();
-    c.presence.join_leave_window = std::time::Duration::from_secs(3600);
-    c.namespaces.insert(
-        "room".into(),
-        NamespaceOverride {
-            subscribe: Some(Access::Anyone),
-            presence: Some(Presence::On(Access::Anyone)),
-            join_leave: Some(true),
-            publish: Some(Access::Anyone),
-            ..Default::default()
-        },
-    );
+    // `room`: presence with join and leave pushes, gathered until the test ends a window.
+    let c = crate::presence::presence_config();
     let server = start(c).await;
     let host = server.addr.to_string();
     let mut a = TcpStream::connect(server.addr).await.unwrap();

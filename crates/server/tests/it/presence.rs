@@ -13,7 +13,7 @@ use crate::{http::Lines, support::*};
 
 const SECRET: &str = "a-presence-test-secret-of-32-bytes!";
 
-fn presence_config() -> Config {
+pub(crate) fn presence_config() -> Config {
     let mut c = config();
     c.auth.hmac_secret = Some(SECRET.into());
     c.presence.join_leave_window = Duration::from_secs(3600);

@@ -179,11 +179,19 @@ async fn wait_and_write(
             }
         }
     }
+    send_unsent(queue, shared, &shared.stream).await
+}
+
+/// Sends what a direct write left unsent on `queue` (see [`Queue::flush_unsent`]) through
+/// `socket`, waiting for `stream` to take it.
+pub(crate) async fn send_unsent(
+    queue: &Queue,
+    socket: &dyn DirectSocket,
+    stream: &TcpStream,
+) -> std::io::Result<()> {
     loop {
-        match queue.flush_unsent(shared) {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                shared.stream.writable().await?
-            }
+        match queue.flush_unsent(socket) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => stream.writable().await?,
             done => return done,
         }
     }

@@ -40,6 +40,7 @@ use head::{read_head, refuse, Head, Refused};
 use super::{poll, stream};
 use crate::limits::Peer;
 use held_stream::run_stream;
+pub(crate) use held_stream::send_unsent;
 
 /// The request lines served here.
 const HELD: [&[u8]; 5] = [

@@ -23,7 +23,7 @@ use super::{compose, item, Prepared};
 use crate::{
     queue::{Delivery, DirectSocket, Position, Queue},
     session::ExpiryTimer,
-    transport::http1::arrival,
+    transport::http1::{arrival, send_unsent},
 };
 
 /// A held long-poll's socket, with its session while the lane may answer.
@@ -188,6 +188,10 @@ impl<'a> Open<'a> {
     /// Closes the lane: the long-poll if the hub has not answered it, `None` if it has.
     fn close(mut self) -> Option<Box<Prepared>> {
         self.closed = true;
+        self.take()
+    }
+
+    fn take(&self) -> Option<Box<Prepared>> {
         self.queue.detach_from(self.socket);
         self.waiting.lock().take()
     }
@@ -196,8 +200,7 @@ impl<'a> Open<'a> {
 impl Drop for Open<'_> {
     fn drop(&mut self) {
         if !self.closed {
-            self.queue.detach_from(self.socket);
-            drop(self.waiting.lock().take());
+            drop(self.take());
         }
     }
 }
@@ -211,16 +214,7 @@ async fn answered(lane: Arc<Lane>, queue: &Queue, woke: Woke, write_timeout: Dur
         queue.pass_wake();
     }
     if queue.has_unsent() {
-        let flushing = async {
-            loop {
-                match queue.flush_unsent(&*lane) {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        lane.stream.writable().await?
-                    }
-                    done => return done,
-                }
-            }
-        };
+        let flushing = send_unsent(queue, &*lane, &lane.stream);
         if !matches!(
             tokio::time::timeout(write_timeout, flushing).await,
             Ok(Ok(()))
