@@ -148,20 +148,22 @@ fn now_ns() -> u64 {
 /// the text: works for any server's framing.
 pub fn stamp(text: &str) -> Option<(u64, Option<u64>)> {
     // The data may come inside a JSON string (Pusher's events): `\"t\":` then.
-    let number_after = |key: &str| -> Option<u64> {
-        let escaped = key.replace('"', "\\\"");
+    let number_after = |key: &str, escaped: &str| -> Option<u64> {
         let at = match text.find(key) {
             Some(at) => at + key.len(),
-            None => text.find(&escaped)? + escaped.len(),
+            None => text.find(escaped)? + escaped.len(),
         };
-        let digits: String = text[at..]
-            .chars()
-            .skip_while(|c| *c == ' ')
-            .take_while(|c| c.is_ascii_digit())
-            .collect();
-        digits.parse().ok()
+        let digits = text[at..].trim_start_matches(' ');
+        let end = digits
+            .bytes()
+            .position(|b| !b.is_ascii_digit())
+            .unwrap_or(digits.len());
+        digits[..end].parse().ok()
     };
-    Some((number_after("\"t\":")?, number_after("\"seq\":")))
+    Some((
+        number_after(r#""t":"#, r#"\"t\":"#)?,
+        number_after(r#""seq":"#, r#"\"seq\":"#),
+    ))
 }
 
 /// What one client knows of its channel: the last offset, to count repeats and gaps.
@@ -569,6 +571,10 @@ mod tests {
         );
         assert_eq!(stamp(r#"data: {"x":{"t": 9}}"#), Some((9, None)));
         assert_eq!(stamp(r#"{"t":"text"}"#), None);
+        assert_eq!(
+            stamp(r#"{"event":"e","data":"{\"t\":77,\"seq\":8}"}"#),
+            Some((77, Some(8)))
+        );
     }
 
     #[test]
