@@ -101,22 +101,28 @@ pub fn cors(allowed: &[String]) -> CorsLayer {
 /// `origin`: for the lean long-poll path, which answers without the router (see
 /// `transport::poll::Resumer`). A test holds the two equal.
 pub fn cors_answer_headers(settings: &Settings, origin: Option<&HeaderValue>, to: &mut HeaderMap) {
-    to.insert(
-        header::VARY,
-        HeaderValue::from_static(
-            "origin, access-control-request-method, access-control-request-headers",
-        ),
-    );
+    to.insert(header::VARY, HeaderValue::from_static(CORS_VARY));
+    if let Some(allowed) = cors_allowed_origin(settings, origin) {
+        to.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allowed);
+    }
+}
+
+/// The `Vary` the router's CORS layer puts on every answer.
+pub const CORS_VARY: &str = "origin, access-control-request-method, access-control-request-headers";
+
+/// The `Access-Control-Allow-Origin` the router's CORS layer would give a request from
+/// `origin`, if any.
+pub fn cors_allowed_origin(
+    settings: &Settings,
+    origin: Option<&HeaderValue>,
+) -> Option<HeaderValue> {
     let allowed = &settings.config.allowed_origins;
     if allowed.iter().any(|o| o == "*") {
-        to.insert(
-            header::ACCESS_CONTROL_ALLOW_ORIGIN,
-            HeaderValue::from_static("*"),
-        );
-    } else if let Some(origin) =
-        origin.filter(|o| allowed.iter().any(|a| a.as_bytes() == o.as_bytes()))
-    {
-        to.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
+        Some(HeaderValue::from_static("*"))
+    } else {
+        origin
+            .filter(|o| allowed.iter().any(|a| a.as_bytes() == o.as_bytes()))
+            .cloned()
     }
 }
 

@@ -177,7 +177,8 @@ pub struct Positions<'a>(&'a Subscriptions);
 impl Positions<'_> {
     /// The cursor string: `CHANNEL;EPOCH;OFFSET|…`.
     pub fn cursor(&self) -> String {
-        let mut out = String::new();
+        // Room for the usual one entry: made once per long-poll answer.
+        let mut out = String::with_capacity(64);
         for (channel, p) in self.0.iter() {
             if let Some((epoch, offset)) = p.get() {
                 herald_protocol::cursor::write_entry(&mut out, channel, epoch, offset);

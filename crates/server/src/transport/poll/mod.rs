@@ -382,8 +382,9 @@ pub struct Answer {
     /// Held answers are never cached; polls are revalidated (`etag`).
     hold: bool,
     etag: Option<String>,
-    /// The CORS headers the router's layer would add, for an answer written without it.
-    cors: Option<HeaderMap>,
+    /// For an answer written without the router: the `Access-Control-Allow-Origin` its
+    /// CORS layer would add, if any (its `Vary` goes on every such answer).
+    cors: Option<Option<HeaderValue>>,
 }
 
 impl Answer {
@@ -404,10 +405,14 @@ impl Answer {
             let value = HeaderValue::from_str(e).expect("hex is a valid header");
             (header::ETAG, value)
         });
-        let cors = self
-            .cors
-            .iter()
-            .flat_map(|h| h.iter().map(|(name, value)| (name.clone(), value.clone())));
+        let cors = self.cors.iter().flat_map(|allowed| {
+            let vary = HeaderValue::from_static(crate::policy::origin::CORS_VARY);
+            std::iter::once((header::VARY, vary)).chain(
+                allowed
+                    .iter()
+                    .map(|o| (header::ACCESS_CONTROL_ALLOW_ORIGIN, o.clone())),
+            )
+        });
         typed
             .into_iter()
             .chain([(header::CACHE_CONTROL, HeaderValue::from_static(cache))])
@@ -418,10 +423,15 @@ impl Answer {
     /// The answer as an HTTP/1.1 response's bytes, head and body, saying whether the
     /// connection stays open.
     pub fn to_http1(&self, keep_alive: bool) -> Vec<u8> {
-        use std::io::Write;
+        // Written without the formatting machinery: the hub writes one of these per held
+        // long-poll it answers, on the thread every other answer of the publication waits for.
         let mut out = Vec::with_capacity(256 + self.body.len());
         let reason = self.status.canonical_reason().unwrap_or("Unknown");
-        let _ = write!(out, "HTTP/1.1 {} {reason}\r\n", self.status.as_str());
+        out.extend_from_slice(b"HTTP/1.1 ");
+        out.extend_from_slice(self.status.as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(reason.as_bytes());
+        out.extend_from_slice(b"\r\n");
         for (name, value) in self.headers() {
             out.extend_from_slice(name.as_str().as_bytes());
             out.extend_from_slice(b": ");
@@ -430,7 +440,9 @@ impl Answer {
         }
         // A 304 says nothing of its body's length (RFC 9110, 8.6).
         if self.status != StatusCode::NOT_MODIFIED {
-            let _ = write!(out, "content-length: {}\r\n", self.body.len());
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(itoa::Buffer::new().format(self.body.len()).as_bytes());
+            out.extend_from_slice(b"\r\n");
         }
         out.extend_from_slice(if keep_alive {
             b"connection: keep-alive\r\n\r\n"
@@ -538,8 +550,9 @@ fn compose(prepared: Prepared) -> (Answer, Option<Session>) {
     let body = if unchanged {
         Vec::new()
     } else {
-        let key = park.map(|(key, _)| key.to_string());
-        json::encode_poll_answer(&cursor, session.first_client(), key.as_deref(), &messages)
+        let key = park.map(|(key, _)| key.hex());
+        let key = key.as_ref().map(|hex| hex.as_str());
+        json::encode_poll_answer(&cursor, session.first_client(), key, &messages)
     };
     let unparked = match park {
         Some((key, credentials)) => {
@@ -550,11 +563,10 @@ fn compose(prepared: Prepared) -> (Answer, Option<Session>) {
     };
     let cors = match cors {
         Cors::Router => None,
-        Cors::Here(origin) => {
-            let mut h = HeaderMap::new();
-            crate::policy::origin::cors_answer_headers(&node.settings, origin.as_ref(), &mut h);
-            Some(h)
-        }
+        Cors::Here(origin) => Some(crate::policy::origin::cors_allowed_origin(
+            &node.settings,
+            origin.as_ref(),
+        )),
     };
     let answer = Answer {
         status: if unchanged {

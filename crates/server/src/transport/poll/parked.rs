@@ -77,9 +77,29 @@ impl Key {
     }
 }
 
+/// A key as its 32 hex digits, made without allocating (one per long-poll answer).
+pub struct KeyHex([u8; 32]);
+
+impl KeyHex {
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("hex digits are ASCII")
+    }
+}
+
+impl Key {
+    pub fn hex(&self) -> KeyHex {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 32];
+        for (i, digit) in out.iter_mut().enumerate() {
+            *digit = DIGITS[(self.0 >> (124 - 4 * i) & 0xf) as usize];
+        }
+        KeyHex(out)
+    }
+}
+
 impl std::fmt::Display for Key {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:032x}", self.0)
+        f.write_str(self.hex().as_str())
     }
 }
 
@@ -294,6 +314,8 @@ mod tests {
     fn keys_read_back_and_nothing_else_is_one() {
         let key = Key::random();
         assert_eq!(Key::parse(&key.to_string()), Some(key));
+        assert_eq!(key.to_string(), format!("{:032x}", key.0));
+        assert_eq!(Key(0xf).to_string(), format!("{}f", "0".repeat(31)));
         assert_eq!(Key::parse("abc"), None);
         assert_eq!(Key::parse(&"g".repeat(32)), None);
         assert_eq!(Key::parse(&"+".repeat(32)), None);
