@@ -171,6 +171,7 @@ pub async fn serve(
 ) -> Option<(TcpStream, Vec<u8>)> {
     // What was read from the connection and not yet used: a request's first bytes.
     let mut unread = Vec::new();
+    let mut hold_timer = poll::HoldTimer::None;
     loop {
         // Everything but a stream's life is boxed, and freed before the stream runs: the
         // connection's task is as large as its largest step, and a stream spends its life
@@ -201,7 +202,9 @@ pub async fn serve(
             }
             // Held with the lane open: the hub may answer it itself.
             Handled::Poll(prepared, true) if prepared.answerable_by_hub() => {
-                match poll::hold_on_socket(prepared, stream, limits.write_timeout).await {
+                let held =
+                    poll::hold_on_socket(prepared, stream, limits.write_timeout, &mut hold_timer);
+                match held.await {
                     poll::HoldEnd::Answered(back) => {
                         stream = back;
                         true
@@ -276,7 +279,10 @@ async fn handle(
 ) -> Handled {
     // A head still coming when the node shuts down is not waited for; nor is the next
     // request of a connection between requests, which holds no one's data.
+    // The head first: after a long-poll's answer the next one has usually arrived, and a
+    // shutdown watch never polled costs nothing to drop.
     let head = tokio::select! {
+        biased;
         head = read_head(stream, unread, limits.header_timeout) => head,
         _ = shutdown.cancelled() => return Handled::Closed,
     };

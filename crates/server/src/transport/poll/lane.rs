@@ -12,12 +12,15 @@
 //! it (its lock held, the transport idle), and the task closes the lane under the same
 //! lock before it looks at what the lane holds.
 
-use std::{io, sync::Arc, time::Duration};
+use std::{io, pin::Pin, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use futures_util::FutureExt;
 use parking_lot::Mutex;
-use tokio::{net::TcpStream, time::Instant};
+use tokio::{
+    net::TcpStream,
+    time::{Instant, Sleep},
+};
 
 use super::{compose, item, Prepared};
 use crate::{
@@ -91,19 +94,28 @@ enum Woke {
     Readable,
 }
 
+/// The connection's timer for the end of its long-polls' holds, kept from one to the next.
+/// Each hold moves it on, and a timer moved later costs no more than an atomic write:
+/// made and dropped per hold, it took the runtime's timer lock twice a long-poll (a
+/// thirtieth of a long-poll's CPU, `docs/benchmarks.md`).
+pub type HoldTimer = Option<Pin<Box<Sleep>>>;
+
 /// Holds `prepared` on `stream` with the lane open (see the module), until the hub
 /// answers it or its task must. A keep-alive connection's long-poll that
 /// [`Prepared::answerable_by_hub`]; `write_timeout` bounds sending what the hub's write
-/// left unsent.
+/// left unsent; `timer` is the connection's.
 pub async fn hold_on_socket(
     mut prepared: Box<Prepared>,
     stream: TcpStream,
     write_timeout: Duration,
+    timer: &mut HoldTimer,
 ) -> HoldEnd {
     let Some(wait) = prepared.wait else {
         return HoldEnd::Open(stream, prepared);
     };
     let until = Instant::now() + wait;
+    let over = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+    over.as_mut().reset(until);
     let queue = prepared.session.queue().clone();
     let node = prepared.node.clone();
     let lane = Arc::new(Lane {
@@ -119,7 +131,7 @@ pub async fn hold_on_socket(
         let woke = if queue.release() {
             tokio::select! {
                 _ = queue.ready() => Woke::Queue,
-                () = tokio::time::sleep_until(until) => Woke::Over,
+                () = over.as_mut() => Woke::Over,
                 () = expiry.wait() => Woke::Expiry,
                 _ = node.shutdown.cancelled() => Woke::Over,
                 // As epoll tells it, with no system call: the request's own read is the

@@ -40,7 +40,7 @@ use crate::{
 mod lane;
 mod parked;
 mod resumer;
-pub use lane::{hold_on_socket, HoldEnd};
+pub use lane::{hold_on_socket, HoldEnd, HoldTimer};
 pub use parked::Parked;
 use parked::{Credentials, Key, Resumed};
 pub use resumer::Resumer;
