@@ -17,11 +17,13 @@
 
 mod broker;
 mod histogram;
+mod reading;
 mod scraped;
 mod sharded;
 mod wire;
 
 pub use histogram::Durations;
+pub use reading::Reading;
 
 pub use broker::{Counted, CountedLink};
 pub use wire::Wire;
@@ -154,7 +156,7 @@ pub struct Metrics {
     hook_failures: Family<HookLabel, Counter>,
     broker_errors: Family<OperationLabel, Counter>,
     /// Long-poll sessions kept between their client's requests.
-    pub longpolls_kept: Gauge,
+    pub longpolls_kept: Reading,
     /// Kept long-poll sessions taken up by their client's next request: `[direct, routed]`
     /// (without the router, as an exact continuation; or through it).
     pub longpolls_taken_up: [Counter; 2],
@@ -254,7 +256,7 @@ impl Default for Metrics {
             "Broker calls that failed (storage or Redis unavailable, refused), by operation",
             broker_errors.clone(),
         );
-        let longpolls_kept = Gauge::default();
+        let longpolls_kept = Reading::default();
         registry.register(
             "longpoll_sessions_kept",
             "Long-poll sessions kept, still subscribed, between their client's requests (session_key, http.longpoll_grace)",

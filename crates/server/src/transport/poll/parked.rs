@@ -19,11 +19,11 @@ use std::{
 
 use herald_protocol::{ChannelName, Since};
 use parking_lot::Mutex;
-use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
+use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::{limits::AddressGuard, session::Session};
+use crate::{limits::AddressGuard, metrics::Reading, session::Session};
 
 /// The key a long-poll answer carries as `session`: 32 hex digits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -62,18 +62,22 @@ impl Key {
 
     /// The key a client sent; `None` if it cannot be one.
     pub fn parse(text: &str) -> Option<Self> {
-        // Two halves: parsing a u128 whole costs a long-poll several times as much.
-        let half = |hex: &str| {
-            hex.bytes()
-                .all(|b| b.is_ascii_hexdigit())
-                .then(|| u64::from_str_radix(hex, 16).ok())
-                .flatten()
-        };
-        if text.len() != 32 || !text.is_ascii() {
+        // A digit at a time, without the standard library's checks and radix arithmetic:
+        // each long-poll that takes a session up reads one.
+        if text.len() != 32 {
             return None;
         }
-        let (high, low) = text.split_at(16);
-        Some(Self(u128::from(half(high)?) << 64 | u128::from(half(low)?)))
+        let mut key = 0u128;
+        for b in text.bytes() {
+            let nibble = match b {
+                b'0'..=b'9' => b - b'0',
+                b'a'..=b'f' => b - b'a' + 10,
+                b'A'..=b'F' => b - b'A' + 10,
+                _ => return None,
+            };
+            key = key << 4 | u128::from(nibble);
+        }
+        Some(Self(key))
     }
 }
 
@@ -132,15 +136,14 @@ struct Inner {
     sessions: Mutex<Sessions>,
     hasher: RandomState,
     grace: Duration,
-    /// How many are parked, for `/metrics`.
-    count: Gauge,
+
     /// How many were taken up: `[direct, routed]` (see [`Parked::take_exact`]).
     taken_up: [Counter; 2],
 }
 
 impl Inner {
-    fn counted(&self, sessions: &Sessions) {
-        self.count.set(sessions.len() as i64);
+    fn count(&self) -> usize {
+        self.sessions.lock().len()
     }
 }
 
@@ -155,16 +158,16 @@ impl Parked {
     pub fn new(
         grace: Duration,
         shutdown: CancellationToken,
-        count: Gauge,
+        count: Reading,
         taken_up: [Counter; 2],
     ) -> Self {
         let parked = Self(Arc::new(Inner {
             sessions: Mutex::default(),
             hasher: RandomState::new(),
             grace,
-            count,
             taken_up,
         }));
+        count.follow(Arc::downgrade(&parked.0), Inner::count);
         if !grace.is_zero() && tokio::runtime::Handle::try_current().is_ok() {
             tokio::spawn(sweep(Arc::downgrade(&parked.0), shutdown));
         }
@@ -206,9 +209,7 @@ impl Parked {
         };
         let replaced = {
             let mut sessions = self.0.sessions.lock();
-            let replaced = sessions.insert(key, entry);
-            self.0.counted(&sessions);
-            replaced
+            sessions.insert(key, entry)
         };
         drop(replaced);
     }
@@ -227,9 +228,7 @@ impl Parked {
     ) -> Option<Resumed> {
         let entry = {
             let mut sessions = self.0.sessions.lock();
-            let entry = sessions.remove(&key);
-            self.0.counted(&sessions);
-            entry?
+            sessions.remove(&key)?
         };
         let session = &entry.resumed.session;
         let fits = entry.credentials == credentials
@@ -263,7 +262,6 @@ impl Parked {
             return None;
         }
         let entry = sessions.remove(&key)?;
-        self.0.counted(&sessions);
         drop(sessions);
         self.0.taken_up[0].inc();
         Some(entry.resumed)
@@ -296,7 +294,6 @@ async fn sweep(parked: Weak<Inner>, shutdown: CancellationToken) {
                     .collect();
                 expired.iter().filter_map(|k| sessions.remove(k)).collect()
             };
-            inner.counted(&sessions);
             gone
         };
         drop(gone);
