@@ -248,3 +248,29 @@ pub(crate) async fn connect(options: &NatsOptions) -> Result<(Client, Arc<Events
         .map_err(|e| BrokerError::Unavailable(format!("nats: {e}")))?;
     Ok((client, events))
 }
+
+/// How long [`round_trip`] waits for its echo.
+const ROUND_TRIP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Returns once the server has read everything `client` sent before the call: a message
+/// to an inbox of the client's own comes back only after the server has processed what
+/// preceded it on the connection, a subscription included. (`Client::flush` only writes
+/// the client's buffer to its socket: a subscription still on its way through a slow link
+/// or a proxy misses what is published meanwhile.)
+pub(crate) async fn round_trip(client: &Client) -> Result<(), BrokerError> {
+    use futures_util::StreamExt;
+    let inbox = client.new_inbox();
+    let mut echo = client
+        .subscribe(inbox.clone())
+        .await
+        .map_err(crate::unavailable)?;
+    client
+        .publish(inbox, bytes::Bytes::new())
+        .await
+        .map_err(crate::unavailable)?;
+    match tokio::time::timeout(ROUND_TRIP_TIMEOUT, echo.next()).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(crate::unavailable("the connection closed")),
+        Err(_) => Err(crate::unavailable("no answer from the server within 10 s")),
+    }
+}

@@ -93,9 +93,9 @@ impl Live {
             .subscribe(self.store.names.live(channel))
             .await
             .map_err(unavailable)?;
-        // The server has the subscription once it answers a ping sent after it: from here
-        // on, every stored publication of the channel reaches this node.
-        self.client.flush().await.map_err(unavailable)?;
+        // Once the server has the subscription, every stored publication of the channel
+        // reaches this node: wait for that, not just for the subscription to be written.
+        crate::connect::round_trip(&self.client).await?;
         let listening = Listening {
             live: self.clone(),
             channel: channel.clone(),
@@ -227,8 +227,8 @@ impl Listening {
     /// to wait for next: a retry while the read fails, with `tries` left.
     async fn catch_up(&mut self, tries: u32) -> Wait {
         // The subscription is made again by the client before it reports the connection
-        // back; a ping makes sure the server has it before history is read.
-        let _ = self.live.client.flush().await;
+        // back; a round trip makes sure the server has it before history is read.
+        let _ = crate::connect::round_trip(&self.live.client).await;
         let since = match self.order.known() {
             Some((epoch, offset)) => Since {
                 offset: *offset,
