@@ -271,6 +271,8 @@ pub(crate) async fn round_trip(client: &Client) -> Result<(), BrokerError> {
     match tokio::time::timeout(ROUND_TRIP_TIMEOUT, echo.next()).await {
         Ok(Some(_)) => Ok(()),
         Ok(None) => Err(crate::unavailable("the connection closed")),
-        Err(_) => Err(crate::unavailable("no answer from the server within 10 s")),
+        Err(_) => Err(crate::unavailable(format!(
+            "no answer from the server within {ROUND_TRIP_TIMEOUT:?}"
+        ))),
     }
 }

@@ -98,31 +98,37 @@ pub fn cors(allowed: &[String]) -> CorsLayer {
 }
 
 /// What [`cors`]'s layer adds to an answer that is not a preflight's, for a request from
-/// `origin`: for the lean long-poll path, which answers without the router (see
+/// some origin: for the lean long-poll path, which answers without the router (see
 /// `transport::poll::Resumer`). A test holds the two equal.
-pub fn cors_answer_headers(settings: &Settings, origin: Option<&HeaderValue>, to: &mut HeaderMap) {
-    to.insert(header::VARY, HeaderValue::from_static(CORS_VARY));
-    if let Some(allowed) = cors_allowed_origin(settings, origin) {
-        to.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allowed);
-    }
+#[derive(Debug, Clone)]
+pub struct CorsAnswer {
+    /// The `Access-Control-Allow-Origin` the layer would give, if any.
+    allowed_origin: Option<HeaderValue>,
 }
 
-/// The `Vary` the router's CORS layer puts on every answer.
-pub const CORS_VARY: &str = "origin, access-control-request-method, access-control-request-headers";
+impl CorsAnswer {
+    pub fn new(settings: &Settings, origin: Option<&HeaderValue>) -> Self {
+        let allowed = &settings.config.allowed_origins;
+        let allowed_origin = if allowed.iter().any(|o| o == "*") {
+            Some(HeaderValue::from_static("*"))
+        } else {
+            origin
+                .filter(|o| allowed.iter().any(|a| a.as_bytes() == o.as_bytes()))
+                .cloned()
+        };
+        Self { allowed_origin }
+    }
 
-/// The `Access-Control-Allow-Origin` the router's CORS layer would give a request from
-/// `origin`, if any.
-pub fn cors_allowed_origin(
-    settings: &Settings,
-    origin: Option<&HeaderValue>,
-) -> Option<HeaderValue> {
-    let allowed = &settings.config.allowed_origins;
-    if allowed.iter().any(|o| o == "*") {
-        Some(HeaderValue::from_static("*"))
-    } else {
-        origin
-            .filter(|o| allowed.iter().any(|a| a.as_bytes() == o.as_bytes()))
-            .cloned()
+    /// The headers, in the layer's order: its `Vary` goes on every answer.
+    pub fn headers(&self) -> impl Iterator<Item = (HeaderName, HeaderValue)> + '_ {
+        let vary = HeaderValue::from_static(
+            "origin, access-control-request-method, access-control-request-headers",
+        );
+        std::iter::once((header::VARY, vary)).chain(
+            self.allowed_origin
+                .iter()
+                .map(|o| (header::ACCESS_CONTROL_ALLOW_ORIGIN, o.clone())),
+        )
     }
 }
 

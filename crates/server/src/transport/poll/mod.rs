@@ -34,6 +34,7 @@ use crate::{
     hooks::Transport,
     limits::{AddressGuard, Peer},
     node::Node,
+    policy::origin::CorsAnswer,
     session::{ExpiryTimer, Session},
 };
 
@@ -382,9 +383,8 @@ pub struct Answer {
     /// Held answers are never cached; polls are revalidated (`etag`).
     hold: bool,
     etag: Option<String>,
-    /// For an answer written without the router: the `Access-Control-Allow-Origin` its
-    /// CORS layer would add, if any (its `Vary` goes on every such answer).
-    cors: Option<Option<HeaderValue>>,
+    /// The CORS headers the router's layer would add, for an answer written without it.
+    cors: Option<CorsAnswer>,
 }
 
 impl Answer {
@@ -405,14 +405,7 @@ impl Answer {
             let value = HeaderValue::from_str(e).expect("hex is a valid header");
             (header::ETAG, value)
         });
-        let cors = self.cors.iter().flat_map(|allowed| {
-            let vary = HeaderValue::from_static(crate::policy::origin::CORS_VARY);
-            std::iter::once((header::VARY, vary)).chain(
-                allowed
-                    .iter()
-                    .map(|o| (header::ACCESS_CONTROL_ALLOW_ORIGIN, o.clone())),
-            )
-        });
+        let cors = self.cors.iter().flat_map(CorsAnswer::headers);
         typed
             .into_iter()
             .chain([(header::CACHE_CONTROL, HeaderValue::from_static(cache))])
@@ -563,10 +556,7 @@ fn compose(prepared: Prepared) -> (Answer, Option<Session>) {
     };
     let cors = match cors {
         Cors::Router => None,
-        Cors::Here(origin) => Some(crate::policy::origin::cors_allowed_origin(
-            &node.settings,
-            origin.as_ref(),
-        )),
+        Cors::Here(origin) => Some(CorsAnswer::new(&node.settings, origin.as_ref())),
     };
     let answer = Answer {
         status: if unchanged {

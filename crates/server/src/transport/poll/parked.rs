@@ -79,18 +79,8 @@ impl Key {
         }
         Some(Self(key))
     }
-}
 
-/// A key as its 32 hex digits, made without allocating (one per long-poll answer).
-pub struct KeyHex([u8; 32]);
-
-impl KeyHex {
-    pub fn as_str(&self) -> &str {
-        std::str::from_utf8(&self.0).expect("hex digits are ASCII")
-    }
-}
-
-impl Key {
+    /// The key's 32 hex digits, made without allocating (one per long-poll answer).
     pub fn hex(&self) -> KeyHex {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut out = [0u8; 32];
@@ -98,6 +88,15 @@ impl Key {
             *digit = DIGITS[(self.0 >> (124 - 4 * i) & 0xf) as usize];
         }
         KeyHex(out)
+    }
+}
+
+/// A key as its 32 hex digits.
+pub struct KeyHex([u8; 32]);
+
+impl KeyHex {
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("hex digits are ASCII")
     }
 }
 

@@ -19,7 +19,7 @@ use crate::{node::Node, session::Session, transport::request};
 /// credentials and client, no channel the session lacks), from a host and an origin the
 /// router would let through, is answered here: the same checks and the same code as the
 /// router's handler, with the CORS headers the router's layer would add
-/// ([`crate::policy::origin::cors_answer_headers`]). Anything else (a first request, an
+/// ([`crate::policy::origin::CorsAnswer`]). Anything else (a first request, an
 /// unknown key, another cursor, any refusal) goes through the router, which answers as it
 /// always does, and finds the session still parked.
 #[derive(Debug, Clone)]
