@@ -373,17 +373,22 @@ impl Segment {
         Ok(segment)
     }
 
-    /// Grows the file with zeros to at least `size`.
+    /// Grows the file with zeros to at least `size`, a page per write.
+    ///
+    /// Page by page because the kernel (Linux 6.18, ext4) caches a file written in 1 MiB
+    /// writes in folios as large, and every later small write into such a folio costs
+    /// 3-6x more (it walks the folio's blocks): 1.5-3.1 against 0.4-0.5 us per 300-byte
+    /// append here. Zeros rather than `fallocate`, so a sync does not also commit the
+    /// blocks' allocation.
     fn grow(&mut self, size: u64) -> io::Result<()> {
-        if self.capacity >= size {
-            // The common case: every append calls this, and a 1 MiB buffer of zeros made
-            // for nothing was a fifth of a publishing worker's time.
-            return Ok(());
-        }
-        let zeros = vec![0u8; CHUNK as usize];
+        const PAGE: usize = 4096;
+        static ZEROS: [u8; PAGE] = [0; PAGE];
+        // Every append calls this; it returns at once unless the file must grow.
         while self.capacity < size {
             self.dirty_to = self.dirty_to.max(self.capacity + CHUNK);
-            self.file.write_all_at(&zeros, self.capacity)?;
+            for page in (0..CHUNK).step_by(PAGE) {
+                self.file.write_all_at(&ZEROS, self.capacity + page)?;
+            }
             self.capacity += CHUNK;
         }
         Ok(())
