@@ -11,7 +11,7 @@ use std::{
     collections::HashMap,
     path::PathBuf,
     sync::{mpsc, Arc},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use bytes::Bytes;
@@ -25,8 +25,12 @@ use super::store::{
 };
 use super::{now_ms, wal, Deadlines, Meta, StoreOptions};
 
-/// How long the applier gathers work before a commit of the database.
-const LINGER: Duration = Duration::from_millis(100);
+/// How long the applier gathers work before a commit of the database. Each commit rewrites
+/// the B-tree path of every channel it touches and syncs the file, so with many channels the
+/// cost is per commit more than per publication: at 1,000 channels and 2,000 publications/s
+/// the applier took 13.5 us of CPU a publication at 100 ms and 7.5 at 1 s. What waits is
+/// already durable in the log and readable from memory; a restart replays at most this much.
+const LINGER: Duration = Duration::from_millis(1000);
 /// Most operations in one commit.
 const MAX_OPS: usize = 50_000;
 /// How often the applier tries the file again while writes fail.
@@ -176,20 +180,7 @@ impl Applier {
             let reopened = failing && self.reopen();
             if let Some(first) = first {
                 pending.push(first);
-                // Sleeps through the linger rather than waiting on the channel: a receiver
-                // that waits is woken by every send, which costs both threads a switch per
-                // publication.
-                std::thread::sleep(LINGER);
-                while pending.len() < MAX_OPS {
-                    match ops.try_recv() {
-                        Ok(op) => pending.push(op),
-                        Err(mpsc::TryRecvError::Empty) => break,
-                        Err(mpsc::TryRecvError::Disconnected) => {
-                            open = false;
-                            break;
-                        }
-                    }
-                }
+                open = self.linger(&ops, &mut pending);
             }
             if !pending.is_empty() && (!failing || reopened) {
                 self.flush(&mut pending);
@@ -201,6 +192,28 @@ impl Applier {
             self.flush(&mut pending);
         }
         self.close(pending.is_empty());
+    }
+
+    /// Gathers operations for [`LINGER`] (or until [`MAX_OPS`]); whether the channel is
+    /// still open. Parked rather than waiting on the channel: a receiver that waits is woken
+    /// by every send, which costs both threads a switch per publication. Closing unparks it,
+    /// so a stop does not wait out the linger.
+    fn linger(&self, ops: &mpsc::Receiver<Op>, pending: &mut Vec<Op>) -> bool {
+        let until = Instant::now() + LINGER;
+        loop {
+            while pending.len() < MAX_OPS {
+                match ops.try_recv() {
+                    Ok(op) => pending.push(op),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => return false,
+                }
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if pending.len() >= MAX_OPS || left.is_zero() {
+                return true;
+            }
+            std::thread::park_timeout(left);
+        }
     }
 
     /// Writes `pending` in one commit; on success empties it, otherwise keeps it for the

@@ -273,6 +273,8 @@ impl Writer {
         }
         self.applier.lock().take();
         if let Some(thread) = applier {
+            // Its channel is closed now; wake it from its linger.
+            thread.thread().unpark();
             let _ = thread.join();
         }
     }
