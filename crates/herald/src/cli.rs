@@ -62,7 +62,7 @@ pub struct ServeArgs {
     /// Share the listening address with other processes (SO_REUSEPORT), e.g. several nodes on one machine [env: HERALD_REUSE_PORT]
     #[arg(long)]
     pub reuse_port: bool,
-    /// When durable writes reach the disk: group, always, interval or none [env: HERALD_SYNC] [default: group]
+    /// When durable writes reach the disk: group, always, interval or none [env: HERALD_SYNC] [default: interval]
     #[arg(long, value_parser = ["group", "always", "interval", "none"])]
     pub sync: Option<String>,
     /// Worker threads, 0 = one per core [env: HERALD_WORKERS] [default: 0]

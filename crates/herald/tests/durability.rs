@@ -1,4 +1,4 @@
-//! The default store keeps every acknowledged publication through `kill -9`.
+//! The store keeps every acknowledged publication through `kill -9`, whatever its sync mode.
 
 mod support;
 
@@ -7,16 +7,18 @@ use std::{collections::BTreeMap, process::Command, sync::Arc};
 use serde_json::{json, Value};
 use support::{history, Server, KEY};
 
+/// The default, `sync = "interval"`, acknowledges before the sync; a killed process still
+/// loses nothing (the kernel holds what it wrote), and on the same boot the stream keeps
+/// its epoch.
 #[test]
 fn kill_9_during_a_publish_burst_loses_no_acknowledged_publication() {
     kill_9_during_a_publish_burst(&[]);
 }
 
-/// `sync = "interval"` acknowledges before the sync; a killed process still loses nothing
-/// (the kernel holds what it wrote), and on the same boot the stream keeps its epoch.
+/// `sync = "group"` acknowledges after the sync and delivers while it runs.
 #[test]
-fn with_sync_interval_kill_9_loses_no_acknowledged_publication() {
-    kill_9_during_a_publish_burst(&["--sync", "interval"]);
+fn with_sync_group_kill_9_loses_no_acknowledged_publication() {
+    kill_9_during_a_publish_burst(&["--sync", "group"]);
 }
 
 fn kill_9_during_a_publish_burst(args: &[&str]) {

@@ -71,9 +71,11 @@ pub struct Config {
     /// new connections among them. For several nodes on one machine sharing channels
     /// through Redis. Default false.
     pub reuse_port: bool,
-    /// When durable writes reach the disk: `group` (default: concurrent publications share
-    /// one fsync; an acknowledged publication is on disk), `always` (one fsync each), or
-    /// `none` (no fsync; a machine crash may lose recent publications).
+    /// When durable writes reach the disk: `interval` (default: acknowledged once written,
+    /// so `kill -9` loses nothing; synced within `sync_interval_ms`, so a machine crash may
+    /// lose that last interval, answered with new epochs), `group` (concurrent publications
+    /// share one fsync; an acknowledged publication is on disk, at an fsync's CPU and time
+    /// per publish), `always` (one fsync each, before delivery), or `none` (never synced).
     pub sync: SyncMode,
     /// Most memory, in bytes, the durable store keeps of its file's pages (its cache): idle
     /// memory after a restart, however long the history, stays within about this. More
@@ -165,11 +167,11 @@ impl ApiKey {
 #[serde(rename_all = "lowercase")]
 pub enum SyncMode {
     /// Concurrent publications share one fsync.
-    #[default]
     Group,
     /// One fsync per publication.
     Always,
     /// Acknowledged once written, synced within `sync_interval_ms`.
+    #[default]
     Interval,
     /// No fsync.
     None,
@@ -215,7 +217,7 @@ impl Default for Config {
             metrics_listen: None,
             data_dir: "herald-data".into(),
             reuse_port: false,
-            sync: SyncMode::Group,
+            sync: SyncMode::Interval,
             store_cache_bytes: herald_broker::DEFAULT_CACHE_BYTES,
             sync_interval_ms: herald_broker::DEFAULT_SYNC_INTERVAL.as_millis() as u64,
             max_connections: 100_000,
