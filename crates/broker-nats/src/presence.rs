@@ -197,6 +197,9 @@ impl NatsPresence {
             .subscribe(names.presence_batches())
             .await
             .map_err(unavailable)?;
+        // In place at the server before start returns, or the first batches other nodes
+        // announce (joins and leaves) may pass unheard behind a slow link.
+        crate::connect::round_trip(&client).await?;
         let tasks = vec![
             tokio::spawn(hear_changes(watch, view.clone(), node.clone())).abort_handle(),
             tokio::spawn(hear_batches(batches, events.clone(), node.clone())).abort_handle(),

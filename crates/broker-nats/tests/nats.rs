@@ -1,5 +1,7 @@
-//! The NATS broker against a real `nats-server -js`: the shared contract, presence, two
-//! nodes on one NATS, and a connection lost mid-stream.
+//! The NATS broker against a real `nats-server -js`: the shared contract, presence, nodes
+//! on one NATS, restarts, sign-in and a cluster. A node's link cut off or slowed: `links.rs`.
+
+mod support;
 
 use std::sync::{
     atomic::{AtomicUsize, Ordering},
@@ -9,19 +11,11 @@ use std::sync::{
 use bytes::Bytes;
 use herald_broker::{
     conformance::{self, Recorder},
-    default_policies, Broker, HistoryQuery, PublicationSink, SharedBroker, SharedPresence,
-    StreamPolicy,
+    default_policies, Broker, HistoryQuery, SharedBroker, SharedPresence, StreamPolicy,
 };
 use herald_broker_nats::{testkit::NatsServer, NatsBroker, NatsOptions};
 use herald_protocol::ChannelName;
-
-fn ch(name: &str) -> ChannelName {
-    ChannelName::new(name).unwrap()
-}
-
-fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
-}
+use support::{block_on, ch, eventually, node};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fulfils_the_broker_contract() {
@@ -55,18 +49,6 @@ async fn fulfils_the_presence_contract() {
     .await;
 }
 
-async fn node(nats: &NatsServer) -> (Arc<NatsBroker>, Arc<Recorder>) {
-    let sink = Arc::new(Recorder::default());
-    let broker = NatsBroker::start(
-        NatsOptions::at(nats.url(), "herald"),
-        default_policies(),
-        sink.clone() as Arc<dyn PublicationSink>,
-    )
-    .await
-    .unwrap();
-    (broker, sink)
-}
-
 /// Every publication a compare-and-set race between two nodes; the third only reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_share_one_order() {
@@ -74,96 +56,6 @@ async fn nodes_share_one_order() {
     let (a, b, c) = (node(&nats).await, node(&nats).await, node(&nats).await);
     let shared = |(broker, seen): (Arc<NatsBroker>, Arc<Recorder>)| (broker as SharedBroker, seen);
     conformance::nodes_share_one_order([shared(a), shared(b), shared(c)]).await;
-}
-
-/// Waits until `done` holds, looking every few milliseconds, at most `within`.
-async fn eventually(within: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + within;
-    while !done() {
-        if tokio::time::Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    true
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_cut_off_catches_up_from_history() {
-    use herald_broker::relay::Partition;
-    let nats = NatsServer::start();
-    let relay = Partition::start_to(nats.port());
-    let sink = Arc::new(Recorder::default());
-    let mut options = NatsOptions::at(format!("nats://127.0.0.1:{}", relay.port()), "herald");
-    options.unreachable_after = std::time::Duration::from_millis(600);
-    let cut_off = NatsBroker::start(options, default_policies(), sink.clone())
-        .await
-        .unwrap();
-    let (writer, _) = node(&nats).await;
-    let c = ch("cut:room");
-    cut_off.subscribe(&c).await.unwrap();
-    let publish = |range: std::ops::RangeInclusive<u32>| {
-        let (writer, c) = (writer.clone(), c.clone());
-        async move {
-            for i in range {
-                writer
-                    .publish(&c, Bytes::from(i.to_string()), StreamPolicy::default())
-                    .await
-                    .unwrap();
-            }
-        }
-    };
-    publish(1..=50).await;
-    assert_eq!(sink.await_offsets("cut:room", 50).await.len(), 50);
-    relay.blackhole();
-    publish(51..=100).await;
-    assert!(
-        eventually(std::time::Duration::from_secs(10), || cut_off
-            .reach()
-            .unwrap()
-            .lost
-            .is_some())
-        .await,
-        "the cut-off node notices"
-    );
-    relay.heal();
-    relay.reset();
-    let all: Vec<u64> = (1..=100).collect();
-    assert_eq!(
-        sink.await_offsets("cut:room", 100).await,
-        all,
-        "every publication once, in order"
-    );
-    assert!(cut_off.caught_up() >= 50, "read back from history");
-    let reach = cut_off.reach().unwrap();
-    assert_eq!((reach.losses, reach.recoveries), (1, 1), "{reach:?}");
-}
-
-/// A subscription is in place at the server when `subscribe` returns, however slow the
-/// link: what is published from then on is heard, with nothing read from history. (Writing
-/// the subscription to the socket is not enough: 1 run in 8 of the test above lost every
-/// publication this way, behind the relay's threads.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_subscription_is_in_place_when_subscribe_returns() {
-    let nats = NatsServer::start();
-    let relay = herald_broker::relay::Partition::start_to(nats.port());
-    let sink = Arc::new(Recorder::default());
-    let options = NatsOptions::at(format!("nats://127.0.0.1:{}", relay.port()), "herald");
-    let slow = NatsBroker::start(options, default_policies(), sink.clone())
-        .await
-        .unwrap();
-    let (writer, _) = node(&nats).await;
-    let c = ch("slow:room");
-    relay.latency(std::time::Duration::from_millis(100));
-    slow.subscribe(&c).await.unwrap();
-    for i in 1..=5u32 {
-        writer
-            .publish(&c, Bytes::from(i.to_string()), StreamPolicy::default())
-            .await
-            .unwrap();
-    }
-    assert_eq!(sink.await_offsets("slow:room", 5).await, [1, 2, 3, 4, 5]);
-    assert_eq!(slow.caught_up(), 0, "heard live, not read back");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -553,77 +445,4 @@ async fn a_cluster_with_three_replicas_loses_nothing_when_a_server_dies() {
         .collect();
     let expected: Vec<String> = (1..=100).map(|n| n.to_string()).collect();
     assert_eq!(data, expected, "each once, in order");
-}
-
-/// The lag a node reports is measured on the publications' own path (a JetStream publish,
-/// republished to the node), and grows while that path is stalled.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn delivery_lag_is_measured_and_grows_while_the_path_is_stalled() {
-    use herald_broker::relay::Partition;
-    use std::time::Duration;
-    let nats = NatsServer::start();
-    let relay = Partition::start_to(nats.port());
-    let mut options = NatsOptions::at(format!("nats://127.0.0.1:{}", relay.port()), "herald");
-    options.unreachable_after = Duration::from_millis(300);
-    let broker = NatsBroker::start(options, default_policies(), Arc::new(Recorder::default()))
-        .await
-        .unwrap();
-    let lag = || broker.delivery_lag().unwrap();
-    assert!(
-        eventually(Duration::from_secs(5), || lag() > Duration::ZERO).await,
-        "a probe came back"
-    );
-    assert!(lag() < Duration::from_millis(500), "{:?}", lag());
-    relay.blackhole();
-    assert!(
-        eventually(Duration::from_secs(5), || lag() > Duration::from_secs(1)).await,
-        "a stalled path shows as a growing lag: {:?}",
-        lag()
-    );
-}
-
-/// A node cut off longer than `NODE_TTL` is taken for dead: the others drop its members.
-/// Once it is back, it writes them again, and the others count them again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_cut_off_past_its_ttl_has_its_members_back_after_it_returns() {
-    use herald_broker::{relay::Partition, Member};
-    use herald_broker_nats::{BEAT_EVERY, NODE_TTL};
-    use std::time::Duration;
-    let nats = NatsServer::start();
-    let relay = Partition::start_to(nats.port());
-    let mut options = NatsOptions::at(format!("nats://127.0.0.1:{}", relay.port()), "herald");
-    options.unreachable_after = Duration::from_millis(900);
-    let cut = NatsBroker::start(options, default_policies(), Arc::new(Recorder::default()))
-        .await
-        .unwrap();
-    let (other, _) = node(&nats).await;
-    let c = ch("presence:cut");
-    let member = Member {
-        id: 7,
-        info: Bytes::from_static(br#"{"user":"ann"}"#),
-    };
-    assert!(cut.presence().join(&c, &member, Some("ann")).await.unwrap());
-    let seen = other.presence();
-    let clients = || block_on(seen.stats(&c)).unwrap().clients;
-    assert!(
-        eventually(Duration::from_secs(5), || clients() == 1).await,
-        "joined"
-    );
-    relay.blackhole();
-    assert!(
-        eventually(NODE_TTL + 3 * BEAT_EVERY, || clients() == 0).await,
-        "a node silent past its TTL has its members dropped"
-    );
-    relay.heal();
-    relay.reset();
-    assert!(
-        eventually(Duration::from_secs(15), || clients() == 1).await,
-        "back, it writes them again"
-    );
-    // And they stay: the others see it beating.
-    let stays = !eventually(2 * BEAT_EVERY + Duration::from_millis(500), || {
-        clients() == 0
-    })
-    .await;
-    assert!(stays, "its members were dropped again");
 }
