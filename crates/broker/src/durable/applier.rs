@@ -23,7 +23,7 @@ use super::recovery::{probe, set_unflushed};
 use super::store::{
     record_crc, stream_crc, Failing, Slot, Unapplied, APPLIED, PUBLICATIONS, STATE, STREAMS,
 };
-use super::{now_ms, wal, Deadlines, Meta, StoreOptions};
+use super::{now_ms, seal, wal, Deadlines, Meta, StoreOptions};
 
 /// How long the applier gathers work before a commit of the database. Each commit rewrites
 /// the B-tree path of every channel it touches and syncs the file, so with many channels the
@@ -154,6 +154,8 @@ pub(super) struct Applier {
     pub(super) unapplied: Arc<Unapplied>,
     /// First LSNs of the log's segments, oldest first; the last is being appended to.
     pub(super) segments: Arc<Mutex<Vec<u64>>>,
+    /// This open's mark, in the file: a clean close seals the file with it.
+    pub(super) run: u64,
 }
 
 impl Applier {
@@ -307,18 +309,23 @@ impl Applier {
             let _ = std::fs::remove_file(wal::segment_path(&self.dir, first));
         }
         drop(db);
-        self.compact();
+        if self.compact() {
+            if let Err(e) = seal::write(&self.dir, &self.path, self.run) {
+                tracing::warn!(error = %e, file = %self.path.display(), "the data file was closed cleanly but could not be sealed; the next start checks every page");
+            }
+        }
     }
 
     /// Gives the file's free pages back (redb keeps them; commits of many channels at once
     /// leave many): 400,000 publications of 300 B in 2,000 channels made a 539 MB file,
     /// 274 MB compacted, in 1.1 s. Done at a clean stop, when nothing reads the file.
-    fn compact(&self) {
+    /// Whether the file was compacted and closed, so nothing changes it any more.
+    fn compact(&self) -> bool {
         let Some(db) = self.db.write().take() else {
-            return;
+            return false;
         };
         let Ok(mut db) = Arc::try_unwrap(db) else {
-            return; // a reader still holds it: the broker is being dropped while in use
+            return false; // a reader still holds it: the broker is being dropped while in use
         };
         let before = std::fs::metadata(&self.path).map_or(0, |m| m.len());
         let started = std::time::Instant::now();
@@ -326,9 +333,12 @@ impl Applier {
             Ok(_) => {
                 let after = std::fs::metadata(&self.path).map_or(0, |m| m.len());
                 tracing::info!(file = %self.path.display(), before, after, ms = started.elapsed().as_millis() as u64, "compacted the data file");
+                drop(db);
+                true
             }
             Err(e) => {
-                tracing::warn!(error = %e, file = %self.path.display(), "the data file could not be compacted; it keeps its free pages")
+                tracing::warn!(error = %e, file = %self.path.display(), "the data file could not be compacted; it keeps its free pages");
+                false
             }
         }
     }

@@ -13,6 +13,7 @@
 mod applier;
 mod committer;
 mod recovery;
+mod seal;
 pub(crate) mod store;
 mod unapplied;
 pub mod wal;
@@ -264,6 +265,12 @@ impl std::fmt::Debug for DurableBroker {
 }
 
 impl DurableBroker {
+    /// Whether the open trusted a sealed file instead of reading every page.
+    #[cfg(test)]
+    pub(crate) fn opened_sealed(&self) -> bool {
+        self.store.opened_sealed
+    }
+
     /// Opens (or creates) `dir/herald.redb` with [`StreamPolicy::default`] for every
     /// channel; see [`DurableBroker::open_with`].
     pub fn open(

@@ -34,11 +34,11 @@ pub(super) fn damaged(path: &Path, e: impl std::fmt::Display) -> OpenError {
     }
 }
 
-/// Reads every stream and publication and checks it. A channel with any record that fails
-/// its checksum (or lies outside its stream) is reset: its history is deleted and it gets a
-/// new epoch, so clients resuming in it are told `recovered: false` instead of being served
-/// damaged data. A file that cannot be read at all is refused.
-pub(super) fn verify(db: &Database, path: &Path) -> Result<Streams, OpenError> {
+/// Reads every stream and (with `records`) every publication, and checks it. A channel with
+/// any record that fails its checksum (or lies outside its stream) is reset: its history is
+/// deleted and it gets a new epoch, so clients resuming in it are told `recovered: false`
+/// instead of being served damaged data. A file that cannot be read at all is refused.
+pub(super) fn verify(db: &Database, path: &Path, records: bool) -> Result<Streams, OpenError> {
     let mut metas: HashMap<String, Meta> = HashMap::new();
     let mut bad: std::collections::BTreeSet<String> = Default::default();
     {
@@ -65,7 +65,7 @@ pub(super) fn verify(db: &Database, path: &Path) -> Result<Streams, OpenError> {
             Err(e) => return Err(damaged(path, e)),
         }
         match read.open_table(PUBLICATIONS) {
-            Ok(table) => {
+            Ok(table) if records => {
                 for entry in table.iter().map_err(|e| damaged(path, e))? {
                     let (k, v) = entry.map_err(|e| damaged(path, e))?;
                     let (channel, offset) = k.value();
@@ -76,7 +76,7 @@ pub(super) fn verify(db: &Database, path: &Path) -> Result<Streams, OpenError> {
                     }
                 }
             }
-            Err(TableError::TableDoesNotExist(_)) => {}
+            Ok(_) | Err(TableError::TableDoesNotExist(_)) => {}
             Err(e) => return Err(damaged(path, e)),
         }
     }

@@ -16,9 +16,10 @@ use tokio::sync::oneshot;
 use super::applier::Applier;
 use super::committer::{Log, Writer};
 use super::recovery::{
-    applied, contained, damaged, renew_epochs, replay, restored, set_unflushed, unflushed, verify,
-    write_run_file,
+    applied, contained, damaged, file_run, renew_epochs, replay, restored, set_unflushed,
+    unflushed, verify, write_run_file,
 };
+use super::seal;
 pub(crate) use super::unapplied::Unapplied;
 use super::{wal, Deadlines, Meta, StoreOptions};
 use crate::{BrokerError, History, HistoryQuery, PublicationSink};
@@ -176,6 +177,10 @@ pub(crate) struct Store {
     /// Why writes of the database file fail, while they do.
     applier_failing: Failing,
     pub(crate) unapplied: Arc<Unapplied>,
+    /// Whether the open trusted the file as its last clean stop sealed it, instead of
+    /// reading every page (see `seal`). The open's log line says so too.
+    #[cfg(test)]
+    pub(crate) opened_sealed: bool,
 }
 
 impl Drop for Store {
@@ -203,7 +208,9 @@ impl Store {
             source,
         })?;
         let path = dir.join(FILE_NAME);
-        let (db, streams, run, next_lsn) = contained(&path, || {
+        let (db, streams, run, next_lsn, _sealed) = contained(&path, || {
+            // Before the file is opened: opening it for writing changes it.
+            let sealed = seal::take(dir, &path);
             let mut db = match options.database(&path) {
                 Ok(db) => db,
                 Err(
@@ -214,10 +221,15 @@ impl Store {
             };
             // Checks every page's checksum before anything reads or writes the file: redb
             // trusts a cleanly closed file otherwise, and a damaged page can make it panic
-            // inside a destructor, which aborts the process instead of unwinding.
+            // inside a destructor, which aborts the process instead of unwinding. Unless
+            // the file is as this directory's last clean stop left it (see `seal`).
             let started = std::time::Instant::now();
-            prefetch(&path);
-            db.check_integrity().map_err(|e| damaged(&path, e))?;
+            let sealed =
+                sealed.is_some() && file_run(&db).map_err(|e| damaged(&path, e))? == sealed;
+            if !sealed {
+                prefetch(&path);
+                db.check_integrity().map_err(|e| damaged(&path, e))?;
+            }
             let checked = started.elapsed();
             let log_damaged = replay(&db, dir, &path)?;
             // Each of these means history may have gone back, or has holes, while clients
@@ -241,10 +253,11 @@ impl Store {
                 );
             }
             let verifying = std::time::Instant::now();
-            let streams = verify(&db, &path)?;
+            let streams = verify(&db, &path, !sealed)?;
             tracing::info!(
                 file = %path.display(),
                 channels = streams.len(),
+                sealed,
                 page_check_ms = checked.as_millis() as u64,
                 record_check_ms = verifying.elapsed().as_millis() as u64,
                 "opened the data file"
@@ -260,7 +273,7 @@ impl Store {
                 source,
             })?;
             let next_lsn = applied(&db).map_err(|e| damaged(&path, e))? + 1;
-            Ok((db, streams, run, next_lsn))
+            Ok((db, streams, run, next_lsn, sealed))
         })?;
         let directory = |source| OpenError::Directory {
             path: dir.to_owned(),
@@ -286,6 +299,7 @@ impl Store {
             deadlines: deadlines.clone(),
             unapplied: unapplied.clone(),
             segments: segments.clone(),
+            run,
         };
         let applier_thread = std::thread::Builder::new()
             .name("herald-store-apply".into())
@@ -319,6 +333,8 @@ impl Store {
             failing,
             applier_failing,
             unapplied,
+            #[cfg(test)]
+            opened_sealed: _sealed,
         };
         Ok((Arc::new(store), streams))
     }
