@@ -4,25 +4,38 @@
 
 mod support;
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
-use herald_broker::{conformance::Recorder, default_policies, Broker, StreamPolicy};
+use herald_broker::{
+    conformance::Recorder, default_policies, relay::Partition, Broker, StreamPolicy,
+};
 use herald_broker_nats::{testkit::NatsServer, NatsBroker, NatsOptions};
 use herald_protocol::ChannelName;
 use support::{block_on, ch, eventually, node};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_cut_off_catches_up_from_history() {
-    use herald_broker::relay::Partition;
-    let nats = NatsServer::start();
-    let relay = Partition::start_to(nats.port());
+/// A node whose connection to NATS goes through `relay`, taken for cut off after
+/// `unreachable_after` (the default when `None`).
+async fn node_through(
+    relay: &Partition,
+    unreachable_after: Option<Duration>,
+) -> (Arc<NatsBroker>, Arc<Recorder>) {
     let sink = Arc::new(Recorder::default());
     let mut options = NatsOptions::at(format!("nats://127.0.0.1:{}", relay.port()), "herald");
-    options.unreachable_after = std::time::Duration::from_millis(600);
-    let cut_off = NatsBroker::start(options, default_policies(), sink.clone())
+    if let Some(after) = unreachable_after {
+        options.unreachable_after = after;
+    }
+    let broker = NatsBroker::start(options, default_policies(), sink.clone())
         .await
         .unwrap();
+    (broker, sink)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_catches_up_from_history() {
+    let nats = NatsServer::start();
+    let relay = Partition::start_to(nats.port());
+    let (cut_off, sink) = node_through(&relay, Some(Duration::from_millis(600))).await;
     let (writer, _) = node(&nats).await;
     let c = ch("cut:room");
     cut_off.subscribe(&c).await.unwrap();
@@ -42,7 +55,7 @@ async fn a_node_cut_off_catches_up_from_history() {
     relay.blackhole();
     publish(51..=100).await;
     assert!(
-        eventually(std::time::Duration::from_secs(10), || cut_off
+        eventually(Duration::from_secs(10), || cut_off
             .reach()
             .unwrap()
             .lost
@@ -70,15 +83,11 @@ async fn a_node_cut_off_catches_up_from_history() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscription_is_in_place_when_subscribe_returns() {
     let nats = NatsServer::start();
-    let relay = herald_broker::relay::Partition::start_to(nats.port());
-    let sink = Arc::new(Recorder::default());
-    let options = NatsOptions::at(format!("nats://127.0.0.1:{}", relay.port()), "herald");
-    let slow = NatsBroker::start(options, default_policies(), sink.clone())
-        .await
-        .unwrap();
+    let relay = Partition::start_to(nats.port());
+    let (slow, sink) = node_through(&relay, None).await;
     let (writer, _) = node(&nats).await;
     let c = ch("slow:room");
-    relay.latency(std::time::Duration::from_millis(100));
+    relay.latency(Duration::from_millis(100));
     slow.subscribe(&c).await.unwrap();
     for i in 1..=5u32 {
         writer
@@ -104,12 +113,9 @@ async fn presence_batches_are_heard_from_the_moment_start_returns() {
     }
     let nats = NatsServer::start();
     let (other, _) = node(&nats).await;
-    let relay = herald_broker::relay::Partition::start_to(nats.port());
-    relay.latency(std::time::Duration::from_millis(100));
-    let options = NatsOptions::at(format!("nats://127.0.0.1:{}", relay.port()), "herald");
-    let slow = NatsBroker::start(options, default_policies(), Arc::new(Recorder::default()))
-        .await
-        .unwrap();
+    let relay = Partition::start_to(nats.port());
+    relay.latency(Duration::from_millis(100));
+    let (slow, _) = node_through(&relay, None).await;
     let (sender, mut heard) = tokio::sync::mpsc::unbounded_channel();
     let events: Arc<dyn PresenceEvents> = Arc::new(Heard(sender));
     slow.presence().listen(Arc::downgrade(&events));
@@ -117,7 +123,7 @@ async fn presence_batches_are_heard_from_the_moment_start_returns() {
         .presence()
         .announce(Bytes::from_static(b"joined"))
         .await;
-    let batch = tokio::time::timeout(std::time::Duration::from_secs(5), heard.recv()).await;
+    let batch = tokio::time::timeout(Duration::from_secs(5), heard.recv()).await;
     assert_eq!(
         batch.ok().flatten(),
         Some(Bytes::from_static(b"joined")),
@@ -129,15 +135,9 @@ async fn presence_batches_are_heard_from_the_moment_start_returns() {
 /// republished to the node), and grows while that path is stalled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delivery_lag_is_measured_and_grows_while_the_path_is_stalled() {
-    use herald_broker::relay::Partition;
-    use std::time::Duration;
     let nats = NatsServer::start();
     let relay = Partition::start_to(nats.port());
-    let mut options = NatsOptions::at(format!("nats://127.0.0.1:{}", relay.port()), "herald");
-    options.unreachable_after = Duration::from_millis(300);
-    let broker = NatsBroker::start(options, default_policies(), Arc::new(Recorder::default()))
-        .await
-        .unwrap();
+    let (broker, _) = node_through(&relay, Some(Duration::from_millis(300))).await;
     let lag = || broker.delivery_lag().unwrap();
     assert!(
         eventually(Duration::from_secs(5), || lag() > Duration::ZERO).await,
@@ -156,16 +156,11 @@ async fn delivery_lag_is_measured_and_grows_while_the_path_is_stalled() {
 /// Once it is back, it writes them again, and the others count them again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_cut_off_past_its_ttl_has_its_members_back_after_it_returns() {
-    use herald_broker::{relay::Partition, Member};
+    use herald_broker::Member;
     use herald_broker_nats::{BEAT_EVERY, NODE_TTL};
-    use std::time::Duration;
     let nats = NatsServer::start();
     let relay = Partition::start_to(nats.port());
-    let mut options = NatsOptions::at(format!("nats://127.0.0.1:{}", relay.port()), "herald");
-    options.unreachable_after = Duration::from_millis(900);
-    let cut = NatsBroker::start(options, default_policies(), Arc::new(Recorder::default()))
-        .await
-        .unwrap();
+    let (cut, _) = node_through(&relay, Some(Duration::from_millis(900))).await;
     let (other, _) = node(&nats).await;
     let c = ch("presence:cut");
     let member = Member {
