@@ -8,22 +8,18 @@
 //! publications meanwhile (what is kept is acknowledged: it is in the log).
 
 use std::{
-    collections::HashMap,
     path::PathBuf,
     sync::{mpsc, Arc},
     time::{Duration, Instant},
 };
 
+use super::apply::apply;
+use super::recovery::{probe, set_unflushed};
+use super::store::{Failing, Slot, Unapplied};
+use super::{now_ms, seal, wal, Deadlines, Meta, StoreOptions};
 use bytes::Bytes;
 use herald_protocol::{ChannelName, Epoch};
 use parking_lot::Mutex;
-use redb::{Database, Durability, ReadableTable, Table};
-
-use super::recovery::{probe, set_unflushed};
-use super::store::{
-    record_crc, stream_crc, Failing, Slot, Unapplied, APPLIED, PUBLICATIONS, STATE, STREAMS,
-};
-use super::{now_ms, seal, wal, Deadlines, Meta, StoreOptions};
 
 /// How long the applier gathers work before a commit of the database. Each commit rewrites
 /// the B-tree path of every channel it touches and syncs the file, so with many channels the
@@ -68,7 +64,17 @@ pub(crate) enum Op {
 }
 
 impl Op {
-    fn lsn(&self) -> Option<u64> {
+    /// The channel of an operation other than a publication.
+    pub(super) fn other_than_publish(&self) -> Option<&str> {
+        match self {
+            Op::Publish { .. } => None,
+            Op::Reset { channel, .. } | Op::Forget { channel, .. } | Op::Trim { channel, .. } => {
+                Some(channel.as_str())
+            }
+        }
+    }
+
+    pub(super) fn lsn(&self) -> Option<u64> {
         match self {
             Op::Publish { lsn, .. } | Op::Reset { lsn, .. } | Op::Forget { lsn, .. } => Some(*lsn),
             Op::Trim { .. } => None,
@@ -384,126 +390,4 @@ impl Applier {
             Err(e) => *self.failing.lock() = Some(e.to_string()),
         }
     }
-}
-
-/// Writes `ops` in one durable transaction (whatever the sync policy: the log segments it
-/// holds are deleted after it), with the last log entry among them recorded as applied;
-/// returns, for every trim, when the oldest publication left was published (`None`: none
-/// left).
-pub(super) fn apply(db: &Database, ops: &[Op]) -> Result<Vec<Option<u64>>, redb::Error> {
-    let mut oldest_left = Vec::new();
-    let mut txn = db.begin_write()?;
-    txn.set_durability(Durability::Immediate)
-        .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
-    {
-        let mut pubs = txn.open_table(PUBLICATIONS)?;
-        let mut streams = txn.open_table(STREAMS)?;
-        // Per channel: the epoch its rows are of (checked once per commit), and the newest
-        // offset written with how many the stream keeps.
-        let mut epochs: HashMap<&str, &str> = HashMap::new();
-        let mut tops: HashMap<&str, (u64, usize)> = HashMap::new();
-        for op in ops {
-            match op {
-                Op::Publish {
-                    channel,
-                    epoch,
-                    offset,
-                    at_ms,
-                    data,
-                    history_size,
-                    ..
-                } => {
-                    let (ch, epoch) = (channel.as_str(), epoch.as_str());
-                    if !epochs.contains_key(ch) {
-                        let stored = streams.get(ch)?.map(|v| v.value().0.to_owned());
-                        if stored.as_deref() != Some(epoch) {
-                            // A stream begun again (after a reset or a forget the file has
-                            // not seen, as on replay): its old rows are not this epoch's.
-                            clear(&mut pubs, ch)?;
-                        }
-                        epochs.insert(ch, epoch);
-                    }
-                    let crc = record_crc(ch, *offset, *at_ms, data);
-                    pubs.insert((ch, *offset), (*at_ms, crc, &data[..]))?;
-                    let row = (
-                        epoch,
-                        *offset,
-                        *at_ms,
-                        stream_crc(ch, epoch, *offset, *at_ms),
-                    );
-                    streams.insert(ch, row)?;
-                    tops.insert(ch, (*offset, *history_size));
-                }
-                Op::Reset {
-                    channel,
-                    epoch,
-                    at_ms,
-                    ..
-                } => {
-                    let (ch, epoch) = (channel.as_str(), epoch.as_str());
-                    clear(&mut pubs, ch)?;
-                    streams.insert(ch, (epoch, 0, *at_ms, stream_crc(ch, epoch, 0, *at_ms)))?;
-                    epochs.insert(ch, epoch);
-                    tops.remove(ch);
-                }
-                Op::Forget { channel, .. } => {
-                    let ch = channel.as_str();
-                    clear(&mut pubs, ch)?;
-                    streams.remove(ch)?;
-                    epochs.remove(ch);
-                    tops.remove(ch);
-                }
-                Op::Trim {
-                    channel,
-                    older_than_ms,
-                    ..
-                } => {
-                    oldest_left.push(trim(&mut pubs, channel.as_str(), *older_than_ms)?);
-                }
-            }
-        }
-        for (ch, (top, size)) in tops {
-            let keep_from = top.saturating_sub(size as u64) + 1;
-            pubs.retain_in((ch, 0)..(ch, keep_from), |_, _| false)?;
-        }
-        if let Some(last) = ops.iter().filter_map(Op::lsn).max() {
-            txn.open_table(STATE)?.insert(APPLIED, last)?;
-        }
-    }
-    txn.commit()?;
-    Ok(oldest_left)
-}
-
-type Publications<'t> = Table<'t, (&'static str, u64), (u64, u32, &'static [u8])>;
-
-fn clear(pubs: &mut Publications<'_>, ch: &str) -> Result<(), redb::Error> {
-    pubs.retain_in((ch, 0)..=(ch, u64::MAX), |_, _| false)?;
-    Ok(())
-}
-
-/// Deletes `ch`'s publications older than `older_than_ms`; when the oldest one left was
-/// published, if any is left.
-fn trim(
-    pubs: &mut Publications<'_>,
-    ch: &str,
-    older_than_ms: u64,
-) -> Result<Option<u64>, redb::Error> {
-    // Expired publications are the oldest ones: find where they end.
-    let mut end = None;
-    for entry in pubs.range((ch, 0)..=(ch, u64::MAX))? {
-        let (k, v) = entry?;
-        if v.value().0 >= older_than_ms {
-            end = Some(k.value().1);
-            break;
-        }
-        end = Some(k.value().1 + 1);
-    }
-    if let Some(end) = end {
-        pubs.retain_in((ch, 0)..(ch, end), |_, (at, _, _)| at >= older_than_ms)?;
-    }
-    let first = pubs.range((ch, 0)..=(ch, u64::MAX))?.next();
-    Ok(match first {
-        Some(entry) => Some(entry?.1.value().0),
-        None => None,
-    })
 }

@@ -11,6 +11,7 @@
 //! ([`unapplied`]).
 
 mod applier;
+mod apply;
 mod committer;
 mod recovery;
 mod seal;

@@ -8,7 +8,8 @@ use std::{collections::HashMap, path::Path};
 use herald_protocol::{ChannelName, Epoch};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableError};
 
-use super::applier::{apply, Op};
+use super::applier::Op;
+use super::apply::apply;
 use super::store::{
     record_crc, stream_crc, OpenError, Streams, APPLIED, BOOT, PUBLICATIONS, RUN, RUN_FILE_NAME,
     STATE, STREAMS, UNFLUSHED,
