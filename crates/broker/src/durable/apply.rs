@@ -12,12 +12,11 @@ use super::store::{record_crc, stream_crc, APPLIED, PUBLICATIONS, STATE, STREAMS
 type Publications<'t> = Table<'t, (&'static str, u64), (u64, u32, &'static [u8])>;
 type Streams<'t> = Table<'t, &'static str, (&'static str, u64, u64, u32)>;
 
-/// A channel's publications of this commit not written yet, oldest first, and the stream
-/// row the newest one leaves.
-#[derive(Default)]
+/// A channel's publications of this commit not written yet, oldest first (offset, time,
+/// data), and their epoch: the newest one gives the stream's row.
 struct Run<'o> {
+    epoch: &'o str,
     rows: Vec<(u64, u64, &'o [u8])>,
-    stream: Option<(&'o str, u64, u64)>,
 }
 
 /// Writes `ops` in one durable transaction (whatever the sync policy: the log segments it
@@ -67,9 +66,12 @@ pub(super) fn apply(db: &Database, ops: &[Op]) -> Result<Vec<Option<u64>>, redb:
                         }
                         epochs.insert(ch, epoch);
                     }
-                    let run = runs.entry(ch).or_default();
+                    let run = runs.entry(ch).or_insert_with(|| Run {
+                        epoch,
+                        rows: Vec::new(),
+                    });
+                    run.epoch = epoch;
                     run.rows.push((*offset, *at_ms, &data[..]));
-                    run.stream = Some((epoch, *offset, *at_ms));
                     tops.insert(ch, (*offset, *history_size));
                 }
                 Op::Reset {
@@ -122,11 +124,12 @@ fn write_run(
     ch: &str,
     run: Run<'_>,
 ) -> Result<(), redb::Error> {
-    for (offset, at_ms, data) in run.rows {
+    for &(offset, at_ms, data) in &run.rows {
         let crc = record_crc(ch, offset, at_ms, data);
         pubs.insert((ch, offset), (at_ms, crc, data))?;
     }
-    if let Some((epoch, top, at_ms)) = run.stream {
+    if let Some(&(top, at_ms, _)) = run.rows.last() {
+        let epoch = run.epoch;
         streams.insert(ch, (epoch, top, at_ms, stream_crc(ch, epoch, top, at_ms)))?;
     }
     Ok(())

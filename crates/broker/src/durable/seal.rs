@@ -4,7 +4,7 @@
 //! grows with the history (274 MB: 0.5-1.2 s). But a file closed cleanly is exactly what
 //! the last commit left, unless something changed it since: the seal says which run
 //! closed it, and is trusted only while the file's change time (`ctime`, which no program
-//! can set back, and which every write, copy, restore or `touch` moves) is older than the
+//! can set directly, and which every write, copy, restore or `touch` moves) is older than the
 //! seal. A crash leaves no seal (each open removes it), so the next start checks
 //! everything; so does one after any change to the file. Removing the seal before a start
 //! asks for the full check.
@@ -97,5 +97,9 @@ mod tests {
         std::fs::copy(&file, &copy).unwrap();
         std::fs::rename(&copy, &file).unwrap(); // put back from a copy
         assert_eq!(take(dir.path(), &file), None, "a file put back from a copy");
+
+        let gone = dir.path().join("gone");
+        assert!(write(&gone, &file, 10).is_err(), "no directory to seal in");
+        assert!(!gone.join(SEAL_FILE_NAME).exists());
     }
 }

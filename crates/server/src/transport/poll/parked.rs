@@ -135,7 +135,6 @@ struct Inner {
     sessions: Mutex<Sessions>,
     hasher: RandomState,
     grace: Duration,
-
     /// How many were taken up: `[direct, routed]` (see [`Parked::take_exact`]).
     taken_up: [Counter; 2],
 }
