@@ -254,6 +254,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost {
     const since = sinceParam(sub.position);
     if (since !== undefined) params["since"] = since;
     if (sub.token !== undefined) params["token"] = sub.token;
+    const sentOn = this.transport;
     // Answered in the same turn as the reply, not a promise's turn later: a publication that
     // raced with the subscribe may follow the reply in the same frame, and must find the
     // subscription confirmed.
@@ -264,14 +265,17 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost {
         if (this.subs.get(sub.channel) === sub && sub.state === "subscribing") sub.confirmed(result as SubscribeResult, false);
       },
       (error: HeraldError) => {
-        if (sub.state !== "subscribing") return;
+        // The connection ended before the reply: that rejects with the close's code, which
+        // may look like an application's refusal (1006 is in 1000-1999). The subscription
+        // is sent again on the reconnect.
+        if (sub.state !== "subscribing" || this.transport !== sentOn) return;
         if (isTemporaryError(error.code)) {
           sub.warn(error.code, error.message);
           this.retrySubscribe(sub);
         } else if (isRefusal(error.code)) {
           sub.failed(error.code, error.message);
         }
-        // Otherwise the connection dropped: the subscription is resubscribed on reconnect.
+        // Otherwise (no reply in time) the subscription waits for the next connection.
       },
     );
   }

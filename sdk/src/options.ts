@@ -41,7 +41,7 @@ export interface ClientOptions {
    * long-poll is held at most this long; a connection that then stays silent for `timeout`
    * more is taken for dead and replaced, so a dead link that nobody closes is noticed
    * within 14 s by default (9 + 5), on every transport. (The forever frame, whose page is
-   * told of no cut, asks for a keepalive every 500 ms and is taken for dead after 1 s
+   * told of no cut, asks for a keepalive every 250 ms and is taken for dead after 1 s
    * without one.)
    */
   pingInterval?: number;

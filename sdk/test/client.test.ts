@@ -216,6 +216,36 @@ describe.each(["websocket", "stream"] as const)("over %s, in one read", (transpo
   });
 });
 
+describe.each(["websocket", "stream"] as const)("a connection lost under a subscribe in flight, over %s", (transport) => {
+  // The reset rejects the subscribe still waiting for its reply with the close's code
+  // (1006). That is the connection's end, not the server's refusal: the subscription waits
+  // for the reconnect and resumes, whatever the code's range.
+  it("the subscription resumes after the reconnect", async () => {
+    const relay = await Relay.start(server.url);
+    try {
+      const c = client(relay.url, { transports: transport });
+      c.connect();
+      await next(c, "connected");
+      relay.hold();
+      const channel = `chat:inflight-${transport}`;
+      const sub = c.newSubscription(channel);
+      const got = collect(sub);
+      const ended: unknown[] = [];
+      sub.on("unsubscribed", (e) => ended.push(e));
+      sub.subscribe();
+      await until("the subscribe reply, held", () => relay.held().includes('"subscribe"'));
+      relay.reset();
+      await until("subscribed after the reconnect", () => sub.state === "subscribed" || ended.length > 0);
+      expect(ended).toEqual([]);
+      await server.publish(channel, "after");
+      await until("the publication", () => got.length === 1);
+      expect(got.map((p) => p.data)).toEqual(["after"]);
+    } finally {
+      relay.close();
+    }
+  });
+});
+
 describe("dead connections", () => {
   it("a silent connection is noticed by ping, and the subscription resumes with nothing lost", async () => {
     const relay = await Relay.start(server.url);

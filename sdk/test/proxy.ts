@@ -67,6 +67,8 @@ export class Relay {
   reset(): void {
     for (const s of this.sockets) s.resetAndDestroy();
     this.sockets.clear();
+    // What was held back went with its connection.
+    this.heldBack = undefined;
   }
 
   /** From now on, what the server sends is kept here until [`release`]. */

@@ -518,12 +518,12 @@ var Herald = (() => {
 
   // src/transport/iframe.ts
   var serial = 0;
-  var FRAME_PING_MS = 500;
+  var FRAME_PING_MS = 250;
   var IframeTransport = class extends HttpSessionTransport {
     constructor(ctx) {
       super(ctx);
       this.name = "iframe";
-      this.silenceLimit = 2 * FRAME_PING_MS;
+      this.silenceLimit = 4 * FRAME_PING_MS;
       if (globalThis.document === void 0) throw new Error("the forever frame needs a browser document");
       serial += 1;
       this.callback = `__herald_frame_${serial}`;
@@ -1059,6 +1059,7 @@ var Herald = (() => {
       const since = sinceParam(sub.position);
       if (since !== void 0) params["since"] = since;
       if (sub.token !== void 0) params["token"] = sub.token;
+      const sentOn = this.transport;
       this.command(
         "subscribe",
         params,
@@ -1066,7 +1067,7 @@ var Herald = (() => {
           if (this.subs.get(sub.channel) === sub && sub.state === "subscribing") sub.confirmed(result, false);
         },
         (error) => {
-          if (sub.state !== "subscribing") return;
+          if (sub.state !== "subscribing" || this.transport !== sentOn) return;
           if (isTemporaryError(error.code)) {
             sub.warn(error.code, error.message);
             this.retrySubscribe(sub);

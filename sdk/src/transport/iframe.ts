@@ -5,10 +5,12 @@ import type { TransportContext } from "./types.js";
 
 let serial = 0;
 
-/** How often a forever frame asks for a keepalive, ms. A page is told nothing when a frame's
- * body is cut (Chromium fires no `load` and the document stays `loading`), so a frame that
- * misses two is taken for dead. */
-const FRAME_PING_MS = 500;
+/** How often a forever frame asks for a keepalive, ms (the server's floor). A page is told
+ * nothing when a frame's body is cut (Chromium fires no `load` and the document stays
+ * `loading`), so a frame silent for a second is taken for dead. Three keepalives fit in
+ * that second: one late by half a second on a loaded machine (it happened in CI with
+ * two-per-second) is not taken for a cut. */
+const FRAME_PING_MS = 250;
 
 /** The forever frame: a hidden iframe whose document calls back into this page with each
  * push. Same origin only (the frame calls `parent.NAME`).
@@ -18,7 +20,7 @@ const FRAME_PING_MS = 500;
  * loaded: `load` fires (and the page's own `onload` code runs) as it would without Herald. */
 export class IframeTransport extends HttpSessionTransport {
   readonly name = "iframe" as const;
-  readonly silenceLimit = 2 * FRAME_PING_MS;
+  readonly silenceLimit = 4 * FRAME_PING_MS;
   private frame: HTMLIFrameElement;
   private callback: string;
   private waitingForPage: (() => void) | undefined;
