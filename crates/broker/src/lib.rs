@@ -46,9 +46,7 @@ use herald_protocol::{ChannelName, Epoch, Publication, Since, StreamPosition};
 
 /// The durable store's write-ahead log format, for the fuzzer.
 pub use durable::wal;
-pub use durable::{
-    DurableBroker, OpenError, StoreOptions, SyncPolicy, DEFAULT_CACHE_BYTES, DEFAULT_SYNC_INTERVAL,
-};
+pub use durable::{DurableBroker, OpenError, StoreOptions, SyncPolicy, DEFAULT_SYNC_INTERVAL};
 pub use link::{Engine, NodeLink, NodeRequests, SharedLink};
 pub use memory::MemoryBroker;
 pub use presence::{

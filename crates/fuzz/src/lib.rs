@@ -2,7 +2,7 @@
 //!
 //! Generated and mutated inputs for every decoder that reads what Herald does not control
 //! (client commands, cursors, transport queries, SSE `Last-Event-ID`, Redis messages and
-//! replies, stored records, the durable file), and a black-box fuzz of a running server
+//! replies, stored records, the durable store's checkpoint), and a black-box fuzz of a running server
 //! ([`server`]).
 //!
 //! Inputs come from a small corpus of valid examples per target, mutated by stacked byte
@@ -10,8 +10,9 @@
 //! splices, plus some purely random bytes. A seeded generator makes a run repeatable:
 //! `herald-fuzz --seed S --inputs N TARGET` replays the same inputs. Each input runs under
 //! `catch_unwind`; a panic that reaches the harness is a finding, reported with its input.
-//! Panics that Herald itself contains (redb decodes damaged records with `unwrap`, and the
-//! store turns that into an error) are counted apart.
+//! Panics that Herald itself contains (redb, read only to move an old data directory over,
+//! decodes damaged records with `unwrap`, and the store turns that into an error) are
+//! counted apart.
 
 pub mod access;
 pub mod backend;

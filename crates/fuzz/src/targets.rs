@@ -263,8 +263,8 @@ const STORED_CHANNELS: [&str; 3] = ["chat:lobby", "chat:other", "news"];
 
 use crate::decoder::runtime;
 
-/// A small durable file with a few streams, closed cleanly.
-fn seed_file() -> Vec<u8> {
+/// A small store with a few streams, closed cleanly: its files by name.
+fn seed_store() -> Vec<(String, Vec<u8>)> {
     let dir = tempfile::tempdir().expect("a temporary directory");
     runtime().block_on(async {
         let broker = DurableBroker::open(
@@ -288,29 +288,57 @@ fn seed_file() -> Vec<u8> {
         }
         drop(broker);
     });
-    // Dropping the broker joined its committer, which closed the file.
-    let path = dir.path().join("herald.redb");
-    std::fs::read(path).expect("the store wrote its file")
+    // Dropping the broker joined its threads, which wrote the last checkpoint.
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir.path())
+        .expect("the store's directory")
+        .map(|e| {
+            let e = e.expect("an entry");
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name, std::fs::read(e.path()).expect("readable"))
+        })
+        .collect();
+    files.sort();
+    files
 }
 
-/// Writes each input as the store's file, opens it, and reads every stream it knows.
+/// The checkpoint of the seed store: what the fuzzer mutates.
+const CHECKPOINT: &str = "herald.index";
+
+fn seed_file() -> Vec<u8> {
+    seed_store()
+        .into_iter()
+        .find(|(name, _)| name == CHECKPOINT)
+        .expect("a checkpoint")
+        .1
+}
+
+/// Writes each input as the checkpoint of the seed store (its log as it was), opens it,
+/// and reads every stream it knows: a checkpoint can point anywhere in the files.
 fn stored_file() -> Decoder {
     let rt = runtime();
-    let dir = tempfile::tempdir().expect("a temporary directory");
+    let seed = seed_store();
     let channels: Vec<ChannelName> = STORED_CHANNELS
         .iter()
         .map(|c| ChannelName::new(c).expect("valid"))
         .collect();
-    Box::new(move |input| {
-        let path = dir.path().join("herald.redb");
-        let _ = std::fs::remove_file(&path);
-        if std::fs::write(&path, input).is_err() {
+    let open = move |input: &[u8]| {
+        let Ok(dir) = tempfile::tempdir() else {
             return;
+        };
+        for (name, bytes) in &seed {
+            let bytes = if name == CHECKPOINT {
+                input
+            } else {
+                &bytes[..]
+            };
+            if std::fs::write(dir.path().join(name), bytes).is_err() {
+                return;
+            }
         }
         rt.block_on(async {
             let sink = Arc::new(herald_broker::conformance::Recorder::default());
             let Ok(broker) = DurableBroker::open(dir.path(), SyncPolicy::None, sink) else {
-                return; // a clear error naming the file: what a damaged file should get
+                return; // a clear error naming the file: what a damaged checkpoint should get
             };
             for channel in &channels {
                 let query = HistoryQuery {
@@ -325,5 +353,15 @@ fn stored_file() -> Decoder {
             }
             drop(broker);
         });
+    };
+    Box::new(move |input| {
+        open(input);
+        // Under a valid checksum too (its last four bytes), so that the decoder and the
+        // reads it leads to see arbitrary values: a checksum stops nearly all of them.
+        if let Some(body) = input.len().checked_sub(4).map(|n| &input[..n]) {
+            let mut fixed = body.to_vec();
+            fixed.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+            open(&fixed);
+        }
     })
 }

@@ -122,7 +122,7 @@ fn kill_9_during_a_publish_burst(args: &[&str]) {
 #[test]
 fn a_damaged_data_file_stops_the_server_with_a_message_naming_it() {
     let data = tempfile::tempdir().unwrap();
-    std::fs::write(data.path().join("herald.redb"), vec![0x42; 8192]).unwrap();
+    std::fs::write(data.path().join("herald.index"), vec![0x42; 8192]).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_herald"))
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(data.path())
@@ -131,7 +131,7 @@ fn a_damaged_data_file_stops_the_server_with_a_message_naming_it() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("herald.redb") && err.contains("damaged"),
+        err.contains("herald.index") && err.contains("damaged"),
         "{err}"
     );
 }
@@ -317,9 +317,9 @@ fn a_restored_backup_never_reuses_an_offset_within_an_epoch() {
     for i in 1..=3 {
         epoch = publish(&server.url, i).1;
     }
-    drop(server); // SIGKILL; every commit so far was durable.
-                  // A backup of a stopped server, as deployment.md says: the file and the log beside it
-                  // (after a `kill -9` the newest publications may be only in the log).
+    // SIGKILL. A backup of a stopped server, as deployment.md says: the checkpoint and the
+    // files beside it (after a `kill -9` the newest publications may be only in the log).
+    drop(server);
     copy_store(data.path(), backup.path());
 
     // A plain restart keeps the epoch; a client sees 4 and 5 in it.
@@ -368,7 +368,7 @@ fn a_restored_backup_never_reuses_an_offset_within_an_epoch() {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), data.path().join(entry.file_name())).unwrap();
     }
-    std::fs::remove_file(data.path().join("herald.redb.run")).unwrap();
+    std::fs::remove_file(data.path().join("herald.run")).unwrap();
     let server = Server::start_in(data.path(), &[]);
     let (offset, epoch) = publish(&server.url, 8);
     assert!(
@@ -377,17 +377,18 @@ fn a_restored_backup_never_reuses_an_offset_within_an_epoch() {
     );
 }
 
-/// Copies the store (`herald.redb` and its log, `herald.wal.*`) from one data directory to
-/// another, replacing the log there: what deployment.md says a backup and a restore are.
+/// Copies the store (its checkpoint `herald.index`, log `herald.wal.*` and packed history
+/// `herald.pack.*`) from one data directory to another, replacing the store there: what
+/// deployment.md says a backup and a restore are.
 fn copy_store(from: &std::path::Path, to: &std::path::Path) {
-    let is_store = |name: &str| name == "herald.redb" || name.starts_with("herald.wal.");
+    let is_store = |name: &str| {
+        name == "herald.index"
+            || name.starts_with("herald.wal.")
+            || name.starts_with("herald.pack.")
+    };
     for entry in std::fs::read_dir(to).unwrap() {
         let entry = entry.unwrap();
-        if entry
-            .file_name()
-            .to_str()
-            .is_some_and(|n| n.starts_with("herald.wal."))
-        {
+        if entry.file_name().to_str().is_some_and(is_store) {
             std::fs::remove_file(entry.path()).unwrap();
         }
     }

@@ -260,9 +260,11 @@ impl Node {
             return Ok(Self::with_memory_broker(settings));
         }
         let dir = settings.config.data_dir.clone();
+        if settings.config.store_cache_bytes.is_some() {
+            tracing::warn!("store_cache_bytes is ignored: the store reads history through the operating system's page cache, which gives memory back when it is needed (remove the setting)");
+        }
         let options = herald_broker::StoreOptions {
             sync: settings.config.sync.into(),
-            cache_bytes: settings.config.store_cache_bytes,
             sync_interval: std::time::Duration::from_millis(settings.config.sync_interval_ms),
         };
         let rules = settings.clone();

@@ -1,36 +1,37 @@
-//! The one thread that writes the database file. What it writes is already durable in the
-//! write-ahead log (or is a trim, which the sweeper repeats if it is lost), so it takes
-//! what arrives over [`LINGER`] and commits it in one transaction: one B-tree update and
-//! one sync per many publications instead of one per commit of the log. Each commit
-//! records the last log entry it holds, so replay at the next open applies each entry
-//! once; after a durable commit, log segments wholly applied are deleted. While writes fail
-//! it keeps what it could not write, retries every second, and the writer refuses new
-//! publications meanwhile (what is kept is acknowledged: it is in the log).
+//! The one thread that keeps the index: it tells it where each publication the writer
+//! appended to the log lies (and applies trims), many at a time, then writes a checkpoint
+//! of it once enough of the log has gone by since the last one, so that an open reads
+//! little of the log. After a checkpoint, files nothing points into any more are deleted,
+//! and files mostly dead are compacted (see `compact`).
 
 use std::{
+    collections::BTreeSet,
     path::PathBuf,
     sync::{mpsc, Arc},
     time::{Duration, Instant},
 };
 
 use super::apply::apply;
-use super::recovery::{probe, set_unflushed};
-use super::store::{Failing, Slot, Unapplied};
-use super::{now_ms, seal, wal, Deadlines, Meta, StoreOptions};
+use super::index::Index;
+use super::store::{Failing, Unapplied};
+use super::{checkpoint, compact, now_ms, recovery, wal, Deadlines, Meta, StoreOptions};
 use bytes::Bytes;
 use herald_protocol::{ChannelName, Epoch};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
-/// How long the applier gathers work before a commit of the database. Each commit rewrites
-/// the B-tree path of every channel it touches and syncs the file, so with many channels the
-/// cost is per commit more than per publication: at 1,000 channels and 2,000 publications/s
-/// the applier took 13.5 us of CPU a publication at 100 ms and 7.5 at 1 s. What waits is
-/// already durable in the log and readable from memory; a restart replays at most this much.
-const LINGER: Duration = Duration::from_millis(1000);
-/// Most operations in one commit.
+/// How long the applier gathers work before it applies it: one wake-up of its thread per
+/// many publications. What waits is durable in the log and readable from memory.
+const LINGER: Duration = Duration::from_millis(250);
+/// Most operations applied at once.
 const MAX_OPS: usize = 50_000;
-/// How often the applier tries the file again while writes fail.
+/// How often the applier tries again when a segment cannot be opened.
 const RETRY: Duration = Duration::from_secs(1);
+/// Bytes of log between checkpoints: what an open after a crash reads at most (a sequential
+/// read and a decode: 64 MiB take well under a second).
+#[cfg(not(test))]
+pub(super) const CHECKPOINT_BYTES: u64 = 64 << 20;
+#[cfg(test)]
+pub(super) const CHECKPOINT_BYTES: u64 = 512 << 10;
 
 /// What the applier writes, in the writer's order.
 pub(crate) enum Op {
@@ -44,6 +45,8 @@ pub(crate) enum Op {
         /// Most publications the stream keeps (`usize::MAX` when replayed: the retention
         /// is known again at the stream's next publication).
         history_size: usize,
+        /// Where its entry was written: the segment's first entry number, and the span.
+        written: Option<(u64, wal::Span)>,
     },
     Reset {
         lsn: u64,
@@ -64,16 +67,6 @@ pub(crate) enum Op {
 }
 
 impl Op {
-    /// The channel of an operation other than a publication.
-    pub(super) fn other_than_publish(&self) -> Option<&str> {
-        match self {
-            Op::Publish { .. } => None,
-            Op::Reset { channel, .. } | Op::Forget { channel, .. } | Op::Trim { channel, .. } => {
-                Some(channel.as_str())
-            }
-        }
-    }
-
     pub(super) fn lsn(&self) -> Option<u64> {
         match self {
             Op::Publish { lsn, .. } | Op::Reset { lsn, .. } | Op::Forget { lsn, .. } => Some(*lsn),
@@ -113,8 +106,8 @@ impl Op {
     }
 
     /// The operation a replayed log entry asks for, or `None` if the entry names no valid
-    /// channel or epoch (then the log is damaged).
-    pub(super) fn replayed(lsn: u64, entry: wal::Entry) -> Option<Op> {
+    /// channel or epoch (then the log is damaged). `written`: where the entry lies.
+    pub(super) fn replayed(lsn: u64, entry: wal::Entry, written: (u64, wal::Span)) -> Option<Op> {
         let channel = |c: &str| ChannelName::stored(c).ok();
         Some(match entry {
             wal::Entry::Publish {
@@ -131,6 +124,7 @@ impl Op {
                 at_ms,
                 data: Bytes::from(data),
                 history_size: usize::MAX,
+                written: Some(written),
             },
             wal::Entry::Reset {
                 channel: c,
@@ -151,55 +145,44 @@ impl Op {
 }
 
 pub(super) struct Applier {
-    pub(super) path: PathBuf,
     pub(super) dir: PathBuf,
-    pub(super) db: Slot,
+    pub(super) index: Arc<RwLock<Index>>,
     pub(super) options: StoreOptions,
+    /// Why checkpoints fail, while they do.
     pub(super) failing: Failing,
     pub(super) deadlines: Arc<Deadlines>,
     pub(super) unapplied: Arc<Unapplied>,
-    /// First LSNs of the log's segments, oldest first; the last is being appended to.
-    pub(super) segments: Arc<Mutex<Vec<u64>>>,
-    /// This open's mark, in the file: a clean close seals the file with it.
+    /// This open's mark, written in every checkpoint.
     pub(super) run: u64,
+    /// Bytes of log applied since the last checkpoint.
+    pub(super) since_checkpoint: u64,
+    /// The log segments appended to since the last checkpoint: synced before the next one,
+    /// so a checkpoint never points to bytes a machine crash could take back.
+    pub(super) touched: BTreeSet<u64>,
 }
 
 impl Applier {
-    pub(super) fn run(self, ops: mpsc::Receiver<Op>) {
+    pub(super) fn run(mut self, ops: mpsc::Receiver<Op>) {
         let mut pending: Vec<Op> = Vec::new();
         let mut open = true;
         while open {
-            let failing = self.failing.lock().is_some();
-            let first = if failing {
-                match ops.recv_timeout(RETRY) {
-                    Ok(op) => Some(op),
-                    Err(mpsc::RecvTimeoutError::Timeout) => None,
-                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
-                }
-            } else {
-                match ops.recv() {
-                    Ok(op) => Some(op),
-                    Err(_) => break,
-                }
+            let Ok(first) = ops.recv() else {
+                break;
             };
-            // After a failure the file is reopened, and health turns green only once the
-            // writes that failed (or, with none kept, a probe) work: a probe that fits in
-            // the file's free pages says nothing about a write that must grow it.
-            let reopened = failing && self.reopen();
-            if let Some(first) = first {
-                pending.push(first);
-                open = self.linger(&ops, &mut pending);
-            }
-            if !pending.is_empty() && (!failing || reopened) {
-                self.flush(&mut pending);
-            } else if reopened {
-                self.probe();
-            }
-        }
-        if !pending.is_empty() && self.failing.lock().is_none() {
+            pending.push(first);
+            open = self.linger(&ops, &mut pending);
             self.flush(&mut pending);
+            if !pending.is_empty() {
+                // A segment could not be opened: try again in a while.
+                std::thread::park_timeout(RETRY);
+            } else if self.since_checkpoint >= CHECKPOINT_BYTES {
+                self.checkpoint(!self.options.sync.syncs_before_delivery());
+            }
         }
-        self.close(pending.is_empty());
+        self.flush(&mut pending);
+        if pending.is_empty() {
+            self.checkpoint(false);
+        }
     }
 
     /// Gathers operations for [`LINGER`] (or until [`MAX_OPS`]); whether the channel is
@@ -224,47 +207,44 @@ impl Applier {
         }
     }
 
-    /// Writes `pending` in one commit; on success empties it, otherwise keeps it for the
-    /// retry and says why writes fail.
-    fn flush(&self, pending: &mut Vec<Op>) {
-        // redb decodes what trims read with `unwrap`: a damaged record must fail this
-        // commit (health says so), not end the only thread that writes.
-        let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let db = self
-                .db
-                .read()
-                .clone()
-                .ok_or_else(|| redb::Error::Corrupted("the file is being reopened".into()))?;
-            apply(&db, pending)
-        }))
-        .unwrap_or_else(|_| {
-            Err(redb::Error::Corrupted(
-                "a stored record cannot be decoded; restart to drop the damaged channel".into(),
-            ))
-        });
-        match written {
+    /// Applies `pending` to the index; on success empties it, otherwise keeps it for the
+    /// retry and says why.
+    fn flush(&mut self, pending: &mut Vec<Op>) {
+        if pending.is_empty() {
+            return;
+        }
+        let applied = apply(&mut self.index.write(), &self.dir, pending);
+        match applied {
             Ok(oldest_left) => {
                 if self.failing.lock().take().is_some() {
-                    tracing::info!(file = %self.path.display(), "storage writes work again");
+                    tracing::info!(dir = %self.dir.display(), "storage works again");
                 }
-                self.complete(std::mem::take(pending), oldest_left)
+                self.complete(std::mem::take(pending), oldest_left);
             }
             Err(e) => {
-                tracing::error!(error = %e, file = %self.path.display(), "storage write failed; publications are refused until a write works again (retried every second)");
+                tracing::error!(error = %e, dir = %self.dir.display(), "a log segment cannot be opened for reading; retried every second");
                 *self.failing.lock() = Some(e.to_string());
             }
         }
     }
 
-    /// After a commit: the log entries it holds are read from the file from now on, trims
-    /// tell their streams what is left, and segments wholly applied go.
-    fn complete(&self, done: Vec<Op>, oldest_left: Vec<Option<u64>>) {
+    /// After the index has them: the log entries are read through it from now on, and trims
+    /// tell their streams what is left.
+    fn complete(&mut self, done: Vec<Op>, oldest_left: Vec<Option<u64>>) {
         let last = done.iter().filter_map(Op::lsn).max();
         let mut oldest_left = oldest_left.into_iter();
         let mut touched: Vec<&ChannelName> = Vec::new();
         for op in &done {
             match op {
-                Op::Publish { channel, .. } => touched.push(channel),
+                Op::Publish {
+                    channel, written, ..
+                } => {
+                    touched.push(channel);
+                    if let Some((segment, span)) = written {
+                        self.since_checkpoint += u64::from(span.len);
+                        self.touched.insert(*segment);
+                    }
+                }
                 Op::Trim { channel, meta, .. } => {
                     let mut m = meta.lock();
                     m.oldest_ms = oldest_left.next().flatten();
@@ -277,117 +257,52 @@ impl Applier {
             touched.sort_unstable();
             touched.dedup();
             self.unapplied.applied(touched, last);
-            self.drop_segments(last);
         }
     }
 
-    /// Deletes the segments, except the one being appended to, whose entries are all at or
-    /// before `applied`.
-    fn drop_segments(&self, applied: u64) {
-        let mut segments = self.segments.lock();
-        while segments.len() > 1 && segments[1] <= applied + 1 {
-            let first = segments.remove(0);
-            let path = wal::segment_path(&self.dir, first);
-            if let Err(e) = std::fs::remove_file(&path) {
-                tracing::warn!(error = %e, file = %path.display(), "an applied log segment could not be deleted");
-            }
-        }
-    }
-
-    /// A clean close: everything is applied, so the log goes; with a mode that delivers
-    /// before syncing (`group`, `interval`, `none`), one durable commit clears the unflushed
-    /// mark, so the next start trusts the file.
-    fn close(&self, all_applied: bool) {
-        if self.failing.lock().is_some() || !all_applied {
-            return; // the log keeps what is not applied; the next open replays it
-        }
-        let Some(db) = self.db.read().clone() else {
-            return;
-        };
-        if !self.options.sync.syncs_before_delivery() {
-            if let Err(e) = set_unflushed(&db, false, None) {
-                tracing::error!(error = %e, "storage: the final durable commit failed; the next start gives every channel a new epoch");
-                return;
-            }
-        }
-        // The writer has stopped appending: every segment is applied.
-        for first in std::mem::take(&mut *self.segments.lock()) {
-            let _ = std::fs::remove_file(wal::segment_path(&self.dir, first));
-        }
-        drop(db);
-        if self.compact() {
-            if let Err(e) = seal::write(&self.dir, &self.path, self.run) {
-                tracing::warn!(error = %e, file = %self.path.display(), "the data file was closed cleanly but could not be sealed; the next start checks every page");
-            }
-        }
-    }
-
-    /// Gives the file's free pages back (redb keeps them; commits of many channels at once
-    /// leave many): 400,000 publications of 300 B in 2,000 channels made a 539 MB file,
-    /// 274 MB compacted, in 1.1 s. Done at a clean stop, when nothing reads the file.
-    /// Whether the file was compacted and closed, so nothing changes it any more.
-    fn compact(&self) -> bool {
-        let Some(db) = self.db.write().take() else {
-            return false;
-        };
-        let Ok(mut db) = Arc::try_unwrap(db) else {
-            return false; // a reader still holds it: the broker is being dropped while in use
-        };
-        let before = std::fs::metadata(&self.path).map_or(0, |m| m.len());
-        let started = std::time::Instant::now();
-        match db.compact() {
-            Ok(_) => {
-                let after = std::fs::metadata(&self.path).map_or(0, |m| m.len());
-                tracing::info!(file = %self.path.display(), before, after, ms = started.elapsed().as_millis() as u64, "compacted the data file");
-                drop(db);
-                true
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, file = %self.path.display(), "the data file could not be compacted; it keeps its free pages");
-                false
-            }
-        }
-    }
-
-    /// Reopens the file (redb refuses everything after an I/O error until then); whether
-    /// it opened.
-    fn reopen(&self) -> bool {
-        let old = self.db.write().take();
-        if let Some(mut old) = old {
-            // Readers hold it only for one read.
-            loop {
-                match Arc::try_unwrap(old) {
-                    Ok(db) => break drop(db),
-                    Err(still) => {
-                        old = still;
-                        std::thread::sleep(Duration::from_millis(5));
+    /// Writes the index whole, after syncing the log segments it points into that were
+    /// appended to since the last one; then deletes the files nothing points into and
+    /// compacts those mostly dead. `unflushed`: this run still delivers publications before
+    /// syncing them (false at a clean close).
+    fn checkpoint(&mut self, unflushed: bool) {
+        let written = self.write_checkpoint(unflushed);
+        match written {
+            Ok(()) => {
+                self.since_checkpoint = 0;
+                if self.failing.lock().take().is_some() {
+                    tracing::info!(dir = %self.dir.display(), "storage works again");
+                }
+                compact::collect(&self.index, &self.dir);
+                match compact::pack(&self.index, &self.dir) {
+                    // What was copied is pointed to once the next checkpoint is written;
+                    // the files it came from are collected after that one.
+                    Ok(true) => self.checkpoint(unflushed),
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, dir = %self.dir.display(), "history could not be packed; its files keep their dead bytes for now");
                     }
                 }
             }
-        }
-        match self.options.database(&self.path) {
-            Ok(db) => {
-                *self.db.write() = Some(Arc::new(db));
-                true
-            }
             Err(e) => {
-                *self.failing.lock() = Some(format!("reopening: {e}"));
-                false
+                tracing::error!(error = %e, dir = %self.dir.display(), "the index checkpoint could not be written; the next start reads more of the log");
+                *self.failing.lock() = Some(format!("checkpoint: {e}"));
             }
         }
     }
 
-    /// With nothing kept to write again: clears the failure if a write of some size works.
-    fn probe(&self) {
-        let Some(db) = self.db.read().clone() else {
-            return;
-        };
-        match probe(&db) {
-            Ok(()) => {
-                *self.failing.lock() = None;
-                tracing::info!(file = %self.path.display(), "storage writes work again");
+    fn write_checkpoint(&mut self, unflushed: bool) -> std::io::Result<()> {
+        let bytes = {
+            let index = self.index.read();
+            for first_lsn in std::mem::take(&mut self.touched) {
+                let file = index
+                    .log_file(first_lsn)
+                    .and_then(|id| index.files.get(&id));
+                if let Some(f) = file {
+                    f.file.sync_data()?;
+                }
             }
-            Err(e) => *self.failing.lock() = Some(e.to_string()),
-        }
+            recovery::checkpoint_bytes(&index, self.run, unflushed)
+        };
+        checkpoint::write(&self.dir, &bytes)
     }
 }

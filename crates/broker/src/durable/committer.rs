@@ -25,15 +25,19 @@ use parking_lot::Mutex;
 
 use super::applier::Op;
 use super::store::{unavailable, Failing, Job, Unapplied};
-use super::{now_ms, wal, Deadlines, StoreOptions, SyncPolicy};
+use super::{now_ms, segment, wal, Deadlines, StoreOptions, SyncPolicy};
 use crate::{BrokerError, PublicationSink};
 
 /// How often the log is tried again while appends fail.
 const RETRY: Duration = Duration::from_secs(1);
 
-/// A segment past this size is closed and a new one started, so that applied entries can
-/// be deleted.
+/// A segment past this size is closed and a new one started: compaction works a segment
+/// at a time.
+#[cfg(not(test))]
 pub(super) const SEGMENT_BYTES: u64 = 16 << 20;
+/// Small in tests, so that they rotate, checkpoint and compact.
+#[cfg(test)]
+pub(super) const SEGMENT_BYTES: u64 = 256 << 10;
 
 /// Most bytes of publications kept in memory for the applier (see [`Unapplied`]); past it,
 /// publications wait for the file to catch up.
@@ -49,9 +53,7 @@ const MAX_ROUNDS: usize = 8;
 /// The log being appended to; whoever holds it is the leader.
 pub(super) struct Log {
     pub(super) dir: PathBuf,
-    pub(super) segment: wal::Segment,
-    /// First LSNs of the log's segments, shared with the applier, which deletes them.
-    pub(super) segments: Arc<Mutex<Vec<u64>>>,
+    pub(super) segment: segment::Segment,
     /// The store's run mark, written in every segment's header.
     pub(super) run: u64,
     /// The LSN the next logged entry gets.
@@ -69,9 +71,6 @@ pub(crate) struct Writer {
     sink: Arc<dyn PublicationSink>,
     /// Why appends to the log fail, while they do.
     failing: Failing,
-    /// Why the applier's writes fail, while they do: publications are refused then too,
-    /// so that the log and what waits for the file do not grow without bound.
-    applier_failing: Failing,
     deadlines: Arc<Deadlines>,
     unapplied: Arc<Unapplied>,
     applier: Mutex<Option<mpsc::Sender<Op>>>,
@@ -84,13 +83,11 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn start(
         log: Log,
         options: StoreOptions,
         sink: Arc<dyn PublicationSink>,
         failing: Failing,
-        applier_failing: Failing,
         deadlines: Arc<Deadlines>,
         unapplied: Arc<Unapplied>,
         applier: mpsc::Sender<Op>,
@@ -101,7 +98,6 @@ impl Writer {
             options,
             sink,
             failing,
-            applier_failing,
             deadlines,
             unapplied,
             applier: Mutex::new(Some(applier)),
@@ -175,12 +171,12 @@ impl Writer {
     fn process(&self, log: &mut Log, batch: Vec<Job>) {
         let batch = self.without_stale(batch);
         let why = self.failing.lock().clone();
-        if let Some(why) = why.or_else(|| self.applier_failing.lock().clone()) {
+        if let Some(why) = why {
             return self.fail(batch, &why);
         }
-        // The file cannot keep up (a flood, a slow disk): what waits for it is held in
-        // memory, so it must not grow without bound. Publishers wait for the applier, and
-        // past `BEHIND_PATIENCE` are refused (nothing is lost).
+        // The index cannot keep up (a flood): what waits for it is held in memory, so it
+        // must not grow without bound. Publishers wait for the applier, and past
+        // `BEHIND_PATIENCE` are refused (nothing is lost).
         if self.unapplied.bytes() > MAX_UNAPPLIED_BYTES
             && !self
                 .unapplied
@@ -188,13 +184,13 @@ impl Writer {
         {
             return self.fail(
                 batch,
-                "the data file is behind the log; publish again shortly",
+                "the store's index is behind the log; publish again shortly",
             );
         }
         let mut lsn = log.next_lsn;
-        let ops: Vec<Op> = batch.iter().map(|job| op(job, &mut lsn)).collect();
+        let mut ops: Vec<Op> = batch.iter().map(|job| op(job, &mut lsn)).collect();
         let sync = self.options.sync;
-        match log.write(&ops, sync.syncs_before_delivery()) {
+        match log.write(&mut ops, sync.syncs_before_delivery()) {
             Ok(()) => {
                 if sync == SyncPolicy::Interval && log.unsynced.is_none() {
                     log.unsynced = Some(Instant::now());
@@ -214,8 +210,8 @@ impl Writer {
                 }
                 if let Err(e) = &synced {
                     // Delivered, so kept: its offset is not handed out again. The applier
-                    // still writes it to the file (which has syncs of its own); meanwhile
-                    // publications are refused until a sync works again.
+                    // still indexes it; meanwhile publications are refused until a sync
+                    // works again.
                     tracing::error!(error = %e, dir = %log.dir.display(), "storage sync failed; publications are refused until a write works again (retried every second)");
                     *self.failing.lock() = Some(e.to_string());
                     self.wake_store_thread();
@@ -264,12 +260,15 @@ impl Writer {
             thread.thread().unpark();
             let _ = thread.join();
         }
-        if self.options.sync == SyncPolicy::Interval {
+        {
             let mut log = self.log.lock();
-            log.unsynced = None;
-            if let Err(e) = log.segment.sync() {
-                tracing::error!(error = %e, "storage: the last sync of the log failed");
+            if self.options.sync == SyncPolicy::Interval {
+                log.unsynced = None;
+                if let Err(e) = log.segment.sync() {
+                    tracing::error!(error = %e, "storage: the last sync of the log failed");
+                }
             }
+            log.segment.seal();
         }
         self.applier.lock().take();
         if let Some(thread) = applier {
@@ -388,10 +387,23 @@ impl Writer {
 
 impl Log {
     /// Appends the logged ones of `ops` (numbered from [`Log::next_lsn`]) to the log as one
-    /// batch, synced if `sync`.
-    fn write(&mut self, ops: &[Op], sync: bool) -> std::io::Result<()> {
+    /// batch, synced if `sync`; each publication learns where its entry lies.
+    fn write(&mut self, ops: &mut [Op], sync: bool) -> std::io::Result<()> {
         self.body.clear();
-        let count = ops.iter().filter(|op| op.log(&mut self.body)).count() as u32;
+        let at = self.segment.len + wal::BATCH_HEADER_LEN as u64;
+        let first_lsn = self.segment.first_lsn;
+        let mut count = 0u32;
+        for op in ops.iter_mut() {
+            let start = self.body.len();
+            if !op.log(&mut self.body) {
+                continue;
+            }
+            count += 1;
+            if let Op::Publish { written, .. } = op {
+                let span = wal::Span::of(at + start as u64, &self.body[start..]);
+                *written = Some((first_lsn, span));
+            }
+        }
         if count > 0 {
             let bytes = wal::batch(self.next_lsn, count, &self.body);
             self.segment.append(&bytes, sync)?;
@@ -408,10 +420,10 @@ impl Log {
         }
     }
 
-    /// Starts a new segment; the applier deletes the old one once it is applied. A failure
-    /// keeps appending to the current one.
+    /// Starts a new segment; the old one keeps its publications until compaction. A
+    /// failure keeps appending to the current one.
     fn rotate(&mut self) {
-        match wal::Segment::create(&self.dir, self.run, self.next_lsn) {
+        match segment::Segment::create(&self.dir, self.run, self.next_lsn) {
             Ok(segment) => {
                 // Whatever waits for a sync in the old one gets it now.
                 if self.unsynced.take().is_some() {
@@ -419,8 +431,8 @@ impl Log {
                         tracing::error!(error = %e, dir = %self.dir.display(), "storage sync failed");
                     }
                 }
-                self.segments.lock().push(segment.first_lsn);
-                self.segment = segment;
+                let old = std::mem::replace(&mut self.segment, segment);
+                old.seal();
             }
             Err(e) => {
                 tracing::warn!(error = %e, dir = %self.dir.display(), "a new log segment could not be created; the current one grows");
@@ -504,6 +516,7 @@ fn op(job: &Job, lsn: &mut u64) -> Op {
             at_ms: r.at_ms,
             data: r.data.clone(),
             history_size: r.history_size,
+            written: None,
         },
         Job::Reset {
             channel,

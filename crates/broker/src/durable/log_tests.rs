@@ -1,13 +1,14 @@
-//! The write-ahead log seen through the broker: entries only the log holds (as after a
-//! `kill -9`) are replayed at open, damage inside the log costs epochs but never offsets,
-//! and reads join what the file holds with what it does not yet.
+//! The write-ahead log seen through the broker: entries after the last checkpoint (as
+//! after a `kill -9`) are replayed at open, damage inside the log costs epochs but never
+//! offsets, and reads join what the index holds with what it does not yet.
 
 use std::{path::Path, sync::Arc};
 
 use bytes::Bytes;
 use herald_protocol::{ChannelName, Epoch, Since};
 
-use super::{recovery, store, wal, DurableBroker, SyncPolicy};
+use super::checkpoint::{self, Checkpoint};
+use super::{recovery, wal, DurableBroker, SyncPolicy};
 use crate::conformance::Recorder;
 use crate::{Broker, HistoryQuery, StreamPolicy};
 
@@ -48,9 +49,16 @@ async fn publish(broker: &DurableBroker, channel: &str, n: u64) -> Epoch {
 
 /// The run mark and the last applied entry of the (closed) store in `dir`.
 fn file_state(dir: &Path) -> (u64, u64) {
-    let db = redb::Database::open(dir.join(store::FILE_NAME)).unwrap();
-    let run = recovery::file_run(&db).unwrap().unwrap();
-    (run, recovery::applied(&db).unwrap())
+    let found = checkpoint::read(dir).unwrap().unwrap();
+    (found.run, found.applied)
+}
+
+/// Changes the checkpoint of the (closed) store in `dir`.
+fn rewrite_checkpoint(dir: &Path, change: impl FnOnce(&mut Checkpoint)) {
+    let mut found = checkpoint::read(dir).unwrap().unwrap();
+    change(&mut found);
+    let bytes = checkpoint::encode(&found, found.streams.iter().map(|(c, s)| (c, s)));
+    checkpoint::write(dir, &bytes).unwrap();
 }
 
 /// Writes a log segment of `run` from `first_lsn` holding publications `offsets` of
@@ -105,7 +113,7 @@ async fn publications_only_the_log_holds_are_replayed_at_open() {
         .unwrap();
     assert_eq!((next.offset, next.epoch), (9, epoch));
     drop(broker);
-    // Replayed once: the next open finds them in the file, and the old log is gone.
+    // Replayed once: the next open finds them in its checkpoint.
     let (_, applied_now) = file_state(dir.path());
     assert_eq!(applied_now, applied + 4);
     let h = open(dir.path()).history(&ch("news"), all()).await.unwrap();
@@ -247,17 +255,12 @@ async fn always_keeps_epochs_after_a_machine_crash() {
         .unwrap()
     };
     let epoch = publish(&open(), "news", 2).await;
-    // The mark as `always` set it at open (its close leaves it alone), now dated from
-    // another boot of the machine: a crash of the machine looks so.
-    let db = redb::Database::open(dir.path().join(store::FILE_NAME)).unwrap();
-    let txn = db.begin_write().unwrap();
-    txn.open_table(store::STATE)
-        .unwrap()
-        .insert(store::BOOT, recovery::boot_id().unwrap_or(0) ^ 1)
-        .unwrap();
-    txn.commit().unwrap();
-    assert!(!recovery::unflushed(&db).unwrap());
-    drop(db);
+    // The checkpoint as `always` leaves it, now dated from another boot of the machine: a
+    // crash of the machine looks so.
+    rewrite_checkpoint(dir.path(), |c| {
+        assert!(!c.unflushed);
+        c.boot = Some(recovery::boot_id().unwrap_or(0) ^ 1);
+    });
     let h = open().history(&ch("news"), all()).await.unwrap();
     assert_eq!((h.position.epoch.clone(), offsets(&h)), (epoch, vec![1, 2]));
 }
@@ -274,17 +277,10 @@ async fn unsynced_run_stopped_with_the_machine(sync: SyncPolicy) {
     drop(broker);
     // What an unclean stop leaves: the mark that acknowledgements ran ahead of syncs.
     let mark = |boot: Option<u64>| {
-        let db = redb::Database::open(dir.path().join(store::FILE_NAME)).unwrap();
-        let run = recovery::file_run(&db).unwrap();
-        recovery::set_unflushed(&db, true, run).unwrap();
-        if let Some(boot) = boot {
-            let txn = db.begin_write().unwrap();
-            txn.open_table(store::STATE)
-                .unwrap()
-                .insert(store::BOOT, boot)
-                .unwrap();
-            txn.commit().unwrap();
-        }
+        rewrite_checkpoint(dir.path(), |c| {
+            c.unflushed = true;
+            c.boot = boot.or_else(recovery::boot_id);
+        })
     };
     if recovery::boot_id().is_some() {
         mark(None); // this boot

@@ -1,20 +1,26 @@
-//! The embedded durable broker: streams in a redb database file fed by a write-ahead log,
-//! so acknowledged publications survive `kill -9` and restarts, with their offsets and
-//! epochs.
+//! The embedded durable broker: streams kept in a write-ahead log, so acknowledged
+//! publications survive `kill -9` and restarts, with their offsets and epochs.
 //!
 //! Offsets are assigned under the channel's lock, in the order records are queued for the
 //! writer (`committer`). Its leader appends everything that has queued up since the last
 //! append to the log ([`wal`]) as one batch, synced as [`SyncPolicy`] says, and only then
-//! makes it readable, fans it out and acknowledges it. The applier writes the log's
-//! batches into the database file many at a time, which is where a B-tree commit's cost
-//! is paid once for many publications. Reads join the file with what it does not hold yet
-//! ([`unapplied`]).
+//! makes it readable, fans it out and acknowledges it. The log is the store: a
+//! publication is written once. The applier tells the index (`index`) where each one
+//! lies, many at a time, and checkpoints it (`checkpoint`) so that an open reads little of
+//! the log (`recovery`); files whose publications are gone are deleted or compacted
+//! (`compact`). Reads go through the index, joined with what it does not hold yet
+//! ([`unapplied`]). A data directory of an earlier version, which kept history in a redb
+//! database file, is moved over at its first open (`migrate`).
 
 mod applier;
 mod apply;
+mod checkpoint;
 mod committer;
+mod compact;
+mod index;
+mod migrate;
 mod recovery;
-mod seal;
+mod segment;
 pub(crate) mod store;
 mod unapplied;
 pub mod wal;
@@ -38,7 +44,7 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 pub use store::OpenError;
-use store::{Job, Record, Store};
+use store::{Job, ReadError, Record, Store};
 
 use crate::{Broker, BrokerError, History, HistoryQuery, Policies, PublicationSink, StreamPolicy};
 
@@ -85,15 +91,11 @@ impl SyncPolicy {
     }
 }
 
-/// How the store file is kept: when commits reach the disk, and how much of it stays in
-/// memory.
+/// How the store is kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreOptions {
-    /// When a commit reaches the disk.
+    /// When an append to the log reaches the disk.
     pub sync: SyncPolicy,
-    /// Most bytes of the file's pages kept in memory (redb's cache, whose own default is
-    /// 1 GiB: a restart that reads the whole file keeps that much of it).
-    pub cache_bytes: usize,
     /// With [`SyncPolicy::Interval`], the longest an acknowledged publication waits to be
     /// synced.
     pub sync_interval: std::time::Duration,
@@ -103,25 +105,12 @@ pub struct StoreOptions {
 /// told otherwise.
 pub const DEFAULT_SYNC_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
 
-/// The page cache a store keeps unless told otherwise.
-pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
-
 impl From<SyncPolicy> for StoreOptions {
     fn from(sync: SyncPolicy) -> Self {
         Self {
             sync,
-            cache_bytes: DEFAULT_CACHE_BYTES,
             sync_interval: DEFAULT_SYNC_INTERVAL,
         }
-    }
-}
-
-impl StoreOptions {
-    /// Opens (or creates) the file at `path` with these options.
-    pub(crate) fn database(&self, path: &Path) -> Result<redb::Database, redb::DatabaseError> {
-        redb::Builder::new()
-            .set_cache_size(self.cache_bytes)
-            .create(path)
     }
 }
 
@@ -260,19 +249,18 @@ pub struct DurableBroker {
 impl std::fmt::Debug for DurableBroker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DurableBroker")
-            .field("path", &self.store.path)
+            .field("dir", &self.store.dir)
             .finish_non_exhaustive()
     }
 }
 
 impl DurableBroker {
-    /// Whether the open trusted a sealed file instead of reading every page.
-    #[cfg(test)]
-    pub(crate) fn opened_sealed(&self) -> bool {
-        self.store.opened_sealed
+    /// Bytes of the store's files, and of the entries in them still kept.
+    pub fn footprint(&self) -> (u64, u64) {
+        self.store.footprint()
     }
 
-    /// Opens (or creates) `dir/herald.redb` with [`StreamPolicy::default`] for every
+    /// Opens (or creates) the store in `dir` with [`StreamPolicy::default`] for every
     /// channel; see [`DurableBroker::open_with`].
     pub fn open(
         dir: &Path,
@@ -282,8 +270,8 @@ impl DurableBroker {
         Self::open_with(dir, options, sink, crate::default_policies())
     }
 
-    /// Opens (or creates) `dir/herald.redb`. A file that cannot be read as a database is
-    /// an error naming it: Herald never starts on data it cannot trust. Streams found in it
+    /// Opens (or creates) the store in `dir`. A checkpoint that cannot be read is an error
+    /// naming it: Herald never starts on data it cannot trust. Streams found in it
     /// are kept by `policies`, as they were before the restart.
     pub fn open_with(
         dir: &Path,
@@ -531,14 +519,24 @@ impl Broker for DurableBroker {
             });
         }
         let store = self.store.clone();
-        let channel = channel.clone();
-        tokio::task::spawn_blocking(move || store.read(&channel, &position, cutoff, size, &query))
+        let (c, q) = (channel.clone(), query.clone());
+        let read = tokio::task::spawn_blocking(move || store.read(&c, &position, cutoff, size, &q))
             .await
             .unwrap_or_else(|e| {
-                Err(BrokerError::Unavailable(format!(
-                    "history read failed: {e}"
-                )))
-            })
+                Err(BrokerError::Unavailable(format!("history read failed: {e}")).into())
+            });
+        match read {
+            Ok(history) => Ok(history),
+            Err(ReadError::Broker(e)) => Err(e),
+            Err(ReadError::Damaged(why)) => {
+                // Checked as it is read rather than all at every start: the channel's
+                // history is dropped and it starts a new epoch, as a reset does, so clients
+                // resuming in the old one are told (recovered: false), never served it.
+                tracing::error!(channel = %channel, dir = %self.store.dir.display(), "{why}: the channel's history is dropped and it starts a new epoch");
+                self.remove_history(channel).await?;
+                self.history(channel, query).await
+            }
+        }
     }
 
     async fn remove_history(&self, channel: &ChannelName) -> Result<(), BrokerError> {

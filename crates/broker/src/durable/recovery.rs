@@ -1,31 +1,33 @@
-//! What opening the file checks before anything is served from it: damaged records, a
-//! file put back from a copy (a restore), and a `sync = "none"` run that stopped uncleanly.
-//! Each one that history may have gone back for gives streams a new epoch, so that no
-//! offset is handed out twice within an epoch.
+//! Opening the store: the last checkpoint (or, the first time, the old database file, see
+//! `migrate`), then the log entries after it, then what the store must answer with new
+//! epochs: damage inside the log, a directory put back from a copy (a restore), and a run
+//! that delivered publications before syncing them and stopped with the machine. Each means
+//! history may have gone back while clients saw later offsets, so every stream starts a new
+//! epoch rather than hand an offset out twice.
 
-use std::{collections::HashMap, path::Path};
-
-use herald_protocol::{ChannelName, Epoch};
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableError};
+use std::{
+    collections::HashSet,
+    fs::File,
+    io,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use super::applier::Op;
 use super::apply::apply;
-use super::store::{
-    record_crc, stream_crc, OpenError, Streams, APPLIED, BOOT, PUBLICATIONS, RUN, RUN_FILE_NAME,
-    STATE, STREAMS, UNFLUSHED,
-};
-use super::{wal, Meta};
-use crate::StreamPolicy;
+use super::checkpoint::{self, Checkpoint};
+use super::index::Index;
+use super::store::{OpenError, RUN_FILE_NAME};
+use super::{migrate, wal};
 
-/// Runs `open` with its panics turned into [`OpenError::Damaged`]: redb decodes keys and
-/// values with `unwrap` (a string that is not UTF-8, a value of the wrong length), so a
-/// damaged file could otherwise panic at start instead of naming the file.
-pub(super) fn contained<T>(
-    path: &Path,
-    open: impl FnOnce() -> Result<T, OpenError>,
-) -> Result<T, OpenError> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(open))
-        .unwrap_or_else(|_| Err(damaged(path, "a record cannot be decoded")))
+/// What an open found: the index, the mark of this run, the next log entry's number, and
+/// whether it moved an old database file over (so the caller can say so once the
+/// checkpoint is written).
+pub(super) struct Opened {
+    pub(super) index: Index,
+    pub(super) run: u64,
+    pub(super) next_lsn: u64,
+    pub(super) migrated: Option<PathBuf>,
 }
 
 pub(super) fn damaged(path: &Path, e: impl std::fmt::Display) -> OpenError {
@@ -35,220 +37,217 @@ pub(super) fn damaged(path: &Path, e: impl std::fmt::Display) -> OpenError {
     }
 }
 
-/// Reads every stream and (with `records`) every publication, and checks it. A channel with
-/// any record that fails its checksum (or lies outside its stream) is reset: its history is
-/// deleted and it gets a new epoch, so clients resuming in it are told `recovered: false`
-/// instead of being served damaged data. A file that cannot be read at all is refused.
-pub(super) fn verify(db: &Database, path: &Path, records: bool) -> Result<Streams, OpenError> {
-    let mut metas: HashMap<String, Meta> = HashMap::new();
-    let mut bad: std::collections::BTreeSet<String> = Default::default();
-    {
-        let read = db.begin_read().map_err(|e| damaged(path, e))?;
-        match read.open_table(STREAMS) {
-            Ok(table) => {
-                for entry in table.iter().map_err(|e| damaged(path, e))? {
-                    let (k, v) = entry.map_err(|e| damaged(path, e))?;
-                    let channel = k.value().to_string();
-                    let (epoch, top, last, crc) = v.value();
-                    let valid =
-                        ChannelName::stored(&channel).is_ok() && Epoch::checked(epoch).is_some();
-                    if !valid || crc != stream_crc(&channel, epoch, top, last) {
-                        bad.insert(channel);
-                        continue;
-                    }
-                    metas.insert(
-                        channel,
-                        Meta::new(Epoch::new(epoch), top, StreamPolicy::default(), last),
-                    );
-                }
-            }
-            Err(TableError::TableDoesNotExist(_)) => {}
-            Err(e) => return Err(damaged(path, e)),
-        }
-        match read.open_table(PUBLICATIONS) {
-            Ok(table) if records => {
-                for entry in table.iter().map_err(|e| damaged(path, e))? {
-                    let (k, v) = entry.map_err(|e| damaged(path, e))?;
-                    let (channel, offset) = k.value();
-                    let (at, crc, data) = v.value();
-                    let fits = metas.get(channel).is_some_and(|m| offset <= m.committed);
-                    if !fits || crc != record_crc(channel, offset, at, data) {
-                        bad.insert(channel.to_string());
-                    }
-                }
-            }
-            Ok(_) | Err(TableError::TableDoesNotExist(_)) => {}
-            Err(e) => return Err(damaged(path, e)),
-        }
-    }
-    if !bad.is_empty() {
-        let write = db.begin_write().map_err(|e| damaged(path, e))?;
-        {
-            let mut pubs = write
-                .open_table(PUBLICATIONS)
-                .map_err(|e| damaged(path, e))?;
-            let mut streams = write.open_table(STREAMS).map_err(|e| damaged(path, e))?;
-            for channel in &bad {
-                let ch = channel.as_str();
-                pubs.retain_in((ch, 0)..=(ch, u64::MAX), |_, _| false)
-                    .map_err(|e| damaged(path, e))?;
-                streams.remove(ch).map_err(|e| damaged(path, e))?;
-                metas.remove(channel);
-                tracing::warn!(
-                    channel = ch,
-                    file = %path.display(),
-                    "damaged history dropped; the channel starts a new epoch (resuming clients get recovered: false)"
-                );
-            }
-        }
-        write.commit().map_err(|e| damaged(path, e))?;
-    }
-    Ok(metas
-        .into_iter()
-        .filter_map(|(c, m)| Some((ChannelName::stored(&c).ok()?, m)))
-        .collect())
-}
-
-/// Writes into the file (durably) the log entries it does not hold yet, from the segments
-/// this file's run wrote; whether entries were lost inside the log (damaged bytes, a
-/// missing segment), which the caller answers with new epochs. Segments of another run
-/// belong to another copy of the file (this one was restored from a backup) and are
-/// ignored: the restore check gives every stream a new epoch then.
-pub(super) fn replay(db: &Database, dir: &Path, path: &Path) -> Result<bool, OpenError> {
+/// Opens the store in `dir` and writes its first checkpoint for this run (`unflushed`: the
+/// run delivers publications before syncing them).
+pub(super) fn open(dir: &Path, unflushed: bool) -> Result<Opened, OpenError> {
     let directory = |source| OpenError::Directory {
         path: dir.to_owned(),
         source,
     };
-    let run = file_run(db).map_err(|e| damaged(path, e))?;
-    let mut expected = applied(db).map_err(|e| damaged(path, e))? + 1;
+    let (found, migrated) = match checkpoint::read(dir) {
+        Ok(Some(found)) => (Some(found), None),
+        Ok(None) => match migrate::from_redb(dir)? {
+            Some((found, old)) => (Some(found), Some(old)),
+            None => (None, None),
+        },
+        Err(why) => return Err(damaged(&dir.join(checkpoint::FILE_NAME), why)),
+    };
+    let had_checkpoint = found.is_some();
+    let found = found.unwrap_or_default();
+    let mut index = load(dir, &found).map_err(directory)?;
+    let log_damaged = replay(&mut index, dir, had_checkpoint.then_some(found.run))?;
+    let renew = if found.unflushed && (found.boot.is_none() || found.boot != boot_id()) {
+        Some("the last run delivered publications before syncing them (sync = \"group\", \"interval\" or \"none\") and stopped with the machine, so its latest ones may be lost")
+    } else if log_damaged {
+        Some("the write-ahead log is damaged: entries in it may be lost")
+    } else if had_checkpoint && restored(dir, found.run) {
+        Some("the data directory is older than the one this server last used (restored from a backup or a snapshot)")
+    } else {
+        None
+    };
+    if let Some(why) = renew {
+        let renewed = index.renew_epochs();
+        tracing::warn!(
+            channels = renewed,
+            dir = %dir.display(),
+            "{why}: every channel starts a new epoch, keeping its history (resuming clients get recovered: false)"
+        );
+    }
+    // The mark goes into the checkpoint first: a crash before the copy beside it is written
+    // looks like a restore next time, which costs a new epoch, never a reused offset.
+    let run = fastrand::u64(..);
+    checkpoint::write(dir, &checkpoint_bytes(&index, run, unflushed)).map_err(directory)?;
+    write_run_file(dir, run).map_err(directory)?;
+    remove_unused(dir, &index).map_err(directory)?;
+    let next_lsn = index.applied + 1;
+    Ok(Opened {
+        index,
+        run,
+        next_lsn,
+        migrated,
+    })
+}
+
+/// The index a checkpoint describes, its files opened. Streams that point into a file
+/// that is gone lose what they kept, as damaged.
+fn load(dir: &Path, found: &Checkpoint) -> io::Result<Index> {
+    let mut index = Index::default();
+    index.next_file = found.next_file;
+    index.applied = found.applied;
+    let mut missing = HashSet::new();
+    for &(id, kind, size) in &found.files {
+        match File::open(kind.path(dir, id)) {
+            Ok(file) => index.add_file(id, kind, Arc::new(file), size),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => drop(missing.insert(id)),
+            Err(e) => return Err(e),
+        }
+    }
+    for (channel, stream) in &found.streams {
+        index.streams.insert(channel.clone(), stream.clone());
+    }
+    index.count_live();
+    let hit: Vec<String> = found
+        .streams
+        .iter()
+        .filter(|(_, s)| s.locs.iter().any(|l| missing.contains(&l.file)))
+        .map(|(c, _)| c.clone())
+        .collect();
+    for channel in hit {
+        tracing::warn!(channel, dir = %dir.display(), "a file of this channel's history is missing; its history is dropped and it starts a new epoch (resuming clients get recovered: false)");
+        index.drop_damaged(&channel);
+    }
+    Ok(index)
+}
+
+/// Applies the log entries after the index's, from the segments `run` wrote; whether
+/// entries were lost inside the log (damaged bytes, a missing segment), which the caller
+/// answers with new epochs. Segments of another run belong to another copy of the store
+/// (this one was restored from a backup) and are ignored: the restore check gives every
+/// stream a new epoch then.
+fn replay(index: &mut Index, dir: &Path, run: Option<u64>) -> Result<bool, OpenError> {
+    let directory = |source| OpenError::Directory {
+        path: dir.to_owned(),
+        source,
+    };
+    let mut expected = index.applied + 1;
+    let segments = wal::segments(dir).map_err(directory)?;
+    // Segments wholly before the index's last entry hold nothing to replay.
+    let start = segments
+        .iter()
+        .rposition(|(first, _)| *first <= expected)
+        .unwrap_or(0);
     let mut lost = false;
-    let mut ops = Vec::new();
-    'segments: for (_, segment) in wal::segments(dir).map_err(directory)? {
-        let bytes = std::fs::read(&segment).map_err(directory)?;
+    let mut replayed = 0usize;
+    'segments: for (_, segment) in segments.get(start..).unwrap_or_default() {
+        let bytes = std::fs::read(segment).map_err(directory)?;
         let scan = wal::scan(&bytes);
-        lost |= scan.damaged;
-        if Some(scan.run) != run {
+        // Damage among entries the index holds already costs nothing here: a read that
+        // reaches a damaged publication resets its channel.
+        lost |= scan.lost.iter().any(|(_, to)| *to > expected);
+        if run.is_some_and(|r| r != scan.run) {
             if !scan.damaged {
-                tracing::warn!(file = %segment.display(), "a log segment of another copy of the data file is ignored");
+                tracing::warn!(file = %segment.display(), "a log segment of another copy of the store is ignored");
             }
             continue;
         }
-        for (lsn, entry) in scan.entries {
+        let mut ops = Vec::new();
+        for ((lsn, entry), span) in scan.entries.into_iter().zip(scan.spans) {
             if lsn < expected {
                 continue;
             }
             let op = (lsn == expected)
-                .then(|| Op::replayed(lsn, entry))
+                .then(|| Op::replayed(lsn, entry, (scan.first_lsn, span)))
                 .flatten();
             let Some(op) = op else {
                 // A gap, or an entry naming no valid stream: what follows cannot be trusted
-                // to continue what the file holds.
+                // to continue what the index holds.
                 lost = true;
+                apply_replayed(index, dir, &ops)?;
                 break 'segments;
             };
             ops.push(op);
             expected += 1;
         }
+        replayed += ops.len();
+        apply_replayed(index, dir, &ops)?;
     }
-    for chunk in ops.chunks(50_000) {
-        apply(db, chunk).map_err(|e| damaged(path, e))?;
-    }
-    if !ops.is_empty() {
-        tracing::info!(entries = ops.len(), dir = %dir.display(), "replayed the write-ahead log into the data file");
+    if replayed > 0 {
+        tracing::info!(entries = replayed, dir = %dir.display(), "replayed the write-ahead log after the last checkpoint");
     }
     Ok(lost)
 }
 
-/// The last log entry the file holds ([`APPLIED`]; 0 for none).
-pub(super) fn applied(db: &Database) -> Result<u64, redb::Error> {
-    let read = db.begin_read()?;
-    match read.open_table(STATE) {
-        Ok(table) => Ok(table.get(APPLIED)?.map_or(0, |v| v.value())),
-        Err(TableError::TableDoesNotExist(_)) => Ok(0),
-        Err(e) => Err(e.into()),
-    }
+fn apply_replayed(index: &mut Index, dir: &Path, ops: &[Op]) -> Result<(), OpenError> {
+    apply(index, dir, ops).map_err(|source| OpenError::Directory {
+        path: dir.to_owned(),
+        source,
+    })?;
+    Ok(())
 }
 
-/// The [`RUN`] mark the file carries, if any (files written before marks carry none).
-pub(super) fn file_run(db: &Database) -> Result<Option<u64>, redb::Error> {
-    let read = db.begin_read()?;
-    match read.open_table(STATE) {
-        Ok(table) => Ok(table.get(RUN)?.map(|v| v.value())),
-        Err(TableError::TableDoesNotExist(_)) => Ok(None),
-        Err(e) => Err(e.into()),
+/// Deletes what the index does not need, once its checkpoint is written: log segments
+/// whose entries it holds and points nowhere into, files of packed publications it does
+/// not know (a compaction cut short), and a checkpoint's unfinished copy.
+fn remove_unused(dir: &Path, index: &Index) -> io::Result<()> {
+    for (first_lsn, path) in wal::segments(dir)? {
+        if index.log_file(first_lsn).is_none() && first_lsn <= index.applied {
+            std::fs::remove_file(path)?;
+        }
     }
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else {
+            continue;
+        };
+        let unknown_pack = name
+            .strip_prefix("herald.pack.")
+            .and_then(|n| n.parse::<u32>().ok())
+            .is_some_and(|id| !index.files.contains_key(&id));
+        if unknown_pack || name == format!("{}.tmp", checkpoint::FILE_NAME) {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
 }
 
-/// Whether the file was put back from a copy: it carries a mark, and the directory's is
-/// another one or none (a whole directory restored from a snapshot, its mark removed as
-/// the deployment guide says).
-pub(super) fn restored(db: &Database, dir: &Path) -> Result<bool, redb::Error> {
-    let Some(in_file) = file_run(db)? else {
-        return Ok(false);
+/// The checkpoint of `index` as this run writes it.
+pub(super) fn checkpoint_bytes(index: &Index, run: u64, unflushed: bool) -> Vec<u8> {
+    let head = Checkpoint {
+        run,
+        boot: boot_id(),
+        unflushed,
+        applied: index.applied,
+        next_file: index.next_file,
+        files: index
+            .files
+            .iter()
+            .map(|(id, f)| (*id, f.kind, f.size))
+            .collect(),
+        streams: Vec::new(),
     };
+    checkpoint::encode(&head, index.streams.iter())
+}
+
+/// Whether the directory was put back from a copy: the checkpoint's mark is not the one
+/// beside it (a whole directory restored from a snapshot, its mark removed as the
+/// deployment guide says).
+fn restored(dir: &Path, run: u64) -> bool {
     let beside = std::fs::read_to_string(dir.join(RUN_FILE_NAME))
         .ok()
         .and_then(|t| t.trim().parse::<u64>().ok());
-    Ok(beside != Some(in_file))
+    beside != Some(run)
 }
 
-/// Writes `run` beside the file, replacing the old mark in one step.
-pub(super) fn write_run_file(dir: &Path, run: u64) -> std::io::Result<()> {
+/// Writes `run` beside the store, replacing the old mark in one step.
+pub(super) fn write_run_file(dir: &Path, run: u64) -> io::Result<()> {
     use std::io::Write;
     let tmp = dir.join(format!("{RUN_FILE_NAME}.tmp"));
-    let mut f = std::fs::File::create(&tmp)?;
+    let mut f = File::create(&tmp)?;
     writeln!(f, "{run}")?;
     f.sync_all()?;
     std::fs::rename(&tmp, dir.join(RUN_FILE_NAME))?;
-    std::fs::File::open(dir)?.sync_all()
-}
-
-/// Gives every stream whose record checks a new epoch, keeping its offsets and history: a
-/// client that resumes with a position of the old epoch is told `recovered: false`. Records
-/// that fail their checksum are left for [`verify`] to drop.
-pub(super) fn renew_epochs(db: &Database, path: &Path) -> Result<usize, OpenError> {
-    let write = db.begin_write().map_err(|e| damaged(path, e))?;
-    let mut renewed = 0;
-    {
-        let mut streams = write.open_table(STREAMS).map_err(|e| damaged(path, e))?;
-        let mut rows = Vec::new();
-        for entry in streams.iter().map_err(|e| damaged(path, e))? {
-            let (k, v) = entry.map_err(|e| damaged(path, e))?;
-            let (epoch, top, last, crc) = v.value();
-            let channel = k.value().to_string();
-            if crc == stream_crc(&channel, epoch, top, last) {
-                rows.push((channel, top, last));
-            }
-        }
-        for (channel, top, last) in rows {
-            let epoch = Epoch::random(|| fastrand::u64(..));
-            let crc = stream_crc(&channel, epoch.as_str(), top, last);
-            streams
-                .insert(channel.as_str(), (epoch.as_str(), top, last, crc))
-                .map_err(|e| damaged(path, e))?;
-            renewed += 1;
-        }
-    }
-    write.commit().map_err(|e| damaged(path, e))?;
-    Ok(renewed)
-}
-
-/// Whether the last run delivered publications before syncing them ([`UNFLUSHED`]) and
-/// did not stop cleanly, on a machine that has restarted since (or whose restarts cannot be
-/// told): then what it delivered last may be lost. A process that was killed on a
-/// machine still running lost nothing it wrote: the operating system keeps it.
-pub(super) fn unflushed(db: &Database) -> Result<bool, redb::Error> {
-    let read = db.begin_read()?;
-    let table = match read.open_table(STATE) {
-        Ok(table) => table,
-        Err(TableError::TableDoesNotExist(_)) => return Ok(false),
-        Err(e) => return Err(e.into()),
-    };
-    if table.get(UNFLUSHED)?.is_none_or(|v| v.value() != 1) {
-        return Ok(false);
-    }
-    let boot = table.get(BOOT)?.map(|v| v.value());
-    Ok(boot.is_none() || boot != boot_id())
+    File::open(dir)?.sync_all()
 }
 
 /// This boot of the machine, as a number (Linux's `boot_id`); `None` where it is unknown.
@@ -261,40 +260,4 @@ pub(super) fn boot_id() -> Option<u64> {
             (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
         })
     })
-}
-
-/// Sets or clears [`UNFLUSHED`] in a durable commit (which also makes every earlier
-/// commit durable), with this open's [`RUN`] mark when given, and this boot's id.
-pub(super) fn set_unflushed(db: &Database, on: bool, run: Option<u64>) -> Result<(), redb::Error> {
-    let txn = db.begin_write()?;
-    {
-        let mut state = txn.open_table(STATE)?;
-        state.insert(UNFLUSHED, u64::from(on))?;
-        if let Some(run) = run {
-            state.insert(RUN, run)?;
-        }
-        match boot_id() {
-            Some(boot) => drop(state.insert(BOOT, boot)?),
-            None => drop(state.remove(BOOT)?),
-        }
-    }
-    txn.commit()?;
-    Ok(())
-}
-
-/// Writes and deletes a record of 64 KiB: a file that takes it can take publications again.
-pub(super) fn probe(db: &Database) -> Result<(), redb::Error> {
-    const PROBE: TableDefinition<&str, &[u8]> = TableDefinition::new("probe");
-    for value in [Some(vec![0u8; 64 * 1024]), None] {
-        let txn = db.begin_write()?;
-        {
-            let mut table = txn.open_table(PROBE)?;
-            match &value {
-                Some(v) => drop(table.insert("probe", &v[..])?),
-                None => drop(table.remove("probe")?),
-            }
-        }
-        txn.commit()?;
-    }
-    Ok(())
 }

@@ -1,8 +1,11 @@
-//! The database file: opening it (checked by `recovery`, the log replayed), reading it
-//! (joined with what waits for it, `unapplied`), and handing writes to the writer
-//! (`committer`: the log) and the applier (the file).
+//! The store: opening it (`recovery`: the last checkpoint and the log after it), reading
+//! history (through the index, joined with what the applier has not indexed yet,
+//! `unapplied`), and handing writes to the writer (`committer`: the log) and the applier
+//! (the index).
 
 use std::{
+    fs::File,
+    os::unix::fs::FileExt,
     path::{Path, PathBuf},
     sync::{mpsc, Arc},
 };
@@ -10,71 +13,21 @@ use std::{
 use bytes::Bytes;
 use herald_protocol::{ChannelName, Epoch, Publication, StreamPosition};
 use parking_lot::{Mutex, RwLock};
-use redb::{Database, ReadableDatabase, TableDefinition, TableError};
 use tokio::sync::oneshot;
 
 use super::applier::Applier;
 use super::committer::{Log, Writer};
-use super::recovery::{
-    applied, contained, damaged, file_run, renew_epochs, replay, restored, set_unflushed,
-    unflushed, verify, write_run_file,
-};
-use super::seal;
+use super::index::{Index, Loc};
+use super::recovery::Opened;
 pub(crate) use super::unapplied::Unapplied;
-use super::{wal, Deadlines, Meta, StoreOptions};
+use super::{migrate, recovery, segment, wal, Deadlines, Meta, StoreOptions};
 use crate::{BrokerError, History, HistoryQuery, PublicationSink};
 
-/// (channel, offset) → (published at in ms since the Unix epoch, CRC-32, JSON payload).
-pub(super) const PUBLICATIONS: TableDefinition<(&str, u64), (u64, u32, &[u8])> =
-    TableDefinition::new("publications");
-/// channel → (epoch, newest offset, last publish in ms since the Unix epoch, CRC-32).
-pub(super) const STREAMS: TableDefinition<&str, (&str, u64, u64, u32)> =
-    TableDefinition::new("streams");
-/// The store's own state: [`UNFLUSHED`], [`RUN`].
-pub(super) const STATE: TableDefinition<&str, u64> = TableDefinition::new("state");
-/// A number drawn at every open and kept both in the file and beside it ([`RUN_FILE_NAME`]).
-/// At the next open they match unless the file was put back from a copy (a backup, a
-/// snapshot of the file): then history may have gone backwards while clients saw what came
-/// later, so every stream starts a new epoch rather than hand their offsets out again.
-pub(super) const RUN: &str = "run";
-/// 1 while a process delivers publications before syncing them (`sync = "group"`,
-/// `"interval"` or `"none"`), set durably at open and cleared durably at a clean close. Found set at open
-/// on a machine that restarted since ([`BOOT`]), the last such process stopped with the
-/// machine: its latest publications may be gone, but subscribers saw their offsets, so
-/// every stream must start a new epoch rather than hand those offsets out again.
-pub(super) const UNFLUSHED: &str = "unflushed";
-/// The machine's boot the mark above was set in.
-pub(super) const BOOT: &str = "boot";
-/// The last write-ahead log entry the file holds: replay at open starts after it.
-pub(super) const APPLIED: &str = "applied";
+/// Beside the store: the run mark of the last open, as decimal text (see `recovery`).
+pub const RUN_FILE_NAME: &str = "herald.run";
 
-/// Herald's own checksum of a record, key included, so a damaged page cannot pass for a
-/// publication at another offset. (redb checks its pages only when it recovers from a
-/// crash, not on every read.)
-pub(super) fn record_crc(channel: &str, offset: u64, at_ms: u64, data: &[u8]) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(channel.as_bytes());
-    h.update(&offset.to_le_bytes());
-    h.update(&at_ms.to_le_bytes());
-    h.update(data);
-    h.finalize()
-}
-
-pub(super) fn stream_crc(channel: &str, epoch: &str, top: u64, last_ms: u64) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(channel.as_bytes());
-    h.update(&[0]);
-    h.update(epoch.as_bytes());
-    h.update(&top.to_le_bytes());
-    h.update(&last_ms.to_le_bytes());
-    h.finalize()
-}
-
-/// The file name inside the data directory.
-pub const FILE_NAME: &str = "herald.redb";
-
-/// Beside it: the [`RUN`] mark of the last open, as decimal text.
-pub const RUN_FILE_NAME: &str = "herald.redb.run";
+/// Beside the store: locked by the process that has it open.
+pub const LOCK_FILE_NAME: &str = "herald.lock";
 
 /// Why the data directory cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -87,7 +40,7 @@ pub enum OpenError {
         /// What the OS said.
         source: std::io::Error,
     },
-    /// Another process (or another broker in this one) has the file open.
+    /// Another process (or another broker in this one) has the store open.
     #[error("data file {path} is in use by another process: is another herald running with the same data directory?")]
     InUse {
         /// The file.
@@ -107,22 +60,7 @@ pub enum OpenError {
     },
 }
 
-/// Reads the file once, in order, so that the integrity check that follows finds its pages
-/// in the kernel's cache: the check walks the B-tree, whose pages lie scattered in the file
-/// (the more so after commits of many channels and compaction), and on a cold cache that
-/// random reading, not the check, was the restart's time. 274 MB: 0.15-0.25 s read in order
-/// against 2.2 s of checking from a cold cache. Best effort: a read that fails leaves the
-/// check to read the file itself.
-fn prefetch(path: &Path) {
-    use std::io::Read;
-    let Ok(mut file) = std::fs::File::open(path) else {
-        return;
-    };
-    let mut chunk = vec![0u8; 4 << 20];
-    while matches!(file.read(&mut chunk), Ok(n) if n > 0) {}
-}
-
-/// The streams found in the file when it was opened.
+/// The streams found when the store was opened.
 pub(crate) type Streams = Vec<(ChannelName, Meta)>;
 
 pub(crate) struct Record {
@@ -160,33 +98,42 @@ pub(crate) enum Job {
     },
 }
 
-/// The open database. Empty while the applier reopens it after a write failure: redb
-/// refuses every operation after an I/O error until the file is opened anew.
-pub(super) type Slot = Arc<RwLock<Option<Arc<Database>>>>;
+/// Why a history read failed.
+pub(crate) enum ReadError {
+    Broker(BrokerError),
+    /// A publication it reached is damaged (its bytes fail their CRC, or are not it): the
+    /// channel's history cannot be trusted.
+    Damaged(String),
+}
+
+impl From<BrokerError> for ReadError {
+    fn from(e: BrokerError) -> Self {
+        Self::Broker(e)
+    }
+}
 
 /// Why writes fail, while they do.
 pub(super) type Failing = Arc<Mutex<Option<String>>>;
 
 pub(crate) struct Store {
-    pub(crate) path: PathBuf,
-    db: Slot,
+    pub(crate) dir: PathBuf,
+    index: Arc<RwLock<Index>>,
     pub(crate) writer: Arc<Writer>,
     applier: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Why appends to the log fail, while they do.
     failing: Failing,
-    /// Why writes of the database file fail, while they do.
+    /// Why the applier fails (a segment it cannot open, a checkpoint it cannot write).
     applier_failing: Failing,
     pub(crate) unapplied: Arc<Unapplied>,
-    /// Whether the open trusted the file as its last clean stop sealed it, instead of
-    /// reading every page (see `seal`). The open's log line says so too.
-    #[cfg(test)]
-    pub(crate) opened_sealed: bool,
+    /// Locked while the store is open (see [`LOCK_FILE_NAME`]); dropped after everything
+    /// else is written.
+    _lock: File,
 }
 
 impl Drop for Store {
     fn drop(&mut self) {
-        // Let the applier write everything, so the file is closed cleanly and the log is
-        // no longer needed.
+        // Let the applier index everything and write its last checkpoint, so the next
+        // start reads no log.
         self.writer.close(self.applier.lock().take());
     }
 }
@@ -203,103 +150,65 @@ impl Store {
         deadlines: Arc<Deadlines>,
     ) -> Result<(Arc<Self>, Streams), OpenError> {
         let sync = options.sync;
-        std::fs::create_dir_all(dir).map_err(|source| OpenError::Directory {
-            path: dir.to_owned(),
-            source,
-        })?;
-        let path = dir.join(FILE_NAME);
-        let (db, streams, run, next_lsn, _sealed) = contained(&path, || {
-            // Before the file is opened: opening it for writing changes it.
-            let sealed = seal::take(dir, &path);
-            let mut db = match options.database(&path) {
-                Ok(db) => db,
-                Err(
-                    redb::DatabaseError::DatabaseAlreadyOpen
-                    | redb::DatabaseError::LockProtocolMismatch,
-                ) => return Err(OpenError::InUse { path: path.clone() }),
-                Err(e) => return Err(damaged(&path, e)),
-            };
-            // Checks every page's checksum before anything reads or writes the file: redb
-            // trusts a cleanly closed file otherwise, and a damaged page can make it panic
-            // inside a destructor, which aborts the process instead of unwinding. Unless
-            // the file is as this directory's last clean stop left it (see `seal`).
-            let started = std::time::Instant::now();
-            let sealed =
-                sealed.is_some() && file_run(&db).map_err(|e| damaged(&path, e))? == sealed;
-            if !sealed {
-                prefetch(&path);
-                db.check_integrity().map_err(|e| damaged(&path, e))?;
-            }
-            let checked = started.elapsed();
-            let log_damaged = replay(&db, dir, &path)?;
-            // Each of these means history may have gone back, or has holes, while clients
-            // saw later offsets: every stream starts a new epoch, keeping its history, so
-            // that resuming clients get recovered: false instead of reused offsets.
-            let renew = if unflushed(&db).map_err(|e| damaged(&path, e))? {
-                Some("the last run delivered publications before syncing them (sync = \"group\", \"interval\" or \"none\") and stopped with the machine, so its latest ones may be lost")
-            } else if log_damaged {
-                Some("the write-ahead log is damaged: entries in it may be lost")
-            } else if restored(&db, dir).map_err(|e| damaged(&path, e))? {
-                Some("the data file is older than the one this directory last used (restored from a backup or a snapshot)")
-            } else {
-                None
-            };
-            if let Some(why) = renew {
-                let renewed = renew_epochs(&db, &path)?;
-                tracing::warn!(
-                    channels = renewed,
-                    file = %path.display(),
-                    "{why}: every channel starts a new epoch, keeping its history (resuming clients get recovered: false)"
-                );
-            }
-            let verifying = std::time::Instant::now();
-            let streams = verify(&db, &path, !sealed)?;
-            tracing::info!(
-                file = %path.display(),
-                channels = streams.len(),
-                sealed,
-                page_check_ms = checked.as_millis() as u64,
-                record_check_ms = verifying.elapsed().as_millis() as u64,
-                "opened the data file"
-            );
-            // The mark goes into the file first: a crash before the copy beside it is
-            // written looks like a restore next time, which costs a new epoch, never a
-            // reused offset.
-            let run = fastrand::u64(..);
-            set_unflushed(&db, !sync.syncs_before_delivery(), Some(run))
-                .map_err(|e| damaged(&path, e))?;
-            write_run_file(dir, run).map_err(|source| OpenError::Directory {
-                path: dir.to_owned(),
-                source,
-            })?;
-            let next_lsn = applied(&db).map_err(|e| damaged(&path, e))? + 1;
-            Ok((db, streams, run, next_lsn, sealed))
-        })?;
         let directory = |source| OpenError::Directory {
             path: dir.to_owned(),
             source,
         };
-        // Every entry of the old log is in the file now (or was another file's, or lost
-        // and answered with new epochs): a new log starts.
-        for (_, old) in wal::segments(dir).map_err(directory)? {
-            std::fs::remove_file(old).map_err(directory)?;
+        std::fs::create_dir_all(dir).map_err(directory)?;
+        // One process at a time: held until the store is dropped.
+        let lock_path = dir.join(LOCK_FILE_NAME);
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(directory)?;
+        lock.try_lock().map_err(|e| match e {
+            std::fs::TryLockError::WouldBlock => OpenError::InUse { path: lock_path },
+            std::fs::TryLockError::Error(e) => directory(e),
+        })?;
+        let started = std::time::Instant::now();
+        let Opened {
+            index,
+            run,
+            next_lsn,
+            migrated,
+        } = recovery::open(dir, !sync.syncs_before_delivery())?;
+        if let Some(old) = migrated {
+            migrate::retire(&old);
         }
-        let segment = wal::Segment::create(dir, run, next_lsn).map_err(directory)?;
-        let segments = Arc::new(Mutex::new(vec![next_lsn]));
-        let db: Slot = Arc::new(RwLock::new(Some(Arc::new(db))));
+        let streams: Streams = index
+            .streams
+            .iter()
+            .filter_map(|(c, s)| {
+                let meta = Meta::new(s.epoch.clone(), s.top, Default::default(), s.last_ms);
+                Some((ChannelName::stored(c).ok()?, meta))
+            })
+            .collect();
+        let (size, live) = index.footprint();
+        tracing::info!(
+            dir = %dir.display(),
+            channels = streams.len(),
+            bytes = size,
+            live,
+            ms = started.elapsed().as_millis() as u64,
+            "opened the store"
+        );
+        let segment = segment::Segment::create(dir, run, next_lsn).map_err(directory)?;
+        let index = Arc::new(RwLock::new(index));
         let unapplied = Arc::new(Unapplied::default());
         let (failing, applier_failing) = (Failing::default(), Failing::default());
         let (ops, rx) = mpsc::channel();
         let applier = Applier {
-            path: path.clone(),
             dir: dir.to_owned(),
-            db: db.clone(),
+            index: index.clone(),
             options,
             failing: applier_failing.clone(),
             deadlines: deadlines.clone(),
             unapplied: unapplied.clone(),
-            segments: segments.clone(),
             run,
+            since_checkpoint: 0,
+            touched: Default::default(),
         };
         let applier_thread = std::thread::Builder::new()
             .name("herald-store-apply".into())
@@ -308,7 +217,6 @@ impl Store {
         let log = Log {
             dir: dir.to_owned(),
             segment,
-            segments,
             run,
             next_lsn,
             body: Vec::new(),
@@ -319,22 +227,20 @@ impl Store {
             options,
             sink,
             failing.clone(),
-            applier_failing.clone(),
             deadlines,
             unapplied.clone(),
             ops,
         )
         .map_err(directory)?;
         let store = Self {
-            path,
-            db,
+            dir: dir.to_owned(),
+            index,
             writer,
             applier: Mutex::new(Some(applier_thread)),
             failing,
             applier_failing,
             unapplied,
-            #[cfg(test)]
-            opened_sealed: _sealed,
+            _lock: lock,
         };
         Ok((Arc::new(store), streams))
     }
@@ -359,10 +265,15 @@ impl Store {
         }
     }
 
+    /// Bytes of the store's files, and of the entries in them still kept.
+    pub(crate) fn footprint(&self) -> (u64, u64) {
+        self.index.read().footprint()
+    }
+
     /// Reads committed history. `position` is the committed top, read under the channel's
     /// lock, so publications past it (committed but not yet fanned out) stay invisible.
-    /// The newest publications may not be in the file yet: those come from [`Unapplied`],
-    /// read first, so that one the applier moves meanwhile is found in the file.
+    /// The newest publications may not be indexed yet: those come from [`Unapplied`], read
+    /// first, so that one the applier indexes meanwhile is found in the index.
     pub(crate) fn read(
         &self,
         channel: &ChannelName,
@@ -370,124 +281,145 @@ impl Store {
         expired_before_ms: u64,
         history_size: usize,
         query: &HistoryQuery,
-    ) -> Result<History, BrokerError> {
+    ) -> Result<History, ReadError> {
         let top = position.offset;
         let recent = self.unapplied.read(channel, &position.epoch, top);
-        // The file serves the offsets before the first one still waiting for it.
+        // The index serves the offsets before the first one still waiting for it.
         let split = recent.first().map_or(top + 1, |r| r.0);
-        let db = self
-            .db
-            .read()
-            .clone()
-            .ok_or_else(|| unavailable("the file is being reopened after a write failure"))?;
-        let txn = db.begin_read().map_err(unavailable)?;
         let ch = channel.as_str();
-        fn open<T>(found: Result<T, TableError>) -> Result<Option<T>, BrokerError> {
-            match found {
-                Ok(t) => Ok(Some(t)),
-                Err(TableError::TableDoesNotExist(_)) => Ok(None),
-                Err(e) => Err(unavailable(e)),
-            }
-        }
-        // Rows of another epoch (a reset or a new stream the file has not seen yet) are not
-        // this stream's.
-        let same_epoch = match open(txn.open_table(STREAMS))? {
-            Some(streams) => streams
-                .get(ch)
-                .map_err(unavailable)?
-                .is_some_and(|row| row.value().0 == position.epoch.as_str()),
-            None => false,
-        };
-        let table = if same_epoch && split > 1 {
-            open(txn.open_table(PUBLICATIONS))?
-        } else {
-            None
-        };
         // The oldest publication still readable: within the size bound and not expired.
         let lowest = top.saturating_sub(history_size as u64) + 1;
-        let mut first = None;
-        if let (Some(table), true) = (&table, lowest < split) {
-            for entry in table
-                .range((ch, lowest)..(ch, split))
-                .map_err(unavailable)?
-            {
-                let (k, v) = entry.map_err(unavailable)?;
-                if v.value().0 >= expired_before_ms {
-                    first = Some(k.value().1);
-                    break;
-                }
-            }
-        }
-        let first = first
-            .or_else(|| {
-                recent
-                    .iter()
-                    .find(|r| r.0 >= lowest && r.1 >= expired_before_ms)
-                    .map(|r| r.0)
-            })
-            .unwrap_or(top + 1);
-        let from = match &query.since {
-            None => first.max((top + 1).saturating_sub(query.limit as u64)),
-            Some(since) => {
-                crate::check_since(since, position, first)?;
-                (since.offset + 1).max(first)
-            }
-        };
+        // What the index points to for this page, taken under its lock and read after.
+        let mut located: Vec<(u64, Loc, Arc<File>)> = Vec::new();
         let mut page = Page {
             query,
             publications: Vec::new(),
             bytes: 0,
         };
-        if query.limit > 0 && from <= top {
-            // After a `since` the page is the oldest that fit; without one, the newest.
-            let newest_first = query.since.is_none();
-            let recent = recent.iter().filter(|r| r.0 >= from);
-            let mut more = true;
-            if newest_first {
-                for r in recent.clone().rev() {
-                    if !page.take(r.0, r.2.len(), || r.2.clone()) {
-                        more = false;
-                        break;
+        let newest_first = query.since.is_none();
+        let mut more = true;
+        let from;
+        {
+            let index = self.index.read();
+            // Another epoch's publications (a reset the index has not seen yet) are not
+            // this stream's.
+            let stream = index
+                .streams
+                .get(ch)
+                .filter(|s| s.epoch == position.epoch && split > 1);
+            let overhead = wal::publication_overhead(ch, position.epoch.as_str()) as u32;
+            let kept = |offset: u64| stream.and_then(|s| s.at(offset));
+            let first = stream
+                .and_then(|s| {
+                    (lowest.max(s.first)..split)
+                        .find(|o| kept(*o).is_some_and(|l| l.at_ms >= expired_before_ms))
+                })
+                .or_else(|| {
+                    recent
+                        .iter()
+                        .find(|r| r.0 >= lowest && r.1 >= expired_before_ms)
+                        .map(|r| r.0)
+                })
+                .unwrap_or(top + 1);
+            from = match &query.since {
+                None => first.max((top + 1).saturating_sub(query.limit as u64)),
+                Some(since) => {
+                    crate::check_since(since, position, first)?;
+                    (since.offset + 1).max(first)
+                }
+            };
+            if query.limit > 0 && from <= top {
+                // After a `since` the page is the oldest that fit; without one, the newest.
+                if newest_first {
+                    for r in recent.iter().filter(|r| r.0 >= from).rev() {
+                        if !page.take(r.0, r.2.len(), || r.2.clone()) {
+                            more = false;
+                            break;
+                        }
+                    }
+                }
+                if more && from < split {
+                    let offsets: Box<dyn Iterator<Item = u64>> = match newest_first {
+                        false => Box::new(from..split),
+                        true => Box::new((from..split).rev()),
+                    };
+                    let mut bytes = page.bytes;
+                    for offset in offsets {
+                        let Some(loc) = kept(offset) else {
+                            continue;
+                        };
+                        let len = loc.span.len.saturating_sub(overhead) as usize;
+                        if !query.fits(page.publications.len() + located.len(), bytes, len) {
+                            more = false;
+                            break;
+                        }
+                        bytes += len;
+                        let Some(file) = index.files.get(&loc.file) else {
+                            continue;
+                        };
+                        located.push((offset, *loc, file.file.clone()));
                     }
                 }
             }
-            if let (Some(table), true) = (&table, more && from < split) {
-                let range = table.range((ch, from)..(ch, split)).map_err(unavailable)?;
-                let entries: Box<dyn Iterator<Item = _>> = match newest_first {
-                    false => Box::new(range),
-                    true => Box::new(range.rev()),
-                };
-                for entry in entries {
-                    let (k, v) = entry.map_err(unavailable)?;
-                    let offset = k.value().1;
-                    let (at, crc, data) = v.value();
-                    if !page.fits(data.len()) {
-                        more = false;
-                        break;
-                    }
-                    if crc != record_crc(ch, offset, at, data) {
-                        tracing::error!(channel = ch, offset, file = %self.path.display(), "damaged record; restart to drop it");
-                        return Err(unavailable(format!("record {offset} of {ch} is damaged")));
-                    }
-                    page.take(offset, data.len(), || Bytes::copy_from_slice(data));
+        }
+        for (offset, loc, file) in located {
+            let data = match read_entry(&file, &loc, ch, offset) {
+                Ok(data) => data,
+                Err(Unreadable::Io(e)) => {
+                    return Err(
+                        unavailable(format!("reading publication {offset} of {ch}: {e}")).into(),
+                    )
+                }
+                Err(Unreadable::Damaged(why)) => {
+                    return Err(ReadError::Damaged(format!(
+                        "publication {offset} of {ch} {why}"
+                    )))
+                }
+            };
+            page.take(offset, data.len(), || data);
+        }
+        if query.limit > 0 && from <= top && !newest_first && more {
+            for r in recent.iter().filter(|r| r.0 >= from) {
+                if !page.take(r.0, r.2.len(), || r.2.clone()) {
+                    break;
                 }
             }
-            if !newest_first && more {
-                for r in recent {
-                    if !page.take(r.0, r.2.len(), || r.2.clone()) {
-                        break;
-                    }
-                }
-            }
-            if newest_first {
-                page.publications.reverse();
-            }
+        }
+        if newest_first {
+            page.publications.reverse();
         }
         Ok(History {
             position: position.clone(),
             publications: page.publications,
         })
     }
+}
+
+enum Unreadable {
+    Io(std::io::Error),
+    Damaged(&'static str),
+}
+
+/// Reads the publication `offset` of `channel` where `loc` says, checking its CRC and that
+/// it is that publication.
+fn read_entry(file: &File, loc: &Loc, channel: &str, offset: u64) -> Result<Bytes, Unreadable> {
+    let mut buf = vec![0u8; loc.span.len as usize];
+    file.read_exact_at(&mut buf, u64::from(loc.span.pos))
+        .map_err(|e| match e.kind() {
+            // The file is shorter than the index says.
+            std::io::ErrorKind::UnexpectedEof => Unreadable::Damaged("is cut off"),
+            _ => Unreadable::Io(e),
+        })?;
+    if crc32fast::hash(&buf) != loc.span.crc {
+        return Err(Unreadable::Damaged("fails its checksum"));
+    }
+    let (ch, _, off, _, data) =
+        wal::publication(&buf).ok_or(Unreadable::Damaged("cannot be decoded"))?;
+    if ch != channel || off != offset {
+        return Err(Unreadable::Damaged("is another publication"));
+    }
+    let start = buf.len() - data.len();
+    Ok(Bytes::from(buf).slice(start..))
 }
 
 /// A history page being filled, within the query's bounds.

@@ -2,8 +2,6 @@ use std::sync::Arc;
 
 use herald_protocol::Since;
 
-use redb::ReadableTable;
-
 use super::*;
 
 use crate::conformance::Recorder;
@@ -129,7 +127,7 @@ async fn removed_history_gets_a_new_epoch_that_is_remembered() {
 }
 
 #[tokio::test]
-async fn a_damaged_file_is_refused_with_its_path() {
+async fn a_damaged_checkpoint_is_refused_with_its_path() {
     let dir = tempfile::tempdir().unwrap();
     {
         let (broker, _) = open(dir.path());
@@ -144,35 +142,50 @@ async fn a_damaged_file_is_refused_with_its_path() {
                 .unwrap();
         }
     }
-    let file = dir.path().join(store::FILE_NAME);
-    let len = std::fs::metadata(&file).unwrap().len();
-    // Truncated.
-    let truncated = tempfile::tempdir().unwrap();
+    let file = dir.path().join(checkpoint::FILE_NAME);
     let bytes = std::fs::read(&file).unwrap();
-    std::fs::write(
-        truncated.path().join(store::FILE_NAME),
-        &bytes[..(len / 3) as usize],
-    )
-    .unwrap();
-    // Overwritten header.
-    let scribbled = tempfile::tempdir().unwrap();
-    let mut bad = bytes.clone();
-    bad[..512].fill(0x5a);
-    std::fs::write(scribbled.path().join(store::FILE_NAME), &bad).unwrap();
-    for dir in [truncated.path(), scribbled.path()] {
-        let err =
-            DurableBroker::open(dir, SyncPolicy::Group, Arc::new(Recorder::default())).unwrap_err();
+    let mut scribbled = bytes.clone();
+    scribbled[..64].fill(0x5a);
+    for bad in [bytes[..bytes.len() / 3].to_vec(), scribbled] {
+        std::fs::write(&file, &bad).unwrap();
+        let err = DurableBroker::open(dir.path(), SyncPolicy::Group, Arc::new(Recorder::default()))
+            .unwrap_err();
         let message = err.to_string();
         assert!(matches!(err, OpenError::Damaged { .. }), "{message}");
         assert!(
-            message.contains(store::FILE_NAME) && message.contains("new epoch"),
+            message.contains(checkpoint::FILE_NAME) && message.contains("new epoch"),
             "{message}"
         );
     }
 }
 
+/// Moving a damaged checkpoint away, as its error says, rebuilds the index from the log
+/// while the log still holds everything from its first entry.
+#[tokio::test]
+async fn without_its_checkpoint_the_index_is_rebuilt_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let epoch = {
+        let (broker, _) = open(dir.path());
+        publish_long_runs(&broker, "a", 30).await
+    };
+    std::fs::remove_file(dir.path().join(checkpoint::FILE_NAME)).unwrap();
+    let (broker, _) = open(dir.path());
+    let h = broker
+        .history(
+            &ch("a"),
+            HistoryQuery {
+                since: since(0, &epoch),
+                limit: 100,
+                max_bytes: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(offsets(&h), (1..=30).collect::<Vec<_>>());
+}
+
 /// Publishes `count` strings of 200 bytes, mostly a run of `Q` that only stored payloads
-/// hold (so a test can find them in the file); returns the epoch.
+/// hold (so a test can find them in the files); returns the epoch.
 async fn publish_long_runs(broker: &DurableBroker, channel: &str, count: usize) -> Epoch {
     let mut epoch = None;
     for i in 0..count {
@@ -189,8 +202,32 @@ async fn publish_long_runs(broker: &DurableBroker, channel: &str, count: usize) 
     epoch.expect("count > 0")
 }
 
-/// Records that fail Herald's own checksums (while redb's pages are intact) are never
-/// served: their channel starts a new epoch, an intact one keeps everything.
+/// Changes a byte of every stored publication whose run of `Q` holds `marker` (its number),
+/// in whichever file holds it.
+fn damage_records(dir: &Path, markers: &[usize]) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        if !name.starts_with("herald.wal.") && !name.starts_with("herald.pack.") {
+            continue;
+        }
+        let mut bytes = std::fs::read(&path).unwrap();
+        for marker in markers {
+            let needle = format!("QQQQ{marker}\"");
+            let found = bytes
+                .windows(needle.len())
+                .position(|w| w == needle.as_bytes());
+            if let Some(at) = found {
+                bytes[at] = b'R';
+            }
+        }
+        std::fs::write(&path, &bytes).unwrap();
+    }
+}
+
+/// Records that fail their checksums are never served: their channel's history is
+/// dropped and it starts a new epoch when a read finds them; an intact one keeps
+/// everything.
 #[tokio::test]
 async fn damaged_records_reset_their_channel_instead_of_being_served() {
     let dir = tempfile::tempdir().unwrap();
@@ -204,26 +241,7 @@ async fn damaged_records_reset_their_channel_instead_of_being_served() {
             .epoch;
         (damaged, intact)
     };
-    // Three records whose data no longer matches their checksum, written through redb so
-    // its own page checksums still pass: what a bug or another program could leave.
-    {
-        let db = redb::Database::create(dir.path().join(store::FILE_NAME)).unwrap();
-        let write = db.begin_write().unwrap();
-        {
-            let mut table = write.open_table(store::PUBLICATIONS).unwrap();
-            for offset in [10u64, 150, 290] {
-                let (at, crc) = {
-                    let old = table.get(("hit", offset)).unwrap().unwrap();
-                    let (at, crc, _) = old.value();
-                    (at, crc)
-                };
-                table
-                    .insert(("hit", offset), (at, crc, &b"\"altered\""[..]))
-                    .unwrap();
-            }
-        }
-        write.commit().unwrap();
-    }
+    damage_records(dir.path(), &[10, 150, 290]);
 
     let (broker, _) = open(dir.path());
     let hit = broker
@@ -271,42 +289,11 @@ async fn damaged_records_reset_their_channel_instead_of_being_served() {
     assert_eq!(offsets(&intact), [1]);
 }
 
-/// Bytes damaged on disk fail redb's page checksums, which are checked at every open: the
-/// file is refused with its name, before anything reads or writes it (a damaged page can
-/// make redb panic inside a destructor, which would abort the process).
+/// A clean stop checkpoints everything, so the next open replays no log; the history and
+/// epochs read back the same.
 #[tokio::test]
-async fn a_damaged_page_is_refused_before_anything_reads_it() {
+async fn a_clean_stop_leaves_nothing_to_replay() {
     let dir = tempfile::tempdir().unwrap();
-    {
-        let (broker, _) = open(dir.path());
-        publish_long_runs(&broker, "hit", 300).await;
-    }
-    let file = dir.path().join(store::FILE_NAME);
-    let mut bytes = std::fs::read(&file).unwrap();
-    // One byte in the middle of a long run of `Q`: only a stored payload holds those.
-    let run = bytes
-        .windows(150)
-        .position(|w| w.iter().all(|b| *b == b'Q'))
-        .unwrap();
-    bytes[run + 75] = b'R';
-    std::fs::write(&file, &bytes).unwrap();
-    let err = DurableBroker::open(dir.path(), SyncPolicy::Group, Arc::new(Recorder::default()))
-        .unwrap_err();
-    assert!(matches!(err, OpenError::Damaged { .. }), "{err}");
-    assert!(
-        err.to_string().contains(&file.display().to_string()),
-        "{err}"
-    );
-}
-
-/// A clean stop seals the file, and the next open trusts it instead of reading every page
-/// (restart time stays flat as history grows), serving the same history. No seal exists
-/// while a store is open, so a crash leaves none and the open after it checks everything;
-/// so does an open after anything wrote to the file, even the same bytes.
-#[tokio::test]
-async fn a_cleanly_closed_file_is_opened_without_reading_every_page() {
-    let dir = tempfile::tempdir().unwrap();
-    let seal = dir.path().join(seal::SEAL_FILE_NAME);
     let all = HistoryQuery {
         since: None,
         limit: 100,
@@ -314,27 +301,14 @@ async fn a_cleanly_closed_file_is_opened_without_reading_every_page() {
     };
     let epoch = {
         let (broker, _) = open(dir.path());
-        assert!(!broker.opened_sealed(), "a new file");
         publish_long_runs(&broker, "a", 20).await
     };
-    assert!(seal.exists(), "a clean stop seals the file");
-    {
-        let (broker, _) = open(dir.path());
-        assert!(broker.opened_sealed());
-        assert!(
-            !seal.exists(),
-            "taken at open: a crash from here leaves none"
-        );
-        let h = broker.history(&ch("a"), all.clone()).await.unwrap();
-        assert_eq!(h.position.epoch, epoch);
-        assert_eq!(offsets(&h), (1..=20).collect::<Vec<_>>());
-    }
-    let file = dir.path().join(store::FILE_NAME);
-    std::fs::write(&file, std::fs::read(&file).unwrap()).unwrap();
+    let found = checkpoint::read(dir.path()).unwrap().unwrap();
+    assert_eq!((found.applied, found.unflushed), (20, false));
     let (broker, _) = open(dir.path());
-    assert!(!broker.opened_sealed(), "written after its seal: checked");
     let h = broker.history(&ch("a"), all).await.unwrap();
-    assert_eq!((h.position.epoch, h.publications.len()), (epoch, 20));
+    assert_eq!(h.position.epoch, epoch);
+    assert_eq!(offsets(&h), (1..=20).collect::<Vec<_>>());
 }
 
 #[tokio::test]
@@ -435,58 +409,141 @@ async fn streams_made_by_reads_are_bounded_by_the_sweep() {
     crate::conformance::reads_are_bounded_by_the_sweep(&shared, || broker.sweep()).await;
 }
 
-/// Issue #35: the store keeps at most `cache_bytes` of its pages in memory; a history
-/// larger than the cache is still read back whole, after a restart, by a store whose cache
-/// holds a small part of it.
+/// A history of many megabytes, across several segments of the log, reads back whole
+/// after a restart.
 #[tokio::test]
-async fn a_history_larger_than_the_cache_reads_back_whole() {
+async fn a_large_history_reads_back_whole() {
     let dir = tempfile::tempdir().unwrap();
-    let tiny = StoreOptions {
+    let options = StoreOptions {
         sync_interval: DEFAULT_SYNC_INTERVAL,
-        sync: SyncPolicy::Group,
-        cache_bytes: 64 << 10,
+        sync: SyncPolicy::Interval,
     };
     let policy = StreamPolicy {
-        history_size: 2000,
+        history_size: 10_000,
         ..StreamPolicy::default()
     };
     let record = |i: usize| Bytes::from(format!("{i:0>2000}"));
     {
         let sink = Arc::new(Recorder::default());
-        let broker = DurableBroker::open(dir.path(), tiny, sink).unwrap();
-        for i in 0..900 {
+        let broker = DurableBroker::open(dir.path(), options, sink).unwrap();
+        for i in 0..9000 {
             broker
                 .publish(&ch("chat:big"), record(i), policy)
                 .await
                 .unwrap();
         }
     }
-    let size = std::fs::metadata(dir.path().join(store::FILE_NAME))
-        .unwrap()
-        .len();
-    assert!(
-        size > 20 * (64 << 10),
-        "the file ({size} B) is many caches large"
-    );
-    let broker = DurableBroker::open(dir.path(), tiny, Arc::new(Recorder::default())).unwrap();
-    let h = broker
-        .history(
-            &ch("chat:big"),
-            HistoryQuery {
-                since: Some(Since {
-                    offset: 0,
-                    epoch: None,
-                }),
-                limit: 2000,
-                max_bytes: None,
-            },
+    let segments = wal::segments(dir.path()).unwrap().len();
+    assert!(segments > 1, "{segments} segment");
+    let broker = DurableBroker::open_with(
+        dir.path(),
+        options,
+        Arc::new(Recorder::default()),
+        Arc::new(move |_| policy),
+    )
+    .unwrap();
+    let mut read = Vec::new();
+    while read.len() < 9000 {
+        let h = broker
+            .history(
+                &ch("chat:big"),
+                HistoryQuery {
+                    since: Some(Since {
+                        offset: read.len() as u64,
+                        epoch: None,
+                    }),
+                    limit: 1000,
+                    max_bytes: None,
+                },
+            )
+            .await
+            .unwrap();
+        assert!(!h.publications.is_empty(), "after {}", read.len());
+        read.extend(h.publications);
+    }
+    assert!(read.iter().enumerate().all(|(i, p)| p.record == record(i)));
+}
+
+/// Bytes of the store's files in `dir`, and whether any is packed history.
+fn store_bytes(dir: &Path) -> (u64, bool) {
+    let mut total = 0;
+    let mut packed = false;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        packed |= name.starts_with("herald.pack.");
+        if name.starts_with("herald.wal.") || name.starts_with("herald.pack.") {
+            total += entry.metadata().unwrap().len();
+        }
+    }
+    (total, packed)
+}
+
+/// Issue #35: the files give back what is no longer kept. A channel that keeps 10
+/// publications churns through many segments while a quiet one keeps a few in each: the
+/// quiet one's are packed elsewhere and the segments deleted, so the store stays within
+/// 4/3 of what it keeps (plus the segment being written), and both read back whole after
+/// a restart.
+#[tokio::test]
+async fn dead_history_is_given_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = StoreOptions {
+        sync_interval: DEFAULT_SYNC_INTERVAL,
+        sync: SyncPolicy::Interval,
+    };
+    let churn = StreamPolicy {
+        history_size: 10,
+        ..StreamPolicy::default()
+    };
+    let quiet = StreamPolicy::default();
+    let policies: Policies = Arc::new(move |c: &ChannelName| match c.as_str() {
+        "quiet" => quiet,
+        _ => churn,
+    });
+    let record = |i: usize| Bytes::from(format!("\"{i:0>300}\""));
+    let (size, live) = {
+        let broker = DurableBroker::open_with(
+            dir.path(),
+            options,
+            Arc::new(Recorder::default()),
+            policies.clone(),
         )
-        .await
         .unwrap();
-    assert_eq!(h.publications.len(), 900);
-    assert!(h
-        .publications
-        .iter()
-        .enumerate()
-        .all(|(i, p)| p.record == record(i)));
+        for i in 0..6000 {
+            let (channel, policy) = if i % 20 == 0 {
+                ("quiet", quiet)
+            } else {
+                ("churn", churn)
+            };
+            broker
+                .publish(&ch(channel), record(i), policy)
+                .await
+                .unwrap();
+        }
+        broker.footprint()
+    };
+    let (on_disk, packed) = store_bytes(dir.path());
+    assert!(packed, "nothing was packed");
+    let segment = super::committer::SEGMENT_BYTES;
+    assert!(
+        on_disk <= live * 4 / 3 + 2 * segment,
+        "{on_disk} B on disk for {live} B kept ({size} B by the index)"
+    );
+    let broker =
+        DurableBroker::open_with(dir.path(), options, Arc::new(Recorder::default()), policies)
+            .unwrap();
+    let all = |offset| HistoryQuery {
+        since: Some(Since {
+            offset,
+            epoch: None,
+        }),
+        limit: 1000,
+        max_bytes: None,
+    };
+    let q = broker.history(&ch("quiet"), all(0)).await.unwrap();
+    let want: Vec<Bytes> = (0..6000).step_by(20).map(record).collect();
+    let got: Vec<Bytes> = q.publications.into_iter().map(|p| p.record).collect();
+    assert_eq!(got, want);
+    let c = broker.history(&ch("churn"), all(5700 - 10)).await.unwrap();
+    assert_eq!(c.publications.len(), 10);
 }

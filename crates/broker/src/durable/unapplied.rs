@@ -128,6 +128,7 @@ mod tests {
             at_ms: 0,
             data: Bytes::from(data),
             history_size: 10,
+            written: None,
         }
     }
 

@@ -1,29 +1,23 @@
-//! The write-ahead log: what makes a publication durable before it is acknowledged.
-//!
-//! A commit of the database file rewrites B-tree pages and the allocator's state, which
-//! costs far more CPU than the bytes it stores; an append of the same records and one
-//! `fdatasync` costs little more than the bytes. So the writer appends each batch here,
-//! syncs, and acknowledges; the applier writes batches of many commits into the database
-//! later, and segments whose entries all reached the database (durably) are deleted.
+//! The write-ahead log's format: what makes a publication durable before it is
+//! acknowledged, and where it is kept. The log is the store: each publication is appended
+//! once, and read back from where it lies (see `index`).
 //!
 //! A segment file is a header (magic, the store's run mark, the first entry's number) and
 //! then batches. A batch is `[body length u32][entry count u32][first entry's number u64]
 //! [CRC-32 u32][body]`, the CRC covering count, number and body. Entries are numbered
-//! consecutively across batches and segments (their log sequence number, LSN); the
-//! database records the last one it applied, so replay applies each entry exactly once.
+//! consecutively across batches and segments (their log sequence number, LSN); the index's
+//! checkpoint records the last one it holds, so replay applies each entry exactly once.
 //!
 //! Reading back ([`scan`]) tells a torn tail from damage: a crash mid-append leaves the last
 //! batch short or failing its CRC with nothing valid after it, and that batch was never
-//! acknowledged (it is acknowledged only after the sync), so it is dropped. A batch that
-//! fails while a valid one follows it means bytes were damaged inside the log: the entries
-//! in it cannot be known, so the caller gives every stream a new epoch.
+//! acknowledged (it is acknowledged only after it is written), so it is dropped. A batch
+//! that fails while a valid one follows it means bytes were damaged inside the log: the
+//! entries in it cannot be known; reading goes on after it, and the caller gives every
+//! stream a new epoch if they were not in the index already.
 
 use std::{
-    fs::File,
     io,
-    os::unix::fs::FileExt,
     path::{Path, PathBuf},
-    sync::Arc,
 };
 
 /// What the log records. Trims are not logged: one lost in a crash is done again by the
@@ -62,7 +56,7 @@ pub enum Entry {
 const MAGIC: &[u8; 8] = b"HRLDWAL1";
 /// Magic, run mark, first LSN, CRC of those, padding.
 pub const HEADER_LEN: usize = 32;
-const BATCH_HEADER_LEN: usize = 20;
+pub const BATCH_HEADER_LEN: usize = 20;
 /// Larger batches are not written; a length beyond it is damage, not a batch.
 const MAX_BODY: usize = 1 << 30;
 
@@ -194,11 +188,61 @@ pub struct Scan {
     pub first_lsn: u64,
     /// Every entry of its valid batches, with its LSN, in order.
     pub entries: Vec<(u64, Entry)>,
+    /// Where each of `entries` lies in the segment, in the same order.
+    pub spans: Vec<Span>,
     /// Where the valid batches end: appends continue here.
     pub end: usize,
     /// A batch failed while a later one is valid, or the header is bad: entries were lost
     /// inside the log, not at a torn tail.
     pub damaged: bool,
+    /// When damaged: the entry numbers lost, as half-open ranges (`u64::MAX`: up to
+    /// wherever the segment would have ended). Reading goes on after a damaged batch whose
+    /// length is intact and that a valid batch follows.
+    pub lost: Vec<(u64, u64)>,
+}
+
+/// Where an entry's bytes lie in a file, and their CRC-32: what reads it back later checks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Span {
+    /// Where the entry starts.
+    pub pos: u32,
+    /// Its length.
+    pub len: u32,
+    /// CRC-32 of those bytes.
+    pub crc: u32,
+}
+
+impl Span {
+    /// The span of `bytes`, found at `pos`.
+    pub fn of(pos: u64, bytes: &[u8]) -> Self {
+        Self {
+            pos: pos as u32,
+            len: bytes.len() as u32,
+            crc: crc32fast::hash(bytes),
+        }
+    }
+}
+
+/// A publication entry's parts, borrowed from its bytes (exactly one entry): channel,
+/// epoch, offset, time and data. `None` for anything else.
+pub fn publication(bytes: &[u8]) -> Option<(&str, &str, u64, u64, &[u8])> {
+    let mut r = Reader(bytes);
+    if r.u8()? != PUBLISH {
+        return None;
+    }
+    let channel = r.str(true)?;
+    let epoch = r.str(false)?;
+    let offset = r.u64()?;
+    let at_ms = r.u64()?;
+    let len = u32::from_le_bytes(r.take(4)?.try_into().ok()?) as usize;
+    let data = r.take(len)?;
+    r.0.is_empty()
+        .then_some((channel, epoch, offset, at_ms, data))
+}
+
+/// How many bytes a publication's entry takes beyond its data.
+pub fn publication_overhead(channel: &str, epoch: &str) -> usize {
+    1 + 2 + channel.len() + 1 + epoch.len() + 8 + 8 + 4
 }
 
 /// Reads a segment's bytes. Never panics, whatever they are.
@@ -208,11 +252,15 @@ pub fn scan(bytes: &[u8]) -> Scan {
         // A segment is created with its header synced before anything is appended: a
         // shorter one was never used.
         scan.damaged = !bytes.is_empty();
+        if scan.damaged {
+            scan.lost.push((0, u64::MAX));
+        }
         return scan;
     };
     let crc = u32::from_le_bytes(h[24..28].try_into().unwrap_or_default());
     if &h[..8] != MAGIC || crc != crc32fast::hash(&h[..24]) {
         scan.damaged = true;
+        scan.lost.push((0, u64::MAX));
         return scan;
     }
     scan.run = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default());
@@ -223,16 +271,41 @@ pub fn scan(bytes: &[u8]) -> Scan {
         match read_batch(&bytes[pos..], next_lsn) {
             Ok((len, entries)) => {
                 next_lsn += entries.len() as u64;
-                scan.entries.extend(entries);
+                for (lsn, entry, start, end) in entries {
+                    let at = pos + BATCH_HEADER_LEN;
+                    scan.spans
+                        .push(Span::of((at + start) as u64, &bytes[at + start..at + end]));
+                    scan.entries.push((lsn, entry));
+                }
                 pos += len;
             }
             Err(skip) => {
+                // A valid batch right after a bad one: what the bad one held is lost, and
+                // reading goes on.
+                let rest = skip
+                    .and_then(|len| bytes.get(pos + len..))
+                    .unwrap_or_default();
+                let resumed = rest
+                    .get(8..16)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_le_bytes)
+                    .filter(|first| *first > next_lsn && read_batch(rest, *first).is_ok());
+                if let (Some(len), Some(first)) = (skip, resumed) {
+                    scan.damaged = true;
+                    scan.lost.push((next_lsn, first));
+                    next_lsn = first;
+                    pos += len;
+                    continue;
+                }
                 // Valid bytes after a bad batch: damage inside the log, not a torn tail.
-                scan.damaged = skip.is_some_and(|len| {
-                    let rest = bytes.get(pos + len..).unwrap_or_default();
+                let damaged = skip.is_some_and(|_| {
                     !rest.is_empty() && read_batch(rest, next_lsn).is_ok()
                         || rest.len() >= BATCH_HEADER_LEN && rest.iter().any(|b| *b != 0)
                 });
+                if damaged {
+                    scan.damaged = true;
+                    scan.lost.push((next_lsn, u64::MAX));
+                }
                 break;
             }
         }
@@ -241,10 +314,12 @@ pub fn scan(bytes: &[u8]) -> Scan {
     scan
 }
 
+/// An entry of a batch, with its LSN and where it starts and ends in the batch's body.
+type Read = (u64, Entry, usize, usize);
+
 /// One batch at the start of `bytes`, numbered from `lsn`: its length and entries, or, if
 /// it is not valid, its declared length when that is plausible (to look past it).
-#[allow(clippy::type_complexity)]
-fn read_batch(bytes: &[u8], lsn: u64) -> Result<(usize, Vec<(u64, Entry)>), Option<usize>> {
+fn read_batch(bytes: &[u8], lsn: u64) -> Result<(usize, Vec<Read>), Option<usize>> {
     let head = bytes.get(..BATCH_HEADER_LEN).ok_or(None)?;
     let word = |at: usize| u32::from_le_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
     let body_len = word(0) as usize;
@@ -264,8 +339,9 @@ fn read_batch(bytes: &[u8], lsn: u64) -> Result<(usize, Vec<(u64, Entry)>), Opti
     let mut entries = Vec::with_capacity((count as usize).min(body_len));
     let mut r = Reader(body);
     for i in 0..u64::from(count) {
+        let start = body_len - r.0.len();
         let entry = r.entry().ok_or(Some(len))?;
-        entries.push((lsn + i, entry));
+        entries.push((lsn + i, entry, start, body_len - r.0.len()));
     }
     if !r.0.is_empty() {
         return Err(Some(len));
@@ -275,8 +351,8 @@ fn read_batch(bytes: &[u8], lsn: u64) -> Result<(usize, Vec<(u64, Entry)>), Opti
 
 struct Reader<'a>(&'a [u8]);
 
-impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Option<&[u8]> {
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         let (head, rest) = (self.0.get(..n)?, self.0.get(n..)?);
         self.0 = rest;
         Some(head)
@@ -288,12 +364,15 @@ impl Reader<'_> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
     }
     fn text(&mut self, wide: bool) -> Option<String> {
+        self.str(wide).map(str::to_owned)
+    }
+    fn str(&mut self, wide: bool) -> Option<&'a str> {
         let len = if wide {
             u16::from_le_bytes(self.take(2)?.try_into().ok()?) as usize
         } else {
             self.u8()? as usize
         };
-        String::from_utf8(self.take(len)?.to_vec()).ok()
+        std::str::from_utf8(self.take(len)?).ok()
     }
     fn entry(&mut self) -> Option<Entry> {
         Some(match self.u8()? {
@@ -321,122 +400,6 @@ impl Reader<'_> {
             },
             _ => return None,
         })
-    }
-}
-
-/// The segment being appended to. Its file is grown in chunks of zeros ahead of the
-/// appends: a sync of bytes written into blocks the file already has flushes only them,
-/// while one that also grows the file commits the file system's journal too (on this
-/// machine 45 against 55 us of CPU per sync).
-pub struct Segment {
-    /// Shared with whoever syncs it without holding the log (see [`Segment::file`]).
-    file: Arc<File>,
-    pub first_lsn: u64,
-    /// Bytes of valid batches: the next one goes here.
-    pub len: u64,
-    /// The file's size: zeros from `len` on.
-    capacity: u64,
-    /// The end of the last write tried, which may have left bytes after `len`.
-    dirty_to: u64,
-    /// Tests: the next sync fails, as a disk's error would make it.
-    #[cfg(test)]
-    pub fail_next_sync: bool,
-}
-
-/// How much a segment's file grows at a time.
-const CHUNK: u64 = 1 << 20;
-
-impl Segment {
-    /// Creates the segment for entries from `first_lsn`, its header synced, and the
-    /// directory synced so the file's name survives a crash.
-    pub fn create(dir: &Path, run: u64, first_lsn: u64) -> io::Result<Self> {
-        let path = segment_path(dir, first_lsn);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)?;
-        let mut segment = Self {
-            file: Arc::new(file),
-            first_lsn,
-            len: HEADER_LEN as u64,
-            capacity: 0,
-            dirty_to: 0,
-            #[cfg(test)]
-            fail_next_sync: false,
-        };
-        segment.grow(CHUNK)?;
-        segment.file.write_all_at(&header(run, first_lsn), 0)?;
-        segment.file.sync_all()?;
-        File::open(dir)?.sync_all()?;
-        Ok(segment)
-    }
-
-    /// Grows the file with zeros to at least `size`, a page per write.
-    ///
-    /// Page by page because the kernel (Linux 6.18, ext4) caches a file written in 1 MiB
-    /// writes in folios as large, and every later small write into such a folio costs
-    /// 3-6x more (it walks the folio's blocks): 1.5-3.1 against 0.4-0.5 us per 300-byte
-    /// append here. Zeros rather than `fallocate`, so a sync does not also commit the
-    /// blocks' allocation.
-    fn grow(&mut self, size: u64) -> io::Result<()> {
-        const PAGE: usize = 4096;
-        static ZEROS: [u8; PAGE] = [0; PAGE];
-        // Every append calls this; it returns at once unless the file must grow.
-        while self.capacity < size {
-            self.dirty_to = self.dirty_to.max(self.capacity + CHUNK);
-            for page in (0..CHUNK).step_by(PAGE) {
-                self.file.write_all_at(&ZEROS, self.capacity + page)?;
-            }
-            self.capacity += CHUNK;
-        }
-        Ok(())
-    }
-
-    /// Writes a batch after the last good one; synced when `sync`.
-    pub fn append(&mut self, bytes: &[u8], sync: bool) -> io::Result<()> {
-        let end = self.len + bytes.len() as u64;
-        self.grow(end)?;
-        self.dirty_to = self.dirty_to.max(end);
-        self.file.write_all_at(bytes, self.len)?;
-        if sync {
-            self.sync()?;
-        }
-        self.len = end;
-        Ok(())
-    }
-
-    /// Makes every append so far durable.
-    pub fn sync(&mut self) -> io::Result<()> {
-        #[cfg(test)]
-        if std::mem::take(&mut self.fail_next_sync) {
-            return Err(io::Error::other("a sync failed on purpose"));
-        }
-        self.file.sync_data()
-    }
-
-    /// The file, to sync without holding the segment: a sync makes every append made
-    /// before it durable, whoever made it.
-    pub fn file(&self) -> Arc<File> {
-        self.file.clone()
-    }
-
-    /// After a failed append: zeros what it left after the last valid batch, and checks
-    /// that the file can grow by 64 KiB again (a full disk has room again).
-    pub fn recover(&mut self) -> io::Result<()> {
-        if self.dirty_to > self.len {
-            let left = (self.dirty_to - self.len) as usize;
-            self.file.write_all_at(&vec![0u8; left], self.len)?;
-        }
-        self.file.set_len(self.capacity)?;
-        self.file
-            .write_all_at(&vec![0u8; 64 * 1024], self.capacity)?;
-        self.file.sync_data()?;
-        self.file.set_len(self.capacity)?;
-        self.file.sync_all()?;
-        self.dirty_to = self.capacity;
-        Ok(())
     }
 }
 
@@ -515,7 +478,7 @@ mod tests {
     }
 
     #[test]
-    fn a_bad_batch_followed_by_a_good_one_is_damage() {
+    fn a_bad_batch_followed_by_a_good_one_is_damage_read_past() {
         let batches: [&[Entry]; 3] = [
             &[publish("c", 1, b"one")],
             &[publish("c", 2, b"two")],
@@ -526,7 +489,11 @@ mod tests {
         bytes[second + BATCH_HEADER_LEN + 4] ^= 0x10; // inside the second batch's body
         let scan = scan(&bytes);
         assert!(scan.damaged);
-        assert_eq!(scan.entries.len(), 1);
+        // Read on past it: only the damaged batch's entry is lost.
+        let lsns: Vec<u64> = scan.entries.iter().map(|(l, _)| *l).collect();
+        assert_eq!(lsns, [1, 3]);
+        assert_eq!(scan.lost, [(2, 3)]);
+        assert_eq!(scan.end, bytes.len());
     }
 
     #[test]
@@ -547,35 +514,5 @@ mod tests {
         let scan = scan(&bytes);
         assert!(scan.entries.is_empty());
         assert_eq!(scan.end, HEADER_LEN);
-    }
-
-    #[test]
-    fn appends_survive_reopening_and_a_failed_append_is_cut_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut seg = Segment::create(dir.path(), 3, 1).unwrap();
-        let mut body = Vec::new();
-        encode(&mut body, &publish("c", 1, b"x"));
-        seg.append(&batch(1, 1, &body), true).unwrap();
-        let good = seg.len;
-        // What a failed append leaves behind, then the recovery.
-        seg.file.write_all_at(b"partial garbage", good).unwrap();
-        seg.dirty_to = good + 15;
-        seg.recover().unwrap();
-        let listed = segments(dir.path()).unwrap();
-        assert_eq!(listed.len(), 1);
-        let bytes = std::fs::read(&listed[0].1).unwrap();
-        assert_eq!(bytes.len() as u64, CHUNK, "grown ahead, in zeros");
-        assert!(bytes[good as usize..].iter().all(|b| *b == 0));
-        let read = scan(&bytes);
-        assert_eq!(
-            (read.entries.len(), read.end as u64, read.damaged),
-            (1, good, false)
-        );
-        // Appends go on after the valid batch, past a chunk's end too.
-        let mut body = Vec::new();
-        encode(&mut body, &publish("c", 2, &vec![1u8; CHUNK as usize]));
-        seg.append(&batch(2, 1, &body), true).unwrap();
-        let read = scan(&std::fs::read(&listed[0].1).unwrap());
-        assert_eq!((read.entries.len(), read.damaged), (2, false));
     }
 }

@@ -64,8 +64,9 @@ pub struct Config {
     /// is a loopback address, `localhost`, `127.0.0.1` and `::1`; otherwise any host (set it
     /// in production).
     pub allowed_hosts: Vec<String>,
-    /// Where durable history is kept (the file `herald.redb` inside). Default `herald-data`,
-    /// relative to the working directory.
+    /// Where durable history is kept (the log `herald.wal.*`, packed history `herald.pack.*`
+    /// and the index checkpoint `herald.index` inside). Default `herald-data`, relative to the
+    /// working directory.
     pub data_dir: std::path::PathBuf,
     /// Let several processes listen on the same address (`SO_REUSEPORT`): the kernel spreads
     /// new connections among them. For several nodes on one machine sharing channels
@@ -77,10 +78,10 @@ pub struct Config {
     /// share one fsync; an acknowledged publication is on disk, at an fsync's CPU and time
     /// per publish), `always` (one fsync each, before delivery), or `none` (never synced).
     pub sync: SyncMode,
-    /// Most memory, in bytes, the durable store keeps of its file's pages (its cache): idle
-    /// memory after a restart, however long the history, stays within about this. More
-    /// serves history reads of a large store from memory. Default 67108864 (64 MiB).
-    pub store_cache_bytes: usize,
+    /// Ignored (a warning says so): the setting of earlier versions for the durable store's
+    /// page cache. The store now reads history through the operating system's page cache;
+    /// the setting is still accepted so that their configuration files load.
+    pub store_cache_bytes: Option<usize>,
     /// With `sync = "interval"`, the longest an acknowledged publication waits to be
     /// synced, in milliseconds. Default 10.
     pub sync_interval_ms: u64,
@@ -218,7 +219,7 @@ impl Default for Config {
             data_dir: "herald-data".into(),
             reuse_port: false,
             sync: SyncMode::Interval,
-            store_cache_bytes: herald_broker::DEFAULT_CACHE_BYTES,
+            store_cache_bytes: None,
             sync_interval_ms: herald_broker::DEFAULT_SYNC_INTERVAL.as_millis() as u64,
             max_connections: 100_000,
             shutdown_timeout: Duration::from_secs(10),

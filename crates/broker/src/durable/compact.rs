@@ -1,0 +1,163 @@
+//! Giving disk space back. A file of the store holds publications of many channels; as
+//! they are trimmed, reset or forgotten its bytes die. After each checkpoint (which no
+//! longer points into them) files with nothing live are deleted ([`collect`]). When more
+//! than a quarter of all bytes are dead, the files with the least live in them have their
+//! live publications copied into a new packed file ([`pack`]); the next checkpoint points
+//! there, and the files they came from are collected after it. So the store stays within
+//! 4/3 of what it keeps, plus the segment being written.
+
+use std::{
+    fs::File,
+    io::{self, Write},
+    os::unix::fs::FileExt,
+    path::Path,
+    sync::Arc,
+};
+
+use herald_protocol::Epoch;
+use parking_lot::RwLock;
+
+use super::index::{packed_path, FileId, Index, Kind, Loc};
+use super::migrate::PACK_MAGIC;
+use super::wal::Span;
+
+/// Most live bytes one round of packing copies: the applier does nothing else meanwhile.
+const PACK_BUDGET: u64 = 32 << 20;
+
+/// Deletes the files nothing in the index points into, except the newest log segment (the
+/// writer may still be appending to it). Call it right after a checkpoint: the one before
+/// may still point into them, and replay after it needs only newer segments.
+pub(super) fn collect(index: &RwLock<Index>, dir: &Path) {
+    let dead: Vec<_> = {
+        let mut index = index.write();
+        let newest_log = newest_log(&index);
+        let ids: Vec<_> = index
+            .files
+            .iter()
+            .filter(|(id, f)| f.live == 0 && Some(**id) != newest_log)
+            .map(|(id, _)| *id)
+            .collect();
+        ids.into_iter()
+            .filter_map(|id| index.remove_file(id).map(|f| f.kind.path(dir, id)))
+            .collect()
+    };
+    for path in dead {
+        if let Err(e) = std::fs::remove_file(&path) {
+            tracing::warn!(error = %e, file = %path.display(), "a file of history nothing is kept in could not be deleted");
+        }
+    }
+}
+
+/// The newest log segment, which the writer may still append to: never packed nor
+/// collected.
+fn newest_log(index: &Index) -> Option<FileId> {
+    index
+        .files
+        .iter()
+        .filter_map(|(id, f)| match f.kind {
+            Kind::Log { first_lsn } => Some((first_lsn, *id)),
+            Kind::Packed => None,
+        })
+        .max()
+        .map(|(_, id)| id)
+}
+
+/// When more than a quarter of the store's bytes are dead, copies the live publications of
+/// the files with the least live in them (below three quarters) into a new packed file and
+/// points the index there; whether it did (the caller then checkpoints and collects).
+pub(super) fn pack(index: &RwLock<Index>, dir: &Path) -> io::Result<bool> {
+    // What to copy, chosen under the read lock: the applier, the only writer, is here.
+    let (id, moves) = {
+        let index = index.read();
+        let (size, live) = index.footprint();
+        if size * 3 <= live * 4 {
+            return Ok(false);
+        }
+        let newest = newest_log(&index);
+        let mut victims: Vec<(FileId, u64, u64)> = index
+            .files
+            .iter()
+            .filter(|(id, f)| Some(**id) != newest && f.live > 0 && f.live * 4 < f.size * 3)
+            .map(|(id, f)| (*id, f.live, f.size))
+            .collect();
+        // The least live share first.
+        victims.sort_by(|a, b| (a.1 * b.2).cmp(&(b.1 * a.2)));
+        let mut budget = 0;
+        victims.retain(|(_, live, _)| {
+            budget += live;
+            budget - live < PACK_BUDGET
+        });
+        if victims.is_empty() {
+            return Ok(false);
+        }
+        let mut moves: Vec<Move> = Vec::new();
+        for (channel, stream) in &index.streams {
+            for (i, loc) in stream.locs.iter().enumerate() {
+                if let Some(f) = victims.iter().find(|v| v.0 == loc.file) {
+                    moves.push(Move {
+                        channel: channel.clone(),
+                        epoch: stream.epoch.clone(),
+                        offset: stream.first + i as u64,
+                        from: *loc,
+                        file: index.files[&f.0].file.clone(),
+                    });
+                }
+            }
+        }
+        (index.next_file, moves)
+    };
+    // Copied without a lock, in file order (reads in sequence).
+    let mut moves = moves;
+    moves.sort_by_key(|m| (m.from.file, m.from.span.pos));
+    let path = packed_path(dir, id);
+    let file = File::create(&path)?;
+    let mut out = io::BufWriter::new(&file);
+    out.write_all(PACK_MAGIC)?;
+    let mut pos = PACK_MAGIC.len() as u64;
+    let mut moved = Vec::with_capacity(moves.len());
+    let mut buf = Vec::new();
+    for m in moves {
+        buf.resize(m.from.span.len as usize, 0);
+        m.file.read_exact_at(&mut buf, u64::from(m.from.span.pos))?;
+        // A damaged one stays where it is, for the read that finds it to reset its channel.
+        if crc32fast::hash(&buf) != m.from.span.crc {
+            continue;
+        }
+        out.write_all(&buf)?;
+        let to = Loc {
+            file: id,
+            span: Span::of(pos, &buf),
+            at_ms: m.from.at_ms,
+        };
+        pos += buf.len() as u64;
+        moved.push((m.channel, m.epoch, m.offset, to));
+    }
+    out.flush()?;
+    drop(out);
+    if moved.is_empty() {
+        // Only damaged ones were left: nothing to point elsewhere.
+        drop(file);
+        std::fs::remove_file(&path)?;
+        return Ok(false);
+    }
+    file.sync_all()?;
+    File::open(dir)?.sync_all()?;
+    let mut index = index.write();
+    index.add_file(id, Kind::Packed, Arc::new(File::open(&path)?), pos);
+    let count = moved.len();
+    for (channel, epoch, offset, to) in moved {
+        index.moved(&channel, &epoch, offset, to);
+    }
+    let (size, live) = index.footprint();
+    tracing::info!(file = %path.display(), publications = count, bytes = pos, store_bytes = size, live_bytes = live, "packed history");
+    Ok(true)
+}
+
+/// A kept publication to copy.
+struct Move {
+    channel: String,
+    epoch: Epoch,
+    offset: u64,
+    from: Loc,
+    file: Arc<File>,
+}

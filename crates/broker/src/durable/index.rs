@@ -1,0 +1,380 @@
+//! Where history lies: for every stream, its epoch and top, and for each publication it
+//! keeps, the file and span of its log entry (with the entry's CRC) and when it was
+//! published. The log's segments are the store: a publication is written once, to the
+//! log, and read back from there; this index, in memory, says where. It costs 24 bytes a
+//! kept publication. It is written whole to a checkpoint now and then (see `checkpoint`),
+//! and rebuilt at open from the last checkpoint and the log entries after it.
+//!
+//! Files hold dead bytes once what they hold is trimmed, reset or forgotten: each file's
+//! live bytes are counted here, so compaction knows which files are worth rewriting.
+
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    fs::File,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use herald_protocol::Epoch;
+
+use super::wal::{self, Span};
+
+/// A file of the store, numbered in the index.
+pub(crate) type FileId = u32;
+
+/// Where a kept publication's entry lies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Loc {
+    pub(crate) file: FileId,
+    pub(crate) span: Span,
+    /// When it was published, in ms since the Unix epoch (for trims by age).
+    pub(crate) at_ms: u64,
+}
+
+/// A stream as the store holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Stream {
+    pub(crate) epoch: Epoch,
+    /// The newest offset written.
+    pub(crate) top: u64,
+    /// When it was last published to (or reset).
+    pub(crate) last_ms: u64,
+    /// The offset of `locs[0]`.
+    pub(crate) first: u64,
+    /// The kept publications, oldest first, at consecutive offsets.
+    pub(crate) locs: VecDeque<Loc>,
+}
+
+impl Stream {
+    pub(crate) fn new(epoch: Epoch, top: u64, last_ms: u64) -> Self {
+        Self {
+            epoch,
+            top,
+            last_ms,
+            first: top + 1,
+            locs: VecDeque::new(),
+        }
+    }
+
+    /// The kept publication at `offset`.
+    pub(crate) fn at(&self, offset: u64) -> Option<&Loc> {
+        self.locs
+            .get(usize::try_from(offset.checked_sub(self.first)?).ok()?)
+    }
+}
+
+/// What a file of the store is, which names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A segment of the write-ahead log, named by its first entry's number.
+    Log { first_lsn: u64 },
+    /// Publications rewritten by compaction (or a migration), named by its id.
+    Packed,
+}
+
+impl Kind {
+    pub(crate) fn path(self, dir: &Path, id: FileId) -> PathBuf {
+        match self {
+            Kind::Log { first_lsn } => wal::segment_path(dir, first_lsn),
+            Kind::Packed => packed_path(dir, id),
+        }
+    }
+}
+
+/// The file of packed publications numbered `id`.
+pub(crate) fn packed_path(dir: &Path, id: FileId) -> PathBuf {
+    dir.join(format!("herald.pack.{id:010}"))
+}
+
+/// A file of the store.
+#[derive(Debug)]
+pub(crate) struct Stored {
+    pub(crate) kind: Kind,
+    pub(crate) file: Arc<File>,
+    /// Bytes it holds (for the file being appended to: as far as the index has seen).
+    pub(crate) size: u64,
+    /// Bytes of entries it holds that the index still points to.
+    pub(crate) live: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Index {
+    pub(crate) streams: HashMap<String, Stream>,
+    pub(crate) files: BTreeMap<FileId, Stored>,
+    /// The log's segments among `files`, by first entry's number.
+    logs: BTreeMap<u64, FileId>,
+    pub(crate) next_file: FileId,
+    /// The last log entry the index holds.
+    pub(crate) applied: u64,
+}
+
+impl Index {
+    /// Adds a file; its live bytes are counted as entries point to it.
+    pub(crate) fn add_file(&mut self, id: FileId, kind: Kind, file: Arc<File>, size: u64) {
+        if let Kind::Log { first_lsn } = kind {
+            self.logs.insert(first_lsn, id);
+        }
+        self.next_file = self.next_file.max(id + 1);
+        self.files.insert(
+            id,
+            Stored {
+                kind,
+                file,
+                size,
+                live: 0,
+            },
+        );
+    }
+
+    /// A new file's number.
+    pub(crate) fn new_file_id(&mut self) -> FileId {
+        let id = self.next_file;
+        self.next_file += 1;
+        id
+    }
+
+    /// The log segment starting at `first_lsn`, if the index has it.
+    pub(crate) fn log_file(&self, first_lsn: u64) -> Option<FileId> {
+        self.logs.get(&first_lsn).copied()
+    }
+
+    pub(crate) fn remove_file(&mut self, id: FileId) -> Option<Stored> {
+        let stored = self.files.remove(&id)?;
+        if let Kind::Log { first_lsn } = stored.kind {
+            self.logs.remove(&first_lsn);
+        }
+        Some(stored)
+    }
+
+    fn live(&mut self, loc: &Loc, by: i64) {
+        if let Some(f) = self.files.get_mut(&loc.file) {
+            f.live = f.live.saturating_add_signed(by * i64::from(loc.span.len));
+            if by > 0 {
+                f.size = f
+                    .size
+                    .max(u64::from(loc.span.pos) + u64::from(loc.span.len));
+            }
+        }
+    }
+
+    fn drop_locs(&mut self, locs: impl IntoIterator<Item = Loc>) {
+        for loc in locs {
+            self.live(&loc, -1);
+        }
+    }
+
+    /// A publication written at `loc`; the stream keeps at most `history_size`.
+    pub(crate) fn publish(
+        &mut self,
+        channel: &str,
+        epoch: &Epoch,
+        offset: u64,
+        loc: Loc,
+        history_size: usize,
+    ) {
+        let stream = self
+            .streams
+            .entry(channel.to_owned())
+            .or_insert_with(|| Stream::new(epoch.clone(), offset - 1, loc.at_ms));
+        let mut gone = Vec::new();
+        // A stream begun again (a reset or a forget not logged before it, as after damage)
+        // or a hole: what it held is not this run of offsets.
+        if stream.epoch != *epoch || stream.first + stream.locs.len() as u64 != offset {
+            gone.extend(stream.locs.drain(..));
+            stream.epoch = epoch.clone();
+            stream.first = offset;
+        }
+        stream.locs.push_back(loc);
+        stream.top = offset;
+        stream.last_ms = loc.at_ms;
+        while stream.locs.len() > history_size {
+            gone.extend(stream.locs.pop_front());
+            stream.first += 1;
+        }
+        self.live(&loc, 1);
+        self.drop_locs(gone);
+    }
+
+    /// The channel's history deleted; its stream starts again in `epoch`.
+    pub(crate) fn reset(&mut self, channel: &str, epoch: &Epoch, at_ms: u64) {
+        let old = self
+            .streams
+            .insert(channel.to_owned(), Stream::new(epoch.clone(), 0, at_ms));
+        if let Some(old) = old {
+            self.drop_locs(old.locs);
+        }
+    }
+
+    /// The channel removed entirely.
+    pub(crate) fn forget(&mut self, channel: &str) {
+        if let Some(old) = self.streams.remove(channel) {
+            self.drop_locs(old.locs);
+        }
+    }
+
+    /// Drops the channel's publications older than `older_than_ms`; when the oldest one
+    /// left was published (`None`: none left).
+    pub(crate) fn trim(&mut self, channel: &str, older_than_ms: u64) -> Option<u64> {
+        let stream = self.streams.get_mut(channel)?;
+        let mut gone = Vec::new();
+        while stream.locs.front().is_some_and(|l| l.at_ms < older_than_ms) {
+            gone.extend(stream.locs.pop_front());
+            stream.first += 1;
+        }
+        let oldest = stream.locs.front().map(|l| l.at_ms);
+        self.drop_locs(gone);
+        oldest
+    }
+
+    /// Drops what the channel keeps, as damaged: it starts again in a new epoch after its
+    /// top, so no offset is handed out twice and resuming clients are told.
+    pub(crate) fn drop_damaged(&mut self, channel: &str) {
+        if let Some(stream) = self.streams.get_mut(channel) {
+            let locs = std::mem::take(&mut stream.locs);
+            stream.epoch = Epoch::random(|| fastrand::u64(..));
+            stream.first = stream.top + 1;
+            self.drop_locs(locs);
+        }
+    }
+
+    /// Gives every stream a new epoch, keeping its history and offsets.
+    pub(crate) fn renew_epochs(&mut self) -> usize {
+        for stream in self.streams.values_mut() {
+            stream.epoch = Epoch::random(|| fastrand::u64(..));
+        }
+        self.streams.len()
+    }
+
+    /// Points the kept publication `offset` of `channel` in `epoch` to `loc` instead (it was
+    /// copied there); whether it was still kept.
+    pub(crate) fn moved(&mut self, channel: &str, epoch: &Epoch, offset: u64, loc: Loc) -> bool {
+        let Some(stream) = self.streams.get_mut(channel).filter(|s| s.epoch == *epoch) else {
+            return false;
+        };
+        let Some(i) = offset
+            .checked_sub(stream.first)
+            .and_then(|i| usize::try_from(i).ok())
+            .filter(|i| *i < stream.locs.len())
+        else {
+            return false;
+        };
+        let old = std::mem::replace(&mut stream.locs[i], loc);
+        self.live(&old, -1);
+        self.live(&loc, 1);
+        true
+    }
+
+    /// Counts every file's live bytes from the streams (after a checkpoint is read).
+    pub(crate) fn count_live(&mut self) {
+        for f in self.files.values_mut() {
+            f.live = 0;
+        }
+        let locs: Vec<Loc> = self
+            .streams
+            .values()
+            .flat_map(|s| s.locs.iter().copied())
+            .collect();
+        for loc in &locs {
+            self.live(loc, 1);
+        }
+    }
+
+    /// Bytes of all files, and of their live entries.
+    pub(crate) fn footprint(&self) -> (u64, u64) {
+        self.files
+            .values()
+            .fold((0, 0), |(size, live), f| (size + f.size, live + f.live))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loc(file: FileId, pos: u32, at_ms: u64) -> Loc {
+        Loc {
+            file,
+            span: Span {
+                pos,
+                len: 100,
+                crc: 7,
+            },
+            at_ms,
+        }
+    }
+
+    fn index() -> Index {
+        let mut index = Index::default();
+        let file = Arc::new(tempfile::tempfile().unwrap());
+        index.add_file(0, Kind::Log { first_lsn: 1 }, file, 32);
+        index
+    }
+
+    #[test]
+    fn a_stream_keeps_its_newest_within_its_size_and_counts_live_bytes() {
+        let mut index = index();
+        let e = Epoch::new("e1");
+        for offset in 1..=5 {
+            index.publish("a", &e, offset, loc(0, offset as u32 * 100, offset), 3);
+        }
+        let s = &index.streams["a"];
+        assert_eq!((s.first, s.top, s.locs.len()), (3, 5, 3));
+        assert_eq!(s.at(3).unwrap().span.pos, 300);
+        assert!(s.at(2).is_none() && s.at(6).is_none());
+        assert_eq!(index.files[&0].live, 300);
+        assert_eq!(index.files[&0].size, 600);
+    }
+
+    #[test]
+    fn trims_resets_and_forgets_free_their_bytes() {
+        let mut index = index();
+        let e = Epoch::new("e1");
+        for offset in 1..=4 {
+            index.publish(
+                "a",
+                &e,
+                offset,
+                loc(0, offset as u32 * 100, offset * 10),
+                100,
+            );
+            index.publish("b", &e, offset, loc(0, offset as u32 * 1000, offset), 100);
+        }
+        assert_eq!(index.trim("a", 25), Some(30));
+        assert_eq!(index.streams["a"].first, 3);
+        assert_eq!(index.files[&0].live, 600);
+        index.reset("a", &Epoch::new("e2"), 99);
+        assert_eq!(index.streams["a"].first, 1);
+        assert_eq!(index.files[&0].live, 400);
+        index.forget("b");
+        assert_eq!(index.files[&0].live, 0);
+        assert_eq!(index.trim("b", 1), None);
+    }
+
+    #[test]
+    fn a_publication_of_another_epoch_or_after_a_hole_starts_the_run_again() {
+        let mut index = index();
+        index.publish("a", &Epoch::new("e1"), 1, loc(0, 100, 1), 100);
+        index.publish("a", &Epoch::new("e1"), 2, loc(0, 200, 1), 100);
+        index.publish("a", &Epoch::new("e2"), 1, loc(0, 300, 1), 100);
+        assert_eq!(index.streams["a"].locs.len(), 1);
+        index.publish("a", &Epoch::new("e2"), 5, loc(0, 400, 1), 100);
+        let s = &index.streams["a"];
+        assert_eq!((s.first, s.locs.len()), (5, 1));
+        assert_eq!(index.files[&0].live, 100);
+    }
+
+    #[test]
+    fn a_move_repoints_a_kept_publication_only() {
+        let mut index = index();
+        index.add_file(1, Kind::Packed, Arc::new(tempfile::tempfile().unwrap()), 0);
+        let e = Epoch::new("e1");
+        for offset in 1..=3 {
+            index.publish("a", &e, offset, loc(0, offset as u32 * 100, 1), 2);
+        }
+        assert!(index.moved("a", &e, 3, loc(1, 8, 1)));
+        assert!(!index.moved("a", &e, 1, loc(1, 108, 1)));
+        assert!(!index.moved("a", &Epoch::new("e9"), 2, loc(1, 108, 1)));
+        assert_eq!((index.files[&0].live, index.files[&1].live), (100, 100));
+        assert_eq!(index.streams["a"].at(3).unwrap().file, 1);
+    }
+}
