@@ -46,7 +46,10 @@ use herald_protocol::{ChannelName, Epoch, Publication, Since, StreamPosition};
 
 /// The durable store's write-ahead log format, for the fuzzer.
 pub use durable::wal;
-pub use durable::{DurableBroker, OpenError, StoreOptions, SyncPolicy, DEFAULT_SYNC_INTERVAL};
+pub use durable::{
+    DurableBroker, OpenError, StoreOptions, SyncPolicy, DEFAULT_CHECKPOINT_BYTES,
+    DEFAULT_SEGMENT_BYTES, DEFAULT_SYNC_INTERVAL, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
+};
 pub use link::{Engine, NodeLink, NodeRequests, SharedLink};
 pub use memory::MemoryBroker;
 pub use presence::{

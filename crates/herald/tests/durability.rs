@@ -119,6 +119,152 @@ fn kill_9_during_a_publish_burst(args: &[&str]) {
     );
 }
 
+/// The store with segments of 64 KiB and a checkpoint every 64 KiB of log, so that a burst
+/// rotates segments, writes checkpoints and packs history many times over; a channel that
+/// keeps 20 publications makes the dead bytes that packing reclaims. Killed (`kill -9`)
+/// mid-burst, four times over, and stopped cleanly after each check: every acknowledged
+/// publication of the channel that keeps everything is there, with no holes, in the same
+/// epoch, and the churning one keeps its newest 20.
+#[test]
+fn kill_9_while_the_store_rotates_checkpoints_and_packs_loses_nothing() {
+    let data = tempfile::tempdir().unwrap();
+    let start = || {
+        let mut command = support::herald();
+        command
+            .env("HERALD_STORE_SEGMENT_BYTES", "65536")
+            .env("HERALD_STORE_CHECKPOINT_BYTES", "65536")
+            .env("HERALD_NAMESPACES__CHURN__HISTORY_SIZE", "20");
+        Server::spawn_with(&mut command, data.path(), &[])
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let keep = Arc::new(acks::Acked::default());
+    let churn = Arc::new(acks::Acked::default());
+    let mut kept: BTreeMap<u64, Value> = BTreeMap::new();
+    let mut epoch = Value::Null;
+    for round in 0..4 {
+        let mut server = start();
+        let url = server.url.clone();
+        let publishers: Vec<_> = (0..4)
+            .map(|p| {
+                let (url, acked) = (
+                    url.clone(),
+                    if p < 2 { keep.clone() } else { churn.clone() },
+                );
+                let channel = if p < 2 { "chat:keep" } else { "churn:x" };
+                rt.spawn(async move {
+                    let http = reqwest::Client::new();
+                    for i in 0..100 {
+                        let data = json!({ "r": round, "p": p, "i": i, "pad": "x".repeat(900) });
+                        let body = json!({ "channel": channel, "data": data });
+                        let sent = http
+                            .post(format!("{url}/api/publish"))
+                            .header("Authorization", format!("apikey {KEY}"))
+                            .json(&body)
+                            .send()
+                            .await;
+                        let Ok(r) = sent else { return };
+                        let Ok(v) = r.json::<Value>().await else {
+                            return;
+                        };
+                        let Some(offset) = v["offset"].as_u64() else {
+                            return;
+                        };
+                        acked.add(offset, json!([v["epoch"], body["data"]]));
+                    }
+                })
+            })
+            .collect();
+        // Killed at a different point of each round.
+        let target = 80 + 30 * round;
+        while keep.len() < target {
+            std::thread::yield_now();
+        }
+        let pid = server.child.id().to_string();
+        assert!(Command::new("kill")
+            .args(["-KILL", &pid])
+            .status()
+            .unwrap()
+            .success());
+        let _ = server.child.wait();
+        for p in publishers {
+            rt.block_on(p).unwrap();
+        }
+        kept.extend(keep.take());
+        let restarted = start();
+        let h = history(&rt, &restarted.url, "chat:keep");
+        let stored = stored_of(&h);
+        for (offset, data) in &kept {
+            assert_eq!(
+                stored.get(offset),
+                Some(data),
+                "round {round}: acknowledged offset {offset} lost, changed or of another epoch"
+            );
+        }
+        let top = h["offset"].as_u64().unwrap();
+        assert_eq!(
+            stored.keys().copied().collect::<Vec<_>>(),
+            (1..=top).collect::<Vec<_>>(),
+            "round {round}: no holes"
+        );
+        if round > 0 {
+            assert_eq!(h["epoch"], epoch, "round {round}: the same stream");
+        }
+        epoch = h["epoch"].clone();
+        let acked_churn = churn.take();
+        let c = history(&rt, &restarted.url, "churn:x");
+        let newest = stored_of(&c);
+        let top = c["offset"].as_u64().unwrap();
+        assert_eq!(
+            newest.len(),
+            20.min(top as usize),
+            "round {round}: churn keeps 20"
+        );
+        for (offset, data) in acked_churn.range(top.saturating_sub(19)..) {
+            assert_eq!(
+                newest.get(offset),
+                Some(data),
+                "round {round}: churn offset {offset}"
+            );
+        }
+        // A clean stop this time: its last checkpoint packs what the round left dead.
+        let mut restarted = restarted;
+        let pid = restarted.child.id().to_string();
+        assert!(Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success());
+        assert!(restarted.child.wait().unwrap().success());
+    }
+    let files: Vec<String> = std::fs::read_dir(data.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        files.iter().any(|f| f.starts_with("herald.pack.")),
+        "history was packed: {files:?}"
+    );
+}
+
+/// A history answer's publications by offset, each as [epoch, data].
+fn stored_of(h: &Value) -> BTreeMap<u64, Value> {
+    h["publications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["offset"].as_u64().unwrap(),
+                json!([h["epoch"], p["data"]]),
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn a_damaged_data_file_stops_the_server_with_a_message_naming_it() {
     let data = tempfile::tempdir().unwrap();

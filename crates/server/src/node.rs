@@ -266,6 +266,8 @@ impl Node {
         let options = herald_broker::StoreOptions {
             sync: settings.config.sync.into(),
             sync_interval: std::time::Duration::from_millis(settings.config.sync_interval_ms),
+            segment_bytes: settings.config.store_segment_bytes,
+            checkpoint_bytes: settings.config.store_checkpoint_bytes,
         };
         let rules = settings.clone();
         let policies = settings.policies();

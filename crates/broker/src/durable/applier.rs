@@ -26,12 +26,6 @@ const LINGER: Duration = Duration::from_millis(250);
 const MAX_OPS: usize = 50_000;
 /// How often the applier tries again when a segment cannot be opened.
 const RETRY: Duration = Duration::from_secs(1);
-/// Bytes of log between checkpoints: what an open after a crash reads at most (a sequential
-/// read and a decode: 64 MiB take well under a second).
-#[cfg(not(test))]
-pub(super) const CHECKPOINT_BYTES: u64 = 64 << 20;
-#[cfg(test)]
-pub(super) const CHECKPOINT_BYTES: u64 = 512 << 10;
 
 /// What the applier writes, in the writer's order.
 pub(crate) enum Op {
@@ -175,7 +169,7 @@ impl Applier {
             if !pending.is_empty() {
                 // A segment could not be opened: try again in a while.
                 std::thread::park_timeout(RETRY);
-            } else if self.since_checkpoint >= CHECKPOINT_BYTES {
+            } else if self.since_checkpoint >= self.options.checkpoint_bytes {
                 self.checkpoint(!self.options.sync.syncs_before_delivery());
             }
         }

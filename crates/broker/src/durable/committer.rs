@@ -31,14 +31,6 @@ use crate::{BrokerError, PublicationSink};
 /// How often the log is tried again while appends fail.
 const RETRY: Duration = Duration::from_secs(1);
 
-/// A segment past this size is closed and a new one started: compaction works a segment
-/// at a time.
-#[cfg(not(test))]
-pub(super) const SEGMENT_BYTES: u64 = 16 << 20;
-/// Small in tests, so that they rotate, checkpoint and compact.
-#[cfg(test)]
-pub(super) const SEGMENT_BYTES: u64 = 256 << 10;
-
 /// Most bytes of publications kept in memory for the applier (see [`Unapplied`]); past it,
 /// publications wait for the file to catch up.
 const MAX_UNAPPLIED_BYTES: usize = 256 << 20;
@@ -62,6 +54,8 @@ pub(super) struct Log {
     pub(super) body: Vec<u8>,
     /// With [`SyncPolicy::Interval`]: since when appends wait for a sync.
     pub(super) unsynced: Option<Instant>,
+    /// A segment past this size is closed and a new one started.
+    pub(super) segment_bytes: u64,
 }
 
 pub(crate) struct Writer {
@@ -415,7 +409,7 @@ impl Log {
     /// Starts a new segment once the current one is full; called after a batch's sync, so
     /// that the sync is of the segment that holds it.
     fn rotate_if_full(&mut self) {
-        if self.segment.len >= SEGMENT_BYTES {
+        if self.segment.len >= self.segment_bytes {
             self.rotate();
         }
     }

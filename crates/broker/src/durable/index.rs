@@ -212,6 +212,19 @@ impl Index {
         }
     }
 
+    /// Drops the channel's oldest publications beyond the newest `n`.
+    pub(crate) fn keep_newest(&mut self, channel: &str, n: usize) {
+        let Some(stream) = self.streams.get_mut(channel) else {
+            return;
+        };
+        let mut gone = Vec::new();
+        while stream.locs.len() > n {
+            gone.extend(stream.locs.pop_front());
+            stream.first += 1;
+        }
+        self.drop_locs(gone);
+    }
+
     /// Drops the channel's publications older than `older_than_ms`; when the oldest one
     /// left was published (`None`: none left).
     pub(crate) fn trim(&mut self, channel: &str, older_than_ms: u64) -> Option<u64> {

@@ -372,7 +372,7 @@ async fn a_group_sync_that_fails_after_delivery_keeps_the_publication() {
 /// acknowledgement waits for the sync of the file that holds it, not of the next one.
 #[tokio::test]
 async fn a_batch_that_fills_its_segment_is_synced_there() {
-    let big = Bytes::from(vec![b'x'; super::committer::SEGMENT_BYTES as usize]);
+    let big = Bytes::from(vec![b'x'; super::DEFAULT_SEGMENT_BYTES as usize]);
     let (_broker, _sink, _dir, answer) =
         publish_through_a_failing_sync(SyncPolicy::Group, big).await;
     assert!(

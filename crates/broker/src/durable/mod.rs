@@ -99,7 +99,29 @@ pub struct StoreOptions {
     /// With [`SyncPolicy::Interval`], the longest an acknowledged publication waits to be
     /// synced.
     pub sync_interval: std::time::Duration,
+    /// A log segment past this size is closed and a new one started (taken from
+    /// [`MIN_SEGMENT_BYTES`] to [`MAX_SEGMENT_BYTES`]): compaction works a file at a time.
+    pub segment_bytes: u64,
+    /// Bytes of log between checkpoints of the index: at most what an open after a crash
+    /// reads.
+    pub checkpoint_bytes: u64,
 }
+
+/// The size at which a log segment is closed, unless told otherwise.
+#[cfg(not(test))]
+pub const DEFAULT_SEGMENT_BYTES: u64 = 16 << 20;
+/// Small in tests, so that they rotate, checkpoint and compact.
+#[cfg(test)]
+pub const DEFAULT_SEGMENT_BYTES: u64 = 256 << 10;
+/// Bytes of log between checkpoints, unless told otherwise.
+#[cfg(not(test))]
+pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
+#[cfg(test)]
+pub const DEFAULT_CHECKPOINT_BYTES: u64 = 512 << 10;
+/// Smallest segment size taken.
+pub const MIN_SEGMENT_BYTES: u64 = 64 << 10;
+/// Largest segment size taken: positions in a file are 32-bit.
+pub const MAX_SEGMENT_BYTES: u64 = 1 << 30;
 
 /// How long a publication waits for its sync at most with [`SyncPolicy::Interval`], unless
 /// told otherwise.
@@ -110,6 +132,8 @@ impl From<SyncPolicy> for StoreOptions {
         Self {
             sync,
             sync_interval: DEFAULT_SYNC_INTERVAL,
+            segment_bytes: DEFAULT_SEGMENT_BYTES,
+            checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
         }
     }
 }
@@ -291,6 +315,10 @@ impl DurableBroker {
             once: Default::default(),
         });
         let now = now_ms();
+        // Replayed publications were indexed without their retention; this is it.
+        broker
+            .store
+            .keep_newest(|c| (broker.policies)(c).history_size);
         for (channel, mut meta) in streams {
             meta.policy = (broker.policies)(&channel);
             // What a loaded stream keeps is unknown until its first trim: look at it soon.

@@ -221,6 +221,9 @@ impl Store {
             next_lsn,
             body: Vec::new(),
             unsynced: None,
+            segment_bytes: options
+                .segment_bytes
+                .clamp(super::MIN_SEGMENT_BYTES, super::MAX_SEGMENT_BYTES),
         };
         let writer = Writer::start(
             log,
@@ -262,6 +265,20 @@ impl Store {
         match log.or_else(|| self.applier_failing.lock().clone()) {
             None => Ok(()),
             Some(why) => Err(format!("storage writes fail: {why}")),
+        }
+    }
+
+    /// Trims every stream to the newest publications its retention keeps (`keep`, by
+    /// channel), as publishing would.
+    pub(crate) fn keep_newest(&self, keep: impl Fn(&ChannelName) -> usize) {
+        let mut index = self.index.write();
+        let limits: Vec<(String, usize)> = index
+            .streams
+            .keys()
+            .filter_map(|c| Some((c.clone(), keep(&ChannelName::stored(c).ok()?))))
+            .collect();
+        for (channel, n) in limits {
+            index.keep_newest(&channel, n);
         }
     }
 

@@ -414,10 +414,7 @@ async fn streams_made_by_reads_are_bounded_by_the_sweep() {
 #[tokio::test]
 async fn a_large_history_reads_back_whole() {
     let dir = tempfile::tempdir().unwrap();
-    let options = StoreOptions {
-        sync_interval: DEFAULT_SYNC_INTERVAL,
-        sync: SyncPolicy::Interval,
-    };
+    let options = StoreOptions::from(SyncPolicy::Interval);
     let policy = StreamPolicy {
         history_size: 10_000,
         ..StreamPolicy::default()
@@ -487,10 +484,7 @@ fn store_bytes(dir: &Path) -> (u64, bool) {
 #[tokio::test]
 async fn dead_history_is_given_back() {
     let dir = tempfile::tempdir().unwrap();
-    let options = StoreOptions {
-        sync_interval: DEFAULT_SYNC_INTERVAL,
-        sync: SyncPolicy::Interval,
-    };
+    let options = StoreOptions::from(SyncPolicy::Interval);
     let churn = StreamPolicy {
         history_size: 10,
         ..StreamPolicy::default()
@@ -524,7 +518,7 @@ async fn dead_history_is_given_back() {
     };
     let (on_disk, packed) = store_bytes(dir.path());
     assert!(packed, "nothing was packed");
-    let segment = super::committer::SEGMENT_BYTES;
+    let segment = DEFAULT_SEGMENT_BYTES;
     assert!(
         on_disk <= live * 4 / 3 + 2 * segment,
         "{on_disk} B on disk for {live} B kept ({size} B by the index)"
@@ -546,4 +540,34 @@ async fn dead_history_is_given_back() {
     assert_eq!(got, want);
     let c = broker.history(&ch("churn"), all(5700 - 10)).await.unwrap();
     assert_eq!(c.publications.len(), 10);
+}
+
+/// What a crash in the middle of compaction or of a checkpoint leaves: a packed file the
+/// checkpoint does not know yet, and a checkpoint's unfinished copy. Both are ignored and
+/// deleted at the next open, and history reads back from where the checkpoint says.
+#[tokio::test]
+async fn a_compaction_or_checkpoint_cut_short_is_cleared_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let epoch = {
+        let (broker, _) = open(dir.path());
+        publish_long_runs(&broker, "a", 10).await
+    };
+    let orphan = index::packed_path(dir.path(), 999);
+    std::fs::write(&orphan, b"HRLDPCK1 half-written").unwrap();
+    let tmp = dir.path().join(format!("{}.tmp", checkpoint::FILE_NAME));
+    std::fs::write(&tmp, b"half a checkpoint").unwrap();
+    let (broker, _) = open(dir.path());
+    assert!(!orphan.exists() && !tmp.exists());
+    let h = broker
+        .history(
+            &ch("a"),
+            HistoryQuery {
+                since: since(0, &epoch),
+                limit: 100,
+                max_bytes: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(offsets(&h), (1..=10).collect::<Vec<_>>());
 }

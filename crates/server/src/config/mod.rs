@@ -85,6 +85,12 @@ pub struct Config {
     /// With `sync = "interval"`, the longest an acknowledged publication waits to be
     /// synced, in milliseconds. Default 10.
     pub sync_interval_ms: u64,
+    /// Size at which the durable store closes a log segment and starts a new one, in bytes
+    /// (65536 to 1073741824). Compaction rewrites a segment at a time. Default 16777216.
+    pub store_segment_bytes: u64,
+    /// Bytes of log between checkpoints of the durable store's index: at most what a start
+    /// after a crash reads. Default 67108864.
+    pub store_checkpoint_bytes: u64,
     /// Serve the browser SDK at `/herald.js` and the chat demo at `/chat`. Default true.
     pub web: bool,
     /// Also serve `GET /metrics` on this address, without the API key (for a Prometheus
@@ -221,6 +227,8 @@ impl Default for Config {
             sync: SyncMode::Interval,
             store_cache_bytes: None,
             sync_interval_ms: herald_broker::DEFAULT_SYNC_INTERVAL.as_millis() as u64,
+            store_segment_bytes: herald_broker::DEFAULT_SEGMENT_BYTES,
+            store_checkpoint_bytes: herald_broker::DEFAULT_CHECKPOINT_BYTES,
             max_connections: 100_000,
             shutdown_timeout: Duration::from_secs(10),
             idempotency_window: Duration::from_secs(300),
@@ -306,6 +314,19 @@ impl Config {
         }
         if c.ping_interval.is_zero() {
             return Err(bad("client.ping_interval", "must be greater than 0"));
+        }
+        let segments = herald_broker::MIN_SEGMENT_BYTES..=herald_broker::MAX_SEGMENT_BYTES;
+        if !segments.contains(&self.store_segment_bytes) {
+            return Err(bad(
+                "store_segment_bytes",
+                format!("must be from {} to {}", segments.start(), segments.end()),
+            ));
+        }
+        if self.store_checkpoint_bytes < herald_broker::MIN_SEGMENT_BYTES {
+            return Err(bad(
+                "store_checkpoint_bytes",
+                format!("must be at least {}", herald_broker::MIN_SEGMENT_BYTES),
+            ));
         }
         if c.idle_timeout <= c.ping_interval {
             return Err(bad(
