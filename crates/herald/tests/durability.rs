@@ -33,40 +33,21 @@ fn kill_9_during_a_publish_burst(args: &[&str]) {
     let acked = Arc::new(acks::Acked::default());
     let publishers: Vec<_> = (0..4)
         .map(|p| {
-            let (url, acked) = (url.clone(), acked.clone());
-            rt.spawn(async move {
-                let http = reqwest::Client::new();
-                for i in 0..200 {
-                    let body = json!({ "channel": "chat:crash", "data": { "p": p, "i": i } });
-                    let sent = http
-                        .post(format!("{url}/api/publish"))
-                        .header("Authorization", format!("apikey {KEY}"))
-                        .json(&body)
-                        .send()
-                        .await;
-                    let Ok(r) = sent else { return };
-                    let Ok(v) = r.json::<Value>().await else {
-                        return;
-                    };
-                    let Some(offset) = v["offset"].as_u64() else {
-                        return;
-                    };
-                    acked.add(offset, json!([v["epoch"], body["data"]]));
-                }
-            })
+            let data = move |i| json!({ "p": p, "i": i });
+            rt.spawn(publish_until_refused(
+                url.clone(),
+                "chat:crash",
+                200,
+                data,
+                acked.clone(),
+            ))
         })
         .collect();
     // Kill in the middle of the burst, without warning.
     while acked.len() < 150 {
         std::thread::yield_now();
     }
-    let pid = server.child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-KILL", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let _ = server.child.wait();
+    signal(&mut server, "-KILL");
     for p in publishers {
         rt.block_on(p).unwrap();
     }
@@ -150,32 +131,18 @@ fn kill_9_while_the_store_rotates_checkpoints_and_packs_loses_nothing() {
         let url = server.url.clone();
         let publishers: Vec<_> = (0..4)
             .map(|p| {
-                let (url, acked) = (
+                let (channel, acked) = match p < 2 {
+                    true => ("chat:keep", keep.clone()),
+                    false => ("churn:x", churn.clone()),
+                };
+                let data = move |i| json!({ "r": round, "p": p, "i": i, "pad": "x".repeat(900) });
+                rt.spawn(publish_until_refused(
                     url.clone(),
-                    if p < 2 { keep.clone() } else { churn.clone() },
-                );
-                let channel = if p < 2 { "chat:keep" } else { "churn:x" };
-                rt.spawn(async move {
-                    let http = reqwest::Client::new();
-                    for i in 0..100 {
-                        let data = json!({ "r": round, "p": p, "i": i, "pad": "x".repeat(900) });
-                        let body = json!({ "channel": channel, "data": data });
-                        let sent = http
-                            .post(format!("{url}/api/publish"))
-                            .header("Authorization", format!("apikey {KEY}"))
-                            .json(&body)
-                            .send()
-                            .await;
-                        let Ok(r) = sent else { return };
-                        let Ok(v) = r.json::<Value>().await else {
-                            return;
-                        };
-                        let Some(offset) = v["offset"].as_u64() else {
-                            return;
-                        };
-                        acked.add(offset, json!([v["epoch"], body["data"]]));
-                    }
-                })
+                    channel,
+                    100,
+                    data,
+                    acked,
+                ))
             })
             .collect();
         // Killed at a different point of each round.
@@ -183,13 +150,7 @@ fn kill_9_while_the_store_rotates_checkpoints_and_packs_loses_nothing() {
         while keep.len() < target {
             std::thread::yield_now();
         }
-        let pid = server.child.id().to_string();
-        assert!(Command::new("kill")
-            .args(["-KILL", &pid])
-            .status()
-            .unwrap()
-            .success());
-        let _ = server.child.wait();
+        signal(&mut server, "-KILL");
         for p in publishers {
             rt.block_on(p).unwrap();
         }
@@ -232,13 +193,7 @@ fn kill_9_while_the_store_rotates_checkpoints_and_packs_loses_nothing() {
         }
         // A clean stop this time: its last checkpoint packs what the round left dead.
         let mut restarted = restarted;
-        let pid = restarted.child.id().to_string();
-        assert!(Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success());
-        assert!(restarted.child.wait().unwrap().success());
+        assert!(signal(&mut restarted, "-TERM").success());
     }
     let files: Vec<String> = std::fs::read_dir(data.path())
         .unwrap()
@@ -248,6 +203,46 @@ fn kill_9_while_the_store_rotates_checkpoints_and_packs_loses_nothing() {
         files.iter().any(|f| f.starts_with("herald.pack.")),
         "history was packed: {files:?}"
     );
+}
+
+/// Publishes `count` publications of `data(i)` to `channel` through the API, noting each
+/// acknowledged one in `acked` as [epoch, data]; stops at the first that is not.
+async fn publish_until_refused(
+    url: String,
+    channel: &'static str,
+    count: usize,
+    data: impl Fn(usize) -> Value,
+    acked: Arc<acks::Acked>,
+) {
+    let http = reqwest::Client::new();
+    for i in 0..count {
+        let body = json!({ "channel": channel, "data": data(i) });
+        let sent = http
+            .post(format!("{url}/api/publish"))
+            .header("Authorization", format!("apikey {KEY}"))
+            .json(&body)
+            .send()
+            .await;
+        let Ok(r) = sent else { return };
+        let Ok(v) = r.json::<Value>().await else {
+            return;
+        };
+        let Some(offset) = v["offset"].as_u64() else {
+            return;
+        };
+        acked.add(offset, json!([v["epoch"], body["data"]]));
+    }
+}
+
+/// Sends `signal` (`-KILL`, `-TERM`) to the server and waits for it to end.
+fn signal(server: &mut Server, signal: &str) -> std::process::ExitStatus {
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill")
+        .args([signal, &pid])
+        .status()
+        .unwrap()
+        .success());
+    server.child.wait().unwrap()
 }
 
 /// A history answer's publications by offset, each as [epoch, data].

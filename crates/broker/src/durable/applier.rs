@@ -255,31 +255,40 @@ impl Applier {
     }
 
     /// Writes the index whole, after syncing the log segments it points into that were
-    /// appended to since the last one; then deletes the files nothing points into and
-    /// compacts those mostly dead. `unflushed`: this run still delivers publications before
-    /// syncing them (false at a clean close).
+    /// appended to since the last one; then deletes the files nothing points into, and
+    /// packs those mostly dead: one round (at most `compact::PACK_BUDGET` copied), then a
+    /// checkpoint that points to the copies, so the files they came from are deleted too.
+    /// `unflushed`: this run still delivers publications before syncing them (false at a
+    /// clean close).
     fn checkpoint(&mut self, unflushed: bool) {
-        let written = self.write_checkpoint(unflushed);
-        match written {
+        if !self.checkpoint_and_collect(unflushed) {
+            return;
+        }
+        match compact::pack(&self.index, &self.dir) {
+            Ok(true) => drop(self.checkpoint_and_collect(unflushed)),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, dir = %self.dir.display(), "history could not be packed; its files keep their dead bytes for now");
+            }
+        }
+    }
+
+    /// Writes a checkpoint, then deletes the files nothing points into; whether it was
+    /// written.
+    fn checkpoint_and_collect(&mut self, unflushed: bool) -> bool {
+        match self.write_checkpoint(unflushed) {
             Ok(()) => {
                 self.since_checkpoint = 0;
                 if self.failing.lock().take().is_some() {
                     tracing::info!(dir = %self.dir.display(), "storage works again");
                 }
                 compact::collect(&self.index, &self.dir);
-                match compact::pack(&self.index, &self.dir) {
-                    // What was copied is pointed to once the next checkpoint is written;
-                    // the files it came from are collected after that one.
-                    Ok(true) => self.checkpoint(unflushed),
-                    Ok(false) => {}
-                    Err(e) => {
-                        tracing::warn!(error = %e, dir = %self.dir.display(), "history could not be packed; its files keep their dead bytes for now");
-                    }
-                }
+                true
             }
             Err(e) => {
                 tracing::error!(error = %e, dir = %self.dir.display(), "the index checkpoint could not be written; the next start reads more of the log");
                 *self.failing.lock() = Some(format!("checkpoint: {e}"));
+                false
             }
         }
     }

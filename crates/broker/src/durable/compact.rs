@@ -22,7 +22,7 @@ use super::migrate::PACK_MAGIC;
 use super::wal::Span;
 
 /// Most live bytes one round of packing copies: the applier does nothing else meanwhile.
-const PACK_BUDGET: u64 = 32 << 20;
+pub(super) const PACK_BUDGET: u64 = 32 << 20;
 
 /// Deletes the files nothing in the index points into, except the newest log segment (the
 /// writer may still be appending to it). Call it right after a checkpoint: the one before

@@ -133,17 +133,7 @@ impl Segment {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::durable::wal::{batch, encode, scan, segments, Entry};
-
-    fn publish(channel: &str, offset: u64, data: &[u8]) -> Entry {
-        Entry::Publish {
-            channel: channel.into(),
-            epoch: "e1".into(),
-            offset,
-            at_ms: 1_700_000_000_000 + offset,
-            data: data.to_vec(),
-        }
-    }
+    use crate::durable::wal::{batch, encode, scan, segments, tests::publish};
 
     #[test]
     fn appends_survive_reopening_and_a_failed_append_is_cut_back() {

@@ -404,10 +404,11 @@ impl<'a> Reader<'a> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn publish(channel: &str, offset: u64, data: &[u8]) -> Entry {
+    /// A publication entry of epoch `e1` in `channel`.
+    pub(in crate::durable) fn publish(channel: &str, offset: u64, data: &[u8]) -> Entry {
         Entry::Publish {
             channel: channel.into(),
             epoch: "e1".into(),
