@@ -112,7 +112,11 @@ export async function until(what: string, condition: () => boolean, ms = 10_000)
 
 /** A real `redis-server` on a free loopback port, for nodes that share channels. */
 export class Redis {
-  private constructor(private child: ChildProcess, readonly url: string) {}
+  private constructor(
+    private child: ChildProcess,
+    readonly url: string,
+    private dir: string,
+  ) {}
 
   static async start(): Promise<Redis> {
     const port = await freePort();
@@ -128,14 +132,16 @@ export class Redis {
       child.on("error", (e) => reject(new Error(`redis-server must be installed: ${e.message}`)));
       child.on("exit", (code) => reject(new Error(`redis-server exited with ${code}`)));
     });
-    return new Redis(child, `redis://127.0.0.1:${port}`);
+    return new Redis(child, `redis://127.0.0.1:${port}`, dir);
   }
 
   async dispose(): Promise<void> {
-    if (this.child.exitCode !== null || this.child.signalCode !== null) return;
-    const exited = new Promise<void>((resolve) => this.child.once("exit", () => resolve()));
-    this.child.kill("SIGKILL");
-    await exited;
+    if (this.child.exitCode === null && this.child.signalCode === null) {
+      const exited = new Promise<void>((resolve) => this.child.once("exit", () => resolve()));
+      this.child.kill("SIGKILL");
+      await exited;
+    }
+    rmSync(this.dir, { recursive: true, force: true });
   }
 }
 
