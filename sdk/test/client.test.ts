@@ -190,21 +190,30 @@ describe("fallback", () => {
   });
 });
 
-describe.each(["websocket", "stream"] as const)("over %s, in one read", (transport) => {
+describe.each(["websocket", "stream"] as const)("a subscribe reply held back, over %s", (transport) => {
+  /** A client through `relay`, connected, whose subscription to `channel` the server has
+   * answered while the relay holds the answer back. */
+  async function subscribedBehindHold(relay: Relay, channel: string) {
+    const c = client(relay.url, { transports: transport });
+    c.connect();
+    await next(c, "connected");
+    relay.hold();
+    const sub = c.newSubscription(channel);
+    const got = collect(sub);
+    const ended: unknown[] = [];
+    sub.on("unsubscribed", (e) => ended.push(e));
+    sub.subscribe();
+    await until("the subscribe reply, held", () => relay.held().includes('"subscribe"'));
+    return { sub, got, ended };
+  }
+
   // The server writes a publication that raced with a subscribe right behind its reply,
-  // often in the same frame; the subscription must take it, not drop it as early.
+  // often in the same frame (one read); the subscription must take it, not drop it as early.
   it("a publication right behind the subscribe reply is delivered", async () => {
     const relay = await Relay.start(server.url);
     try {
-      const c = client(relay.url, { transports: transport });
-      c.connect();
-      await next(c, "connected");
-      relay.hold();
       const channel = `chat:behind-${transport}`;
-      const sub = c.newSubscription(channel);
-      const got = collect(sub);
-      sub.subscribe();
-      await until("the subscribe reply, held", () => relay.held().includes('"subscribe"'));
+      const { got } = await subscribedBehindHold(relay, channel);
       await server.publish(channel, "right behind");
       await until("the publication, held", () => relay.held().includes('"pub"'));
       relay.release();
@@ -214,26 +223,15 @@ describe.each(["websocket", "stream"] as const)("over %s, in one read", (transpo
       relay.close();
     }
   });
-});
 
-describe.each(["websocket", "stream"] as const)("a connection lost under a subscribe in flight, over %s", (transport) => {
-  // The reset rejects the subscribe still waiting for its reply with the close's code
-  // (1006). That is the connection's end, not the server's refusal: the subscription waits
-  // for the reconnect and resumes, whatever the code's range.
-  it("the subscription resumes after the reconnect", async () => {
+  // A reset rejects the subscribe still waiting for its reply with the close's code (1006).
+  // That is the connection's end, not the server's refusal: the subscription waits for the
+  // reconnect and resumes, whatever the code's range.
+  it("a connection lost before the reply: the subscription resumes after the reconnect", async () => {
     const relay = await Relay.start(server.url);
     try {
-      const c = client(relay.url, { transports: transport });
-      c.connect();
-      await next(c, "connected");
-      relay.hold();
       const channel = `chat:inflight-${transport}`;
-      const sub = c.newSubscription(channel);
-      const got = collect(sub);
-      const ended: unknown[] = [];
-      sub.on("unsubscribed", (e) => ended.push(e));
-      sub.subscribe();
-      await until("the subscribe reply, held", () => relay.held().includes('"subscribe"'));
+      const { sub, got, ended } = await subscribedBehindHold(relay, channel);
       relay.reset();
       await until("subscribed after the reconnect", () => sub.state === "subscribed" || ended.length > 0);
       expect(ended).toEqual([]);

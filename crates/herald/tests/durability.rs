@@ -56,30 +56,8 @@ fn kill_9_during_a_publish_burst(args: &[&str]) {
 
     let restarted = Server::start_in(data.path(), args);
     let h = history(&rt, &restarted.url, "chat:crash");
-    let stored: BTreeMap<u64, Value> = h["publications"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            (
-                p["offset"].as_u64().unwrap(),
-                json!([h["epoch"], p["data"]]),
-            )
-        })
-        .collect();
-    for (offset, data) in &acked {
-        assert_eq!(
-            stored.get(offset),
-            Some(data),
-            "acknowledged offset {offset} lost, changed or of another epoch"
-        );
-    }
+    assert_keeps_all(&h, &acked, "after kill -9");
     let top = h["offset"].as_u64().unwrap();
-    assert_eq!(
-        stored.keys().copied().collect::<Vec<_>>(),
-        (1..=top).collect::<Vec<_>>(),
-        "no holes"
-    );
     let next = rt.block_on(async {
         reqwest::Client::new()
             .post(format!("{}/api/publish", restarted.url))
@@ -157,20 +135,7 @@ fn kill_9_while_the_store_rotates_checkpoints_and_packs_loses_nothing() {
         kept.extend(keep.take());
         let restarted = start();
         let h = history(&rt, &restarted.url, "chat:keep");
-        let stored = stored_of(&h);
-        for (offset, data) in &kept {
-            assert_eq!(
-                stored.get(offset),
-                Some(data),
-                "round {round}: acknowledged offset {offset} lost, changed or of another epoch"
-            );
-        }
-        let top = h["offset"].as_u64().unwrap();
-        assert_eq!(
-            stored.keys().copied().collect::<Vec<_>>(),
-            (1..=top).collect::<Vec<_>>(),
-            "round {round}: no holes"
-        );
+        assert_keeps_all(&h, &kept, &format!("round {round}"));
         if round > 0 {
             assert_eq!(h["epoch"], epoch, "round {round}: the same stream");
         }
@@ -243,6 +208,25 @@ fn signal(server: &mut Server, signal: &str) -> std::process::ExitStatus {
         .unwrap()
         .success());
     server.child.wait().unwrap()
+}
+
+/// That the history answer `h` holds every acknowledged publication of `acked` (offset →
+/// [epoch, data]), in its epoch, and no hole from 1 to its top.
+fn assert_keeps_all(h: &Value, acked: &BTreeMap<u64, Value>, when: &str) {
+    let stored = stored_of(h);
+    for (offset, data) in acked {
+        assert_eq!(
+            stored.get(offset),
+            Some(data),
+            "{when}: acknowledged offset {offset} lost, changed or of another epoch"
+        );
+    }
+    let top = h["offset"].as_u64().unwrap();
+    assert_eq!(
+        stored.keys().copied().collect::<Vec<_>>(),
+        (1..=top).collect::<Vec<_>>(),
+        "{when}: no holes"
+    );
 }
 
 /// A history answer's publications by offset, each as [epoch, data].

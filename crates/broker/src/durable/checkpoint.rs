@@ -31,6 +31,14 @@ const PACKED: u8 = 2;
 /// What a checkpoint holds.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Checkpoint {
+    pub(crate) head: Head,
+    pub(crate) streams: Vec<(String, Stream)>,
+}
+
+/// A checkpoint but its streams: what the store knows of the run that wrote it, and its
+/// files.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Head {
     pub(crate) run: u64,
     pub(crate) boot: Option<u64>,
     /// The run delivered publications before syncing them and had not stopped cleanly.
@@ -40,12 +48,11 @@ pub(crate) struct Checkpoint {
     pub(crate) next_file: FileId,
     /// Every file the streams point into: id, kind, size.
     pub(crate) files: Vec<(FileId, Kind, u64)>,
-    pub(crate) streams: Vec<(String, Stream)>,
 }
 
 /// Encodes a checkpoint from its parts (the streams borrowed from the index).
 pub(crate) fn encode<'s>(
-    head: &Checkpoint,
+    head: &Head,
     streams: impl ExactSizeIterator<Item = (&'s String, &'s Stream)>,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + streams.len() * 64);
@@ -98,7 +105,8 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Checkpoint> {
     if r.take(8)? != MAGIC {
         return None;
     }
-    let mut c = Checkpoint {
+    let mut c = Checkpoint::default();
+    c.head = Head {
         run: r.u64()?,
         boot: Some(r.u64()?).filter(|b| *b != 0),
         unflushed: match r.u8()? {
@@ -108,7 +116,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Checkpoint> {
         },
         applied: r.u64()?,
         next_file: r.u32()?,
-        ..Checkpoint::default()
+        files: Vec::new(),
     };
     for _ in 0..r.u32()? {
         let id = r.u32()?;
@@ -118,10 +126,10 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Checkpoint> {
             _ => return None,
         };
         let size = r.u64()?;
-        if id >= c.next_file {
+        if id >= c.head.next_file {
             return None;
         }
-        c.files.push((id, kind, size));
+        c.head.files.push((id, kind, size));
     }
     for _ in 0..r.u32()? {
         let len = r.u16()? as usize;
@@ -146,7 +154,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Checkpoint> {
                 crc: r.u32()?,
             };
             let at_ms = r.u64()?;
-            if !c.files.iter().any(|(id, ..)| *id == file) {
+            if !c.head.files.iter().any(|(id, ..)| *id == file) {
                 return None;
             }
             locs.push_back(Loc { file, span, at_ms });
@@ -224,15 +232,17 @@ mod tests {
             at_ms,
         };
         Checkpoint {
-            run: 42,
-            boot: Some(7),
-            unflushed: true,
-            applied: 1234,
-            next_file: 5,
-            files: vec![
-                (3, Kind::Log { first_lsn: 1000 }, 4096),
-                (4, Kind::Packed, 0),
-            ],
+            head: Head {
+                run: 42,
+                boot: Some(7),
+                unflushed: true,
+                applied: 1234,
+                next_file: 5,
+                files: vec![
+                    (3, Kind::Log { first_lsn: 1000 }, 4096),
+                    (4, Kind::Packed, 0),
+                ],
+            },
             streams: vec![
                 (
                     "chat:a".into(),
@@ -251,7 +261,7 @@ mod tests {
 
     fn bytes(c: &Checkpoint) -> Vec<u8> {
         encode(
-            c,
+            &c.head,
             c.streams
                 .iter()
                 .map(|(n, s)| (n, s))

@@ -3,7 +3,7 @@
 //! everything queued and appends it to the write-ahead log as one batch, then makes it
 //! readable and fans it out in order, syncs it (once per batch, as `sync` says: `always`
 //! syncs before the fan-out instead), acknowledges it, and hands it to the applier, which
-//! writes it into the database file later. With a sync
+//! records in the index where it lies. With a sync
 //! before each acknowledgement (`group`, `always`) the store thread leads, so that a sync
 //! never blocks a runtime worker. Otherwise (`interval`, `none`) the publisher leads on its
 //! own thread, unless another leader holds the log: a lone publisher writes its own record
@@ -32,10 +32,10 @@ use crate::{BrokerError, PublicationSink};
 const RETRY: Duration = Duration::from_secs(1);
 
 /// Most bytes of publications kept in memory for the applier (see [`Unapplied`]); past it,
-/// publications wait for the file to catch up.
+/// publications wait for the index to catch up.
 const MAX_UNAPPLIED_BYTES: usize = 256 << 20;
 
-/// How long publications wait for the file to catch up before they are refused.
+/// How long publications wait for the index to catch up before they are refused.
 const BEHIND_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Batches one leader writes before it hands the rest to a task of its own, so that a
@@ -245,8 +245,8 @@ impl Writer {
         }
     }
 
-    /// Stops the store thread, syncs, and lets the applier write everything it was given and
-    /// close the file. The broker is gone: nothing is queued any more.
+    /// Stops the store thread, syncs, and lets the applier index everything it was given and
+    /// write its last checkpoint. The broker is gone: nothing is queued any more.
     pub(super) fn close(&self, applier: Option<std::thread::JoinHandle<()>>) {
         self.stopping.store(true, Ordering::Release);
         let thread = self.joined.lock().take();

@@ -61,6 +61,17 @@ impl Stream {
         self.locs
             .get(usize::try_from(offset.checked_sub(self.first)?).ok()?)
     }
+
+    /// Takes its oldest kept publications off while `gone(kept, oldest)` says so (`kept`:
+    /// how many it keeps at that point); what it took off.
+    fn drop_oldest(&mut self, gone: impl Fn(usize, &Loc) -> bool) -> Vec<Loc> {
+        let mut dropped = Vec::new();
+        while self.locs.front().is_some_and(|l| gone(self.locs.len(), l)) {
+            dropped.extend(self.locs.pop_front());
+            self.first += 1;
+        }
+        dropped
+    }
 }
 
 /// What a file of the store is, which names it.
@@ -187,10 +198,7 @@ impl Index {
         stream.locs.push_back(loc);
         stream.top = offset;
         stream.last_ms = loc.at_ms;
-        while stream.locs.len() > history_size {
-            gone.extend(stream.locs.pop_front());
-            stream.first += 1;
-        }
+        gone.extend(stream.drop_oldest(|kept, _| kept > history_size));
         self.live(&loc, 1);
         self.drop_locs(gone);
     }
@@ -217,11 +225,7 @@ impl Index {
         let Some(stream) = self.streams.get_mut(channel) else {
             return;
         };
-        let mut gone = Vec::new();
-        while stream.locs.len() > n {
-            gone.extend(stream.locs.pop_front());
-            stream.first += 1;
-        }
+        let gone = stream.drop_oldest(|kept, _| kept > n);
         self.drop_locs(gone);
     }
 
@@ -229,11 +233,7 @@ impl Index {
     /// left was published (`None`: none left).
     pub(crate) fn trim(&mut self, channel: &str, older_than_ms: u64) -> Option<u64> {
         let stream = self.streams.get_mut(channel)?;
-        let mut gone = Vec::new();
-        while stream.locs.front().is_some_and(|l| l.at_ms < older_than_ms) {
-            gone.extend(stream.locs.pop_front());
-            stream.first += 1;
-        }
+        let gone = stream.drop_oldest(|_, oldest| oldest.at_ms < older_than_ms);
         let oldest = stream.locs.front().map(|l| l.at_ms);
         self.drop_locs(gone);
         oldest
@@ -279,16 +279,16 @@ impl Index {
 
     /// Counts every file's live bytes from the streams (after a checkpoint is read).
     pub(crate) fn count_live(&mut self) {
-        for f in self.files.values_mut() {
+        let Self { streams, files, .. } = self;
+        for f in files.values_mut() {
             f.live = 0;
         }
-        let locs: Vec<Loc> = self
-            .streams
-            .values()
-            .flat_map(|s| s.locs.iter().copied())
-            .collect();
-        for loc in &locs {
-            self.live(loc, 1);
+        for loc in streams.values().flat_map(|s| &s.locs) {
+            if let Some(f) = files.get_mut(&loc.file) {
+                let end = u64::from(loc.span.pos) + u64::from(loc.span.len);
+                f.live += u64::from(loc.span.len);
+                f.size = f.size.max(end);
+            }
         }
     }
 

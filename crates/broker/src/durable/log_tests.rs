@@ -50,14 +50,14 @@ async fn publish(broker: &DurableBroker, channel: &str, n: u64) -> Epoch {
 /// The run mark and the last applied entry of the (closed) store in `dir`.
 fn file_state(dir: &Path) -> (u64, u64) {
     let found = checkpoint::read(dir).unwrap().unwrap();
-    (found.run, found.applied)
+    (found.head.run, found.head.applied)
 }
 
 /// Changes the checkpoint of the (closed) store in `dir`.
 fn rewrite_checkpoint(dir: &Path, change: impl FnOnce(&mut Checkpoint)) {
     let mut found = checkpoint::read(dir).unwrap().unwrap();
     change(&mut found);
-    let bytes = checkpoint::encode(&found, found.streams.iter().map(|(c, s)| (c, s)));
+    let bytes = checkpoint::encode(&found.head, found.streams.iter().map(|(c, s)| (c, s)));
     checkpoint::write(dir, &bytes).unwrap();
 }
 
@@ -99,7 +99,7 @@ fn offsets(h: &crate::History) -> Vec<u64> {
 async fn publications_only_the_log_holds_are_replayed_at_open() {
     let dir = tempfile::tempdir().unwrap();
     let epoch = publish(&open(dir.path()), "news", 5).await;
-    // What a `kill -9` leaves: acknowledged publications in the log, not in the file.
+    // What a `kill -9` leaves: acknowledged publications in the log after the checkpoint.
     let (run, applied) = file_state(dir.path());
     write_segment(dir.path(), run, applied + 1, "news", &epoch, &[6, 7, 8]);
     let broker = open(dir.path());
@@ -178,7 +178,7 @@ async fn a_missing_segment_is_damage() {
     assert_eq!(offsets(&h), [1, 2]);
 }
 
-/// Reads join the file's rows with the publications it does not hold yet, at every page
+/// Reads join what the index holds with the publications it does not hold yet, at every page
 /// boundary, oldest-first and newest-first.
 #[tokio::test]
 async fn reads_join_the_file_and_what_waits_for_it() {
@@ -186,7 +186,7 @@ async fn reads_join_the_file_and_what_waits_for_it() {
     let broker = open(dir.path());
     let c = ch("news");
     let epoch = publish(&broker, "news", 50).await;
-    // Until the applier has written them into the file (it signals each commit).
+    // Until the applier has indexed them (it signals each time).
     assert!(
         broker
             .store
@@ -258,8 +258,8 @@ async fn always_keeps_epochs_after_a_machine_crash() {
     // The checkpoint as `always` leaves it, now dated from another boot of the machine: a
     // crash of the machine looks so.
     rewrite_checkpoint(dir.path(), |c| {
-        assert!(!c.unflushed);
-        c.boot = Some(recovery::boot_id().unwrap_or(0) ^ 1);
+        assert!(!c.head.unflushed);
+        c.head.boot = Some(recovery::boot_id().unwrap_or(0) ^ 1);
     });
     let h = open().history(&ch("news"), all()).await.unwrap();
     assert_eq!((h.position.epoch.clone(), offsets(&h)), (epoch, vec![1, 2]));
@@ -278,8 +278,8 @@ async fn unsynced_run_stopped_with_the_machine(sync: SyncPolicy) {
     // What an unclean stop leaves: the mark that acknowledgements ran ahead of syncs.
     let mark = |boot: Option<u64>| {
         rewrite_checkpoint(dir.path(), |c| {
-            c.unflushed = true;
-            c.boot = boot.or_else(recovery::boot_id);
+            c.head.unflushed = true;
+            c.head.boot = boot.or_else(recovery::boot_id);
         })
     };
     if recovery::boot_id().is_some() {

@@ -16,7 +16,7 @@ use std::{
 use herald_protocol::{ChannelName, Epoch};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableError};
 
-use super::checkpoint::Checkpoint;
+use super::checkpoint::{Checkpoint, Head};
 use super::index::{packed_path, Kind, Loc, Stream};
 use super::recovery::{boot_id, damaged, write_run_file};
 use super::store::{OpenError, RUN_FILE_NAME};
@@ -214,12 +214,14 @@ fn export(dir: &Path, path: &Path) -> Result<Checkpoint, OpenError> {
         write_run_file(dir, 0).map_err(directory)?;
     }
     Ok(Checkpoint {
-        run: run.unwrap_or(0),
-        boot: if unflushed { boot } else { boot_id() },
-        unflushed,
-        applied,
-        next_file: 1,
-        files: vec![(0, Kind::Packed, pos)],
+        head: Head {
+            run: run.unwrap_or(0),
+            boot: if unflushed { boot } else { boot_id() },
+            unflushed,
+            applied,
+            next_file: 1,
+            files: vec![(0, Kind::Packed, pos)],
+        },
         streams: streams.into_iter().collect(),
     })
 }

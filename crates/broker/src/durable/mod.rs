@@ -73,8 +73,8 @@ pub enum SyncPolicy {
     /// sees that the machine restarted and gives every stream a new epoch, so clients are
     /// told (`recovered: false`), and no offset is handed out twice.
     Interval,
-    /// Never synced (the database file is, at each of the applier's commits, a few times a
-    /// second): a machine crash is answered as with `Interval`.
+    /// Never synced, except before each checkpoint of the index: a machine crash is answered
+    /// as with `Interval`.
     None,
 }
 
@@ -257,7 +257,7 @@ impl Deadlines {
     }
 }
 
-/// A broker whose streams live in a database file under a data directory.
+/// A broker whose streams live in a write-ahead log under a data directory.
 pub struct DurableBroker {
     shards: Box<[Mutex<Metas>]>,
     hasher: std::collections::hash_map::RandomState,
@@ -280,7 +280,8 @@ impl std::fmt::Debug for DurableBroker {
 
 impl DurableBroker {
     /// Bytes of the store's files, and of the entries in them still kept.
-    pub fn footprint(&self) -> (u64, u64) {
+    #[cfg(test)]
+    pub(crate) fn footprint(&self) -> (u64, u64) {
         self.store.footprint()
     }
 
@@ -519,7 +520,7 @@ impl Broker for DurableBroker {
         // that the epoch it is told is the one the first publication will carry. Such a
         // stream is forgotten [`EMPTY_STREAM_GRACE`] after its last reader.
         let meta = self.meta(channel);
-        // The committed top, read under the lock; the file is read without it (the writer
+        // The committed top, read under the lock; the store is read without it (the writer
         // needs the lock for every record it writes) and off the async workers.
         let (position, cutoff, size) = {
             let mut m = meta.lock();
@@ -535,7 +536,7 @@ impl Broker for DurableBroker {
             (position, cutoff, m.policy.history_size)
         };
         // Nothing to read: no publications asked for, or a reader already at the top (every
-        // long-poll that follows a delivery is; the file read would cost a thread handoff).
+        // long-poll that follows a delivery is; the store read would cost a thread handoff).
         let at_top = query.since.as_ref().is_some_and(|since| {
             since.offset == position.offset
                 && crate::check_since(since, &position, position.offset + 1).is_ok()

@@ -15,7 +15,7 @@ use std::{
 
 use super::applier::Op;
 use super::apply::apply;
-use super::checkpoint::{self, Checkpoint};
+use super::checkpoint::{self, Checkpoint, Head};
 use super::index::Index;
 use super::store::{OpenError, RUN_FILE_NAME};
 use super::{migrate, wal};
@@ -55,12 +55,13 @@ pub(super) fn open(dir: &Path, unflushed: bool) -> Result<Opened, OpenError> {
     let had_checkpoint = found.is_some();
     let found = found.unwrap_or_default();
     let mut index = load(dir, &found).map_err(directory)?;
-    let log_damaged = replay(&mut index, dir, had_checkpoint.then_some(found.run))?;
-    let renew = if found.unflushed && (found.boot.is_none() || found.boot != boot_id()) {
+    let head = &found.head;
+    let log_damaged = replay(&mut index, dir, had_checkpoint.then_some(head.run))?;
+    let renew = if head.unflushed && (head.boot.is_none() || head.boot != boot_id()) {
         Some("the last run delivered publications before syncing them (sync = \"group\", \"interval\" or \"none\") and stopped with the machine, so its latest ones may be lost")
     } else if log_damaged {
         Some("the write-ahead log is damaged: entries in it may be lost")
-    } else if had_checkpoint && restored(dir, found.run) {
+    } else if had_checkpoint && restored(dir, head.run) {
         Some("the data directory is older than the one this server last used (restored from a backup or a snapshot)")
     } else {
         None
@@ -92,10 +93,10 @@ pub(super) fn open(dir: &Path, unflushed: bool) -> Result<Opened, OpenError> {
 /// that is gone lose what they kept, as damaged.
 fn load(dir: &Path, found: &Checkpoint) -> io::Result<Index> {
     let mut index = Index::default();
-    index.next_file = found.next_file;
-    index.applied = found.applied;
+    index.next_file = found.head.next_file;
+    index.applied = found.head.applied;
     let mut missing = HashSet::new();
-    for &(id, kind, size) in &found.files {
+    for &(id, kind, size) in &found.head.files {
         match File::open(kind.path(dir, id)) {
             Ok(file) => index.add_file(id, kind, Arc::new(file), size),
             Err(e) if e.kind() == io::ErrorKind::NotFound => drop(missing.insert(id)),
@@ -145,7 +146,7 @@ fn replay(index: &mut Index, dir: &Path, run: Option<u64>) -> Result<bool, OpenE
         // reaches a damaged publication resets its channel.
         lost |= scan.lost.iter().any(|(_, to)| *to > expected);
         if run.is_some_and(|r| r != scan.run) {
-            if !scan.damaged {
+            if !scan.damaged() {
                 tracing::warn!(file = %segment.display(), "a log segment of another copy of the store is ignored");
             }
             continue;
@@ -213,7 +214,7 @@ fn remove_unused(dir: &Path, index: &Index) -> io::Result<()> {
 
 /// The checkpoint of `index` as this run writes it.
 pub(super) fn checkpoint_bytes(index: &Index, run: u64, unflushed: bool) -> Vec<u8> {
-    let head = Checkpoint {
+    let head = Head {
         run,
         boot: boot_id(),
         unflushed,
@@ -224,7 +225,6 @@ pub(super) fn checkpoint_bytes(index: &Index, run: u64, unflushed: bool) -> Vec<
             .iter()
             .map(|(id, f)| (*id, f.kind, f.size))
             .collect(),
-        streams: Vec::new(),
     };
     checkpoint::encode(&head, index.streams.iter())
 }

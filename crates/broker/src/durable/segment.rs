@@ -154,7 +154,7 @@ mod tests {
         assert!(bytes[good as usize..].iter().all(|b| *b == 0));
         let read = scan(&bytes);
         assert_eq!(
-            (read.entries.len(), read.end as u64, read.damaged),
+            (read.entries.len(), read.end as u64, read.damaged()),
             (1, good, false)
         );
         // Appends go on after the valid batch, past a chunk's end too.
@@ -162,6 +162,6 @@ mod tests {
         encode(&mut body, &publish("c", 2, &vec![1u8; CHUNK as usize]));
         seg.append(&batch(2, 1, &body), true).unwrap();
         let read = scan(&std::fs::read(&listed[0].1).unwrap());
-        assert_eq!((read.entries.len(), read.damaged), (2, false));
+        assert_eq!((read.entries.len(), read.damaged()), (2, false));
     }
 }

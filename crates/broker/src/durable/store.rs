@@ -283,6 +283,7 @@ impl Store {
     }
 
     /// Bytes of the store's files, and of the entries in them still kept.
+    #[cfg(test)]
     pub(crate) fn footprint(&self) -> (u64, u64) {
         self.index.read().footprint()
     }

@@ -170,18 +170,18 @@ async fn without_its_checkpoint_the_index_is_rebuilt_from_the_log() {
     };
     std::fs::remove_file(dir.path().join(checkpoint::FILE_NAME)).unwrap();
     let (broker, _) = open(dir.path());
-    let h = broker
-        .history(
-            &ch("a"),
-            HistoryQuery {
-                since: since(0, &epoch),
-                limit: 100,
-                max_bytes: None,
-            },
-        )
-        .await
-        .unwrap();
+    let h = read_all(&broker, "a", &epoch).await;
     assert_eq!(offsets(&h), (1..=30).collect::<Vec<_>>());
+}
+
+/// Everything `channel` keeps, from its start in `epoch`.
+async fn read_all(broker: &DurableBroker, channel: &str, epoch: &Epoch) -> History {
+    let all = HistoryQuery {
+        since: since(0, epoch),
+        limit: 1000,
+        max_bytes: None,
+    };
+    broker.history(&ch(channel), all).await.unwrap()
 }
 
 /// Publishes `count` strings of 200 bytes, mostly a run of `Q` that only stored payloads
@@ -304,7 +304,7 @@ async fn a_clean_stop_leaves_nothing_to_replay() {
         publish_long_runs(&broker, "a", 20).await
     };
     let found = checkpoint::read(dir.path()).unwrap().unwrap();
-    assert_eq!((found.applied, found.unflushed), (20, false));
+    assert_eq!((found.head.applied, found.head.unflushed), (20, false));
     let (broker, _) = open(dir.path());
     let h = broker.history(&ch("a"), all).await.unwrap();
     assert_eq!(h.position.epoch, epoch);
@@ -558,16 +558,78 @@ async fn a_compaction_or_checkpoint_cut_short_is_cleared_at_open() {
     std::fs::write(&tmp, b"half a checkpoint").unwrap();
     let (broker, _) = open(dir.path());
     assert!(!orphan.exists() && !tmp.exists());
-    let h = broker
+    let h = read_all(&broker, "a", &epoch).await;
+    assert_eq!(offsets(&h), (1..=10).collect::<Vec<_>>());
+}
+
+/// A file cut short under its channel (a disk or an operator truncated it): the read that
+/// reaches past its end serves nothing of it, and the channel starts a new epoch.
+#[tokio::test]
+async fn a_file_cut_short_resets_the_channel_that_reads_past_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let epoch = {
+        let (broker, _) = open(dir.path());
+        publish_long_runs(&broker, "a", 20).await
+    };
+    let (_, segment) = wal::segments(dir.path()).unwrap().remove(0);
+    let len = std::fs::metadata(&segment).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let (broker, _) = open(dir.path());
+    let newest = HistoryQuery {
+        since: None,
+        limit: 100,
+        max_bytes: None,
+    };
+    let h = broker.history(&ch("a"), newest).await.unwrap();
+    assert_ne!(h.position.epoch, epoch);
+    assert!(h.publications.is_empty());
+    let resume = broker
         .history(
             &ch("a"),
             HistoryQuery {
-                since: since(0, &epoch),
+                since: since(3, &epoch),
+                limit: 10,
+                max_bytes: None,
+            },
+        )
+        .await;
+    assert!(matches!(resume, Err(BrokerError::Unrecoverable { .. })));
+}
+
+/// A file the checkpoint points into that is gone: the channels kept there lose their
+/// history and start a new epoch at the next open; the others keep everything.
+#[tokio::test]
+async fn a_missing_file_drops_the_history_kept_in_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let gone_epoch = {
+        let (broker, _) = open(dir.path());
+        publish_long_runs(&broker, "gone", 5).await
+    };
+    let first = wal::segments(dir.path()).unwrap().remove(0).1;
+    let kept_epoch = {
+        let (broker, _) = open(dir.path());
+        publish_long_runs(&broker, "kept", 5).await
+    };
+    std::fs::remove_file(first).unwrap();
+    let (broker, _) = open(dir.path());
+    let gone = broker
+        .history(
+            &ch("gone"),
+            HistoryQuery {
+                since: None,
                 limit: 100,
                 max_bytes: None,
             },
         )
         .await
         .unwrap();
-    assert_eq!(offsets(&h), (1..=10).collect::<Vec<_>>());
+    assert_ne!(gone.position.epoch, gone_epoch);
+    assert!(gone.publications.is_empty());
+    let kept = read_all(&broker, "kept", &kept_epoch).await;
+    assert_eq!(offsets(&kept), [1, 2, 3, 4, 5]);
 }

@@ -1,7 +1,7 @@
-//! Publications that are durable in the log but not yet in the database file: reads take
-//! them from here. A channel's entries are a suffix of its committed history: they are
-//! added in commit order before anyone is told of them, and removed in the same order once
-//! the applier's commit holds them.
+//! Publications that are durable in the log but not yet in the index: reads take them from
+//! here. A channel's entries are a suffix of its committed history: they are added in
+//! commit order before anyone is told of them, and removed in the same order once the
+//! applier has indexed them.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -61,7 +61,7 @@ impl Unapplied {
         }
     }
 
-    /// Forgets `channels`' entries up to `lsn`: the database holds them now.
+    /// Forgets `channels`' entries up to `lsn`: the index holds them now.
     pub(crate) fn applied<'a>(
         &self,
         channels: impl IntoIterator<Item = &'a ChannelName>,
@@ -109,7 +109,7 @@ impl Unapplied {
             .collect()
     }
 
-    /// Bytes of records held: how far the file is behind the log.
+    /// Bytes of records held: how far the index is behind the log.
     pub(crate) fn bytes(&self) -> usize {
         self.bytes.load(Ordering::Relaxed)
     }
@@ -161,7 +161,7 @@ mod tests {
         assert_eq!(held.bytes(), 0);
     }
 
-    /// Publishers wait while too much waits for the file, and go on once the applier has
+    /// Publishers wait while too much waits for the index, and go on once the applier has
     /// taken it; past their patience, they are told no.
     #[test]
     fn waiting_below_a_limit_ends_when_the_applier_drains_or_patience_runs_out() {

@@ -192,13 +192,18 @@ pub struct Scan {
     pub spans: Vec<Span>,
     /// Where the valid batches end: appends continue here.
     pub end: usize,
+    /// The entry numbers lost to damage inside the log (not at a torn tail), as half-open
+    /// ranges (`u64::MAX`: up to wherever the segment would have ended). Reading goes on
+    /// after a damaged batch whose length is intact and that a valid batch follows.
+    pub lost: Vec<(u64, u64)>,
+}
+
+impl Scan {
     /// A batch failed while a later one is valid, or the header is bad: entries were lost
     /// inside the log, not at a torn tail.
-    pub damaged: bool,
-    /// When damaged: the entry numbers lost, as half-open ranges (`u64::MAX`: up to
-    /// wherever the segment would have ended). Reading goes on after a damaged batch whose
-    /// length is intact and that a valid batch follows.
-    pub lost: Vec<(u64, u64)>,
+    pub fn damaged(&self) -> bool {
+        !self.lost.is_empty()
+    }
 }
 
 /// Where an entry's bytes lie in a file, and their CRC-32: what reads it back later checks.
@@ -251,15 +256,13 @@ pub fn scan(bytes: &[u8]) -> Scan {
     let Some(h) = bytes.get(..HEADER_LEN) else {
         // A segment is created with its header synced before anything is appended: a
         // shorter one was never used.
-        scan.damaged = !bytes.is_empty();
-        if scan.damaged {
+        if !bytes.is_empty() {
             scan.lost.push((0, u64::MAX));
         }
         return scan;
     };
     let crc = u32::from_le_bytes(h[24..28].try_into().unwrap_or_default());
     if &h[..8] != MAGIC || crc != crc32fast::hash(&h[..24]) {
-        scan.damaged = true;
         scan.lost.push((0, u64::MAX));
         return scan;
     }
@@ -291,7 +294,6 @@ pub fn scan(bytes: &[u8]) -> Scan {
                     .map(u64::from_le_bytes)
                     .filter(|first| *first > next_lsn && read_batch(rest, *first).is_ok());
                 if let (Some(len), Some(first)) = (skip, resumed) {
-                    scan.damaged = true;
                     scan.lost.push((next_lsn, first));
                     next_lsn = first;
                     pos += len;
@@ -303,7 +305,6 @@ pub fn scan(bytes: &[u8]) -> Scan {
                         || rest.len() >= BATCH_HEADER_LEN && rest.iter().any(|b| *b != 0)
                 });
                 if damaged {
-                    scan.damaged = true;
                     scan.lost.push((next_lsn, u64::MAX));
                 }
                 break;
@@ -450,7 +451,7 @@ pub(super) mod tests {
         ];
         let bytes = segment(7, 40, &[&a, &b]);
         let scan = scan(&bytes);
-        assert_eq!((scan.run, scan.first_lsn, scan.damaged), (7, 40, false));
+        assert_eq!((scan.run, scan.first_lsn, scan.damaged()), (7, 40, false));
         assert_eq!(scan.end, bytes.len());
         let lsns: Vec<u64> = scan.entries.iter().map(|(l, _)| *l).collect();
         assert_eq!(lsns, [40, 41, 42, 43]);
@@ -466,7 +467,7 @@ pub(super) mod tests {
         let good = segment(1, 1, &[&first]).len();
         for cut in good..whole.len() {
             let scan = scan(&whole[..cut]);
-            assert!(!scan.damaged, "cut at {cut}");
+            assert!(!scan.damaged(), "cut at {cut}");
             assert_eq!(scan.end, good);
             assert_eq!(scan.entries.len(), 1);
         }
@@ -474,7 +475,7 @@ pub(super) mod tests {
         let mut torn = whole.clone();
         *torn.last_mut().unwrap() ^= 1;
         let scan = scan(&torn);
-        assert!(!scan.damaged);
+        assert!(!scan.damaged());
         assert_eq!((scan.entries.len(), scan.end), (1, good));
     }
 
@@ -489,7 +490,7 @@ pub(super) mod tests {
         let second = segment(1, 1, &batches[..1]).len();
         bytes[second + BATCH_HEADER_LEN + 4] ^= 0x10; // inside the second batch's body
         let scan = scan(&bytes);
-        assert!(scan.damaged);
+        assert!(scan.damaged());
         // Read on past it: only the damaged batch's entry is lost.
         let lsns: Vec<u64> = scan.entries.iter().map(|(l, _)| *l).collect();
         assert_eq!(lsns, [1, 3]);
@@ -500,10 +501,10 @@ pub(super) mod tests {
     #[test]
     fn a_bad_header_is_damage_and_an_empty_file_is_not() {
         let mut bytes = segment(1, 1, &[&[publish("c", 1, b"x")]]);
-        assert!(!scan(&[]).damaged);
+        assert!(!scan(&[]).damaged());
         bytes[3] ^= 1;
-        assert!(scan(&bytes).damaged);
-        assert!(scan(&bytes[..10]).damaged);
+        assert!(scan(&bytes).damaged());
+        assert!(scan(&bytes[..10]).damaged());
     }
 
     #[test]
