@@ -6,13 +6,12 @@
  * it stops with 3500.
  */
 import { execFileSync } from "node:child_process";
-import { mkdtempSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Browser, Page } from "playwright-core";
 import { launchChromium } from "./browser.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { Herald, heraldBinary } from "../test/herald.js";
+import { Herald, heraldBinary, scratchDir } from "../test/herald.js";
 
 const TRANSPORTS = ["websocket", "sse", "longpoll"] as const;
 
@@ -21,7 +20,7 @@ let server: Herald;
 let configFile: string;
 
 beforeAll(async () => {
-  const dir = mkdtempSync(join(tmpdir(), "herald-auth-"));
+  const dir = scratchDir("herald-auth-");
   configFile = join(dir, "herald.toml");
   writeFileSync(
     configFile,

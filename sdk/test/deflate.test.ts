@@ -2,13 +2,12 @@
  * context takeover, publications and replies compressed on the wire, compressed commands
  * read, a compressed bomb closed with 1009 while others carry on; plain frames for a
  * client that offers nothing, and nothing negotiated when compression is off. */
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { writeFileSync } from "node:fs";
 import type { Socket } from "node:net";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import WebSocket from "ws";
-import { Herald, until } from "./herald.js";
+import { Herald, scratchDir, until } from "./herald.js";
 
 let herald: Herald;
 
@@ -154,7 +153,7 @@ describe("a client that offers nothing", () => {
 
 describe('[websocket] compression = "off"', () => {
   it("declines deflate, and the client carries on uncompressed", async () => {
-    const file = join(mkdtempSync(join(tmpdir(), "herald-deflate-")), "herald.toml");
+    const file = join(scratchDir("herald-deflate-"), "herald.toml");
     writeFileSync(file, `[websocket]\ncompression = "off"\n`);
     const off = await Herald.start({ args: ["--config", file] });
     try {

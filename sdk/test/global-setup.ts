@@ -8,6 +8,8 @@
  * half the dependency tree and overwrite `target/debug/herald` that the Rust tests use.
  */
 import { spawn } from "node:child_process";
+import { chmodSync, mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { TestProject } from "vitest/node";
@@ -17,10 +19,11 @@ const workspace = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 declare module "vitest" {
   export interface ProvidedContext {
     heraldBinary: string;
+    scratch: string;
   }
 }
 
-export default async function setup(project: TestProject): Promise<void> {
+export default async function setup(project: TestProject): Promise<() => void> {
   let binary = process.env["HERALD_BIN"];
   if (!binary) {
     const status = await new Promise<number | null>((resolve, reject) => {
@@ -32,4 +35,11 @@ export default async function setup(project: TestProject): Promise<void> {
     binary = join(workspace, "target", "debug", "herald");
   }
   project.provide("heraldBinary", binary);
+  // Every directory a test makes (data directories, configs, nginx's) goes under one that is
+  // removed when the run ends, whatever a test left behind. Others may traverse it: nginx's
+  // workers run as `nobody`.
+  const scratch = mkdtempSync(join(tmpdir(), "herald-sdk-tests-"));
+  chmodSync(scratch, 0o755);
+  project.provide("scratch", scratch);
+  return () => rmSync(scratch, { recursive: true, force: true });
 }

@@ -1,7 +1,6 @@
 /** Runs a real `herald serve` for tests: random port on 127.0.0.1, its own data directory. */
 import { execFileSync, spawn, type ChildProcess } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { inject } from "vitest";
@@ -11,6 +10,11 @@ export const API_KEY = "sdk-test-api-key-01";
 /** The herald binary, built once by `test/global-setup.ts` (or `HERALD_BIN`). */
 export function heraldBinary(): string {
   return inject("heraldBinary");
+}
+
+/** A new directory under the run's scratch directory, which is removed when the run ends. */
+export function scratchDir(prefix: string): string {
+  return mkdtempSync(join(inject("scratch"), prefix));
 }
 
 /** A connection token for `user` with public `info`, signed by `herald token` with the
@@ -35,7 +39,7 @@ export class Herald {
   static async start(
     options: { listen?: string; dataDir?: string; args?: string[]; env?: Record<string, string> } = {},
   ): Promise<Herald> {
-    const dataDir = options.dataDir ?? mkdtempSync(join(tmpdir(), "herald-sdk-"));
+    const dataDir = options.dataDir ?? scratchDir("herald-sdk-");
     const child = spawn(
       heraldBinary(),
       ["serve", "--listen", options.listen ?? "127.0.0.1:0", "--api-key", API_KEY, "--log-format", "json", "--data-dir", dataDir, ...(options.args ?? [])],
@@ -120,7 +124,7 @@ export class Redis {
 
   static async start(): Promise<Redis> {
     const port = await freePort();
-    const dir = mkdtempSync(join(tmpdir(), "herald-redis-"));
+    const dir = scratchDir("herald-redis-");
     const child = spawn("redis-server", ["--bind", "127.0.0.1", "--port", String(port), "--save", "", "--appendonly", "no", "--dir", dir], {
       stdio: ["ignore", "pipe", "ignore"],
     });

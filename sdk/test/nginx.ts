@@ -5,11 +5,11 @@
  * `crates/herald/tests/support/nginx.rs`.
  */
 import { execFileSync, spawn, type ChildProcess } from "node:child_process";
-import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer, connect } from "node:net";
-import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { scratchDir } from "./herald.js";
 
 /** The repository's `deploy/` directory. */
 export const DEPLOY = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "deploy");
@@ -49,7 +49,7 @@ export class Nginx {
 
   /** Starts it in front of the two nodes listening on `nodes`. */
   static async start(nodes: [number, number]): Promise<Nginx> {
-    const dir = mkdtempSync(join(tmpdir(), "herald-nginx-"));
+    const dir = scratchDir("herald-nginx-");
     // Workers may run as another user (nginx run as root switches to `nobody`).
     chmodSync(dir, 0o777);
     const [http, https] = [await freePort(), await freePort()];

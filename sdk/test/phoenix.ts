@@ -1,14 +1,14 @@
 /** Herald's Phoenix front under test. */
-import { mkdtempSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { scratchDir } from "./herald.js";
 
 export const SECRET = "phoenix-test-hmac-secret-0123456789";
 
 /** The seed's chat (topic `chat`, `speak` heard as `publish`), and a members-only
  * namespace; `extra` is appended (more tables). */
 export function phoenixConfig(extra = ""): string {
-  const file = join(mkdtempSync(join(tmpdir(), "herald-phoenix-")), "herald.toml");
+  const file = join(scratchDir("herald-phoenix-"), "herald.toml");
   writeFileSync(
     file,
     `[auth]

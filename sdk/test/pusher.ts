@@ -1,7 +1,7 @@
 /** Herald's Pusher front under test: two apps, the first allowing client events. */
-import { mkdtempSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { scratchDir } from "./herald.js";
 
 export const APP = { id: "1001", key: "app-one-key", secret: "app-one-secret-0123456789" };
 export const OTHER = { id: "1002", key: "app-two-key", secret: "app-two-secret-0123456789" };
@@ -9,7 +9,7 @@ export const OTHER = { id: "1002", key: "app-two-key", secret: "app-two-secret-0
 /** A configuration with two apps; the first allows client events, and posts webhooks to
  * `webhookUrl` when given (leaves after `leaveDelay`). */
 export function pusherConfig(webhookUrl?: string, leaveDelay = "2s"): string {
-  const dir = mkdtempSync(join(tmpdir(), "herald-pusher-"));
+  const dir = scratchDir("herald-pusher-");
   const file = join(dir, "herald.toml");
   writeFileSync(
     file,
