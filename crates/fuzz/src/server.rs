@@ -129,6 +129,15 @@ fn corpus() -> Vec<Vec<u8>> {
     requests.push(format!(
         "GET /connection/longpoll?cursor=chat:a%3B*%3B0&timeout=1 HTTP/1.1\r\n{host}\r\nGET /connection/longpoll?cursor=chat:b%3B*%3B0&channel=room:a&timeout=1 HTTP/1.1\r\n{host}\r\n"
     ));
+    // Publications read on the lean path (a body of one length), pipelined, then a request
+    // it hands to hyper; and one whose chunks hyper reads.
+    let publish = api("POST", "/api/publish", r#"{"channel":"chat:b","data":[1]}"#);
+    requests.push(format!(
+        "{publish}{publish}GET /api/info HTTP/1.1\r\n{host}{key}\r\n"
+    ));
+    requests.push(format!(
+        "POST /api/publish HTTP/1.1\r\n{host}{key}Transfer-Encoding: chunked\r\n\r\n1d\r\n{{\"channel\":\"chat:b\",\"data\":2}}\r\n0\r\n\r\n"
+    ));
     [
         format!("GET /connection/poll?channel=chat:a&channel=chat:b HTTP/1.1\r\n{host}\r\n"),
         format!("GET /connection/longpoll?cursor=chat:a%3B*%3B0&timeout=1 HTTP/1.1\r\n{host}\r\n"),

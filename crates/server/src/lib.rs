@@ -203,10 +203,11 @@ pub async fn serve(
         let limits = transport::http1::Limits {
             header_timeout: http.header_timeout,
             write_timeout: node.settings.config.client.write_timeout,
+            body_timeout: http.body_timeout,
         };
         let task = async move {
             let socket = Arc::new(socket);
-            // Streams and long-polls are served on the socket itself (see
+            // Streams, long-polls and publications are served on the socket itself (see
             // `transport::http1`); the rest, and whatever follows them on the connection,
             // by hyper. The first request is sorted by its first bytes, peeked: a connection
             // for hyper then makes none of the lean path's state.
@@ -217,7 +218,7 @@ pub async fn serve(
                 match Box::pin(transport::http1::until_shutdown(next, &token)).await {
                     transport::http1::Next::Gone => return,
                     transport::http1::Next::Other => (stream, Vec::new()),
-                    transport::http1::Next::Held => {
+                    transport::http1::Next::Lean => {
                         // Boxed, as is hyper's connection below: a task is as large as the
                         // largest of them, and only one of them serves the connection.
                         let held = Box::pin(transport::http1::serve(

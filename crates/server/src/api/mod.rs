@@ -8,7 +8,7 @@
 mod admin;
 mod history;
 mod presence;
-mod publish;
+pub mod publish;
 mod status;
 
 use std::sync::Arc;

@@ -61,6 +61,25 @@ pub(super) async fn publish(
     Ok(Json(p.into()))
 }
 
+/// `POST /api/publish` as the lean HTTP loop answers it (`transport::http1`), `head` and
+/// `body` read there: what the router's layers would ask first (the host, then the API
+/// key), then what its handler does.
+pub async fn without_router(
+    node: &Arc<Node>,
+    head: &axum::http::request::Parts,
+    body: Bytes,
+) -> Response {
+    let headers = &head.headers;
+    let allowed = crate::policy::origin::check_host(&node.settings, headers).and_then(|()| {
+        let path = head.uri.path();
+        crate::policy::api_key::check(&node.settings, &head.method, path, headers)
+    });
+    match allowed {
+        Ok(()) => publish(State(node.clone()), Ok(body)).await.into_response(),
+        Err(refused) => refused.into_response(),
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct BroadcastRequest {

@@ -11,6 +11,7 @@
 //! | poll | `/connection/poll` | `{"cursor", "messages"}` at once |
 //! | send | `POST /connection/send` | commands from the HTTP transports |
 
+pub mod date;
 pub mod deadline;
 pub mod driver;
 pub mod http1;

@@ -91,6 +91,7 @@ async fn streams_are_framed_on_the_socket_and_a_client_that_leaves_is_noticed() 
         "{answer}"
     );
     assert!(answer.contains("connection: close\r\n"), "{answer}");
+    assert!(answer.contains("\r\ndate: "), "{answer}");
     let body: Value =
         serde_json::from_str(&answer[answer.find("\r\n\r\n").unwrap() + 4..]).unwrap();
     assert_eq!(body["error"]["code"], 107, "{body}");
@@ -122,6 +123,7 @@ async fn polls_are_answered_on_the_socket_and_a_held_poll_ends_with_its_client()
     let (head, body) = answer(&mut s, &get("/connection/poll?channel=open:lp", "")).await;
     assert!(head.starts_with("http/1.1 200 ok"), "{head}\n{body}");
     assert!(head.contains("connection: keep-alive"), "{head}");
+    assert!(head.contains("\r\ndate: "), "{head}");
     let etag = head
         .lines()
         .find_map(|l| l.strip_prefix("etag: "))

@@ -53,6 +53,7 @@ async fn held_then_published(
     assert_eq!(published, offset);
     let (status, body) = read_answer(s).await;
     assert!(status.starts_with("http/1.1 200"), "{status}\n{body}");
+    assert!(status.contains("\r\ndate: "), "{status}");
     let body: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(offsets(&body), [offset], "{body}");
     (status, body)

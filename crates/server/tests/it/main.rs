@@ -17,6 +17,7 @@ mod hooks;
 mod http;
 mod idempotency;
 mod lean;
+mod lean_publish;
 mod lifecycle;
 mod limits;
 mod longpoll;

@@ -24,6 +24,9 @@ pub(super) struct Head {
     pub(super) request: http::Request<Body>,
     pub(super) keep_alive: bool,
     pub(super) version: http::Version,
+    /// The length of the body that follows (`content-length`): none for a held request,
+    /// which takes none.
+    pub(super) body: Option<usize>,
 }
 
 /// Why no head was read.
@@ -56,14 +59,16 @@ pub(super) async fn read_head(
         // Bytes of `unread` known to end no line.
         let mut scanned = 0;
         loop {
-            match super::held(unread) {
+            match super::lean(unread) {
                 Some(false) => return Ok(None),
                 Some(true) if unread[scanned..].contains(&b'\n') => {
                     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
                     let mut request = httparse::Request::new(&mut headers);
                     match request.parse(unread) {
                         Ok(httparse::Status::Complete(length)) if length <= MAX_HEAD => {
-                            let built = build(&request).map_err(Refused::Bad)?;
+                            let Some(built) = build(&request).map_err(Refused::Bad)? else {
+                                return Ok(None);
+                            };
                             unread.drain(..length);
                             if unread.is_empty() {
                                 // Nothing kept while the request is held.
@@ -103,9 +108,9 @@ const READ_ROOM: usize = 2048;
 
 const MALFORMED: &str = "malformed request head";
 
-/// A whole head's bytes as a request, or why it cannot be served here.
+/// A whole head's bytes as a request (`None`: for hyper), or why it cannot be served here.
 #[cfg(test)]
-fn parse(head: &[u8]) -> Result<Head, &'static str> {
+fn parse(head: &[u8]) -> Result<Option<Head>, &'static str> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut headers);
     if !parsed.parse(head).map_err(|_| MALFORMED)?.is_complete() {
@@ -114,20 +119,43 @@ fn parse(head: &[u8]) -> Result<Head, &'static str> {
     build(&parsed)
 }
 
-/// A parsed head as a request, or why it cannot be served here.
-fn build(parsed: &httparse::Request<'_, '_>) -> Result<Head, &'static str> {
+/// The longest body read here (a publication's request): longer ones, which the API takes
+/// up to its own limit, go to hyper.
+pub(super) const MAX_BODY: usize = 64 * 1024;
+
+/// A parsed head as a request, `None` when it is one for hyper after all, or why it cannot
+/// be served here.
+///
+/// A held request (a GET) takes no body. A POST's body must be framed by one
+/// `content-length` of at most [`MAX_BODY`]: anything else about its framing (chunks, `expect:
+/// 100-continue`, several lengths) is hyper's to read, by its rules.
+fn build(parsed: &httparse::Request<'_, '_>) -> Result<Option<Head>, &'static str> {
     let version = match parsed.version {
         Some(1) => http::Version::HTTP_11,
         _ => http::Version::HTTP_10,
     };
+    let method = parsed.method.ok_or(MALFORMED)?;
+    let takes_body = method == "POST";
     let mut builder = http::Request::builder()
-        .method(parsed.method.ok_or(MALFORMED)?)
+        .method(method)
         .uri(parsed.path.ok_or(MALFORMED)?)
         .version(version);
     let mut keep_alive = version == http::Version::HTTP_11;
+    let mut body = None;
     for h in parsed.headers.iter() {
         let name = h.name.to_ascii_lowercase();
         match name.as_str() {
+            "content-length" | "transfer-encoding" | "expect" if takes_body => {
+                let length = std::str::from_utf8(h.value)
+                    .ok()
+                    .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .filter(|&n| n <= MAX_BODY);
+                match length {
+                    Some(n) if name == "content-length" && body.is_none() => body = Some(n),
+                    _ => return Ok(None),
+                }
+            }
             // A stream's GET has no body, and there is no framing here to skip one.
             "content-length" if h.value != b"0" => return Err(NO_BODY),
             "transfer-encoding" => return Err(NO_BODY),
@@ -143,11 +171,15 @@ fn build(parsed: &httparse::Request<'_, '_>) -> Result<Head, &'static str> {
         }
         builder = builder.header(h.name, h.value);
     }
-    Ok(Head {
+    if takes_body && body.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(Head {
         request: builder.body(Body::empty()).map_err(|_| MALFORMED)?,
         keep_alive,
         version,
-    })
+        body,
+    }))
 }
 
 const NO_BODY: &str = "a stream's request takes no body";
@@ -156,11 +188,15 @@ const NO_BODY: &str = "a stream's request takes no body";
 pub(super) async fn refuse(stream: &mut TcpStream, why: &str, wait: Duration) {
     use herald_protocol::{json::Json, Codec, ErrorCode, Reply};
     let body = Json.reply(&Reply::error(None, ErrorCode::BadRequest, why));
-    let mut answer = format!(
-        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
+    let mut answer = b"HTTP/1.1 400 Bad Request\r\n".to_vec();
+    crate::transport::date::write_header(&mut answer);
+    answer.extend_from_slice(
+        format!(
+            "content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    );
     answer.extend_from_slice(&body);
     write(stream, &answer, wait).await;
     let _ = stream.shutdown().await;
@@ -175,13 +211,18 @@ mod tests {
         let h = parse(
             b"GET /connection/sse?channel=a HTTP/1.1\r\nHost: x\r\nLast-Event-ID: a;b;1\r\n\r\n",
         )
+        .unwrap()
         .unwrap();
         assert!(h.keep_alive);
         assert_eq!(h.request.uri().query(), Some("channel=a"));
         assert_eq!(h.request.headers()["last-event-id"], "a;b;1");
-        let h = parse(b"GET /connection/sse HTTP/1.1\r\nConnection: close\r\n\r\n").unwrap();
+        let h = parse(b"GET /connection/sse HTTP/1.1\r\nConnection: close\r\n\r\n")
+            .unwrap()
+            .unwrap();
         assert!(!h.keep_alive);
-        let h = parse(b"GET /connection/sse HTTP/1.0\r\n\r\n").unwrap();
+        let h = parse(b"GET /connection/sse HTTP/1.0\r\n\r\n")
+            .unwrap()
+            .unwrap();
         assert!(!h.keep_alive);
         assert_eq!(
             parse(b"GET /connection/sse HTTP/1.1\r\nContent-Length: 5\r\n\r\n").err(),
@@ -195,5 +236,34 @@ mod tests {
             parse(b"GET \x01 HTTP/9\r\n\r\n").err(),
             Some("malformed request head")
         );
+    }
+
+    #[test]
+    fn a_post_is_read_here_only_with_one_plain_length() {
+        let post = |headers: &str| {
+            parse(format!("POST /api/publish HTTP/1.1\r\nHost: x\r\n{headers}\r\n").as_bytes())
+                .unwrap()
+                .map(|h| h.body)
+        };
+        assert_eq!(post("Content-Length: 24\r\n"), Some(Some(24)));
+        assert_eq!(post("content-length: 0\r\n"), Some(Some(0)));
+        assert_eq!(
+            post(&format!("Content-Length: {MAX_BODY}\r\n")),
+            Some(Some(MAX_BODY))
+        );
+        // Everything else about a body's framing is hyper's to read.
+        for hyper in [
+            String::new(),
+            format!("Content-Length: {}\r\n", MAX_BODY + 1),
+            "Content-Length: 2\r\nContent-Length: 2\r\n".into(),
+            "Content-Length: +2\r\n".into(),
+            "Content-Length: 2, 2\r\n".into(),
+            "Content-Length: 99999999999999999999999\r\n".into(),
+            "Content-Length: 2\r\nTransfer-Encoding: chunked\r\n".into(),
+            "Transfer-Encoding: chunked\r\n".into(),
+            "Content-Length: 2\r\nExpect: 100-continue\r\n".into(),
+        ] {
+            assert_eq!(post(&hyper), None, "{hyper:?}");
+        }
     }
 }

@@ -1,8 +1,15 @@
-//! The lean path for held requests: a connection whose request holds it open (a stream:
-//! `GET /connection/{sse,stream,iframe}`, or a long-poll) is served here, on the socket
-//! itself, instead of by hyper's HTTP/1.1 connection, which keeps two 8 KiB buffers for
-//! every connection whatever it carries. Such a request spends its life waiting, so those
-//! buffers were most of what it cost.
+//! The lean path for held requests and publications: a connection whose request holds it
+//! open (a stream: `GET /connection/{sse,stream,iframe}`, or a long-poll) is served here, on
+//! the socket itself, instead of by hyper's HTTP/1.1 connection, which keeps two 8 KiB
+//! buffers for every connection whatever it carries. Such a request spends its life
+//! waiting, so those buffers were most of what it cost.
+//!
+//! A backend's `POST /api/publish` is answered here too, without the router: it is the
+//! request a busy backend sends most, and hyper's connection and the router's layers were
+//! about a tenth of the server's CPU per publication in a many-rooms run (docs/benchmarks.md,
+//! "A publication answered without the router"). It is asked what the router's layers ask
+//! (`api::publish::without_router`); a body framed any other way than by one
+//! `content-length` of at most 64 KiB goes to hyper.
 //!
 //! The request goes through the same router as every other (admission, origins, tokens,
 //! the handlers); only reading its head and writing its answer happen here: the head is
@@ -31,6 +38,7 @@ use tokio::{
     net::TcpStream,
 };
 
+mod body;
 mod head;
 mod held_stream;
 
@@ -43,7 +51,7 @@ use held_stream::run_stream;
 pub(crate) use held_stream::send_unsent;
 
 /// The request lines served here.
-const HELD: [&[u8]; 5] = [
+const LEAN: [&[u8]; 6] = [
     b"GET /connection/sse",
     b"GET /connection/stream",
     b"GET /connection/iframe",
@@ -51,6 +59,7 @@ const HELD: [&[u8]; 5] = [
     // Not held, but a poller's other request: a long-poller that starts with a poll (to
     // learn its cursor) keeps its connection here.
     b"GET /connection/poll",
+    b"POST /api/publish",
 ];
 
 /// In a request's extensions when it is served here: a handler that would hold the
@@ -94,10 +103,10 @@ impl axum::response::IntoResponse for Handover {
 }
 
 /// Whether a request line (its first bytes) is one served here: the path is one of
-/// [`HELD`], followed by its query or a space. `None` while what arrived so far is a
+/// [`LEAN`], followed by its query or a space. `None` while what arrived so far is a
 /// prefix of one of them (undecided).
-fn held(line: &[u8]) -> Option<bool> {
-    for route in HELD {
+fn lean(line: &[u8]) -> Option<bool> {
+    for route in LEAN {
         let n = route.len().min(line.len());
         if line[..n] == route[..n] {
             return match line.get(route.len()) {
@@ -113,8 +122,8 @@ fn held(line: &[u8]) -> Option<bool> {
 /// What a connection's first request is.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Next {
-    /// A stream's request: served here.
-    Held,
+    /// A stream's request, a poll's or a publication's: served here.
+    Lean,
     /// Anything else: for hyper.
     Other,
     /// The client closed the connection, or sent nothing in time.
@@ -132,8 +141,8 @@ pub async fn next(stream: &TcpStream, wait: Duration) -> Next {
                 Ok(0) | Err(_) => return Next::Gone,
                 Ok(n) => n,
             };
-            match held(&buf[..n]) {
-                Some(true) => return Next::Held,
+            match lean(&buf[..n]) {
+                Some(true) => return Next::Lean,
                 Some(false) => return Next::Other,
                 // A request line cut short by the network: peeking again at once would see
                 // the same bytes, so wait a little for the rest.
@@ -251,6 +260,8 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// For a write to go out.
     pub write_timeout: Duration,
+    /// For a request's body to arrive whole.
+    pub body_timeout: Duration,
 }
 
 /// What became of a request.
@@ -290,6 +301,7 @@ async fn handle(
         mut request,
         keep_alive,
         version,
+        body,
     } = match head {
         Ok(Some(head)) => head,
         Ok(None) => return Handled::Other,
@@ -302,6 +314,18 @@ async fn handle(
     // A node sending its clients elsewhere answers this request, then closes: the client's
     // next one goes through its load balancer to a node that is ready.
     let keep_alive = keep_alive && !resumer.node().is_moving_clients();
+    if let Some(length) = body {
+        let request = request.into_parts().0;
+        let node = resumer.node();
+        let Some((response, keep_alive)) =
+            body::publish(node, request, keep_alive, (stream, unread, length), limits).await
+        else {
+            return Handled::Closed;
+        };
+        return Handled::Answered {
+            keep_alive: answer(stream, response, version, keep_alive, limits.write_timeout).await,
+        };
+    }
     // A long-poll that takes up its parked session needs nothing the router does.
     if let Some(prepared) = resumer.take_up(&request) {
         return Handled::Poll(prepared, keep_alive);
@@ -368,10 +392,11 @@ fn head_of(
     );
     head.extend_from_slice(b"\r\n");
     for (name, value) in &parts.headers {
-        // The framing and the connection's fate are decided here, once.
+        // The framing, the connection's fate and the date are decided here, once.
         if name == http::header::CONTENT_LENGTH
             || name == http::header::TRANSFER_ENCODING
             || name == http::header::CONNECTION
+            || name == http::header::DATE
         {
             continue;
         }
@@ -380,6 +405,7 @@ fn head_of(
         head.extend_from_slice(value.as_bytes());
         head.extend_from_slice(b"\r\n");
     }
+    super::date::write_header(&mut head);
     match length {
         Some(_) if bodiless => {}
         Some(n) => head.extend_from_slice(format!("content-length: {n}\r\n").as_bytes()),
@@ -537,17 +563,22 @@ mod tests {
 
     #[test]
     fn sorts_request_lines_by_their_first_bytes() {
-        assert_eq!(held(b"GET /connection/sse?channel=a HTTP/1.1"), Some(true));
-        assert_eq!(held(b"GET /connection/sse HTTP/1.1"), Some(true));
-        assert_eq!(held(b"GET /connection/longpoll?x"), Some(true));
-        assert_eq!(held(b"GET /connection/poll?x"), Some(true));
-        assert_eq!(held(b"GET /connection/polls"), Some(false));
-        assert_eq!(held(b"GET /connection/websocket"), Some(false));
-        assert_eq!(held(b"GET /connection/sses"), Some(false));
-        assert_eq!(held(b"POST /connection/sse"), Some(false));
-        assert_eq!(held(b"GET /api/info"), Some(false));
-        assert_eq!(held(b"GET /conn"), None);
-        assert_eq!(held(b"GET /connection/sse"), None);
-        assert_eq!(held(b"G"), None);
+        assert_eq!(lean(b"POST /api/publish HTTP/1.1"), Some(true));
+        assert_eq!(lean(b"POST /api/publish?x HTTP/1.1"), Some(true));
+        assert_eq!(lean(b"POST /api/publishes HTTP/1.1"), Some(false));
+        assert_eq!(lean(b"GET /api/publish HTTP/1.1"), Some(false));
+        assert_eq!(lean(b"POST /api/broadcast HTTP/1.1"), Some(false));
+        assert_eq!(lean(b"GET /connection/sse?channel=a HTTP/1.1"), Some(true));
+        assert_eq!(lean(b"GET /connection/sse HTTP/1.1"), Some(true));
+        assert_eq!(lean(b"GET /connection/longpoll?x"), Some(true));
+        assert_eq!(lean(b"GET /connection/poll?x"), Some(true));
+        assert_eq!(lean(b"GET /connection/polls"), Some(false));
+        assert_eq!(lean(b"GET /connection/websocket"), Some(false));
+        assert_eq!(lean(b"GET /connection/sses"), Some(false));
+        assert_eq!(lean(b"POST /connection/sse"), Some(false));
+        assert_eq!(lean(b"GET /api/info"), Some(false));
+        assert_eq!(lean(b"GET /conn"), None);
+        assert_eq!(lean(b"GET /connection/sse"), None);
+        assert_eq!(lean(b"G"), None);
     }
 }

@@ -425,6 +425,7 @@ impl Answer {
         out.push(b' ');
         out.extend_from_slice(reason.as_bytes());
         out.extend_from_slice(b"\r\n");
+        crate::transport::date::write_header(&mut out);
         for (name, value) in self.headers() {
             out.extend_from_slice(name.as_str().as_bytes());
             out.extend_from_slice(b": ");
