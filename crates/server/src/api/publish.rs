@@ -61,23 +61,19 @@ pub(super) async fn publish(
     Ok(Json(p.into()))
 }
 
-/// `POST /api/publish` as the lean HTTP loop answers it (`transport::http1`), `head` and
-/// `body` read there: what the router's layers would ask first (the host, then the API
-/// key), then what its handler does.
-pub async fn without_router(
-    node: &Arc<Node>,
-    head: &axum::http::request::Parts,
-    body: Bytes,
-) -> Response {
+/// Whether a `POST /api/publish` whose head is `head` may go on, as the lean HTTP loop asks
+/// it (`transport::http1`) before it reads the body: what the router's layers ask before its
+/// handler reads one (the host, then the API key).
+pub fn may_publish(node: &Node, head: &axum::http::request::Parts) -> Result<(), Failure> {
     let headers = &head.headers;
-    let allowed = crate::policy::origin::check_host(&node.settings, headers).and_then(|()| {
-        let path = head.uri.path();
-        crate::policy::api_key::check(&node.settings, &head.method, path, headers)
-    });
-    match allowed {
-        Ok(()) => publish(State(node.clone()), Ok(body)).await.into_response(),
-        Err(refused) => refused.into_response(),
-    }
+    crate::policy::origin::check_host(&node.settings, headers)?;
+    crate::policy::api_key::check(&node.settings, &head.method, head.uri.path(), headers)
+}
+
+/// The answer to a `POST /api/publish` that [`may_publish`], its `body` read by the lean
+/// HTTP loop: what the router's handler answers.
+pub async fn publish_body(node: &Arc<Node>, body: Bytes) -> Response {
+    publish(State(node.clone()), Ok(body)).await.into_response()
 }
 
 #[derive(Deserialize)]

@@ -242,3 +242,33 @@ async fn publications_framed_any_way_are_read_by_one_path_or_the_other() {
     );
     server.stop().await.unwrap();
 }
+
+/// A publication refused by its head (no key, a wrong one, a host not served) is refused
+/// at once, as the router's layers refuse it: its body is neither waited for nor kept.
+#[tokio::test]
+async fn a_publication_refused_by_its_head_is_refused_before_its_body() {
+    let server = start(config()).await;
+    let host = server.addr.to_string();
+    for (what, headers) in [
+        ("no key", format!("Host: {host}\r\n")),
+        (
+            "a wrong key",
+            format!("Host: {host}\r\nAuthorization: apikey nope\r\n"),
+        ),
+        (
+            "a host not served",
+            format!("Host: evil.example\r\nAuthorization: apikey {KEY}\r\n"),
+        ),
+    ] {
+        let mut s = TcpStream::connect(server.addr).await.unwrap();
+        // A body announced at the lean path's largest, and never sent.
+        let head = format!("POST /api/publish HTTP/1.1\r\n{headers}Content-Length: 65536\r\n\r\n");
+        s.write_all(head.as_bytes()).await.unwrap();
+        let (status, body) = read_answer(&mut s).await;
+        assert!(
+            status.starts_with("http/1.1 401") || status.starts_with("http/1.1 403"),
+            "{what}: {status}\n{body}"
+        );
+    }
+    server.stop().await.unwrap();
+}

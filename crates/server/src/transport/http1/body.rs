@@ -1,6 +1,6 @@
-//! A publication's request read on the socket: its body, which one `content-length`
-//! frames (`head.rs` sends any other to hyper), then the answer the router would give
-//! (`api::publish::without_router`).
+//! A publication's request read on the socket: its head asked what the router's layers
+//! ask, then its body, which one `content-length` frames (`head.rs` sends any other to
+//! hyper), then the answer the router's handler would give (`api::publish`).
 
 use std::time::Duration;
 
@@ -23,11 +23,20 @@ pub(super) async fn publish(
     (stream, unread, length): (&mut TcpStream, &mut Vec<u8>, usize),
     limits: Limits,
 ) -> Option<(Response, bool)> {
-    let answer = match read(stream, unread, length, limits.body_timeout).await? {
-        Ok(body) => {
-            let response = crate::api::publish::without_router(node, &request, body).await;
-            (response, keep_alive)
+    if let Err(refused) = crate::api::publish::may_publish(node, &request) {
+        // Refused by its head, as the router's layers refuse it: the body is not waited for.
+        // What follows is a next request only if all of it has arrived already.
+        let whole = unread.len() >= length;
+        if whole {
+            unread.drain(..length);
         }
+        return Some((refused.into_response(), keep_alive && whole));
+    }
+    let answer = match read(stream, unread, length, limits.body_timeout).await? {
+        Ok(body) => (
+            crate::api::publish::publish_body(node, body).await,
+            keep_alive,
+        ),
         // What follows is not known to be a request's head: the connection ends.
         Err(late) => (late.into_response(), false),
     };
@@ -45,7 +54,9 @@ async fn read(
 ) -> Option<Result<bytes::Bytes, Failure>> {
     let read = async {
         while unread.len() < length {
-            unread.reserve(length - unread.len());
+            // Room for what may come next, not for all that was announced: a body announced
+            // and not sent holds no more than what arrived of it.
+            unread.reserve((length - unread.len()).min(READ_ROOM));
             match stream.read_buf(unread).await {
                 Ok(0) | Err(_) => return false,
                 Ok(_) => {}
@@ -71,6 +82,9 @@ async fn read(
     }
     Some(Ok(body))
 }
+
+/// Most room made for one read of a body.
+const READ_ROOM: usize = 16 * 1024;
 
 /// The most room kept for a connection's next request after a body was read.
 const ROOM_KEPT: usize = 16 * 1024;

@@ -8,8 +8,8 @@
 //! request a busy backend sends most, and hyper's connection and the router's layers were
 //! about a tenth of the server's CPU per publication in a many-rooms run (docs/benchmarks.md,
 //! "A publication answered without the router"). It is asked what the router's layers ask
-//! (`api::publish::without_router`); a body framed any other way than by one
-//! `content-length` of at most 64 KiB goes to hyper.
+//! (`api::publish::may_publish`) before its body is read; a body framed any other way
+//! than by one `content-length` of at most 64 KiB goes to hyper.
 //!
 //! The request goes through the same router as every other (admission, origins, tokens,
 //! the handlers); only reading its head and writing its answer happen here: the head is
