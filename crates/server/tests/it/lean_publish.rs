@@ -192,6 +192,15 @@ async fn publications_framed_any_way_are_read_by_one_path_or_the_other() {
         published(&answer).is_some() || answer.body["error"]["code"].is_u64(),
         "{answer:?}"
     );
+    // A head larger than the lean path reads (24 KiB), as hyper reads it.
+    let mut s = TcpStream::connect(server.addr).await.unwrap();
+    let big_head = format!("{key}X-Large: {}\r\n", "y".repeat(30 * 1024));
+    let answer = exchange(
+        &mut s,
+        &post(&host, &big_head, r#"{"channel":"open:c","data":3}"#),
+    )
+    .await;
+    assert!(published(&answer).is_some(), "{answer:?}");
     // Two publications in one write, then one in pieces, on one connection.
     let mut s = TcpStream::connect(server.addr).await.unwrap();
     let one = post(&host, &key, r#"{"channel":"open:d","data":1}"#);
