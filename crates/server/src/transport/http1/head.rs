@@ -150,17 +150,13 @@ fn build(parsed: &httparse::Request<'_, '_>) -> Result<Option<Head>, &'static st
     for h in parsed.headers.iter() {
         let name = h.name.to_ascii_lowercase();
         match name.as_str() {
-            "content-length" | "transfer-encoding" | "expect" if takes_body => {
-                let length = std::str::from_utf8(h.value)
-                    .ok()
-                    .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-                    .and_then(|v| v.parse::<usize>().ok())
-                    .filter(|&n| n <= MAX_BODY);
-                match length {
-                    Some(n) if name == "content-length" && body.is_none() => body = Some(n),
-                    _ => return Ok(None),
-                }
-            }
+            // Chunks and `100 Continue` are hyper's to read.
+            "transfer-encoding" | "expect" if takes_body => return Ok(None),
+            // One plain length, as hyper would read it; several, or one too large, for hyper.
+            "content-length" if takes_body => match (body, plain_length(h.value)) {
+                (None, Some(n)) if n <= MAX_BODY => body = Some(n),
+                _ => return Ok(None),
+            },
             // A stream's GET has no body, and there is no framing here to skip one.
             "content-length" if h.value != b"0" => return Err(NO_BODY),
             "transfer-encoding" => return Err(NO_BODY),
@@ -188,6 +184,14 @@ fn build(parsed: &httparse::Request<'_, '_>) -> Result<Option<Head>, &'static st
 }
 
 const NO_BODY: &str = "a stream's request takes no body";
+
+/// A `content-length` of digits only.
+fn plain_length(value: &[u8]) -> Option<usize> {
+    if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(value).ok()?.parse().ok()
+}
 
 /// Answers 400 with why (as the API's errors are: `{"error": {"code": 107, …}}`).
 pub(super) async fn refuse(stream: &mut TcpStream, why: &str, wait: Duration) {

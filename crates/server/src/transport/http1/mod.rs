@@ -59,6 +59,8 @@ const LEAN: [&[u8]; 6] = [
     // Not held, but a poller's other request: a long-poller that starts with a poll (to
     // learn its cursor) keeps its connection here.
     b"GET /connection/poll",
+    // The one request with a body read here (`head.rs` frames only a POST's), answered as
+    // a publication (`body::publish`).
     b"POST /api/publish",
 ];
 
