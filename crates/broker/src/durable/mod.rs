@@ -551,6 +551,8 @@ impl Broker for DurableBroker {
 }
 
 #[cfg(test)]
+mod damage_tests;
+#[cfg(test)]
 mod log_tests;
 #[cfg(test)]
 mod tests;

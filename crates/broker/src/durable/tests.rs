@@ -6,11 +6,11 @@ use super::*;
 
 use crate::conformance::Recorder;
 
-fn ch(name: &str) -> ChannelName {
+pub(super) fn ch(name: &str) -> ChannelName {
     ChannelName::new(name).unwrap()
 }
 
-fn open(dir: &Path) -> (Arc<DurableBroker>, Arc<Recorder>) {
+pub(super) fn open(dir: &Path) -> (Arc<DurableBroker>, Arc<Recorder>) {
     let sink = Arc::new(Recorder::default());
     (
         DurableBroker::open(dir, SyncPolicy::Group, sink.clone()).unwrap(),
@@ -18,11 +18,11 @@ fn open(dir: &Path) -> (Arc<DurableBroker>, Arc<Recorder>) {
     )
 }
 
-fn offsets(h: &History) -> Vec<u64> {
+pub(super) fn offsets(h: &History) -> Vec<u64> {
     h.publications.iter().map(|p| p.offset).collect()
 }
 
-fn since(offset: u64, epoch: &Epoch) -> Option<Since> {
+pub(super) fn since(offset: u64, epoch: &Epoch) -> Option<Since> {
     Some(Since {
         offset,
         epoch: Some(epoch.clone()),
@@ -126,56 +126,8 @@ async fn removed_history_gets_a_new_epoch_that_is_remembered() {
     assert_eq!(offsets(&h), [1]);
 }
 
-#[tokio::test]
-async fn a_damaged_checkpoint_is_refused_with_its_path() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let (broker, _) = open(dir.path());
-        for i in 0..200 {
-            broker
-                .publish(
-                    &ch("a"),
-                    Bytes::from(format!("\"{}\"", "x".repeat(i))),
-                    StreamPolicy::default(),
-                )
-                .await
-                .unwrap();
-        }
-    }
-    let file = dir.path().join(checkpoint::FILE_NAME);
-    let bytes = std::fs::read(&file).unwrap();
-    let mut scribbled = bytes.clone();
-    scribbled[..64].fill(0x5a);
-    for bad in [bytes[..bytes.len() / 3].to_vec(), scribbled] {
-        std::fs::write(&file, &bad).unwrap();
-        let err = DurableBroker::open(dir.path(), SyncPolicy::Group, Arc::new(Recorder::default()))
-            .unwrap_err();
-        let message = err.to_string();
-        assert!(matches!(err, OpenError::Damaged { .. }), "{message}");
-        assert!(
-            message.contains(checkpoint::FILE_NAME) && message.contains("new epoch"),
-            "{message}"
-        );
-    }
-}
-
-/// Moving a damaged checkpoint away, as its error says, rebuilds the index from the log
-/// while the log still holds everything from its first entry.
-#[tokio::test]
-async fn without_its_checkpoint_the_index_is_rebuilt_from_the_log() {
-    let dir = tempfile::tempdir().unwrap();
-    let epoch = {
-        let (broker, _) = open(dir.path());
-        publish_long_runs(&broker, "a", 30).await
-    };
-    std::fs::remove_file(dir.path().join(checkpoint::FILE_NAME)).unwrap();
-    let (broker, _) = open(dir.path());
-    let h = read_all(&broker, "a", &epoch).await;
-    assert_eq!(offsets(&h), (1..=30).collect::<Vec<_>>());
-}
-
 /// Everything `channel` keeps, from its start in `epoch`.
-async fn read_all(broker: &DurableBroker, channel: &str, epoch: &Epoch) -> History {
+pub(super) async fn read_all(broker: &DurableBroker, channel: &str, epoch: &Epoch) -> History {
     let all = HistoryQuery {
         since: since(0, epoch),
         limit: 1000,
@@ -186,7 +138,11 @@ async fn read_all(broker: &DurableBroker, channel: &str, epoch: &Epoch) -> Histo
 
 /// Publishes `count` strings of 200 bytes, mostly a run of `Q` that only stored payloads
 /// hold (so a test can find them in the files); returns the epoch.
-async fn publish_long_runs(broker: &DurableBroker, channel: &str, count: usize) -> Epoch {
+pub(super) async fn publish_long_runs(
+    broker: &DurableBroker,
+    channel: &str,
+    count: usize,
+) -> Epoch {
     let mut epoch = None;
     for i in 0..count {
         let p = broker
@@ -200,93 +156,6 @@ async fn publish_long_runs(broker: &DurableBroker, channel: &str, count: usize) 
         epoch = Some(p.epoch);
     }
     epoch.expect("count > 0")
-}
-
-/// Changes a byte of every stored publication whose run of `Q` holds `marker` (its number),
-/// in whichever file holds it.
-fn damage_records(dir: &Path, markers: &[usize]) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
-        if !name.starts_with("herald.wal.") && !name.starts_with("herald.pack.") {
-            continue;
-        }
-        let mut bytes = std::fs::read(&path).unwrap();
-        for marker in markers {
-            let needle = format!("QQQQ{marker}\"");
-            let found = bytes
-                .windows(needle.len())
-                .position(|w| w == needle.as_bytes());
-            if let Some(at) = found {
-                bytes[at] = b'R';
-            }
-        }
-        std::fs::write(&path, &bytes).unwrap();
-    }
-}
-
-/// Records that fail their checksums are never served: their channel's history is
-/// dropped and it starts a new epoch when a read finds them; an intact one keeps
-/// everything.
-#[tokio::test]
-async fn damaged_records_reset_their_channel_instead_of_being_served() {
-    let dir = tempfile::tempdir().unwrap();
-    let (damaged_epoch, intact_epoch) = {
-        let (broker, _) = open(dir.path());
-        let damaged = publish_long_runs(&broker, "hit", 300).await;
-        let intact = broker
-            .publish(&ch("intact"), Bytes::from("1"), StreamPolicy::default())
-            .await
-            .unwrap()
-            .epoch;
-        (damaged, intact)
-    };
-    damage_records(dir.path(), &[10, 150, 290]);
-
-    let (broker, _) = open(dir.path());
-    let hit = broker
-        .history(
-            &ch("hit"),
-            HistoryQuery {
-                since: None,
-                limit: 1000,
-                max_bytes: None,
-            },
-        )
-        .await
-        .unwrap();
-    assert_ne!(
-        hit.position.epoch, damaged_epoch,
-        "a damaged channel gets a new epoch"
-    );
-    assert!(hit.publications.is_empty());
-    let resume = broker
-        .history(
-            &ch("hit"),
-            HistoryQuery {
-                since: since(10, &damaged_epoch),
-                limit: 10,
-                max_bytes: None,
-            },
-        )
-        .await;
-    assert!(
-        matches!(resume, Err(BrokerError::Unrecoverable { .. })),
-        "resuming clients are told"
-    );
-    let intact = broker
-        .history(
-            &ch("intact"),
-            HistoryQuery {
-                since: None,
-                limit: 10,
-                max_bytes: None,
-            },
-        )
-        .await
-        .unwrap();
-    assert_eq!(intact.position.epoch, intact_epoch);
-    assert_eq!(offsets(&intact), [1]);
 }
 
 /// A clean stop checkpoints everything, so the next open replays no log; the history and
@@ -540,96 +409,4 @@ async fn dead_history_is_given_back() {
     assert_eq!(got, want);
     let c = broker.history(&ch("churn"), all(5700 - 10)).await.unwrap();
     assert_eq!(c.publications.len(), 10);
-}
-
-/// What a crash in the middle of compaction or of a checkpoint leaves: a packed file the
-/// checkpoint does not know yet, and a checkpoint's unfinished copy. Both are ignored and
-/// deleted at the next open, and history reads back from where the checkpoint says.
-#[tokio::test]
-async fn a_compaction_or_checkpoint_cut_short_is_cleared_at_open() {
-    let dir = tempfile::tempdir().unwrap();
-    let epoch = {
-        let (broker, _) = open(dir.path());
-        publish_long_runs(&broker, "a", 10).await
-    };
-    let orphan = index::packed_path(dir.path(), 999);
-    std::fs::write(&orphan, b"HRLDPCK1 half-written").unwrap();
-    let tmp = dir.path().join(format!("{}.tmp", checkpoint::FILE_NAME));
-    std::fs::write(&tmp, b"half a checkpoint").unwrap();
-    let (broker, _) = open(dir.path());
-    assert!(!orphan.exists() && !tmp.exists());
-    let h = read_all(&broker, "a", &epoch).await;
-    assert_eq!(offsets(&h), (1..=10).collect::<Vec<_>>());
-}
-
-/// A file cut short under its channel (a disk or an operator truncated it): the read that
-/// reaches past its end serves nothing of it, and the channel starts a new epoch.
-#[tokio::test]
-async fn a_file_cut_short_resets_the_channel_that_reads_past_its_end() {
-    let dir = tempfile::tempdir().unwrap();
-    let epoch = {
-        let (broker, _) = open(dir.path());
-        publish_long_runs(&broker, "a", 20).await
-    };
-    let (_, segment) = wal::segments(dir.path()).unwrap().remove(0);
-    let len = std::fs::metadata(&segment).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&segment)
-        .unwrap()
-        .set_len(len / 2)
-        .unwrap();
-    let (broker, _) = open(dir.path());
-    let newest = HistoryQuery {
-        since: None,
-        limit: 100,
-        max_bytes: None,
-    };
-    let h = broker.history(&ch("a"), newest).await.unwrap();
-    assert_ne!(h.position.epoch, epoch);
-    assert!(h.publications.is_empty());
-    let resume = broker
-        .history(
-            &ch("a"),
-            HistoryQuery {
-                since: since(3, &epoch),
-                limit: 10,
-                max_bytes: None,
-            },
-        )
-        .await;
-    assert!(matches!(resume, Err(BrokerError::Unrecoverable { .. })));
-}
-
-/// A file the checkpoint points into that is gone: the channels kept there lose their
-/// history and start a new epoch at the next open; the others keep everything.
-#[tokio::test]
-async fn a_missing_file_drops_the_history_kept_in_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let gone_epoch = {
-        let (broker, _) = open(dir.path());
-        publish_long_runs(&broker, "gone", 5).await
-    };
-    let first = wal::segments(dir.path()).unwrap().remove(0).1;
-    let kept_epoch = {
-        let (broker, _) = open(dir.path());
-        publish_long_runs(&broker, "kept", 5).await
-    };
-    std::fs::remove_file(first).unwrap();
-    let (broker, _) = open(dir.path());
-    let gone = broker
-        .history(
-            &ch("gone"),
-            HistoryQuery {
-                since: None,
-                limit: 100,
-                max_bytes: None,
-            },
-        )
-        .await
-        .unwrap();
-    assert_ne!(gone.position.epoch, gone_epoch);
-    assert!(gone.publications.is_empty());
-    let kept = read_all(&broker, "kept", &kept_epoch).await;
-    assert_eq!(offsets(&kept), [1, 2, 3, 4, 5]);
 }
