@@ -19,7 +19,7 @@ use std::{collections::VecDeque, io, path::Path};
 use herald_protocol::{ChannelName, Epoch};
 
 use super::index::{FileId, Kind, Loc, Stream};
-use super::wal::Span;
+use super::wal::{Reader, Span};
 
 /// The file name inside the data directory.
 pub const FILE_NAME: &str = "herald.index";
@@ -192,28 +192,6 @@ pub(crate) fn read(dir: &Path) -> Result<Option<Checkpoint>, String> {
             .ok_or_else(|| "the checkpoint fails its checksum or cannot be decoded".into()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e.to_string()),
-    }
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let (head, rest) = self.0.split_at_checked(n)?;
-        self.0 = rest;
-        Some(head)
-    }
-    fn u8(&mut self) -> Option<u8> {
-        Some(self.take(1)?[0])
-    }
-    fn u16(&mut self) -> Option<u16> {
-        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
     }
 }
 

@@ -350,18 +350,26 @@ fn read_batch(bytes: &[u8], lsn: u64) -> Result<(usize, Vec<Read>), Option<usize
     Ok((len, entries))
 }
 
-struct Reader<'a>(&'a [u8]);
+/// Little-endian fields read off the front of a slice; `None` once it runs short. The log's
+/// entries and the checkpoint (`checkpoint.rs`) are both read with it.
+pub(super) struct Reader<'a>(pub(super) &'a [u8]);
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let (head, rest) = (self.0.get(..n)?, self.0.get(n..)?);
+    pub(super) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = self.0.split_at_checked(n)?;
         self.0 = rest;
         Some(head)
     }
-    fn u8(&mut self) -> Option<u8> {
+    pub(super) fn u8(&mut self) -> Option<u8> {
         Some(self.take(1)?[0])
     }
-    fn u64(&mut self) -> Option<u64> {
+    pub(super) fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
+    }
+    pub(super) fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    pub(super) fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
     }
     fn text(&mut self, wide: bool) -> Option<String> {
@@ -369,7 +377,7 @@ impl<'a> Reader<'a> {
     }
     fn str(&mut self, wide: bool) -> Option<&'a str> {
         let len = if wide {
-            u16::from_le_bytes(self.take(2)?.try_into().ok()?) as usize
+            self.u16()? as usize
         } else {
             self.u8()? as usize
         };
@@ -382,7 +390,7 @@ impl<'a> Reader<'a> {
                 let epoch = self.text(false)?;
                 let offset = self.u64()?;
                 let at_ms = self.u64()?;
-                let len = u32::from_le_bytes(self.take(4)?.try_into().ok()?) as usize;
+                let len = self.u32()? as usize;
                 Entry::Publish {
                     channel,
                     epoch,
