@@ -41,6 +41,21 @@ async fn exchange(s: &mut TcpStream, request: &[u8]) -> Answer {
     }
 }
 
+/// What arrives on `s` until it holds `text`.
+async fn read_until(s: &mut TcpStream, text: &str) -> String {
+    let mut got = Vec::new();
+    while !String::from_utf8_lossy(&got).contains(text) {
+        let mut buf = [0u8; 4096];
+        let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
+            .await
+            .expect("answers in time")
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8(got).unwrap()
+}
+
 fn post(host: &str, extra: &str, body: &str) -> Vec<u8> {
     format!(
         "POST /api/publish HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n{body}",
@@ -186,12 +201,19 @@ async fn publications_framed_any_way_are_read_by_one_path_or_the_other() {
         r#"{{"channel":"open:c","data":"{}"}}"#,
         "x".repeat(70 * 1024)
     );
+    // Whether a connection starts with it or with a request hyper reads, the answer is the
+    // same: a publication over its namespace's limit (64 KiB), refused.
     let mut s = TcpStream::connect(server.addr).await.unwrap();
     let answer = exchange(&mut s, &post(&host, &key, &big)).await;
-    assert!(
-        published(&answer).is_some() || answer.body["error"]["code"].is_u64(),
+    let mut hyper = TcpStream::connect(server.addr).await.unwrap();
+    let info = format!("GET /api/info HTTP/1.1\r\nHost: {host}\r\n{key}\r\n");
+    exchange(&mut hyper, info.as_bytes()).await;
+    assert_eq!(answer, exchange(&mut hyper, &post(&host, &key, &big)).await);
+    assert_eq!(
+        answer.status, "http/1.1 413 payload too large",
         "{answer:?}"
     );
+    assert_eq!(answer.body["error"]["code"], 113, "{answer:?}");
     // A head larger than the lean path reads (24 KiB), as hyper reads it.
     let mut s = TcpStream::connect(server.addr).await.unwrap();
     let big_head = format!("{key}X-Large: {}\r\n", "y".repeat(30 * 1024));
@@ -208,17 +230,7 @@ async fn publications_framed_any_way_are_read_by_one_path_or_the_other() {
         .await
         .unwrap();
     // Both answers, in order (they may come in one read).
-    let mut both = Vec::new();
-    while !String::from_utf8_lossy(&both).contains("\"offset\":2") {
-        let mut buf = [0u8; 4096];
-        let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
-            .await
-            .expect("answers in time")
-            .unwrap();
-        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&both));
-        both.extend_from_slice(&buf[..n]);
-    }
-    let both = String::from_utf8(both).unwrap();
+    let both = read_until(&mut s, "\"offset\":2").await;
     assert_eq!(both.matches("HTTP/1.1 200 OK\r\n").count(), 2, "{both}");
     assert!(
         both.find("\"offset\":1") < both.find("\"offset\":2"),
@@ -253,10 +265,14 @@ async fn publications_framed_any_way_are_read_by_one_path_or_the_other() {
 }
 
 /// A publication refused by its head (no key, a wrong one, a host not served) is refused
-/// at once, as the router's layers refuse it: its body is neither waited for nor kept.
+/// at once, as the router's layers refuse it: its body is neither waited for nor kept, and
+/// the connection ends unless all of it had arrived.
 #[tokio::test]
 async fn a_publication_refused_by_its_head_is_refused_before_its_body() {
-    let server = start(config()).await;
+    let mut cfg = config();
+    // Longer than any wait below: a connection left open would not be closed by it.
+    cfg.http.header_timeout = PATIENCE * 2;
+    let server = start(cfg).await;
     let host = server.addr.to_string();
     for (what, headers) in [
         ("no key", format!("Host: {host}\r\n")),
@@ -278,6 +294,25 @@ async fn a_publication_refused_by_its_head_is_refused_before_its_body() {
             status.starts_with("http/1.1 401") || status.starts_with("http/1.1 403"),
             "{what}: {status}\n{body}"
         );
+        // Its body not read, what follows cannot be told from a next request: the end.
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(PATIENCE, s.read_to_end(&mut rest)).await;
+        assert!(
+            matches!(read, Ok(Ok(0))),
+            "{what}: the connection ends: {read:?}"
+        );
     }
+    // Refused with all of its body there already, the connection carries the next request.
+    let mut s = TcpStream::connect(server.addr).await.unwrap();
+    let refused = post(
+        &host,
+        "Authorization: apikey nope\r\n",
+        r#"{"channel":"open:e","data":1}"#,
+    );
+    let key = format!("Authorization: apikey {KEY}\r\n");
+    let next = post(&host, &key, r#"{"channel":"open:e","data":2}"#);
+    s.write_all(&[refused, next].concat()).await.unwrap();
+    let both = read_until(&mut s, "\"offset\":1").await;
+    assert!(both.starts_with("HTTP/1.1 401 Unauthorized\r\n"), "{both}");
     server.stop().await.unwrap();
 }

@@ -11,20 +11,22 @@
 //! (`api::publish::may_publish`) before its body is read; a body framed any other way
 //! than by one `content-length` of at most 64 KiB goes to hyper.
 //!
-//! The request goes through the same router as every other (admission, origins, tokens,
+//! A held request goes through the same router as every other (admission, origins, tokens,
 //! the handlers); only reading its head and writing its answer happen here: the head is
 //! parsed by `httparse`, the answer written with `content-length` or chunked. A handler
 //! that would hold the connection hands what it holds back ([`Handover`]): the stream, or
 //! the waiting poll, then runs in the connection's own task with nothing else kept from the
-//! request, so a held request costs about what an idle WebSocket does. One exception skips
-//! the router: a long-poll that takes up its parked session (`poll::Resumer`, which asks
-//! what the router would ask and adds what its layers would add).
+//! request, so a held request costs about what an idle WebSocket does. Two requests skip
+//! the router: the publication above, and a long-poll that takes up its parked session
+//! (`poll::Resumer`, which asks what the router would ask and adds what its layers would
+//! add).
 //!
 //! A connection's first request is sorted by its first bytes, peeked without reading them,
 //! so a connection whose first request is anything else goes to hyper untouched (and stays
-//! there: WebSocket upgrades, the API, pages). After a held answer the connection is kept
-//! alive and its next request read into a buffer kept between requests (one `recv` a
-//! request); a request that is not served here goes to hyper with the bytes read of it.
+//! there: WebSocket upgrades, the rest of the API, pages). After an answer here the
+//! connection is kept alive and its next request read into a buffer kept between requests
+//! (one `recv` a request); a request that is not served here goes to hyper with the bytes
+//! read of it.
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
