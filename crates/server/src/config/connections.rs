@@ -104,6 +104,12 @@ pub struct LimitsConfig {
     /// without asking it, so that one address cannot make the backend slow (or open its
     /// circuit) for everyone. 0 = no limit. Default 50.
     pub hook_calls_per_address: u32,
+    /// Bytes the server may hold for one address's clients beyond their connections' own
+    /// queues: replies waiting in Phoenix long-poll sessions, the positions Pusher pages
+    /// left to resume from. Past it, a long-poll session that would hold more ends (its
+    /// client opens a new one) and a page's positions are not kept. 0 = no limit.
+    /// Default 33554432 (32 MiB).
+    pub held_bytes_per_address: usize,
     /// Proxies (addresses or networks such as `10.0.0.0/8`) whose `X-Forwarded-For` is
     /// believed. Default none: the TCP peer is the client.
     pub trusted_proxies: Vec<super::Network>,
@@ -117,6 +123,7 @@ impl Default for LimitsConfig {
             commands_per_address: 400,
             new_channels_per_address: 60,
             hook_calls_per_address: 50,
+            held_bytes_per_address: 32 << 20,
             trusted_proxies: Vec::new(),
         }
     }

@@ -17,7 +17,9 @@ use parking_lot::Mutex;
 pub use crate::config::Network;
 use crate::{config::LimitsConfig, error::Failure};
 
+mod held;
 mod refusals;
+pub use held::HeldBytes;
 pub use refusals::{Limit, Refusals};
 
 /// The TCP peer of a request, put into its extensions by the accept loop.
@@ -101,7 +103,8 @@ impl Bucket {
     }
 
     /// Whether a token is there, without taking it.
-    fn has_token(&mut self, rate: Rate) -> bool {
+    pub(crate) fn has_token(&mut self, rate: impl Into<Rate>) -> bool {
+        let rate = rate.into();
         if rate.count == 0 {
             return true;
         }
@@ -128,6 +131,8 @@ struct Entry {
     created: Bucket,
     /// Calls to the application's backend its clients caused.
     hooked: Bucket,
+    /// Bytes the server holds for its clients beyond their connections (see [`HeldBytes`]).
+    held: usize,
 }
 
 /// The per-address counters of a node.
@@ -159,6 +164,7 @@ impl AddressLimits {
             commands: Bucket::full(c.commands_per_address),
             created: Bucket::full(Rate::per_minute(c.new_channels_per_address)),
             hooked: Bucket::full(c.hook_calls_per_address),
+            held: 0,
         });
         f(entry)
     }
@@ -313,6 +319,7 @@ impl AddressLimits {
         self.table.lock().retain(|_, e| {
             e.sockets > 0
                 || e.connections > 0
+                || e.held > 0
                 || !e.opened.is_full(c.connection_rate_per_address)
                 || !e.commands.is_full(c.commands_per_address)
                 || !e

@@ -25,17 +25,20 @@ pub enum Limit {
     NewChannelsPerAddress,
     /// `limits.hook_calls_per_address`.
     HookCallsPerAddress,
+    /// `limits.held_bytes_per_address`.
+    HeldBytesPerAddress,
 }
 
 impl Limit {
     /// Every limit, in the order `/metrics` lists them.
-    pub const ALL: [Limit; 6] = [
+    pub const ALL: [Limit; 7] = [
         Limit::MaxConnections,
         Limit::ConnectionsPerAddress,
         Limit::ConnectionRatePerAddress,
         Limit::CommandsPerAddress,
         Limit::NewChannelsPerAddress,
         Limit::HookCallsPerAddress,
+        Limit::HeldBytesPerAddress,
     ];
 
     /// The setting's name in the configuration file: `/metrics` labels and log lines use it.
@@ -47,6 +50,7 @@ impl Limit {
             Limit::CommandsPerAddress => "limits.commands_per_address",
             Limit::NewChannelsPerAddress => "limits.new_channels_per_address",
             Limit::HookCallsPerAddress => "limits.hook_calls_per_address",
+            Limit::HeldBytesPerAddress => "limits.held_bytes_per_address",
         }
     }
 
@@ -61,8 +65,8 @@ const LOG_EVERY_SECONDS: u64 = 10;
 /// Refusals counted by limit, with their log lines.
 #[derive(Debug)]
 pub struct Refusals {
-    counts: [AtomicU64; 6],
-    lines: [Throttle; 6],
+    counts: [AtomicU64; Limit::ALL.len()],
+    lines: [Throttle; Limit::ALL.len()],
     /// Whether the configuration lists no proxy: then a refused loopback or private address
     /// may well be a proxy that every client shares.
     no_proxies: bool,

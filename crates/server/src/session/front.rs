@@ -96,11 +96,46 @@ impl Session {
         left
     }
 
-    /// Takes one of the client's commands out of its allowance
-    /// (`client.max_commands_per_second`): false when it is spent.
-    pub fn take_command(&mut self) -> bool {
+    /// Takes one of the client's commands (a message, on a front) out of its allowances,
+    /// as every command of Herald's own protocol is: the connection's
+    /// (`client.max_commands_per_second`) and, for sessions that live one request each,
+    /// its address's (`limits.commands_per_address`). The refusal (111) when one is spent:
+    /// the command must not be executed.
+    pub fn charge_command(&mut self) -> Result<(), Failure> {
+        let address_allows = match self.address {
+            Some(ip) if self.charge_commands => self.node().limits.command(ip),
+            _ => true,
+        };
+        if !address_allows {
+            let limit = self.node().settings.config.limits.commands_per_address;
+            return Err(Failure::new(
+                ErrorCode::TooManyRequests,
+                format!(
+                    "more than {limit} commands per second from this address; this one was not executed"
+                ),
+            ));
+        }
         let limit = self.node().settings.config.client.max_commands_per_second;
-        self.rate.take(limit)
+        if !self.rate.take(limit) {
+            return Err(Failure::new(
+                ErrorCode::TooManyRequests,
+                format!("more than {limit} commands per second; this one was not executed"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the connection's command allowance has a command left, without taking it:
+    /// asked before work a command costs before it can be charged (inflating a compressed
+    /// message, whose commands are only known once inflated).
+    pub fn may_command(&mut self) -> bool {
+        let limit = self.node().settings.config.client.max_commands_per_second;
+        self.rate.has_token(limit)
+    }
+
+    /// The client's address, when its transport admitted it by one.
+    pub fn address(&self) -> Option<std::net::IpAddr> {
+        self.address
     }
 
     /// Whether this session is subscribed to `channel`.

@@ -195,23 +195,8 @@ impl Session {
     }
 
     async fn handle(&mut self, command: Command, out: &mut Vec<u8>) -> Result<(), Disconnect> {
-        let address_allows = match self.address {
-            Some(ip) if self.charge_commands => self.node().limits.command(ip),
-            _ => true,
-        };
-        if !address_allows {
-            let limit = self.node().settings.config.limits.commands_per_address;
-            let message = format!(
-                "more than {limit} commands per second from this address; this one was not executed"
-            );
-            self.refuse(out, command.id, ErrorCode::TooManyRequests, &message);
-            return Ok(());
-        }
-        let limit = self.node().settings.config.client.max_commands_per_second;
-        if !self.rate.take(limit) {
-            let message =
-                format!("more than {limit} commands per second; this one was not executed");
-            self.refuse(out, command.id, ErrorCode::TooManyRequests, &message);
+        if let Err(f) = self.charge_command() {
+            self.refuse(out, command.id, f.wire_code(), &f.message);
             return Ok(());
         }
         let method = command.method.name();

@@ -25,6 +25,7 @@ mod longpoll_lane;
 mod metrics;
 mod nodes;
 mod ordering;
+mod phoenix_hostile;
 mod presence;
 mod readiness;
 mod replies;

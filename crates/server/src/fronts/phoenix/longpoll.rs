@@ -8,8 +8,13 @@
 //! A `GET` with it answers the messages waiting, or waits for some up to
 //! `http.longpoll_timeout` (then `{"status": 204}`); a `POST` carries the client's messages
 //! (one per line) and answers `{"status": 200}` (their replies wait for the next `GET`).
-//! A session no request asked for `http.longpoll_grace` plus the long-poll timeout is
-//! dropped, and its token answers 410 (phoenix.js then opens a new one and joins again).
+//! A session no `GET` asked for `http.longpoll_grace` plus the long-poll timeout is
+//! dropped, and its token answers 410 (phoenix.js then opens a new one and joins again):
+//! `POST`s alone do not keep it, since a client that never reads is as slow as a
+//! WebSocket that never reads. Replies waiting for a `GET` are bounded by
+//! `client.queue_max_bytes` per session and `limits.held_bytes_per_address` per address;
+//! a `POST` that would pass either ends the session (410). The session ends at its
+//! token's expiry as a WebSocket does (then 410).
 //! Every answer is HTTP 200: phoenix.js reads the status from the body.
 
 use std::{collections::BTreeMap, collections::HashMap, sync::Arc, time::Duration};
@@ -30,9 +35,9 @@ use super::speaker::Phoenix;
 use crate::{
     error::Failure,
     hooks::Transport,
-    limits::{AddressGuard, Peer},
+    limits::{AddressGuard, HeldBytes, Peer},
     node::Node,
-    session::Session,
+    session::{ExpiryTimer, Session},
     transport::{driver::Speaker, request, MAX_BATCH_BYTES},
 };
 
@@ -46,12 +51,40 @@ pub struct Polled {
     speaker: Phoenix,
     /// Messages waiting for the next `GET`.
     outbox: Vec<String>,
+    /// Their bytes.
+    outbox_bytes: usize,
+    /// Those bytes, counted against its address (when the address is counted).
+    held: Option<HeldBytes>,
     /// Wakes a waiting `GET` when a `POST` left replies in the outbox.
     replied: Arc<Notify>,
-    /// When a request last asked for it.
+    /// When a `GET` last asked for it.
     seen: Instant,
     /// Its address's count of connections, for as long as it lives.
     _counted: Option<AddressGuard>,
+}
+
+impl Polled {
+    /// Puts a reply in the outbox; false when the session would hold more than its bound
+    /// (`client.queue_max_bytes`) or its address more than `limits.held_bytes_per_address`.
+    fn post(&mut self, reply: &[u8], bound: usize) -> bool {
+        let n = reply.len();
+        if self.outbox_bytes + n > bound || self.held.as_mut().is_some_and(|h| !h.grow(n)) {
+            return false;
+        }
+        self.outbox_bytes += n;
+        self.outbox
+            .push(String::from_utf8_lossy(reply).into_owned());
+        true
+    }
+
+    /// Takes every message waiting.
+    fn take(&mut self) -> Vec<String> {
+        if let Some(held) = self.held.as_mut() {
+            held.shrink(self.outbox_bytes);
+        }
+        self.outbox_bytes = 0;
+        std::mem::take(&mut self.outbox)
+    }
 }
 
 impl Polls {
@@ -86,6 +119,13 @@ impl Polls {
 
     fn get(&self, token: &str) -> Option<Arc<tokio::sync::Mutex<Polled>>> {
         self.0.lock().get(token).cloned()
+    }
+
+    /// Ends session `token`: its token answers 410 from now on.
+    fn end(&self, token: &str, reason: &str) -> Response {
+        self.0.lock().remove(token);
+        tracing::debug!(reason, "phoenix long-poll session ended");
+        Json(json!({ "status": 410, "reason": reason })).into_response()
     }
 }
 
@@ -170,33 +210,45 @@ pub async fn poll(
     let Some(polled) = polls.get(&given) else {
         return status(410);
     };
-    let (queue, replied) = {
+    let (queue, replied, mut expiry) = {
         let mut p = polled.lock().await;
+        if let Err(d) = p.speaker.expire().await {
+            return polls.end(&given, &d.reason);
+        }
         p.seen = Instant::now();
         if !p.outbox.is_empty() {
             return answer(&given, &mut p);
         }
-        (p.speaker.session().queue().clone(), p.replied.clone())
+        let mut expiry = ExpiryTimer::default();
+        expiry.follow(p.speaker.session());
+        (
+            p.speaker.session().queue().clone(),
+            p.replied.clone(),
+            expiry,
+        )
     };
     let wait = node.settings.config.http.longpoll_timeout;
     tokio::select! {
         _ = queue.ready() => {}
         _ = replied.notified() => {}
+        _ = expiry.wait() => {}
         _ = tokio::time::sleep(wait) => {}
         _ = node.shutdown.cancelled() => {}
     }
     let mut p = polled.lock().await;
+    if let Err(d) = p.speaker.expire().await {
+        return polls.end(&given, &d.reason);
+    }
     p.seen = Instant::now();
     let Polled {
         speaker, outbox, ..
     } = &mut *p;
+    // At most a batch: the outbox of a `GET` is its answer, not held.
     let drained = speaker.drain(MAX_BATCH_BYTES, |m, _, _| {
         outbox.push(String::from_utf8_lossy(m).into_owned());
     });
     if let Err(d) = drained {
-        polls.0.lock().remove(&given);
-        tracing::debug!(reason = %d.reason, "phoenix long-poll session ended");
-        return status(410);
+        return polls.end(&given, &d.reason);
     }
     answer(&given, &mut p)
 }
@@ -206,7 +258,7 @@ fn answer(token: &str, p: &mut Polled) -> Response {
     if p.outbox.is_empty() {
         return Json(json!({ "status": 204, "token": token })).into_response();
     }
-    let messages = std::mem::take(&mut p.outbox);
+    let messages = p.take();
     Json(json!({ "status": 200, "token": token, "messages": messages })).into_response()
 }
 
@@ -241,9 +293,12 @@ async fn open(
     }
     session.announce();
     let token = token();
+    let held = counted.as_ref().map(|c| node.limits.hold(c.ip()));
     let polled = Polled {
         speaker: Phoenix::new(session, vsn),
         outbox: Vec::new(),
+        outbox_bytes: 0,
+        held,
         replied: Arc::new(Notify::new()),
         seen: Instant::now(),
         _counted: counted,
@@ -277,12 +332,23 @@ pub async fn send(
         return status(410);
     };
     let mut p = polled.lock().await;
-    p.seen = Instant::now();
+    // A POST does not keep the session: only reading it does (see the sweeper).
+    if let Err(d) = p.speaker.expire().await {
+        drop(p);
+        return polls.end(given, &d.reason);
+    }
+    let bound = node.settings.config.client.queue_max_bytes;
     for message in body.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
         let mut out = Vec::new();
         let handled = p.speaker.handle(message, &mut out, MAX_BATCH_BYTES).await;
         for reply in out.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            p.outbox.push(String::from_utf8_lossy(reply).into_owned());
+            if !p.post(reply, bound) {
+                drop(p);
+                return polls.end(
+                    given,
+                    "too many replies waiting: the session is read too slowly (GET)",
+                );
+            }
         }
         if let Err(d) = handled {
             drop(p);

@@ -42,6 +42,17 @@ impl Phoenix {
         }
     }
 
+    /// Ends what the client's tokens no longer grant, as the driver does for a WebSocket:
+    /// `Err` (3504) when the connection's own token expired; a subscription token's
+    /// topic is left.
+    pub async fn expire(&mut self) -> Result<(), Disconnect> {
+        self.session.expire().await?;
+        let session = &self.session;
+        self.joined.retain(|c| session.subscribed(c));
+        self.presence.retain(|t| session.subscribed(&t.channel));
+        Ok(())
+    }
+
     fn reply(&self, out: &mut Vec<u8>, m: &Message, ok: bool, response: &RawValue) {
         if m.reference.is_some() {
             line(out, phoenix::reply(self.vsn, m, ok, response));
@@ -55,6 +66,13 @@ impl Phoenix {
     async fn handle_message(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), Disconnect> {
         let m = phoenix::decode(self.vsn, bytes)
             .map_err(|e| Disconnect::because(DisconnectCode::BadRequest, e.0))?;
+        // Every message, heartbeats included, is one command of the connection's (and,
+        // for sessions that live one request each, its address's) allowance, as on
+        // Herald's own protocol: over it, the message is refused, not executed.
+        if let Err(f) = self.session.charge_command() {
+            self.refuse(out, &m, &f.message, Some(f.wire_code()));
+            return Ok(());
+        }
         match (m.topic.as_str(), m.event.as_str()) {
             (phoenix::SOCKET_TOPIC, "heartbeat") => self.reply(out, &m, true, phoenix::empty()),
             (_, "phx_join") => self.join(&m, out).await,

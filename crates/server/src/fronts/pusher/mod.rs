@@ -60,6 +60,6 @@ pub fn routes(node: &Arc<Node>) -> Router<Arc<Node>> {
         )
         .layer(axum::Extension(socket::Shared {
             occupancy: occupancy::Occupancy::start(node),
-            bookmarks: resume::Bookmarks::new(),
+            bookmarks: resume::Bookmarks::start(),
         }))
 }

@@ -15,6 +15,12 @@
 //! when the line dropped is sent again, and at most what arrived in the last round trip
 //! comes twice. A page's connection that Herald still holds open when the page is back (a
 //! dropped line Herald has not noticed yet) is closed, and its positions taken over.
+//!
+//! What a page left is state any client can make the server keep, so it is bounded three
+//! ways: it is dropped at the app's `resume_window` (swept every few seconds, whether or
+//! not the page comes back), its bytes count against its address's
+//! `limits.held_bytes_per_address` (over it, nothing is kept), and past [`MAX_PAGES`]
+//! pages or [`MAX_BYTES`] bytes on a node the oldest are forgotten.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -26,10 +32,16 @@ use herald_protocol::{ChannelName, Since};
 use parking_lot::Mutex;
 
 use super::socket::SocketId;
-use crate::{admin, node::Node, registry::Who};
+use crate::{admin, limits::HeldBytes, node::Node, registry::Who};
 
 /// Most pages whose positions a node keeps; past it, the oldest are forgotten.
-const MAX_PAGES: usize = 100_000;
+pub const MAX_PAGES: usize = 100_000;
+
+/// Most bytes of positions a node keeps for pages; past it, the oldest are forgotten.
+pub const MAX_BYTES: usize = 256 << 20;
+
+/// How often pages kept past their window are dropped.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// Most pings awaiting their pong; past it, the oldest is forgotten (its positions are
 /// confirmed by a later pong anyway).
@@ -46,9 +58,23 @@ type PageKey = (u16, Box<str>);
 #[derive(Debug)]
 pub struct Bookmark {
     kept: Instant,
+    /// When it is dropped unless taken back (its app's `resume_window` after `kept`).
+    until: Instant,
     /// The connection's socket id: what it sent itself is not sent back.
     pub socket_id: SocketId,
     channels: Vec<(ChannelName, Since)>,
+    /// Its bytes, counted against the page's address while kept.
+    held: Option<HeldBytes>,
+}
+
+impl Bookmark {
+    /// About the memory it takes: each channel's name and epoch, and what holds them.
+    fn bytes(&self) -> usize {
+        let each = |(c, s): &(ChannelName, Since)| {
+            c.as_str().len() + s.epoch.as_ref().map_or(0, |e| e.as_str().len()) + 64
+        };
+        128 + self.channels.iter().map(each).sum::<usize>()
+    }
 }
 
 /// The positions a node keeps, by page.
@@ -61,6 +87,8 @@ pub struct Bookmarks {
 #[derive(Debug, Default)]
 struct Pages {
     kept: HashMap<PageKey, Bookmark>,
+    /// The bytes of what is kept.
+    bytes: usize,
     /// Pages in the order they were kept, to forget the oldest.
     order: VecDeque<PageKey>,
     /// Each page's open connection (its Herald client id).
@@ -76,9 +104,47 @@ pub fn page_id_ok(id: &str) -> bool {
 }
 
 impl Bookmarks {
-    /// The node's bookmarks.
-    pub fn new() -> Arc<Self> {
-        Arc::default()
+    /// The node's bookmarks, swept of those past their window every few seconds while
+    /// they live (inside a runtime).
+    pub fn start() -> Arc<Self> {
+        let bookmarks = Arc::<Self>::default();
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let weak = Arc::downgrade(&bookmarks);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(SWEEP_EVERY);
+                loop {
+                    tick.tick().await;
+                    match weak.upgrade() {
+                        Some(bookmarks) => bookmarks.sweep(Instant::now()),
+                        None => return,
+                    }
+                }
+            });
+        }
+        bookmarks
+    }
+
+    /// Drops what was kept past its window by `now`.
+    fn sweep(&self, now: Instant) {
+        let mut pages = self.pages.lock();
+        let Pages {
+            kept, order, bytes, ..
+        } = &mut *pages;
+        kept.retain(|_, b| {
+            let live = b.until > now;
+            if !live {
+                *bytes -= b.bytes();
+            }
+            live
+        });
+        order.retain(|k| kept.contains_key(k));
+    }
+
+    /// Pages kept, and their bytes.
+    #[cfg(test)]
+    fn footprint(&self) -> (usize, usize) {
+        let pages = self.pages.lock();
+        (pages.kept.len(), pages.bytes)
     }
 
     /// A connection of page `id` of app `app` opens (as Herald client `client`): what the
@@ -118,24 +184,44 @@ impl Bookmarks {
         }
         let mut pages = self.pages.lock();
         let found = pages.kept.remove(&key)?;
+        pages.bytes -= found.bytes();
         (found.kept.elapsed() <= window).then_some(found)
     }
 
-    /// The connection of a page ended where `channels` stood.
-    pub fn keep(&self, app: u16, id: &str, client: &str, bookmark: Bookmark) {
+    /// The connection of a page ended where `bookmark` says; kept for `window`, its bytes
+    /// charged to `account` (the page's address) when given: nothing is kept when the
+    /// address holds its limit.
+    pub fn keep(
+        &self,
+        (app, id): (u16, &str),
+        client: &str,
+        mut bookmark: Bookmark,
+        window: Duration,
+        account: Option<HeldBytes>,
+    ) {
         let key: PageKey = (app, id.into());
+        let size = bookmark.bytes();
+        bookmark.until = bookmark.kept + window;
+        bookmark.held = account;
+        let affordable = bookmark.held.as_mut().is_none_or(|h| h.grow(size));
         let mut pages = self.pages.lock();
         if pages.open.get(&key).is_some_and(|c| &**c == client) {
             pages.open.remove(&key);
         }
-        if pages.kept.insert(key.clone(), bookmark).is_none() {
-            pages.order.push_back(key);
+        if affordable {
+            pages.bytes += size;
+            match pages.kept.insert(key.clone(), bookmark) {
+                Some(before) => pages.bytes -= before.bytes(),
+                None => pages.order.push_back(key),
+            }
         }
-        while pages.kept.len() > MAX_PAGES {
+        while pages.kept.len() > MAX_PAGES || pages.bytes > MAX_BYTES {
             let Some(oldest) = pages.order.pop_front() else {
                 break;
             };
-            pages.kept.remove(&oldest);
+            if let Some(dropped) = pages.kept.remove(&oldest) {
+                pages.bytes -= dropped.bytes();
+            }
         }
         // Keys of pages taken back since they were kept stay in `order` until they come
         // round; bounded by the pages kept meanwhile.
@@ -227,10 +313,13 @@ impl Page {
 
     /// What the connection leaves for the page's next one.
     pub fn bookmark(&mut self, socket_id: SocketId) -> Bookmark {
+        let kept = Instant::now();
         Bookmark {
-            kept: Instant::now(),
+            kept,
+            until: kept,
             socket_id,
             channels: std::mem::take(&mut self.confirmed),
+            held: None,
         }
     }
 }
@@ -267,6 +356,57 @@ mod tests {
         let third = page.written(vec![(c.clone(), at(12))]);
         page.pong(&third);
         assert!(page.confirmed.is_empty(), "a channel left is not kept");
+    }
+
+    /// A bookmark of `n` channels of long names, kept a moment ago.
+    fn bookmark(n: usize) -> Bookmark {
+        let mut page = Page::new("page".into(), None);
+        for i in 0..n {
+            page.opened(&ChannelName::new(&format!("app:{i:0>150}")).unwrap(), at(1));
+        }
+        page.bookmark(SocketId::random())
+    }
+
+    /// Issue #56 item 2: pages were dropped only past 100,000 of them, whatever their
+    /// age (1,500 closed pages held 181 MB 90 s later). Now what a page left goes at its
+    /// window, whether or not it comes back.
+    #[test]
+    fn a_page_left_is_dropped_at_its_window() {
+        let bookmarks = Bookmarks::default();
+        let window = Duration::from_secs(60);
+        for i in 0..10 {
+            let id = format!("page-{i:0>16}");
+            bookmarks.keep((0, &id), "c", bookmark(100), window, None);
+        }
+        let (pages, bytes) = bookmarks.footprint();
+        assert_eq!(pages, 10);
+        assert!(bytes > 10 * 100 * 150, "{bytes}");
+        bookmarks.sweep(Instant::now() + window / 2);
+        assert_eq!(bookmarks.footprint().0, 10, "within the window, kept");
+        bookmarks.sweep(Instant::now() + window + Duration::from_secs(1));
+        assert_eq!(bookmarks.footprint(), (0, 0));
+    }
+
+    /// Item 2, per address: a page's bytes count against its address; over the limit,
+    /// nothing is kept, and what was kept gives its bytes back when it goes.
+    #[test]
+    fn an_address_keeps_pages_only_within_its_share() {
+        let limits = crate::limits::AddressLimits::new(crate::config::LimitsConfig {
+            held_bytes_per_address: 100_000,
+            ..Default::default()
+        });
+        let ip = std::net::IpAddr::from([192, 0, 2, 1]);
+        let bookmarks = Bookmarks::default();
+        let window = Duration::from_secs(60);
+        for i in 0..10 {
+            let id = format!("page-{i:0>16}");
+            let account = Some(limits.hold(ip));
+            bookmarks.keep((0, &id), "c", bookmark(100), window, account);
+        }
+        // About 21 KB a page: four fit in 100,000 bytes.
+        assert_eq!(bookmarks.footprint().0, 4);
+        bookmarks.sweep(Instant::now() + window + Duration::from_secs(1));
+        assert!(limits.hold(ip).grow(100_000), "the address's share is back");
     }
 
     #[test]

@@ -232,7 +232,7 @@ async fn open(opening: Box<Opening>) -> Option<(Pusher, WebSocket<PusherFrames>)
 pub struct SocketId(u32, u32);
 
 impl SocketId {
-    fn random() -> Self {
+    pub(super) fn random() -> Self {
         let mut bytes = [0u8; 8];
         getrandom::fill(&mut bytes).expect("the operating system's random generator works");
         let part = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes")) % 1_000_000_000;

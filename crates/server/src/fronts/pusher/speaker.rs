@@ -127,7 +127,11 @@ impl Pusher {
     pub fn keep_page(&mut self) {
         if let Some((bookmarks, mut page)) = self.more.as_mut().and_then(|m| m.page.take()) {
             let bookmark = page.bookmark(self.socket_id);
-            bookmarks.keep(self.app, &page.id, self.session.client(), bookmark);
+            let node = self.session.node();
+            let account = self.session.address().map(|ip| node.limits.hold(ip));
+            let window = self.app().resume_window;
+            let (page_of, client) = ((self.app, &*page.id), self.session.client());
+            bookmarks.keep(page_of, client, bookmark, window, account);
         }
     }
 
@@ -213,15 +217,8 @@ impl Pusher {
     }
 
     async fn handle_message(&mut self, message: &[u8], out: &mut Vec<u8>) {
-        if !self.session.take_command() {
-            let limit = self
-                .session
-                .node()
-                .settings
-                .config
-                .client
-                .max_commands_per_second;
-            let said = format!("more than {limit} messages per second; this one was ignored");
+        if let Err(f) = self.session.charge_command() {
+            let said = f.message.replace("commands", "messages");
             line(out, pusher::error(None, &said));
             return;
         }
