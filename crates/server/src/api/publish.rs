@@ -44,6 +44,11 @@ impl From<crate::publish::Published> for Position {
     }
 }
 
+/// An API caller's idempotency key: the backend's (see [`crate::publish::Publisher`]).
+fn backend(key: &str) -> (&str, crate::publish::Publisher<'static>) {
+    (key, crate::publish::Publisher::Backend)
+}
+
 /// A request's `data` as a stored payload, or 400 saying why it cannot be one.
 fn data(raw: &RawValue) -> Result<Bytes, Failure> {
     json::payload(raw).map_err(|m| Failure::new(ErrorCode::BadRequest, m))
@@ -56,7 +61,7 @@ pub(super) async fn publish(
 ) -> Result<Json<Position>, Failure> {
     let req: PublishRequest = body(raw)?;
     let channel = channel(&req.channel)?;
-    let key = req.idempotency_key.as_deref();
+    let key = req.idempotency_key.as_deref().map(backend);
     let p = crate::publish::publish_keyed(&node, &channel, data(&req.data)?, None, key).await?;
     Ok(Json(p.into()))
 }
@@ -115,7 +120,7 @@ pub(super) async fn broadcast(
     for name in req.channels {
         let published = match channel(&name) {
             Ok(c) => {
-                let key = req.idempotency_key.as_deref();
+                let key = req.idempotency_key.as_deref().map(backend);
                 crate::publish::publish_keyed(&node, &c, data.clone(), None, key).await
             }
             Err(f) => Err(f),

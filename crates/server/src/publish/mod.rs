@@ -19,7 +19,7 @@ pub async fn from_client(
     channel: &ChannelName,
     data: Bytes,
     from: Option<&[u8]>,
-    key: Option<&str>,
+    key: Option<(&str, Publisher<'_>)>,
 ) -> Result<Published, Failure> {
     if let Some(ip) = address {
         // Only an address over its allowance pays for the look; others publish at once
@@ -60,6 +60,39 @@ pub struct Published {
 /// Longest idempotency key, in bytes.
 pub const MAX_KEY_LEN: usize = herald_broker::once::MAX_KEY_LEN;
 
+/// Who publishes with an idempotency key. A key only ever matches keys of the same
+/// publisher, so that nobody can make another's publication a "repeat" by using its key
+/// first (a client that guesses the backend's next order id).
+#[derive(Debug, Clone, Copy)]
+pub enum Publisher<'a> {
+    /// The backend, through the HTTP API (every API key alike: they are all the
+    /// operator's, and a retry may come with the next key of a rotation).
+    Backend,
+    /// A client identified as this user: every connection of the user alike.
+    User(&'a str),
+    /// An anonymous client: the id of its first connection, which it sends back when it
+    /// reconnects (a 128-bit secret of its own).
+    Connection(&'a str),
+}
+
+impl Publisher<'_> {
+    /// `key` as the broker keeps it. The backend's keys are kept as sent (as earlier
+    /// versions kept them, so that nodes of both agree). A client's get a space and its
+    /// scope after them: no key sent has a space, so none can be one of these, and two
+    /// scopes never share one. The scope is hashed: fixed in length, and no user id is
+    /// written into the store's keys.
+    fn scoped(self, key: &str) -> std::borrow::Cow<'_, str> {
+        use sha2::Digest;
+        let (kind, who) = match self {
+            Publisher::Backend => return key.into(),
+            Publisher::User(user) => ('u', user),
+            Publisher::Connection(client) => ('c', client),
+        };
+        let digest = sha2::Sha256::digest(who.as_bytes());
+        format!("{key} {kind}{}", hex::encode(&digest[..16])).into()
+    }
+}
+
 /// Checks an idempotency key: 1 to 128 visible ASCII characters.
 pub fn checked_key(key: &str) -> Result<&str, Failure> {
     let fits =
@@ -97,15 +130,19 @@ pub async fn publish(
         .position)
 }
 
-/// [`publish`], once per idempotency `key` and channel within `idempotency_window`.
+/// [`publish`], once per idempotency `key` (of its publisher: see [`Publisher`]) and
+/// channel within `idempotency_window`.
 pub async fn publish_keyed(
     node: &Node,
     channel: &ChannelName,
     data: Bytes,
     from: Option<&[u8]>,
-    key: Option<&str>,
+    key: Option<(&str, Publisher<'_>)>,
 ) -> Result<Published, Failure> {
-    let key = key.map(checked_key).transpose()?;
+    let key = match key {
+        Some((key, publisher)) => Some(publisher.scoped(checked_key(key)?)),
+        None => None,
+    };
     let ns = node.settings.namespace(channel.namespace());
     if data.len() > ns.max_message_size {
         return Err(Failure::new(
@@ -142,7 +179,7 @@ pub async fn publish_keyed(
     let published = match key {
         Some(key) => {
             node.broker
-                .publish_once(channel, record, ns.stream_policy(), key, window)
+                .publish_once(channel, record, ns.stream_policy(), &key, window)
                 .await
         }
         None => node

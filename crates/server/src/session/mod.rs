@@ -324,7 +324,17 @@ impl Session {
             }
         };
         let from = self.sender(channel);
+        let key = key.map(|k| (k, self.publisher()));
         publish::from_client(&node, self.address, channel, data, from.as_deref(), key).await
+    }
+
+    /// Whose idempotency keys this client's are: its user's, or when anonymous its own
+    /// (see [`publish::Publisher`]).
+    fn publisher(&self) -> publish::Publisher<'_> {
+        match self.user() {
+            "" => publish::Publisher::Connection(self.first_client()),
+            user => publish::Publisher::User(user),
+        }
     }
 
     /// `rpc`: the client's call, answered by the backend's rpc hook.

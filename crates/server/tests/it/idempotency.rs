@@ -85,3 +85,39 @@ async fn a_key_holds_across_nodes() {
     a.stop().await.unwrap();
     b.stop().await.unwrap();
 }
+
+/// Issue #56 item 5: a key is scoped to who published it. An anonymous client that
+/// publishes first with the backend's next key (`order-42`) made the backend's publish
+/// answer `repeat: true` with the client's offset, and nothing of the backend's was stored.
+/// Now the backend's publish is stored; each publisher still gets its own retries merged,
+/// and two anonymous clients (connections) do not share keys.
+#[tokio::test]
+async fn a_client_cannot_use_a_key_against_another_publisher() {
+    let server = start(config()).await;
+    let key = json!({"channel": "open:orders", "data": "forged", "idempotency_key": "order-42"});
+    let mut attacker = server.client().await;
+    let forged = attacker.call("publish", key.clone()).await;
+    assert_eq!(forged["publish"]["offset"], 1, "{forged}");
+    let (status, real) = publish(&server, "open:orders", json!("real"), "order-42").await;
+    assert_eq!(status, 200, "{real}");
+    assert!(
+        real.get("repeat").is_none(),
+        "the backend's was suppressed: {real}"
+    );
+    assert_eq!(real["offset"], 2, "{real}");
+    // Each publisher's own retry is still merged.
+    let (_, again) = publish(&server, "open:orders", json!("real"), "order-42").await;
+    assert_eq!(
+        (&again["offset"], &again["repeat"]),
+        (&json!(2), &json!(true))
+    );
+    let retried = attacker.call("publish", key.clone()).await;
+    assert_eq!(retried["publish"]["offset"], 1, "{retried}");
+    assert_eq!(retried["publish"]["repeat"], true, "{retried}");
+    // Another anonymous connection has keys of its own.
+    let mut other = server.client().await;
+    let others = other.call("publish", key).await;
+    assert_eq!(others["publish"]["offset"], 3, "{others}");
+    assert!(others["publish"].get("repeat").is_none(), "{others}");
+    server.stop().await.unwrap();
+}
