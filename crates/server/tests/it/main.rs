@@ -14,6 +14,7 @@ mod errors;
 mod hook_events;
 mod hook_failures;
 mod hooks;
+mod hostile;
 mod http;
 mod idempotency;
 mod lean;
@@ -25,7 +26,7 @@ mod longpoll_lane;
 mod metrics;
 mod nodes;
 mod ordering;
-mod phoenix_hostile;
+
 mod presence;
 mod readiness;
 mod replies;

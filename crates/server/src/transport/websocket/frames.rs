@@ -102,6 +102,9 @@ pub struct Reader {
     /// Where the next frame starts in the caller's buffer: frames taken out are removed
     /// once per batch (when more bytes are needed), not one by one.
     at: usize,
+    /// Compressed messages inflated, and the bytes they inflated to, since the caller
+    /// last took them ([`Reader::take_inflated`]): what the connection charges them.
+    inflated: (usize, usize),
 }
 
 #[derive(Debug)]
@@ -109,6 +112,8 @@ struct Partial {
     text: bool,
     compressed: bool,
     data: Vec<u8>,
+    /// When its first frame was read.
+    begun: std::time::Instant,
 }
 
 /// A frame's header, once its bytes are in.
@@ -130,7 +135,23 @@ impl Reader {
             deflate,
             partial: None,
             at: 0,
+            inflated: (0, 0),
         }
+    }
+
+    /// The compressed messages inflated since the last call, and the bytes they gave.
+    pub fn take_inflated(&mut self) -> (usize, usize) {
+        std::mem::take(&mut self.inflated)
+    }
+
+    /// The largest message it reads.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// When the fragmented message begun and not finished yet, if any, began.
+    pub fn unfinished_since(&self) -> Option<std::time::Instant> {
+        self.partial.as_ref().map(|p| p.begun)
     }
 
     /// Takes the next message or control frame out of `buf` (what the client sent, in
@@ -277,6 +298,7 @@ impl Reader {
                     text,
                     compressed,
                     data,
+                    ..
                 } = *self.partial.take().expect("checked above");
                 self.message(text, compressed, &data).map(Some)
             }
@@ -294,6 +316,7 @@ impl Reader {
                     text,
                     compressed: h.rsv1,
                     data: payload.to_vec(),
+                    begun: std::time::Instant::now(),
                 }));
                 Ok(None)
             }
@@ -301,9 +324,17 @@ impl Reader {
     }
 
     /// A whole message's payload, inflated if `compressed`.
-    fn message(&self, text: bool, compressed: bool, data: &[u8]) -> Result<Incoming, Violation> {
+    fn message(
+        &mut self,
+        text: bool,
+        compressed: bool,
+        data: &[u8],
+    ) -> Result<Incoming, Violation> {
         let data = if compressed {
-            Bytes::from(deflate::inflate(data, self.limit)?)
+            let inflated = deflate::inflate(data, self.limit);
+            let size = inflated.as_ref().map_or(self.limit, Vec::len);
+            self.inflated = (self.inflated.0 + 1, self.inflated.1 + size);
+            Bytes::from(inflated?)
         } else {
             Bytes::copy_from_slice(data)
         };

@@ -7,6 +7,7 @@
 
 pub mod deflate;
 pub mod frames;
+mod inflating;
 mod upgrade;
 mod wire;
 
@@ -60,6 +61,10 @@ pub struct WebSocket<F> {
     /// What the client sent and the reader has not taken yet.
     unread: Vec<u8>,
     reader: Reader,
+    /// What inflating its compressed messages may still cost (made at the first one).
+    inflating: Option<Box<inflating::Inflating>>,
+    /// How long a fragmented message may take to finish (`http.body_timeout`).
+    unfinished_within: Duration,
     /// The session's id, for the log line of its close.
     session: u64,
     /// When the client last sent anything (a pong counts).
@@ -98,6 +103,8 @@ impl<F: Framing> WebSocket<F> {
             io: Io::new(stream, session.queue().clone(), framing, compress_from),
             unread: early,
             reader: Reader::new(config.client.max_frame_size, deflate),
+            inflating: None,
+            unfinished_within: config.http.body_timeout,
             session: session.id(),
             last_heard: Instant::now(),
             // Herald's JSON, whether the client asked for `herald.json` or for no
@@ -143,10 +150,25 @@ impl<F: Framing> WebSocket<F> {
     }
 
     /// The next message or control frame from the client; `Ok(None)` when it is gone.
-    /// Cancel-safe: what was read stays in `unread`.
+    /// Cancel-safe: what was read stays in `unread`. Nothing is read while the connection's
+    /// inflate budget is spent (see [`inflating`]), and a fragmented message must be
+    /// finished within `http.body_timeout` of its first frame (the client may otherwise
+    /// hold a message's bytes for as long as it answers pings).
     async fn next(&mut self) -> Result<Option<Incoming>, Violation> {
         loop {
-            if let Some(incoming) = self.reader.read(&mut self.unread)? {
+            if let Some(wait) = self.inflating.as_mut().and_then(|b| b.wait(now())) {
+                tokio::time::sleep(wait).await;
+            }
+            let read = self.reader.read(&mut self.unread);
+            let inflated = self.reader.take_inflated();
+            if inflated.0 > 0 {
+                let limit = self.reader.limit();
+                let budget = self
+                    .inflating
+                    .get_or_insert_with(|| Box::new(inflating::Inflating::new(limit)));
+                budget.charge(inflated, now());
+            }
+            if let Some(incoming) = read? {
                 if self.unread.is_empty() && self.unread.capacity() > KEEP_BUFFER {
                     self.unread = Vec::new();
                 }
@@ -154,7 +176,20 @@ impl<F: Framing> WebSocket<F> {
             }
             let wants = self.reader.wants(&self.unread).max(READ_CHUNK);
             self.unread.reserve(wants);
-            match self.io.read(&mut self.unread).await {
+            let read = if let Some(begun) = self.reader.unfinished_since() {
+                let until = Instant::from_std(begun) + self.unfinished_within;
+                match tokio::time::timeout_at(until, self.io.read(&mut self.unread)).await {
+                    Ok(read) => read,
+                    Err(_) => {
+                        return Err(Violation::Protocol(
+                            "a fragmented message was not finished within http.body_timeout",
+                        ))
+                    }
+                }
+            } else {
+                self.io.read(&mut self.unread).await
+            };
+            match read {
                 Ok(0) | Err(_) => return Ok(None),
                 Ok(_) => {}
             }
@@ -369,6 +404,11 @@ fn refusal(v: Violation) -> Disconnect {
             Disconnect::because(DisconnectCode::BadRequest, v.to_string())
         }
     }
+}
+
+/// The clock the inflate budget runs on.
+fn now() -> std::time::Instant {
+    std::time::Instant::now()
 }
 
 /// RFC 6455's close code for a message too big to process.

@@ -1,5 +1,5 @@
-//! Issue #56: what one hostile client of the Phoenix front can make the server hold or do,
-//! on its WebSocket and on its long-poll fallback (`/socket/longpoll`).
+//! Issue #56: what one hostile client can make the server hold or do: on the Phoenix front,
+//! its WebSocket and its long-poll fallback (`/socket/longpoll`), and on every WebSocket.
 
 use std::time::Duration;
 
@@ -229,5 +229,40 @@ async fn a_long_poll_session_ends_when_its_token_expires() {
     server.publish("private:a", json!("after")).await;
     let (status, got) = session.get().await;
     assert_eq!(status, 410, "{got:?}");
+    server.stop().await.unwrap();
+}
+
+/// Item 1 (fragments): a fragmented message must be finished within `http.body_timeout`
+/// of its first frame. 900 unfinished compressed messages held +119 MB until the idle
+/// timeout, and a client that answers pings held them for as long as it liked. Here the
+/// client answers every ping (tungstenite does) and never sends the last fragment.
+#[tokio::test]
+async fn an_unfinished_fragmented_message_closes_its_connection_in_time() {
+    use tokio_tungstenite::tungstenite::protocol::frame::{coding::Data, coding::OpCode, Frame};
+    let mut c = config();
+    c.http.body_timeout = Duration::from_millis(500);
+    c.client.ping_interval = Duration::from_millis(100);
+    let server = start(c).await;
+    let url = format!("ws://{}/connection/websocket", server.addr);
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    let first = Frame::message(vec![b' '; 1000], OpCode::Data(Data::Text), false);
+    ws.send(Message::Frame(first)).await.unwrap();
+    let closed = tokio::time::timeout(PATIENCE, async {
+        while let Some(m) = ws.next().await {
+            if let Ok(Message::Close(close)) = m {
+                return close;
+            }
+        }
+        None
+    })
+    .await
+    .expect("closed before the idle timeout");
+    let close = closed.expect("a close frame");
+    assert!(
+        close.reason.contains("not finished"),
+        "{}: {}",
+        u16::from(close.code),
+        close.reason
+    );
     server.stop().await.unwrap();
 }
