@@ -26,12 +26,13 @@ pub use refusals::{Limit, Refusals};
 #[derive(Debug, Clone, Copy)]
 pub struct Peer(pub SocketAddr);
 
-/// How fast a [`Bucket`] refills: `count` per `window` on average, bursts of twice that.
-/// A count of 0 means no limit.
+/// How fast a [`Bucket`] refills: `count` per `window` on average, bursts of twice that
+/// (or, `strict`, of no more than `count`). A count of 0 means no limit.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Rate {
     count: u32,
     window: Duration,
+    strict: bool,
 }
 
 impl Rate {
@@ -39,6 +40,7 @@ impl Rate {
         Self {
             count,
             window: Duration::from_secs(1),
+            strict: false,
         }
     }
 
@@ -46,6 +48,15 @@ impl Rate {
         Self {
             count,
             window: Duration::from_secs(60),
+            strict: false,
+        }
+    }
+
+    /// `count` a second, and bursts of no more (Pusher's client events: 10 a second).
+    pub(crate) const fn strictly_per_second(count: u32) -> Self {
+        Self {
+            strict: true,
+            ..Self::per_second(count)
         }
     }
 
@@ -54,7 +65,7 @@ impl Rate {
     }
 
     fn burst(self) -> f64 {
-        f64::from(self.count) * 2.0
+        f64::from(self.count) * if self.strict { 1.0 } else { 2.0 }
     }
 }
 

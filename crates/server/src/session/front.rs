@@ -133,6 +133,13 @@ impl Session {
         self.rate.has_token(limit)
     }
 
+    /// Takes one call to the application's backend from the client address's allowance
+    /// (`limits.hook_calls_per_address`): for what a front posts to the backend because
+    /// of the client (a Pusher webhook). The refusal (111) when it is spent.
+    pub fn charge_backend(&self) -> Result<(), Failure> {
+        self.hook_budget()
+    }
+
     /// The client's address, when its transport admitted it by one.
     pub fn address(&self) -> Option<std::net::IpAddr> {
         self.address

@@ -28,6 +28,7 @@ mod nodes;
 mod ordering;
 
 mod presence;
+mod pusher_hostile;
 mod readiness;
 mod replies;
 mod resume;

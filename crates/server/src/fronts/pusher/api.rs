@@ -24,6 +24,9 @@ use serde_json::{json as value, value::RawValue, Map, Value};
 use super::sign;
 use crate::{admin, config::PusherApp, node::Node, token::unix_now};
 
+/// What a call whose signature is not the app's is told (an unknown app id too).
+const BAD_SIGNATURE: &str = "invalid signature: check the app id and its secret";
+
 /// How far a call's `auth_timestamp` may be from the server's clock.
 const MAX_SKEW: u64 = 600;
 
@@ -56,6 +59,9 @@ fn signed<'n>(
     query: Option<&str>,
     body: &[u8],
 ) -> Result<&'n PusherApp, Refused> {
+    let bad_signature = || refused(StatusCode::UNAUTHORIZED, BAD_SIGNATURE);
+    // An unknown app id answers as a bad signature does: a caller without a secret learns
+    // nothing of which ids exist.
     let app = node
         .settings
         .config
@@ -63,7 +69,7 @@ fn signed<'n>(
         .apps
         .iter()
         .find(|a| a.id == id)
-        .ok_or_else(|| refused(StatusCode::NOT_FOUND, format!("unknown app id {id}")))?;
+        .ok_or_else(bad_signature)?;
     if !app.enabled {
         return Err(refused(StatusCode::FORBIDDEN, "application is disabled"));
     }
@@ -93,6 +99,17 @@ fn signed<'n>(
     if !body.is_empty() && get("body_md5").as_deref() != Some(sign::md5(body).as_str()) {
         return Err(unauthorized("body_md5 does not match the body"));
     }
+    // The signed text joins the parameters decoded, as Pusher's libraries sign them; a
+    // `&` in a name or value, or a `=` in a name, would let one parameter be read as two
+    // (or two as one) under the same signature, so none is accepted.
+    let ambiguous = params
+        .iter()
+        .any(|(k, v)| k.contains(['&', '=']) || v.contains('&'));
+    if ambiguous {
+        return Err(unauthorized(
+            "a parameter's name or value holds '&' (or its name '='): it cannot be signed unambiguously",
+        ));
+    }
     params.retain(|(k, _)| k != "auth_signature");
     params.sort();
     let query = params
@@ -102,7 +119,7 @@ fn signed<'n>(
         .join("&");
     let text = format!("{method}\n{}\n{query}", uri.path());
     if !sign::verify(&app.secret, &text, &signature) {
-        return Err(unauthorized("invalid signature: check the app's secret"));
+        return Err(bad_signature());
     }
     Ok(app)
 }

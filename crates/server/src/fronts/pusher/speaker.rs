@@ -24,7 +24,7 @@ use crate::{
     config::PusherApp,
     error::{Disconnect, Failure},
     fronts::line,
-    limits::Bucket,
+    limits::{Bucket, Rate},
     queue::Delivery,
     session::{Drained, Positions, Session},
     transport::driver::Speaker,
@@ -85,6 +85,9 @@ impl UserId {
         }
     }
 }
+
+/// The webhooks of a channel's first and last subscriber.
+const CHANNEL_EVENTS: [&str; 2] = ["channel_occupied", "channel_vacated"];
 
 /// Longest user id accepted (Pusher's limit).
 const MAX_USER_ID: usize = 128;
@@ -189,7 +192,7 @@ impl Pusher {
         let rate = self.app().client_events_per_second;
         self.more.get_or_insert_with(|| {
             Box::new(More {
-                client_events: Bucket::full(rate),
+                client_events: Bucket::full(Rate::strictly_per_second(rate)),
                 rosters: Vec::new(),
                 held: Vec::new(),
                 page: None,
@@ -271,6 +274,15 @@ impl Pusher {
         };
         let mut replay = None;
         if !self.session.subscribed(&channel) {
+            let posts = CHANNEL_EVENTS.iter().any(|e| self.app().posts(e));
+            if posts && self.session.node().hub.subscriber_count(&channel) == 0 {
+                // Likely a channel's first subscriber, whose webhook (and its last's) the
+                // app posts: charged to the address's calls to the backend, so that one
+                // address cannot post thousands by subscribing to new names.
+                if let Err(f) = self.session.charge_backend() {
+                    return line(out, refuse(429, &f.message));
+                }
+            }
             let me = member.as_ref().map(|(user, _)| user.clone());
             let resume = self.page().and_then(|p| p.resume(&channel));
             self.session.grant_channel(channel.clone(), member);
@@ -333,10 +345,13 @@ impl Pusher {
             match self.session.last_publication(&channel).await {
                 Ok(Some(last)) => line(out, pusher::event(&name, last.data()).frame),
                 Ok(None) => {
-                    self.webhook(
-                        "cache_miss",
-                        || serde_json::json!({ "name": "cache_miss", "channel": name }),
-                    );
+                    // Posted within the address's calls to the backend (see client events).
+                    if !self.app().posts("cache_miss") || self.session.charge_backend().is_ok() {
+                        self.webhook(
+                            "cache_miss",
+                            || serde_json::json!({ "name": "cache_miss", "channel": name }),
+                        );
+                    }
                     line(out, pusher::cache_miss(&name))
                 }
                 Err(f) => line(out, pusher::error(None, &f.message)),
@@ -446,6 +461,14 @@ impl Pusher {
                 "client events are only supported on private and presence channels",
             ));
         }
+        if kind == Kind::Encrypted {
+            // As Pusher: the publisher encrypts an encrypted channel's events, and a
+            // client's would reach its subscribers in plaintext.
+            return Err(refuse(
+                None,
+                "client events are not supported on encrypted channels",
+            ));
+        }
         let channel = self.channel(name).map_err(|e| refuse(None, &e))?;
         if !self.session.subscribed(&channel) {
             return Err(refuse(None, &format!("not subscribed to {name}")));
@@ -459,11 +482,22 @@ impl Pusher {
                 ),
             ));
         }
-        if !self.more().client_events.take(rate) {
+        if !self
+            .more()
+            .client_events
+            .take(Rate::strictly_per_second(rate))
+        {
             return Err(refuse(
                 Some(codes::CLIENT_EVENT_RATE),
                 &format!("client event rejected: at most {rate} per second"),
             ));
+        }
+        if self.app().posts("client_event") {
+            // Each posts a webhook: charged to the address's calls to the backend, so
+            // that one address's connections together cannot flood it.
+            self.session
+                .charge_backend()
+                .map_err(|f| refuse(Some(codes::CLIENT_EVENT_RATE), &f.message))?;
         }
         let raw: &RawValue =
             serde_json::from_str(data).map_err(|e| refuse(None, &e.to_string()))?;
