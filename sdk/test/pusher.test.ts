@@ -348,6 +348,13 @@ describe("a page that opted in to resuming", () => {
   it("is sent what it missed while away, once and in order, and not what it sent itself", async () => {
     const page = `/resume/page-${randomUUID()}`;
     const client = connect({ wsPath: page });
+    // docs/pusher.md's page code: keep the proof each connection is given, and send it
+    // back as the next one connects (state_change comes before pusher-js subscribes).
+    let proof: string | undefined;
+    client.bind("herald:page", (d: { proof: string }) => (proof = d.proof));
+    client.connection.bind("state_change", ({ current }: { current: string }) => {
+      if (current === "connected" && proof) client.send_event("herald:resume", { proof });
+    });
     const other = connect();
     await connected(client);
     await connected(other);
@@ -385,8 +392,14 @@ describe("a page that opted in to resuming", () => {
       const closed = new Promise<number>((resolve) => ws.on("close", (c) => resolve(c)));
       return { ws, got, closed };
     };
-    const subscribe = async (c: ReturnType<typeof open>) => {
-      await until("established", () => c.got.some((m) => m.event === "pusher:connection_established"));
+    /** The proof a connection was given. */
+    const proofOf = (c: ReturnType<typeof open>) => {
+      const page = c.got.find((m) => m.event === "herald:page");
+      return page && (JSON.parse(page.data as string) as { proof: string }).proof;
+    };
+    const subscribe = async (c: ReturnType<typeof open>, resuming?: string) => {
+      await until("established", () => proofOf(c) !== undefined);
+      if (resuming) c.ws.send(JSON.stringify({ event: "herald:resume", data: { proof: resuming } }));
       c.ws.send(JSON.stringify({ event: "pusher:subscribe", data: { channel: "resume-takeover" } }));
       await until("subscribed", () => c.got.some((m) => m.event === "pusher_internal:subscription_succeeded"));
     };
@@ -400,8 +413,9 @@ describe("a page that opted in to resuming", () => {
     // The same page connects again while its first connection is open (as after a drop
     // Herald has not noticed): the first is closed with 4200, the second resumes after it.
     const second = open();
+    const subscribing = subscribe(second, proofOf(first));
     expect(await first.closed).toBe(4200);
-    await subscribe(second);
+    await subscribing;
     await backend().trigger("resume-takeover", "news", { n: 2 });
     await until("the next event", () => news(second).length === 1);
     expect(news(second)).toEqual([2]);

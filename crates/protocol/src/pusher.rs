@@ -91,6 +91,12 @@ pub enum ClientMessage {
         /// The user, as JSON text with at least `id`.
         user_data: String,
     },
+    /// `herald:resume`: a page that opted in to resuming proves it is the page whose
+    /// connection was given `proof` (see `herald:page`), before anything else it sends.
+    Resume {
+        /// The proof its last connection was given.
+        proof: String,
+    },
     /// A client event (`client-…`) on a channel.
     ClientEvent {
         /// The event's name (starts with `client-`).
@@ -174,6 +180,14 @@ pub fn decode(message: &[u8]) -> Result<ClientMessage, Malformed> {
                 auth: s.auth,
                 user_data: s.user_data,
             })
+        }
+        "herald:resume" => {
+            #[derive(Deserialize)]
+            struct Resume {
+                proof: String,
+            }
+            let r: Resume = object(envelope.data, "herald:resume")?;
+            Ok(ClientMessage::Resume { proof: r.proof })
         }
         event if event.starts_with("client-") => {
             let channel = envelope
@@ -353,6 +367,16 @@ pub fn subscription_error(channel: &str, status: u16, message: &str) -> Vec<u8> 
 /// `pusher:pong`.
 pub fn pong() -> Vec<u8> {
     frame("pusher:pong", None, &"{}")
+}
+
+/// `herald:page`: the proof a connection of a page that opted in to resuming is given,
+/// which the page's next connection sends back (`herald:resume`) to take its place.
+pub fn page(proof: &str) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Page<'a> {
+        proof: &'a str,
+    }
+    frame("herald:page", None, &stringified(&Page { proof }))
 }
 
 /// `pusher:ping`.

@@ -267,3 +267,87 @@ async fn api_signatures_bind_what_is_asked_and_app_ids_stay_unknown() {
     assert_eq!(status, 200, "{body}");
     server.stop().await.unwrap();
 }
+
+/// Item 6: a page's resume needs the proof only that page was given (`herald:page`,
+/// sent back as `herald:resume`), not its id, which is in the path (so in access logs).
+/// Whoever knew the id closed the page's connection (4200), took what it missed, and left
+/// the page's own reconnect with nothing; now such a connection is a new page: nothing is
+/// closed, nothing replayed, nothing told.
+#[tokio::test]
+async fn a_page_resumes_only_with_its_proof() {
+    let server = start(pusher_config(false)).await;
+    let path = format!("/resume/page-0123456789abcdef/app/{APP_KEY}?protocol=7");
+    let open = |server: &TestServer| {
+        let url = format!("ws://{}{path}", server.addr);
+        async move {
+            let (ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+            let mut client = PusherClient {
+                ws,
+                socket_id: String::new(),
+            };
+            assert_eq!(
+                client.next().await["event"],
+                "pusher:connection_established"
+            );
+            let page = client.next().await;
+            assert_eq!(page["event"], "herald:page", "{page}");
+            let data: Value = serde_json::from_str(page["data"].as_str().unwrap()).unwrap();
+            (client, data["proof"].as_str().unwrap().to_string())
+        }
+    };
+    let (mut page, proof) = open(&server).await;
+    let ok = page.subscribe("news").await;
+    assert_eq!(
+        ok["event"], "pusher_internal:subscription_succeeded",
+        "{ok}"
+    );
+    server
+        .publish("7:news", json!({"event": "n", "data": 1}))
+        .await;
+    assert_eq!(page.next().await["data"], 1);
+    page.until_pong().await;
+
+    // Someone who knows the page id, with a wrong proof (or none): a page of its own.
+    let (mut intruder, other) = open(&server).await;
+    assert_ne!(other, proof);
+    intruder
+        .send(json!({ "event": "herald:resume", "data": { "proof": "0".repeat(32) } }))
+        .await;
+    let ok = intruder.subscribe("news").await;
+    assert_eq!(
+        ok["event"], "pusher_internal:subscription_succeeded",
+        "{ok}"
+    );
+    assert!(
+        intruder.until_pong().await.is_empty(),
+        "told or sent nothing"
+    );
+    // The page's connection was not closed.
+    assert!(page.until_pong().await.is_empty());
+
+    // The page drops, misses a publication, and proves itself: it is sent what it missed.
+    page.ws.close(None).await.unwrap();
+    drop(page);
+    let (mut back, _) = open(&server).await;
+    eventually("the page's positions are kept", || async {
+        // A publication the page misses, once its connection is gone from the channel.
+        server.node.hub.subscriber_count(&"7:news".parse().unwrap()) == 1
+    })
+    .await;
+    server
+        .publish("7:news", json!({"event": "n", "data": 2}))
+        .await;
+    back.send(json!({ "event": "herald:resume", "data": { "proof": proof } }))
+        .await;
+    let ok = back.subscribe("news").await;
+    assert_eq!(
+        ok["event"], "pusher_internal:subscription_succeeded",
+        "{ok}"
+    );
+    let missed = back.next().await;
+    assert_eq!(
+        (&missed["event"], &missed["data"]),
+        (&json!("n"), &json!(2))
+    );
+    server.stop().await.unwrap();
+}

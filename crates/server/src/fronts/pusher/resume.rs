@@ -1,12 +1,19 @@
 //! A Pusher client that reconnects gets what it missed, when its page opts in.
 //!
-//! `pusher-js` sends no position when it subscribes again, so the page names itself
-//! instead: `wsPath: "/resume/" + id`, an id it makes once per page load (16 to 64 of
-//! `A-Z a-z 0-9 - _`). Herald keeps, per app and page, where each of the page's channels
-//! stood when its connection ended, for the app's `resume_window`; the page's next
-//! connection subscribing to a channel again is sent what it missed, from Herald's history,
-//! right after `subscription_succeeded` (or the event `herald:gap` when history no longer
-//! holds all of it).
+//! `pusher-js` sends no position when it subscribes again, so the page opts in with its
+//! socket's path, `wsPath: "/resume/" + id` (an id it makes once per page load, 16 to 64 of
+//! `A-Z a-z 0-9 - _`, which routes it back to the same node), and proves who it is with a
+//! secret: each connection of such a page is sent `herald:page` with a proof (128 random
+//! bits) right after `connection_established`, and the page's next connection sends it back
+//! (`herald:resume`) before anything else, which pusher-js lets a page do from its
+//! `state_change` to `connected` (emitted before pusher-js subscribes again). Herald keeps,
+//! by app and proof, where each of the connection's channels stood when it ended, for the
+//! app's `resume_window`; the connection that proves it is that page's, subscribing to a
+//! channel again, is sent what it missed, from Herald's history, right after
+//! `subscription_succeeded` (or the event `herald:gap` when history no longer holds all of
+//! it). The page id is in the path, so in access logs: it proves nothing, and a connection
+//! without the proof (or with a wrong one) is a new page, closes nothing and is told
+//! nothing.
 //!
 //! Where a channel stood is what the client is known to have read, not merely what was
 //! written: after each write Herald sends a WebSocket ping carrying a number, and keeps the
@@ -51,7 +58,7 @@ const MAX_UNCONFIRMED: usize = 8;
 /// replaces to be kept.
 const TAKEOVER_WAIT: Duration = Duration::from_secs(2);
 
-/// A page: its app and the id it chose.
+/// A page's connection: its app and the proof it was given.
 type PageKey = (u16, Box<str>);
 
 /// Where a page's channels stood when its connection ended.
@@ -91,8 +98,15 @@ struct Pages {
     bytes: usize,
     /// Pages in the order they were kept, to forget the oldest.
     order: VecDeque<PageKey>,
-    /// Each page's open connection (its Herald client id).
+    /// Each page connection still open (its Herald client id), by its proof.
     open: HashMap<PageKey, Arc<str>>,
+}
+
+/// A new proof (see the module's doc): 128 bits from the operating system's generator.
+pub fn proof() -> Box<str> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).expect("the operating system's random generator works");
+    hex::encode(bytes).into()
 }
 
 /// Whether `id` may name a page.
@@ -147,19 +161,26 @@ impl Bookmarks {
         (pages.kept.len(), pages.bytes)
     }
 
-    /// A connection of page `id` of app `app` opens (as Herald client `client`): what the
-    /// page's last connection left, if within `window`. A connection of the page still
-    /// open is closed first, and its positions waited for.
-    pub async fn open(
+    /// A connection of a page of app `app` opened (as Herald client `client`) and was
+    /// given `proof`.
+    pub fn opened(&self, app: u16, proof: &str, client: &str) {
+        let key: PageKey = (app, proof.into());
+        self.pages.lock().open.insert(key, client.into());
+    }
+
+    /// A connection of a page of app `app` proved it is the page whose connection was
+    /// given `proof`: what that connection left, if within `window`. If it is still open,
+    /// it is closed first, and its positions waited for. A proof nobody was given finds
+    /// nothing and closes nothing.
+    pub async fn resume(
         &self,
         node: &Node,
         app: u16,
-        id: &str,
-        client: &str,
+        proof: &str,
         window: Duration,
     ) -> Option<Bookmark> {
-        let key: PageKey = (app, id.into());
-        let before = self.pages.lock().open.insert(key.clone(), client.into());
+        let key: PageKey = (app, proof.into());
+        let before = self.pages.lock().open.get(&key).cloned();
         if let Some(before) = before {
             let kept = self.kept.notified();
             tokio::pin!(kept);
@@ -188,18 +209,18 @@ impl Bookmarks {
         (found.kept.elapsed() <= window).then_some(found)
     }
 
-    /// The connection of a page ended where `bookmark` says; kept for `window`, its bytes
+    /// The connection of a page (its app and proof) ended where `bookmark` says; kept for `window`, its bytes
     /// charged to `account` (the page's address) when given: nothing is kept when the
     /// address holds its limit.
     pub fn keep(
         &self,
-        (app, id): (u16, &str),
+        (app, proof): (u16, &str),
         client: &str,
         mut bookmark: Bookmark,
         window: Duration,
         account: Option<HeldBytes>,
     ) {
-        let key: PageKey = (app, id.into());
+        let key: PageKey = (app, proof.into());
         let size = bookmark.bytes();
         bookmark.until = bookmark.kept + window;
         bookmark.held = account;
@@ -238,7 +259,10 @@ impl Bookmarks {
 /// confirmed reading.
 #[derive(Debug)]
 pub struct Page {
-    pub id: Box<str>,
+    /// The proof this connection was given.
+    pub proof: Box<str>,
+    /// Whether the page may still prove it resumes (nothing else was sent yet).
+    pub resumable: bool,
     /// What the page's last connection left, channel by channel as it subscribes again.
     pub found: Option<Bookmark>,
     /// Confirmed positions, by channel.
@@ -249,10 +273,11 @@ pub struct Page {
 }
 
 impl Page {
-    pub fn new(id: Box<str>, found: Option<Bookmark>) -> Self {
+    pub fn new(proof: Box<str>) -> Self {
         Self {
-            id,
-            found,
+            proof,
+            resumable: true,
+            found: None,
             confirmed: Vec::new(),
             unconfirmed: VecDeque::new(),
             pings: 0,
@@ -339,7 +364,7 @@ mod tests {
     #[test]
     fn only_a_pong_confirms_what_was_written_before_its_ping() {
         let c = ChannelName::new("app:c").unwrap();
-        let mut page = Page::new("page".into(), None);
+        let mut page = Page::new("page".into());
         page.opened(&c, at(3));
         let first = page.written(vec![(c.clone(), at(5))]);
         let second = page.written(vec![(c.clone(), at(9))]);
@@ -360,7 +385,7 @@ mod tests {
 
     /// A bookmark of `n` channels of long names, kept a moment ago.
     fn bookmark(n: usize) -> Bookmark {
-        let mut page = Page::new("page".into(), None);
+        let mut page = Page::new("page".into());
         for i in 0..n {
             page.opened(&ChannelName::new(&format!("app:{i:0>150}")).unwrap(), at(1));
         }
@@ -374,9 +399,9 @@ mod tests {
     fn a_page_left_is_dropped_at_its_window() {
         let bookmarks = Bookmarks::default();
         let window = Duration::from_secs(60);
-        for i in 0..10 {
-            let id = format!("page-{i:0>16}");
-            bookmarks.keep((0, &id), "c", bookmark(100), window, None);
+        for _ in 0..10 {
+            let proof = proof();
+            bookmarks.keep((0, &proof), "c", bookmark(100), window, None);
         }
         let (pages, bytes) = bookmarks.footprint();
         assert_eq!(pages, 10);
@@ -398,10 +423,10 @@ mod tests {
         let ip = std::net::IpAddr::from([192, 0, 2, 1]);
         let bookmarks = Bookmarks::default();
         let window = Duration::from_secs(60);
-        for i in 0..10 {
-            let id = format!("page-{i:0>16}");
+        for _ in 0..10 {
+            let proof = proof();
             let account = Some(limits.hold(ip));
-            bookmarks.keep((0, &id), "c", bookmark(100), window, account);
+            bookmarks.keep((0, &proof), "c", bookmark(100), window, account);
         }
         // About 21 KB a page: four fit in 100,000 bytes.
         assert_eq!(bookmarks.footprint().0, 4);

@@ -18,7 +18,7 @@ use serde::Deserialize;
 
 use super::{
     occupancy::Occupancy,
-    resume::{page_id_ok, Bookmarks, Page},
+    resume::{self, page_id_ok, Bookmarks, Page},
     speaker::Pusher,
 };
 use crate::{
@@ -70,8 +70,8 @@ pub async fn connect_page(
             ))
         }
     });
-    let page = Some((fronts.bookmarks, page.into_boxed_str()));
-    accept(node, request, app, fronts.occupancy, page)
+    // The id only routes the page (it is in the path); its proof comes in a message.
+    accept(node, request, app, fronts.occupancy, Some(fronts.bookmarks))
 }
 
 /// Upgrades to a WebSocket served by [`run`]. What the connection needs is decided before,
@@ -81,7 +81,7 @@ fn accept(
     request: Request,
     app: Result<usize, (u16, String)>,
     occupancy: Option<Arc<Occupancy>>,
-    page: Option<(Arc<Bookmarks>, Box<str>)>,
+    page: Option<Arc<Bookmarks>>,
 ) -> Response {
     let app = app.map_err(Box::new);
     websocket::accept(node, request, None, move |up| {
@@ -101,13 +101,13 @@ pub struct Shared {
 /// Which app a connection is for, or why it is refused.
 type Admitted = Result<usize, Box<(u16, String)>>;
 
-/// What opening a connection takes: the socket, the app, the node's counts, and the
-/// page it resumes (with where pages are kept).
+/// What opening a connection takes: the socket, the app, the node's counts, and where
+/// pages are kept, for a page that opted in to resuming.
 type Opening = (
     Upgraded,
     Admitted,
     Option<Arc<Occupancy>>,
-    Option<(Arc<Bookmarks>, Box<str>)>,
+    Option<Arc<Bookmarks>>,
 );
 
 /// Which app the client asked for, or why it is refused: a code of
@@ -217,9 +217,12 @@ async fn open(opening: Box<Opening>) -> Option<(Pusher, WebSocket<PusherFrames>)
     let index = u16::try_from(app).expect("apps are counted in u16");
     let window = node.settings.config.pusher.apps[app].resume_window;
     let mut speaker = Pusher::new(session, index, socket_id, occupancy);
-    if let Some((bookmarks, id)) = page.filter(|_| !window.is_zero()) {
-        let found = Box::pin(bookmarks.open(&node, index, &id, speaker.client(), window)).await;
-        speaker.resumes(bookmarks, Page::new(id, found));
+    if let Some(bookmarks) = page.filter(|_| !window.is_zero()) {
+        // Its proof, for the page's next connection to send back (see `resume`).
+        let proof = resume::proof();
+        wire.say(&pusher::page(&proof), timeout).await.ok()?;
+        bookmarks.opened(index, &proof, speaker.client());
+        speaker.resumes(bookmarks, Page::new(proof));
     }
     Some((speaker, wire))
 }

@@ -133,7 +133,7 @@ impl Pusher {
             let node = self.session.node();
             let account = self.session.address().map(|ip| node.limits.hold(ip));
             let window = self.app().resume_window;
-            let (page_of, client) = ((self.app, &*page.id), self.session.client());
+            let (page_of, client) = ((self.app, &*page.proof), self.session.client());
             bookmarks.keep(page_of, client, bookmark, window, account);
         }
     }
@@ -200,6 +200,21 @@ impl Pusher {
         })
     }
 
+    /// The page proved it is the one whose connection was given `proof`: what that
+    /// connection left is resumed as the page subscribes again.
+    async fn resume(&mut self, proof: &str) {
+        let (app, window) = (self.app, self.app().resume_window);
+        let Some((bookmarks, _)) = self.more.as_ref().and_then(|m| m.page.as_ref()) else {
+            return;
+        };
+        let bookmarks = bookmarks.clone();
+        let node = self.session.node().clone();
+        let found = Box::pin(bookmarks.resume(&node, app, proof, window)).await;
+        if let Some(page) = self.page() {
+            page.found = found;
+        }
+    }
+
     fn rosters(&self) -> &[Roster] {
         self.more.as_ref().map_or(&[], |m| &m.rosters)
     }
@@ -229,7 +244,14 @@ impl Pusher {
             Ok(m) => m,
             Err(e) => return line(out, pusher::error(None, &e.0)),
         };
+        // A page proves it resumes before anything else, or not at all.
+        let resumable = self
+            .page()
+            .is_some_and(|p| std::mem::take(&mut p.resumable));
         match message {
+            // Answered with nothing, whatever the proof: a wrong one tells nothing.
+            ClientMessage::Resume { proof } if resumable => self.resume(&proof).await,
+            ClientMessage::Resume { .. } => {}
             ClientMessage::Ping => line(out, pusher::pong()),
             ClientMessage::Pong => {}
             ClientMessage::Subscribe(s) => self.subscribe(s, out).await,
