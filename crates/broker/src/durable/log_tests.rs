@@ -139,6 +139,25 @@ async fn damage_inside_the_log_gives_new_epochs_and_keeps_what_it_can() {
     assert_eq!(offsets(&h), [1, 2, 3], "what precedes the damage is kept");
 }
 
+/// Issue #57 defect 2, through the store: a bit flipped in the middle batch's length made
+/// the rest of the segment read as a torn tail; 3 to 5 were dropped silently in their
+/// epoch and offset 4 handed out again. Now the channel starts a new epoch.
+#[tokio::test]
+async fn a_flipped_length_bit_mid_segment_gives_a_new_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let epoch = publish(&open(dir.path()), "news", 2).await;
+    let (run, applied) = file_state(dir.path());
+    let mut bytes = write_segment(dir.path(), run, applied + 1, "news", &epoch, &[3, 4, 5]);
+    let batch = (bytes.len() - wal::HEADER_LEN) / 3;
+    // The top bit of the second batch's length: it now points far past the file's end.
+    bytes[wal::HEADER_LEN + batch + 3] ^= 0x80;
+    std::fs::write(wal::segment_path(dir.path(), applied + 1), &bytes).unwrap();
+    let broker = open(dir.path());
+    let h = broker.history(&ch("news"), all()).await.unwrap();
+    assert_ne!(h.position.epoch, epoch, "4 and 5 would be handed out again");
+    assert_eq!(offsets(&h), [1, 2, 3], "what precedes the damage is kept");
+}
+
 #[tokio::test]
 async fn a_torn_last_batch_is_not_damage() {
     let dir = tempfile::tempdir().unwrap();

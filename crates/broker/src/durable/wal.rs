@@ -299,11 +299,14 @@ pub fn scan(bytes: &[u8]) -> Scan {
                     pos += len;
                     continue;
                 }
-                // Valid bytes after a bad batch: damage inside the log, not a torn tail.
+                // Valid bytes after a bad batch: damage inside the log, not a torn tail. A
+                // torn append leaves nothing after it, so a valid batch anywhere later in the
+                // segment (the bad one's length may be what was damaged) is proof of damage;
+                // what follows is not read, only counted lost.
                 let damaged = skip.is_some_and(|_| {
                     !rest.is_empty() && read_batch(rest, next_lsn).is_ok()
                         || rest.len() >= BATCH_HEADER_LEN && rest.iter().any(|b| *b != 0)
-                });
+                }) || valid_batch_after(bytes, pos, next_lsn);
                 if damaged {
                     scan.lost.push((next_lsn, u64::MAX));
                 }
@@ -313,6 +316,21 @@ pub fn scan(bytes: &[u8]) -> Scan {
     }
     scan.end = pos;
     scan
+}
+
+/// Whether a valid batch starts anywhere in `bytes` after `bad` (where the batch of entry
+/// `lsn` failed), numbered past `lsn` by no more entries than the bytes between could hold:
+/// so random bytes are turned down by their header, nearly always before a CRC is computed.
+fn valid_batch_after(bytes: &[u8], bad: usize, lsn: u64) -> bool {
+    let end = bytes.len().saturating_sub(BATCH_HEADER_LEN);
+    (bad + 1..end).any(|at| {
+        let rest = &bytes[at..];
+        let first = rest
+            .get(8..16)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u64::from_le_bytes);
+        first > lsn && first - lsn <= (at - bad) as u64 && read_batch(rest, first).is_ok()
+    })
 }
 
 /// An entry of a batch, with its LSN and where it starts and ends in the batch's body.
@@ -504,6 +522,32 @@ pub(super) mod tests {
         assert_eq!(lsns, [1, 3]);
         assert_eq!(scan.lost, [(2, 3)]);
         assert_eq!(scan.end, bytes.len());
+    }
+
+    /// Issue #57 defect 2: a flipped bit in the length of a batch with valid batches after
+    /// it was read as a torn tail whenever the length it made pointed past the file's end
+    /// (or past the largest batch): everything after it was dropped without a word, and
+    /// offsets were handed out again. Now every flip of every bit of the length is damage.
+    #[test]
+    fn a_flipped_bit_in_a_batch_length_mid_segment_is_damage() {
+        let batches: [&[Entry]; 3] = [
+            &[publish("c", 1, b"one")],
+            &[publish("c", 2, b"two")],
+            &[publish("c", 3, b"three")],
+        ];
+        let bytes = segment(1, 1, &batches);
+        let second = segment(1, 1, &batches[..1]).len();
+        for bit in 0..32 {
+            let mut flipped = bytes.clone();
+            flipped[second + bit / 8] ^= 1 << (bit % 8);
+            let scan = scan(&flipped);
+            assert!(
+                scan.damaged(),
+                "bit {bit} of the length read as a torn tail"
+            );
+            let lsns: Vec<u64> = scan.entries.iter().map(|(l, _)| *l).collect();
+            assert_eq!(lsns, [1], "bit {bit}");
+        }
     }
 
     #[test]
