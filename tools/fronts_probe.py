@@ -17,14 +17,19 @@ this one address:
   deflate:   one WebSocket with permessage-deflate sends ~100-byte messages that inflate
              to 60 KB, flat out for 5 s, on Herald's protocol and on Phoenix's: the CPU;
   idempotency: an anonymous client publishes with key order-42, then the backend: whether
-             the backend's was stored.
+             the backend's was stored;
+  fragments: 900 WebSockets each send the first 60 KB fragment of a compressed message and
+             never the rest: RSS after 2 s and after 15 s;
+  webhooks:  8 Pusher connections subscribe to new channels for 5 s in an app that posts
+             webhooks: how many subscribes (each a channel_occupied, then a vacated) pass.
 Loopback only; it stops by itself. Every probe by default.
 """
 import base64, http.client, json, os, socket, struct, subprocess, sys, tempfile, threading, time
 import urllib.request, zlib
 
 BIN = sys.argv[1]
-PROBES = sys.argv[2:] or ["outbox", "bookmarks", "rate", "deflate", "idempotency"]
+PROBES = sys.argv[2:] or ["outbox", "bookmarks", "rate", "deflate", "idempotency", "fragments",
+                          "webhooks"]
 PORT = 18098
 HOST = f"127.0.0.1:{PORT}"
 KEY = "probe-api-key-16b"
@@ -34,6 +39,8 @@ id = "1"
 key = "probe-key"
 secret = "probe-secret-0123456789"
 resume_window = "30s"
+webhook_url = "http://127.0.0.1:9/"
+webhook_events = ["channel_occupied", "channel_vacated"]
 
 [namespaces.open]
 publish = "anyone"
@@ -243,6 +250,57 @@ def idempotency(srv):
     forged = r.next()
     real = api("/api/publish", {"channel": "open:orders", "data": "real", "idempotency_key": "order-42"})
     print(f"idempotency: the client's {forged.get('publish')}; the backend's {real}")
+
+
+def fragments(srv):
+    before = rss(srv)
+    piece = os.urandom(60000)
+    socks = []
+    for _ in range(900):
+        s, _ = ws_open("/connection/websocket", "Sec-WebSocket-Extensions: permessage-deflate\r\n")
+        f = bytearray(frame(piece, True))
+        f[0] = 0x41  # RSV1 and text, FIN clear: the first of several fragments
+        s.sendall(bytes(f))
+        socks.append(s)
+    time.sleep(2)
+    after = rss(srv)
+    time.sleep(13)
+    print(f"fragments: 900 unfinished messages: RSS +{after - before:.0f} MB after 2 s, "
+          f"+{rss(srv) - before:.0f} MB after 15 s")
+    for s in socks:
+        s.close()
+
+
+def webhooks(srv):
+    counts = {"ok": 0, "refused": 0}
+
+    def connection(c):
+        s, early = ws_open("/app/probe-key?protocol=7")
+        r = Reader(s, early)
+        r.next()
+        stop, i = time.time() + 5, 0
+        while time.time() < stop:
+            names = [f"new-{c}-{i + k}" for k in range(100)]
+            s.sendall(b"".join(frame(json.dumps({"event": "pusher:subscribe", "data": {"channel": n}}))
+                               for n in names))
+            s.sendall(b"".join(frame(json.dumps({"event": "pusher:unsubscribe", "data": {"channel": n}}))
+                               for n in names))
+            for _ in range(100):
+                m = r.next()
+                if m["event"] == "pusher_internal:subscription_succeeded":
+                    counts["ok"] += 1
+                elif m["event"] == "pusher:subscription_error":
+                    counts["refused"] += 1
+            i += 100
+            time.sleep(0.5)
+
+    threads = [threading.Thread(target=connection, args=(c,)) for c in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(f"webhooks: 8 connections, 5 s: {counts['ok']} subscribes to new channels passed (each a "
+          f"channel_occupied, then a channel_vacated), {counts['refused']} refused")
 
 
 for probe in PROBES:

@@ -73,6 +73,9 @@ pub enum Publisher<'a> {
     /// An anonymous client: the id of its first connection, which it sends back when it
     /// reconnects (a 128-bit secret of its own).
     Connection(&'a str),
+    /// An anonymous client without a connection (a stateless `POST /connection/send`, as
+    /// the poll transports publish): its address, so that its retries still meet.
+    Address(IpAddr),
 }
 
 impl Publisher<'_> {
@@ -83,10 +86,15 @@ impl Publisher<'_> {
     /// written into the store's keys.
     fn scoped(self, key: &str) -> std::borrow::Cow<'_, str> {
         use sha2::Digest;
+        let address;
         let (kind, who) = match self {
             Publisher::Backend => return key.into(),
             Publisher::User(user) => ('u', user),
             Publisher::Connection(client) => ('c', client),
+            Publisher::Address(ip) => {
+                address = ip.to_string();
+                ('a', address.as_str())
+            }
         };
         let digest = sha2::Sha256::digest(who.as_bytes());
         format!("{key} {kind}{}", hex::encode(&digest[..16])).into()

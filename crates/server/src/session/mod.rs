@@ -328,12 +328,14 @@ impl Session {
         publish::from_client(&node, self.address, channel, data, from.as_deref(), key).await
     }
 
-    /// Whose idempotency keys this client's are: its user's, or when anonymous its own
-    /// (see [`publish::Publisher`]).
+    /// Whose idempotency keys this client's are: its user's, or when anonymous its
+    /// connection's, or without one (a stateless send) its address's (see
+    /// [`publish::Publisher`]).
     fn publisher(&self) -> publish::Publisher<'_> {
-        match self.user() {
-            "" => publish::Publisher::Connection(self.first_client()),
-            user => publish::Publisher::User(user),
+        match (self.user(), self.address) {
+            ("", Some(ip)) if self.stateless => publish::Publisher::Address(ip),
+            ("", _) => publish::Publisher::Connection(self.first_client()),
+            (user, _) => publish::Publisher::User(user),
         }
     }
 

@@ -119,5 +119,17 @@ async fn a_client_cannot_use_a_key_against_another_publisher() {
     let others = other.call("publish", key).await;
     assert_eq!(others["publish"]["offset"], 3, "{others}");
     assert!(others["publish"].get("repeat").is_none(), "{others}");
+    // A stateless sender (the poll transports publish so) has no connection: its retries
+    // meet by its address, and still not the backend's.
+    let http = reqwest::Client::new();
+    let send = || {
+        let line = r#"{"id":1,"publish":{"channel":"open:orders","data":"polled","idempotency_key":"order-42"}}"#;
+        answer_lines(http.post(server.url("/connection/send")).body(line))
+    };
+    let first = send().await;
+    assert_eq!(first[0]["publish"]["offset"], 4, "{first:?}");
+    let again = send().await;
+    assert_eq!(again[0]["publish"]["offset"], 4, "{again:?}");
+    assert_eq!(again[0]["publish"]["repeat"], true, "{again:?}");
     server.stop().await.unwrap();
 }
