@@ -57,6 +57,7 @@ pub(super) fn open(dir: &Path, unflushed: bool) -> Result<Opened, OpenError> {
     let mut index = load(dir, &found).map_err(directory)?;
     let head = &found.head;
     let log_damaged = replay(&mut index, dir, had_checkpoint.then_some(head.run))?;
+    set_aside_unreplayed(dir, index.applied).map_err(directory)?;
     let renew = if head.unflushed && (head.boot.is_none() || head.boot != boot_id()) {
         Some("the last run delivered publications before syncing them (sync = \"group\", \"interval\" or \"none\") and stopped with the machine, so its latest ones may be lost")
     } else if log_damaged {
@@ -176,6 +177,34 @@ fn replay(index: &mut Index, dir: &Path, run: Option<u64>) -> Result<bool, OpenE
         tracing::info!(entries = replayed, dir = %dir.display(), "replayed the write-ahead log after the last checkpoint");
     }
     Ok(lost)
+}
+
+/// Takes away the log segments wholly after what the index holds once replayed. A replay
+/// that stopped early (damage, a gap) could not apply them, and what they held is answered
+/// with new epochs; left in place, they would sit in the range this run numbers its entries
+/// in, where a later replay could start at one, skip it as another run's, and never read
+/// this run's. Segments with entries are renamed `herald.stale.N` (nothing reads them
+/// again; kept for a look), empty ones (a rotation just before a stop) deleted.
+fn set_aside_unreplayed(dir: &Path, applied: u64) -> io::Result<()> {
+    let mut moved = Vec::new();
+    for (first_lsn, path) in wal::segments(dir)? {
+        if first_lsn <= applied {
+            continue;
+        }
+        let scan = wal::scan(&std::fs::read(&path)?);
+        if scan.entries.is_empty() && !scan.damaged() {
+            std::fs::remove_file(&path)?;
+            continue;
+        }
+        let aside = dir.join(format!("herald.stale.{first_lsn}"));
+        std::fs::rename(&path, &aside)?;
+        moved.push(aside.display().to_string());
+    }
+    File::open(dir)?.sync_all()?;
+    if !moved.is_empty() {
+        tracing::warn!(files = ?moved, dir = %dir.display(), "log segments the replay could not reach (after damage or a gap) are set aside; what they hold is lost, and their channels start new epochs");
+    }
+    Ok(())
 }
 
 fn apply_replayed(index: &mut Index, dir: &Path, ops: &[Op]) -> Result<(), OpenError> {
