@@ -387,6 +387,34 @@ async fn a_group_sync_that_fails_after_delivery_keeps_the_publication() {
     assert_eq!(sink.records("news").len(), 3);
 }
 
+/// Issue #57 defect 6: after a failed fsync the kernel may have dropped the pages it was
+/// to write, and a later sync that succeeds says nothing of them (PostgreSQL's
+/// "fsyncgate"): what was acknowledged around the failure may be gone after a power cut,
+/// or read back as a torn tail once the pages are evicted. The store forgot the failure
+/// once writes worked again; now it is marked on disk before publications are taken
+/// again, and the next open gives every channel a new epoch (once: the one after keeps it).
+#[tokio::test]
+async fn a_failed_sync_costs_the_next_open_new_epochs() {
+    let (broker, _sink, dir, _) =
+        publish_through_a_failing_sync(SyncPolicy::Group, Bytes::from("2")).await;
+    assert_eq!(publish_when_writable(&broker, "news", "3").await, 3);
+    let epoch = broker
+        .history(&ch("news"), all())
+        .await
+        .unwrap()
+        .position
+        .epoch;
+    drop(broker);
+    let h = open(dir.path()).history(&ch("news"), all()).await.unwrap();
+    assert_ne!(
+        h.position.epoch, epoch,
+        "what the failed sync covered may be gone"
+    );
+    assert_eq!(offsets(&h), [1, 2, 3], "history is kept");
+    let again = open(dir.path()).history(&ch("news"), all()).await.unwrap();
+    assert_eq!(again.position.epoch, h.position.epoch);
+}
+
 /// A batch that fills its segment is synced in that segment before a new one starts: the
 /// acknowledgement waits for the sync of the file that holds it, not of the next one.
 #[tokio::test]

@@ -60,6 +60,8 @@ pub(super) fn open(dir: &Path, unflushed: bool) -> Result<Opened, OpenError> {
     set_aside_unreplayed(dir, index.applied).map_err(directory)?;
     let renew = if head.unflushed && (head.boot.is_none() || head.boot != boot_id()) {
         Some("the last run delivered publications before syncing them (sync = \"group\", \"interval\" or \"none\") and stopped with the machine, so its latest ones may be lost")
+    } else if sync_failed(dir) {
+        Some("a sync of the log failed in an earlier run: the disk may have dropped what it was to write, though later syncs worked")
     } else if log_damaged {
         Some("the write-ahead log is damaged: entries in it may be lost")
     } else if had_checkpoint && restored(dir, head.run) {
@@ -80,6 +82,8 @@ pub(super) fn open(dir: &Path, unflushed: bool) -> Result<Opened, OpenError> {
     let run = fastrand::u64(..);
     checkpoint::write(dir, &checkpoint_bytes(&index, run, unflushed)).map_err(directory)?;
     write_run_file(dir, run).map_err(directory)?;
+    // Answered by the checkpoint just written (every epoch renewed in it).
+    clear_sync_failed(dir).map_err(directory)?;
     remove_unused(dir, &index).map_err(directory)?;
     let next_lsn = index.applied + 1;
     Ok(Opened {
@@ -177,6 +181,31 @@ fn replay(index: &mut Index, dir: &Path, run: Option<u64>) -> Result<bool, OpenE
         tracing::info!(entries = replayed, dir = %dir.display(), "replayed the write-ahead log after the last checkpoint");
     }
     Ok(lost)
+}
+
+/// The file whose presence says a sync of the log failed since the last open.
+const SYNC_FAILED_FILE: &str = "herald.sync-failed";
+
+/// Marks, durably, that a sync of the log failed in this run: the next open gives every
+/// channel a new epoch (see `Log::sync_failed` for why a later sync is no proof).
+pub(super) fn mark_sync_failed(dir: &Path) -> io::Result<()> {
+    let path = dir.join(SYNC_FAILED_FILE);
+    let file = File::create(&path)?;
+    std::io::Write::write_all(&mut &file, b"a sync of the log failed in this run\n")?;
+    file.sync_all()?;
+    File::open(dir)?.sync_all()
+}
+
+fn sync_failed(dir: &Path) -> bool {
+    dir.join(SYNC_FAILED_FILE).exists()
+}
+
+fn clear_sync_failed(dir: &Path) -> io::Result<()> {
+    match std::fs::remove_file(dir.join(SYNC_FAILED_FILE)) {
+        Ok(()) => File::open(dir)?.sync_all(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// Takes away the log segments wholly after what the index holds once replayed. A replay
