@@ -231,3 +231,82 @@ async fn a_missing_file_drops_the_history_kept_in_it() {
     let kept = read_all(&broker, "kept", &kept_epoch).await;
     assert_eq!(offsets(&kept), [1, 2, 3, 4, 5]);
 }
+
+/// Issue #57 defect 3: readers that reached one damaged publication at once each reset the
+/// channel (3 to 16 times with 16 readers), and a later reset dropped what was published
+/// and acknowledged after an earlier one. Now a reader resets the channel only in the
+/// epoch it read: one new epoch, and every publication acknowledged in it kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readers_of_one_damaged_record_reset_its_channel_once() {
+    for round in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        let damaged = {
+            let (broker, _) = open(dir.path());
+            publish_long_runs(&broker, "hit", 50).await
+        };
+        damage_records(dir.path(), &[25]);
+        let (broker, _) = open(dir.path());
+        let readers: Vec<_> = (0..16)
+            .map(|_| {
+                let broker = broker.clone();
+                tokio::spawn(async move {
+                    let all = HistoryQuery {
+                        since: None,
+                        limit: 1000,
+                        max_bytes: None,
+                    };
+                    broker
+                        .history(&ch("hit"), all)
+                        .await
+                        .unwrap()
+                        .position
+                        .epoch
+                })
+            })
+            .collect();
+        let mut acknowledged = Vec::new();
+        for i in 0..24 {
+            let p = broker
+                .publish(
+                    &ch("hit"),
+                    Bytes::from(i.to_string()),
+                    StreamPolicy::default(),
+                )
+                .await
+                .unwrap();
+            acknowledged.push(p);
+        }
+        for reader in readers {
+            reader.await.unwrap();
+        }
+        let now = broker
+            .history(
+                &ch("hit"),
+                HistoryQuery {
+                    since: None,
+                    limit: 1000,
+                    max_bytes: None,
+                },
+            )
+            .await
+            .unwrap();
+        let epoch = &now.position.epoch;
+        assert_ne!(epoch, &damaged, "round {round}");
+        // Published in the new epoch: every one still there; in the old (before any reader
+        // reset it): gone with the damaged history, as a reset does.
+        let kept: Vec<u64> = acknowledged
+            .iter()
+            .filter(|p| &p.epoch == epoch)
+            .map(|p| p.offset)
+            .collect();
+        let epochs: std::collections::BTreeSet<&str> =
+            acknowledged.iter().map(|p| p.epoch.as_str()).collect();
+        assert!(
+            epochs
+                .iter()
+                .all(|e| *e == epoch.as_str() || *e == damaged.as_str()),
+            "round {round}: the channel was reset more than once ({epochs:?})"
+        );
+        assert_eq!(offsets(&now), kept, "round {round}");
+    }
+}

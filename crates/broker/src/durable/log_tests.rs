@@ -387,6 +387,34 @@ async fn a_group_sync_that_fails_after_delivery_keeps_the_publication() {
     assert_eq!(sink.records("news").len(), 3);
 }
 
+/// Issue #57 defect 6: after a failed fsync the kernel may have dropped the pages it was
+/// to write, and a later sync that succeeds says nothing of them (PostgreSQL's
+/// "fsyncgate"): what was acknowledged around the failure may be gone after a power cut,
+/// or read back as a torn tail once the pages are evicted. The store forgot the failure
+/// once writes worked again; now it is marked on disk before publications are taken
+/// again, and the next open gives every channel a new epoch (once: the one after keeps it).
+#[tokio::test]
+async fn a_failed_sync_costs_the_next_open_new_epochs() {
+    let (broker, _sink, dir, _) =
+        publish_through_a_failing_sync(SyncPolicy::Group, Bytes::from("2")).await;
+    assert_eq!(publish_when_writable(&broker, "news", "3").await, 3);
+    let epoch = broker
+        .history(&ch("news"), all())
+        .await
+        .unwrap()
+        .position
+        .epoch;
+    drop(broker);
+    let h = open(dir.path()).history(&ch("news"), all()).await.unwrap();
+    assert_ne!(
+        h.position.epoch, epoch,
+        "what the failed sync covered may be gone"
+    );
+    assert_eq!(offsets(&h), [1, 2, 3], "history is kept");
+    let again = open(dir.path()).history(&ch("news"), all()).await.unwrap();
+    assert_eq!(again.position.epoch, h.position.epoch);
+}
+
 /// A batch that fills its segment is synced in that segment before a new one starts: the
 /// acknowledgement waits for the sync of the file that holds it, not of the next one.
 #[tokio::test]
@@ -459,4 +487,79 @@ fn a_publisher_is_not_left_waiting_behind_the_store_thread() {
         .unwrap()
         .unwrap();
     assert_eq!(p.offset, 1);
+}
+
+/// Issue #57 defect 1: a replay that stopped early (at damage, or a gap) left the old run's
+/// later segments beside the new run's, numbered into the range the new run writes. Once
+/// a checkpoint of the new run pointed past such a segment, the next open after a crash
+/// started its replay there, skipped it as another run's, and never read the new run's
+/// segment: acknowledged publications were lost and their offsets handed out again. Now
+/// what a replay could not apply is moved aside.
+#[tokio::test]
+async fn segments_left_after_a_stopped_replay_never_hide_the_next_runs_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let epoch = publish(&open(dir.path()), "news", 2).await;
+    let (run, applied) = file_state(dir.path());
+    write_segment(dir.path(), run, applied + 1, "news", &epoch, &[3, 4]);
+    // Entries applied+3 and +4 are missing: the replay stops at this segment.
+    write_segment(dir.path(), run, applied + 5, "news", &epoch, &[7, 8]);
+    let options = super::StoreOptions {
+        segment_bytes: 1 << 20,
+        checkpoint_bytes: 64 << 10,
+        ..SyncPolicy::Group.into()
+    };
+    let broker = DurableBroker::open(dir.path(), options, Arc::new(Recorder::default())).unwrap();
+    let mut acknowledged = Vec::new();
+    let data = Bytes::from(format!("\"{}\"", "x".repeat(1000)));
+    for _ in 0..150 {
+        let p = broker
+            .publish(&ch("news"), data.clone(), StreamPolicy::default())
+            .await
+            .unwrap();
+        acknowledged.push(p);
+    }
+    // A checkpoint of this run past the old run's segment, then more publications.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while checkpoint::read(dir.path()).unwrap().unwrap().head.applied < applied + 100 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint was written"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    for _ in 0..20 {
+        let p = broker
+            .publish(&ch("news"), data.clone(), StreamPolicy::default())
+            .await
+            .unwrap();
+        acknowledged.push(p);
+    }
+    // What `kill -9` leaves: the files as they are now.
+    let killed = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), killed.path().join(entry.file_name())).unwrap();
+        }
+    }
+    drop(broker);
+    let reopened = open(killed.path());
+    let h = reopened.history(&ch("news"), all()).await.unwrap();
+    let last = acknowledged.last().unwrap();
+    if h.position.epoch == last.epoch {
+        let kept = offsets(&h);
+        for p in &acknowledged {
+            assert!(
+                kept.contains(&p.offset),
+                "offset {} was lost in its epoch",
+                p.offset
+            );
+        }
+    }
+    assert!(
+        h.position.epoch != last.epoch || h.position.offset >= last.offset,
+        "the top went back from {} to {} in one epoch",
+        last.offset,
+        h.position.offset
+    );
 }

@@ -278,6 +278,45 @@ impl DurableBroker {
             .clone()
     }
 
+    /// Drops `channel`'s history and starts it again in a new epoch; with `only_in`, only
+    /// if the stream is still in that epoch. Whether it did.
+    async fn reset(
+        &self,
+        channel: &ChannelName,
+        only_in: Option<&Epoch>,
+    ) -> Result<bool, BrokerError> {
+        let (done, removed) = oneshot::channel();
+        loop {
+            let meta = self.meta(channel);
+            let mut m = meta.lock();
+            if m.forgotten {
+                continue;
+            }
+            if only_in.is_some_and(|e| *e != m.epoch) {
+                return Ok(false);
+            }
+            self.written(&mut m);
+            m.epoch = Epoch::random(|| fastrand::u64(..));
+            m.assigned = 0;
+            m.committed = 0;
+            m.oldest_ms = None;
+            self.store.submit(Job::Reset {
+                channel: channel.clone(),
+                epoch: m.epoch.clone(),
+                at_ms: now_ms(),
+                done,
+            });
+            break;
+        }
+        self.store.drive();
+        removed.await.unwrap_or_else(|_| {
+            Err(BrokerError::Unavailable(
+                "the storage thread stopped".into(),
+            ))
+        })?;
+        Ok(true)
+    }
+
     /// The stream is about to be written (a publication, a reset): it counts as unwritten
     /// no more.
     fn written(&self, m: &mut Meta) {
@@ -469,6 +508,7 @@ impl Broker for DurableBroker {
         }
         let store = self.store.clone();
         let (c, q) = (channel.clone(), query.clone());
+        let epoch = position.epoch.clone();
         let read = tokio::task::spawn_blocking(move || store.read(&c, &position, cutoff, size, &q))
             .await
             .unwrap_or_else(|e| {
@@ -481,40 +521,18 @@ impl Broker for DurableBroker {
                 // Checked as it is read rather than all at every start: the channel's
                 // history is dropped and it starts a new epoch, as a reset does, so clients
                 // resuming in the old one are told (recovered: false), never served it.
-                tracing::error!(channel = %channel, dir = %self.store.dir.display(), "{why}: the channel's history is dropped and it starts a new epoch");
-                self.remove_history(channel).await?;
+                // Only in the epoch read: readers that reached the same damage at once
+                // reset it once, and a later one never drops what was published since.
+                if self.reset(channel, Some(&epoch)).await? {
+                    tracing::error!(channel = %channel, dir = %self.store.dir.display(), "{why}: the channel's history is dropped and it starts a new epoch");
+                }
                 self.history(channel, query).await
             }
         }
     }
 
     async fn remove_history(&self, channel: &ChannelName) -> Result<(), BrokerError> {
-        let (done, removed) = oneshot::channel();
-        loop {
-            let meta = self.meta(channel);
-            let mut m = meta.lock();
-            if m.forgotten {
-                continue;
-            }
-            self.written(&mut m);
-            m.epoch = Epoch::random(|| fastrand::u64(..));
-            m.assigned = 0;
-            m.committed = 0;
-            m.oldest_ms = None;
-            self.store.submit(Job::Reset {
-                channel: channel.clone(),
-                epoch: m.epoch.clone(),
-                at_ms: now_ms(),
-                done,
-            });
-            break;
-        }
-        self.store.drive();
-        removed.await.unwrap_or_else(|_| {
-            Err(BrokerError::Unavailable(
-                "the storage thread stopped".into(),
-            ))
-        })
+        self.reset(channel, None).await.map(drop)
     }
 
     async fn subscribe(&self, channel: &ChannelName) -> Result<(), BrokerError> {

@@ -57,8 +57,11 @@ pub(super) fn open(dir: &Path, unflushed: bool) -> Result<Opened, OpenError> {
     let mut index = load(dir, &found).map_err(directory)?;
     let head = &found.head;
     let log_damaged = replay(&mut index, dir, had_checkpoint.then_some(head.run))?;
+    set_aside_unreplayed(dir, index.applied).map_err(directory)?;
     let renew = if head.unflushed && (head.boot.is_none() || head.boot != boot_id()) {
         Some("the last run delivered publications before syncing them (sync = \"group\", \"interval\" or \"none\") and stopped with the machine, so its latest ones may be lost")
+    } else if sync_failed(dir) {
+        Some("a sync of the log failed in an earlier run: the disk may have dropped what it was to write, though later syncs worked")
     } else if log_damaged {
         Some("the write-ahead log is damaged: entries in it may be lost")
     } else if had_checkpoint && restored(dir, head.run) {
@@ -79,6 +82,8 @@ pub(super) fn open(dir: &Path, unflushed: bool) -> Result<Opened, OpenError> {
     let run = fastrand::u64(..);
     checkpoint::write(dir, &checkpoint_bytes(&index, run, unflushed)).map_err(directory)?;
     write_run_file(dir, run).map_err(directory)?;
+    // Answered by the checkpoint just written (every epoch renewed in it).
+    clear_sync_failed(dir).map_err(directory)?;
     remove_unused(dir, &index).map_err(directory)?;
     let next_lsn = index.applied + 1;
     Ok(Opened {
@@ -176,6 +181,59 @@ fn replay(index: &mut Index, dir: &Path, run: Option<u64>) -> Result<bool, OpenE
         tracing::info!(entries = replayed, dir = %dir.display(), "replayed the write-ahead log after the last checkpoint");
     }
     Ok(lost)
+}
+
+/// The file whose presence says a sync of the log failed since the last open.
+const SYNC_FAILED_FILE: &str = "herald.sync-failed";
+
+/// Marks, durably, that a sync of the log failed in this run: the next open gives every
+/// channel a new epoch (see `Log::sync_failed` for why a later sync is no proof).
+pub(super) fn mark_sync_failed(dir: &Path) -> io::Result<()> {
+    let path = dir.join(SYNC_FAILED_FILE);
+    let file = File::create(&path)?;
+    std::io::Write::write_all(&mut &file, b"a sync of the log failed in this run\n")?;
+    file.sync_all()?;
+    File::open(dir)?.sync_all()
+}
+
+fn sync_failed(dir: &Path) -> bool {
+    dir.join(SYNC_FAILED_FILE).exists()
+}
+
+fn clear_sync_failed(dir: &Path) -> io::Result<()> {
+    match std::fs::remove_file(dir.join(SYNC_FAILED_FILE)) {
+        Ok(()) => File::open(dir)?.sync_all(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Takes away the log segments wholly after what the index holds once replayed. A replay
+/// that stopped early (damage, a gap) could not apply them, and what they held is answered
+/// with new epochs; left in place, they would sit in the range this run numbers its entries
+/// in, where a later replay could start at one, skip it as another run's, and never read
+/// this run's. Segments with entries are renamed `herald.stale.N` (nothing reads them
+/// again; kept for a look), empty ones (a rotation just before a stop) deleted.
+fn set_aside_unreplayed(dir: &Path, applied: u64) -> io::Result<()> {
+    let mut moved = Vec::new();
+    for (first_lsn, path) in wal::segments(dir)? {
+        if first_lsn <= applied {
+            continue;
+        }
+        let scan = wal::scan(&std::fs::read(&path)?);
+        if scan.entries.is_empty() && !scan.damaged() {
+            std::fs::remove_file(&path)?;
+            continue;
+        }
+        let aside = dir.join(format!("herald.stale.{first_lsn}"));
+        std::fs::rename(&path, &aside)?;
+        moved.push(aside.display().to_string());
+    }
+    File::open(dir)?.sync_all()?;
+    if !moved.is_empty() {
+        tracing::warn!(files = ?moved, dir = %dir.display(), "log segments the replay could not reach (after damage or a gap) are set aside; what they hold is lost, and their channels start new epochs");
+    }
+    Ok(())
 }
 
 fn apply_replayed(index: &mut Index, dir: &Path, ops: &[Op]) -> Result<(), OpenError> {

@@ -221,6 +221,7 @@ impl Store {
             next_lsn,
             body: Vec::new(),
             unsynced: None,
+            sync_failed: None,
             segment_bytes: options
                 .segment_bytes
                 .clamp(super::MIN_SEGMENT_BYTES, super::MAX_SEGMENT_BYTES),
