@@ -402,6 +402,8 @@ impl Log {
     /// Appends the logged ones of `ops` (numbered from [`Log::next_lsn`]) to the log as one
     /// batch, synced if `sync`; each publication learns where its entry lies.
     fn write(&mut self, ops: &mut [Op], sync: bool) -> std::io::Result<()> {
+        // A segment left full by a failed rotation is rotated before it takes more.
+        self.rotate_if_full();
         self.body.clear();
         let at = self.segment.len + wal::BATCH_HEADER_LEN as u64;
         let first_lsn = self.segment.first_lsn;
@@ -413,7 +415,10 @@ impl Log {
             }
             count += 1;
             if let Op::Publish { written, .. } = op {
-                let span = wal::Span::of(at + start as u64, &self.body[start..]);
+                // A segment that grew to what a position can say (its rotation failing
+                // all along) takes no more: the write fails, and is tried again.
+                let span = wal::Span::of(at + start as u64, &self.body[start..])
+                    .ok_or_else(|| std::io::Error::other("the log segment is full"))?;
                 *written = Some((first_lsn, span));
             }
         }

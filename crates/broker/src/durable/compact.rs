@@ -123,10 +123,15 @@ pub(super) fn pack(index: &RwLock<Index>, dir: &Path) -> io::Result<bool> {
         if crc32fast::hash(&buf) != m.from.span.crc {
             continue;
         }
+        // A pack holds at most PACK_BUDGET and one file's live bytes, far below what a
+        // position can say; past it the rest stays where it is, for the next round.
+        let Some(span) = Span::of(pos, &buf) else {
+            break;
+        };
         out.write_all(&buf)?;
         let to = Loc {
             file: id,
-            span: Span::of(pos, &buf),
+            span,
             at_ms: m.from.at_ms,
         };
         pos += buf.len() as u64;

@@ -17,7 +17,7 @@ use herald_protocol::{ChannelName, Epoch};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableError};
 
 use super::checkpoint::{Checkpoint, Head};
-use super::index::{packed_path, Kind, Loc, Stream};
+use super::index::{packed_path, FileId, Kind, Loc, Stream};
 use super::recovery::{boot_id, damaged, write_run_file};
 use super::store::{OpenError, RUN_FILE_NAME};
 use super::wal::{self, Span};
@@ -68,7 +68,8 @@ pub(super) fn from_redb(dir: &Path) -> Result<Option<(Checkpoint, PathBuf)>, Ope
     }
     // redb decodes keys and values with `unwrap`: a damaged file must name itself, not
     // panic.
-    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| export(dir, &path)))
+    let export = || export(dir, &path, wal::MAX_FILE_BYTES);
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(export))
         .unwrap_or_else(|_| Err(damaged(&path, "a record cannot be decoded")))?;
     tracing::info!(file = %path.display(), channels = found.streams.len(), "moving history from the old database file");
     Ok(Some((found, path)))
@@ -90,7 +91,7 @@ pub(super) fn retire(old: &Path) {
     }
 }
 
-fn export(dir: &Path, path: &Path) -> Result<Checkpoint, OpenError> {
+fn export(dir: &Path, path: &Path, pack_limit: u64) -> Result<Checkpoint, OpenError> {
     let mut db = match redb::Database::create(path) {
         Ok(db) => db,
         Err(
@@ -136,14 +137,11 @@ fn export(dir: &Path, path: &Path) -> Result<Checkpoint, OpenError> {
         Err(e) => return Err(damaged(path, e)),
     }
 
-    let pack_path = packed_path(dir, 0);
     let directory = |source| OpenError::Directory {
         path: dir.to_owned(),
         source,
     };
-    let mut out = std::io::BufWriter::new(std::fs::File::create(&pack_path).map_err(directory)?);
-    out.write_all(PACK_MAGIC).map_err(directory)?;
-    let mut pos = PACK_MAGIC.len() as u64;
+    let mut packs = Packs::start(dir, pack_limit).map_err(directory)?;
     let mut entry = Vec::new();
     let mut bad: Vec<String> = Vec::new();
     match read.open_table(PUBLICATIONS) {
@@ -174,20 +172,14 @@ fn export(dir: &Path, path: &Path) -> Result<Checkpoint, OpenError> {
                     at_ms,
                     data,
                 );
-                out.write_all(&entry).map_err(directory)?;
-                stream.locs.push_back(Loc {
-                    file: 0,
-                    span: Span::of(pos, &entry),
-                    at_ms,
-                });
-                pos += entry.len() as u64;
+                let (file, span) = packs.put(&entry).map_err(directory)?;
+                stream.locs.push_back(Loc { file, span, at_ms });
             }
         }
         Err(TableError::TableDoesNotExist(_)) => {}
         Err(e) => return Err(damaged(path, e)),
     }
-    let file = out.into_inner().map_err(|e| directory(e.into_error()))?;
-    file.sync_all().map_err(directory)?;
+    let files = packs.finish().map_err(directory)?;
     for channel in bad {
         if let Some(stream) = streams.get_mut(&channel) {
             tracing::warn!(channel, file = %path.display(), "damaged history dropped; the channel starts a new epoch (resuming clients get recovered: false)");
@@ -219,11 +211,72 @@ fn export(dir: &Path, path: &Path) -> Result<Checkpoint, OpenError> {
             boot: if unflushed { boot } else { boot_id() },
             unflushed,
             applied,
-            next_file: 1,
-            files: vec![(0, Kind::Packed, pos)],
+            next_file: files.len() as FileId,
+            files,
         },
         streams: streams.into_iter().collect(),
     })
+}
+
+/// The packed files a migration writes, numbered from 0: each ends before what a 32-bit
+/// position can say (`limit`), a new one begun when the next entry would pass it (one file
+/// held everything, and past 4 GiB every position wrapped).
+struct Packs<'d> {
+    dir: &'d Path,
+    limit: u64,
+    out: std::io::BufWriter<std::fs::File>,
+    id: FileId,
+    pos: u64,
+    done: Vec<(FileId, Kind, u64)>,
+}
+
+impl<'d> Packs<'d> {
+    fn start(dir: &'d Path, limit: u64) -> std::io::Result<Self> {
+        Ok(Self {
+            dir,
+            limit,
+            out: Self::create(dir, 0)?,
+            id: 0,
+            pos: PACK_MAGIC.len() as u64,
+            done: Vec::new(),
+        })
+    }
+
+    fn create(dir: &Path, id: FileId) -> std::io::Result<std::io::BufWriter<std::fs::File>> {
+        let mut out = std::io::BufWriter::new(std::fs::File::create(packed_path(dir, id))?);
+        out.write_all(PACK_MAGIC)?;
+        Ok(out)
+    }
+
+    /// Writes `entry`: the file it is in, and where.
+    fn put(&mut self, entry: &[u8]) -> std::io::Result<(FileId, Span)> {
+        let fits = |pos: u64| pos + entry.len() as u64 <= self.limit;
+        if !fits(self.pos) && self.pos > PACK_MAGIC.len() as u64 {
+            let next = Self::create(self.dir, self.id + 1)?;
+            let full = std::mem::replace(&mut self.out, next);
+            Self::close(full)?;
+            self.done.push((self.id, Kind::Packed, self.pos));
+            self.id += 1;
+            self.pos = PACK_MAGIC.len() as u64;
+        }
+        let span = Span::of(self.pos, entry)
+            .filter(|_| fits(self.pos))
+            .ok_or_else(|| std::io::Error::other("a publication larger than a packed file"))?;
+        self.out.write_all(entry)?;
+        self.pos += entry.len() as u64;
+        Ok((self.id, span))
+    }
+
+    fn close(out: std::io::BufWriter<std::fs::File>) -> std::io::Result<()> {
+        out.into_inner().map_err(|e| e.into_error())?.sync_all()
+    }
+
+    /// Syncs the last file; every file written, with its size.
+    fn finish(mut self) -> std::io::Result<Vec<(FileId, Kind, u64)>> {
+        Self::close(self.out)?;
+        self.done.push((self.id, Kind::Packed, self.pos));
+        Ok(self.done)
+    }
 }
 
 #[cfg(test)]
@@ -337,6 +390,33 @@ mod tests {
         let broker = open();
         let (epoch, records) = read_all(&broker, "chat:a").await;
         assert_eq!((epoch.as_str(), records.len()), ("ea", 6));
+    }
+
+    /// Issue #57 defect 4: a migration wrote every publication to `herald.pack.0`, and a
+    /// position past 4 GiB wrapped (every read after it failed its check). Packs now end
+    /// before their limit (4 GiB; 100 bytes here): each publication where its span says.
+    #[test]
+    fn a_migration_splits_packs_before_positions_wrap() {
+        let dir = tempfile::tempdir().unwrap();
+        old_directory(dir.path(), 9);
+        let found = export(dir.path(), &dir.path().join(REDB_FILE_NAME), 100).unwrap();
+        assert!(found.head.files.len() >= 2, "{:?}", found.head.files);
+        assert_eq!(found.head.next_file as usize, found.head.files.len());
+        let mut read = 0;
+        for (channel, stream) in &found.streams {
+            for (i, loc) in stream.locs.iter().enumerate() {
+                let (_, _, size) = found.head.files.iter().find(|f| f.0 == loc.file).unwrap();
+                let end = u64::from(loc.span.pos) + u64::from(loc.span.len);
+                assert!(end <= (*size).min(100), "{loc:?} in a file of {size}");
+                let bytes = std::fs::read(packed_path(dir.path(), loc.file)).unwrap();
+                let entry = &bytes[loc.span.pos as usize..end as usize];
+                assert_eq!(crc32fast::hash(entry), loc.span.crc);
+                let (c, _, offset, _, _) = wal::publication(entry).unwrap();
+                assert_eq!((c, offset), (channel.as_str(), stream.first + i as u64));
+                read += 1;
+            }
+        }
+        assert_eq!(read, 4);
     }
 
     #[tokio::test]

@@ -217,14 +217,20 @@ pub struct Span {
     pub crc: u32,
 }
 
+/// The furthest a span may end in a file: positions are kept in 32 bits.
+pub const MAX_FILE_BYTES: u64 = u32::MAX as u64;
+
 impl Span {
-    /// The span of `bytes`, found at `pos`.
-    pub fn of(pos: u64, bytes: &[u8]) -> Self {
-        Self {
+    /// The span of `bytes`, found at `pos`; `None` when it would end past
+    /// [`MAX_FILE_BYTES`], which its 32-bit position cannot say (it wrapped, and every
+    /// later read failed its check).
+    pub fn of(pos: u64, bytes: &[u8]) -> Option<Self> {
+        let end = pos.checked_add(bytes.len() as u64)?;
+        (end <= MAX_FILE_BYTES).then(|| Self {
             pos: pos as u32,
             len: bytes.len() as u32,
             crc: crc32fast::hash(bytes),
-        }
+        })
     }
 }
 
@@ -273,13 +279,22 @@ pub fn scan(bytes: &[u8]) -> Scan {
     while pos < bytes.len() {
         match read_batch(&bytes[pos..], next_lsn) {
             Ok((len, entries)) => {
+                let at = pos + BATCH_HEADER_LEN;
+                let spans: Option<Vec<Span>> = entries
+                    .iter()
+                    .map(|(_, _, start, end)| {
+                        Span::of((at + start) as u64, &bytes[at + start..at + end])
+                    })
+                    .collect();
+                let Some(spans) = spans else {
+                    // Past what a position can say: no writer goes there.
+                    scan.lost.push((next_lsn, u64::MAX));
+                    break;
+                };
                 next_lsn += entries.len() as u64;
-                for (lsn, entry, start, end) in entries {
-                    let at = pos + BATCH_HEADER_LEN;
-                    scan.spans
-                        .push(Span::of((at + start) as u64, &bytes[at + start..at + end]));
-                    scan.entries.push((lsn, entry));
-                }
+                scan.spans.extend(spans);
+                scan.entries
+                    .extend(entries.into_iter().map(|(lsn, entry, _, _)| (lsn, entry)));
                 pos += len;
             }
             Err(skip) => {
@@ -522,6 +537,20 @@ pub(super) mod tests {
         assert_eq!(lsns, [1, 3]);
         assert_eq!(scan.lost, [(2, 3)]);
         assert_eq!(scan.end, bytes.len());
+    }
+
+    /// Issue #57 defect 4: positions are 32 bits; a span past them wrapped (a migrated
+    /// store over 4 GiB, or a segment whose rotation kept failing), and every read of it
+    /// failed its check. Now no span is made there: writers start a new file first.
+    #[test]
+    fn no_span_ends_past_what_a_position_can_say() {
+        let last = MAX_FILE_BYTES - 2;
+        assert_eq!(
+            Span::of(last, b"xy").map(|s| (s.pos, s.len)),
+            Some((u32::MAX - 2, 2))
+        );
+        assert_eq!(Span::of(last, b"xyz"), None);
+        assert_eq!(Span::of(u64::MAX, b"x"), None);
     }
 
     /// Issue #57 defect 2: a flipped bit in the length of a batch with valid batches after
