@@ -310,3 +310,56 @@ async fn readers_of_one_damaged_record_reset_its_channel_once() {
         assert_eq!(offsets(&now), kept, "round {round}");
     }
 }
+
+/// Issue #57 defect 8 (in part): an open without `herald.index` (the remedy its error
+/// names) deleted every `herald.pack.*` the rebuilt index did not know, so the history
+/// compaction had moved there was destroyed, and putting the index back could not bring
+/// it back. Now such files are set aside whole (`herald.pack.N.unindexed`), and the
+/// store's new packs never take their numbers.
+#[tokio::test]
+async fn without_its_checkpoint_packed_history_is_set_aside_not_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (options, policies, ..) = super::tests::packed_store(dir.path()).await;
+    let packs: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("herald.pack.")
+        })
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_str().unwrap().to_owned(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
+        .collect();
+    assert!(!packs.is_empty(), "nothing was packed");
+    std::fs::remove_file(dir.path().join(checkpoint::FILE_NAME)).unwrap();
+    let broker =
+        DurableBroker::open_with(dir.path(), options, Arc::new(Recorder::default()), policies)
+            .unwrap();
+    // Packs again, with what the rebuilt index holds.
+    for i in 0..3000 {
+        broker
+            .publish(
+                &ch("quiet"),
+                Bytes::from(format!("\"{i:0>300}\"")),
+                StreamPolicy::default(),
+            )
+            .await
+            .unwrap();
+    }
+    drop(broker);
+    for (name, bytes) in &packs {
+        let aside = dir.path().join(format!("{name}.unindexed"));
+        let kept = std::fs::read(&aside).ok();
+        assert!(
+            kept.as_ref() == Some(bytes),
+            "{name} was deleted or overwritten"
+        );
+    }
+}

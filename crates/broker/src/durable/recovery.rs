@@ -58,6 +58,9 @@ pub(super) fn open(dir: &Path, unflushed: bool) -> Result<Opened, OpenError> {
     let head = &found.head;
     let log_damaged = replay(&mut index, dir, had_checkpoint.then_some(head.run))?;
     set_aside_unreplayed(dir, index.applied).map_err(directory)?;
+    if !had_checkpoint {
+        set_aside_unindexed_packs(dir, &mut index).map_err(directory)?;
+    }
     let renew = if head.unflushed && (head.boot.is_none() || head.boot != boot_id()) {
         Some("the last run delivered publications before syncing them (sync = \"group\", \"interval\" or \"none\") and stopped with the machine, so its latest ones may be lost")
     } else if sync_failed(dir) {
@@ -181,6 +184,41 @@ fn replay(index: &mut Index, dir: &Path, run: Option<u64>) -> Result<bool, OpenE
         tracing::info!(entries = replayed, dir = %dir.display(), "replayed the write-ahead log after the last checkpoint");
     }
     Ok(lost)
+}
+
+/// Without a checkpoint the index is rebuilt from the log alone, and a packed file cannot
+/// be read back without one (its entries have no framing of their own): such files are
+/// renamed `herald.pack.N.unindexed`, never deleted (putting the checkpoint back, with
+/// them, brings their history back), and new files never take their numbers.
+fn set_aside_unindexed_packs(dir: &Path, index: &mut Index) -> io::Result<()> {
+    let mut moved = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(rest) = name.strip_prefix("herald.pack.") else {
+            continue;
+        };
+        let (number, aside) = match rest.strip_suffix(".unindexed") {
+            Some(number) => (number, true),
+            None => (rest, false),
+        };
+        let Ok(id) = number.parse::<u32>() else {
+            continue;
+        };
+        index.next_file = index.next_file.max(id + 1);
+        if !aside && !index.files.contains_key(&id) {
+            let to = dir.join(format!("{name}.unindexed"));
+            std::fs::rename(&path, &to)?;
+            moved.push(to.display().to_string());
+        }
+    }
+    if !moved.is_empty() {
+        File::open(dir)?.sync_all()?;
+        tracing::warn!(files = ?moved, dir = %dir.display(), "without herald.index, packed history cannot be read: its files are set aside, not deleted (stop Herald and put the index back, with them renamed back, to read it again)");
+    }
+    Ok(())
 }
 
 /// The file whose presence says a sync of the log failed since the last open.

@@ -350,9 +350,12 @@ fn store_bytes(dir: &Path) -> (u64, bool) {
 /// quiet one's are packed elsewhere and the segments deleted, so the store stays within
 /// 4/3 of what it keeps (plus the segment being written), and both read back whole after
 /// a restart.
-#[tokio::test]
-async fn dead_history_is_given_back() {
-    let dir = tempfile::tempdir().unwrap();
+/// A store in `dir` where a churning channel (10 kept) and a quiet one (all kept) took
+/// 6,000 publications of 300 bytes, so that the quiet one's were packed: its options, its
+/// rules, the record of publication `i`, and the index's size and live bytes.
+pub(super) async fn packed_store(
+    dir: &Path,
+) -> (StoreOptions, Policies, fn(usize) -> Bytes, (u64, u64)) {
     let options = StoreOptions::from(SyncPolicy::Interval);
     let churn = StreamPolicy {
         history_size: 10,
@@ -363,28 +366,35 @@ async fn dead_history_is_given_back() {
         "quiet" => quiet,
         _ => churn,
     });
-    let record = |i: usize| Bytes::from(format!("\"{i:0>300}\""));
-    let (size, live) = {
-        let broker = DurableBroker::open_with(
-            dir.path(),
-            options,
-            Arc::new(Recorder::default()),
-            policies.clone(),
-        )
-        .unwrap();
-        for i in 0..6000 {
-            let (channel, policy) = if i % 20 == 0 {
-                ("quiet", quiet)
-            } else {
-                ("churn", churn)
-            };
-            broker
-                .publish(&ch(channel), record(i), policy)
-                .await
-                .unwrap();
-        }
-        broker.footprint()
-    };
+    fn record(i: usize) -> Bytes {
+        Bytes::from(format!("\"{i:0>300}\""))
+    }
+    let broker = DurableBroker::open_with(
+        dir,
+        options,
+        Arc::new(Recorder::default()),
+        policies.clone(),
+    )
+    .unwrap();
+    for i in 0..6000 {
+        let (channel, policy) = if i % 20 == 0 {
+            ("quiet", quiet)
+        } else {
+            ("churn", churn)
+        };
+        broker
+            .publish(&ch(channel), record(i), policy)
+            .await
+            .unwrap();
+    }
+    let footprint = broker.footprint();
+    (options, policies, record, footprint)
+}
+
+#[tokio::test]
+async fn dead_history_is_given_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (options, policies, record, (size, live)) = packed_store(dir.path()).await;
     let (on_disk, packed) = store_bytes(dir.path());
     assert!(packed, "nothing was packed");
     let segment = DEFAULT_SEGMENT_BYTES;
