@@ -131,6 +131,14 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Checkpoint> {
         }
         c.head.files.push((id, kind, size));
     }
+    // Each kept publication's file, looked up once per publication: a search of the list
+    // made decoding O(publications x files).
+    let sizes: std::collections::HashMap<u32, u64> = c
+        .head
+        .files
+        .iter()
+        .map(|(id, _, size)| (*id, *size))
+        .collect();
     for _ in 0..r.u32()? {
         let len = r.u16()? as usize;
         let channel = std::str::from_utf8(r.take(len)?).ok()?;
@@ -154,7 +162,9 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Checkpoint> {
                 crc: r.u32()?,
             };
             let at_ms = r.u64()?;
-            if !c.head.files.iter().any(|(id, ..)| *id == file) {
+            // In a file the checkpoint lists, and within it.
+            let end = u64::from(span.pos) + u64::from(span.len);
+            if sizes.get(&file).is_none_or(|size| end > *size) {
                 return None;
             }
             locs.push_back(Loc { file, span, at_ms });
@@ -265,6 +275,18 @@ mod tests {
             bad[i] ^= 0x10;
             assert_eq!(decode(&bad), None, "byte {i} flipped");
         }
+    }
+
+    /// A kept publication the checkpoint places past the end of its file (or in a file it
+    /// does not list) is refused with the checkpoint, as damage is.
+    #[test]
+    fn a_publication_past_its_file_is_refused() {
+        let mut c = sample();
+        c.head.files[0].2 = 100; // chat:a's second publication ends at 112
+        assert_eq!(decode(&bytes(&c)), None);
+        let mut c = sample();
+        c.head.files.remove(0);
+        assert_eq!(decode(&bytes(&c)), None);
     }
 
     #[test]
