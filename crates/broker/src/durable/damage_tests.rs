@@ -53,6 +53,15 @@ async fn without_its_checkpoint_the_index_is_rebuilt_from_the_log() {
     assert_eq!(offsets(&h), (1..=30).collect::<Vec<_>>());
 }
 
+/// A read of a channel's newest 1,000 publications.
+fn everything() -> HistoryQuery {
+    HistoryQuery {
+        since: None,
+        limit: 1000,
+        max_bytes: None,
+    }
+}
+
 /// Changes a byte of every stored publication whose run of `Q` holds `marker` (its number),
 /// in whichever file holds it.
 fn damage_records(dir: &Path, markers: &[usize]) {
@@ -95,17 +104,7 @@ async fn damaged_records_reset_their_channel_instead_of_being_served() {
     damage_records(dir.path(), &[10, 150, 290]);
 
     let (broker, _) = open(dir.path());
-    let hit = broker
-        .history(
-            &ch("hit"),
-            HistoryQuery {
-                since: None,
-                limit: 1000,
-                max_bytes: None,
-            },
-        )
-        .await
-        .unwrap();
+    let hit = broker.history(&ch("hit"), everything()).await.unwrap();
     assert_ne!(
         hit.position.epoch, damaged_epoch,
         "a damaged channel gets a new epoch"
@@ -125,17 +124,7 @@ async fn damaged_records_reset_their_channel_instead_of_being_served() {
         matches!(resume, Err(BrokerError::Unrecoverable { .. })),
         "resuming clients are told"
     );
-    let intact = broker
-        .history(
-            &ch("intact"),
-            HistoryQuery {
-                since: None,
-                limit: 10,
-                max_bytes: None,
-            },
-        )
-        .await
-        .unwrap();
+    let intact = broker.history(&ch("intact"), everything()).await.unwrap();
     assert_eq!(intact.position.epoch, intact_epoch);
     assert_eq!(offsets(&intact), [1]);
 }
@@ -178,12 +167,7 @@ async fn a_file_cut_short_resets_the_channel_that_reads_past_its_end() {
         .set_len(len / 2)
         .unwrap();
     let (broker, _) = open(dir.path());
-    let newest = HistoryQuery {
-        since: None,
-        limit: 100,
-        max_bytes: None,
-    };
-    let h = broker.history(&ch("a"), newest).await.unwrap();
+    let h = broker.history(&ch("a"), everything()).await.unwrap();
     assert_ne!(h.position.epoch, epoch);
     assert!(h.publications.is_empty());
     let resume = broker
@@ -215,17 +199,7 @@ async fn a_missing_file_drops_the_history_kept_in_it() {
     };
     std::fs::remove_file(first).unwrap();
     let (broker, _) = open(dir.path());
-    let gone = broker
-        .history(
-            &ch("gone"),
-            HistoryQuery {
-                since: None,
-                limit: 100,
-                max_bytes: None,
-            },
-        )
-        .await
-        .unwrap();
+    let gone = broker.history(&ch("gone"), everything()).await.unwrap();
     assert_ne!(gone.position.epoch, gone_epoch);
     assert!(gone.publications.is_empty());
     let kept = read_all(&broker, "kept", &kept_epoch).await;
@@ -250,13 +224,8 @@ async fn readers_of_one_damaged_record_reset_its_channel_once() {
             .map(|_| {
                 let broker = broker.clone();
                 tokio::spawn(async move {
-                    let all = HistoryQuery {
-                        since: None,
-                        limit: 1000,
-                        max_bytes: None,
-                    };
                     broker
-                        .history(&ch("hit"), all)
+                        .history(&ch("hit"), everything())
                         .await
                         .unwrap()
                         .position
@@ -279,17 +248,7 @@ async fn readers_of_one_damaged_record_reset_its_channel_once() {
         for reader in readers {
             reader.await.unwrap();
         }
-        let now = broker
-            .history(
-                &ch("hit"),
-                HistoryQuery {
-                    since: None,
-                    limit: 1000,
-                    max_bytes: None,
-                },
-            )
-            .await
-            .unwrap();
+        let now = broker.history(&ch("hit"), everything()).await.unwrap();
         let epoch = &now.position.epoch;
         assert_ne!(epoch, &damaged, "round {round}");
         // Published in the new epoch: every one still there; in the old (before any reader
