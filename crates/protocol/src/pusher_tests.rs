@@ -1,0 +1,94 @@
+//! The Pusher protocol's messages, decoded and encoded.
+
+use super::*;
+
+#[test]
+fn decodes_what_pusher_js_sends() {
+    let m = decode(br#"{"event":"pusher:subscribe","data":{"auth":"k:s","channel":"private-a"}}"#)
+        .unwrap();
+    assert_eq!(
+        m,
+        ClientMessage::Subscribe(Subscribe {
+            channel: "private-a".into(),
+            auth: Some("k:s".into()),
+            channel_data: None
+        })
+    );
+    // Some clients send the data as a JSON string.
+    let m = decode(br#"{"event":"pusher:unsubscribe","data":"{\"channel\":\"a\"}"}"#).unwrap();
+    assert_eq!(
+        m,
+        ClientMessage::Unsubscribe {
+            channel: "a".into()
+        }
+    );
+    let m = decode(br#"{"event":"client-typing","channel":"private-a","data":{"x":1}}"#).unwrap();
+    assert_eq!(
+        m,
+        ClientMessage::ClientEvent {
+            event: "client-typing".into(),
+            channel: "private-a".into(),
+            data: r#"{"x":1}"#.into()
+        }
+    );
+    assert_eq!(
+        decode(br#"{"event":"pusher:ping","data":{}}"#).unwrap(),
+        ClientMessage::Ping
+    );
+    for bad in [
+        &b"[]"[..],
+        b"{",
+        br#"{"event":"pusher:subscribe"}"#,
+        br#"{"event":"nope"}"#,
+        br#"{"event":"client-x","data":1}"#,
+    ] {
+        assert!(decode(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+    }
+}
+
+#[test]
+fn an_event_round_trips_through_its_stored_payload() {
+    let data: &RawValue = serde_json::from_str(r#""{\"id\":1}""#).unwrap();
+    let payload = stored("order", data, Some("7"), Some("1.2"));
+    let e = event("private-a", &payload);
+    assert_eq!(
+        String::from_utf8(e.frame).unwrap(),
+        r#"{"event":"order","channel":"private-a","data":"{\"id\":1}","user_id":"7"}"#
+    );
+    assert_eq!(e.except.as_deref(), Some("1.2"));
+    // Anything else arrives as `message`, whole.
+    let e = event("a", br#"{"text":"hi"}"#);
+    assert_eq!(
+        String::from_utf8(e.frame).unwrap(),
+        r#"{"event":"message","channel":"a","data":{"text":"hi"}}"#
+    );
+}
+
+#[test]
+fn channel_names_follow_pushers_alphabet() {
+    assert!(check_channel("presence-room.1=a@b,c_d-e").is_ok());
+    assert!(check_channel("a;b").is_err());
+    assert!(check_channel("a:b").is_err());
+    assert!(check_channel("").is_err());
+    assert!(check_channel(&"a".repeat(165)).is_err());
+    assert_eq!(Kind::of("private-encrypted-x"), Kind::Encrypted);
+    assert_eq!(Kind::of("presence-x"), Kind::Presence);
+    assert_eq!(Kind::of("x"), Kind::Public);
+}
+
+#[test]
+fn a_page_is_given_its_proof_and_sends_it_back() {
+    let page: serde_json::Value = serde_json::from_slice(&page("0a1b")).unwrap();
+    assert_eq!(page["event"], "herald:page");
+    assert_eq!(page["data"], r#"{"proof":"0a1b"}"#);
+    for sent in [
+        r#"{"event":"herald:resume","data":{"proof":"0a1b"}}"#,
+        r#"{"event":"herald:resume","data":"{\"proof\":\"0a1b\"}"}"#,
+    ] {
+        match decode(sent.as_bytes()) {
+            Ok(ClientMessage::Resume { proof }) => assert_eq!(proof, "0a1b"),
+            other => panic!("{sent}: {other:?}"),
+        }
+    }
+    assert!(decode(br#"{"event":"herald:resume","data":{}}"#).is_err());
+}
