@@ -113,9 +113,29 @@ impl Bucket {
         }
     }
 
-    /// Whether a token is there, without taking it.
-    pub(crate) fn has_token(&mut self, rate: impl Into<Rate>) -> bool {
+    /// Takes `n` tokens, even past what it holds: a debt its refill pays before it has a
+    /// token again. For costs known only once incurred (the bytes a compressed message
+    /// inflated to).
+    pub(crate) fn charge(&mut self, rate: impl Into<Rate>, n: f64) {
         let rate = rate.into();
+        if rate.count > 0 {
+            self.refill(rate);
+            self.tokens -= n;
+        }
+    }
+
+    /// How long until its debt is paid; none while it has none.
+    pub(crate) fn debt(&mut self, rate: impl Into<Rate>) -> Option<Duration> {
+        let rate = rate.into();
+        if rate.count == 0 {
+            return None;
+        }
+        self.refill(rate);
+        (self.tokens < 0.0).then(|| Duration::from_secs_f64(-self.tokens / rate.per_sec()))
+    }
+
+    /// Whether a token is there, without taking it.
+    fn has_token(&mut self, rate: Rate) -> bool {
         if rate.count == 0 {
             return true;
         }
@@ -416,6 +436,26 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", value.parse().unwrap());
         h
+    }
+
+    /// A cost charged past what the bucket holds is a debt, paid at the rate before the
+    /// bucket has anything again.
+    #[test]
+    fn a_charge_past_the_tokens_is_a_debt_paid_at_the_rate() {
+        let rate = Rate::per_second(1000);
+        let mut bucket = Bucket::full(rate);
+        bucket.charge(rate, 2000.0);
+        assert_eq!(bucket.debt(rate), None, "the burst, exactly");
+        bucket.charge(rate, 1000.0);
+        let debt = bucket.debt(rate).expect("in debt");
+        assert!(
+            debt <= Duration::from_secs(1) && debt > Duration::from_millis(900),
+            "{debt:?}"
+        );
+        assert!(!bucket.take(rate), "nothing while in debt");
+        let mut free = Bucket::full(0);
+        free.charge(0, 1e9);
+        assert_eq!(free.debt(0), None, "no limit, no debt");
     }
 
     #[test]

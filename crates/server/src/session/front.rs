@@ -125,14 +125,6 @@ impl Session {
         Ok(())
     }
 
-    /// Whether the connection's command allowance has a command left, without taking it:
-    /// asked before work a command costs before it can be charged (inflating a compressed
-    /// message, whose commands are only known once inflated).
-    pub fn may_command(&mut self) -> bool {
-        let limit = self.node().settings.config.client.max_commands_per_second;
-        self.rate.has_token(limit)
-    }
-
     /// Takes one call to the application's backend from the client address's allowance
     /// (`limits.hook_calls_per_address`): for what a front posts to the backend because
     /// of the client (a Pusher webhook). The refusal (111) when it is spent.

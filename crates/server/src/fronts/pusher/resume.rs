@@ -42,10 +42,10 @@ use super::socket::SocketId;
 use crate::{admin, limits::HeldBytes, node::Node, registry::Who};
 
 /// Most pages whose positions a node keeps; past it, the oldest are forgotten.
-pub const MAX_PAGES: usize = 100_000;
+const MAX_PAGES: usize = 100_000;
 
 /// Most bytes of positions a node keeps for pages; past it, the oldest are forgotten.
-pub const MAX_BYTES: usize = 256 << 20;
+const MAX_BYTES: usize = 256 << 20;
 
 /// How often pages kept past their window are dropped.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
@@ -64,8 +64,7 @@ type PageKey = (u16, Box<str>);
 /// Where a page's channels stood when its connection ended.
 #[derive(Debug)]
 pub struct Bookmark {
-    kept: Instant,
-    /// When it is dropped unless taken back (its app's `resume_window` after `kept`).
+    /// When it is dropped unless taken back (its app's `resume_window` after it was kept).
     until: Instant,
     /// The connection's socket id: what it sent itself is not sent back.
     pub socket_id: SocketId,
@@ -169,16 +168,10 @@ impl Bookmarks {
     }
 
     /// A connection of a page of app `app` proved it is the page whose connection was
-    /// given `proof`: what that connection left, if within `window`. If it is still open,
-    /// it is closed first, and its positions waited for. A proof nobody was given finds
-    /// nothing and closes nothing.
-    pub async fn resume(
-        &self,
-        node: &Node,
-        app: u16,
-        proof: &str,
-        window: Duration,
-    ) -> Option<Bookmark> {
+    /// given `proof`: what that connection left, if within its window. If it is still
+    /// open, it is closed first, and its positions waited for. A proof nobody was given
+    /// finds nothing and closes nothing.
+    pub async fn resume(&self, node: &Node, app: u16, proof: &str) -> Option<Bookmark> {
         let key: PageKey = (app, proof.into());
         let before = self.pages.lock().open.get(&key).cloned();
         if let Some(before) = before {
@@ -206,12 +199,12 @@ impl Bookmarks {
         let mut pages = self.pages.lock();
         let found = pages.kept.remove(&key)?;
         pages.bytes -= found.bytes();
-        (found.kept.elapsed() <= window).then_some(found)
+        (found.until >= Instant::now()).then_some(found)
     }
 
-    /// The connection of a page (its app and proof) ended where `bookmark` says; kept for `window`, its bytes
-    /// charged to `account` (the page's address) when given: nothing is kept when the
-    /// address holds its limit.
+    /// The connection of a page (its app and proof) ended where `bookmark` says: kept for
+    /// `window`, its bytes charged to `account` (the page's address) when given; nothing
+    /// is kept when the address holds its limit.
     pub fn keep(
         &self,
         (app, proof): (u16, &str),
@@ -222,7 +215,7 @@ impl Bookmarks {
     ) {
         let key: PageKey = (app, proof.into());
         let size = bookmark.bytes();
-        bookmark.until = bookmark.kept + window;
+        bookmark.until = Instant::now() + window;
         bookmark.held = account;
         let affordable = bookmark.held.as_mut().is_none_or(|h| h.grow(size));
         let mut pages = self.pages.lock();
@@ -338,10 +331,8 @@ impl Page {
 
     /// What the connection leaves for the page's next one.
     pub fn bookmark(&mut self, socket_id: SocketId) -> Bookmark {
-        let kept = Instant::now();
         Bookmark {
-            kept,
-            until: kept,
+            until: Instant::now(),
             socket_id,
             channels: std::mem::take(&mut self.confirmed),
             held: None,

@@ -205,13 +205,12 @@ impl Pusher {
     /// The page proved it is the one whose connection was given `proof`: what that
     /// connection left is resumed as the page subscribes again.
     async fn resume(&mut self, proof: &str) {
-        let (app, window) = (self.app, self.app().resume_window);
         let Some((bookmarks, _)) = self.more.as_ref().and_then(|m| m.page.as_ref()) else {
             return;
         };
         let bookmarks = bookmarks.clone();
         let node = self.session.node().clone();
-        let found = Box::pin(bookmarks.resume(&node, app, proof, window)).await;
+        let found = Box::pin(bookmarks.resume(&node, self.app, proof)).await;
         if let Some(page) = self.page() {
             page.found = found;
         }

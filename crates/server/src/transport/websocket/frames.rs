@@ -102,9 +102,10 @@ pub struct Reader {
     /// Where the next frame starts in the caller's buffer: frames taken out are removed
     /// once per batch (when more bytes are needed), not one by one.
     at: usize,
-    /// Compressed messages inflated, and the bytes they inflated to, since the caller
-    /// last took them ([`Reader::take_inflated`]): what the connection charges them.
-    inflated: (usize, usize),
+    /// The bytes the compressed message the last read returned inflated to (a read
+    /// returns one message at most): what the connection charges it
+    /// ([`Reader::take_inflated`]).
+    inflated: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -135,13 +136,13 @@ impl Reader {
             deflate,
             partial: None,
             at: 0,
-            inflated: (0, 0),
+            inflated: None,
         }
     }
 
-    /// The compressed messages inflated since the last call, and the bytes they gave.
-    pub fn take_inflated(&mut self) -> (usize, usize) {
-        std::mem::take(&mut self.inflated)
+    /// The bytes the compressed message of the last read inflated to, if it had one.
+    pub fn take_inflated(&mut self) -> Option<usize> {
+        self.inflated.take()
     }
 
     /// The largest message it reads.
@@ -333,7 +334,7 @@ impl Reader {
         let data = if compressed {
             let inflated = deflate::inflate(data, self.limit);
             let size = inflated.as_ref().map_or(self.limit, Vec::len);
-            self.inflated = (self.inflated.0 + 1, self.inflated.1 + size);
+            self.inflated = Some(size);
             Bytes::from(inflated?)
         } else {
             Bytes::copy_from_slice(data)

@@ -7,7 +7,6 @@
 
 pub mod deflate;
 pub mod frames;
-mod inflating;
 mod upgrade;
 mod wire;
 
@@ -23,6 +22,7 @@ use super::driver::{self, Heard, Unwritten, Wire, CLOSE_GRACE};
 use crate::{
     error::Disconnect,
     hooks::Transport,
+    limits::{Bucket, Rate},
     node::Node,
     queue::Delivery,
     session::{Positions, Session},
@@ -61,8 +61,9 @@ pub struct WebSocket<F> {
     /// What the client sent and the reader has not taken yet.
     unread: Vec<u8>,
     reader: Reader,
-    /// What inflating its compressed messages may still cost (made at the first one).
-    inflating: Option<Box<inflating::Inflating>>,
+    /// What inflating its compressed messages may still cost (made at the first one):
+    /// bytes, at [`inflate_rate`].
+    inflating: Option<Box<Bucket>>,
     /// How long a fragmented message may take to finish (`http.body_timeout`).
     unfinished_within: Duration,
     /// The session's id, for the log line of its close.
@@ -151,22 +152,21 @@ impl<F: Framing> WebSocket<F> {
 
     /// The next message or control frame from the client; `Ok(None)` when it is gone.
     /// Cancel-safe: what was read stays in `unread`. Nothing is read while the connection's
-    /// inflate budget is spent (see [`inflating`]), and a fragmented message must be
+    /// inflate budget is in debt (see [`inflate_rate`]), and a fragmented message must be
     /// finished within `http.body_timeout` of its first frame (the client may otherwise
     /// hold a message's bytes for as long as it answers pings).
     async fn next(&mut self) -> Result<Option<Incoming>, Violation> {
+        let rate = inflate_rate(self.reader.limit());
         loop {
-            if let Some(wait) = self.inflating.as_mut().and_then(|b| b.wait(now())) {
+            if let Some(wait) = self.inflating.as_mut().and_then(|b| b.debt(rate)) {
                 tokio::time::sleep(wait).await;
             }
             let read = self.reader.read(&mut self.unread);
-            let inflated = self.reader.take_inflated();
-            if inflated.0 > 0 {
-                let limit = self.reader.limit();
+            if let Some(bytes) = self.reader.take_inflated() {
                 let budget = self
                     .inflating
-                    .get_or_insert_with(|| Box::new(inflating::Inflating::new(limit)));
-                budget.charge(inflated, now());
+                    .get_or_insert_with(|| Box::new(Bucket::full(rate)));
+                budget.charge(rate, bytes.max(LEAST_INFLATE_CHARGE) as f64);
             }
             if let Some(incoming) = read? {
                 if self.unread.is_empty() && self.unread.capacity() > KEEP_BUFFER {
@@ -406,10 +406,21 @@ fn refusal(v: Violation) -> Disconnect {
     }
 }
 
-/// The clock the inflate budget runs on.
-fn now() -> std::time::Instant {
-    std::time::Instant::now()
+/// What inflating a client's compressed messages may cost one connection, in inflated
+/// bytes a second: 8 message limits (512 KiB at the default 64 KiB), bursts of twice that.
+/// A compressed message costs the server the bytes it inflates to, not the bytes sent (100
+/// bytes can inflate to the whole limit), so a client sending such messages flat out held
+/// a core, though each was refused once inflated. Past the budget the connection reads
+/// nothing more until it has refilled, and TCP makes the client wait. At the default, past
+/// what a browser sends (Pusher's client events: 10 a second of at most 10 KB), at a few
+/// thousandths of a core in a release build.
+fn inflate_rate(limit: usize) -> Rate {
+    Rate::per_second(u32::try_from(limit.saturating_mul(8)).unwrap_or(u32::MAX))
 }
+
+/// What every compressed message costs at least, however small it inflates: a flood of
+/// tiny ones is paced too.
+const LEAST_INFLATE_CHARGE: usize = 1024;
 
 /// RFC 6455's close code for a message too big to process.
 pub const MESSAGE_TOO_BIG: u16 = 1009;
