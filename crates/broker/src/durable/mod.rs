@@ -569,6 +569,8 @@ impl Broker for DurableBroker {
 }
 
 #[cfg(test)]
+mod crash_tests;
+#[cfg(test)]
 mod damage_tests;
 #[cfg(test)]
 mod log_tests;
