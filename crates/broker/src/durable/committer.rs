@@ -56,11 +56,30 @@ pub(super) struct Log {
     pub(super) unsynced: Option<Instant>,
     /// A segment past this size is closed and a new one started.
     pub(super) segment_bytes: u64,
-    /// A sync of the log failed in this run (`Some`), and whether that is marked on disk
+    /// Whether a sync of the log failed in this run, and whether that is marked on disk
     /// yet (see [`recovery::mark_sync_failed`]): until it is, publications are refused.
     /// Sticky: after a failed fsync the kernel may have dropped the pages it was to
     /// write, and a later sync that succeeds says nothing of them.
-    pub(super) sync_failed: Option<bool>,
+    pub(super) sync_failed: SyncFailed,
+}
+
+/// Whether a sync of the log failed in this run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SyncFailed {
+    No,
+    /// And the next open is not told yet.
+    Unmarked,
+    /// And `herald.sync-failed` says so beside the log.
+    Marked,
+}
+
+impl SyncFailed {
+    /// A sync failed (again).
+    fn failed(&mut self) {
+        if *self == SyncFailed::No {
+            *self = SyncFailed::Unmarked;
+        }
+    }
 }
 
 pub(crate) struct Writer {
@@ -169,7 +188,7 @@ impl Writer {
     /// Writes a batch as leader and answers it.
     fn process(&self, log: &mut Log, batch: Vec<Job>) {
         let batch = self.without_stale(batch);
-        if log.sync_failed == Some(false) && self.failing.lock().is_none() {
+        if log.sync_failed == SyncFailed::Unmarked && self.failing.lock().is_none() {
             // A sync failed (at a rotation, say) and is not marked on disk yet.
             *self.failing.lock() = Some("a sync of the log failed".into());
             self.wake_store_thread();
@@ -212,10 +231,8 @@ impl Writer {
                 if synced.is_ok() {
                     log.rotate_if_full();
                 }
-                if synced.is_err() {
-                    log.sync_failed.get_or_insert(false);
-                }
                 if let Err(e) = &synced {
+                    log.sync_failed.failed();
                     // Delivered, so kept: its offset is not handed out again. The applier
                     // still indexes it; meanwhile publications are refused until a sync
                     // works again and the failure is marked for the next open.
@@ -273,10 +290,10 @@ impl Writer {
                 log.unsynced = None;
                 if let Err(e) = log.segment.sync() {
                     tracing::error!(error = %e, "storage: the last sync of the log failed");
-                    log.sync_failed.get_or_insert(false);
+                    log.sync_failed.failed();
                 }
             }
-            if log.sync_failed == Some(false) {
+            if log.sync_failed == SyncFailed::Unmarked {
                 if let Err(e) = super::recovery::mark_sync_failed(&log.dir) {
                     tracing::error!(error = %e, dir = %log.dir.display(), "storage: a failed sync could not be marked for the next start");
                 }
@@ -447,7 +464,7 @@ impl Log {
                 if self.unsynced.take().is_some() {
                     if let Err(e) = self.segment.sync() {
                         tracing::error!(error = %e, dir = %self.dir.display(), "storage sync failed");
-                        self.sync_failed.get_or_insert(false);
+                        self.sync_failed.failed();
                     }
                 }
                 let old = std::mem::replace(&mut self.segment, segment);
@@ -481,13 +498,13 @@ fn store_thread(writer: std::sync::Weak<Writer>) {
             let due = writer.with_log(|log| {
                 if writer.failing.lock().is_some() {
                     let marked = match log.sync_failed {
-                        Some(false) => super::recovery::mark_sync_failed(&log.dir),
+                        SyncFailed::Unmarked => super::recovery::mark_sync_failed(&log.dir),
                         _ => Ok(()),
                     };
                     match marked.and_then(|()| log.segment.recover()) {
                         Ok(()) => {
-                            if log.sync_failed.is_some() {
-                                log.sync_failed = Some(true);
+                            if log.sync_failed == SyncFailed::Unmarked {
+                                log.sync_failed = SyncFailed::Marked;
                             }
                             *writer.failing.lock() = None;
                             tracing::info!(dir = %log.dir.display(), "storage writes work again");
@@ -509,7 +526,7 @@ fn store_thread(writer: std::sync::Weak<Writer>) {
                     // it, and the next start answers that with new epochs. New
                     // publications wait until the log works again.
                     tracing::error!(error = %e, dir = %dir.display(), "storage sync failed; publications are refused until a write works again (retried every second)");
-                    writer.log.lock().sync_failed.get_or_insert(false);
+                    writer.log.lock().sync_failed.failed();
                     *writer.failing.lock() = Some(e.to_string());
                 }
             }

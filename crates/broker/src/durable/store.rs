@@ -221,7 +221,7 @@ impl Store {
             next_lsn,
             body: Vec::new(),
             unsynced: None,
-            sync_failed: None,
+            sync_failed: super::committer::SyncFailed::No,
             segment_bytes: options
                 .segment_bytes
                 .clamp(super::MIN_SEGMENT_BYTES, super::MAX_SEGMENT_BYTES),
