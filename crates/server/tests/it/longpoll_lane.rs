@@ -107,10 +107,10 @@ async fn a_held_long_poll_is_answered_by_the_hub_as_its_task_answers_it() {
     assert_eq!(fields(&lean_body), fields(&routed_body), "{lean_body}");
     assert_eq!(text(&lean_body, "session_key").len(), 32);
     // The cursor after the publication it carries.
-    assert_eq!(
-        text(&lean_body, "cursor"),
-        text(&routed_body, "cursor").replace(";1", ";2")
-    );
+    // (Its last field: an epoch may begin with the digit, too.)
+    let routed_cursor = text(&routed_body, "cursor");
+    let before = routed_cursor.strip_suffix(";1").expect("at offset 1");
+    assert_eq!(text(&lean_body, "cursor"), format!("{before};2"));
 
     // The next request on the same connection takes the session up, and is answered by
     // the hub again.
