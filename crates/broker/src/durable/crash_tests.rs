@@ -103,3 +103,32 @@ async fn segments_left_after_a_stopped_replay_never_hide_the_next_runs_log() {
         );
     }
 }
+
+/// A crash while a segment was being made (its 1 MiB of zeros written a page at a time,
+/// then its header) left a file without a header under the segment's name: the next open
+/// read it as damage and gave every channel a new epoch (the kill -9 test of `herald
+/// serve` caught it about one run in ten). A segment is now made under `.tmp` and renamed
+/// into place whole; what such a crash leaves costs nothing, and is deleted.
+#[tokio::test]
+async fn a_crash_while_a_segment_is_made_costs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let epoch = publish(&open(dir.path()), "news", 3).await;
+    let (_, applied) = file_state(dir.path());
+    // What the crash leaves: the new segment's zeros, no header yet.
+    let mut unfinished = wal::segment_path(dir.path(), applied + 1).into_os_string();
+    unfinished.push(super::segment::UNFINISHED);
+    std::fs::write(&unfinished, vec![0u8; 950_272]).unwrap();
+    let reopened = open(dir.path());
+    let all = HistoryQuery {
+        since: None,
+        limit: 1000,
+        max_bytes: None,
+    };
+    let h = reopened.history(&ch("news"), all).await.unwrap();
+    assert_eq!(h.position.epoch, epoch, "nothing was lost");
+    assert_eq!(h.publications.len(), 3);
+    assert!(
+        !Path::new(&unfinished).exists(),
+        "the half-made file is deleted"
+    );
+}

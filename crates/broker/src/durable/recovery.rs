@@ -284,7 +284,7 @@ fn apply_replayed(index: &mut Index, dir: &Path, ops: &[Op]) -> Result<(), OpenE
 
 /// Deletes what the index does not need, once its checkpoint is written: log segments
 /// whose entries it holds and points nowhere into, files of packed publications it does
-/// not know (a compaction cut short), and a checkpoint's unfinished copy.
+/// not know (a compaction cut short), a segment or a checkpoint's unfinished copy.
 fn remove_unused(dir: &Path, index: &Index) -> io::Result<()> {
     for (first_lsn, path) in wal::segments(dir)? {
         if index.log_file(first_lsn).is_none() && first_lsn <= index.applied {
@@ -301,7 +301,9 @@ fn remove_unused(dir: &Path, index: &Index) -> io::Result<()> {
             .strip_prefix("herald.pack.")
             .and_then(|n| n.parse::<u32>().ok())
             .is_some_and(|id| !index.files.contains_key(&id));
-        if unknown_pack || name == format!("{}.tmp", checkpoint::FILE_NAME) {
+        let unfinished_segment =
+            name.starts_with("herald.wal.") && name.ends_with(super::segment::UNFINISHED);
+        if unknown_pack || unfinished_segment || name == format!("{}.tmp", checkpoint::FILE_NAME) {
             std::fs::remove_file(entry.path())?;
         }
     }

@@ -25,20 +25,29 @@ pub struct Segment {
     pub fail_next_sync: bool,
 }
 
+/// What the name of a segment being made ends with, until it is whole.
+pub const UNFINISHED: &str = ".tmp";
+
 /// How much a segment's file grows at a time.
 const CHUNK: u64 = 1 << 20;
 
 impl Segment {
     /// Creates the segment for entries from `first_lsn`, its header synced, and the
-    /// directory synced so the file's name survives a crash.
+    /// directory synced so the file's name survives a crash. It is made under a name of
+    /// its own and renamed into place once whole: a crash while its zeros were written
+    /// left a file without a header under the segment's name, which the next open read as
+    /// damage (every channel a new epoch). What such a crash leaves now is a `.tmp` file no
+    /// reader looks at, which the next open deletes.
     pub fn create(dir: &Path, run: u64, first_lsn: u64) -> io::Result<Self> {
         let path = segment_path(dir, first_lsn);
+        let mut unfinished = path.clone().into_os_string();
+        unfinished.push(UNFINISHED);
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(true)
-            .open(&path)?;
+            .open(&unfinished)?;
         let mut segment = Self {
             file: Arc::new(file),
             first_lsn,
@@ -51,6 +60,7 @@ impl Segment {
         segment.grow(CHUNK)?;
         segment.file.write_all_at(&header(run, first_lsn), 0)?;
         segment.file.sync_all()?;
+        std::fs::rename(&unfinished, &path)?;
         File::open(dir)?.sync_all()?;
         Ok(segment)
     }
