@@ -6,12 +6,12 @@
 
 use std::{
     collections::BTreeSet,
-    path::PathBuf,
     sync::{mpsc, Arc},
     time::{Duration, Instant},
 };
 
 use super::apply::apply;
+use super::disk::Dir;
 use super::index::Index;
 use super::store::{Failing, Unapplied};
 use super::{checkpoint, compact, now_ms, recovery, wal, Deadlines, Meta, StoreOptions};
@@ -139,7 +139,7 @@ impl Op {
 }
 
 pub(super) struct Applier {
-    pub(super) dir: PathBuf,
+    pub(super) dir: Dir,
     pub(super) index: Arc<RwLock<Index>>,
     pub(super) options: StoreOptions,
     /// Why checkpoints fail, while they do.
@@ -304,7 +304,7 @@ impl Applier {
                     f.file.sync_data()?;
                 }
             }
-            recovery::checkpoint_bytes(&index, self.run, unflushed)
+            recovery::checkpoint_bytes(&self.dir, &index, self.run, unflushed)
         };
         checkpoint::write(&self.dir, &bytes)
     }

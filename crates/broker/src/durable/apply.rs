@@ -1,16 +1,17 @@
 //! What the applier does with the log's entries (and trims): it tells the index where each
 //! publication lies, in order. Replay at open does the same with what it reads back.
 
-use std::{fs::File, io, path::Path, sync::Arc};
+use std::io;
 
 use super::applier::Op;
+use super::disk::Dir;
 use super::index::{Index, Kind, Loc};
 use super::wal;
 
 /// Applies `ops` to `index`; returns, for every trim, when the oldest publication left was
 /// published (`None`: none left). A log segment the index has not seen yet is opened for
 /// reading: that is the only thing that can fail, before anything is applied.
-pub(super) fn apply(index: &mut Index, dir: &Path, ops: &[Op]) -> io::Result<Vec<Option<u64>>> {
+pub(super) fn apply(index: &mut Index, dir: &Dir, ops: &[Op]) -> io::Result<Vec<Option<u64>>> {
     for op in ops {
         if let Op::Publish {
             written: Some((first_lsn, _)),
@@ -66,17 +67,12 @@ pub(super) fn apply(index: &mut Index, dir: &Path, ops: &[Op]) -> io::Result<Vec
 }
 
 /// Makes the log segment starting at `first_lsn` one of the index's files, if it is not.
-pub(super) fn open_segment(index: &mut Index, dir: &Path, first_lsn: u64) -> io::Result<()> {
+pub(super) fn open_segment(index: &mut Index, dir: &Dir, first_lsn: u64) -> io::Result<()> {
     if index.log_file(first_lsn).is_none() {
         let path = wal::segment_path(dir, first_lsn);
-        let file = File::open(&path)?;
+        let file = dir.disk().open(&path)?;
         let id = index.new_file_id();
-        index.add_file(
-            id,
-            Kind::Log { first_lsn },
-            Arc::new(file),
-            wal::HEADER_LEN as u64,
-        );
+        index.add_file(id, Kind::Log { first_lsn }, file, wal::HEADER_LEN as u64);
     }
     Ok(())
 }

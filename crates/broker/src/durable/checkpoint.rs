@@ -14,10 +14,11 @@
 //! to a temporary file, synced, and renamed over the last one, so an open finds either
 //! the old checkpoint or the new one whole.
 
-use std::{collections::VecDeque, io, path::Path};
+use std::{collections::VecDeque, io};
 
 use herald_protocol::{ChannelName, Epoch};
 
+use super::disk::Dir;
 use super::index::{FileId, Kind, Loc, Stream};
 use super::wal::{Reader, Span};
 
@@ -183,20 +184,14 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Checkpoint> {
 
 /// Writes `bytes` as the directory's checkpoint: to a temporary file, synced, renamed over
 /// the last one, and the directory synced.
-pub(crate) fn write(dir: &Path, bytes: &[u8]) -> io::Result<()> {
-    use std::io::Write;
-    let tmp = dir.join(format!("{FILE_NAME}.tmp"));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join(FILE_NAME))?;
-    std::fs::File::open(dir)?.sync_all()
+pub(crate) fn write(dir: &Dir, bytes: &[u8]) -> io::Result<()> {
+    dir.replace(FILE_NAME, bytes)
 }
 
 /// The directory's checkpoint: `Ok(None)` if it has none, `Err` with why if it has one
 /// that cannot be read.
-pub(crate) fn read(dir: &Path) -> Result<Option<Checkpoint>, String> {
-    match std::fs::read(dir.join(FILE_NAME)) {
+pub(crate) fn read(dir: &Dir) -> Result<Option<Checkpoint>, String> {
+    match dir.disk().read(&dir.join(FILE_NAME)) {
         Ok(bytes) => decode(&bytes)
             .map(Some)
             .ok_or_else(|| "the checkpoint fails its checksum or cannot be decoded".into()),
@@ -291,11 +286,12 @@ mod tests {
 
     #[test]
     fn written_and_read_from_a_directory() {
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(read(dir.path()), Ok(None));
-        write(dir.path(), &bytes(&sample())).unwrap();
-        assert_eq!(read(dir.path()), Ok(Some(sample())));
-        std::fs::write(dir.path().join(FILE_NAME), b"nonsense").unwrap();
-        assert!(read(dir.path()).is_err());
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Dir::os(tmp.path());
+        assert_eq!(read(&dir), Ok(None));
+        write(&dir, &bytes(&sample())).unwrap();
+        assert_eq!(read(&dir), Ok(Some(sample())));
+        std::fs::write(dir.join(FILE_NAME), b"nonsense").unwrap();
+        assert!(read(&dir).is_err());
     }
 }

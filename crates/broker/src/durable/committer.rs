@@ -12,7 +12,6 @@
 //! `interval`, and retries it while writes fail.
 
 use std::{
-    path::PathBuf,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         mpsc, Arc,
@@ -24,6 +23,7 @@ use herald_protocol::{Publication, StreamPosition};
 use parking_lot::Mutex;
 
 use super::applier::Op;
+use super::disk::Dir;
 use super::store::{unavailable, Failing, Job, Unapplied};
 use super::{now_ms, segment, wal, Deadlines, StoreOptions, SyncPolicy};
 use crate::{BrokerError, PublicationSink};
@@ -44,7 +44,7 @@ const MAX_ROUNDS: usize = 8;
 
 /// The log being appended to; whoever holds it is the leader.
 pub(super) struct Log {
-    pub(super) dir: PathBuf,
+    pub(super) dir: Dir,
     pub(super) segment: segment::Segment,
     /// The store's run mark, written in every segment's header.
     pub(super) run: u64,

@@ -6,17 +6,12 @@
 //! there, and the files they came from are collected after it. So the store stays within
 //! 4/3 of what it keeps, plus the segment being written.
 
-use std::{
-    fs::File,
-    io::{self, Write},
-    os::unix::fs::FileExt,
-    path::Path,
-    sync::Arc,
-};
+use std::io;
 
 use herald_protocol::Epoch;
 use parking_lot::RwLock;
 
+use super::disk::{Appender, Dir, Handle};
 use super::index::{packed_path, FileId, Index, Kind, Loc};
 use super::migrate::PACK_MAGIC;
 use super::wal::Span;
@@ -27,7 +22,7 @@ pub(super) const PACK_BUDGET: u64 = 32 << 20;
 /// Deletes the files nothing in the index points into, except the newest log segment (the
 /// writer may still be appending to it). Call it right after a checkpoint: the one before
 /// may still point into them, and replay after it needs only newer segments.
-pub(super) fn collect(index: &RwLock<Index>, dir: &Path) {
+pub(super) fn collect(index: &RwLock<Index>, dir: &Dir) {
     let dead: Vec<_> = {
         let mut index = index.write();
         let newest_log = newest_log(&index);
@@ -42,7 +37,7 @@ pub(super) fn collect(index: &RwLock<Index>, dir: &Path) {
             .collect()
     };
     for path in dead {
-        if let Err(e) = std::fs::remove_file(&path) {
+        if let Err(e) = dir.disk().remove(&path) {
             tracing::warn!(error = %e, file = %path.display(), "a file of history nothing is kept in could not be deleted");
         }
     }
@@ -65,7 +60,7 @@ fn newest_log(index: &Index) -> Option<FileId> {
 /// When more than a quarter of the store's bytes are dead, copies the live publications of
 /// the files with the least live in them (below three quarters) into a new packed file and
 /// points the index there; whether it did (the caller then checkpoints and collects).
-pub(super) fn pack(index: &RwLock<Index>, dir: &Path) -> io::Result<bool> {
+pub(super) fn pack(index: &RwLock<Index>, dir: &Dir) -> io::Result<bool> {
     // What to copy, chosen under the read lock: the applier, the only writer, is here.
     let (id, moves) = {
         let index = index.read();
@@ -110,8 +105,7 @@ pub(super) fn pack(index: &RwLock<Index>, dir: &Path) -> io::Result<bool> {
     let mut moves = moves;
     moves.sort_by_key(|m| (m.from.file, m.from.span.pos));
     let path = packed_path(dir, id);
-    let file = File::create(&path)?;
-    let mut out = io::BufWriter::new(&file);
+    let mut out = Appender::new(dir.disk().create(&path)?);
     out.write_all(PACK_MAGIC)?;
     let mut pos = PACK_MAGIC.len() as u64;
     let mut moved = Vec::with_capacity(moves.len());
@@ -137,18 +131,16 @@ pub(super) fn pack(index: &RwLock<Index>, dir: &Path) -> io::Result<bool> {
         pos += buf.len() as u64;
         moved.push((m.channel, m.epoch, m.offset, to));
     }
-    out.flush()?;
-    drop(out);
     if moved.is_empty() {
         // Only damaged ones were left: nothing to point elsewhere.
-        drop(file);
-        std::fs::remove_file(&path)?;
+        drop(out);
+        dir.disk().remove(&path)?;
         return Ok(false);
     }
-    file.sync_all()?;
-    File::open(dir)?.sync_all()?;
+    let file = out.finish()?;
+    dir.sync()?;
     let mut index = index.write();
-    index.add_file(id, Kind::Packed, Arc::new(File::open(&path)?), pos);
+    index.add_file(id, Kind::Packed, file, pos);
     let count = moved.len();
     for (channel, epoch, offset, to) in moved {
         index.moved(&channel, &epoch, offset, to);
@@ -164,5 +156,5 @@ struct Move {
     epoch: Epoch,
     offset: u64,
     from: Loc,
-    file: Arc<File>,
+    file: Handle,
 }

@@ -9,6 +9,7 @@ use std::{path::Path, sync::Arc};
 use bytes::Bytes;
 
 use super::checkpoint;
+use super::disk::Dir;
 use super::log_tests::{ch, file_state, open, publish, write_segment};
 use super::{wal, DurableBroker, StoreOptions, SyncPolicy};
 use crate::conformance::Recorder;
@@ -70,7 +71,13 @@ async fn segments_left_after_a_stopped_replay_never_hide_the_next_runs_log() {
         publish_some(150).await;
         // A checkpoint of this run past the old run's segments, then more publications.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-        while checkpoint::read(dir.path()).unwrap().unwrap().head.applied < applied + 100 {
+        while checkpoint::read(&Dir::os(dir.path()))
+            .unwrap()
+            .unwrap()
+            .head
+            .applied
+            < applied + 100
+        {
             assert!(
                 std::time::Instant::now() < deadline,
                 "no checkpoint was written"

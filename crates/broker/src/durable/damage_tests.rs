@@ -1,6 +1,7 @@
 //! The durable store against damage: a checkpoint or a record that fails its check, files
 //! cut short or missing, a compaction or checkpoint cut short.
 
+use super::disk::Dir;
 use super::tests::{ch, offsets, open, publish_long_runs, read_all, since};
 use super::*;
 use crate::conformance::Recorder;
@@ -158,7 +159,7 @@ async fn a_file_cut_short_resets_the_channel_that_reads_past_its_end() {
         let (broker, _) = open(dir.path());
         publish_long_runs(&broker, "a", 20).await
     };
-    let (_, segment) = wal::segments(dir.path()).unwrap().remove(0);
+    let (_, segment) = wal::segments(&Dir::os(dir.path())).unwrap().remove(0);
     let len = std::fs::metadata(&segment).unwrap().len();
     std::fs::OpenOptions::new()
         .write(true)
@@ -192,7 +193,7 @@ async fn a_missing_file_drops_the_history_kept_in_it() {
         let (broker, _) = open(dir.path());
         publish_long_runs(&broker, "gone", 5).await
     };
-    let first = wal::segments(dir.path()).unwrap().remove(0).1;
+    let first = wal::segments(&Dir::os(dir.path())).unwrap().remove(0).1;
     let kept_epoch = {
         let (broker, _) = open(dir.path());
         publish_long_runs(&broker, "kept", 5).await

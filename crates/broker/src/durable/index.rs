@@ -10,13 +10,12 @@
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
-    fs::File,
     path::{Path, PathBuf},
-    sync::Arc,
 };
 
 use herald_protocol::Epoch;
 
+use super::disk::Handle;
 use super::wal::{self, Span};
 
 /// A file of the store, numbered in the index.
@@ -101,7 +100,7 @@ pub(crate) fn packed_path(dir: &Path, id: FileId) -> PathBuf {
 #[derive(Debug)]
 pub(crate) struct Stored {
     pub(crate) kind: Kind,
-    pub(crate) file: Arc<File>,
+    pub(crate) file: Handle,
     /// Bytes it holds (for the file being appended to: as far as the index has seen).
     pub(crate) size: u64,
     /// Bytes of entries it holds that the index still points to.
@@ -121,7 +120,7 @@ pub(crate) struct Index {
 
 impl Index {
     /// Adds a file; its live bytes are counted as entries point to it.
-    pub(crate) fn add_file(&mut self, id: FileId, kind: Kind, file: Arc<File>, size: u64) {
+    pub(crate) fn add_file(&mut self, id: FileId, kind: Kind, file: Handle, size: u64) {
         if let Kind::Log { first_lsn } = kind {
             self.logs.insert(first_lsn, id);
         }
@@ -303,6 +302,7 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     fn loc(file: FileId, pos: u32, at_ms: u64) -> Loc {
         Loc {

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use herald_protocol::{ChannelName, Epoch, Since};
 
 use super::checkpoint::{self, Checkpoint};
+use super::disk::Dir;
 use super::{recovery, wal, DurableBroker, SyncPolicy};
 use crate::conformance::Recorder;
 use crate::{Broker, HistoryQuery, StreamPolicy};
@@ -49,16 +50,16 @@ pub(super) async fn publish(broker: &DurableBroker, channel: &str, n: u64) -> Ep
 
 /// The run mark and the last applied entry of the (closed) store in `dir`.
 pub(super) fn file_state(dir: &Path) -> (u64, u64) {
-    let found = checkpoint::read(dir).unwrap().unwrap();
+    let found = checkpoint::read(&Dir::os(dir)).unwrap().unwrap();
     (found.head.run, found.head.applied)
 }
 
 /// Changes the checkpoint of the (closed) store in `dir`.
 fn rewrite_checkpoint(dir: &Path, change: impl FnOnce(&mut Checkpoint)) {
-    let mut found = checkpoint::read(dir).unwrap().unwrap();
+    let mut found = checkpoint::read(&Dir::os(dir)).unwrap().unwrap();
     change(&mut found);
     let bytes = checkpoint::encode(&found.head, found.streams.iter().map(|(c, s)| (c, s)));
-    checkpoint::write(dir, &bytes).unwrap();
+    checkpoint::write(&Dir::os(dir), &bytes).unwrap();
 }
 
 /// Writes a log segment of `run` from `first_lsn` holding publications `offsets` of
@@ -278,7 +279,7 @@ async fn always_keeps_epochs_after_a_machine_crash() {
     // crash of the machine looks so.
     rewrite_checkpoint(dir.path(), |c| {
         assert!(!c.head.unflushed);
-        c.head.boot = Some(recovery::boot_id().unwrap_or(0) ^ 1);
+        c.head.boot = Some(recovery::boot_id(&Dir::os(Path::new("/"))).unwrap_or(0) ^ 1);
     });
     let h = open().history(&ch("news"), all()).await.unwrap();
     assert_eq!((h.position.epoch.clone(), offsets(&h)), (epoch, vec![1, 2]));
@@ -298,10 +299,10 @@ async fn unsynced_run_stopped_with_the_machine(sync: SyncPolicy) {
     let mark = |boot: Option<u64>| {
         rewrite_checkpoint(dir.path(), |c| {
             c.head.unflushed = true;
-            c.head.boot = boot.or_else(recovery::boot_id);
+            c.head.boot = boot.or_else(|| recovery::boot_id(&Dir::os(Path::new("/"))));
         })
     };
-    if recovery::boot_id().is_some() {
+    if recovery::boot_id(&Dir::os(Path::new("/"))).is_some() {
         mark(None); // this boot
         let broker =
             DurableBroker::open(dir.path(), interval(), Arc::new(Recorder::default())).unwrap();
@@ -311,7 +312,9 @@ async fn unsynced_run_stopped_with_the_machine(sync: SyncPolicy) {
             (epoch.clone(), vec![1, 2, 3])
         );
     }
-    mark(Some(recovery::boot_id().unwrap_or(0) ^ 1)); // another boot
+    mark(Some(
+        recovery::boot_id(&Dir::os(Path::new("/"))).unwrap_or(0) ^ 1,
+    )); // another boot
     let broker =
         DurableBroker::open(dir.path(), interval(), Arc::new(Recorder::default())).unwrap();
     let h = broker.history(&ch("news"), all()).await.unwrap();

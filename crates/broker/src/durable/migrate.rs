@@ -9,7 +9,6 @@
 
 use std::{
     collections::{BTreeMap, VecDeque},
-    io::Write,
     path::{Path, PathBuf},
 };
 
@@ -17,6 +16,7 @@ use herald_protocol::{ChannelName, Epoch};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableError};
 
 use super::checkpoint::{Checkpoint, Head};
+use super::disk::{Appender, Dir};
 use super::index::{packed_path, FileId, Kind, Loc, Stream};
 use super::recovery::{boot_id, damaged, write_run_file};
 use super::store::{OpenError, RUN_FILE_NAME};
@@ -61,9 +61,9 @@ fn stream_crc(channel: &str, epoch: &str, top: u64, last_ms: u64) -> u32 {
 
 /// The checkpoint made from the old database file in `dir`, if there is one, and the
 /// file's path (renamed by the caller once the checkpoint is written, see [`retire`]).
-pub(super) fn from_redb(dir: &Path) -> Result<Option<(Checkpoint, PathBuf)>, OpenError> {
+pub(super) fn from_redb(dir: &Dir) -> Result<Option<(Checkpoint, PathBuf)>, OpenError> {
     let path = dir.join(REDB_FILE_NAME);
-    if !path.exists() {
+    if !dir.disk().exists(&path) {
         return Ok(None);
     }
     // redb decodes keys and values with `unwrap`: a damaged file must name itself, not
@@ -76,9 +76,9 @@ pub(super) fn from_redb(dir: &Path) -> Result<Option<(Checkpoint, PathBuf)>, Ope
 }
 
 /// After the checkpoint made from it is written: the old file is set aside.
-pub(super) fn retire(old: &Path) {
+pub(super) fn retire(dir: &Dir, old: &Path) {
     let aside = old.with_extension("redb.migrated");
-    match std::fs::rename(old, &aside) {
+    match dir.disk().rename(old, &aside) {
         Ok(()) => {
             tracing::info!(file = %aside.display(), "history moved to the log store; the old file is kept as this (delete it once satisfied)")
         }
@@ -86,12 +86,10 @@ pub(super) fn retire(old: &Path) {
             tracing::warn!(error = %e, file = %old.display(), "the old database file could not be renamed; it is moved over again at the next start")
         }
     }
-    if let Some(dir) = old.parent() {
-        let _ = std::fs::remove_file(dir.join(REDB_SEAL_FILE_NAME));
-    }
+    let _ = dir.disk().remove(&dir.join(REDB_SEAL_FILE_NAME));
 }
 
-fn export(dir: &Path, path: &Path, pack_limit: u64) -> Result<Checkpoint, OpenError> {
+fn export(dir: &Dir, path: &Path, pack_limit: u64) -> Result<Checkpoint, OpenError> {
     let mut db = match redb::Database::create(path) {
         Ok(db) => db,
         Err(
@@ -138,7 +136,7 @@ fn export(dir: &Path, path: &Path, pack_limit: u64) -> Result<Checkpoint, OpenEr
     }
 
     let directory = |source| OpenError::Directory {
-        path: dir.to_owned(),
+        path: dir.to_path_buf(),
         source,
     };
     let mut packs = Packs::start(dir, pack_limit).map_err(directory)?;
@@ -200,15 +198,15 @@ fn export(dir: &Path, path: &Path, pack_limit: u64) -> Result<Checkpoint, OpenEr
     // The mark beside the old file is the one beside the store now; a file without a mark
     // (written before marks) is not taken for a restore, as before.
     let old_mark = dir.join(REDB_RUN_FILE_NAME);
-    if old_mark.exists() {
-        std::fs::rename(&old_mark, dir.join(RUN_FILE_NAME)).map_err(directory)?;
+    if dir.disk().exists(&old_mark) {
+        (dir.disk().rename(&old_mark, &dir.join(RUN_FILE_NAME))).map_err(directory)?;
     } else if run.is_none() {
         write_run_file(dir, 0).map_err(directory)?;
     }
     Ok(Checkpoint {
         head: Head {
             run: run.unwrap_or(0),
-            boot: if unflushed { boot } else { boot_id() },
+            boot: if unflushed { boot } else { boot_id(dir) },
             unflushed,
             applied,
             next_file: files.len() as FileId,
@@ -222,16 +220,16 @@ fn export(dir: &Path, path: &Path, pack_limit: u64) -> Result<Checkpoint, OpenEr
 /// position can say (`limit`), a new one begun when the next entry would pass it (one file
 /// held everything, and past 4 GiB every position wrapped).
 struct Packs<'d> {
-    dir: &'d Path,
+    dir: &'d Dir,
     limit: u64,
-    out: std::io::BufWriter<std::fs::File>,
+    out: Appender,
     id: FileId,
     pos: u64,
     done: Vec<(FileId, Kind, u64)>,
 }
 
 impl<'d> Packs<'d> {
-    fn start(dir: &'d Path, limit: u64) -> std::io::Result<Self> {
+    fn start(dir: &'d Dir, limit: u64) -> std::io::Result<Self> {
         Ok(Self {
             dir,
             limit,
@@ -242,8 +240,8 @@ impl<'d> Packs<'d> {
         })
     }
 
-    fn create(dir: &Path, id: FileId) -> std::io::Result<std::io::BufWriter<std::fs::File>> {
-        let mut out = std::io::BufWriter::new(std::fs::File::create(packed_path(dir, id))?);
+    fn create(dir: &Dir, id: FileId) -> std::io::Result<Appender> {
+        let mut out = Appender::new(dir.disk().create(&packed_path(dir, id))?);
         out.write_all(PACK_MAGIC)?;
         Ok(out)
     }
@@ -267,8 +265,8 @@ impl<'d> Packs<'d> {
         Ok((self.id, span))
     }
 
-    fn close(out: std::io::BufWriter<std::fs::File>) -> std::io::Result<()> {
-        out.into_inner().map_err(|e| e.into_error())?.sync_all()
+    fn close(out: Appender) -> std::io::Result<()> {
+        out.finish().map(drop)
     }
 
     /// Syncs the last file; every file written, with its size.
@@ -399,7 +397,7 @@ mod tests {
     fn a_migration_splits_packs_before_positions_wrap() {
         let dir = tempfile::tempdir().unwrap();
         old_directory(dir.path(), 9);
-        let found = export(dir.path(), &dir.path().join(REDB_FILE_NAME), 100).unwrap();
+        let found = export(&Dir::os(dir.path()), &dir.path().join(REDB_FILE_NAME), 100).unwrap();
         assert!(found.head.files.len() >= 2, "{:?}", found.head.files);
         assert_eq!(found.head.next_file as usize, found.head.files.len());
         let mut read = 0;

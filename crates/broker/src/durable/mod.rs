@@ -17,6 +17,7 @@ mod apply;
 mod checkpoint;
 mod committer;
 mod compact;
+mod disk;
 mod index;
 mod migrate;
 mod options;
@@ -225,7 +226,8 @@ impl DurableBroker {
         policies: Policies,
     ) -> Result<Arc<Self>, OpenError> {
         let deadlines = Arc::new(Deadlines::default());
-        let (store, streams) = Store::open(dir, options.into(), sink, deadlines.clone())?;
+        let (store, streams) =
+            Store::open(disk::Dir::os(dir), options.into(), sink, deadlines.clone())?;
         let broker = Arc::new(Self {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: Default::default(),

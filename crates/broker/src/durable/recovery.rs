@@ -7,15 +7,14 @@
 
 use std::{
     collections::HashSet,
-    fs::File,
     io,
     path::{Path, PathBuf},
-    sync::Arc,
 };
 
 use super::applier::Op;
 use super::apply::apply;
 use super::checkpoint::{self, Checkpoint, Head};
+use super::disk::Dir;
 use super::index::Index;
 use super::store::{OpenError, RUN_FILE_NAME};
 use super::{migrate, wal};
@@ -39,9 +38,9 @@ pub(super) fn damaged(path: &Path, e: impl std::fmt::Display) -> OpenError {
 
 /// Opens the store in `dir` and writes its first checkpoint for this run (`unflushed`: the
 /// run delivers publications before syncing them).
-pub(super) fn open(dir: &Path, unflushed: bool) -> Result<Opened, OpenError> {
+pub(super) fn open(dir: &Dir, unflushed: bool) -> Result<Opened, OpenError> {
     let directory = |source| OpenError::Directory {
-        path: dir.to_owned(),
+        path: dir.to_path_buf(),
         source,
     };
     let (found, migrated) = match checkpoint::read(dir) {
@@ -61,7 +60,7 @@ pub(super) fn open(dir: &Path, unflushed: bool) -> Result<Opened, OpenError> {
     if !had_checkpoint {
         set_aside_unindexed_packs(dir, &mut index).map_err(directory)?;
     }
-    let renew = if head.unflushed && (head.boot.is_none() || head.boot != boot_id()) {
+    let renew = if head.unflushed && (head.boot.is_none() || head.boot != boot_id(dir)) {
         Some("the last run delivered publications before syncing them (sync = \"group\", \"interval\" or \"none\") and stopped with the machine, so its latest ones may be lost")
     } else if sync_failed(dir) {
         Some("a sync of the log failed in an earlier run: the disk may have dropped what it was to write, though later syncs worked")
@@ -83,7 +82,7 @@ pub(super) fn open(dir: &Path, unflushed: bool) -> Result<Opened, OpenError> {
     // The mark goes into the checkpoint first: a crash before the copy beside it is written
     // looks like a restore next time, which costs a new epoch, never a reused offset.
     let run = fastrand::u64(..);
-    checkpoint::write(dir, &checkpoint_bytes(&index, run, unflushed)).map_err(directory)?;
+    checkpoint::write(dir, &checkpoint_bytes(dir, &index, run, unflushed)).map_err(directory)?;
     write_run_file(dir, run).map_err(directory)?;
     // Answered by the checkpoint just written (every epoch renewed in it).
     clear_sync_failed(dir).map_err(directory)?;
@@ -99,14 +98,14 @@ pub(super) fn open(dir: &Path, unflushed: bool) -> Result<Opened, OpenError> {
 
 /// The index a checkpoint describes, its files opened. Streams that point into a file
 /// that is gone lose what they kept, as damaged.
-fn load(dir: &Path, found: &Checkpoint) -> io::Result<Index> {
+fn load(dir: &Dir, found: &Checkpoint) -> io::Result<Index> {
     let mut index = Index::default();
     index.next_file = found.head.next_file;
     index.applied = found.head.applied;
     let mut missing = HashSet::new();
     for &(id, kind, size) in &found.head.files {
-        match File::open(kind.path(dir, id)) {
-            Ok(file) => index.add_file(id, kind, Arc::new(file), size),
+        match dir.disk().open(&kind.path(dir, id)) {
+            Ok(file) => index.add_file(id, kind, file, size),
             Err(e) if e.kind() == io::ErrorKind::NotFound => drop(missing.insert(id)),
             Err(e) => return Err(e),
         }
@@ -133,9 +132,9 @@ fn load(dir: &Path, found: &Checkpoint) -> io::Result<Index> {
 /// answers with new epochs. Segments of another run belong to another copy of the store
 /// (this one was restored from a backup) and are ignored: the restore check gives every
 /// stream a new epoch then.
-fn replay(index: &mut Index, dir: &Path, run: Option<u64>) -> Result<bool, OpenError> {
+fn replay(index: &mut Index, dir: &Dir, run: Option<u64>) -> Result<bool, OpenError> {
     let directory = |source| OpenError::Directory {
-        path: dir.to_owned(),
+        path: dir.to_path_buf(),
         source,
     };
     let mut expected = index.applied + 1;
@@ -148,7 +147,7 @@ fn replay(index: &mut Index, dir: &Path, run: Option<u64>) -> Result<bool, OpenE
     let mut lost = false;
     let mut replayed = 0usize;
     'segments: for (_, segment) in segments.get(start..).unwrap_or_default() {
-        let bytes = std::fs::read(segment).map_err(directory)?;
+        let bytes = dir.disk().read(segment).map_err(directory)?;
         let scan = wal::scan(&bytes);
         // Damage among entries the index holds already costs nothing here: a read that
         // reaches a damaged publication resets its channel.
@@ -190,10 +189,9 @@ fn replay(index: &mut Index, dir: &Path, run: Option<u64>) -> Result<bool, OpenE
 /// be read back without one (its entries have no framing of their own): such files are
 /// renamed `herald.pack.N.unindexed`, never deleted (putting the checkpoint back, with
 /// them, brings their history back), and new files never take their numbers.
-fn set_aside_unindexed_packs(dir: &Path, index: &mut Index) -> io::Result<()> {
+fn set_aside_unindexed_packs(dir: &Dir, index: &mut Index) -> io::Result<()> {
     let mut moved = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
+    for path in dir.list()? {
         let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
             continue;
         };
@@ -210,12 +208,12 @@ fn set_aside_unindexed_packs(dir: &Path, index: &mut Index) -> io::Result<()> {
         index.next_file = index.next_file.max(id + 1);
         if !aside && !index.files.contains_key(&id) {
             let to = dir.join(format!("{name}.unindexed"));
-            std::fs::rename(&path, &to)?;
+            dir.disk().rename(&path, &to)?;
             moved.push(to.display().to_string());
         }
     }
     if !moved.is_empty() {
-        File::open(dir)?.sync_all()?;
+        dir.sync()?;
         tracing::warn!(files = ?moved, dir = %dir.display(), "without herald.index, packed history cannot be read: its files are set aside, not deleted (stop Herald and put the index back, with them renamed back, to read it again)");
     }
     Ok(())
@@ -226,21 +224,19 @@ const SYNC_FAILED_FILE: &str = "herald.sync-failed";
 
 /// Marks, durably, that a sync of the log failed in this run: the next open gives every
 /// channel a new epoch (see `Log::sync_failed` for why a later sync is no proof).
-pub(super) fn mark_sync_failed(dir: &Path) -> io::Result<()> {
+pub(super) fn mark_sync_failed(dir: &Dir) -> io::Result<()> {
     let path = dir.join(SYNC_FAILED_FILE);
-    let file = File::create(&path)?;
-    std::io::Write::write_all(&mut &file, b"a sync of the log failed in this run\n")?;
-    file.sync_all()?;
-    File::open(dir)?.sync_all()
+    dir.write_synced(&path, b"a sync of the log failed in this run\n")?;
+    dir.sync()
 }
 
-fn sync_failed(dir: &Path) -> bool {
-    dir.join(SYNC_FAILED_FILE).exists()
+fn sync_failed(dir: &Dir) -> bool {
+    dir.disk().exists(&dir.join(SYNC_FAILED_FILE))
 }
 
-fn clear_sync_failed(dir: &Path) -> io::Result<()> {
-    match std::fs::remove_file(dir.join(SYNC_FAILED_FILE)) {
-        Ok(()) => File::open(dir)?.sync_all(),
+fn clear_sync_failed(dir: &Dir) -> io::Result<()> {
+    match dir.disk().remove(&dir.join(SYNC_FAILED_FILE)) {
+        Ok(()) => dir.sync(),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     }
@@ -252,31 +248,31 @@ fn clear_sync_failed(dir: &Path) -> io::Result<()> {
 /// in, where a later replay could start at one, skip it as another run's, and never read
 /// this run's. Segments with entries are renamed `herald.stale.N` (nothing reads them
 /// again; kept for a look), empty ones (a rotation just before a stop) deleted.
-fn set_aside_unreplayed(dir: &Path, applied: u64) -> io::Result<()> {
+fn set_aside_unreplayed(dir: &Dir, applied: u64) -> io::Result<()> {
     let mut moved = Vec::new();
     for (first_lsn, path) in wal::segments(dir)? {
         if first_lsn <= applied {
             continue;
         }
-        let scan = wal::scan(&std::fs::read(&path)?);
+        let scan = wal::scan(&dir.disk().read(&path)?);
         if scan.entries.is_empty() && !scan.damaged() {
-            std::fs::remove_file(&path)?;
+            dir.disk().remove(&path)?;
             continue;
         }
         let aside = dir.join(format!("herald.stale.{first_lsn}"));
-        std::fs::rename(&path, &aside)?;
+        dir.disk().rename(&path, &aside)?;
         moved.push(aside.display().to_string());
     }
-    File::open(dir)?.sync_all()?;
+    dir.sync()?;
     if !moved.is_empty() {
         tracing::warn!(files = ?moved, dir = %dir.display(), "log segments the replay could not reach (after damage or a gap) are set aside; what they hold is lost, and their channels start new epochs");
     }
     Ok(())
 }
 
-fn apply_replayed(index: &mut Index, dir: &Path, ops: &[Op]) -> Result<(), OpenError> {
+fn apply_replayed(index: &mut Index, dir: &Dir, ops: &[Op]) -> Result<(), OpenError> {
     apply(index, dir, ops).map_err(|source| OpenError::Directory {
-        path: dir.to_owned(),
+        path: dir.to_path_buf(),
         source,
     })?;
     Ok(())
@@ -285,16 +281,14 @@ fn apply_replayed(index: &mut Index, dir: &Path, ops: &[Op]) -> Result<(), OpenE
 /// Deletes what the index does not need, once its checkpoint is written: log segments
 /// whose entries it holds and points nowhere into, files of packed publications it does
 /// not know (a compaction cut short), a segment or a checkpoint's unfinished copy.
-fn remove_unused(dir: &Path, index: &Index) -> io::Result<()> {
+fn remove_unused(dir: &Dir, index: &Index) -> io::Result<()> {
     for (first_lsn, path) in wal::segments(dir)? {
         if index.log_file(first_lsn).is_none() && first_lsn <= index.applied {
-            std::fs::remove_file(path)?;
+            dir.disk().remove(&path)?;
         }
     }
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else {
+    for path in dir.list()? {
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
             continue;
         };
         let unknown_pack = name
@@ -304,17 +298,17 @@ fn remove_unused(dir: &Path, index: &Index) -> io::Result<()> {
         let unfinished_segment =
             name.starts_with("herald.wal.") && name.ends_with(super::segment::UNFINISHED);
         if unknown_pack || unfinished_segment || name == format!("{}.tmp", checkpoint::FILE_NAME) {
-            std::fs::remove_file(entry.path())?;
+            dir.disk().remove(&path)?;
         }
     }
     Ok(())
 }
 
 /// The checkpoint of `index` as this run writes it.
-pub(super) fn checkpoint_bytes(index: &Index, run: u64, unflushed: bool) -> Vec<u8> {
+pub(super) fn checkpoint_bytes(dir: &Dir, index: &Index, run: u64, unflushed: bool) -> Vec<u8> {
     let head = Head {
         run,
-        boot: boot_id(),
+        boot: boot_id(dir),
         unflushed,
         applied: index.applied,
         next_file: index.next_file,
@@ -330,27 +324,23 @@ pub(super) fn checkpoint_bytes(index: &Index, run: u64, unflushed: bool) -> Vec<
 /// Whether the directory was put back from a copy: the checkpoint's mark is not the one
 /// beside it (a whole directory restored from a snapshot, its mark removed as the
 /// deployment guide says).
-fn restored(dir: &Path, run: u64) -> bool {
-    let beside = std::fs::read_to_string(dir.join(RUN_FILE_NAME))
+fn restored(dir: &Dir, run: u64) -> bool {
+    let beside = dir
+        .disk()
+        .read(&dir.join(RUN_FILE_NAME))
         .ok()
-        .and_then(|t| t.trim().parse::<u64>().ok());
+        .and_then(|t| String::from_utf8(t).ok()?.trim().parse::<u64>().ok());
     beside != Some(run)
 }
 
 /// Writes `run` beside the store, replacing the old mark in one step.
-pub(super) fn write_run_file(dir: &Path, run: u64) -> io::Result<()> {
-    use std::io::Write;
-    let tmp = dir.join(format!("{RUN_FILE_NAME}.tmp"));
-    let mut f = File::create(&tmp)?;
-    writeln!(f, "{run}")?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join(RUN_FILE_NAME))?;
-    File::open(dir)?.sync_all()
+pub(super) fn write_run_file(dir: &Dir, run: u64) -> io::Result<()> {
+    dir.replace(RUN_FILE_NAME, format!("{run}\n").as_bytes())
 }
 
 /// This boot of the machine, as a number (Linux's `boot_id`); `None` where it is unknown.
-pub(super) fn boot_id() -> Option<u64> {
-    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+pub(super) fn boot_id(dir: &Dir) -> Option<u64> {
+    let id = dir.disk().boot_id()?;
     let id = id.trim();
     (!id.is_empty()).then(|| {
         // FNV-1a: a stable hash (std's is seeded per process).

@@ -2,8 +2,9 @@
 //! writer asks, and cut to its size when no more goes into it. The format of what is
 //! appended is [`super::wal`]'s.
 
-use std::{fs::File, io, os::unix::fs::FileExt, path::Path, sync::Arc};
+use std::io;
 
+use super::disk::{Dir, Handle};
 use super::wal::{header, segment_path, HEADER_LEN};
 
 /// The segment being appended to. Its file is grown in chunks of zeros ahead of the
@@ -12,7 +13,7 @@ use super::wal::{header, segment_path, HEADER_LEN};
 /// machine 45 against 55 us of CPU per sync).
 pub struct Segment {
     /// Shared with whoever syncs it without holding the log (see [`Segment::file`]).
-    file: Arc<File>,
+    file: Handle,
     pub first_lsn: u64,
     /// Bytes of valid batches: the next one goes here.
     pub len: u64,
@@ -38,18 +39,13 @@ impl Segment {
     /// left a file without a header under the segment's name, which the next open read as
     /// damage (every channel a new epoch). What such a crash leaves now is a `.tmp` file no
     /// reader looks at, which the next open deletes.
-    pub fn create(dir: &Path, run: u64, first_lsn: u64) -> io::Result<Self> {
+    pub fn create(dir: &Dir, run: u64, first_lsn: u64) -> io::Result<Self> {
         let path = segment_path(dir, first_lsn);
         let mut unfinished = path.clone().into_os_string();
         unfinished.push(UNFINISHED);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&unfinished)?;
+        let unfinished = std::path::PathBuf::from(unfinished);
         let mut segment = Self {
-            file: Arc::new(file),
+            file: dir.disk().create(&unfinished)?,
             first_lsn,
             len: HEADER_LEN as u64,
             capacity: 0,
@@ -60,8 +56,8 @@ impl Segment {
         segment.grow(CHUNK)?;
         segment.file.write_all_at(&header(run, first_lsn), 0)?;
         segment.file.sync_all()?;
-        std::fs::rename(&unfinished, &path)?;
-        File::open(dir)?.sync_all()?;
+        dir.disk().rename(&unfinished, &path)?;
+        dir.sync()?;
         Ok(segment)
     }
 
@@ -118,7 +114,7 @@ impl Segment {
 
     /// The file, to sync without holding the segment: a sync makes every append made
     /// before it durable, whoever made it.
-    pub fn file(&self) -> Arc<File> {
+    pub fn file(&self) -> Handle {
         self.file.clone()
     }
 
@@ -148,7 +144,7 @@ mod tests {
     #[test]
     fn appends_survive_reopening_and_a_failed_append_is_cut_back() {
         let dir = tempfile::tempdir().unwrap();
-        let mut seg = Segment::create(dir.path(), 3, 1).unwrap();
+        let mut seg = Segment::create(&Dir::os(dir.path()), 3, 1).unwrap();
         let mut body = Vec::new();
         encode(&mut body, &publish("c", 1, b"x"));
         seg.append(&batch(1, 1, &body), true).unwrap();
@@ -157,7 +153,7 @@ mod tests {
         seg.file.write_all_at(b"partial garbage", good).unwrap();
         seg.dirty_to = good + 15;
         seg.recover().unwrap();
-        let listed = segments(dir.path()).unwrap();
+        let listed = segments(&Dir::os(dir.path())).unwrap();
         assert_eq!(listed.len(), 1);
         let bytes = std::fs::read(&listed[0].1).unwrap();
         assert_eq!(bytes.len() as u64, CHUNK, "grown ahead, in zeros");

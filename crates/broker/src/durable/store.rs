@@ -4,9 +4,7 @@
 //! (the index).
 
 use std::{
-    fs::File,
-    os::unix::fs::FileExt,
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::{mpsc, Arc},
 };
 
@@ -17,6 +15,7 @@ use tokio::sync::oneshot;
 
 use super::applier::Applier;
 use super::committer::{Log, Writer};
+use super::disk::{Dir, FileIo, Handle, Held};
 use super::index::{Index, Loc};
 use super::recovery::Opened;
 pub(crate) use super::unapplied::Unapplied;
@@ -127,7 +126,7 @@ pub(crate) struct Store {
     pub(crate) unapplied: Arc<Unapplied>,
     /// Locked while the store is open (see [`LOCK_FILE_NAME`]); dropped after everything
     /// else is written.
-    _lock: File,
+    _lock: Held,
 }
 
 impl Drop for Store {
@@ -144,38 +143,30 @@ pub(super) fn unavailable(e: impl std::fmt::Display) -> BrokerError {
 
 impl Store {
     pub(crate) fn open(
-        dir: &Path,
+        dir: Dir,
         options: StoreOptions,
         sink: Arc<dyn PublicationSink>,
         deadlines: Arc<Deadlines>,
     ) -> Result<(Arc<Self>, Streams), OpenError> {
         let sync = options.sync;
         let directory = |source| OpenError::Directory {
-            path: dir.to_owned(),
+            path: dir.to_path_buf(),
             source,
         };
-        std::fs::create_dir_all(dir).map_err(directory)?;
+        dir.disk().create_dir_all(&dir).map_err(directory)?;
         // One process at a time: held until the store is dropped.
         let lock_path = dir.join(LOCK_FILE_NAME);
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(directory)?;
-        lock.try_lock().map_err(|e| match e {
-            std::fs::TryLockError::WouldBlock => OpenError::InUse { path: lock_path },
-            std::fs::TryLockError::Error(e) => directory(e),
-        })?;
+        let lock = (dir.disk().lock(&lock_path).map_err(directory)?)
+            .ok_or(OpenError::InUse { path: lock_path })?;
         let started = std::time::Instant::now();
         let Opened {
             index,
             run,
             next_lsn,
             migrated,
-        } = recovery::open(dir, !sync.syncs_before_delivery())?;
+        } = recovery::open(&dir, !sync.syncs_before_delivery())?;
         if let Some(old) = migrated {
-            migrate::retire(&old);
+            migrate::retire(&dir, &old);
         }
         let streams: Streams = index
             .streams
@@ -194,13 +185,13 @@ impl Store {
             ms = started.elapsed().as_millis() as u64,
             "opened the store"
         );
-        let segment = segment::Segment::create(dir, run, next_lsn).map_err(directory)?;
+        let segment = segment::Segment::create(&dir, run, next_lsn).map_err(directory)?;
         let index = Arc::new(RwLock::new(index));
         let unapplied = Arc::new(Unapplied::default());
         let (failing, applier_failing) = (Failing::default(), Failing::default());
         let (ops, rx) = mpsc::channel();
         let applier = Applier {
-            dir: dir.to_owned(),
+            dir: dir.clone(),
             index: index.clone(),
             options,
             failing: applier_failing.clone(),
@@ -215,7 +206,7 @@ impl Store {
             .spawn(move || applier.run(rx))
             .map_err(directory)?;
         let log = Log {
-            dir: dir.to_owned(),
+            dir: dir.clone(),
             segment,
             run,
             next_lsn,
@@ -237,7 +228,7 @@ impl Store {
         )
         .map_err(directory)?;
         let store = Self {
-            dir: dir.to_owned(),
+            dir: dir.to_path_buf(),
             index,
             writer,
             applier: Mutex::new(Some(applier_thread)),
@@ -309,7 +300,7 @@ impl Store {
         // The oldest publication still readable: within the size bound and not expired.
         let lowest = top.saturating_sub(history_size as u64) + 1;
         // What the index points to for this page, taken under its lock and read after.
-        let mut located: Vec<(u64, Loc, Arc<File>)> = Vec::new();
+        let mut located: Vec<(u64, Loc, Handle)> = Vec::new();
         let mut page = Page {
             query,
             publications: Vec::new(),
@@ -382,7 +373,7 @@ impl Store {
             }
         }
         for (offset, loc, file) in located {
-            let data = match read_entry(&file, &loc, ch, offset) {
+            let data = match read_entry(&*file, &loc, ch, offset) {
                 Ok(data) => data,
                 Err(Unreadable::Io(e)) => {
                     return Err(
@@ -421,7 +412,12 @@ enum Unreadable {
 
 /// Reads the publication `offset` of `channel` where `loc` says, checking its CRC and that
 /// it is that publication.
-fn read_entry(file: &File, loc: &Loc, channel: &str, offset: u64) -> Result<Bytes, Unreadable> {
+fn read_entry(
+    file: &dyn FileIo,
+    loc: &Loc,
+    channel: &str,
+    offset: u64,
+) -> Result<Bytes, Unreadable> {
     let mut buf = vec![0u8; loc.span.len as usize];
     file.read_exact_at(&mut buf, u64::from(loc.span.pos))
         .map_err(|e| match e.kind() {

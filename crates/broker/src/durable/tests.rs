@@ -2,6 +2,7 @@ use std::sync::Arc;
 
 use herald_protocol::Since;
 
+use super::disk::Dir;
 use super::*;
 
 use crate::conformance::Recorder;
@@ -172,7 +173,7 @@ async fn a_clean_stop_leaves_nothing_to_replay() {
         let (broker, _) = open(dir.path());
         publish_long_runs(&broker, "a", 20).await
     };
-    let found = checkpoint::read(dir.path()).unwrap().unwrap();
+    let found = checkpoint::read(&Dir::os(dir.path())).unwrap().unwrap();
     assert_eq!((found.head.applied, found.head.unflushed), (20, false));
     let (broker, _) = open(dir.path());
     let h = broker.history(&ch("a"), all).await.unwrap();
@@ -299,7 +300,7 @@ async fn a_large_history_reads_back_whole() {
                 .unwrap();
         }
     }
-    let segments = wal::segments(dir.path()).unwrap().len();
+    let segments = wal::segments(&Dir::os(dir.path())).unwrap().len();
     assert!(segments > 1, "{segments} segment");
     let broker = DurableBroker::open_with(
         dir.path(),

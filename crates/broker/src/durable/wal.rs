@@ -70,20 +70,14 @@ pub fn segment_path(dir: &Path, first_lsn: u64) -> PathBuf {
 }
 
 /// The segments in `dir`, by first LSN (from their names).
-pub fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        let Some(lsn) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("herald.wal."))
-            .and_then(|n| n.parse::<u64>().ok())
-        else {
-            continue;
-        };
-        found.push((lsn, entry.path()));
-    }
+pub(crate) fn segments(dir: &super::disk::Dir) -> io::Result<Vec<(u64, PathBuf)>> {
+    let mut found: Vec<_> = (dir.list()?.into_iter())
+        .filter_map(|path| {
+            let name = path.file_name()?.to_str()?;
+            let lsn = name.strip_prefix("herald.wal.")?.parse::<u64>().ok()?;
+            Some((lsn, path))
+        })
+        .collect();
     found.sort();
     Ok(found)
 }
