@@ -21,7 +21,11 @@ use parking_lot::{Mutex, RwLock};
 
 /// How long the applier gathers work before it applies it: one wake-up of its thread per
 /// many publications. What waits is durable in the log and readable from memory.
+#[cfg(not(test))]
 const LINGER: Duration = Duration::from_millis(250);
+/// Short in tests, so that a crash test's few publications reach checkpoints and packing.
+#[cfg(test)]
+const LINGER: Duration = Duration::from_millis(5);
 /// Most operations applied at once.
 const MAX_OPS: usize = 50_000;
 /// How often the applier tries again when a segment cannot be opened.
@@ -167,8 +171,11 @@ impl Applier {
             open = self.linger(&ops, &mut pending);
             self.flush(&mut pending);
             if !pending.is_empty() {
-                // A segment could not be opened: try again in a while.
-                std::thread::park_timeout(RETRY);
+                // A segment could not be opened: try again in a while (once more at once
+                // when the store closes).
+                if open {
+                    std::thread::park_timeout(RETRY);
+                }
             } else if self.since_checkpoint >= self.options.checkpoint_bytes {
                 self.checkpoint(!self.options.sync.syncs_before_delivery());
             }

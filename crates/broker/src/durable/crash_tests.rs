@@ -139,3 +139,49 @@ async fn a_crash_while_a_segment_is_made_costs_nothing() {
         "the half-made file is deleted"
     );
 }
+
+/// Issue #57 defect 5: an open replays what the last run wrote after its last checkpoint,
+/// then writes a checkpoint pointing there. When that run was killed with its appends in
+/// the page cache only (`interval`, not synced yet), a power cut after the open took those
+/// bytes back while the checkpoint, synced, still pointed at them: the channel's whole
+/// history was dropped as damaged at its next read. The open now syncs what it replayed.
+#[tokio::test]
+async fn what_an_open_replays_is_synced_before_its_checkpoint_points_there() {
+    use super::sim_disk::{Fault, SimDisk};
+    let on = |disk: &Arc<SimDisk>, sync: SyncPolicy| {
+        let options = StoreOptions {
+            sync_interval: std::time::Duration::from_secs(3600),
+            ..sync.into()
+        };
+        let dir = Dir::on(disk.clone(), Path::new("/sim/data"));
+        DurableBroker::open_on(
+            dir,
+            options,
+            Arc::new(Recorder::default()),
+            crate::default_policies(),
+        )
+        .unwrap()
+    };
+    let disk = SimDisk::new(5);
+    let broker = on(&disk, SyncPolicy::Interval);
+    let epoch = publish(&broker, "news", 20).await;
+    disk.stop(Fault::Kill);
+    drop(broker);
+    // Started again (with `always`, as an operator may): the replay's checkpoint written,
+    // then the power goes.
+    let disk = disk.restarted(6);
+    drop(on(&disk, SyncPolicy::Always));
+    disk.cut_power_losing_everything_unsynced();
+    let disk = disk.restarted(7);
+    let all = HistoryQuery {
+        since: None,
+        limit: 1000,
+        max_bytes: None,
+    };
+    let h = on(&disk, SyncPolicy::Always)
+        .history(&ch("news"), all)
+        .await
+        .unwrap();
+    assert_eq!(h.position.epoch, epoch, "the history is kept in its epoch");
+    assert_eq!(h.publications.len(), 20);
+}

@@ -17,13 +17,18 @@ mod apply;
 mod checkpoint;
 mod committer;
 mod compact;
+#[cfg(test)]
+mod crash_harness;
 mod disk;
 mod index;
 mod migrate;
 mod options;
 mod recovery;
 mod segment;
+#[cfg(test)]
+mod sim_disk;
 pub(crate) mod store;
+mod torn;
 mod unapplied;
 pub mod wal;
 
@@ -225,9 +230,18 @@ impl DurableBroker {
         sink: Arc<dyn PublicationSink>,
         policies: Policies,
     ) -> Result<Arc<Self>, OpenError> {
+        Self::open_on(disk::Dir::os(dir), options.into(), sink, policies)
+    }
+
+    /// [`DurableBroker::open_with`] on any disk (the crash tests' simulated one).
+    pub(crate) fn open_on(
+        dir: disk::Dir,
+        options: StoreOptions,
+        sink: Arc<dyn PublicationSink>,
+        policies: Policies,
+    ) -> Result<Arc<Self>, OpenError> {
         let deadlines = Arc::new(Deadlines::default());
-        let (store, streams) =
-            Store::open(disk::Dir::os(dir), options.into(), sink, deadlines.clone())?;
+        let (store, streams) = Store::open(dir, options, sink, deadlines.clone())?;
         let broker = Arc::new(Self {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: Default::default(),

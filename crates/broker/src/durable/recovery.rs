@@ -178,6 +178,13 @@ fn replay(index: &mut Index, dir: &Dir, run: Option<u64>) -> Result<bool, OpenEr
         }
         replayed += ops.len();
         apply_replayed(index, dir, &ops)?;
+        // The checkpoint this open writes will point into it: what the last run wrote may
+        // be in the page cache only (it was killed, not the machine), and a power cut
+        // after that checkpoint would take it back (issue #57 defect 5).
+        let file = (index.log_file(scan.first_lsn)).and_then(|id| index.files.get(&id));
+        if let Some(f) = file.filter(|_| !ops.is_empty()) {
+            f.file.sync_data().map_err(directory)?;
+        }
     }
     if replayed > 0 {
         tracing::info!(entries = replayed, dir = %dir.display(), "replayed the write-ahead log after the last checkpoint");

@@ -308,15 +308,9 @@ pub fn scan(bytes: &[u8]) -> Scan {
                     pos += len;
                     continue;
                 }
-                // Valid bytes after a bad batch: damage inside the log, not a torn tail. A
-                // torn append leaves nothing after it, so a valid batch anywhere later in the
-                // segment (the bad one's length may be what was damaged) is proof of damage;
-                // what follows is not read, only counted lost.
-                let damaged = skip.is_some_and(|_| {
-                    !rest.is_empty() && read_batch(rest, next_lsn).is_ok()
-                        || rest.len() >= BATCH_HEADER_LEN && rest.iter().any(|b| *b != 0)
-                }) || valid_batch_after(bytes, pos, next_lsn);
-                if damaged {
+                // Damage, or a torn tail (see `torn`): what follows is not read, only
+                // counted lost when it is damage.
+                if super::torn::damaged(bytes, pos, skip, next_lsn) {
                     scan.lost.push((next_lsn, u64::MAX));
                 }
                 break;
@@ -327,27 +321,12 @@ pub fn scan(bytes: &[u8]) -> Scan {
     scan
 }
 
-/// Whether a valid batch starts anywhere in `bytes` after `bad` (where the batch of entry
-/// `lsn` failed), numbered past `lsn` by no more entries than the bytes between could hold:
-/// so random bytes are turned down by their header, nearly always before a CRC is computed.
-fn valid_batch_after(bytes: &[u8], bad: usize, lsn: u64) -> bool {
-    let end = bytes.len().saturating_sub(BATCH_HEADER_LEN);
-    (bad + 1..end).any(|at| {
-        let rest = &bytes[at..];
-        let first = rest
-            .get(8..16)
-            .and_then(|b| b.try_into().ok())
-            .map_or(0, u64::from_le_bytes);
-        first > lsn && first - lsn <= (at - bad) as u64 && read_batch(rest, first).is_ok()
-    })
-}
-
 /// An entry of a batch, with its LSN and where it starts and ends in the batch's body.
-type Read = (u64, Entry, usize, usize);
+pub(super) type Read = (u64, Entry, usize, usize);
 
 /// One batch at the start of `bytes`, numbered from `lsn`: its length and entries, or, if
 /// it is not valid, its declared length when that is plausible (to look past it).
-fn read_batch(bytes: &[u8], lsn: u64) -> Result<(usize, Vec<Read>), Option<usize>> {
+pub(super) fn read_batch(bytes: &[u8], lsn: u64) -> Result<(usize, Vec<Read>), Option<usize>> {
     let head = bytes.get(..BATCH_HEADER_LEN).ok_or(None)?;
     let word = |at: usize| u32::from_le_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
     let body_len = word(0) as usize;
@@ -497,7 +476,7 @@ pub(super) mod tests {
     #[test]
     fn a_torn_last_batch_is_dropped_without_calling_it_damage() {
         let first = [publish("c", 1, b"one")];
-        let second = [publish("c", 2, &[7u8; 300])];
+        let second = [publish("c", 2, &[7u8; 1500])];
         let whole = segment(1, 1, &[&first, &second]);
         let good = segment(1, 1, &[&first]).len();
         for cut in good..whole.len() {
@@ -506,12 +485,37 @@ pub(super) mod tests {
             assert_eq!(scan.end, good);
             assert_eq!(scan.entries.len(), 1);
         }
-        // A torn write can also leave the right length with wrong bytes at the end.
+        // A torn write can also leave the right length, with the sectors it did not reach
+        // still zeros, as the segment was grown.
         let mut torn = whole.clone();
-        *torn.last_mut().unwrap() ^= 1;
+        torn[1024..].fill(0);
         let scan = scan(&torn);
         assert!(!scan.damaged());
         assert_eq!((scan.entries.len(), scan.end), (1, good));
+    }
+
+    /// Issue #57, found by the crash harness (seed 9): a bit flipped in the last batch of
+    /// a segment, every sector of which was written, read as a torn tail, so acknowledged
+    /// publications were lost and their offsets handed out again.
+    #[test]
+    fn a_damaged_last_batch_written_whole_is_damage() {
+        let first = [publish("c", 1, b"one")];
+        let second = [publish("c", 2, &[7u8; 1500])];
+        let whole = segment(1, 1, &[&first, &second]);
+        let good = segment(1, 1, &[&first]).len();
+        let mut padded = whole.clone();
+        padded.resize(8192, 0);
+        for at in [whole.len() - 1, good + 30, good + 2] {
+            let mut flipped = padded.clone();
+            flipped[at] ^= 0x10;
+            let scan = scan(&flipped);
+            assert!(scan.damaged(), "a bit flipped at {at}");
+            assert_eq!(scan.entries.len(), 1);
+        }
+        // The length made longer: the batch still passes its CRC at its real length.
+        let mut longer = padded.clone();
+        longer[good + 1] ^= 0x01;
+        assert!(scan(&longer).damaged());
     }
 
     #[test]
