@@ -13,8 +13,7 @@ use parking_lot::RwLock;
 
 use super::disk::{Appender, Dir, Handle};
 use super::index::{packed_path, FileId, Index, Kind, Loc};
-use super::migrate::PACK_MAGIC;
-use super::wal::Span;
+use super::pack;
 
 /// Most live bytes one round of packing copies: the applier does nothing else meanwhile.
 pub(super) const PACK_BUDGET: u64 = 32 << 20;
@@ -106,8 +105,8 @@ pub(super) fn pack(index: &RwLock<Index>, dir: &Dir) -> io::Result<bool> {
     moves.sort_by_key(|m| (m.from.file, m.from.span.pos));
     let path = packed_path(dir, id);
     let mut out = Appender::new(dir.disk().create(&path)?);
-    out.write_all(PACK_MAGIC)?;
-    let mut pos = PACK_MAGIC.len() as u64;
+    out.write_all(pack::MAGIC)?;
+    let mut pos = pack::MAGIC.len() as u64;
     let mut moved = Vec::with_capacity(moves.len());
     let mut buf = Vec::new();
     for m in moves {
@@ -119,16 +118,15 @@ pub(super) fn pack(index: &RwLock<Index>, dir: &Dir) -> io::Result<bool> {
         }
         // A pack holds at most PACK_BUDGET and one file's live bytes, far below what a
         // position can say; past it the rest stays where it is, for the next round.
-        let Some(span) = Span::of(pos, &buf) else {
+        let Some(span) = pack::put(&mut out, pos, &buf)? else {
             break;
         };
-        out.write_all(&buf)?;
         let to = Loc {
             file: id,
             span,
             at_ms: m.from.at_ms,
         };
-        pos += buf.len() as u64;
+        pos = u64::from(span.pos) + u64::from(span.len);
         moved.push((m.channel, m.epoch, m.offset, to));
     }
     if moved.is_empty() {

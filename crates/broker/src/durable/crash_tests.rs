@@ -68,20 +68,16 @@ async fn segments_left_after_a_stopped_replay_never_hide_the_next_runs_log() {
                 acknowledged.push(p);
             }
         };
-        publish_some(150).await;
-        // A checkpoint of this run past the old run's segments, then more publications.
+        // A checkpoint of this run past the old run's segments (published until one is
+        // written: where the applier's batches end decides when), then more publications.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-        while checkpoint::read(&Dir::os(dir.path()))
-            .unwrap()
-            .unwrap()
-            .head
-            .applied
-            < applied + 100
-        {
+        let checkpointed = || checkpoint::read(&Dir::os(dir.path())).unwrap().unwrap();
+        while checkpointed().head.applied < applied + 100 {
             assert!(
                 std::time::Instant::now() < deadline,
                 "no checkpoint was written"
             );
+            publish_some(10).await;
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         publish_some(20).await;

@@ -18,6 +18,7 @@ use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableError};
 use super::checkpoint::{Checkpoint, Head};
 use super::disk::{Appender, Dir};
 use super::index::{packed_path, FileId, Kind, Loc, Stream};
+use super::pack;
 use super::recovery::{boot_id, damaged, write_run_file};
 use super::store::{OpenError, RUN_FILE_NAME};
 use super::wal::{self, Span};
@@ -35,10 +36,6 @@ const PUBLICATIONS: TableDefinition<(&str, u64), (u64, u32, &[u8])> =
 /// channel → (epoch, newest offset, last publish in ms since the Unix epoch, CRC-32).
 const STREAMS: TableDefinition<&str, (&str, u64, u64, u32)> = TableDefinition::new("streams");
 const STATE: TableDefinition<&str, u64> = TableDefinition::new("state");
-
-/// Magic at the start of a file of packed publications; entries follow, encoded as in the
-/// log, each found through the index.
-pub(crate) const PACK_MAGIC: &[u8; 8] = b"HRLDPCK1";
 
 fn record_crc(channel: &str, offset: u64, at_ms: u64, data: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
@@ -235,33 +232,34 @@ impl<'d> Packs<'d> {
             limit,
             out: Self::create(dir, 0)?,
             id: 0,
-            pos: PACK_MAGIC.len() as u64,
+            pos: pack::MAGIC.len() as u64,
             done: Vec::new(),
         })
     }
 
     fn create(dir: &Dir, id: FileId) -> std::io::Result<Appender> {
         let mut out = Appender::new(dir.disk().create(&packed_path(dir, id))?);
-        out.write_all(PACK_MAGIC)?;
+        out.write_all(pack::MAGIC)?;
         Ok(out)
     }
 
     /// Writes `entry`: the file it is in, and where.
     fn put(&mut self, entry: &[u8]) -> std::io::Result<(FileId, Span)> {
-        let fits = |pos: u64| pos + entry.len() as u64 <= self.limit;
-        if !fits(self.pos) && self.pos > PACK_MAGIC.len() as u64 {
+        let fits = |pos: u64| pos + pack::FRAME_LEN + entry.len() as u64 <= self.limit;
+        if !fits(self.pos) && self.pos > pack::MAGIC.len() as u64 {
             let next = Self::create(self.dir, self.id + 1)?;
             let full = std::mem::replace(&mut self.out, next);
             Self::close(full)?;
             self.done.push((self.id, Kind::Packed, self.pos));
             self.id += 1;
-            self.pos = PACK_MAGIC.len() as u64;
+            self.pos = pack::MAGIC.len() as u64;
         }
-        let span = Span::of(self.pos, entry)
-            .filter(|_| fits(self.pos))
-            .ok_or_else(|| std::io::Error::other("a publication larger than a packed file"))?;
-        self.out.write_all(entry)?;
-        self.pos += entry.len() as u64;
+        let too_large = || std::io::Error::other("a publication larger than a packed file");
+        if !fits(self.pos) {
+            return Err(too_large());
+        }
+        let span = pack::put(&mut self.out, self.pos, entry)?.ok_or_else(too_large)?;
+        self.pos = u64::from(span.pos) + u64::from(span.len);
         Ok((self.id, span))
     }
 

@@ -23,6 +23,8 @@ mod disk;
 mod index;
 mod migrate;
 mod options;
+mod pack;
+mod rebuild;
 mod recovery;
 mod segment;
 #[cfg(test)]

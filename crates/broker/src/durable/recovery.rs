@@ -17,7 +17,7 @@ use super::checkpoint::{self, Checkpoint, Head};
 use super::disk::Dir;
 use super::index::Index;
 use super::store::{OpenError, RUN_FILE_NAME};
-use super::{migrate, wal};
+use super::{migrate, rebuild, wal};
 
 /// What an open found: the index, the mark of this run, the next log entry's number, and
 /// whether it moved an old database file over (so the caller can say so once the
@@ -43,24 +43,56 @@ pub(super) fn open(dir: &Dir, unflushed: bool) -> Result<Opened, OpenError> {
         path: dir.to_path_buf(),
         source,
     };
-    let (found, migrated) = match checkpoint::read(dir) {
-        Ok(Some(found)) => (Some(found), None),
+    let (found, migrated, lost_index) = match checkpoint::read(dir) {
+        Ok(Some(found)) => (Some(found), None, None),
         Ok(None) => match migrate::from_redb(dir)? {
-            Some((found, old)) => (Some(found), Some(old)),
-            None => (None, None),
+            Some((found, old)) => (Some(found), Some(old), None),
+            None if holds_data(dir).map_err(directory)? => {
+                (None, None, Some("herald.index was missing and was rebuilt from the data files, which cannot say whether anything is lost"))
+            }
+            None => (None, None, None),
         },
-        Err(why) => return Err(damaged(&dir.join(checkpoint::FILE_NAME), why)),
+        Err(why) => {
+            // Kept for a look; the data files say what it said.
+            let path = dir.join(checkpoint::FILE_NAME);
+            let aside = dir.join(format!("{}.damaged", checkpoint::FILE_NAME));
+            dir.disk().rename(&path, &aside).map_err(directory)?;
+            tracing::warn!(file = %aside.display(), "{why}: the damaged index is set aside as this");
+            (None, None, Some("herald.index was damaged and was rebuilt from the data files, which cannot say whether anything is lost"))
+        }
     };
     let had_checkpoint = found.is_some();
     let found = found.unwrap_or_default();
-    let mut index = load(dir, &found).map_err(directory)?;
     let head = &found.head;
-    let log_damaged = replay(&mut index, dir, had_checkpoint.then_some(head.run))?;
+    let (mut index, log_damaged) = match lost_index {
+        Some(_) => {
+            let started = std::time::Instant::now();
+            let index = rebuild::rebuild(dir).map_err(directory)?;
+            let (bytes, live) = index.footprint();
+            tracing::warn!(
+                channels = index.streams.len(),
+                files = index.files.len(),
+                bytes,
+                live,
+                ms = started.elapsed().as_millis() as u64,
+                dir = %dir.display(),
+                "the index was rebuilt from the data files"
+            );
+            (index, false)
+        }
+        None => {
+            let mut index = load(dir, &found).map_err(directory)?;
+            let lost = replay(&mut index, dir, had_checkpoint.then_some(head.run))?;
+            (index, lost)
+        }
+    };
     set_aside_unreplayed(dir, index.applied).map_err(directory)?;
     if !had_checkpoint {
         set_aside_unindexed_packs(dir, &mut index).map_err(directory)?;
     }
-    let renew = if head.unflushed && (head.boot.is_none() || head.boot != boot_id(dir)) {
+    let renew = if lost_index.is_some() {
+        lost_index
+    } else if head.unflushed && (head.boot.is_none() || head.boot != boot_id(dir)) {
         Some("the last run delivered publications before syncing them (sync = \"group\", \"interval\" or \"none\") and stopped with the machine, so its latest ones may be lost")
     } else if sync_failed(dir) {
         Some("a sync of the log failed in an earlier run: the disk may have dropped what it was to write, though later syncs worked")
@@ -224,6 +256,19 @@ fn set_aside_unindexed_packs(dir: &Dir, index: &mut Index) -> io::Result<()> {
         tracing::warn!(files = ?moved, dir = %dir.display(), "without herald.index, packed history cannot be read: its files are set aside, not deleted (stop Herald and put the index back, with them renamed back, to read it again)");
     }
     Ok(())
+}
+
+/// Whether the directory holds a log segment with entries, or a packed file: without an
+/// index, its history must be rebuilt.
+fn holds_data(dir: &Dir) -> io::Result<bool> {
+    for (_, path) in wal::segments(dir)? {
+        if !wal::scan(&dir.disk().read(&path)?).entries.is_empty() {
+            return Ok(true);
+        }
+    }
+    Ok(dir.list()?.iter().any(|p| {
+        (p.file_name().and_then(|n| n.to_str())).is_some_and(|n| n.starts_with("herald.pack."))
+    }))
 }
 
 /// The file whose presence says a sync of the log failed since the last open.

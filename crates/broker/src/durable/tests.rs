@@ -332,7 +332,7 @@ async fn a_large_history_reads_back_whole() {
 }
 
 /// Bytes of the store's files in `dir`, and whether any is packed history.
-fn store_bytes(dir: &Path) -> (u64, bool) {
+pub(super) fn store_bytes(dir: &Path) -> (u64, bool) {
     let mut total = 0;
     let mut packed = false;
     for entry in std::fs::read_dir(dir).unwrap() {
