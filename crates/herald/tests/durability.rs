@@ -244,21 +244,72 @@ fn stored_of(h: &Value) -> BTreeMap<u64, Value> {
         .collect()
 }
 
+/// Issue #57 item 4, through `herald serve` and its files: with history packed, a damaged
+/// `herald.index` used to stop the server, and moving it away (the remedy its message
+/// named) kept none of the packed publications. Now each start rebuilds the index from the
+/// data files: every acknowledged publication comes back, in a new epoch each time.
 #[test]
-fn a_damaged_data_file_stops_the_server_with_a_message_naming_it() {
+fn a_damaged_or_missing_index_is_rebuilt_from_the_data_files() {
     let data = tempfile::tempdir().unwrap();
-    std::fs::write(data.path().join("herald.index"), vec![0x42; 8192]).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_herald"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(data.path())
-        .output()
+    let start = || {
+        let mut command = support::herald();
+        command
+            .env("HERALD_STORE_SEGMENT_BYTES", "65536")
+            .env("HERALD_STORE_CHECKPOINT_BYTES", "65536")
+            .env("HERALD_NAMESPACES__CHURN__HISTORY_SIZE", "20");
+        Server::spawn_with(&mut command, data.path(), &[])
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
         .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("herald.index") && err.contains("damaged"),
-        "{err}"
-    );
+    let keep = Arc::new(acks::Acked::default());
+    let mut server = start();
+    let pad = |i| json!({ "i": i, "pad": "x".repeat(900) });
+    rt.block_on(async {
+        let url = server.url.clone();
+        let churn = Arc::new(acks::Acked::default());
+        for round in 0..3 {
+            publish_until_refused(url.clone(), "chat:keep", 100, pad, keep.clone()).await;
+            publish_until_refused(url.clone(), "churn:x", 200 + round, pad, churn.clone()).await;
+        }
+    });
+    // A clean stop: its last checkpoint packs what the churn left dead.
+    assert!(signal(&mut server, "-TERM").success());
+    let kept = keep.take();
+    assert_eq!(kept.len(), 300);
+    let packed = std::fs::read_dir(data.path()).unwrap().any(|e| {
+        e.unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with("herald.pack.")
+    });
+    assert!(packed, "history was packed");
+    let index = data.path().join("herald.index");
+    let mut epochs = vec![kept[&1][0].clone()];
+    for damage in ["scribbled", "removed"] {
+        match damage {
+            "scribbled" => std::fs::write(&index, vec![0x42; 8192]).unwrap(),
+            _ => std::fs::remove_file(&index).unwrap(),
+        }
+        let mut server = start();
+        let h = history(&rt, &server.url, "chat:keep");
+        assert!(!epochs.contains(&h["epoch"]), "{damage}: a new epoch");
+        epochs.push(h["epoch"].clone());
+        let read: BTreeMap<u64, Value> = (stored_of(&h).into_iter())
+            .map(|(offset, v)| (offset, v[1].clone()))
+            .collect();
+        let acked: BTreeMap<u64, Value> = (kept.iter())
+            .map(|(offset, v)| (*offset, v[1].clone()))
+            .collect();
+        assert!(
+            read == acked,
+            "{damage}: every acknowledged publication kept"
+        );
+        assert!(signal(&mut server, "-TERM").success());
+    }
+    assert!(data.path().join("herald.index.damaged").exists());
 }
 
 mod acks {
