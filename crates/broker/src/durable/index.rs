@@ -194,9 +194,13 @@ impl Index {
             stream.epoch = epoch.clone();
             stream.first = offset;
         }
+        // Room first, then the push: pushed first, a full stream's buffer doubled and stayed
+        // so (49 bytes a kept publication at 10 million, not 24).
+        gone.extend(stream.drop_oldest(|kept, _| kept >= history_size.max(1)));
         stream.locs.push_back(loc);
         stream.top = offset;
         stream.last_ms = loc.at_ms;
+        // A stream that keeps none.
         gone.extend(stream.drop_oldest(|kept, _| kept > history_size));
         self.live(&loc, 1);
         self.drop_locs(gone);
@@ -225,6 +229,10 @@ impl Index {
             return;
         };
         let gone = stream.drop_oldest(|kept, _| kept > n);
+        // Replay grows streams without their retention; what they keep is known now.
+        if stream.locs.capacity() > 2 * stream.locs.len() + 16 {
+            stream.locs.shrink_to_fit();
+        }
         self.drop_locs(gone);
     }
 

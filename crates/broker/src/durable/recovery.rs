@@ -13,9 +13,9 @@ use std::{
 
 use super::applier::Op;
 use super::apply::apply;
-use super::checkpoint::{self, Checkpoint, Head};
+use super::checkpoint::{self, Head};
 use super::disk::Dir;
-use super::index::Index;
+use super::index::{Index, Stream};
 use super::store::{OpenError, RUN_FILE_NAME};
 use super::{migrate, rebuild, wal};
 
@@ -62,7 +62,8 @@ pub(super) fn open(dir: &Dir, unflushed: bool) -> Result<Opened, OpenError> {
         }
     };
     let had_checkpoint = found.is_some();
-    let found = found.unwrap_or_default();
+    let mut found = found.unwrap_or_default();
+    let streams = std::mem::take(&mut found.streams);
     let head = &found.head;
     let (mut index, log_damaged) = match lost_index {
         Some(_) => {
@@ -81,7 +82,7 @@ pub(super) fn open(dir: &Dir, unflushed: bool) -> Result<Opened, OpenError> {
             (index, false)
         }
         None => {
-            let mut index = load(dir, &found).map_err(directory)?;
+            let mut index = load(dir, head, streams).map_err(directory)?;
             let lost = replay(&mut index, dir, had_checkpoint.then_some(head.run))?;
             (index, lost)
         }
@@ -130,28 +131,29 @@ pub(super) fn open(dir: &Dir, unflushed: bool) -> Result<Opened, OpenError> {
 
 /// The index a checkpoint describes, its files opened. Streams that point into a file
 /// that is gone lose what they kept, as damaged.
-fn load(dir: &Dir, found: &Checkpoint) -> io::Result<Index> {
+fn load(dir: &Dir, head: &Head, streams: Vec<(String, Stream)>) -> io::Result<Index> {
     let mut index = Index::default();
-    index.next_file = found.head.next_file;
-    index.applied = found.head.applied;
+    index.next_file = head.next_file;
+    index.applied = head.applied;
     let mut missing = HashSet::new();
-    for &(id, kind, size) in &found.head.files {
+    for &(id, kind, size) in &head.files {
         match dir.disk().open(&kind.path(dir, id)) {
             Ok(file) => index.add_file(id, kind, file, size),
             Err(e) if e.kind() == io::ErrorKind::NotFound => drop(missing.insert(id)),
             Err(e) => return Err(e),
         }
     }
-    for (channel, stream) in &found.streams {
-        index.streams.insert(channel.clone(), stream.clone());
+    // Moved, not copied: at 10 million kept publications a copy held 240 MB more, which
+    // the allocator kept after the checkpoint was dropped.
+    index.streams.reserve(streams.len());
+    let mut hit: Vec<String> = Vec::new();
+    for (channel, stream) in streams {
+        if stream.locs.iter().any(|l| missing.contains(&l.file)) {
+            hit.push(channel.clone());
+        }
+        index.streams.insert(channel, stream);
     }
     index.count_live();
-    let hit: Vec<String> = found
-        .streams
-        .iter()
-        .filter(|(_, s)| s.locs.iter().any(|l| missing.contains(&l.file)))
-        .map(|(c, _)| c.clone())
-        .collect();
     for channel in hit {
         tracing::warn!(channel, dir = %dir.display(), "a file of this channel's history is missing; its history is dropped and it starts a new epoch (resuming clients get recovered: false)");
         index.drop_damaged(&channel);
