@@ -181,3 +181,61 @@ async fn what_an_open_replays_is_synced_before_its_checkpoint_points_there() {
     assert_eq!(h.position.epoch, epoch, "the history is kept in its epoch");
     assert_eq!(h.publications.len(), 20);
 }
+
+/// Found by the crash harness's long run (seed 1027508): an open that found damage in the
+/// log set the unreplayable segments aside before its checkpoint (with every epoch
+/// renewed) was written. When that write failed (a full disk here; a crash does the
+/// same), the next open found no damage left to see, kept every epoch, and handed the
+/// lost offsets out again. Now the checkpoint is written first.
+#[tokio::test]
+async fn damage_is_answered_even_when_the_open_that_found_it_fails() {
+    use super::sim_disk::{Fault, SimDisk};
+    let on = |disk: &Arc<SimDisk>| {
+        let dir = Dir::on(disk.clone(), Path::new("/sim/data"));
+        DurableBroker::open_on(
+            dir,
+            SyncPolicy::Group.into(),
+            Arc::new(Recorder::default()),
+            crate::default_policies(),
+        )
+    };
+    let disk = SimDisk::new(11);
+    // The channel in a checkpoint (a clean stop), then more of it in the log only.
+    publish(&on(&disk).unwrap(), "news", 10).await;
+    let broker = on(&disk).unwrap();
+    let epoch = publish(&broker, "news", 20).await;
+    disk.stop(Fault::Kill);
+    drop(broker);
+    let disk = disk.restarted(12);
+    // A bit flipped in the first batch of the log after the checkpoint: damage.
+    let dir = Dir::on(disk.clone(), Path::new("/sim/data"));
+    let (_, segment) = wal::segments(&dir).unwrap().pop().unwrap();
+    let file = dir.disk().open(&segment).unwrap();
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, wal::HEADER_LEN as u64 + 25)
+        .unwrap();
+    file.write_all_at(&[byte[0] ^ 0x10], wal::HEADER_LEN as u64 + 25)
+        .unwrap();
+    // The open that finds it cannot write its checkpoint.
+    disk.arm(1, Fault::DiskFull);
+    assert!(on(&disk).is_err(), "the disk is full");
+    disk.stop(Fault::Kill);
+    let disk = disk.restarted(13);
+    let h = on(&disk)
+        .unwrap()
+        .history(
+            &ch("news"),
+            HistoryQuery {
+                since: None,
+                limit: 1000,
+                max_bytes: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        h.position.epoch != epoch || h.position.offset == 30,
+        "acknowledged offsets lost in their epoch: top {}",
+        h.position.offset
+    );
+}

@@ -87,7 +87,6 @@ pub(super) fn open(dir: &Dir, unflushed: bool) -> Result<Opened, OpenError> {
             (index, lost)
         }
     };
-    set_aside_unreplayed(dir, index.applied).map_err(directory)?;
     if !had_checkpoint {
         set_aside_unindexed_packs(dir, &mut index).map_err(directory)?;
     }
@@ -119,6 +118,10 @@ pub(super) fn open(dir: &Dir, unflushed: bool) -> Result<Opened, OpenError> {
     write_run_file(dir, run).map_err(directory)?;
     // Answered by the checkpoint just written (every epoch renewed in it).
     clear_sync_failed(dir).map_err(directory)?;
+    // Only now that the checkpoint holds the new epochs: set aside first, a crash (or a
+    // full disk) before the checkpoint left no damage for the next open to see, and the
+    // lost offsets were handed out again in their epochs.
+    set_aside_unreplayed(dir, index.applied).map_err(directory)?;
     remove_unused(dir, &index).map_err(directory)?;
     let next_lsn = index.applied + 1;
     Ok(Opened {
