@@ -312,6 +312,149 @@ fn a_damaged_or_missing_index_is_rebuilt_from_the_data_files() {
     assert!(data.path().join("herald.index.damaged").exists());
 }
 
+/// Issue #57 defect 2, through `herald serve` and its files: one bit flipped in a batch's
+/// length in the middle of a segment was read as a torn tail, so everything after it was
+/// dropped without a word and its offsets handed out again in the same epoch. Now it is
+/// damage: the channel continues in a new epoch, and what is served is what was stored.
+#[test]
+fn a_flipped_length_bit_mid_log_gives_a_new_epoch() {
+    use herald_broker::wal::{BATCH_HEADER_LEN, HEADER_LEN};
+    let data = tempfile::tempdir().unwrap();
+    let start = || {
+        let mut command = support::herald();
+        command.env("HERALD_STORE_SEGMENT_BYTES", "65536");
+        Server::spawn_with(&mut command, data.path(), &[])
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let acked = Arc::new(acks::Acked::default());
+    let mut server = start();
+    let pad = |i| json!({ "i": i, "pad": "x".repeat(900) });
+    rt.block_on(publish_until_refused(
+        server.url.clone(),
+        "chat:a",
+        120,
+        pad,
+        acked.clone(),
+    ));
+    signal(&mut server, "-KILL");
+    let acked = acked.take();
+    // The third batch of the first segment: its length one bit off.
+    let mut segments: Vec<_> = std::fs::read_dir(data.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("herald.wal."))
+        .collect();
+    segments.sort();
+    let mut bytes = std::fs::read(&segments[0]).unwrap();
+    let mut pos = HEADER_LEN;
+    for _ in 0..2 {
+        let len = u32::from_le_bytes(bytes[pos..pos + 4].try_into().unwrap()) as usize;
+        pos += BATCH_HEADER_LEN + len;
+    }
+    bytes[pos + 1] ^= 0x02;
+    std::fs::write(&segments[0], &bytes).unwrap();
+    let server = start();
+    let h = history(&rt, &server.url, "chat:a");
+    assert_ne!(h["epoch"], acked[&1][0], "a new epoch");
+    for (offset, v) in stored_of(&h) {
+        assert_eq!(
+            v[1], acked[&offset][1],
+            "offset {offset} serves what was stored"
+        );
+    }
+}
+
+/// Issue #57 defect 3, through `herald serve`: a damaged publication read by 16 readers at
+/// once reset its channel up to 16 times, and publications acknowledged after the first
+/// reset were dropped by the later ones. Now the channel is reset once: every reader gets
+/// the same new epoch, and everything acknowledged in it is kept.
+#[test]
+fn a_damaged_publication_read_by_16_readers_resets_its_channel_once() {
+    let data = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let first = Arc::new(acks::Acked::default());
+    let mut server = Server::start_in(data.path(), &[]);
+    let marked = |i| json!({ "mark": format!("marker-{i:04}"), "pad": "y".repeat(300) });
+    rt.block_on(publish_until_refused(
+        server.url.clone(),
+        "chat:b",
+        50,
+        marked,
+        first.clone(),
+    ));
+    // A clean stop: every publication indexed, checked only when read.
+    assert!(signal(&mut server, "-TERM").success());
+    let old_epoch = first.take()[&1][0].clone();
+    let segment = std::fs::read_dir(data.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.to_string_lossy().contains("herald.wal.")
+                && std::fs::read(p)
+                    .unwrap()
+                    .windows(11)
+                    .any(|w| w == b"marker-0020")
+        })
+        .expect("the segment holding publication 21");
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let at = bytes.windows(11).position(|w| w == b"marker-0020").unwrap();
+    bytes[at + 3] ^= 0x01;
+    std::fs::write(&segment, &bytes).unwrap();
+    let server = Server::start_in(data.path(), &[]);
+    let later = Arc::new(acks::Acked::default());
+    let (epochs, _) = rt.block_on(async {
+        let readers: Vec<_> = (0..16)
+            .map(|_| {
+                let url = server.url.clone();
+                tokio::spawn(async move {
+                    support::api_get(&format!(
+                        "{url}/api/history?channel=chat:b&since=0&limit=1000"
+                    ))
+                    .await["epoch"]
+                        .clone()
+                })
+            })
+            .collect();
+        let publisher = tokio::spawn(publish_until_refused(
+            server.url.clone(),
+            "chat:b",
+            20,
+            move |i| json!({ "later": i }),
+            later.clone(),
+        ));
+        let mut epochs = Vec::new();
+        for r in readers {
+            epochs.push(r.await.unwrap());
+        }
+        (epochs, publisher.await)
+    });
+    let h = history(&rt, &server.url, "chat:b");
+    assert!(
+        epochs.iter().all(|e| *e == h["epoch"]),
+        "one reset: {epochs:?} then {}",
+        h["epoch"]
+    );
+    assert_ne!(h["epoch"], old_epoch);
+    let stored = stored_of(&h);
+    for (offset, v) in later.take() {
+        if v[0] == h["epoch"] {
+            assert_eq!(
+                stored.get(&offset),
+                Some(&v),
+                "acknowledged after the reset: {offset}"
+            );
+        }
+    }
+}
+
 mod acks {
     use std::{collections::BTreeMap, sync::Mutex};
 
