@@ -25,6 +25,7 @@ pub(crate) struct Store {
     publish: Script,
     publish_once: Script,
     history: Script,
+    position: Script,
     /// `(replicas, timeout ms)` a publish waits for (`WAIT`), when asked to.
     replicas: Option<(u32, u64)>,
     /// Whether both connections answer.
@@ -128,6 +129,7 @@ impl Store {
             publish: scripts::publish(cluster),
             publish_once: scripts::publish_once(cluster),
             history: scripts::history(),
+            position: scripts::position(),
             replicas,
             reach: reach::Tracker::default(),
             unreachable_after: options.unreachable_after.max(Duration::from_millis(30)),
@@ -340,22 +342,17 @@ impl Store {
         &self,
         channel: &ChannelName,
     ) -> Result<Option<StreamPosition>, BrokerError> {
-        let meta = self.names.meta(channel);
-        let (epoch, offset): (Option<String>, Option<u64>) = self
-            .call(|mut c| async move {
-                redis::cmd("HMGET")
-                    .arg(meta)
-                    .arg("e")
-                    .arg("o")
-                    .query_async(&mut c)
-                    .await
-            })
+        // A script, not an `HMGET`: a stream last written by another Redis process is read
+        // in its new epoch (see `scripts::position`).
+        let script = self.position.key(self.names.meta(channel));
+        let found: Option<(String, u64)> = self
+            .call(|mut c| async move { script.invoke_async(&mut c).await })
             .await?;
-        match epoch {
+        match found {
             None => Ok(None),
-            Some(epoch) => Ok(Some(StreamPosition {
+            Some((epoch, offset)) => Ok(Some(StreamPosition {
                 epoch: checked_epoch(channel, &epoch)?,
-                offset: offset.unwrap_or(0),
+                offset,
             })),
         }
     }
