@@ -2,52 +2,52 @@
 //! atomically, so offsets, history and pub/sub order agree whatever the number of nodes.
 //!
 //! Per channel there are two keys, both hash-tagged with the channel so they share a slot:
-//! - the **meta** hash: `e` = epoch, `o` = newest offset, `t` = history TTL in ms, `g` = the
-//!   run id of the Redis process that last wrote it (see [`ON_ANOTHER_RUN`]);
+//! - the **meta** hash: `e` = epoch, `o` = newest offset, `t` = history TTL in ms, `r` and
+//!   `p` = the replication id and offset of its last write (see [`ON_ANOTHER_HISTORY`]);
 //! - the **history**, a Redis stream whose entry ids are `OFFSET-0`, with fields
 //!   `d` = data and `t` = append time in ms.
 
 use redis::Script;
 
 /// The start of every script that reads or writes a stream: its meta `m` (`e`, `o`, `t`,
-/// `g`, `r`, `p`), `run` (this Redis process's run id), `replid` and `at` (its replication
-/// id and offset before this script) and `epoch` (`nil` for a stream that does not exist).
+/// `r`, `p`), `replid` and `at` (this Redis's replication id, and its replication offset
+/// before this script) and `epoch` (`nil` for a stream that does not exist).
 ///
-/// A stream last written by another Redis process may have gone back: Redis was restarted
-/// (from a dump that may be older than what was acknowledged) or failed over (to a replica
-/// that may have lagged), and no node may have been listening to notice. It keeps its
-/// epoch only when this process provably holds its last write: it took over from the
-/// replication history that wrote it (`master_replid2`, as a promoted replica has it) at
-/// an offset past where that write began (`p`; see [`WRITTEN_BY`]). A Redis that no
-/// replica ever followed counts no offsets: its restart always renews.
-/// Otherwise it continues in a new epoch, keeping its history: derived from the old epoch
-/// and the new run id, so every node and every script reaching it computes the same one.
-/// Streams written before these fields existed adopt the current process.
-const ON_ANOTHER_RUN: &str = r#"
+/// A stream last written in another replication history may have gone back: Redis was
+/// restarted (from a dump that may be older than what was acknowledged) or failed over (to
+/// a replica that may have lagged), and no node may have been listening to notice; either
+/// gives Redis a new replication id. The stream keeps its epoch only when this Redis
+/// provably holds its last write: it took over from the history that wrote it
+/// (`master_replid2`, as a promoted replica, or a master restarted from its dump, has it)
+/// at an offset past where that write began (`p`; see [`WRITTEN_BY`]). Otherwise it
+/// continues in a new epoch, keeping its history: derived from the old epoch and the new
+/// replication id, so every node and every script reaching it computes the same one. A
+/// Redis that no replica ever followed counts no offsets: its restart always renews.
+/// Streams written before these fields existed adopt the current history.
+const ON_ANOTHER_HISTORY: &str = r#"
 local function field(info, name) return string.match(info, name .. ':([%w%-]+)') end
 local repl = redis.call('INFO', 'replication')
-local run = field(redis.call('INFO', 'server'), 'run_id')
 local replid = field(repl, 'master_replid')
 local at = tonumber(field(repl, 'master_repl_offset') or 0)
-local m = redis.call('HMGET', KEYS[1], 'e', 'o', 't', 'g', 'r', 'p')
+local m = redis.call('HMGET', KEYS[1], 'e', 'o', 't', 'r', 'p')
 local epoch = m[1]
-if epoch and m[4] ~= run then
-  local kept = m[5] ~= false and m[5] == field(repl, 'master_replid2')
-    and tonumber(field(repl, 'second_repl_offset') or -1) - 1 > tonumber(m[6] or 0)
+if epoch and m[4] ~= replid then
+  local kept = m[4] == field(repl, 'master_replid2')
+    and tonumber(field(repl, 'second_repl_offset') or -1) - 1 > tonumber(m[5] or 0)
   if m[4] and not kept then
-    epoch = string.sub(redis.sha1hex(epoch .. ' ' .. run), 1, 12)
-    redis.call('HSET', KEYS[1], 'e', epoch)
+    epoch = string.sub(redis.sha1hex(epoch .. ' ' .. replid), 1, 12)
+    redis.call('HSET', KEYS[1], 'e', epoch, 'p', at)
   end
-  redis.call('HSET', KEYS[1], 'g', run)
+  redis.call('HSET', KEYS[1], 'r', replid)
 end
 "#;
 
-/// After a script writes a stream: what [`ON_ANOTHER_RUN`] checks a later process against.
-/// The script's writes reach replicas as one transaction right after offset `at`, and a
-/// replica counts a transaction's bytes only once it has applied all of it, so a history
-/// that goes past `at` holds the whole write.
+/// After a script writes a stream: what [`ON_ANOTHER_HISTORY`] checks a later Redis
+/// against. The script's writes reach replicas as one transaction right after offset
+/// `at`, and a replica counts a transaction's bytes only once it has applied all of it,
+/// so a history that goes past `at` holds the whole write.
 const WRITTEN_BY: &str = r#"
-redis.call('HSET', KEYS[1], 'g', run, 'r', replid, 'p', at)
+redis.call('HSET', KEYS[1], 'r', replid, 'p', at)
 "#;
 
 /// What the publish scripts do, up to their answer: `epoch` and `offset` are set.
@@ -55,7 +55,7 @@ const PUBLISH_STEPS: &str = r#"
 if not epoch then
   epoch = ARGV[5]
   redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'e', epoch, 'g', run)
+  redis.call('HSET', KEYS[1], 'e', epoch)
 end
 local offset = redis.call('HINCRBY', KEYS[1], 'o', 1)
 redis.call('HSET', KEYS[1], 't', ARGV[3])
@@ -85,9 +85,9 @@ pub fn publish(sharded: bool) -> Script {
     ))
 }
 
-/// [`ON_ANOTHER_RUN`] and [`PUBLISH_STEPS`], sending with `SPUBLISH` when `sharded`.
+/// [`ON_ANOTHER_HISTORY`] and [`PUBLISH_STEPS`], sending with `SPUBLISH` when `sharded`.
 fn publish_steps(sharded: bool) -> String {
-    let steps = format!("{ON_ANOTHER_RUN}{PUBLISH_STEPS}{WRITTEN_BY}");
+    let steps = format!("{ON_ANOTHER_HISTORY}{PUBLISH_STEPS}{WRITTEN_BY}");
     if sharded {
         steps.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")
     } else {
@@ -142,12 +142,12 @@ return {{epoch, offset, 0}}
 /// `{epoch, top offset, first readable offset, {offset, data, offset, data, ...}}`.
 pub fn history() -> Script {
     Script::new(&format!(
-        "{ON_ANOTHER_RUN}{}",
+        "{ON_ANOTHER_HISTORY}{}",
         r#"
 local top, ttl = tonumber(m[2] or 0), tonumber(m[3] or 0)
 if not epoch then
   redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'e', ARGV[3], 'o', 0, 'g', run, 'r', replid, 'p', at)
+  redis.call('HSET', KEYS[1], 'e', ARGV[3], 'o', 0, 'r', replid, 'p', at)
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   return {ARGV[3], 0, 1, {}}
 end
@@ -200,12 +200,12 @@ return {epoch, top, first, out}
     ))
 }
 
-/// Where a stream stands, without making it (after [`ON_ANOTHER_RUN`]).
+/// Where a stream stands, without making it (after [`ON_ANOTHER_HISTORY`]).
 ///
 /// KEYS: meta. Returns `{epoch, offset}`, or nil when the stream does not exist.
 pub fn position() -> Script {
     Script::new(&format!(
-        "{ON_ANOTHER_RUN}{}",
+        "{ON_ANOTHER_HISTORY}{}",
         r#"
 if not epoch then return false end
 return {epoch, tonumber(m[2] or 0)}
