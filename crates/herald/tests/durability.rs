@@ -25,11 +25,7 @@ fn kill_9_during_a_publish_burst(args: &[&str]) {
     let data = tempfile::tempdir().unwrap();
     let mut server = Server::start_in(data.path(), args);
     let url = server.url.clone();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let acked = Arc::new(acks::Acked::default());
     let publishers: Vec<_> = (0..4)
         .map(|p| {
@@ -87,19 +83,8 @@ fn kill_9_during_a_publish_burst(args: &[&str]) {
 #[test]
 fn kill_9_while_the_store_rotates_checkpoints_and_packs_loses_nothing() {
     let data = tempfile::tempdir().unwrap();
-    let start = || {
-        let mut command = support::herald();
-        command
-            .env("HERALD_STORE_SEGMENT_BYTES", "65536")
-            .env("HERALD_STORE_CHECKPOINT_BYTES", "65536")
-            .env("HERALD_NAMESPACES__CHURN__HISTORY_SIZE", "20");
-        Server::spawn_with(&mut command, data.path(), &[])
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let start = || small_files(data.path());
+    let rt = runtime();
     let keep = Arc::new(acks::Acked::default());
     let churn = Arc::new(acks::Acked::default());
     let mut kept: BTreeMap<u64, Value> = BTreeMap::new();
@@ -168,6 +153,25 @@ fn kill_9_while_the_store_rotates_checkpoints_and_packs_loses_nothing() {
         files.iter().any(|f| f.starts_with("herald.pack.")),
         "history was packed: {files:?}"
     );
+}
+
+/// `herald serve` on `data` with 64 KiB segments and checkpoints, and `churn:*` keeping 20:
+/// so that a few hundred publications rotate, checkpoint and pack.
+fn small_files(data: &std::path::Path) -> Server {
+    let mut command = support::herald();
+    command
+        .env("HERALD_STORE_SEGMENT_BYTES", "65536")
+        .env("HERALD_STORE_CHECKPOINT_BYTES", "65536")
+        .env("HERALD_NAMESPACES__CHURN__HISTORY_SIZE", "20");
+    Server::spawn_with(&mut command, data, &[])
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// Publishes `count` publications of `data(i)` to `channel` through the API, noting each
@@ -251,19 +255,8 @@ fn stored_of(h: &Value) -> BTreeMap<u64, Value> {
 #[test]
 fn a_damaged_or_missing_index_is_rebuilt_from_the_data_files() {
     let data = tempfile::tempdir().unwrap();
-    let start = || {
-        let mut command = support::herald();
-        command
-            .env("HERALD_STORE_SEGMENT_BYTES", "65536")
-            .env("HERALD_STORE_CHECKPOINT_BYTES", "65536")
-            .env("HERALD_NAMESPACES__CHURN__HISTORY_SIZE", "20");
-        Server::spawn_with(&mut command, data.path(), &[])
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let start = || small_files(data.path());
+    let rt = runtime();
     let keep = Arc::new(acks::Acked::default());
     let mut server = start();
     let pad = |i| json!({ "i": i, "pad": "x".repeat(900) });
@@ -325,11 +318,7 @@ fn a_flipped_length_bit_mid_log_gives_a_new_epoch() {
         command.env("HERALD_STORE_SEGMENT_BYTES", "65536");
         Server::spawn_with(&mut command, data.path(), &[])
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let acked = Arc::new(acks::Acked::default());
     let mut server = start();
     let pad = |i| json!({ "i": i, "pad": "x".repeat(900) });
@@ -375,11 +364,7 @@ fn a_flipped_length_bit_mid_log_gives_a_new_epoch() {
 #[test]
 fn a_damaged_publication_read_by_16_readers_resets_its_channel_once() {
     let data = tempfile::tempdir().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let first = Arc::new(acks::Acked::default());
     let mut server = Server::start_in(data.path(), &[]);
     let marked = |i| json!({ "mark": format!("marker-{i:04}"), "pad": "y".repeat(300) });
