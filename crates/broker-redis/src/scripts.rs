@@ -2,52 +2,45 @@
 //! atomically, so offsets, history and pub/sub order agree whatever the number of nodes.
 //!
 //! Per channel there are two keys, both hash-tagged with the channel so they share a slot:
-//! - the **meta** hash: `e` = epoch, `o` = newest offset, `t` = history TTL in ms, `r` and
-//!   `p` = the replication id and offset of its last write (see [`ON_ANOTHER_HISTORY`]);
+//! - the **meta** hash: `e` = epoch, `o` = newest offset, `t` = history TTL in ms, `r` = the
+//!   replication id of its last write (see [`ON_ANOTHER_HISTORY`]);
 //! - the **history**, a Redis stream whose entry ids are `OFFSET-0`, with fields
 //!   `d` = data and `t` = append time in ms.
 
 use redis::Script;
 
 /// The start of every script that reads or writes a stream: its meta `m` (`e`, `o`, `t`,
-/// `r`, `p`), `replid` and `at` (this Redis's replication id, and its replication offset
-/// before this script) and `epoch` (`nil` for a stream that does not exist).
+/// `r`), `replid` (this Redis's replication id) and `epoch` (`nil` for a stream that does
+/// not exist).
 ///
-/// A stream last written in another replication history may have gone back: Redis was
-/// restarted (from a dump that may be older than what was acknowledged) or failed over (to
-/// a replica that may have lagged), and no node may have been listening to notice; either
-/// gives Redis a new replication id. The stream keeps its epoch only when this Redis
-/// provably holds its last write: it took over from the history that wrote it
-/// (`master_replid2`, as a promoted replica, or a master restarted from its dump, has it)
-/// at an offset past where that write began (`p`; see [`WRITTEN_BY`]). Otherwise it
-/// continues in a new epoch, keeping its history: derived from the old epoch and the new
-/// replication id, so every node and every script reaching it computes the same one. A
-/// Redis that no replica ever followed counts no offsets: its restart always renews.
-/// Streams written before these fields existed adopt the current history.
+/// A stream last written under a replication id that the current one does not continue
+/// may have gone back, with no node listening to notice: Redis was restarted from a dump
+/// (that may be older than what was acknowledged) without its replication history, as a
+/// Redis no replica follows always is. It continues in a new epoch, keeping its history:
+/// derived from the old epoch and the new replication id, so every node and every script
+/// reaching it computes the same one. A history that continues the stream's (a failover,
+/// whose promoted replica names the old one `master_replid2`) keeps its epoch: the
+/// promoted replica's data cannot say whether it lacked later writes (its copy of the
+/// stream went back with them), and a node listening notices when it catches up. Streams
+/// written before this field existed adopt the current history.
 const ON_ANOTHER_HISTORY: &str = r#"
-local function field(info, name) return string.match(info, name .. ':([%w%-]+)') end
 local repl = redis.call('INFO', 'replication')
-local replid = field(repl, 'master_replid')
-local at = tonumber(field(repl, 'master_repl_offset') or 0)
-local m = redis.call('HMGET', KEYS[1], 'e', 'o', 't', 'r', 'p')
+local function field(name) return string.match(repl, name .. ':([%w%-]+)') end
+local replid = field('master_replid')
+local m = redis.call('HMGET', KEYS[1], 'e', 'o', 't', 'r')
 local epoch = m[1]
 if epoch and m[4] ~= replid then
-  local kept = m[4] == field(repl, 'master_replid2')
-    and tonumber(field(repl, 'second_repl_offset') or -1) - 1 > tonumber(m[5] or 0)
-  if m[4] and not kept then
+  if m[4] and m[4] ~= field('master_replid2') then
     epoch = string.sub(redis.sha1hex(epoch .. ' ' .. replid), 1, 12)
-    redis.call('HSET', KEYS[1], 'e', epoch, 'p', at)
+    redis.call('HSET', KEYS[1], 'e', epoch)
   end
   redis.call('HSET', KEYS[1], 'r', replid)
 end
 "#;
 
-/// After a script writes a stream: what [`ON_ANOTHER_HISTORY`] checks a later Redis
-/// against. The script's writes reach replicas as one transaction right after offset
-/// `at`, and a replica counts a transaction's bytes only once it has applied all of it,
-/// so a history that goes past `at` holds the whole write.
+/// After a script writes a stream: the history [`ON_ANOTHER_HISTORY`] checks against.
 const WRITTEN_BY: &str = r#"
-redis.call('HSET', KEYS[1], 'r', replid, 'p', at)
+redis.call('HSET', KEYS[1], 'r', replid)
 "#;
 
 /// What the publish scripts do, up to their answer: `epoch` and `offset` are set.
@@ -147,7 +140,7 @@ pub fn history() -> Script {
 local top, ttl = tonumber(m[2] or 0), tonumber(m[3] or 0)
 if not epoch then
   redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'e', ARGV[3], 'o', 0, 'r', replid, 'p', at)
+  redis.call('HSET', KEYS[1], 'e', ARGV[3], 'o', 0, 'r', replid)
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   return {ARGV[3], 0, 1, {}}
 end
