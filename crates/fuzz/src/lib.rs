@@ -19,6 +19,7 @@ pub mod backend;
 pub mod decoder;
 pub mod mutate;
 pub mod node;
+pub mod pack;
 pub mod server;
 pub mod targets;
 pub mod wal;

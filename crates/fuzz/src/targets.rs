@@ -57,12 +57,14 @@ pub enum Target {
     Websocket,
     /// A segment of the durable store's write-ahead log, as replay reads it.
     Wal,
+    /// A packed file of the durable store, read without its index (the rebuild).
+    Pack,
 }
 
 pub use crate::decoder::Decoder;
 
 impl Target {
-    pub const ALL: [Target; 18] = [
+    pub const ALL: [Target; 19] = [
         Target::Command,
         Target::Cursor,
         Target::Query,
@@ -81,6 +83,7 @@ impl Target {
         Target::Origin,
         Target::Websocket,
         Target::Wal,
+        Target::Pack,
     ];
 
     pub fn name(self) -> &'static str {
@@ -103,6 +106,7 @@ impl Target {
             Target::Origin => "origin",
             Target::Websocket => "websocket",
             Target::Wal => "wal",
+            Target::Pack => "pack",
         }
     }
 
@@ -185,6 +189,7 @@ impl Target {
             Target::Origin => return access::origins(),
             Target::Websocket => return crate::websocket::corpus(),
             Target::Wal => return crate::wal::corpus(),
+            Target::Pack => return crate::pack::corpus(),
         };
         texts.iter().map(|t| t.as_bytes().to_vec()).collect()
     }
@@ -236,6 +241,7 @@ impl Target {
             Target::Origin => access::origin(),
             Target::Websocket => crate::websocket::decoder(),
             Target::Wal => crate::wal::decoder(),
+            Target::Pack => crate::pack::decoder(),
             // A message as the front reads it; the same bytes as a stored payload, as the
             // hub turns one into a Pusher event.
             Target::Pusher => Box::new(|input| {

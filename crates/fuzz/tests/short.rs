@@ -17,7 +17,7 @@ fn no_decoder_panics_on_generated_input() {
     herald_fuzz::quiet_panics();
     let seed = seed();
     for target in Target::ALL {
-        let inputs = if target == Target::StoredFile {
+        let inputs = if matches!(target, Target::StoredFile | Target::Pack) {
             2_000
         } else {
             30_000
