@@ -38,17 +38,12 @@ if epoch and m[4] ~= replid then
 end
 "#;
 
-/// After a script writes a stream: the history [`ON_ANOTHER_HISTORY`] checks against.
-const WRITTEN_BY: &str = r#"
-redis.call('HSET', KEYS[1], 'r', replid)
-"#;
-
 /// What the publish scripts do, up to their answer: `epoch` and `offset` are set.
 const PUBLISH_STEPS: &str = r#"
 if not epoch then
   epoch = ARGV[5]
   redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'e', epoch)
+  redis.call('HSET', KEYS[1], 'e', epoch, 'r', replid)
 end
 local offset = redis.call('HINCRBY', KEYS[1], 'o', 1)
 redis.call('HSET', KEYS[1], 't', ARGV[3])
@@ -80,7 +75,7 @@ pub fn publish(sharded: bool) -> Script {
 
 /// [`ON_ANOTHER_HISTORY`] and [`PUBLISH_STEPS`], sending with `SPUBLISH` when `sharded`.
 fn publish_steps(sharded: bool) -> String {
-    let steps = format!("{ON_ANOTHER_HISTORY}{PUBLISH_STEPS}{WRITTEN_BY}");
+    let steps = format!("{ON_ANOTHER_HISTORY}{PUBLISH_STEPS}");
     if sharded {
         steps.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")
     } else {
