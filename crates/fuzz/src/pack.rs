@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use herald_broker::{wal, Broker, DurableBroker, HistoryQuery, SyncPolicy};
-use herald_protocol::{ChannelName, Since};
+use herald_broker::{wal, DurableBroker, SyncPolicy};
+use herald_protocol::ChannelName;
 
 use crate::decoder::{runtime, Decoder};
 
@@ -51,6 +51,10 @@ pub fn corpus() -> Vec<Vec<u8>> {
 /// same with the input's pieces framed under valid CRCs, so they reach the entry decoder.
 pub fn decoder() -> Decoder {
     let rt = runtime();
+    let channels: Vec<ChannelName> = CHANNELS
+        .iter()
+        .map(|c| ChannelName::new(c).expect("valid"))
+        .collect();
     let open = move |pack: &[u8]| {
         let Ok(dir) = tempfile::tempdir() else {
             return;
@@ -62,18 +66,7 @@ pub fn decoder() -> Decoder {
             let sink = Arc::new(herald_broker::conformance::Recorder::default());
             let broker = DurableBroker::open(dir.path(), SyncPolicy::None, sink)
                 .expect("a store whose index is missing opens: it is rebuilt");
-            for channel in CHANNELS {
-                let query = HistoryQuery {
-                    since: Some(Since {
-                        offset: 0,
-                        epoch: None,
-                    }),
-                    limit: 100,
-                    max_bytes: None,
-                };
-                let channel = ChannelName::new(channel).expect("valid");
-                let _ = broker.history(&channel, query).await;
-            }
+            crate::targets::read_every(&broker, &channels).await;
         });
     };
     Box::new(move |input| {

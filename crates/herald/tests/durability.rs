@@ -421,6 +421,15 @@ fn a_damaged_publication_read_by_16_readers_resets_its_channel_once() {
         }
         (epochs, publisher.await)
     });
+    // A few more once every reader is done, so that some are surely acknowledged in the new
+    // epoch: a reset after them (a reader late to the damage) would drop them.
+    rt.block_on(publish_until_refused(
+        server.url.clone(),
+        "chat:b",
+        3,
+        |i| json!({ "after": i }),
+        later.clone(),
+    ));
     let h = history(&rt, &server.url, "chat:b");
     assert!(
         epochs.iter().all(|e| *e == h["epoch"]),
@@ -429,7 +438,13 @@ fn a_damaged_publication_read_by_16_readers_resets_its_channel_once() {
     );
     assert_ne!(h["epoch"], old_epoch);
     let stored = stored_of(&h);
-    for (offset, v) in later.take() {
+    let later = later.take();
+    let in_new_epoch = later.values().filter(|v| v[0] == h["epoch"]).count();
+    assert!(
+        in_new_epoch >= 3,
+        "acknowledged in the new epoch: {in_new_epoch}"
+    );
+    for (offset, v) in later {
         if v[0] == h["epoch"] {
             assert_eq!(
                 stored.get(&offset),

@@ -200,8 +200,10 @@ impl Index {
         stream.locs.push_back(loc);
         stream.top = offset;
         stream.last_ms = loc.at_ms;
-        // A stream that keeps none.
-        gone.extend(stream.drop_oldest(|kept, _| kept > history_size));
+        if history_size == 0 {
+            // A stream that keeps none.
+            gone.extend(stream.drop_oldest(|_, _| true));
+        }
         self.live(&loc, 1);
         self.drop_locs(gone);
     }

@@ -87,20 +87,15 @@ struct Image {
 
 #[derive(Debug)]
 struct State {
-    inodes: HashMap<u64, Inode>,
-    names: BTreeMap<PathBuf, u64>,
-    durable_names: BTreeMap<PathBuf, u64>,
-    /// Directory changes since the last directory sync, in order.
-    unsynced_names: Vec<Entries>,
-    next_inode: u64,
-    boot: u64,
+    /// The disk as it is now.
+    disk: Image,
     steps: u64,
     fault: Option<(u64, Fault)>,
     /// What happened, for the test's report.
     fired: Option<(u64, Fault, &'static str)>,
     /// Writes left that fail with ENOSPC.
     full_for: u32,
-    /// Set once the machine or the process has stopped.
+    /// Set once the machine or the process has stopped: what a restart finds.
     stopped: Option<Image>,
     rng: fastrand::Rng,
 }
@@ -138,12 +133,7 @@ impl SimDisk {
 
     fn from_image(image: Image, seed: u64) -> Arc<Self> {
         let state = State {
-            inodes: image.inodes,
-            names: image.names,
-            durable_names: image.durable_names,
-            unsynced_names: image.unsynced_names,
-            next_inode: image.next_inode,
-            boot: image.boot,
+            disk: image,
             steps: 0,
             fault: None,
             fired: None,
@@ -188,8 +178,8 @@ impl SimDisk {
     /// since its last sync survives).
     pub(crate) fn cut_power_losing_everything_unsynced(&self) {
         let mut s = self.state.lock();
-        s.unsynced_names.clear();
-        s.inodes.values_mut().for_each(|i| i.unsynced.clear());
+        s.disk.unsynced_names.clear();
+        s.disk.inodes.values_mut().for_each(|i| i.unsynced.clear());
         s.crash(Fault::PowerCut);
     }
 
@@ -204,9 +194,9 @@ impl SimDisk {
     /// the seed says. Returns the file and the byte.
     pub(crate) fn flip_bit(&self) -> Option<(PathBuf, usize)> {
         let mut s = self.state.lock();
-        let candidates: Vec<(PathBuf, u64, usize)> = (s.names.iter())
+        let candidates: Vec<(PathBuf, u64, usize)> = (s.disk.names.iter())
             .filter_map(|(p, ino)| {
-                let used = s.inodes[ino].cached.iter().rposition(|b| *b != 0)? + 1;
+                let used = s.disk.inodes[ino].cached.iter().rposition(|b| *b != 0)? + 1;
                 Some((p.clone(), *ino, used))
             })
             .collect();
@@ -215,7 +205,7 @@ impl SimDisk {
         }
         let (path, ino, used) = candidates[s.rng.usize(..candidates.len())].clone();
         let (byte, bit) = (s.rng.usize(..used), s.rng.u8(..8));
-        let inode = s.inodes.get_mut(&ino).unwrap();
+        let inode = s.disk.inodes.get_mut(&ino).unwrap();
         // On the disk, and in the cache if it holds that byte.
         for bytes in [&mut inode.cached, &mut inode.durable] {
             if let Some(b) = bytes.get_mut(byte) {
@@ -272,19 +262,12 @@ impl State {
     fn crash(&mut self, how: Fault) {
         if how != Fault::PowerCut {
             // The process stops; the kernel keeps its page cache.
-            self.stopped = Some(Image {
-                inodes: self.inodes.clone(),
-                names: self.names.clone(),
-                durable_names: self.durable_names.clone(),
-                unsynced_names: self.unsynced_names.clone(),
-                next_inode: self.next_inode,
-                boot: self.boot,
-            });
+            self.stopped = Some(self.disk.clone());
             return;
         }
-        let mut names = self.durable_names.clone();
-        let kept = self.rng.usize(..=self.unsynced_names.len());
-        for change in &self.unsynced_names[..kept] {
+        let mut names = self.disk.durable_names.clone();
+        let kept = self.rng.usize(..=self.disk.unsynced_names.len());
+        for change in &self.disk.unsynced_names[..kept] {
             for (path, ino) in change {
                 match ino {
                     Some(ino) => names.insert(path.clone(), *ino),
@@ -294,7 +277,7 @@ impl State {
         }
         let mut inodes = HashMap::new();
         for ino in names.values() {
-            let inode = &self.inodes[ino];
+            let inode = &self.disk.inodes[ino];
             let mut bytes = inode.durable.clone();
             let kept = self.rng.usize(..=inode.unsynced.len());
             for (i, change) in inode.unsynced[..kept].iter().enumerate() {
@@ -320,8 +303,8 @@ impl State {
             durable_names: names.clone(),
             names,
             unsynced_names: Vec::new(),
-            next_inode: self.next_inode,
-            boot: self.boot + 1,
+            next_inode: self.disk.next_inode,
+            boot: self.disk.boot + 1,
         });
     }
 
@@ -332,7 +315,7 @@ impl State {
     }
 
     fn change(&mut self, ino: u64, change: Change) {
-        let inode = self.inodes.get_mut(&ino).unwrap();
+        let inode = self.disk.inodes.get_mut(&ino).unwrap();
         change.apply(&mut inode.cached);
         inode.unsynced.push(change);
     }
@@ -340,11 +323,11 @@ impl State {
     fn rename_entries(&mut self, change: Entries) {
         for (path, ino) in &change {
             match ino {
-                Some(ino) => self.names.insert(path.clone(), *ino),
-                None => self.names.remove(path),
+                Some(ino) => self.disk.names.insert(path.clone(), *ino),
+                None => self.disk.names.remove(path),
             };
         }
-        self.unsynced_names.push(change);
+        self.disk.unsynced_names.push(change);
     }
 }
 
@@ -371,12 +354,12 @@ impl SimFile {
             Err(e) => {
                 if e.raw_os_error() == Some(libc_eio()) {
                     // Marked clean, never written.
-                    s.inodes.get_mut(&self.ino).unwrap().unsynced.clear();
+                    s.disk.inodes.get_mut(&self.ino).unwrap().unsynced.clear();
                 }
                 return Err(e);
             }
         }
-        let inode = s.inodes.get_mut(&self.ino).unwrap();
+        let inode = s.disk.inodes.get_mut(&self.ino).unwrap();
         for change in std::mem::take(&mut inode.unsynced) {
             change.apply(&mut inode.durable);
         }
@@ -390,7 +373,7 @@ impl FileIo for SimFile {
         if s.stopped.is_some() {
             return Err(stopped());
         }
-        let data = &s.inodes[&self.ino].cached;
+        let data = &s.disk.inodes[&self.ino].cached;
         let end = pos as usize + buf.len();
         if end > data.len() {
             return Err(io::ErrorKind::UnexpectedEof.into());
@@ -418,7 +401,7 @@ impl FileIo for SimFile {
 
     fn set_len(&self, len: u64) -> io::Result<()> {
         let mut s = self.state.lock();
-        let grows = len > s.inodes[&self.ino].cached.len() as u64;
+        let grows = len > s.disk.inodes[&self.ino].cached.len() as u64;
         let step = if grows { Step::Write } else { Step::Other };
         if let Some(how) = s.step(step, "set_len")? {
             return Err(s.crashed(how));
@@ -451,15 +434,15 @@ impl Disk for SimDisk {
             if let Some(how) = s.step(Step::Write, "create")? {
                 return Err(s.crashed(how));
             }
-            match s.names.get(path).copied() {
+            match s.disk.names.get(path).copied() {
                 Some(ino) => {
                     s.change(ino, Change::Len(0));
                     ino
                 }
                 None => {
-                    let ino = s.next_inode;
-                    s.next_inode += 1;
-                    s.inodes.insert(ino, Inode::default());
+                    let ino = s.disk.next_inode;
+                    s.disk.next_inode += 1;
+                    s.disk.inodes.insert(ino, Inode::default());
                     s.rename_entries(vec![(path.to_owned(), Some(ino))]);
                     ino
                 }
@@ -474,7 +457,7 @@ impl Disk for SimDisk {
             if s.stopped.is_some() {
                 return Err(stopped());
             }
-            *s.names.get(path).ok_or_else(|| not_found(path))?
+            *s.disk.names.get(path).ok_or_else(|| not_found(path))?
         };
         Ok(self.handle(ino))
     }
@@ -484,12 +467,12 @@ impl Disk for SimDisk {
         if s.stopped.is_some() {
             return Err(stopped());
         }
-        let ino = s.names.get(path).ok_or_else(|| not_found(path))?;
-        Ok(s.inodes[ino].cached.clone())
+        let ino = s.disk.names.get(path).ok_or_else(|| not_found(path))?;
+        Ok(s.disk.inodes[ino].cached.clone())
     }
 
     fn exists(&self, path: &Path) -> bool {
-        self.state.lock().names.contains_key(path)
+        self.state.lock().disk.names.contains_key(path)
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
@@ -497,7 +480,7 @@ impl Disk for SimDisk {
         if let Some(how) = s.step(Step::Other, "rename")? {
             return Err(s.crashed(how));
         }
-        let ino = *s.names.get(from).ok_or_else(|| not_found(from))?;
+        let ino = *s.disk.names.get(from).ok_or_else(|| not_found(from))?;
         s.rename_entries(vec![(from.to_owned(), None), (to.to_owned(), Some(ino))]);
         Ok(())
     }
@@ -507,7 +490,7 @@ impl Disk for SimDisk {
         if let Some(how) = s.step(Step::Other, "remove")? {
             return Err(s.crashed(how));
         }
-        if !s.names.contains_key(path) {
+        if !s.disk.names.contains_key(path) {
             return Err(not_found(path));
         }
         s.rename_entries(vec![(path.to_owned(), None)]);
@@ -519,8 +502,8 @@ impl Disk for SimDisk {
         if let Some(how) = s.step(Step::Other, "sync_dir")? {
             return Err(s.crashed(how));
         }
-        s.durable_names = s.names.clone();
-        s.unsynced_names.clear();
+        s.disk.durable_names = s.disk.names.clone();
+        s.disk.unsynced_names.clear();
         Ok(())
     }
 
@@ -529,13 +512,13 @@ impl Disk for SimDisk {
         if s.stopped.is_some() {
             return Err(stopped());
         }
-        Ok((s.names.keys())
+        Ok((s.disk.names.keys())
             .filter(|p| p.parent() == Some(dir))
             .cloned()
             .collect())
     }
 
     fn boot_id(&self) -> Option<String> {
-        Some(format!("simulated-boot-{}", self.state.lock().boot))
+        Some(format!("simulated-boot-{}", self.state.lock().disk.boot))
     }
 }
