@@ -66,7 +66,7 @@ pub fn decoder() -> Decoder {
             let sink = Arc::new(herald_broker::conformance::Recorder::default());
             let broker = DurableBroker::open(dir.path(), SyncPolicy::None, sink)
                 .expect("a store whose index is missing opens: it is rebuilt");
-            crate::targets::read_every(&broker, &channels).await;
+            crate::decoder::read_every(&broker, &channels).await;
         });
     };
     Box::new(move |input| {

@@ -4,10 +4,10 @@ use std::sync::Arc;
 
 use axum::http::{HeaderMap, HeaderValue};
 use bytes::Bytes;
-use herald_broker::{Broker, DurableBroker, HistoryQuery, StreamPolicy, SyncPolicy};
+use herald_broker::{Broker, DurableBroker, StreamPolicy, SyncPolicy};
 use herald_protocol::{
     json::{self, DecodeError, Json},
-    ChannelName, Codec, Cursor, Reply, Since,
+    ChannelName, Codec, Cursor, Reply,
 };
 use herald_server::transport::request::OpenRequest;
 
@@ -318,22 +318,6 @@ fn seed_file() -> Vec<u8> {
         .1
 }
 
-/// Reads every channel's history from its start, as a resuming client would: what a
-/// damaged store serves (or refuses) is decided there.
-pub(crate) async fn read_every(broker: &DurableBroker, channels: &[ChannelName]) {
-    for channel in channels {
-        let query = HistoryQuery {
-            since: Some(Since {
-                offset: 0,
-                epoch: None,
-            }),
-            limit: 100,
-            max_bytes: None,
-        };
-        let _ = broker.history(channel, query).await;
-    }
-}
-
 /// Writes each input as the checkpoint of the seed store (its log as it was), opens it,
 /// and reads every stream it knows: a checkpoint can point anywhere in the files.
 fn stored_file() -> Decoder {
@@ -362,7 +346,7 @@ fn stored_file() -> Decoder {
             let Ok(broker) = DurableBroker::open(dir.path(), SyncPolicy::None, sink) else {
                 return; // a clear error naming the file: what a damaged checkpoint should get
             };
-            read_every(&broker, &channels).await;
+            crate::decoder::read_every(&broker, &channels).await;
             drop(broker);
         });
     };
