@@ -9,11 +9,14 @@
 //!
 //! Run as: `fill` (publishes, then aborts without closing, as `kill -9` leaves it),
 //! `open` (opens once; prints the time and the memory), driven by the default command,
-//! which runs them as child processes of itself.
+//! which runs them as child processes of itself. The fill logs each checkpoint the store
+//! writes and each merge of its deltas (debug lines), which the driver sums up: how long
+//! each held the thread that applies publications to the index, and took on its own.
 
 use std::{
+    io::BufRead,
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -143,6 +146,49 @@ async fn open_once(dir: &Path, per_channel: usize, what: &str) {
     drop(broker);
 }
 
+/// Runs the fill and sums up the store's debug lines: how long each checkpoint held the
+/// applier, how long each delta took to write and each merge to run on their threads.
+fn fill_and_sum_up(me: &Path, dir: &str, total: usize, channels: usize) {
+    let mut child = Command::new(me)
+        .args(["fill", dir, &total.to_string(), &channels.to_string()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let field = |line: &str, name: &str| -> Option<f64> {
+        let at = line.find(&format!(" {name}="))? + name.len() + 2;
+        line[at..].split(' ').next()?.parse().ok()
+    };
+    let (mut held, mut deltas, mut bytes, mut merges) = (vec![], vec![], vec![], vec![]);
+    for line in std::io::BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if line.contains("handed a checkpoint over") {
+            held.extend(field(&line, "us").map(|us| us / 1e3));
+        } else if line.contains("wrote a delta of the index") {
+            deltas.extend(field(&line, "us").map(|us| us / 1e3));
+            bytes.extend(field(&line, "bytes").map(|b| b / 1e6));
+        } else if line.contains("merged the index's deltas") {
+            merges.extend(field(&line, "us").map(|us| us / 1e3));
+        } else if !line.contains("DEBUG") {
+            eprintln!("{line}");
+        }
+    }
+    child.wait().unwrap();
+    let sum_up = |what: &str, unit: &str, mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        if let (Some(max), false) = (v.last(), v.is_empty()) {
+            println!(
+                "{what}: {} times, p50 {:.1} {unit}, max {max:.1} {unit}",
+                v.len(),
+                v[v.len() / 2]
+            );
+        }
+    };
+    sum_up("checkpoint handed over (applier held)", "ms", held);
+    sum_up("delta written (own thread)", "ms", deltas);
+    sum_up("delta size", "MB", bytes);
+    sum_up("merge (own thread)", "ms", merges);
+}
+
 fn du(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .unwrap()
@@ -156,6 +202,11 @@ async fn main() {
     let me = std::env::current_exe().unwrap();
     match args.get(1).map(String::as_str) {
         Some("fill") => {
+            tracing_subscriber::fmt()
+                .with_env_filter("herald_broker=debug")
+                .with_writer(std::io::stderr)
+                .with_ansi(false)
+                .init();
             let (total, channels) = (args[3].parse().unwrap(), args[4].parse().unwrap());
             fill(Path::new(&args[2]), total, channels).await
         }
@@ -173,7 +224,7 @@ async fn main() {
                 status
             };
             let d = dir.to_str().unwrap();
-            run(&["fill", d, &total.to_string(), &channels.to_string()]);
+            fill_and_sum_up(&me, d, total, channels);
             println!("files: {:.0} MB", du(&dir) as f64 / 1e6);
             run(&["open", d, &per_channel, "after kill -9"]);
             run(&["open", d, &per_channel, "after a clean stop"]);

@@ -307,13 +307,29 @@ fn seed_store() -> Vec<(String, Vec<u8>)> {
     files
 }
 
-/// The checkpoint of the seed store: what the fuzzer mutates.
-const CHECKPOINT: &str = "herald.index";
+/// The seed store's newest checkpoint file, what the fuzzer mutates: a delta after an empty
+/// base, holding every change the seed made (whole streams, publications appended), read
+/// by the same decoder as a base.
+fn is_checkpoint(name: &str) -> bool {
+    name.strip_prefix("herald.index.")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+fn newest_checkpoint(seed: &[(String, Vec<u8>)]) -> String {
+    (seed
+        .iter()
+        .map(|(name, _)| name)
+        .filter(|n| is_checkpoint(n)))
+    .max()
+    .expect("a delta")
+    .clone()
+}
 
 fn seed_file() -> Vec<u8> {
-    seed_store()
-        .into_iter()
-        .find(|(name, _)| name == CHECKPOINT)
+    let seed = seed_store();
+    let name = newest_checkpoint(&seed);
+    seed.into_iter()
+        .find(|(n, _)| *n == name)
         .expect("a checkpoint")
         .1
 }
@@ -323,6 +339,7 @@ fn seed_file() -> Vec<u8> {
 fn stored_file() -> Decoder {
     let rt = runtime();
     let seed = seed_store();
+    let checkpoint = newest_checkpoint(&seed);
     let channels: Vec<ChannelName> = STORED_CHANNELS
         .iter()
         .map(|c| ChannelName::new(c).expect("valid"))
@@ -332,7 +349,7 @@ fn stored_file() -> Decoder {
             return;
         };
         for (name, bytes) in &seed {
-            let bytes = if name == CHECKPOINT {
+            let bytes = if *name == checkpoint {
                 input
             } else {
                 &bytes[..]

@@ -696,12 +696,12 @@ fn a_restored_backup_never_reuses_an_offset_within_an_epoch() {
     );
 }
 
-/// Copies the store (its checkpoint `herald.index`, log `herald.wal.*` and packed history
+/// Copies the store (its checkpoint `herald.index*`, log `herald.wal.*` and packed history
 /// `herald.pack.*`) from one data directory to another, replacing the store there: what
 /// deployment.md says a backup and a restore are.
 fn copy_store(from: &std::path::Path, to: &std::path::Path) {
     let is_store = |name: &str| {
-        name == "herald.index"
+        name.starts_with("herald.index")
             || name.starts_with("herald.wal.")
             || name.starts_with("herald.pack.")
     };

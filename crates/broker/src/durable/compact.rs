@@ -1,12 +1,12 @@
 //! Giving disk space back. A file of the store holds publications of many channels; as
-//! they are trimmed, reset or forgotten its bytes die. After each checkpoint (which no
-//! longer points into them) files with nothing live are deleted ([`collect`]). When more
+//! they are trimmed, reset or forgotten its bytes die. Files with nothing live are taken
+//! out of the index at each checkpoint and deleted once it is written ([`take_dead`]). When more
 //! than a quarter of all bytes are dead, the files with the least live in them have their
 //! live publications copied into a new packed file ([`pack`]); the next checkpoint points
 //! there, and the files they came from are collected after it. So the store stays within
 //! 4/3 of what it keeps, plus the segment being written.
 
-use std::io;
+use std::{io, path::PathBuf};
 
 use herald_protocol::Epoch;
 use parking_lot::RwLock;
@@ -18,28 +18,19 @@ use super::pack;
 /// Most live bytes one round of packing copies: the applier does nothing else meanwhile.
 pub(super) const PACK_BUDGET: u64 = 32 << 20;
 
-/// Deletes the files nothing in the index points into, except the newest log segment (the
-/// writer may still be appending to it). Call it right after a checkpoint: the one before
-/// may still point into them, and replay after it needs only newer segments.
-pub(super) fn collect(index: &RwLock<Index>, dir: &Dir) {
-    let dead: Vec<_> = {
-        let mut index = index.write();
-        let newest_log = newest_log(&index);
-        let ids: Vec<_> = index
-            .files
-            .iter()
-            .filter(|(id, f)| f.live == 0 && Some(**id) != newest_log)
-            .map(|(id, _)| *id)
-            .collect();
-        ids.into_iter()
-            .filter_map(|id| index.remove_file(id).map(|f| f.kind.path(dir, id)))
-            .collect()
-    };
-    for path in dead {
-        if let Err(e) = dir.disk().remove(&path) {
-            tracing::warn!(error = %e, file = %path.display(), "a file of history nothing is kept in could not be deleted");
-        }
-    }
+/// Takes the files nothing in the index points into out of it, except the newest log
+/// segment (the writer may still append to it); their paths, to delete once a checkpoint
+/// that no longer names them is written (the one before may point into them, and a
+/// replay after it needs only newer segments).
+pub(super) fn take_dead(index: &mut Index, dir: &Dir) -> Vec<PathBuf> {
+    let newest_log = newest_log(index);
+    let ids: Vec<_> = (index.files.iter())
+        .filter(|(id, f)| f.live == 0 && Some(**id) != newest_log)
+        .map(|(id, _)| *id)
+        .collect();
+    ids.into_iter()
+        .filter_map(|id| index.remove_file(id).map(|f| f.kind.path(dir, id)))
+        .collect()
 }
 
 /// The newest log segment, which the writer may still append to: never packed nor

@@ -311,8 +311,9 @@ fn every_acknowledged_publication_survives_every_fault() {
             failures.push(format!("seed {seed}: {v}"));
         }
     }
+    let merges = super::checkpoint::MERGED.load(std::sync::atomic::Ordering::Relaxed);
     eprintln!(
-        "crash harness: {} seeds in {:.1}s, {acked} acknowledged, faults {by_kind:?}, {flips} bits flipped at rest",
+        "crash harness: {} seeds in {:.1}s, {acked} acknowledged, faults {by_kind:?}, {flips} bits flipped at rest, {merges} merges of the index's deltas",
         runs.len(),
         started.elapsed().as_secs_f64()
     );

@@ -31,12 +31,27 @@ async fn a_damaged_checkpoint_is_set_aside_and_the_index_rebuilt() {
             records,
         )
     };
-    let file = dir.path().join(checkpoint::FILE_NAME);
-    let bytes = std::fs::read(&file).unwrap();
-    let mut scribbled = bytes.clone();
-    scribbled[..64].fill(0x5a);
+    // The base and the newest delta, each cut short and scribbled over.
+    let newest_delta = || {
+        let deltas = checkpoint::deltas(&Dir::os(dir.path())).unwrap();
+        deltas.last().expect("a delta").1.clone()
+    };
+    let base = dir.path().join(checkpoint::FILE_NAME);
     let mut epochs = vec![epoch];
-    for bad in [bytes[..bytes.len() / 3].to_vec(), scribbled] {
+    for (which, cut) in [(0, true), (0, false), (1, true), (1, false)] {
+        let file = if which == 0 {
+            base.clone()
+        } else {
+            newest_delta()
+        };
+        let bytes = std::fs::read(&file).unwrap();
+        let bad = if cut {
+            bytes[..bytes.len() / 3].to_vec()
+        } else {
+            let mut scribbled = bytes.clone();
+            scribbled[9..bytes.len().min(64)].fill(0x5a);
+            scribbled
+        };
         std::fs::write(&file, &bad).unwrap();
         let (broker, _) = open(dir.path());
         let h = broker.history(&ch("a"), everything()).await.unwrap();
@@ -45,10 +60,12 @@ async fn a_damaged_checkpoint_is_set_aside_and_the_index_rebuilt() {
         let read: Vec<&Bytes> = h.publications.iter().map(|p| &p.record).collect();
         assert_eq!(read, records.iter().collect::<Vec<_>>());
         assert_eq!(offsets(&h), (1..=200).collect::<Vec<_>>());
-        let aside = dir
-            .path()
-            .join(format!("{}.damaged", checkpoint::FILE_NAME));
+        let aside = std::path::PathBuf::from(format!("{}.damaged", file.display()));
         assert!(std::fs::read(aside).unwrap() == bad, "kept for a look");
+        drop(broker);
+        // Opened and closed once more: deltas after the rebuilt base, for the next round.
+        let (broker, _) = open(dir.path());
+        drop(broker);
     }
 }
 

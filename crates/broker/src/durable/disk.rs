@@ -16,6 +16,8 @@ use std::{
 /// An open file of the store.
 pub(crate) trait FileIo: Send + Sync + std::fmt::Debug {
     fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()>;
+    /// Bytes it holds.
+    fn len(&self) -> io::Result<u64>;
     fn write_all_at(&self, buf: &[u8], pos: u64) -> io::Result<()>;
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// Makes the file's bytes durable.
@@ -151,12 +153,50 @@ impl Appender {
     }
 }
 
+impl io::Write for Appender {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        Appender::write_all(self, bytes)?;
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Reads a file from its start on, through [`io::Read`] (for `BufReader`).
+pub(crate) struct ReadAt {
+    file: Handle,
+    pos: u64,
+    len: u64,
+}
+
+impl ReadAt {
+    pub(crate) fn new(file: Handle) -> io::Result<Self> {
+        let len = file.len()?;
+        Ok(Self { file, pos: 0, len })
+    }
+}
+
+impl io::Read for ReadAt {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = buf.len().min((self.len - self.pos) as usize);
+        self.file.read_exact_at(&mut buf[..n], self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
 /// The operating system's file system.
 struct Os;
 
 impl FileIo for File {
     fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()> {
         FileExt::read_exact_at(self, buf, pos)
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.metadata()?.len())
     }
 
     fn write_all_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {

@@ -7,6 +7,10 @@
 //!
 //! Files hold dead bytes once what they hold is trimmed, reset or forgotten: each file's
 //! live bytes are counted here, so compaction knows which files are worth rewriting.
+//!
+//! Every change to a stream is also noted, as a [`Change`], in a journal the next
+//! checkpoint writes as a delta: a checkpoint then costs what changed, written in order,
+//! not a visit to every stream touched (20,000 of them took 9 ms of cache misses).
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
@@ -73,6 +77,59 @@ impl Stream {
     }
 }
 
+/// A change to a stream, as a checkpoint's delta records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// The stream as it is now (begun again, reset or dropped as damaged). Boxed: the
+    /// other changes are a third of its size, and an open holds a million of them.
+    Whole(Box<Stream>),
+    Forget,
+    /// A publication at the offset after its newest.
+    Append(u64, Loc),
+    /// Its oldest kept publication is now the one at this offset (trimmed to it).
+    First(u64),
+    /// The kept publication at an offset was copied to a new place.
+    Move(u64, Loc),
+    /// A new epoch, history and offsets kept.
+    Epoch(Epoch),
+}
+
+impl Change {
+    /// Applies the change to what the stream was (`None`: unknown or forgotten); `Err` if
+    /// it does not follow from that state (then the checkpoint's files disagree: damage).
+    pub(crate) fn apply(self, slot: &mut Option<Stream>) -> Result<(), &'static str> {
+        let stream = match self {
+            Change::Whole(stream) => {
+                *slot = Some(*stream);
+                return Ok(());
+            }
+            Change::Forget => {
+                *slot = None;
+                return Ok(());
+            }
+            _ => slot.as_mut().ok_or("a change to an unknown stream")?,
+        };
+        let end = stream.first + stream.locs.len() as u64;
+        match self {
+            Change::Append(offset, loc) if offset == end => {
+                stream.locs.push_back(loc);
+                stream.top = offset;
+                stream.last_ms = loc.at_ms;
+            }
+            Change::First(first) if (stream.first..=end).contains(&first) => {
+                stream.locs.drain(..(first - stream.first) as usize);
+                stream.first = first;
+            }
+            Change::Move(offset, loc) if (stream.first..end).contains(&offset) => {
+                stream.locs[(offset - stream.first) as usize] = loc;
+            }
+            Change::Epoch(epoch) => stream.epoch = epoch,
+            _ => return Err("a change to publications the stream does not keep"),
+        }
+        Ok(())
+    }
+}
+
 /// What a file of the store is, which names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -116,9 +173,18 @@ pub(crate) struct Index {
     pub(crate) next_file: FileId,
     /// The last log entry the index holds.
     pub(crate) applied: u64,
+    /// The changes since the last checkpoint, in order, while they are noted (`None`: not
+    /// noted, as while the index is rebuilt or loaded from its checkpoint).
+    pub(crate) journal: Option<Vec<(String, Change)>>,
 }
 
 impl Index {
+    fn note(&mut self, channel: &str, change: impl FnOnce() -> Change) {
+        if let Some(journal) = &mut self.journal {
+            journal.push((channel.to_owned(), change()));
+        }
+    }
+
     /// Adds a file; its live bytes are counted as entries point to it.
     pub(crate) fn add_file(&mut self, id: FileId, kind: Kind, file: Handle, size: u64) {
         if let Kind::Log { first_lsn } = kind {
@@ -182,21 +248,27 @@ impl Index {
         loc: Loc,
         history_size: usize,
     ) {
-        let stream = self
-            .streams
-            .entry(channel.to_owned())
-            .or_insert_with(|| Stream::new(epoch.clone(), offset - 1, loc.at_ms));
+        // Looked up, not entered: an entry wanted its key owned, an allocation a publication.
+        let new = !self.streams.contains_key(channel);
+        if new {
+            let stream = Stream::new(epoch.clone(), offset - 1, loc.at_ms);
+            self.streams.insert(channel.to_owned(), stream);
+        }
+        let stream = self.streams.get_mut(channel).expect("made above");
         let mut gone = Vec::new();
         // A stream begun again (a reset or a forget not logged before it, as after damage)
         // or a hole: what it held is not this run of offsets.
-        if stream.epoch != *epoch || stream.first + stream.locs.len() as u64 != offset {
+        let begun = stream.epoch != *epoch || stream.first + stream.locs.len() as u64 != offset;
+        if begun {
             gone.extend(stream.locs.drain(..));
             stream.epoch = epoch.clone();
             stream.first = offset;
         }
         // Room first, then the push: pushed first, a full stream's buffer doubled and stayed
         // so (49 bytes a kept publication at 10 million, not 24).
-        gone.extend(stream.drop_oldest(|kept, _| kept >= history_size.max(1)));
+        let trimmed = stream.drop_oldest(|kept, _| kept >= history_size.max(1));
+        let first = (!trimmed.is_empty()).then_some(stream.first);
+        gone.extend(trimmed);
         stream.locs.push_back(loc);
         stream.top = offset;
         stream.last_ms = loc.at_ms;
@@ -204,15 +276,25 @@ impl Index {
             // A stream that keeps none.
             gone.extend(stream.drop_oldest(|_, _| true));
         }
+        let whole = (new || begun || history_size == 0).then(|| stream.clone());
         self.live(&loc, 1);
         self.drop_locs(gone);
+        match whole {
+            Some(stream) => self.note(channel, || Change::Whole(Box::new(stream))),
+            None => {
+                if let Some(first) = first {
+                    self.note(channel, || Change::First(first));
+                }
+                self.note(channel, || Change::Append(offset, loc));
+            }
+        }
     }
 
     /// The channel's history deleted; its stream starts again in `epoch`.
     pub(crate) fn reset(&mut self, channel: &str, epoch: &Epoch, at_ms: u64) {
-        let old = self
-            .streams
-            .insert(channel.to_owned(), Stream::new(epoch.clone(), 0, at_ms));
+        let stream = Stream::new(epoch.clone(), 0, at_ms);
+        self.note(channel, || Change::Whole(Box::new(stream.clone())));
+        let old = self.streams.insert(channel.to_owned(), stream);
         if let Some(old) = old {
             self.drop_locs(old.locs);
         }
@@ -221,6 +303,7 @@ impl Index {
     /// The channel removed entirely.
     pub(crate) fn forget(&mut self, channel: &str) {
         if let Some(old) = self.streams.remove(channel) {
+            self.note(channel, || Change::Forget);
             self.drop_locs(old.locs);
         }
     }
@@ -231,9 +314,13 @@ impl Index {
             return;
         };
         let gone = stream.drop_oldest(|kept, _| kept > n);
+        let first = stream.first;
         // Replay grows streams without their retention; what they keep is known now.
         if stream.locs.capacity() > 2 * stream.locs.len() + 16 {
             stream.locs.shrink_to_fit();
+        }
+        if !gone.is_empty() {
+            self.note(channel, || Change::First(first));
         }
         self.drop_locs(gone);
     }
@@ -243,7 +330,10 @@ impl Index {
     pub(crate) fn trim(&mut self, channel: &str, older_than_ms: u64) -> Option<u64> {
         let stream = self.streams.get_mut(channel)?;
         let gone = stream.drop_oldest(|_, oldest| oldest.at_ms < older_than_ms);
-        let oldest = stream.locs.front().map(|l| l.at_ms);
+        let (oldest, first) = (stream.locs.front().map(|l| l.at_ms), stream.first);
+        if !gone.is_empty() {
+            self.note(channel, || Change::First(first));
+        }
         self.drop_locs(gone);
         oldest
     }
@@ -255,14 +345,19 @@ impl Index {
             let locs = std::mem::take(&mut stream.locs);
             stream.epoch = Epoch::random(|| fastrand::u64(..));
             stream.first = stream.top + 1;
+            let whole = stream.clone();
+            self.note(channel, || Change::Whole(Box::new(whole)));
             self.drop_locs(locs);
         }
     }
 
     /// Gives every stream a new epoch, keeping its history and offsets.
     pub(crate) fn renew_epochs(&mut self) -> usize {
-        for stream in self.streams.values_mut() {
+        for (channel, stream) in &mut self.streams {
             stream.epoch = Epoch::random(|| fastrand::u64(..));
+            if let Some(journal) = &mut self.journal {
+                journal.push((channel.clone(), Change::Epoch(stream.epoch.clone())));
+            }
         }
         self.streams.len()
     }
@@ -283,6 +378,7 @@ impl Index {
         let old = std::mem::replace(&mut stream.locs[i], loc);
         self.live(&old, -1);
         self.live(&loc, 1);
+        self.note(channel, || Change::Move(offset, loc));
         true
     }
 

@@ -58,8 +58,9 @@ pub(super) fn file_state(dir: &Path) -> (u64, u64) {
 fn rewrite_checkpoint(dir: &Path, change: impl FnOnce(&mut Checkpoint)) {
     let mut found = checkpoint::read(&Dir::os(dir)).unwrap().unwrap();
     change(&mut found);
-    let bytes = checkpoint::encode(&found.head, found.streams.iter().map(|(c, s)| (c, s)));
-    checkpoint::write(&Dir::os(dir), &bytes).unwrap();
+    let seq = found.chain.seq;
+    let bytes = checkpoint::base(seq, &found.head, found.streams.iter().map(|(c, s)| (c, s)));
+    checkpoint::write_base(&Dir::os(dir), seq, &bytes).unwrap();
 }
 
 /// Writes a log segment of `run` from `first_lsn` holding publications `offsets` of

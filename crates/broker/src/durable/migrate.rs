@@ -210,6 +210,7 @@ fn export(dir: &Dir, path: &Path, pack_limit: u64) -> Result<Checkpoint, OpenErr
             files,
         },
         streams: streams.into_iter().collect(),
+        chain: Default::default(),
     })
 }
 

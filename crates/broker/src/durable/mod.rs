@@ -15,6 +15,7 @@
 mod applier;
 mod apply;
 mod checkpoint;
+mod checkpointer;
 mod committer;
 mod compact;
 #[cfg(test)]

@@ -61,9 +61,12 @@ pub const DEFAULT_SEGMENT_BYTES: u64 = 16 << 20;
 /// Small in tests, so that they rotate, checkpoint and compact.
 #[cfg(test)]
 pub const DEFAULT_SEGMENT_BYTES: u64 = 256 << 10;
-/// Bytes of log between checkpoints, unless told otherwise.
+/// Bytes of log between checkpoints, unless told otherwise. A checkpoint writes what
+/// changed since the last (24 bytes a publication, and each stream touched); at 16 MiB
+/// and 10 million kept publications it holds the applier for a few ms (docs/benchmarks.md,
+/// "The store at scale").
 #[cfg(not(test))]
-pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
+pub const DEFAULT_CHECKPOINT_BYTES: u64 = 16 << 20;
 #[cfg(test)]
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 512 << 10;
 /// Smallest segment size taken.

@@ -13,7 +13,7 @@ use std::{
 
 use super::applier::Op;
 use super::apply::apply;
-use super::checkpoint::{self, Head};
+use super::checkpoint::{self, Chain, Head};
 use super::disk::Dir;
 use super::index::{Index, Stream};
 use super::store::{OpenError, RUN_FILE_NAME};
@@ -27,6 +27,8 @@ pub(super) struct Opened {
     pub(super) run: u64,
     pub(super) next_lsn: u64,
     pub(super) migrated: Option<PathBuf>,
+    /// The checkpoint's files as this open left them.
+    pub(super) chain: Chain,
 }
 
 pub(super) fn damaged(path: &Path, e: impl std::fmt::Display) -> OpenError {
@@ -54,14 +56,22 @@ pub(super) fn open(dir: &Dir, unflushed: bool) -> Result<Opened, OpenError> {
         },
         Err(why) => {
             // Kept for a look; the data files say what it said.
-            let path = dir.join(checkpoint::FILE_NAME);
-            let aside = dir.join(format!("{}.damaged", checkpoint::FILE_NAME));
-            dir.disk().rename(&path, &aside).map_err(directory)?;
-            tracing::warn!(file = %aside.display(), "{why}: the damaged index is set aside as this");
+            let deltas = checkpoint::deltas(dir).map_err(directory)?;
+            let files = deltas.into_iter().map(|(_, path)| path);
+            for path in std::iter::once(dir.join(checkpoint::FILE_NAME)).chain(files) {
+                let aside = PathBuf::from(format!("{}.damaged", path.display()));
+                dir.disk().rename(&path, &aside).map_err(directory)?;
+            }
+            tracing::warn!(dir = %dir.display(), "{why}: the damaged index is set aside (its files renamed *.damaged)");
             (None, None, Some("herald.index was damaged and was rebuilt from the data files, which cannot say whether anything is lost"))
         }
     };
     let had_checkpoint = found.is_some();
+    // A base on disk to write deltas after (a migration's checkpoint is in memory only).
+    let chain = found
+        .as_ref()
+        .filter(|_| migrated.is_none())
+        .map(|found| found.chain);
     let mut found = found.unwrap_or_default();
     let streams = std::mem::take(&mut found.streams);
     let head = &found.head;
@@ -114,7 +124,36 @@ pub(super) fn open(dir: &Dir, unflushed: bool) -> Result<Opened, OpenError> {
     // The mark goes into the checkpoint first: a crash before the copy beside it is written
     // looks like a restore next time, which costs a new epoch, never a reused offset.
     let run = fastrand::u64(..);
-    checkpoint::write(dir, &checkpoint_bytes(dir, &index, run, unflushed)).map_err(directory)?;
+    let head = checkpoint::head_of(&index, run, boot_id(dir), unflushed);
+    let chain = match chain {
+        // What the replay (and any answer to damage) changed.
+        Some(chain) => {
+            let seq = chain.seq + 1;
+            let journal = index.journal.take().unwrap_or_default();
+            let bytes = checkpoint::delta(Vec::new(), seq, &head, &journal);
+            checkpoint::write_delta(dir, seq, &bytes).map_err(directory)?;
+            Chain {
+                seq,
+                delta_bytes: chain.delta_bytes + bytes.len() as u64,
+                ..chain
+            }
+        }
+        // Numbered past any delta left of another base (one set aside as damaged).
+        None => {
+            let deltas = checkpoint::deltas(dir).map_err(directory)?;
+            let seq = deltas.last().map_or(0, |(n, _)| *n) + 1;
+            let bytes = checkpoint::base(seq, &head, &index.streams);
+            checkpoint::write_base(dir, seq, &bytes).map_err(directory)?;
+            Chain {
+                base_seq: seq,
+                base_bytes: bytes.len() as u64,
+                seq,
+                delta_bytes: 0,
+            }
+        }
+    };
+    // Noted from now on, for the applier's checkpoints.
+    index.journal = Some(Vec::new());
     write_run_file(dir, run).map_err(directory)?;
     // Answered by the checkpoint just written (every epoch renewed in it).
     clear_sync_failed(dir).map_err(directory)?;
@@ -123,12 +162,14 @@ pub(super) fn open(dir: &Dir, unflushed: bool) -> Result<Opened, OpenError> {
     // lost offsets were handed out again in their epochs.
     set_aside_unreplayed(dir, index.applied).map_err(directory)?;
     remove_unused(dir, &index).map_err(directory)?;
+    checkpoint::remove_deltas(dir, chain.base_seq).map_err(directory)?;
     let next_lsn = index.applied + 1;
     Ok(Opened {
         index,
         run,
         next_lsn,
         migrated,
+        chain,
     })
 }
 
@@ -157,6 +198,9 @@ fn load(dir: &Dir, head: &Head, streams: Vec<(String, Stream)>) -> io::Result<In
         index.streams.insert(channel, stream);
     }
     index.count_live();
+    // What the open changes from here on (damage dropped, the log replayed, new epochs)
+    // goes into its checkpoint, a delta.
+    index.journal = Some(Vec::new());
     for channel in hit {
         tracing::warn!(channel, dir = %dir.display(), "a file of this channel's history is missing; its history is dropped and it starts a new epoch (resuming clients get recovered: false)");
         index.drop_damaged(&channel);
@@ -354,28 +398,13 @@ fn remove_unused(dir: &Dir, index: &Index) -> io::Result<()> {
             .is_some_and(|id| !index.files.contains_key(&id));
         let unfinished_segment =
             name.starts_with("herald.wal.") && name.ends_with(super::segment::UNFINISHED);
-        if unknown_pack || unfinished_segment || name == format!("{}.tmp", checkpoint::FILE_NAME) {
+        let unfinished_checkpoint =
+            name.starts_with(checkpoint::FILE_NAME) && name.ends_with(".tmp");
+        if unknown_pack || unfinished_segment || unfinished_checkpoint {
             dir.disk().remove(&path)?;
         }
     }
     Ok(())
-}
-
-/// The checkpoint of `index` as this run writes it.
-pub(super) fn checkpoint_bytes(dir: &Dir, index: &Index, run: u64, unflushed: bool) -> Vec<u8> {
-    let head = Head {
-        run,
-        boot: boot_id(dir),
-        unflushed,
-        applied: index.applied,
-        next_file: index.next_file,
-        files: index
-            .files
-            .iter()
-            .map(|(id, f)| (*id, f.kind, f.size))
-            .collect(),
-    };
-    checkpoint::encode(&head, index.streams.iter())
 }
 
 /// Whether the directory was put back from a copy: the checkpoint's mark is not the one

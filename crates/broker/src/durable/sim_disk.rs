@@ -382,6 +382,14 @@ impl FileIo for SimFile {
         Ok(())
     }
 
+    fn len(&self) -> io::Result<u64> {
+        let s = self.state.lock();
+        if s.stopped.is_some() {
+            return Err(stopped());
+        }
+        Ok(s.disk.inodes[&self.ino].cached.len() as u64)
+    }
+
     fn write_all_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
         let mut s = self.state.lock();
         let change = Change::Write(pos, buf.to_vec());

@@ -14,6 +14,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::oneshot;
 
 use super::applier::Applier;
+use super::checkpointer::Checkpointer;
 use super::committer::{Log, Writer};
 use super::disk::{Dir, FileIo, Handle, Held};
 use super::index::{Index, Loc};
@@ -164,6 +165,7 @@ impl Store {
             run,
             next_lsn,
             migrated,
+            chain,
         } = recovery::open(&dir, !sync.syncs_before_delivery())?;
         if let Some(old) = migrated {
             migrate::retire(&dir, &old);
@@ -190,6 +192,12 @@ impl Store {
         let unapplied = Arc::new(Unapplied::default());
         let (failing, applier_failing) = (Failing::default(), Failing::default());
         let (ops, rx) = mpsc::channel();
+        let checkpointer = Checkpointer::new(dir.clone(), chain, applier_failing.clone());
+        let (jobs, jobs_rx) = mpsc::channel();
+        let checkpointer_thread = std::thread::Builder::new()
+            .name("herald-store-checkpoint".into())
+            .spawn(move || checkpointer.run(jobs_rx))
+            .map_err(directory)?;
         let applier = Applier {
             dir: dir.clone(),
             index: index.clone(),
@@ -200,6 +208,7 @@ impl Store {
             run,
             since_checkpoint: 0,
             touched: Default::default(),
+            checkpoints: Some((jobs, checkpointer_thread)),
         };
         let applier_thread = std::thread::Builder::new()
             .name("herald-store-apply".into())

@@ -89,7 +89,7 @@ pub struct Config {
     /// (65536 to 1073741824). Compaction rewrites a segment at a time. Default 16777216.
     pub store_segment_bytes: u64,
     /// Bytes of log between checkpoints of the durable store's index: at most what a start
-    /// after a crash reads. Default 67108864.
+    /// after a crash reads. Default 16777216.
     pub store_checkpoint_bytes: u64,
     /// Serve the browser SDK at `/herald.js` and the chat demo at `/chat`. Default true.
     pub web: bool,
