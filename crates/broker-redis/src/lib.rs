@@ -18,6 +18,7 @@ mod endpoint;
 mod listener;
 mod presence;
 mod reach;
+mod rollback;
 mod scripts;
 mod slot;
 mod store;

@@ -116,7 +116,9 @@ impl Tracker {
 
 /// Pings Redis on the command connection every third of `unreachable_after`, each PING
 /// allowed the other two thirds: a connection that stops answering is found within
-/// `unreachable_after`, and replaced (a silent cut is never noticed otherwise).
+/// `unreachable_after`, and replaced (a silent cut is never noticed otherwise). After each
+/// answer, Redis's replication is checked for a failover or restart that lost what this
+/// node acknowledged (see `rollback`).
 pub(crate) async fn probe(store: Weak<Store>, unreachable_after: Duration) {
     let every = unreachable_after / 3;
     let wait = unreachable_after - every;
@@ -127,7 +129,10 @@ pub(crate) async fn probe(store: Weak<Store>, unreachable_after: Duration) {
         let Some(store) = store.upgrade() else { return };
         let (sent, ping) = (Instant::now(), store.ping());
         match tokio::time::timeout(wait, ping).await {
-            Ok(Ok(())) => store.reach.back(Part::Commands, sent),
+            Ok(Ok(())) => {
+                store.reach.back(Part::Commands, sent);
+                crate::rollback::check_soon(&store);
+            }
             Ok(Err(e)) => store.reach.lost(Part::Commands, e.to_string()),
             Err(_) => {
                 store

@@ -10,7 +10,7 @@ use redis::Script;
 use crate::{
     checked_epoch, decode_history_reply,
     endpoint::{Conn, Endpoint},
-    millis, new_epoch, reach, scripts, unavailable,
+    millis, new_epoch, reach, rollback, scripts, unavailable,
 };
 
 /// Calls made at once on a cluster where one Redis would take a pipeline (a pipeline
@@ -32,6 +32,8 @@ pub(crate) struct Store {
     pub(crate) reach: reach::Tracker,
     /// How soon a connection that stops answering is given up (see [`reach`]).
     pub(crate) unreachable_after: Duration,
+    /// What this node acknowledged lately, to check after a failover (see [`rollback`]).
+    pub(crate) acked: rollback::Acked,
 }
 
 /// How keys and pub/sub channels are named.
@@ -133,6 +135,7 @@ impl Store {
             replicas,
             reach: reach::Tracker::default(),
             unreachable_after: options.unreachable_after.max(Duration::from_millis(30)),
+            acked: rollback::Acked::default(),
         }
     }
 
@@ -182,6 +185,7 @@ impl Store {
             offset,
             epoch: checked_epoch(channel, &epoch)?,
         };
+        self.acked.note(channel, &position.epoch, offset);
         Ok((position, repeat == 1))
     }
 
@@ -398,26 +402,51 @@ impl Store {
     }
 
     /// Gives `channel` a new epoch if it still stands below `seen` in `seen`'s epoch (see
-    /// [`scripts::RENEW_EPOCH`]); the epoch it has afterwards.
+    /// [`scripts::RENEW_EPOCH`]); the new epoch if this call gave it, `None` if the stream
+    /// stands where it should or another node renewed it first.
     pub(crate) async fn renew_epoch(
         &self,
         channel: &ChannelName,
         seen: &(Epoch, u64),
-    ) -> Result<String, BrokerError> {
+    ) -> Result<Option<String>, BrokerError> {
         let meta = self.names.meta(channel);
         let (epoch, offset) = (seen.0.as_str().to_string(), seen.1);
-        self.call(|mut c| async move {
-            redis::cmd("EVAL")
-                .arg(scripts::RENEW_EPOCH)
-                .arg(1)
-                .arg(meta)
-                .arg(epoch)
-                .arg(offset)
-                .arg(new_epoch().as_str())
-                .query_async(&mut c)
-                .await
-        })
-        .await
+        let new = new_epoch().as_str().to_string();
+        let now: String = self
+            .call(|mut c| {
+                let new = new.clone();
+                async move {
+                    redis::cmd("EVAL")
+                        .arg(scripts::RENEW_EPOCH)
+                        .arg(1)
+                        .arg(meta)
+                        .arg(epoch)
+                        .arg(offset)
+                        .arg(new)
+                        .query_async(&mut c)
+                        .await
+                }
+            })
+            .await?;
+        Ok((now == new).then_some(now))
+    }
+
+    /// The replication id of every primary this node's commands reach (one, or each
+    /// shard's on a cluster), from `INFO replication`.
+    pub(crate) async fn replication_ids(
+        &self,
+    ) -> Result<std::collections::BTreeSet<String>, BrokerError> {
+        let reply: redis::Value = self
+            .call(|mut c| async move {
+                redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        let mut ids = std::collections::BTreeSet::new();
+        collect_replids(&reply, &mut ids);
+        Ok(ids)
     }
 
     /// Reads history in one script call (see [`scripts::history`]).
@@ -471,4 +500,24 @@ fn moved(e: &redis::RedisError) -> bool {
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.code() == Some("READONLY")
+}
+
+/// The `master_replid` lines of an `INFO replication` reply: text from one server, or a
+/// map of them from a cluster's primaries.
+fn collect_replids(reply: &redis::Value, ids: &mut std::collections::BTreeSet<String>) {
+    match reply {
+        redis::Value::BulkString(b) => {
+            let text = String::from_utf8_lossy(b);
+            let found = text
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("master_replid:"));
+            ids.extend(found.map(str::to_owned));
+        }
+        redis::Value::VerbatimString { text, .. } | redis::Value::SimpleString(text) => {
+            collect_replids(&redis::Value::BulkString(text.clone().into_bytes()), ids)
+        }
+        redis::Value::Map(pairs) => pairs.iter().for_each(|(_, v)| collect_replids(v, ids)),
+        redis::Value::Array(items) => items.iter().for_each(|v| collect_replids(v, ids)),
+        _ => {}
+    }
 }

@@ -261,3 +261,46 @@ async fn thousands_of_channels_are_subscribed_again_slot_by_slot() {
         missing.len()
     );
 }
+
+/// Issue #57 item 6 on a cluster: the channel's primary fails over to a replica that lacked
+/// acknowledged publications, while no node listened to the channel. The node that
+/// acknowledged them reads every primary's replication id, sees the shard's change, and
+/// the channel goes on in a new epoch (see the Sentinel test of the same name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_that_lost_writes_nobody_listened_to_gives_a_new_epoch() {
+    let mut set = ClusterSet::start(1);
+    let c = ChannelName::new("lagged").unwrap();
+    let policy = StreamPolicy::default();
+    let primary = set.primary_of("herald:{lagged}:m");
+    let replicas = set.replicas_of(primary);
+    assert_eq!(replicas.len(), 1, "the primary has its replica");
+    // The first three on the replica too (the publish waits for it).
+    let careful = RedisOptions {
+        replicas_ack: 1,
+        replicas_timeout: Duration::from_secs(5),
+        ..options(&set, "herald")
+    };
+    let (careful, _) = failover::node(careful).await;
+    for i in 0..3 {
+        careful
+            .publish(&c, Bytes::from(i.to_string()), policy)
+            .await
+            .unwrap();
+    }
+    let (a, _) = failover::node(options(&set, "herald")).await;
+    let (b, _) = failover::node(options(&set, "herald")).await;
+    set.pause(&replicas, true);
+    set.cli(primary, &["CLIENT", "KILL", "TYPE", "replica"]);
+    let mut last = None;
+    for i in 3..6 {
+        last = Some(
+            a.publish(&c, Bytes::from(i.to_string()), policy)
+                .await
+                .unwrap(),
+        );
+    }
+    let last = last.unwrap();
+    set.kill(primary);
+    set.pause(&replicas, false);
+    failover::renewed_after_loss(&b, &c, &last).await;
+}

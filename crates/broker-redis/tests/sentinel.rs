@@ -75,3 +75,45 @@ async fn a_failover_loses_no_acknowledged_publication() {
     .await;
     eprintln!("sentinel failover: publishing stalled {stalled:?} after the kill");
 }
+
+/// Issue #57 item 6: a failover to a replica that lacked acknowledged publications, while
+/// no node listened to the channel. The promoted replica continues the replication history,
+/// so the scripts keep the epoch; its copy of the stream went back with the writes it
+/// lacked, and the next publication took an acknowledged offset again in the same epoch.
+/// Now the node that acknowledged them checks after the failover, and the channel goes on
+/// in a new epoch, which every node sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_that_lost_writes_nobody_listened_to_gives_a_new_epoch() {
+    use bytes::Bytes;
+    use herald_broker::{Broker, StreamPolicy};
+    use herald_protocol::ChannelName;
+
+    let mut set = SentinelSet::start();
+    let c = ChannelName::new("lagged:unwatched").unwrap();
+    let policy = StreamPolicy::default();
+    // The first three on both replicas (the publish waits for them), so the stream the
+    // promoted replica holds is this one, three publications short.
+    let (careful, _) = failover::node(options(&set, "herald", 2)).await;
+    for i in 0..3 {
+        careful
+            .publish(&c, Bytes::from(i.to_string()), policy)
+            .await
+            .unwrap();
+    }
+    let (a, _) = failover::node(options(&set, "herald", 0)).await;
+    // A node that never touches the channel before the failover: it reads it after.
+    let (b, _) = failover::node(options(&set, "herald", 0)).await;
+    set.pause_replicas(true);
+    let mut acked = Vec::new();
+    for i in 3..6 {
+        acked.push(
+            a.publish(&c, Bytes::from(i.to_string()), policy)
+                .await
+                .unwrap(),
+        );
+    }
+    set.kill_primary();
+    set.pause_replicas(false);
+    let last = acked.last().unwrap().clone();
+    failover::renewed_after_loss(&b, &c, &last).await;
+}

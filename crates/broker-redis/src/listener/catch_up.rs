@@ -118,7 +118,8 @@ impl WentBack {
     /// `recovered: false`.
     pub(super) async fn renew(self, store: &Store) {
         match store.renew_epoch(&self.channel, &self.seen).await {
-            Ok(epoch) => tracing::warn!(
+            Ok(None) => {}
+            Ok(Some(epoch)) => tracing::warn!(
                 channel = %self.channel,
                 seen = self.seen.1,
                 now = self.now,

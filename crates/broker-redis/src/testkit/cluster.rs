@@ -224,6 +224,32 @@ impl ClusterSet {
         cli(port, args)
     }
 
+    /// The replicas that follow the primary on `port`.
+    pub fn replicas_of(&self, primary: u16) -> Vec<u16> {
+        let follows = format!("master_port:{primary}");
+        (self.servers.iter())
+            .filter(|(c, p)| c.is_some() && *p != primary)
+            .map(|(_, p)| *p)
+            .filter(|p| {
+                let replication = cli(*p, &["INFO", "replication"]);
+                replication.lines().any(|l| l.trim() == follows)
+            })
+            .collect()
+    }
+
+    /// Stops (SIGSTOP) or continues (SIGCONT) the servers on `ports`.
+    pub fn pause(&self, ports: &[u16], paused: bool) {
+        for (child, _) in self.servers.iter().filter(|(_, p)| ports.contains(p)) {
+            let child = child.as_ref().expect("a live server");
+            let signal = if paused { "-STOP" } else { "-CONT" };
+            let done = std::process::Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status()
+                .expect("kill runs");
+            assert!(done.success(), "kill {signal} failed");
+        }
+    }
+
     /// Kills the server on `port` (SIGKILL: it says goodbye to no one).
     pub fn kill(&mut self, port: u16) {
         let (child, _) = self

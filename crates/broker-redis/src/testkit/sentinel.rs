@@ -117,6 +117,25 @@ impl SentinelSet {
         })
     }
 
+    /// Stops (SIGSTOP) or continues (SIGCONT) every server but the primary. Stopping them
+    /// also closes the primary's replication links to them (what a stopped server's socket
+    /// would otherwise buffer reaches it when continued), so they take none of its writes
+    /// until they reconnect: a failover after the primary dies loses what they missed.
+    pub fn pause_replicas(&self, paused: bool) {
+        let primary = self.primary_port();
+        for (child, _) in self.servers.iter().filter(|(_, p)| Some(*p) != primary) {
+            let signal = if paused { "-STOP" } else { "-CONT" };
+            let done = Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status()
+                .expect("kill runs");
+            assert!(done.success(), "kill {signal} failed");
+        }
+        if let (true, Some(port)) = (paused, primary) {
+            cli(port, &["CLIENT", "KILL", "TYPE", "replica"]);
+        }
+    }
+
     /// Kills the server that is the primary now (SIGKILL: it says goodbye to no one), and
     /// returns its port.
     pub fn kill_primary(&mut self) -> u16 {

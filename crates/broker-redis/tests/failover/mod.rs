@@ -13,7 +13,7 @@ use std::{
 use bytes::Bytes;
 use herald_broker::{conformance::Recorder, Broker, HistoryQuery, PublicationSink, StreamPolicy};
 use herald_broker_redis::{RedisBroker, RedisOptions};
-use herald_protocol::ChannelName;
+use herald_protocol::{ChannelName, StreamPosition};
 
 /// A node: the broker and what it handed on.
 pub type Node = (Arc<RedisBroker>, Arc<Recorder>);
@@ -107,4 +107,53 @@ pub async fn publish_through(nodes: &[Node], channel: &str, kill: impl FnOnce())
         assert_eq!(handed, acked_data, "node {i}: once each, in order");
     }
     stalled
+}
+
+/// After a failover that lost `last` and the publications before it down to the third
+/// (acknowledged through another node, while nobody listened to `channel`): `reader`, a
+/// node that never touched the channel, sees it in a new epoch with the three the promoted
+/// replica had, and its next publication is not handed a lost offset in the old epoch.
+pub async fn renewed_after_loss(
+    reader: &RedisBroker,
+    channel: &ChannelName,
+    last: &StreamPosition,
+) {
+    let newest = || HistoryQuery {
+        since: None,
+        limit: 10,
+        max_bytes: None,
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let read = loop {
+        if let Ok(read) = reader.history(channel, newest()).await {
+            if read.position.epoch != last.epoch {
+                break read;
+            }
+            assert!(
+                read.position.offset < last.offset,
+                "the failover lost nothing: the replicas were not held back"
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stream stands below the acknowledged offset {} in the epoch it was acknowledged in",
+            last.offset
+        );
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(
+        read.publications.len(),
+        3,
+        "the history the promoted replica had is kept"
+    );
+    let policy = StreamPolicy::default();
+    let next = reader
+        .publish(channel, Bytes::from("\"after\""), policy)
+        .await
+        .unwrap();
+    assert_ne!(
+        next.epoch, last.epoch,
+        "offset {} handed out again",
+        next.offset
+    );
 }
