@@ -18,6 +18,7 @@ use herald_broker_redis::{testkit::ClusterSet, RedisBroker, RedisOptions, BEAT_E
 use herald_protocol::ChannelName;
 
 mod failover;
+mod partition;
 
 fn options(set: &ClusterSet, prefix: &str) -> RedisOptions {
     RedisOptions {
@@ -303,4 +304,38 @@ async fn a_failover_that_lost_writes_nobody_listened_to_gives_a_new_epoch() {
     set.kill(primary);
     set.pause(&replicas, false);
     failover::renewed_after_loss(&b, &c, &last).await;
+}
+
+/// The partition test (see `partition`) on a cluster: the cut-off node reaches every
+/// cluster node through a relay of its own, whose answers (slot maps, redirections) name
+/// the relays instead of the nodes; the test silences them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_partition_is_noticed_and_caught_up() {
+    use herald_broker::relay::Partition;
+
+    let set = ClusterSet::start(0);
+    let ports: Vec<u16> = (set.addresses().iter())
+        .map(|a| a.rsplit(':').next().unwrap().parse().unwrap())
+        .collect();
+    let relays: Vec<Partition> = ports.iter().map(|p| Partition::start_to(*p)).collect();
+    let map: Vec<(u16, u16)> = ports
+        .iter()
+        .zip(&relays)
+        .map(|(p, r)| (*p, r.port()))
+        .collect();
+    for relay in &relays {
+        relay.rewrite_ports(&map);
+    }
+    let (publisher, _) = failover::node(options(&set, "herald")).await;
+    let behind = RedisOptions {
+        cluster: relays
+            .iter()
+            .map(|r| format!("127.0.0.1:{}", r.port()))
+            .collect(),
+        ..RedisOptions::at(format!("redis://127.0.0.1:{}", relays[0].port()), "herald")
+    };
+    partition::a_node_cut_off_catches_up(&publisher, behind, || {
+        relays.iter().for_each(Partition::cut)
+    })
+    .await;
 }

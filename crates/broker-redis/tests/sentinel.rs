@@ -13,6 +13,7 @@ use herald_broker_redis::{
 };
 
 mod failover;
+mod partition;
 
 fn options(set: &SentinelSet, prefix: &str, replicas_ack: u32) -> RedisOptions {
     RedisOptions {
@@ -116,4 +117,30 @@ async fn a_failover_that_lost_writes_nobody_listened_to_gives_a_new_epoch() {
     set.pause_replicas(false);
     let last = acked.last().unwrap().clone();
     failover::renewed_after_loss(&b, &c, &last).await;
+}
+
+/// The partition test (see `partition`) through Sentinel: the cut-off node finds the
+/// primary through a Sentinel whose answers name a relay in front of it, which the test
+/// silences; the node must notice, ask again and catch up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_partition_is_noticed_and_caught_up() {
+    use herald_broker::relay::Partition;
+
+    let set = SentinelSet::start();
+    let primary = set.primary_port().expect("a primary");
+    let to_primary = Partition::start_to(primary);
+    let sentinel: u16 = set.sentinels()[0]
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let to_sentinel = Partition::start_to(sentinel);
+    to_sentinel.rewrite_ports(&[(primary, to_primary.port())]);
+    let (publisher, _) = failover::node(options(&set, "herald", 0)).await;
+    let mut behind = options(&set, "herald", 0);
+    if let Some(s) = &mut behind.sentinel {
+        s.addresses = vec![format!("127.0.0.1:{}", to_sentinel.port())];
+    }
+    partition::a_node_cut_off_catches_up(&publisher, behind, || to_primary.cut()).await;
 }
