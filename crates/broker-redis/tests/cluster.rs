@@ -314,18 +314,7 @@ async fn a_silent_partition_is_noticed_and_caught_up() {
     use herald_broker::relay::Partition;
 
     let set = ClusterSet::start(0);
-    let ports: Vec<u16> = (set.addresses().iter())
-        .map(|a| a.rsplit(':').next().unwrap().parse().unwrap())
-        .collect();
-    let relays: Vec<Partition> = ports.iter().map(|p| Partition::start_to(*p)).collect();
-    let map: Vec<(u16, u16)> = ports
-        .iter()
-        .zip(&relays)
-        .map(|(p, r)| (*p, r.port()))
-        .collect();
-    for relay in &relays {
-        relay.rewrite_ports(&map);
-    }
+    let relays = set.relays();
     let (publisher, _) = failover::node(options(&set, "herald")).await;
     let behind = RedisOptions {
         cluster: relays

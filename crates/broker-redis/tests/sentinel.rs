@@ -124,23 +124,14 @@ async fn a_failover_that_lost_writes_nobody_listened_to_gives_a_new_epoch() {
 /// silences; the node must notice, ask again and catch up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_partition_is_noticed_and_caught_up() {
-    use herald_broker::relay::Partition;
-
     let set = SentinelSet::start();
-    let primary = set.primary_port().expect("a primary");
-    let to_primary = Partition::start_to(primary);
-    let sentinel: u16 = set.sentinels()[0]
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let to_sentinel = Partition::start_to(sentinel);
-    to_sentinel.rewrite_ports(&[(primary, to_primary.port())]);
+    let (to_primary, to_sentinels) = set.relays();
     let (publisher, _) = failover::node(options(&set, "herald", 0)).await;
     let mut behind = options(&set, "herald", 0);
     if let Some(s) = &mut behind.sentinel {
-        s.addresses = vec![format!("127.0.0.1:{}", to_sentinel.port())];
+        s.addresses = (to_sentinels.iter())
+            .map(|r| format!("127.0.0.1:{}", r.port()))
+            .collect();
     }
     partition::a_node_cut_off_catches_up(&publisher, behind, || to_primary.cut()).await;
 }

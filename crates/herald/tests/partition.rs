@@ -1,5 +1,6 @@
 //! A node cut off from its engine (issue #33), end to end: three `herald serve` nodes on one
-//! Redis (or NATS), one of them (C) reaching it through a relay that fails the way networks do, and a
+//! Redis (or NATS, or a Redis found through Sentinel, or a Redis Cluster), one of them (C)
+//! reaching it through relays that fail the way networks do, and a
 //! load balancer in front that routes new connections by `/readyz`. A `herald sub` on every
 //! transport (the forever frame too: `--transport iframe`) starts on C; two publishers send
 //! through A, B and C in turn, retrying elsewhere what was not acknowledged, one with
@@ -18,8 +19,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use herald_broker_nats::testkit::NatsServer;
-use herald_broker_redis::testkit::{Partition, RedisServer};
+use herald_broker_nats::testkit::{NatsServer, Partition as Relay};
+use herald_broker_redis::testkit::{ClusterSet, Partition, RedisServer, SentinelSet, MASTER_NAME};
 use serde_json::{json, Value};
 use support::{balancer::Balancer, herald, history, Server, KEY};
 
@@ -196,7 +197,11 @@ fn readyz_becomes(
 fn a_node_cut_off_from_redis_loses_nothing_repeats_nothing_and_moves_its_clients() {
     let redis = RedisServer::start();
     let relay = Partition::start(&redis);
-    cut_off(("redis", &redis.url(), &relay.url()), &relay);
+    let url = |relayed| if relayed { relay.url() } else { redis.url() };
+    cut_off(
+        |relayed| Server::start(&["--storage", "redis", "--redis-url", &url(relayed)]),
+        &[&*relay],
+    );
 }
 
 /// The same on NATS JetStream (issue #32): C's NATS connection is pinged every third of
@@ -204,19 +209,83 @@ fn a_node_cut_off_from_redis_loses_nothing_repeats_nothing_and_moves_its_clients
 #[test]
 fn a_node_cut_off_from_nats_loses_nothing_repeats_nothing_and_moves_its_clients() {
     let nats = NatsServer::start();
-    let relay = herald_broker_nats::testkit::Partition::start_to(nats.port());
+    let relay = Relay::start_to(nats.port());
     let through_relay = format!("nats://127.0.0.1:{}", relay.port());
-    cut_off(("nats", &nats.url(), &through_relay), &relay);
+    let url = |relayed| {
+        if relayed {
+            through_relay.clone()
+        } else {
+            nats.url()
+        }
+    };
+    cut_off(
+        |relayed| Server::start(&["--storage", "nats", "--nats-url", &url(relayed)]),
+        &[&relay],
+    );
 }
 
-/// Nodes A and B reach the engine (`storage`) at `direct`, C through `relay` at `relayed`.
-fn cut_off(
-    (storage, direct, relayed): (&str, &str, &str),
-    relay: &herald_broker_nats::testkit::Partition,
-) {
-    let url_flag = format!("--{storage}-url");
-    let node = |url: &str| Server::start(&["--storage", storage, &url_flag, url]);
-    let (a, b, c) = (node(direct), node(direct), node(relayed));
+/// The same through Sentinel (issue #57 item 6): C asks a Sentinel whose answers name a
+/// relay in front of the primary instead of the primary (see `Relay::rewrite_ports`), so it
+/// reaches the primary through that relay, which fails.
+#[test]
+fn a_node_cut_off_from_a_sentinel_primary_loses_nothing_repeats_nothing_and_moves_its_clients() {
+    let set = SentinelSet::start();
+    let (to_primary, to_sentinels) = set.relays();
+    let sentinels = |relayed: bool| match relayed {
+        true => toml_list(
+            to_sentinels
+                .iter()
+                .map(|r| format!("127.0.0.1:{}", r.port())),
+        ),
+        false => toml_list(set.sentinels()),
+    };
+    cut_off(
+        |relayed| {
+            let mut command = herald();
+            command
+                .env("HERALD_REDIS__SENTINELS", sentinels(relayed))
+                .env("HERALD_REDIS__MASTER_NAME", MASTER_NAME);
+            Server::spawn_in_temp(&mut command, &REDIS)
+        },
+        &[&to_primary],
+    );
+}
+
+/// The same on a Redis Cluster: C reaches every cluster node through a relay of its own,
+/// whose answers (slot maps, redirections) name the relays instead of the nodes; all of
+/// them fail at once.
+#[test]
+fn a_node_cut_off_from_a_cluster_loses_nothing_repeats_nothing_and_moves_its_clients() {
+    let set = ClusterSet::start(0);
+    let relays = set.relays();
+    let nodes = |relayed: bool| match relayed {
+        true => toml_list(relays.iter().map(|r| format!("127.0.0.1:{}", r.port()))),
+        false => toml_list(set.addresses()),
+    };
+    cut_off(
+        |relayed| {
+            let mut command = herald();
+            command.env("HERALD_REDIS__CLUSTER", nodes(relayed));
+            Server::spawn_in_temp(&mut command, &REDIS)
+        },
+        &relays.iter().collect::<Vec<_>>(),
+    );
+}
+
+/// `host:port` addresses as a TOML list, for a `HERALD_REDIS__*` variable.
+fn toml_list(addresses: impl IntoIterator<Item = String>) -> String {
+    let quoted: Vec<String> = addresses.into_iter().map(|a| format!("{a:?}")).collect();
+    format!("[{}]", quoted.join(","))
+}
+
+/// The URL's address is only a placeholder: the Sentinels or the cluster say where the
+/// servers are.
+const REDIS: [&str; 4] = ["--storage", "redis", "--redis-url", "redis://127.0.0.1:1"];
+
+/// Nodes A and B reach the engine directly (`node(false)`), C through the `relays`
+/// (`node(true)`), which fail together.
+fn cut_off(node: impl Fn(bool) -> Server, relays: &[&Relay]) {
+    let (a, b, c) = (node(false), node(false), node(true));
     let balancer = Balancer::start(&[&a.url, &b.url, &c.url]);
     let rt = tokio::runtime::Runtime::new().unwrap();
 
@@ -246,11 +315,11 @@ fn cut_off(
 
     // 1. A partition that outlasts the grace: C says so, and its clients move.
     let cut = Instant::now();
-    relay.blackhole();
+    relays.iter().for_each(|r| r.blackhole());
     let unready_after = readyz_becomes(&rt, &c.url, 503, Duration::from_secs(10));
     // The partition lasts 3 s past detection and the grace: the length of the fault.
     std::thread::sleep((DETECTION + GRACE + Duration::from_secs(3)).saturating_sub(cut.elapsed()));
-    relay.heal();
+    relays.iter().for_each(|r| r.heal());
     readyz_becomes(&rt, &c.url, 200, Duration::from_secs(15));
     let silences: Vec<(&str, Duration)> = subscribers
         .iter()
@@ -258,13 +327,15 @@ fn cut_off(
         .collect();
 
     // 2. Every connection to Redis reset at once.
-    relay.reset();
+    relays.iter().for_each(|r| r.reset());
     std::thread::sleep(Duration::from_secs(3));
 
     // 3. Every byte between C and Redis 3 s late.
-    relay.latency(Duration::from_secs(3));
+    relays
+        .iter()
+        .for_each(|r| r.latency(Duration::from_secs(3)));
     std::thread::sleep(Duration::from_secs(8));
-    relay.latency(Duration::ZERO);
+    relays.iter().for_each(|r| r.latency(Duration::ZERO));
     readyz_becomes(&rt, &c.url, 200, Duration::from_secs(20));
     std::thread::sleep(Duration::from_secs(2));
 

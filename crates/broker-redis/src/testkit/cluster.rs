@@ -119,6 +119,25 @@ impl ClusterSet {
             .collect()
     }
 
+    /// A relay in front of every node, whose answers (slot maps, redirections) name the
+    /// relays instead of the nodes (see [`Partition::rewrite_ports`]): a client given
+    /// their addresses reaches the cluster only through them, which a test can cut.
+    ///
+    /// [`Partition::rewrite_ports`]: herald_broker::relay::Partition::rewrite_ports
+    pub fn relays(&self) -> Vec<herald_broker::relay::Partition> {
+        let ports: Vec<u16> = self.servers.iter().map(|(_, p)| *p).collect();
+        let relays: Vec<_> = (ports.iter())
+            .map(|p| herald_broker::relay::Partition::start_to(*p))
+            .collect();
+        let map: Vec<(u16, u16)> = ports
+            .iter()
+            .zip(&relays)
+            .map(|(p, r)| (*p, r.port()))
+            .collect();
+        relays.iter().for_each(|r| r.rewrite_ports(&map));
+        relays
+    }
+
     /// The port of the primary that serves `key`'s slot now.
     pub fn primary_of(&self, key: &str) -> u16 {
         for (child, port) in &self.servers {

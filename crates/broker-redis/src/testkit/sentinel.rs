@@ -103,6 +103,30 @@ impl SentinelSet {
             .collect()
     }
 
+    /// A relay in front of the primary, and one in front of each Sentinel whose answers
+    /// name that relay instead of the primary (see [`Partition::rewrite_ports`]): a client
+    /// given the Sentinels' relays reaches the primary only through the first, which a test
+    /// can cut.
+    ///
+    /// [`Partition::rewrite_ports`]: herald_broker::relay::Partition::rewrite_ports
+    pub fn relays(
+        &self,
+    ) -> (
+        herald_broker::relay::Partition,
+        Vec<herald_broker::relay::Partition>,
+    ) {
+        use herald_broker::relay::Partition;
+        let primary = self.primary_port().expect("a Sentinel names the primary");
+        let to_primary = Partition::start_to(primary);
+        let to_sentinels: Vec<_> = (self.sentinels.iter())
+            .map(|(_, port)| Partition::start_to(*port))
+            .collect();
+        for relay in &to_sentinels {
+            relay.rewrite_ports(&[(primary, to_primary.port())]);
+        }
+        (to_primary, to_sentinels)
+    }
+
     /// A URL for the primary's credentials and database (none here): its address is the
     /// first primary's, which the Sentinels' answer replaces.
     pub fn url(&self) -> String {

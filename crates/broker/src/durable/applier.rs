@@ -148,8 +148,10 @@ pub(super) struct Applier {
     pub(super) dir: Dir,
     pub(super) index: Arc<RwLock<Index>>,
     pub(super) options: StoreOptions,
-    /// Why checkpoints fail, while they do.
+    /// Why the applier fails, while it does (a segment it cannot open).
     pub(super) failing: Failing,
+    /// Why checkpoints fail, while they do (the checkpoint thread says).
+    pub(super) checkpoint_failing: Failing,
     pub(super) deadlines: Arc<Deadlines>,
     pub(super) unapplied: Arc<Unapplied>,
     /// This open's mark, written in every checkpoint.
@@ -281,7 +283,7 @@ impl Applier {
     fn checkpoint(&mut self, unflushed: bool) {
         self.hand_over(unflushed);
         // Not while checkpoints fail: the copies would only add to the disk.
-        if self.failing.lock().is_some() {
+        if self.checkpoint_failing.lock().is_some() {
             return;
         }
         match compact::pack(&self.index, &self.dir) {

@@ -44,7 +44,7 @@ pub(super) struct Checkpointer {
     pub(super) dir: Dir,
     /// The checkpoint's files: a base and the deltas after it.
     pub(super) chain: Chain,
-    /// Why checkpoints fail, while they do (shared with the applier's failures).
+    /// Why checkpoints fail, while they do (the applier packs nothing meanwhile).
     pub(super) failing: Failing,
     merging: Option<Merging>,
     /// The last delta's bytes, its buffer kept for the next.

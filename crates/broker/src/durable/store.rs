@@ -122,8 +122,10 @@ pub(crate) struct Store {
     applier: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Why appends to the log fail, while they do.
     failing: Failing,
-    /// Why the applier fails (a segment it cannot open, a checkpoint it cannot write).
+    /// Why the applier fails (a segment it cannot open).
     applier_failing: Failing,
+    /// Why checkpoints fail (see `checkpointer`).
+    checkpoint_failing: Failing,
     pub(crate) unapplied: Arc<Unapplied>,
     /// Locked while the store is open (see [`LOCK_FILE_NAME`]); dropped after everything
     /// else is written.
@@ -191,8 +193,9 @@ impl Store {
         let index = Arc::new(RwLock::new(index));
         let unapplied = Arc::new(Unapplied::default());
         let (failing, applier_failing) = (Failing::default(), Failing::default());
+        let checkpoint_failing = Failing::default();
         let (ops, rx) = mpsc::channel();
-        let checkpointer = Checkpointer::new(dir.clone(), chain, applier_failing.clone());
+        let checkpointer = Checkpointer::new(dir.clone(), chain, checkpoint_failing.clone());
         let (jobs, jobs_rx) = mpsc::channel();
         let checkpointer_thread = std::thread::Builder::new()
             .name("herald-store-checkpoint".into())
@@ -203,6 +206,7 @@ impl Store {
             index: index.clone(),
             options,
             failing: applier_failing.clone(),
+            checkpoint_failing: checkpoint_failing.clone(),
             deadlines: deadlines.clone(),
             unapplied: unapplied.clone(),
             run,
@@ -243,6 +247,7 @@ impl Store {
             applier: Mutex::new(Some(applier_thread)),
             failing,
             applier_failing,
+            checkpoint_failing,
             unapplied,
             _lock: lock,
         };
@@ -263,7 +268,11 @@ impl Store {
     /// Why writes fail, while they do; `Ok` once the writes that failed (or a retry) work.
     pub(crate) fn health(&self) -> Result<(), String> {
         let log = self.failing.lock().clone();
-        match log.or_else(|| self.applier_failing.lock().clone()) {
+        let applier = || self.applier_failing.lock().clone();
+        match log
+            .or_else(applier)
+            .or_else(|| self.checkpoint_failing.lock().clone())
+        {
             None => Ok(()),
             Some(why) => Err(format!("storage writes fail: {why}")),
         }

@@ -129,6 +129,14 @@ impl Server {
 
     /// Starts `command` (the binary, set up by the caller: its environment, say) on a free
     /// port.
+    /// Starts `command` (a `herald` with its environment) on a data directory of its own.
+    pub fn spawn_in_temp(command: &mut Command, extra: &[&str]) -> Self {
+        let data = tempfile::tempdir().unwrap();
+        let mut server = Self::spawn_with(command, data.path(), extra);
+        server._data = Some(data);
+        server
+    }
+
     pub fn spawn_with(command: &mut Command, data_dir: &Path, extra: &[&str]) -> Self {
         Self::spawn(command, "127.0.0.1:0", data_dir, extra)
     }
