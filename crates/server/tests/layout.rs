@@ -200,3 +200,23 @@ fn the_server_configuration_names_no_engine() {
         }
     }
 }
+
+/// Issue #58: the hub and the queues carry publications for every protocol and know none;
+/// what a front makes of a publication lives in the front, in a slot it registers
+/// (`fronts::slots`). No protocol of a front is named in `hub/` or `queue/`, comments
+/// included.
+#[test]
+fn the_hub_and_the_queues_name_no_protocol_of_a_front() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for dir in ["hub", "queue"] {
+        let mut texts = Vec::new();
+        sources(&src.join(dir), &mut texts);
+        assert!(!texts.is_empty(), "src/{dir} has sources");
+        for text in texts {
+            let lower = text.to_lowercase();
+            for protocol in ["pusher", "phoenix", "centrifugo", "socket.io"] {
+                assert!(!lower.contains(protocol), "src/{dir} names {protocol}");
+            }
+        }
+    }
+}

@@ -11,6 +11,22 @@ mod members;
 pub mod phoenix;
 pub mod pusher;
 
+/// Where each front keeps what it makes of a delivery (an [`Encoding`]) and which lane its
+/// frames take (a [`Lane`]): a slot apiece in every delivery, listed here so that no two
+/// fronts share one. A new front adds its own.
+pub(crate) mod slots {
+    use crate::queue::{Encoding, Lane};
+
+    /// A publication as a Pusher event.
+    pub(crate) const PUSHER: Encoding = Encoding::new(0);
+    /// A publication as a Phoenix broadcast, per serializer (1.0.0, 2.0.0).
+    pub(crate) const PHOENIX: [Encoding; 2] = [Encoding::new(1), Encoding::new(2)];
+    /// A Pusher event in a WebSocket text frame.
+    pub(crate) const PUSHER_LANE: Lane = Lane::new(3);
+    /// A Phoenix broadcast in a WebSocket text frame, per serializer.
+    pub(crate) const PHOENIX_LANES: [Lane; 2] = [Lane::new(4), Lane::new(5)];
+}
+
 /// Appends one message to `out`, the answers a front's speaker gives the driver: a line
 /// each (JSON holds no raw line break), sent as a WebSocket message each.
 pub(crate) fn line(out: &mut Vec<u8>, message: Vec<u8>) {

@@ -423,7 +423,7 @@ mod tests {
 
     impl DirectSocket for Socket {
         fn frame<'d>(&self, d: &'d Delivery) -> Option<&'d Bytes> {
-            Some(d.framed(crate::queue::Lane::WebSocket, |d| d.json.clone()))
+            Some(d.framed(crate::queue::Lane::WEBSOCKET, |d| d.json.clone()))
         }
 
         fn try_write(&self, buf: &[u8]) -> io::Result<usize> {

@@ -1,7 +1,9 @@
 //! A publication as the hub hands it to every subscriber's queue: encoded once, and
-//! framed (and compressed) once per kind of socket that writes it.
+//! framed (and compressed) once per kind of socket that writes it. What a protocol of its
+//! own makes of it (a front's event, its frame) is kept here once too, in a slot the front
+//! registers ([`Encoding`], [`Lane`]): this module knows no protocol (a layout test checks).
 
-use std::{sync::OnceLock, time::Instant};
+use std::{any::Any, sync::OnceLock, time::Instant};
 
 use bytes::Bytes;
 use herald_protocol::{ChannelName, Epoch};
@@ -20,11 +22,9 @@ pub struct Delivery {
     /// The publication's record (see [`herald_protocol::Publication`]), for the fronts
     /// that encode it their own way; empty for a presence push.
     pub record: Bytes,
-    /// The publication as a Pusher event, made by the first Pusher connection that takes it
-    /// and shared by the rest.
-    pusher: OnceLock<herald_protocol::pusher::Event>,
-    /// The publication as a Phoenix broadcast, per serializer (1.0.0, 2.0.0), made once.
-    phoenix: [OnceLock<Bytes>; 2],
+    /// What each [`Encoding`] made of the publication, made by the first connection of that
+    /// encoding that takes it and shared by the rest.
+    encoded: [OnceLock<Box<dyn Any + Send + Sync>>; ENCODINGS],
     /// The push framed for each kind of [`DirectSocket`] (by [`Lane`]), made by the first
     /// one that writes it and shared by the rest.
     pub framed: [OnceLock<Bytes>; LANES],
@@ -43,8 +43,7 @@ impl Delivery {
             offset,
             json,
             record: Bytes::new(),
-            pusher: OnceLock::new(),
-            phoenix: Default::default(),
+            encoded: Default::default(),
             framed: Default::default(),
             deflated: Default::default(),
             at: Instant::now(),
@@ -57,66 +56,72 @@ impl Delivery {
         self
     }
 
-    /// The publication as a Pusher event on the channel's Pusher name (the part after
-    /// the app's namespace), made once.
-    pub fn pusher(&self) -> &herald_protocol::pusher::Event {
-        self.pusher.get_or_init(|| {
-            let name = self.channel.as_str();
-            let name = name.split_once(':').map_or(name, |(_, rest)| rest);
-            let publication = herald_protocol::Publication {
-                offset: self.offset,
-                record: self.record.clone(),
-            };
-            herald_protocol::pusher::event(name, publication.data())
-        })
-    }
-
-    /// The publication as a Phoenix broadcast on its topic (the channel), made once per
-    /// serializer.
-    pub fn phoenix(&self, vsn: herald_protocol::phoenix::Vsn) -> &Bytes {
-        use herald_protocol::phoenix::{broadcast, Vsn};
-        let i = match vsn {
-            Vsn::V1 => 0,
-            Vsn::V2 => 1,
-        };
-        self.phoenix[i].get_or_init(|| {
-            let publication = herald_protocol::Publication {
-                offset: self.offset,
-                record: self.record.clone(),
-            };
-            broadcast(vsn, self.channel.as_str(), publication.data()).into()
-        })
+    /// What `encoding` makes of the publication (by `make`, the first time), shared by
+    /// every connection of that encoding.
+    ///
+    /// # Panics
+    /// When two encodings share a slot with values of different types (see [`Encoding`]).
+    pub fn encoded<T: Any + Send + Sync>(
+        &self,
+        encoding: Encoding,
+        make: impl FnOnce(&Self) -> T,
+    ) -> &T {
+        let made = self.encoded[encoding.0].get_or_init(|| Box::new(make(self)));
+        made.downcast_ref().expect("one type per encoding slot")
     }
 }
 
-/// The kinds of socket the hub writes to directly, each with its framing of a push.
+/// A way of encoding publications of its own (a front's), with a slot in every
+/// [`Delivery`] for what it makes of one. Each front registers its own, a slot apiece,
+/// beside the others' (`fronts::ENCODINGS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lane {
-    /// A WebSocket text frame.
-    WebSocket,
-    /// An NDJSON line in an HTTP chunk.
-    Ndjson,
-    /// An SSE event (id: the channel's position) in an HTTP chunk.
-    Sse,
-    /// A Pusher event in a WebSocket text frame.
-    Pusher,
-    /// A Phoenix broadcast (serializer 1.0.0) in a WebSocket text frame.
-    PhoenixV1,
-    /// A Phoenix broadcast (serializer 2.0.0) in a WebSocket text frame.
-    PhoenixV2,
+pub struct Encoding(usize);
+
+/// How many encodings a delivery has room for.
+pub const ENCODINGS: usize = 4;
+
+impl Encoding {
+    /// The encoding in slot `slot`, below [`ENCODINGS`].
+    pub const fn new(slot: usize) -> Self {
+        assert!(slot < ENCODINGS, "an encoding slot past ENCODINGS");
+        Self(slot)
+    }
 }
 
-/// How many kinds of [`Lane`] there are.
+/// A kind of socket the hub writes to directly, each with its framing of a push: Herald's
+/// own three, and those its fronts register (`fronts::LANES`), a slot apiece.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lane(usize);
+
+impl Lane {
+    /// A WebSocket text frame.
+    pub const WEBSOCKET: Lane = Lane(0);
+    /// An NDJSON line in an HTTP chunk.
+    pub const NDJSON: Lane = Lane(1);
+    /// An SSE event (id: the channel's position) in an HTTP chunk.
+    pub const SSE: Lane = Lane(2);
+
+    /// A front's lane, in slot `slot`: past Herald's own three, below [`LANES`].
+    pub const fn new(slot: usize) -> Self {
+        assert!(
+            slot >= 3 && slot < LANES,
+            "a lane slot past LANES or one of Herald's own"
+        );
+        Self(slot)
+    }
+}
+
+/// How many kinds of [`Lane`] there are room for.
 pub const LANES: usize = 6;
 
 impl Delivery {
     /// The delivery framed for `lane`, made by `make` the first time.
     pub fn framed(&self, lane: Lane, make: impl FnOnce(&Self) -> Bytes) -> &Bytes {
-        self.framed[lane as usize].get_or_init(|| make(self))
+        self.framed[lane.0].get_or_init(|| make(self))
     }
 
     /// The delivery framed and compressed for `lane`, made by `make` the first time.
     pub fn deflated(&self, lane: Lane, make: impl FnOnce(&Self) -> Bytes) -> &Bytes {
-        self.deflated[lane as usize].get_or_init(|| make(self))
+        self.deflated[lane.0].get_or_init(|| make(self))
     }
 }

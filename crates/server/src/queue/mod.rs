@@ -33,7 +33,7 @@ use tokio::sync::Notify;
 use crate::metrics::Wire;
 
 mod delivery;
-pub use delivery::{Delivery, Lane, LANES};
+pub use delivery::{Delivery, Encoding, Lane, ENCODINGS, LANES};
 
 /// A subscription's position: the last offset its connection has been sent, shared by the
 /// session (which sets it when subscribing and moves it as its transport writes) and the

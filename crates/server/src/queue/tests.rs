@@ -59,7 +59,7 @@ impl Buffer {
 
 impl DirectSocket for Buffer {
     fn frame<'d>(&self, d: &'d Delivery) -> Option<&'d Bytes> {
-        Some(d.framed(Lane::WebSocket, |d| {
+        Some(d.framed(Lane::WEBSOCKET, |d| {
             let mut f = b"<".to_vec();
             f.extend_from_slice(&d.json);
             f.push(b'>');

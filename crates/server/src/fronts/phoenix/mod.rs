@@ -37,3 +37,23 @@ pub fn routes() -> Router<Arc<Node>> {
 pub fn polling_routes() -> Router<Arc<Node>> {
     Router::new().route("/socket/longpoll", get(longpoll::poll).post(longpoll::send))
 }
+
+/// The publication `d` as a Phoenix broadcast on its topic (the channel) for serializer
+/// `vsn`, made once per delivery and shared by every Phoenix connection of that serializer.
+pub(crate) fn broadcast_of(
+    d: &crate::queue::Delivery,
+    vsn: herald_protocol::phoenix::Vsn,
+) -> &bytes::Bytes {
+    use herald_protocol::phoenix::{broadcast, Vsn};
+    let i = match vsn {
+        Vsn::V1 => 0,
+        Vsn::V2 => 1,
+    };
+    d.encoded(crate::fronts::slots::PHOENIX[i], |d| {
+        let publication = herald_protocol::Publication {
+            offset: d.offset,
+            record: d.record.clone(),
+        };
+        bytes::Bytes::from(broadcast(vsn, d.channel.as_str(), publication.data()))
+    })
+}

@@ -132,9 +132,9 @@ impl Framing for PhoenixFrames {
         }
         let vsn = self.0;
         let lane = match vsn {
-            Vsn::V1 => Lane::PhoenixV1,
-            Vsn::V2 => Lane::PhoenixV2,
+            Vsn::V1 => crate::fronts::slots::PHOENIX_LANES[0],
+            Vsn::V2 => crate::fronts::slots::PHOENIX_LANES[1],
         };
-        Some((lane, delivery.phoenix(vsn)))
+        Some((lane, super::broadcast_of(delivery, vsn)))
     }
 }

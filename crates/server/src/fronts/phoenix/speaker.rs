@@ -226,7 +226,7 @@ impl Speaker for Phoenix {
                     );
                 }
             }
-            Drained::Delivery(d) => emit(d.phoenix(vsn), Some(d), at),
+            Drained::Delivery(d) => emit(super::broadcast_of(d, vsn), Some(d), at),
         })
     }
 }

@@ -63,3 +63,17 @@ pub fn routes(node: &Arc<Node>) -> Router<Arc<Node>> {
             bookmarks: resume::Bookmarks::start(),
         }))
 }
+
+/// The publication `d` as a Pusher event on the channel's Pusher name (the part after the
+/// app's namespace), made once per delivery and shared by every Pusher connection.
+pub(crate) fn event_of(d: &crate::queue::Delivery) -> &herald_protocol::pusher::Event {
+    d.encoded(crate::fronts::slots::PUSHER, |d| {
+        let name = d.channel.as_str();
+        let name = name.split_once(':').map_or(name, |(_, rest)| rest);
+        let publication = herald_protocol::Publication {
+            offset: d.offset,
+            record: d.record.clone(),
+        };
+        herald_protocol::pusher::event(name, publication.data())
+    })
+}

@@ -274,7 +274,7 @@ impl Framing for PusherFrames {
         if delivery.offset == 0 || !self.direct {
             return None;
         }
-        let event = delivery.pusher();
+        let event = super::event_of(delivery);
         if event
             .except
             .as_deref()
@@ -282,13 +282,18 @@ impl Framing for PusherFrames {
         {
             return None;
         }
-        Some((Lane::Pusher, &event.frame))
+        Some((crate::fronts::slots::PUSHER_LANE, &event.frame))
     }
 
     /// Every publication's event, for the connection's task (which leaves out the client's
     /// own events itself), whether the hub writes to this connection or not.
     fn message_for_task<'d>(&self, delivery: &'d Delivery) -> Option<(Lane, &'d [u8])> {
-        (delivery.offset != 0).then(|| (Lane::Pusher, &delivery.pusher().frame[..]))
+        (delivery.offset != 0).then(|| {
+            (
+                crate::fronts::slots::PUSHER_LANE,
+                &super::event_of(delivery).frame[..],
+            )
+        })
     }
 
     /// Herald's reasons in Pusher's codes, so that `pusher-js` does what Herald's SDK

@@ -529,7 +529,7 @@ impl Speaker for Pusher {
                 }
             }
             Drained::Delivery(d) => {
-                let event = d.pusher();
+                let event = super::event_of(d);
                 if !event.except.as_deref().is_some_and(|e| socket_id.is(e)) {
                     emit(&event.frame, Some(d), at);
                 }

@@ -82,7 +82,7 @@ impl DirectSocket for Shared {
         }
         Some(delivery.framed(lane, |d| {
             let mut push = Vec::with_capacity(d.json.len() + 64);
-            if lane == Lane::Sse {
+            if lane == Lane::SSE {
                 let mut id = String::new();
                 herald_protocol::cursor::write_entry(&mut id, &d.channel, &d.epoch, d.offset);
                 stream::Framing::Sse.push(&d.json, Some(&id), &mut push);
@@ -152,7 +152,7 @@ impl stream::Out for ToSocket {
 
     fn idle(&self, session: &crate::session::Session) {
         let open = match self.shared.lane {
-            Some(Lane::Sse) => session.subscription_count() == 1,
+            Some(Lane::SSE) => session.subscription_count() == 1,
             Some(_) => true,
             None => false,
         };

@@ -112,8 +112,8 @@ impl Accepted {
     /// callback, so they are not the same for every connection: it has none).
     pub fn lane(&self) -> Option<Lane> {
         match self.framing {
-            Framing::Sse => Some(Lane::Sse),
-            Framing::Ndjson => Some(Lane::Ndjson),
+            Framing::Sse => Some(Lane::SSE),
+            Framing::Ndjson => Some(Lane::NDJSON),
             Framing::Iframe { .. } => None,
         }
     }

@@ -49,7 +49,7 @@ pub struct HeraldFrames;
 
 impl Framing for HeraldFrames {
     fn message<'d>(&self, delivery: &'d Delivery) -> Option<(Lane, &'d [u8])> {
-        Some((Lane::WebSocket, &delivery.json))
+        Some((Lane::WEBSOCKET, &delivery.json))
     }
 }
 
