@@ -126,50 +126,43 @@ async fn check(store: &Store) {
     }
     let remembered = store.acked.all();
     let count = remembered.len();
-    let failed = std::sync::atomic::AtomicUsize::new(0);
-    let renewed: Vec<_> = futures_util::stream::iter(remembered)
+    let answers: Vec<_> = futures_util::stream::iter(remembered)
         .map(|(channel, seen)| async move {
             let now = store.renew_epoch(&channel, &seen).await;
             (channel, seen, now)
         })
         .buffer_unordered(AT_ONCE)
-        .filter_map(|(channel, seen, now)| {
-            let failed = &failed;
-            async move {
-                match now {
-                    Ok(renewed) => renewed.map(|now| (channel, seen, now)),
-                    Err(e) => {
-                        failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        tracing::debug!(channel = %channel, error = %e, "could not check whether the channel's history in redis went back; tried again in a second");
-                        None
-                    }
-                }
-            }
-        })
         .collect()
         .await;
-    for (channel, (epoch, seen), now) in &renewed {
-        tracing::warn!(
-            channel = %channel,
-            seen = *seen,
-            epoch = epoch.as_str(),
-            new_epoch = now.as_str(),
-            "redis failed over or restarted and the channel's history went back below what this node acknowledged: it continues in a new epoch, so clients that saw the lost publications get recovered: false instead of reused offsets"
-        );
+    let (mut renewed, mut failed) = (0, 0);
+    for (channel, (epoch, seen), now) in answers {
+        match now {
+            Ok(None) => {}
+            Ok(Some(now)) => {
+                renewed += 1;
+                tracing::warn!(
+                    channel = %channel,
+                    seen,
+                    epoch = epoch.as_str(),
+                    new_epoch = now.as_str(),
+                    "redis failed over or restarted and the channel's history went back below what this node acknowledged: it continues in a new epoch, so clients that saw the lost publications get recovered: false instead of reused offsets"
+                );
+            }
+            Err(e) => {
+                failed += 1;
+                tracing::debug!(channel = %channel, error = %e, "could not check whether the channel's history in redis went back; tried again in a second");
+            }
+        }
     }
-    let failed = failed.into_inner();
+    // Until every channel was checked, the next round checks them all again: a failover
+    // in progress answers for none of the slots its dead primary held.
     if failed == 0 {
-        // Until every channel was checked, the next round checks them all again: a
-        // failover in progress answers for none of the slots its dead primary held.
         store.acked.checked(ids);
         tracing::info!(
             checked = count,
-            renewed = renewed.len(),
+            renewed,
             "redis's replication changed (a failover or a restart): checked the channels this node published to"
         );
-    } else if store.names.cluster {
-        // The cluster's map may still name the dead primary: read it anew.
-        store.abandon_connection("redis cluster slots did not answer a check after a failover");
     }
 }
 

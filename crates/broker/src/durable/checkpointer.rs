@@ -41,11 +41,11 @@ impl Job {
 }
 
 pub(super) struct Checkpointer {
-    pub(super) dir: Dir,
+    dir: Dir,
     /// The checkpoint's files: a base and the deltas after it.
-    pub(super) chain: Chain,
+    chain: Chain,
     /// Why checkpoints fail, while they do (the applier packs nothing meanwhile).
-    pub(super) failing: Failing,
+    failing: Failing,
     merging: Option<Merging>,
     /// The last delta's bytes, its buffer kept for the next.
     buffer: Vec<u8>,

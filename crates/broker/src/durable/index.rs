@@ -248,13 +248,11 @@ impl Index {
         loc: Loc,
         history_size: usize,
     ) {
-        // Looked up, not entered: an entry wanted its key owned, an allocation a publication.
-        let new = !self.streams.contains_key(channel);
-        if new {
-            let stream = Stream::new(epoch.clone(), offset - 1, loc.at_ms);
-            self.streams.insert(channel.to_owned(), stream);
-        }
-        let stream = self.streams.get_mut(channel).expect("made above");
+        let mut new = false;
+        let stream = self.streams.entry(channel.to_owned()).or_insert_with(|| {
+            new = true;
+            Stream::new(epoch.clone(), offset - 1, loc.at_ms)
+        });
         let mut gone = Vec::new();
         // A stream begun again (a reset or a forget not logged before it, as after damage)
         // or a hole: what it held is not this run of offsets.
@@ -267,26 +265,29 @@ impl Index {
         // Room first, then the push: pushed first, a full stream's buffer doubled and stayed
         // so (49 bytes a kept publication at 10 million, not 24).
         let trimmed = stream.drop_oldest(|kept, _| kept >= history_size.max(1));
-        let first = (!trimmed.is_empty()).then_some(stream.first);
+        let trimmed_to = (!trimmed.is_empty()).then_some(stream.first);
         gone.extend(trimmed);
         stream.locs.push_back(loc);
         stream.top = offset;
         stream.last_ms = loc.at_ms;
-        if history_size == 0 {
-            // A stream that keeps none.
+        // A stream that keeps none.
+        let emptied_to = (history_size == 0).then(|| {
             gone.extend(stream.drop_oldest(|_, _| true));
-        }
-        let whole = (new || begun || history_size == 0).then(|| stream.clone());
+            stream.first
+        });
+        // Begun streams are noted whole (what they held before is not their history).
+        let whole = (new || begun).then(|| Box::new(stream.clone()));
         self.live(&loc, 1);
         self.drop_locs(gone);
-        match whole {
-            Some(stream) => self.note(channel, || Change::Whole(Box::new(stream))),
-            None => {
-                if let Some(first) = first {
-                    self.note(channel, || Change::First(first));
-                }
-                self.note(channel, || Change::Append(offset, loc));
-            }
+        if let Some(stream) = whole {
+            return self.note(channel, || Change::Whole(stream));
+        }
+        if let Some(first) = trimmed_to {
+            self.note(channel, || Change::First(first));
+        }
+        self.note(channel, || Change::Append(offset, loc));
+        if let Some(first) = emptied_to {
+            self.note(channel, || Change::First(first));
         }
     }
 

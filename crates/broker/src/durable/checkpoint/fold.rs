@@ -69,7 +69,7 @@ impl Fold {
             fold.add_delta(n, &bytes)
                 .map_err(|e| bad(format!("{} cannot be read: {e}", delta_name(n))))?;
         }
-        if upto.is_some_and(|upto| upto > fold.chain.seq.max(seq)) {
+        if upto.is_some_and(|upto| upto > fold.chain.seq) {
             let after = delta_name(fold.chain.seq);
             return Err(bad(format!("the delta after {after} is missing")));
         }

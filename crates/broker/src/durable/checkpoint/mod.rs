@@ -5,9 +5,9 @@
 //! a publication appended, a stream trimmed, reset, forgotten, moved, given a new
 //! epoch). A checkpoint is a delta, so writing one costs what changed, not what is kept
 //! (at 10 million kept publications the whole index was 240 MB, rewritten while the
-//! applier waited, issue #57). When the deltas grow past a
-//! quarter of the base, a thread of its own merges them into a new base, reading and
-//! writing a record at a time (`merge`); the applier goes on meanwhile.
+//! applier waited, issue #57). When the deltas grow past a quarter of the base (or are
+//! many), a thread of its own merges them into a new base, reading and writing a record
+//! at a time (`merge`); the applier goes on meanwhile.
 //!
 //! Every file carries what the store must know about the run that wrote it: its mark (a
 //! restore puts back an older checkpoint, whose mark no longer matches the one beside it),
@@ -24,7 +24,7 @@ mod merge;
 use std::{collections::HashMap, io};
 
 use fold::Fold;
-pub(crate) use format::{Part, Sink};
+use format::{Part, Sink};
 pub(crate) use merge::merge;
 #[cfg(test)]
 pub(crate) use merge::MERGED;
@@ -123,8 +123,8 @@ pub(crate) fn head_of(index: &Index, run: u64, boot: Option<u64>, unflushed: boo
 }
 
 /// The bytes of a delta numbered `seq`: the index's changes since the last checkpoint, in
-/// order. Written into `out` (emptied first), which the applier keeps from one checkpoint
-/// to the next.
+/// order. Written into `out` (emptied first), which the checkpoint thread keeps from one
+/// checkpoint to the next.
 pub(crate) fn delta(
     mut out: Vec<u8>,
     seq: u64,

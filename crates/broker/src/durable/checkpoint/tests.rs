@@ -158,7 +158,7 @@ fn deltas_and_merges_read_back_as_the_index() {
                         .map_or(1, |s| s.top + 1 + u64::from(rng.u32(..20) == 0));
                     pos += 40;
                     let at = loc(rng.u32(..3), pos, step);
-                    index.publish(channel, epoch, next, at, rng.usize(1..12));
+                    index.publish(channel, epoch, next, at, rng.usize(..12));
                 }
                 60..70 => index.keep_newest(channel, rng.usize(..6)),
                 70..75 => drop(index.trim(channel, step.saturating_sub(30))),
