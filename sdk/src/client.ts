@@ -254,6 +254,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost {
     const since = sinceParam(sub.position);
     if (since !== undefined) params["since"] = since;
     if (sub.token !== undefined) params["token"] = sub.token;
+    if (sub.delta !== undefined) params["delta"] = sub.delta;
     const sentOn = this.transport;
     // Answered in the same turn as the reply, not a promise's turn later: a publication that
     // raced with the subscribe may follow the reply in the same frame, and must find the
@@ -419,7 +420,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost {
       if (sub.state === "subscribing" && this.transport instanceof PollTransport && sub.position?.epoch !== undefined) {
         sub.confirmed({ epoch: sub.position.epoch, offset: sub.position.offset, recovered: true }, true);
       }
-      sub.deliver(m.pub.offset, m.pub.data, m.pub.from);
+      sub.receive(m.pub);
     } else if (m.presence !== undefined) {
       this.subs.get(m.presence.channel)?.presenceChanged(m.presence.join, m.presence.leave, m.presence.missed === true);
     } else if (m.subscribe?.channel !== undefined) {

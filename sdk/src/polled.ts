@@ -16,6 +16,12 @@ export class PolledSubscriptions implements PollSource {
     return out;
   }
 
+  /** Whether a subscription asks for deltas (a poll asks for them for all its channels:
+   * a subscription that did not ask takes them just as well). */
+  delta(): boolean {
+    return [...this.subs.values()].some((s) => s.state !== "unsubscribed" && s.delta !== undefined);
+  }
+
   answered(requested: string[], announced: Set<string>): void {
     for (const channel of requested) {
       const sub = this.subs.get(channel);

@@ -137,7 +137,9 @@ export interface ServerMessage {
   history?: HistoryResult;
   rpc?: RpcResult;
   ping?: Record<string, never>;
-  pub?: { channel: string; offset: number; data: unknown; from?: Sender };
+  /** A publication: `data`, or on a subscription made with `delta: "fossil"` its data as
+   * text (`full`) or the Fossil delta from the previous one's (`delta`). */
+  pub?: { channel: string; offset: number; data?: unknown; full?: string; delta?: string; from?: Sender };
   /** Who joined and left a channel during the server's last window (a batch). */
   presence?: { channel: string; join: Member[]; leave: Member[]; missed?: boolean };
   presence_stats?: PresenceStatsResult;

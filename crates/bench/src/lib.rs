@@ -43,6 +43,9 @@ pub enum Scenario {
     Burst(scenarios::burst::BurstArgs),
     /// Study 5: clients that connect, stay a while, leave and come back.
     Churn(scenarios::churn::ChurnArgs),
+    /// Bytes on the wire for a document changing a little per publication: plain and with
+    /// Fossil deltas, beside Centrifugo's (`--centrifugo`).
+    Delta(scenarios::delta::DeltaArgs),
     /// Study 4: clients fetch a 130 KB document every second through the server from a backend
     /// (Herald's rpc hook), one more every 2 s, until the server degrades.
     Fetch(scenarios::fetch::FetchArgs),

@@ -59,12 +59,17 @@ pub enum Target {
     Wal,
     /// A packed file of the durable store, read without its index (the rebuild).
     Pack,
+    /// A Centrifugo client's frame (the Centrifugo front's codec), an error answered to
+    /// it, and a stored payload as a Centrifugo publication, whole and as a delta's base.
+    Centrifugo,
+    /// Two publications' data, and the Fossil delta between them (`delta: "fossil"`).
+    Delta,
 }
 
 pub use crate::decoder::Decoder;
 
 impl Target {
-    pub const ALL: [Target; 19] = [
+    pub const ALL: [Target; 21] = [
         Target::Command,
         Target::Cursor,
         Target::Query,
@@ -84,6 +89,8 @@ impl Target {
         Target::Websocket,
         Target::Wal,
         Target::Pack,
+        Target::Centrifugo,
+        Target::Delta,
     ];
 
     pub fn name(self) -> &'static str {
@@ -107,6 +114,8 @@ impl Target {
             Target::Websocket => "websocket",
             Target::Wal => "wal",
             Target::Pack => "pack",
+            Target::Centrifugo => "centrifugo",
+            Target::Delta => "delta",
         }
     }
 
@@ -190,6 +199,19 @@ impl Target {
             Target::Websocket => return crate::websocket::corpus(),
             Target::Wal => return crate::wal::corpus(),
             Target::Pack => return crate::pack::corpus(),
+            Target::Centrifugo => &[
+                r#"{"id":1,"connect":{"token":"t","name":"js","version":"5.8.0","flag":1,"subs":{}}}"#,
+                r#"{"id":2,"subscribe":{"channel":"chat:lobby","recover":true,"offset":3,"epoch":"abc","delta":"fossil"}}"#,
+                "{\"id\":3,\"publish\":{\"channel\":\"a\",\"data\":{\"x\":1}}}\n{}\n{\"id\":4,\"ping\":{}}",
+                r#"{"id":5,"history":{"channel":"a","limit":-1,"since":{"offset":1,"epoch":"e"}}}"#,
+                r#"{"id":6,"sub_refresh":{"channel":"a","token":"t"}}"#,
+                r#"{"id":7,"rpc":{"method":"m","data":[1,2]}}"#,
+            ],
+            Target::Delta => &[
+                "{\"a\":1,\"text\":\"the same text\"}\u{0}{\"a\":2,\"text\":\"the same text\"}",
+                "\u{0}",
+                "ééé 東京\u{0}éé 東京 é",
+            ],
         };
         texts.iter().map(|t| t.as_bytes().to_vec()).collect()
     }
@@ -250,6 +272,53 @@ impl Target {
                     let _ = pusher::check_channel(&s.channel);
                 }
                 let _ = pusher::event("presence-room", input);
+            }),
+            // As the front's session reads a frame, and answers what it refuses.
+            Target::Centrifugo => Box::new(|input| {
+                use herald_protocol::centrifugo::Centrifugo;
+                let mut rest = input;
+                while !rest.is_empty() {
+                    let (part, after) = Centrifugo.split(rest);
+                    rest = after;
+                    if let Some(Err(DecodeError::Invalid { id, code, message })) =
+                        Centrifugo.decode(part)
+                    {
+                        let _ = Centrifugo.reply(&Reply::error(id, code, &message));
+                    }
+                }
+                let publication = herald_protocol::Publication {
+                    offset: 1,
+                    record: Bytes::copy_from_slice(input),
+                };
+                let channel = ChannelName::new("chat").expect("a valid name");
+                for delta in [None, Some(None), Some(Some(&b"1\n;"[..]))] {
+                    let push = match delta {
+                        None => herald_protocol::Push::Pub {
+                            channel: &channel,
+                            publication: &publication,
+                        },
+                        Some(delta) => herald_protocol::Push::PubDelta {
+                            channel: &channel,
+                            publication: &publication,
+                            delta,
+                        },
+                    };
+                    if std::str::from_utf8(input).is_ok() {
+                        let _ = Centrifugo.push(&push);
+                    }
+                }
+                let _ = json::presence_in(&Centrifugo, input);
+            }),
+            // A delta of any two texts is made without a panic and gives the target back.
+            Target::Delta => Box::new(|input| {
+                let (source, target) = match input.iter().position(|b| *b == 0) {
+                    Some(at) => (&input[..at], &input[at + 1..]),
+                    None => (input, &b""[..]),
+                };
+                if let Some(delta) = herald_protocol::delta::fossil(source, target) {
+                    let made = fossil_delta::apply(source, &delta).expect("a delta applies");
+                    assert_eq!(made, target, "a delta gives its target back");
+                }
             }),
             Target::Phoenix => Box::new(|input| {
                 use herald_protocol::phoenix::{self, Vsn};

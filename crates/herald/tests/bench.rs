@@ -542,3 +542,16 @@ fn churn_against_a_refusing_server_backs_off_and_says_why() {
         "{notes}"
     );
 }
+
+#[test]
+fn delta_counts_the_bytes_of_plain_and_delta_publications() {
+    let out = succeeds(herald().args(["bench", "delta", "--publications", "6", "--json"]));
+    let rows = rows(&out.stdout);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let (plain, delta) = (&rows[0], &rows[1]);
+    assert_eq!(plain["mode"], "plain", "{plain}");
+    assert_eq!(delta["mode"], "fossil delta", "{delta}");
+    let rest = |r: &Value| r["next publications B"].as_u64().unwrap();
+    assert!(rest(plain) > 5 * 2000, "{plain}");
+    assert!(rest(delta) * 10 < rest(plain), "{delta} against {plain}");
+}

@@ -119,6 +119,17 @@ pub enum Push<'a> {
         /// The publication.
         publication: &'a Publication,
     },
+    /// A publication on a channel subscribed with deltas (see [`crate::delta`]): its data
+    /// as text (`delta: None`), which the client keeps to apply the next delta to, or the
+    /// delta from the previous publication's data.
+    PubDelta {
+        /// The channel.
+        channel: &'a ChannelName,
+        /// The publication.
+        publication: &'a Publication,
+        /// The delta from the previous publication's data, or none for the whole text.
+        delta: Option<&'a [u8]>,
+    },
     /// The connection ends (on transports without a close code of their own).
     Disconnect {
         /// One of [`crate::DisconnectCode`].

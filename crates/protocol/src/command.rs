@@ -114,6 +114,8 @@ pub struct SubscribeRequest {
     pub since: Option<Since>,
     /// Subscription token: a JWT granting this connection's user this channel.
     pub token: Option<String>,
+    /// Live publications as deltas from the previous one (`delta: "fossil"`).
+    pub delta: bool,
 }
 
 /// Parameters of `refresh`.

@@ -13,11 +13,13 @@
 //!
 //! `docs/protocol.md` is the full reference; this crate is its executable form.
 
+pub mod centrifugo;
 mod channel;
 pub mod codec;
 pub mod codes;
 pub mod command;
 pub mod cursor;
+pub mod delta;
 mod encoding;
 pub mod json;
 pub mod phoenix;

@@ -69,6 +69,10 @@ pub struct Refreshed {
     /// As in [`Connect`].
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub expiry: Option<Expiry>,
+    /// Whether a subscription's token was refreshed (not the connection's): codecs that
+    /// name the two apart (Centrifugo's `sub_refresh`) answer in its name.
+    #[serde(skip)]
+    pub subscription: bool,
 }
 
 /// Result of `subscribe` and `history`.
@@ -88,6 +92,9 @@ pub struct Stream<'a> {
     /// subscribe hook's `data`), before any live publication.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data: Option<&'a RawValue>,
+    /// For subscribe: live publications come as deltas (`"fossil"`), as the client asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delta: Option<&'static str>,
 }
 
 /// Result of `rpc`: what the application's backend answered.

@@ -76,6 +76,7 @@ fn frames() -> Vec<(&'static str, Vec<u8>)> {
         recovered,
         publications: &replayed,
         data,
+        delta: None,
     };
     let push = |push: Push<'_>| Json.push(&push);
     let hi = publication(7, r#"{"text":"hi"}"#, None);
@@ -122,7 +123,13 @@ fn frames() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "reply.refresh",
-            done(5, Outcome::Refresh(results::Refreshed { expiry })),
+            done(
+                5,
+                Outcome::Refresh(results::Refreshed {
+                    expiry,
+                    subscription: false,
+                }),
+            ),
         ),
         (
             "reply.rpc",
@@ -183,6 +190,22 @@ fn frames() -> Vec<(&'static str, Vec<u8>)> {
             push(Push::Pub {
                 channel: &lobby,
                 publication: &hello,
+            }),
+        ),
+        (
+            "push.pub.full",
+            push(Push::PubDelta {
+                channel: &lobby,
+                publication: &hi,
+                delta: None,
+            }),
+        ),
+        (
+            "push.pub.delta",
+            push(Push::PubDelta {
+                channel: &lobby,
+                publication: &hi,
+                delta: Some(b"E\n7@0,3:\"hi\"3NB;"),
             }),
         ),
         ("push.connect", push(Push::Connect(&connect))),

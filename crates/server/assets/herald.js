@@ -206,7 +206,69 @@ var Herald = (() => {
     return {};
   }
 
+  // src/delta.ts
+  var DIGITS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz~";
+  var VALUES = new Int8Array(128).fill(-1);
+  for (let i = 0; i < DIGITS.length; i++) VALUES[DIGITS.charCodeAt(i)] = i;
+  var DeltaError = class extends Error {
+  };
+  function applyDelta(source, delta) {
+    let at = 0;
+    const number = () => {
+      const start = at;
+      let value = 0;
+      while (at < delta.length) {
+        const c = delta[at];
+        const digit = c < 128 ? VALUES[c] : -1;
+        if (digit < 0) break;
+        value = value * 64 + digit;
+        at++;
+      }
+      if (at === start) throw new DeltaError("a number expected");
+      return value;
+    };
+    const size = number();
+    if (delta[at++] !== 10) throw new DeltaError("no newline after the size");
+    const out = new Uint8Array(size);
+    let written = 0;
+    while (at < delta.length) {
+      const count = number();
+      const command = delta[at++];
+      if (command === 64) {
+        const offset = number();
+        if (delta[at++] !== 44) throw new DeltaError("no comma after a copy");
+        if (offset + count > source.length || written + count > size) throw new DeltaError("a copy past the end");
+        out.set(source.subarray(offset, offset + count), written);
+        written += count;
+      } else if (command === 58) {
+        if (at + count > delta.length || written + count > size) throw new DeltaError("a literal past the end");
+        out.set(delta.subarray(at, at + count), written);
+        written += count;
+        at += count;
+      } else if (command === 59) {
+        if (written !== size) throw new DeltaError("the result is short");
+        if (checksum(out) !== count) throw new DeltaError("bad checksum");
+        return out;
+      } else {
+        throw new DeltaError("unknown command");
+      }
+    }
+    throw new DeltaError("no end");
+  }
+  function checksum(bytes) {
+    let sum = 0;
+    let i = 0;
+    for (; i + 4 <= bytes.length; i += 4) {
+      sum = sum + (bytes[i] << 24 >>> 0) + (bytes[i + 1] << 16) + (bytes[i + 2] << 8) + bytes[i + 3] >>> 0;
+    }
+    let last = 0;
+    for (let shift = 24; i < bytes.length; i++, shift -= 8) last += bytes[i] << shift;
+    return sum + (last >>> 0) >>> 0;
+  }
+
   // src/subscription.ts
+  var encoder = new TextEncoder();
+  var decoder = new TextDecoder("utf-8", { fatal: true });
   var Subscription = class extends Emitter {
     constructor(channel, host, options = {}) {
       super();
@@ -216,6 +278,7 @@ var Herald = (() => {
       /** Whether the subscription has been confirmed since it was last (re)subscribed. */
       this.confirmedOnce = false;
       this.at = options.since === void 0 ? void 0 : { ...options.since };
+      this.delta = options.delta;
     }
     get state() {
       return this.current;
@@ -294,6 +357,34 @@ var Herald = (() => {
       if (!publicationsFollow && result.recovered !== false && this.at.offset < result.offset) {
         this.at.offset = result.offset;
       }
+    }
+    /** A publication push: plain, whole as text, or a delta from the last one's data. A
+     * delta that does not apply (a base this client does not have, a bad checksum) loses
+     * nothing: every channel resumes from its position, and the server sends the next one
+     * whole. */
+    receive(pub) {
+      if (this.current !== "subscribed" || this.at === void 0 || pub.offset <= this.at.offset) return;
+      if (pub.full === void 0 && pub.delta === void 0) {
+        this.deliver(pub.offset, pub.data, pub.from);
+        return;
+      }
+      let text;
+      let data;
+      try {
+        if (pub.full !== void 0) {
+          text = encoder.encode(pub.full);
+        } else {
+          if (this.base === void 0 || pub.offset !== this.at.offset + 1) throw new DeltaError("no base for the delta");
+          text = applyDelta(this.base, encoder.encode(pub.delta));
+        }
+        data = JSON.parse(decoder.decode(text));
+      } catch (error) {
+        this.base = void 0;
+        this.host.resync(`${this.channel}: publication ${pub.offset} does not apply (${String(error)})`);
+        return;
+      }
+      this.base = text;
+      this.deliver(pub.offset, data, pub.from);
     }
     /** A publication for this channel; at or below the position it is a repeat and dropped. */
     deliver(offset, data, from) {
@@ -566,6 +657,11 @@ var Herald = (() => {
       }
       return out;
     }
+    /** Whether a subscription asks for deltas (a poll asks for them for all its channels:
+     * a subscription that did not ask takes them just as well). */
+    delta() {
+      return [...this.subs.values()].some((s) => s.state !== "unsubscribed" && s.delta !== void 0);
+    }
     answered(requested, announced) {
       for (const channel of requested) {
         const sub = this.subs.get(channel);
@@ -715,6 +811,7 @@ var Herald = (() => {
         else positioned.push([channel, position]);
       }
       if (positioned.length > 0) params.set("cursor", encodeCursor(positioned));
+      if (this.source.delta()) params.set("delta", "fossil");
       if (held) params.set("timeout", String(this.options.longpollTimeout));
       const first = this.ctx.firstClient();
       if (first !== void 0) params.set("client", first);
@@ -818,12 +915,12 @@ var Herald = (() => {
           return;
         }
         const reader = response.body.getReader();
-        const decoder = new TextDecoder();
+        const decoder2 = new TextDecoder();
         const lines = new LineSplitter();
         for (; ; ) {
           const { done, value } = await reader.read();
           if (done) break;
-          for (const line of lines.push(decoder.decode(value, { stream: true }))) {
+          for (const line of lines.push(decoder2.decode(value, { stream: true }))) {
             for (const m of decodeMessages(line)) this.deliver(m);
           }
         }
@@ -1059,6 +1156,7 @@ var Herald = (() => {
       const since = sinceParam(sub.position);
       if (since !== void 0) params["since"] = since;
       if (sub.token !== void 0) params["token"] = sub.token;
+      if (sub.delta !== void 0) params["delta"] = sub.delta;
       const sentOn = this.transport;
       this.command(
         "subscribe",
@@ -1206,7 +1304,7 @@ var Herald = (() => {
         if (sub.state === "subscribing" && this.transport instanceof PollTransport && sub.position?.epoch !== void 0) {
           sub.confirmed({ epoch: sub.position.epoch, offset: sub.position.offset, recovered: true }, true);
         }
-        sub.deliver(m.pub.offset, m.pub.data, m.pub.from);
+        sub.receive(m.pub);
       } else if (m.presence !== void 0) {
         this.subs.get(m.presence.channel)?.presenceChanged(m.presence.join, m.presence.leave, m.presence.missed === true);
       } else if (m.subscribe?.channel !== void 0) {

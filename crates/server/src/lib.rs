@@ -36,6 +36,7 @@ pub mod settings;
 pub mod throttle;
 pub mod token;
 pub mod transport;
+pub mod transports;
 pub mod web;
 
 use std::{

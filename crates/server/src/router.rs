@@ -127,6 +127,7 @@ pub fn router(node: Arc<Node>, parked: poll::Parked) -> Router {
         .merge(connection)
         .merge(crate::fronts::pusher::routes(&node))
         .merge(crate::fronts::phoenix::routes())
+        .merge(crate::fronts::centrifugo::routes(&node))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz));
     if node.settings.config.web {

@@ -8,6 +8,8 @@ import { httpFailure, type Transport, type TransportContext } from "./types.js";
 export interface PollSource {
   /** The channels to poll, with the position to resume after (undefined: start now). */
   channels(): Map<string, Position | undefined>;
+  /** Whether to ask for deltas (`delta=fossil`). */
+  delta(): boolean;
   /** An answer covered `requested`; `announced` got a `subscribe` push in it. */
   answered(requested: string[], announced: Set<string>): void;
   /** The server refused the request (a channel it will not open, say: `channel` when the
@@ -150,6 +152,7 @@ export class PollTransport implements Transport {
       else positioned.push([channel, position]);
     }
     if (positioned.length > 0) params.set("cursor", encodeCursor(positioned));
+    if (this.source.delta()) params.set("delta", "fossil");
     if (held) params.set("timeout", String(this.options.longpollTimeout));
     const first = this.ctx.firstClient();
     if (first !== undefined) params.set("client", first);

@@ -4,6 +4,7 @@
 pub mod burst;
 pub mod capacity;
 pub mod churn;
+pub mod delta;
 pub mod fanout;
 pub mod fetch;
 pub mod payload;
@@ -38,6 +39,7 @@ pub async fn run(scenario: Scenario, common: &Common) -> anyhow::Result<Outcome>
         Scenario::Payload(a) => payload::run(a, common).await,
         Scenario::Burst(a) => burst::run(a, common).await,
         Scenario::Churn(a) => churn::run(a, common).await,
+        Scenario::Delta(a) => delta::run(a, common).await,
         Scenario::Fetch(a) => fetch::run(a, common).await,
         Scenario::Presence(a) => presence::run(a, common).await,
     }
@@ -49,7 +51,7 @@ pub struct Target {
     pub publisher: Publisher,
     pub generic: Option<Generic>,
     pub is_herald: bool,
-    api_key: String,
+    pub api_key: String,
     /// Clients offer permessage-deflate.
     deflate: bool,
 }

@@ -50,6 +50,11 @@ impl Codec for Json {
                 channel,
                 publication,
             } => encode_pub(channel, publication),
+            Push::PubDelta {
+                channel,
+                publication,
+                delta,
+            } => encode_pub_delta(channel, publication, *delta),
             Push::Disconnect { code, reason } => encode_disconnect(*code, reason),
             Push::Unsubscribe {
                 channel,
@@ -202,6 +207,36 @@ fn encode_pub(channel: &ChannelName, publication: &Publication) -> Vec<u8> {
     write!(out, "{}", publication.offset).expect("writing to a Vec cannot fail");
     out.extend_from_slice(b",\"data\":");
     out.extend_from_slice(publication.data());
+    if let Some(from) = publication.from() {
+        out.extend_from_slice(b",\"from\":");
+        out.extend_from_slice(from);
+    }
+    out.extend_from_slice(b"}}");
+    out
+}
+
+/// `{"pub":{"channel":…,"offset":N,"full":"DATA AS TEXT"}}`, or `"delta":"FOSSIL DELTA"`
+/// in place of `full` (see [`crate::delta`]): strings, so that a client has the data's
+/// exact bytes to apply the next delta to.
+fn encode_pub_delta(
+    channel: &ChannelName,
+    publication: &Publication,
+    delta: Option<&[u8]>,
+) -> Vec<u8> {
+    let (key, text) = match delta {
+        Some(delta) => (&b"delta"[..], delta),
+        None => (&b"full"[..], publication.data()),
+    };
+    let text = std::str::from_utf8(text).expect("publications and their deltas are UTF-8");
+    let mut out = Vec::with_capacity(64 + channel.as_str().len() + text.len() * 5 / 4);
+    out.extend_from_slice(b"{\"pub\":{\"channel\":\"");
+    out.extend_from_slice(channel.as_str().as_bytes());
+    out.extend_from_slice(b"\",\"offset\":");
+    write!(out, "{}", publication.offset).expect("writing to a Vec cannot fail");
+    out.extend_from_slice(b",\"");
+    out.extend_from_slice(key);
+    out.extend_from_slice(b"\":");
+    serde_json::to_writer(&mut out, text).expect("writing to a Vec cannot fail");
     if let Some(from) = publication.from() {
         out.extend_from_slice(b",\"from\":");
         out.extend_from_slice(from);

@@ -67,11 +67,22 @@ pub fn decode_command(line: &[u8]) -> Result<Command, DecodeError> {
     let method = match name.as_str() {
         "connect" => Method::Connect(parse::<ConnectRequest>(id, params)?),
         "subscribe" => {
-            let p: SinceParams = parse(id, params)?;
+            let p: SubscribeParams = parse(id, params)?;
             Method::Subscribe(SubscribeRequest {
                 channel: channel(id, &p.channel)?,
                 since: p.since,
                 token: p.token,
+                delta: match p.delta.as_deref() {
+                    None => false,
+                    Some(crate::delta::FOSSIL) => true,
+                    Some(other) => {
+                        return Err(invalid(
+                            id,
+                            ErrorCode::BadRequest,
+                            format!("unknown delta format {other:?}; expected \"fossil\""),
+                        ))
+                    }
+                },
             })
         }
         "unsubscribe" => {
@@ -179,12 +190,14 @@ struct ChannelParams {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct SinceParams {
+struct SubscribeParams {
     channel: String,
     #[serde(default)]
     since: Option<Since>,
     #[serde(default)]
     token: Option<String>,
+    #[serde(default)]
+    delta: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -245,3 +258,53 @@ pub use payload::*;
 mod fuzz;
 #[cfg(test)]
 mod tests;
+
+/// A `presence` push as Herald's JSON codec wrote it, in another codec's words: the hub
+/// encodes joins and leaves once, in Herald's JSON, and a connection of another codec
+/// has them said again. `None` when `json` is no presence push.
+pub fn presence_in(codec: &dyn crate::Codec, json: &[u8]) -> Option<Vec<u8>> {
+    #[derive(Deserialize)]
+    struct Wire<'a> {
+        #[serde(borrow)]
+        presence: Body<'a>,
+    }
+    #[derive(Deserialize)]
+    struct Body<'a> {
+        channel: &'a str,
+        #[serde(default)]
+        join: Vec<serde_json::Map<String, serde_json::Value>>,
+        #[serde(default)]
+        leave: Vec<serde_json::Map<String, serde_json::Value>>,
+        #[serde(default)]
+        missed: bool,
+    }
+    let wire: Wire<'_> = serde_json::from_slice(json).ok()?;
+    let channel = ChannelName::new(wire.presence.channel).ok()?;
+    // A member is `{"client": ID, …}`: the id, and the rest as its info object.
+    let members = |list: Vec<serde_json::Map<String, serde_json::Value>>| -> Vec<(u64, Vec<u8>)> {
+        list.into_iter()
+            .filter_map(|mut m| {
+                let id = encode::decode_member_id(m.remove("client")?.as_str()?)?;
+                let info = if m.is_empty() {
+                    Vec::new()
+                } else {
+                    serde_json::to_vec(&m).ok()?
+                };
+                Some((id, info))
+            })
+            .collect()
+    };
+    let (join, leave) = (members(wire.presence.join), members(wire.presence.leave));
+    fn as_members(list: &[(u64, Vec<u8>)]) -> Vec<crate::results::Member<'_>> {
+        list.iter()
+            .map(|(id, info)| crate::results::Member { id: *id, info })
+            .collect()
+    }
+    let (join, leave) = (as_members(&join), as_members(&leave));
+    Some(codec.push(&crate::codec::Push::Presence {
+        channel: &channel,
+        join: &join,
+        leave: &leave,
+        missed: wire.presence.missed,
+    }))
+}

@@ -237,6 +237,7 @@ fn replies_serialise_publications_as_raw_json() {
         recovered: Some(true),
         publications: &pubs,
         data: None,
+        delta: None,
     };
     let reply = Json.reply(&Reply::Done {
         id: 3,

@@ -114,6 +114,65 @@ impl Default for PhoenixConfig {
     }
 }
 
+/// `[centrifugo]`: the Centrifugo client protocol front.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CentrifugoConfig {
+    /// Whether its WebSocket answers. Its clients are Herald's clients: channels under the
+    /// same namespace rules, tokens and hooks. Default true.
+    pub enabled: bool,
+    /// Where Centrifugo's clients connect (Herald's own protocol has
+    /// `/connection/websocket`). Default `/centrifugo/connection/websocket`.
+    pub path: String,
+}
+
+impl CentrifugoConfig {
+    /// A path of its own: under `/centrifugo/` or outside every prefix Herald serves.
+    pub(crate) fn check(&self) -> Result<(), super::ConfigError> {
+        let path = &self.path;
+        let ours = [
+            "/connection/",
+            "/api/",
+            "/apps/",
+            "/app/",
+            "/socket/",
+            "/resume/",
+            "/dashboard",
+            "/metrics",
+            "/health",
+            "/ready",
+            "/chat",
+            "/herald.js",
+            "/favicon.ico",
+        ];
+        let fine = path.len() > 1
+            && path.starts_with('/')
+            && !path.ends_with('/')
+            && path
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"/-_.".contains(&b))
+            && !ours.iter().any(|p| path.starts_with(p))
+            && !path.contains("//");
+        if fine {
+            Ok(())
+        } else {
+            Err(super::bad(
+                "centrifugo.path",
+                "must be a path of its own such as /centrifugo/connection/websocket (letters, digits, - _ . /), outside Herald's routes",
+            ))
+        }
+    }
+}
+
+impl Default for CentrifugoConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            path: "/centrifugo/connection/websocket".into(),
+        }
+    }
+}
+
 /// Shortest app secret accepted.
 pub const MIN_PUSHER_SECRET: usize = 16;
 

@@ -21,7 +21,7 @@ pub use auth::{AuthConfig, PreviousKey, MIN_HMAC_SECRET};
 pub use connections::{
     ClientConfig, Compression, HttpConfig, LimitsConfig, PresenceConfig, WebsocketConfig,
 };
-pub use fronts::{PhoenixConfig, PusherApp, PusherConfig, MIN_PUSHER_SECRET};
+pub use fronts::{CentrifugoConfig, PhoenixConfig, PusherApp, PusherConfig, MIN_PUSHER_SECRET};
 pub use hooks::HooksConfig;
 pub use namespaces::{Access, NamespaceConfig, NamespaceOverride, Presence};
 pub use network::Network;
@@ -130,6 +130,8 @@ pub struct Config {
     pub pusher: PusherConfig,
     /// The Phoenix Channels front. Default: on.
     pub phoenix: PhoenixConfig,
+    /// The Centrifugo client protocol front. Default: on.
+    pub centrifugo: CentrifugoConfig,
 }
 
 /// An API key, with what it may do.
@@ -254,6 +256,7 @@ impl Default for Config {
             )]),
             pusher: PusherConfig::default(),
             phoenix: PhoenixConfig::default(),
+            centrifugo: CentrifugoConfig::default(),
         }
     }
 }
@@ -305,6 +308,7 @@ impl Config {
     /// Checks every value (not the key files: [`Config::validate`] loads them).
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
         self.check_api_keys()?;
+        self.centrifugo.check()?;
         let c = &self.client;
         if self.presence.join_leave_window.is_zero() {
             return Err(bad("presence.join_leave_window", "must be greater than 0"));

@@ -6,7 +6,10 @@
 //! - [`pusher`]: Pusher Channels, protocol 7 (`pusher-js`, Laravel Echo), with its signed
 //!   HTTP API.
 //! - [`phoenix`]: Phoenix Channels (`phoenix.js`, serializers 1.0.0 and 2.0.0).
+//! - [`centrifugo`]: Centrifugo's client protocol (`centrifuge-js` and its other SDKs), a
+//!   codec over Herald's own session.
 
+pub mod centrifugo;
 mod members;
 pub mod phoenix;
 pub mod pusher;
@@ -25,6 +28,8 @@ pub(crate) mod slots {
     pub(crate) const PUSHER_LANE: Lane = Lane::new(3);
     /// A Phoenix broadcast in a WebSocket text frame, per serializer.
     pub(crate) const PHOENIX_LANES: [Lane; 2] = [Lane::new(4), Lane::new(5)];
+    /// A Centrifugo push in a WebSocket text frame.
+    pub(crate) const CENTRIFUGO_LANE: Lane = Lane::new(6);
 }
 
 /// Appends one message to `out`, the answers a front's speaker gives the driver: a line

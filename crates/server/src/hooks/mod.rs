@@ -37,53 +37,7 @@ use crate::{
     token::Identity,
 };
 
-/// The transport a client came by, as hooks are told it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Transport {
-    /// `/connection/websocket`.
-    #[default]
-    Websocket,
-    /// `/connection/sse`.
-    Sse,
-    /// `/connection/stream` (HTTP streaming).
-    Stream,
-    /// `/connection/iframe` (forever frame).
-    Iframe,
-    /// `/connection/longpoll`.
-    Longpoll,
-    /// `/connection/poll`.
-    Poll,
-    /// `POST /connection/send` without a stream.
-    Send,
-    /// `/app/{key}`: a Pusher client's WebSocket (see [`crate::fronts::pusher`]).
-    Pusher,
-    /// `/socket/websocket`: a Phoenix client's WebSocket (see [`crate::fronts::phoenix`]).
-    Phoenix,
-}
-
-impl Transport {
-    /// Its name, as hooks and metrics say it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Websocket => "websocket",
-            Self::Sse => "sse",
-            Self::Stream => "stream",
-            Self::Iframe => "iframe",
-            Self::Longpoll => "longpoll",
-            Self::Poll => "poll",
-            Self::Send => "send",
-            Self::Pusher => "pusher",
-            Self::Phoenix => "phoenix",
-        }
-    }
-
-    /// Whether each of its sessions is one request (polls, sends), not a connection that
-    /// lives.
-    pub fn is_request(self) -> bool {
-        matches!(self, Self::Longpoll | Self::Poll | Self::Send)
-    }
-}
+pub use crate::transports::Transport;
 
 /// What the connect hook is told about a client's request, beyond its address (which the
 /// session holds).

@@ -19,7 +19,7 @@
 //! queued meanwhile in one frame: fewer, larger writes, spread over the worker threads.
 
 use std::{
-    collections::{hash_map::RandomState, HashMap},
+    collections::{hash_map::RandomState, HashMap, HashSet},
     hash::BuildHasher,
     sync::{
         atomic::{AtomicU64, AtomicUsize, Ordering},
@@ -30,7 +30,7 @@ use std::{
 use bytes::Bytes;
 use herald_broker::{BrokerError, PublicationSink, SharedBroker};
 use herald_protocol::{ChannelName, Encoding, Epoch, Publication, Push};
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use crate::queue::{Delivery, Position, Queue};
 
@@ -56,6 +56,18 @@ struct Channel {
     /// `join_leave`): apart from `parts`, so a publication's fan-out walks no more bytes
     /// per member for them.
     presence: HashMap<u64, Arc<Queue>>,
+    /// The sessions whose subscription takes deltas. While there are any, the channel keeps
+    /// its last publication's data: the base of the next one's delta, made once for all.
+    deltas: HashSet<u64>,
+    last: Mutex<Option<Last>>,
+}
+
+/// A channel's last publication, as the base of the next one's delta.
+#[derive(Debug)]
+struct Last {
+    epoch: Epoch,
+    offset: u64,
+    data: Bytes,
 }
 
 impl Channel {
@@ -65,6 +77,24 @@ impl Channel {
 
     fn members(&self) -> impl Iterator<Item = &Member> {
         self.parts.iter().flat_map(Members::iter)
+    }
+
+    /// `delivery` with the data of the channel's last publication when that is the one
+    /// right before it (the base of its delta); `publication` becomes the last.
+    fn after_last(&self, delivery: Delivery, epoch: &Epoch, publication: &Publication) -> Delivery {
+        let data = publication.record.slice_ref(publication.data());
+        let mut last = self.last.lock();
+        let before = last.replace(Last {
+            epoch: epoch.clone(),
+            offset: publication.offset,
+            data,
+        });
+        match before {
+            Some(b) if b.epoch == *epoch && b.offset + 1 == publication.offset => {
+                delivery.after(b.data)
+            }
+            _ => delivery,
+        }
     }
 }
 
@@ -178,9 +208,14 @@ impl Hub {
                 parts: (0..self.fanout.len()).map(|_| Members::default()).collect(),
                 pending: Arc::default(),
                 presence: HashMap::new(),
+                deltas: HashSet::new(),
+                last: Mutex::new(None),
             });
             if presence {
                 entry.presence.insert(session, queue.clone());
+            }
+            if position.takes_deltas() {
+                entry.deltas.insert(session);
             }
             entry.parts[self.part(session)].insert(Member {
                 session,
@@ -220,6 +255,9 @@ impl Hub {
             return false;
         }
         entry.presence.remove(&session);
+        if entry.deltas.remove(&session) && entry.deltas.is_empty() {
+            *entry.last.get_mut() = None;
+        }
         if entry.len() == 0 {
             subs.remove(channel);
             return true;
@@ -349,23 +387,25 @@ impl PublicationSink for Hub {
         let Some(entry) = subs.get(channel) else {
             return;
         };
-        let delivery = Arc::new(
-            Delivery::new(
-                channel.clone(),
-                epoch.clone(),
-                publication.offset,
-                // One encoding for every subscriber (one codec today; a second would add its
-                // bytes to the delivery, made once as framings are).
-                Encoding::Json
-                    .codec()
-                    .push(&Push::Pub {
-                        channel,
-                        publication,
-                    })
-                    .into(),
-            )
-            .carrying(publication.record.clone()),
-        );
+        let mut delivery = Delivery::new(
+            channel.clone(),
+            epoch.clone(),
+            publication.offset,
+            // One encoding for every subscriber (one codec today; a second would add its
+            // bytes to the delivery, made once as framings are).
+            Encoding::Json
+                .codec()
+                .push(&Push::Pub {
+                    channel,
+                    publication,
+                })
+                .into(),
+        )
+        .carrying(publication.record.clone());
+        if !entry.deltas.is_empty() {
+            delivery = entry.after_last(delivery, epoch, publication);
+        }
+        let delivery = Arc::new(delivery);
         let count = entry.len();
         if count <= INLINE_MAX && entry.pending.load(Ordering::Acquire) == 0 {
             for m in entry.members() {
@@ -422,7 +462,7 @@ mod tests {
     }
 
     impl DirectSocket for Socket {
-        fn frame<'d>(&self, d: &'d Delivery) -> Option<&'d Bytes> {
+        fn frame<'d>(&self, d: &'d Delivery, _: crate::queue::Form) -> Option<&'d Bytes> {
             Some(d.framed(crate::queue::Lane::WEBSOCKET, |d| d.json.clone()))
         }
 

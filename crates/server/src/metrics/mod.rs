@@ -34,6 +34,8 @@ use scraped::{thread_cpu, threads};
 
 use std::{sync::Arc, time::Duration};
 
+use crate::transports::Transport;
+
 use parking_lot::Mutex;
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -129,23 +131,11 @@ pub struct Snapshot {
     pub refusals: Vec<(&'static str, u64)>,
 }
 
-/// The transports sessions are counted under, for counters made once and then touched
-/// without a lookup. (Sends without a stream are commands, not connections: not counted.)
-pub const TRANSPORTS: [&str; 8] = [
-    "websocket",
-    "sse",
-    "stream",
-    "iframe",
-    "longpoll",
-    "poll",
-    "pusher",
-    "phoenix",
-];
-
 /// One node's metrics.
 pub struct Metrics {
     registry: Registry,
-    /// Per entry of [`TRANSPORTS`]: its connections' counts (also held by their queues).
+    /// Per entry of [`Transport::COUNTED`]: its connections' counts (also held by their
+    /// queues).
     wires: Arc<[Arc<Wire>]>,
     disconnects: Family<CodeLabel, Counter>,
     slow_cuts: Counter,
@@ -276,9 +266,10 @@ impl Default for Metrics {
             "Held long-polls answered with a publication by the thread that fanned it out, without waking their connection's task",
             longpolls_answered_by_hub.clone(),
         );
-        let wires: Arc<[Arc<Wire>]> = TRANSPORTS
+        let wires: Arc<[Arc<Wire>]> = Transport::COUNTED
             .iter()
-            .map(|&transport| {
+            .map(|t| {
+                let transport = t.name();
                 let label = TransportLabel { transport };
                 Arc::new(Wire::new(
                     transport,
@@ -314,28 +305,26 @@ impl Default for Metrics {
 
 impl Metrics {
     /// A connection (or poll request) of `transport` opened.
-    pub fn opened(&self, transport: &'static str) {
+    pub fn opened(&self, transport: Transport) {
         if let Some(wire) = self.transport(transport) {
             wire.opened();
         }
     }
 
     /// A connection counted by [`Metrics::opened`] is gone.
-    pub fn closed(&self, transport: &'static str) {
+    pub fn closed(&self, transport: Transport) {
         if let Some(wire) = self.transport(transport) {
             wire.closed();
         }
     }
 
-    /// The counts of one of [`TRANSPORTS`] (the only names sessions count under).
-    fn transport(&self, transport: &str) -> Option<&Arc<Wire>> {
-        let i = TRANSPORTS.iter().position(|t| *t == transport);
-        debug_assert!(i.is_some(), "{transport} is not a counted transport");
-        self.wires.get(i?)
+    /// The counts of one of [`Transport::COUNTED`].
+    fn transport(&self, transport: Transport) -> Option<&Arc<Wire>> {
+        self.wires.get(transport.counted()?)
     }
 
     /// The counts of `transport`'s connections, for their queues to hold.
-    pub fn wire(&self, transport: &'static str) -> Option<Arc<Wire>> {
+    pub fn wire(&self, transport: Transport) -> Option<Arc<Wire>> {
         self.transport(transport).cloned()
     }
 

@@ -27,10 +27,10 @@ fn a_named_thread_has_its_own_row_and_the_rest_are_summed() {
 #[test]
 fn counts_by_label_and_reads_the_snapshot_when_encoded() {
     let m = Metrics::default();
-    m.opened("websocket");
-    m.opened("websocket");
-    m.closed("websocket");
-    m.opened("sse");
+    m.opened(Transport::Websocket);
+    m.opened(Transport::Websocket);
+    m.closed(Transport::Websocket);
+    m.opened(Transport::Sse);
     m.disconnected(3003);
     m.published("chat", "durable", Duration::from_micros(300));
     m.command("subscribe", Duration::from_micros(80));

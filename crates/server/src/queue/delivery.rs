@@ -6,7 +6,12 @@
 use std::{any::Any, sync::OnceLock, time::Instant};
 
 use bytes::Bytes;
-use herald_protocol::{ChannelName, Epoch};
+use herald_protocol::{ChannelName, Epoch, Publication, Push};
+
+/// The codecs a delivery is encoded in (Herald's JSON by the hub, the others when first
+/// asked for).
+type Codec = herald_protocol::Encoding;
+const CODECS: usize = Codec::ALL.len();
 
 /// A publication encoded once by the hub and shared by every subscriber's queue.
 #[derive(Debug)]
@@ -30,8 +35,39 @@ pub struct Delivery {
     pub framed: [OnceLock<Bytes>; LANES],
     /// The same, compressed (permessage-deflate), for the connections that negotiated it.
     deflated: [OnceLock<Bytes>; LANES],
+    /// The previous publication's data on the channel, when the hub kept it for
+    /// subscriptions that take deltas (see [`Form`]).
+    base: Option<Bytes>,
+    /// Its other forms and codecs, made when a connection first takes one (boxed: a
+    /// publication that only goes plain in Herald's JSON pays one word).
+    made: OnceLock<Box<Made>>,
     /// When the hub got it: the start of its delivery latency.
     pub at: Instant,
+}
+
+/// How a publication goes to one subscription (see [`crate::queue::Position::form`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Form {
+    /// As every subscription that takes no deltas gets it ([`Delivery::json`]).
+    Plain,
+    /// Its data as text, which the client keeps to apply the next delta to.
+    Whole,
+    /// The delta from the previous publication's data.
+    Delta,
+}
+
+/// What a delivery is in the forms and codecs other than Herald's plain JSON, each made
+/// once, by the first connection that takes it.
+#[derive(Debug, Default)]
+struct Made {
+    /// The Fossil delta from the previous publication's data, when it is worth sending.
+    delta: OnceLock<Option<Bytes>>,
+    /// The push per codec and [`Form`] (Herald's plain JSON is [`Delivery::json`]).
+    pushes: [[OnceLock<Bytes>; 3]; CODECS],
+    /// [`Form::Whole`] and [`Form::Delta`] framed per lane, and compressed.
+    framed: [[OnceLock<Bytes>; 2]; LANES],
+    deflated: [[OnceLock<Bytes>; 2]; LANES],
 }
 
 impl Delivery {
@@ -46,8 +82,75 @@ impl Delivery {
             encoded: Default::default(),
             framed: Default::default(),
             deflated: Default::default(),
+            base: None,
+            made: OnceLock::new(),
             at: Instant::now(),
         }
+    }
+
+    /// This delivery, with the previous publication's data on its channel, for deltas.
+    pub fn after(mut self, base: Bytes) -> Self {
+        self.base = Some(base);
+        self
+    }
+
+    fn publication(&self) -> Publication {
+        Publication {
+            offset: self.offset,
+            record: self.record.clone(),
+        }
+    }
+
+    fn made(&self) -> &Made {
+        self.made.get_or_init(Box::default)
+    }
+
+    /// The delta from the previous publication's data, made the first time it is asked
+    /// for; `None` when there is no previous one or the delta is not worth sending.
+    pub fn delta(&self) -> Option<&Bytes> {
+        let base = self.base.as_ref()?;
+        let made = self.made().delta.get_or_init(|| {
+            herald_protocol::delta::fossil(base, self.publication().data()).map(Bytes::from)
+        });
+        made.as_ref()
+    }
+
+    /// The push in Herald's protocol (JSON) in `form`, made once.
+    pub fn json_as(&self, form: Form) -> &Bytes {
+        self.push(Codec::Json, form)
+    }
+
+    /// The push in `codec`'s words and `form`, made once for every connection of that
+    /// codec. A presence push (offset 0), which the hub writes in Herald's JSON, is said
+    /// again in `codec`'s words.
+    pub fn push(&self, codec: Codec, form: Form) -> &Bytes {
+        if codec == Codec::Json && form == Form::Plain {
+            return &self.json;
+        }
+        let slot = &self.made().pushes[codec.index()][form as usize];
+        slot.get_or_init(|| {
+            if self.offset == 0 {
+                return herald_protocol::json::presence_in(codec.codec(), &self.json)
+                    .unwrap_or_default()
+                    .into();
+            }
+            let publication = self.publication();
+            let push = match form {
+                Form::Plain => Push::Pub {
+                    channel: &self.channel,
+                    publication: &publication,
+                },
+                Form::Whole | Form::Delta => Push::PubDelta {
+                    channel: &self.channel,
+                    publication: &publication,
+                    delta: (form == Form::Delta)
+                        .then(|| self.delta())
+                        .flatten()
+                        .map(|d| &d[..]),
+                },
+            };
+            codec.codec().push(&push).into()
+        })
     }
 
     /// This delivery, carrying its publication's record.
@@ -112,7 +215,7 @@ impl Lane {
 }
 
 /// How many kinds of [`Lane`] there are room for.
-pub const LANES: usize = 6;
+pub const LANES: usize = 7;
 
 impl Delivery {
     /// The delivery framed for `lane`, made by `make` the first time.
@@ -123,5 +226,24 @@ impl Delivery {
     /// The delivery framed and compressed for `lane`, made by `make` the first time.
     pub fn deflated(&self, lane: Lane, make: impl FnOnce(&Self) -> Bytes) -> &Bytes {
         self.deflated[lane.0].get_or_init(|| make(self))
+    }
+
+    /// The delivery in `form` framed for `lane`, made by `make` the first time.
+    pub fn framed_as(&self, lane: Lane, form: Form, make: impl FnOnce(&Self) -> Bytes) -> &Bytes {
+        match form {
+            Form::Plain => self.framed(lane, make),
+            Form::Whole => self.made().framed[lane.0][0].get_or_init(|| make(self)),
+            Form::Delta => self.made().framed[lane.0][1].get_or_init(|| make(self)),
+        }
+    }
+
+    /// The delivery in `form` framed and compressed for `lane`, made by `make` the first
+    /// time.
+    pub fn deflated_as(&self, lane: Lane, form: Form, make: impl FnOnce(&Self) -> Bytes) -> &Bytes {
+        match form {
+            Form::Plain => self.deflated(lane, make),
+            Form::Whole => self.made().deflated[lane.0][0].get_or_init(|| make(self)),
+            Form::Delta => self.made().deflated[lane.0][1].get_or_init(|| make(self)),
+        }
     }
 }

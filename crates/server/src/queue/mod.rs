@@ -20,7 +20,7 @@ use std::{
     collections::VecDeque,
     io,
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicU8, Ordering},
         Arc, OnceLock,
     },
 };
@@ -33,7 +33,7 @@ use tokio::sync::Notify;
 use crate::metrics::Wire;
 
 mod delivery;
-pub use delivery::{Delivery, Encoding, Lane, ENCODINGS, LANES};
+pub use delivery::{Delivery, Encoding, Form, Lane, ENCODINGS, LANES};
 
 /// A subscription's position: the last offset its connection has been sent, shared by the
 /// session (which sets it when subscribing and moves it as its transport writes) and the
@@ -43,7 +43,17 @@ pub use delivery::{Delivery, Encoding, Lane, ENCODINGS, LANES};
 pub struct Position {
     epoch: OnceLock<Epoch>,
     offset: AtomicU64,
+    /// Whether the subscription takes deltas, and whether its client has a publication's
+    /// data to apply the next one to (see [`Form`]).
+    deltas: AtomicU8,
 }
+
+/// [`Position::deltas`]: whole publications only.
+const NO_DELTAS: u8 = 0;
+/// Deltas asked for; the next live publication goes whole, as the base of the next.
+const DELTAS_FROM_NEXT: u8 = 1;
+/// Deltas asked for; the client has the previous live publication's data.
+const DELTAS: u8 = 2;
 
 /// Where a delivery stands against a subscription's position.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +80,34 @@ impl Position {
         self.offset.store(offset, Ordering::Relaxed);
     }
 
+    /// Live publications go as deltas from now on (after one that goes whole).
+    pub fn take_deltas(&self) {
+        self.deltas.store(DELTAS_FROM_NEXT, Ordering::Relaxed);
+    }
+
+    /// Whether the subscription takes deltas.
+    pub fn takes_deltas(&self) -> bool {
+        self.deltas.load(Ordering::Relaxed) != NO_DELTAS
+    }
+
+    /// The form `d`, the next live publication, goes in: a delta when the client has the
+    /// data of the one before and a delta is worth sending.
+    pub fn form(&self, d: &Delivery) -> Form {
+        match self.deltas.load(Ordering::Relaxed) {
+            NO_DELTAS => Form::Plain,
+            DELTAS if d.delta().is_some() => Form::Delta,
+            _ => Form::Whole,
+        }
+    }
+
+    /// `d`, the next live publication, has gone to the client (in [`Position::form`]).
+    pub fn sent(&self, d: &Delivery) {
+        self.set(d.offset);
+        if self.deltas.load(Ordering::Relaxed) == DELTAS_FROM_NEXT {
+            self.deltas.store(DELTAS, Ordering::Relaxed);
+        }
+    }
+
     /// The epoch (once started) and the last offset sent.
     pub fn get(&self) -> Option<(&Epoch, u64)> {
         Some((self.epoch.get()?, self.offset.load(Ordering::Relaxed)))
@@ -94,9 +132,10 @@ impl Position {
 
 /// A socket the hub may write publications to itself (see the module's "direct lane").
 pub trait DirectSocket: Send + Sync + std::fmt::Debug {
-    /// The bytes that carry `delivery` on this kind of socket, made once per delivery;
-    /// `None` when this socket cannot take it directly now (it goes through the queue).
-    fn frame<'d>(&self, delivery: &'d Delivery) -> Option<&'d Bytes>;
+    /// The bytes that carry `delivery` in `form` on this kind of socket, made once per
+    /// delivery; `None` when this socket cannot take it directly now (it goes through the
+    /// queue).
+    fn frame<'d>(&self, delivery: &'d Delivery, form: Form) -> Option<&'d Bytes>;
     /// Writes what the socket takes now, without waiting.
     fn try_write(&self, buf: &[u8]) -> io::Result<usize>;
     /// For a socket that carries one answer per request (a held long-poll): the whole
@@ -321,13 +360,13 @@ impl Queue {
                         }
                         return true;
                     }
-                    let Some(frame) = socket.frame(delivery) else {
+                    let Some(frame) = socket.frame(delivery, position.form(delivery)) else {
                         break 'direct;
                     };
                     // WouldBlock or a broken socket: queue it; the transport's own write
                     // waits for the socket or finds the error.
                     if let Ok(n) = socket.try_write(frame) {
-                        position.set(delivery.offset);
+                        position.sent(delivery);
                         if let Some(wire) = &inner.wire {
                             wire.written(1, delivery.json.len(), delivery.at);
                         }

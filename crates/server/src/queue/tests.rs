@@ -58,10 +58,10 @@ impl Buffer {
 }
 
 impl DirectSocket for Buffer {
-    fn frame<'d>(&self, d: &'d Delivery) -> Option<&'d Bytes> {
-        Some(d.framed(Lane::WEBSOCKET, |d| {
+    fn frame<'d>(&self, d: &'d Delivery, form: Form) -> Option<&'d Bytes> {
+        Some(d.framed_as(Lane::WEBSOCKET, form, |d| {
             let mut f = b"<".to_vec();
-            f.extend_from_slice(&d.json);
+            f.extend_from_slice(d.json_as(form));
             f.push(b'>');
             f.into()
         }))
@@ -192,4 +192,66 @@ fn a_half_written_frame_goes_out_whole_before_anything_else() {
     assert_eq!(q.write_through(&*socket, b"[reply]").unwrap(), 7);
     assert_eq!(&socket.written.lock()[..], b"<xxxx>[reply]");
     assert!(!q.has_unsent());
+}
+
+/// A publication of `data` at `offset`, after one of `base` when given (as the hub makes
+/// it for a channel with subscriptions that take deltas).
+fn publication(offset: u64, data: &str, base: Option<&str>) -> Arc<Delivery> {
+    let d = Delivery::new(
+        ChannelName::new("c").unwrap(),
+        Epoch::new("e"),
+        offset,
+        Bytes::from(format!("plain {offset}")),
+    )
+    .carrying(Bytes::from(data.to_owned()));
+    Arc::new(match base {
+        Some(base) => d.after(Bytes::from(base.to_owned())),
+        None => d,
+    })
+}
+
+const DOC: &str = r#"{"n":1,"text":"a document long enough for a delta to be worth it"}"#;
+
+fn doc(n: u64) -> String {
+    DOC.replace("\"n\":1", &format!("\"n\":{n}"))
+}
+
+#[test]
+fn a_subscription_that_takes_deltas_gets_one_whole_publication_then_deltas_on_either_path() {
+    let (q, socket) = idle_lane(1 << 20);
+    let position = started(0);
+    position.take_deltas();
+    let lines = || String::from_utf8(socket.written.lock().clone()).unwrap();
+
+    // The first one whole, even with a base: the client has nothing to apply a delta to.
+    q.offer(&publication(1, &doc(1), Some(&doc(0))), &position);
+    assert!(lines().contains(r#""full":"#), "{}", lines());
+    q.offer(&publication(2, &doc(2), Some(&doc(1))), &position);
+    assert!(
+        lines().ends_with(r#"}}>"#) && lines().contains(r#""delta":"#),
+        "{}",
+        lines()
+    );
+    // Without a base (the hub did not see the one before): whole again.
+    q.offer(&publication(3, &doc(3), None), &position);
+    assert_eq!(lines().matches(r#""full":"#).count(), 2, "{}", lines());
+    assert_eq!(position.get().unwrap().1, 3);
+
+    // Through the queue (the transport busy): the session asks the same position.
+    q.hold();
+    let d = publication(4, &doc(4), Some(&doc(3)));
+    q.offer(&d, &position);
+    assert_eq!(queued(&q), 1);
+    assert_eq!(position.form(&d), Form::Delta);
+    let delta: serde_json::Value = serde_json::from_slice(d.json_as(Form::Delta)).unwrap();
+    let delta = delta["pub"]["delta"].as_str().unwrap();
+    assert_eq!(
+        fossil_delta::apply(doc(3), delta).unwrap(),
+        doc(4).as_bytes()
+    );
+
+    // A subscription that takes none gets the plain push, the same delivery.
+    let plain = started(3);
+    assert_eq!(plain.form(&d), Form::Plain);
+    assert_eq!(d.json_as(Form::Plain), &Bytes::from("plain 4"));
 }

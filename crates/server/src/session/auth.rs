@@ -99,9 +99,9 @@ impl Session {
         self.transport = transport;
         // Sends without a stream are commands, not connections: not counted as one.
         if transport != Transport::Send && !self.counted {
-            self.node().metrics.opened(transport.name());
+            self.node().metrics.opened(transport);
             self.counted = true;
-            if let Some(wire) = self.node().metrics.wire(transport.name()) {
+            if let Some(wire) = self.node().metrics.wire(transport) {
                 self.queue.count_in(wire);
             }
             if !transport.is_request() {
@@ -274,7 +274,7 @@ impl Session {
         for channel in channels {
             let mut pushes = Vec::new();
             let opened = self
-                .open_channel(channel.clone(), None, |push, _| {
+                .open_channel(channel.clone(), None, false, |push, _| {
                     codec.join(&mut pushes, push)
                 })
                 .await;
@@ -318,6 +318,7 @@ impl Session {
         req: RefreshRequest,
     ) -> Result<Option<Vec<u8>>, Refusal> {
         let tokens = self.node().settings.tokens.clone();
+        let subscription = req.channel.is_some();
         let expires = match req.channel {
             None => {
                 let Some(current) = self.identity() else {
@@ -362,6 +363,7 @@ impl Session {
         };
         Ok(reply.with(Outcome::Refresh(results::Refreshed {
             expiry: expiry(expires),
+            subscription,
         })))
     }
 

@@ -9,7 +9,7 @@ use herald_protocol::{ChannelName, DisconnectCode, ErrorCode, Push};
 use super::{subscriptions::Subscriptions, Session};
 use crate::{
     error::Disconnect,
-    queue::{Delivery, Step},
+    queue::{Delivery, Form, Step},
 };
 
 impl Session {
@@ -33,8 +33,9 @@ impl Session {
         max_bytes: usize,
         mut emit: impl FnMut(&[u8], Option<&Delivery>, Positions<'_>),
     ) -> Result<(), Disconnect> {
-        self.drain_deliveries(max_bytes, |drained, at| match drained {
-            Drained::Delivery(d) => emit(&d.json, Some(d), at),
+        let encoding = self.encoding;
+        self.drain_in_forms(max_bytes, |drained, form, at| match drained {
+            Drained::Delivery(d) => emit(d.push(encoding, form), Some(d), at),
             Drained::Notice(push) => emit(push, None, at),
         })
     }
@@ -46,7 +47,17 @@ impl Session {
         max_bytes: usize,
         mut emit: impl FnMut(Drained<'_>, Positions<'_>),
     ) -> Result<(), Disconnect> {
-        self.obey(&mut |push, at| emit(Drained::Notice(push), at))?;
+        self.drain_in_forms(max_bytes, |drained, _, at| emit(drained, at))
+    }
+
+    /// [`Session::drain_deliveries`], with the form each publication goes in to its
+    /// subscription (a delta, where it asked for them).
+    fn drain_in_forms(
+        &mut self,
+        max_bytes: usize,
+        mut emit: impl FnMut(Drained<'_>, Form, Positions<'_>),
+    ) -> Result<(), Disconnect> {
+        self.obey(&mut |push, at| emit(Drained::Notice(push), Form::Plain, at))?;
         // The batch's vector is the thread's, reused: a session keeps none of its own.
         let mut batch = SCRATCH.with_borrow_mut(std::mem::take);
         let result = match self.queue.take(max_bytes, &mut batch) {
@@ -55,8 +66,8 @@ impl Session {
                 "client did not read fast enough; reconnect and resume",
             )),
             Ok(()) => batch.drain(..).try_for_each(|d| {
-                if self.advance(&d)? {
-                    emit(Drained::Delivery(&d), Positions(&self.subscriptions));
+                if let Some(form) = self.advance(&d)? {
+                    emit(Drained::Delivery(&d), form, Positions(&self.subscriptions));
                 }
                 Ok(())
             }),
@@ -70,22 +81,23 @@ impl Session {
         result
     }
 
-    /// Moves a subscription's position over a delivery; false for duplicates and
-    /// publications of channels no longer subscribed.
-    fn advance(&mut self, d: &Delivery) -> Result<bool, Disconnect> {
+    /// Moves a subscription's position over a delivery, and says in which form it goes;
+    /// `None` for duplicates and publications of channels no longer subscribed.
+    fn advance(&mut self, d: &Delivery) -> Result<Option<Form>, Disconnect> {
         let Some(position) = self.subscriptions.get(&d.channel) else {
-            return Ok(false);
+            return Ok(None);
         };
         if d.offset == 0 {
             // A presence push: no offset, nothing to check or move.
-            return Ok(true);
+            return Ok(Some(Form::Plain));
         }
         match position.step(d) {
             Step::Next => {
-                position.set(d.offset);
-                Ok(true)
+                let form = position.form(d);
+                position.sent(d);
+                Ok(Some(form))
             }
-            Step::Duplicate => Ok(false),
+            Step::Duplicate => Ok(None),
             Step::Broken(why) => Err(insufficient(&d.channel, why)),
             Step::Unset => unreachable!("a session's subscriptions have started positions"),
         }

@@ -57,7 +57,7 @@ impl Session {
         since: Option<Since>,
         params: Option<&serde_json::value::RawValue>,
     ) -> Result<Opened, Failure> {
-        let joined = self.join(channel.clone(), since, params).await;
+        let joined = self.join(channel.clone(), since, params, false).await;
         match joined {
             Ok(j) => Ok(Opened {
                 position: j.position,

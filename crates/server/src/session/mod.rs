@@ -112,6 +112,17 @@ impl Session {
         self.encoding.codec()
     }
 
+    /// The session's codec.
+    pub fn encoding(&self) -> Encoding {
+        self.encoding
+    }
+
+    /// This session, speaking `encoding` (a front's codec) instead of Herald's JSON.
+    pub fn speaking(mut self, encoding: Encoding) -> Self {
+        self.encoding = encoding;
+        self
+    }
+
     pub(crate) fn node(&self) -> &Arc<Node> {
         self.guard.node()
     }
@@ -487,7 +498,7 @@ impl Drop for Session {
         // unwound it). Nothing is recorded when the transport said already.
         self.ending(None);
         if self.counted {
-            self.node().metrics.closed(self.transport.name());
+            self.node().metrics.closed(self.transport);
             // Only connections are registered (`came_by`): a poll's end takes no lock.
             if !self.transport.is_request() {
                 self.node().sessions.remove(&self.client);

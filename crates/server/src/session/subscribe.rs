@@ -27,7 +27,9 @@ impl Session {
         if let Some(token) = &req.token {
             self.accept_channel_token(&req.channel, token).await?;
         }
-        let joined = self.join(req.channel.clone(), req.since, None).await;
+        let joined = self
+            .join(req.channel.clone(), req.since, None, req.delta)
+            .await;
         if joined.is_err() && req.token.is_some() {
             self.drop_grant(&req.channel);
         }
@@ -38,6 +40,7 @@ impl Session {
             recovered: joined.recovered,
             publications: &joined.publications,
             data: joined.data.as_deref().map(raw_json),
+            delta: req.delta.then_some(herald_protocol::delta::FOSSIL),
         })))
     }
 
@@ -164,6 +167,7 @@ impl Session {
         &mut self,
         channel: ChannelName,
         since: Option<Since>,
+        delta: bool,
         mut emit: impl FnMut(&[u8], Positions<'_>),
     ) -> Result<(), Failure> {
         let known_epoch = since.as_ref().and_then(|s| s.epoch.clone());
@@ -172,7 +176,7 @@ impl Session {
             recovered,
             publications: history,
             data,
-        } = self.join(channel.clone(), since, None).await?;
+        } = self.join(channel.clone(), since, None, delta).await?;
         if let Some(first) = history.first() {
             // Walk the position forward through the replay so each event's cursor is exact.
             self.set_offset(&channel, first.offset - 1);
@@ -212,6 +216,7 @@ impl Session {
         channel: ChannelName,
         since: Option<Since>,
         params: Option<&serde_json::value::RawValue>,
+        delta: bool,
     ) -> Result<Joined, Failure> {
         let node = self.node().clone();
         let hooked = node.settings.namespace(channel.namespace()).subscribe_hook;
@@ -260,6 +265,9 @@ impl Session {
         let may_read =
             policy::check(&node, self.asker(&channel), Action::History, &channel).is_ok();
         let started = Arc::new(Position::default());
+        if delta {
+            started.take_deltas();
+        }
         let subscribed = node
             .hub
             .subscribe(
@@ -327,6 +335,7 @@ impl Session {
             recovered: None,
             publications: &h.publications,
             data: None,
+            delta: None,
         })))
     }
 }

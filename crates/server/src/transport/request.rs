@@ -83,6 +83,9 @@ pub struct OpenRequest {
     /// `ping=` (streams): how often the client wants a keepalive, so that it can take a
     /// stream that stays silent longer for dead (see [`OpenRequest::ping_every`]).
     pub ping: Option<Duration>,
+    /// `delta=fossil`: the channels' live publications as deltas (see
+    /// [`herald_protocol::delta`]).
+    pub delta: bool,
 }
 
 fn bad(message: impl Into<String>) -> Failure {
@@ -110,6 +113,12 @@ impl OpenRequest {
                 "client" => request.client = Some(value.into_owned()),
                 "session_key" => request.session_key = Some(value.into_owned()),
                 "ping" => request.ping = Some(parse_timeout(&value)?),
+                "delta" if value == herald_protocol::delta::FOSSIL => request.delta = true,
+                "delta" => {
+                    return Err(bad(format!(
+                        "unknown delta format {value:?}; expected \"fossil\""
+                    )))
+                }
                 // Cache busters and the like.
                 "_" | "t" => {}
                 other => return Err(bad(format!("unknown query parameter {other:?}"))),

@@ -288,7 +288,7 @@ mod tests {
     #[test]
     fn digests_metrics_and_latency_percentiles_between_looks() {
         let m = crate::metrics::Metrics::default();
-        m.opened("websocket");
+        m.opened(crate::hooks::Transport::Websocket);
         m.disconnected(1000);
         for _ in 0..10 {
             m.published("chat", "memory", Duration::from_micros(30));

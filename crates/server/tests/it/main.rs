@@ -10,6 +10,7 @@ mod auth_keys;
 mod behaviour;
 mod cross;
 mod dashboard;
+mod delta;
 mod errors;
 mod hook_events;
 mod hook_failures;

@@ -13,7 +13,7 @@ use crate::{
     error::Failure,
     hooks::Transport,
     node::Node,
-    queue::{Delivery, Lane},
+    queue::{Delivery, Form, Lane},
     session::Session,
     transport::{
         driver::{self, Wire},
@@ -126,7 +126,7 @@ pub struct PhoenixFrames(Vsn);
 impl Framing for PhoenixFrames {
     const MESSAGE_PER_PUSH: bool = true;
 
-    fn message<'d>(&self, delivery: &'d Delivery) -> Option<(Lane, &'d [u8])> {
+    fn message<'d>(&self, delivery: &'d Delivery, _: Form) -> Option<(Lane, &'d [u8])> {
         if delivery.offset == 0 {
             return None;
         }

@@ -25,7 +25,7 @@ use crate::{
     error::Disconnect,
     hooks::Transport,
     node::Node,
-    queue::{Delivery, Lane},
+    queue::{Delivery, Form, Lane},
     session::Session,
     transport::{
         driver::{self, Wire},
@@ -270,7 +270,7 @@ pub struct PusherFrames {
 impl Framing for PusherFrames {
     const MESSAGE_PER_PUSH: bool = true;
 
-    fn message<'d>(&self, delivery: &'d Delivery) -> Option<(Lane, &'d [u8])> {
+    fn message<'d>(&self, delivery: &'d Delivery, _: Form) -> Option<(Lane, &'d [u8])> {
         if delivery.offset == 0 || !self.direct {
             return None;
         }

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use tokio::net::TcpStream;
 
 use super::{chunk, client_left, write, Framing};
-use crate::queue::{Delivery, DirectSocket, Lane, Queue};
+use crate::queue::{Delivery, DirectSocket, Form, Lane, Queue};
 use crate::transport::{driver::Unwritten, stream};
 
 /// Runs a stream its handler handed back on the socket, after the response's `head`:
@@ -75,19 +75,20 @@ struct Shared {
 }
 
 impl DirectSocket for Shared {
-    fn frame<'d>(&self, delivery: &'d Delivery) -> Option<&'d Bytes> {
+    fn frame<'d>(&self, delivery: &'d Delivery, form: Form) -> Option<&'d Bytes> {
         let lane = self.lane?;
         if !self.open.load(Ordering::Acquire) {
             return None;
         }
-        Some(delivery.framed(lane, |d| {
-            let mut push = Vec::with_capacity(d.json.len() + 64);
+        Some(delivery.framed_as(lane, form, |d| {
+            let json = d.json_as(form);
+            let mut push = Vec::with_capacity(json.len() + 64);
             if lane == Lane::SSE {
                 let mut id = String::new();
                 herald_protocol::cursor::write_entry(&mut id, &d.channel, &d.epoch, d.offset);
-                stream::Framing::Sse.push(&d.json, Some(&id), &mut push);
+                stream::Framing::Sse.push(json, Some(&id), &mut push);
             } else {
-                stream::Framing::Ndjson.push(&d.json, None, &mut push);
+                stream::Framing::Ndjson.push(json, None, &mut push);
             }
             chunk(&push).into()
         }))

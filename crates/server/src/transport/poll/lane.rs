@@ -24,7 +24,7 @@ use tokio::{
 
 use super::{compose, item, Prepared};
 use crate::{
-    queue::{Delivery, DirectSocket, Position, Queue},
+    queue::{Delivery, DirectSocket, Form, Position, Queue},
     session::ExpiryTimer,
     transport::http1::{arrival, send_unsent},
 };
@@ -41,7 +41,7 @@ struct Lane {
 }
 
 impl DirectSocket for Lane {
-    fn frame<'d>(&self, _delivery: &'d Delivery) -> Option<&'d Bytes> {
+    fn frame<'d>(&self, _delivery: &'d Delivery, _form: Form) -> Option<&'d Bytes> {
         None
     }
 
@@ -60,8 +60,11 @@ impl DirectSocket for Lane {
         };
         prepared.node.metrics.longpolls_answered_by_hub.inc();
         // The answer's cursor is the session's positions after it.
-        position.set(delivery.offset);
-        item(&mut prepared.messages, &delivery.json);
+        item(
+            &mut prepared.messages,
+            delivery.json_as(position.form(delivery)),
+        );
+        position.sent(delivery);
         let (answer, unparked) = compose(*prepared);
         if let Some(session) = unparked {
             let _entered = self.runtime.enter();

@@ -297,12 +297,14 @@ async fn opening(
     // keeps its position in the cursor, so the next poll continues from there.
     let mut later = Vec::new();
     let timeout = hold_for(&node, &request);
+    let delta = request.delta;
     for (channel, since) in request.channels {
         match since {
             Some(since) if messages.len() >= MAX_ANSWER_BYTES => later.push((channel, since)),
             since => {
                 let opening = Box::pin(
-                    session.open_channel(channel, since, |json, _| item(&mut messages, json)),
+                    session
+                        .open_channel(channel, since, delta, |json, _| item(&mut messages, json)),
                 );
                 opening.await?
             }

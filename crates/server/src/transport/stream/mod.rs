@@ -96,6 +96,8 @@ pub struct Accepted {
     node: Arc<Node>,
     session: Session,
     channels: Vec<(ChannelName, Option<Since>)>,
+    /// Whether the channels take deltas (`delta=fossil`).
+    delta: bool,
     framing: Framing,
     first: Vec<u8>,
     /// How often it sends a keepalive.
@@ -170,6 +172,7 @@ async fn accept(
         node,
         session,
         channels: request.channels,
+        delta: request.delta,
         framing,
         first,
         ping,

@@ -69,6 +69,7 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
         node,
         mut session,
         channels,
+        delta,
         framing,
         first,
         ping,
@@ -105,9 +106,11 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
         // Boxed, as every rare step: a waiting stream's task is as large as its largest
         // step, and most of its life is spent waiting.
         let framing = &wire.framing;
-        let opening = Box::pin(session.open_channel(channel.clone(), since, |json, at| {
-            framing.push_at(json, at, &mut bytes)
-        }));
+        let opening = Box::pin(
+            session.open_channel(channel.clone(), since, delta, |json, at| {
+                framing.push_at(json, at, &mut bytes)
+            }),
+        );
         let replayed = opening.await;
         written += bytes.len();
         if let Err(u) = wire.out.send(bytes, client.write_timeout).await {

@@ -108,9 +108,10 @@ impl<F: Framing> WebSocket<F> {
             unfinished_within: config.http.body_timeout,
             session: session.id(),
             last_heard: Instant::now(),
-            // Herald's JSON, whether the client asked for `herald.json` or for no
-            // subprotocol (a front's pushes are its own JSON, joined the same way).
-            encoding: Encoding::Json,
+            // The session's codec: Herald's JSON, whether the client asked for
+            // `herald.json` or for no subprotocol, or a front's (whose pushes are joined
+            // the same way).
+            encoding: session.encoding(),
             pending: Vec::new(),
             pieces: false,
             broken: false,
@@ -472,7 +473,11 @@ mod tests {
         first.seal_pending(&mut out1);
         second.seal_pending(&mut out2);
         let shared = first.io.shared_frame(&d, &d.json).unwrap().clone();
-        let direct = first.io.wire().frame(&d).unwrap();
+        let direct = first
+            .io
+            .wire()
+            .frame(&d, crate::queue::Form::Plain)
+            .unwrap();
         assert_eq!(out1, shared[..]);
         assert_eq!(out2, shared[..]);
         // The same allocation: made once, by the first.

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use tokio::net::TcpStream;
 
 use super::{deflate, frames};
-use crate::queue::{Delivery, DirectSocket, Lane, Queue};
+use crate::queue::{Delivery, DirectSocket, Form, Lane, Queue};
 
 /// How a WebSocket connection's protocol frames what the hub writes to it directly, and
 /// the words of its close. Herald's own protocol is [`HeraldFrames`] (no bytes per
@@ -24,13 +24,14 @@ use crate::queue::{Delivery, DirectSocket, Lane, Queue};
 pub trait Framing: Send + Sync + std::fmt::Debug + 'static {
     /// The text of the message that carries `delivery` on this connection, and the lane
     /// under which its frame is made once for every connection like it; `None` when the
-    /// connection's task must handle it (it goes through the queue).
-    fn message<'d>(&self, delivery: &'d Delivery) -> Option<(Lane, &'d [u8])>;
+    /// connection's task must handle it (it goes through the queue). `form` is the
+    /// subscription's (only Herald's own protocol has deltas).
+    fn message<'d>(&self, delivery: &'d Delivery, form: Form) -> Option<(Lane, &'d [u8])>;
 
     /// The same, for the connection's own task: what [`Framing::message`] gives even
     /// where the hub may not write it itself (a Pusher page that resumes).
     fn message_for_task<'d>(&self, delivery: &'d Delivery) -> Option<(Lane, &'d [u8])> {
-        self.message(delivery)
+        self.message(delivery, Form::Plain)
     }
 
     /// Whether each push is a message of its own (Herald's protocol puts several in one,
@@ -48,8 +49,8 @@ pub trait Framing: Send + Sync + std::fmt::Debug + 'static {
 pub struct HeraldFrames;
 
 impl Framing for HeraldFrames {
-    fn message<'d>(&self, delivery: &'d Delivery) -> Option<(Lane, &'d [u8])> {
-        Some((Lane::WEBSOCKET, &delivery.json))
+    fn message<'d>(&self, delivery: &'d Delivery, form: Form) -> Option<(Lane, &'d [u8])> {
+        Some((Lane::WEBSOCKET, delivery.json_as(form)))
     }
 }
 
@@ -66,20 +67,26 @@ impl<F: Framing> Wire<F> {
     /// The frame of `text`, made once per delivery for every connection like this one:
     /// compressed (once per publication, for every connection that negotiated it) when
     /// this one compresses and the text is long enough.
-    fn shared_frame<'d>(&self, delivery: &'d Delivery, lane: Lane, text: &[u8]) -> &'d Bytes {
+    fn shared_frame<'d>(
+        &self,
+        delivery: &'d Delivery,
+        lane: Lane,
+        form: Form,
+        text: &[u8],
+    ) -> &'d Bytes {
         match self.compress_from {
             Some(min) if text.len() >= min => {
-                delivery.deflated(lane, |_| compressed_text_frame(text))
+                delivery.deflated_as(lane, form, |_| compressed_text_frame(text))
             }
-            _ => delivery.framed(lane, |_| text_frame(text)),
+            _ => delivery.framed_as(lane, form, |_| text_frame(text)),
         }
     }
 }
 
 impl<F: Framing> DirectSocket for Wire<F> {
-    fn frame<'d>(&self, delivery: &'d Delivery) -> Option<&'d Bytes> {
-        let (lane, text) = self.framing.message(delivery)?;
-        Some(self.shared_frame(delivery, lane, text))
+    fn frame<'d>(&self, delivery: &'d Delivery, form: Form) -> Option<&'d Bytes> {
+        let (lane, text) = self.framing.message(delivery, form)?;
+        Some(self.shared_frame(delivery, lane, form, text))
     }
 
     fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
@@ -149,7 +156,7 @@ impl<F: Framing> Io<F> {
     pub fn shared_frame<'d>(&self, delivery: &'d Delivery, text: &[u8]) -> Option<&'d Bytes> {
         let (lane, ours) = self.wire.framing.message_for_task(delivery)?;
         let same = std::ptr::eq(ours, text) || ours == text;
-        same.then(|| self.wire.shared_frame(delivery, lane, ours))
+        same.then(|| self.wire.shared_frame(delivery, lane, Form::Plain, ours))
     }
 
     /// Reads what the socket has into `buf`'s spare room (at least some: the caller

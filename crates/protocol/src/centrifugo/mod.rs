@@ -1,0 +1,267 @@
+//! Centrifugo's client protocol, JSON codec (protocol v2, as `centrifuge-js` 5 and
+//! Centrifugo 6 speak it), as a [`Codec`](crate::Codec) of Herald's commands and replies:
+//! the Centrifugo front (`herald_server::fronts::centrifugo`) is this codec over Herald's
+//! session.
+//!
+//! Commands are JSON objects, one per line, `{"id": N, "METHOD": {PARAMS}}`; replies carry
+//! the id, pushes come as `{"push": {"channel": C, "pub" | "join" | "leave" | …: {…}}}`,
+//! and an empty object both ways is the application-level ping and its pong. Unlike
+//! Herald's own codec, fields this one does not know are ignored, as Centrifugo ignores
+//! them: its clients send newer ones (`flag`, `positioned`, …) to servers that predate them.
+//!
+//! The models match: a channel, its stream offsets and epoch, recovery (`recover` with
+//! `offset` and `epoch`, answered `recovered` and `was_recovering`), history, presence,
+//! JWT, rpc, Fossil deltas; Herald's error codes 100-112 are Centrifugo's numbers.
+
+mod encode;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+pub use encode::{close_code, Centrifugo};
+
+use crate::{
+    codec::DecodeError,
+    command::{
+        ConnectRequest, HistoryRequest, PresenceRequest, RefreshRequest, RpcRequest,
+        SubscribeRequest,
+    },
+    ChannelName, Command, Epoch, ErrorCode, Method, Since,
+};
+
+/// A command as Centrifugo's clients send it; every method optional, unknown fields
+/// ignored.
+#[derive(Deserialize)]
+struct Wire<'a> {
+    #[serde(default)]
+    id: u64,
+    #[serde(borrow, default)]
+    connect: Option<Connect<'a>>,
+    #[serde(borrow, default)]
+    subscribe: Option<Subscribe<'a>>,
+    #[serde(borrow, default)]
+    unsubscribe: Option<Channel<'a>>,
+    #[serde(borrow, default)]
+    publish: Option<Publish<'a>>,
+    #[serde(borrow, default)]
+    presence: Option<Channel<'a>>,
+    #[serde(borrow, default)]
+    presence_stats: Option<Channel<'a>>,
+    #[serde(borrow, default)]
+    history: Option<History<'a>>,
+    #[serde(borrow, default)]
+    ping: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    send: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    rpc: Option<Rpc<'a>>,
+    #[serde(borrow, default)]
+    refresh: Option<Refresh<'a>>,
+    #[serde(borrow, default)]
+    sub_refresh: Option<SubRefresh<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Connect<'a> {
+    #[serde(default)]
+    token: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    version: Option<String>,
+    #[serde(borrow, default)]
+    #[allow(dead_code)]
+    data: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Subscribe<'a> {
+    channel: &'a str,
+    #[serde(default)]
+    token: Option<String>,
+    #[serde(default)]
+    recover: bool,
+    #[serde(default)]
+    epoch: Option<String>,
+    #[serde(default)]
+    offset: u64,
+    #[serde(default)]
+    delta: Option<&'a str>,
+}
+
+#[derive(Deserialize)]
+struct Channel<'a> {
+    channel: &'a str,
+}
+
+#[derive(Deserialize)]
+struct Publish<'a> {
+    channel: &'a str,
+    #[serde(borrow)]
+    data: &'a RawValue,
+}
+
+#[derive(Deserialize)]
+struct Position {
+    #[serde(default)]
+    offset: u64,
+    #[serde(default)]
+    epoch: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct History<'a> {
+    channel: &'a str,
+    #[serde(default)]
+    limit: i64,
+    #[serde(default)]
+    since: Option<Position>,
+    #[serde(default)]
+    reverse: bool,
+}
+
+#[derive(Deserialize)]
+struct Rpc<'a> {
+    #[serde(default)]
+    method: String,
+    #[serde(borrow, default)]
+    data: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Refresh<'a> {
+    #[serde(borrow)]
+    token: &'a str,
+}
+
+#[derive(Deserialize)]
+struct SubRefresh<'a> {
+    channel: &'a str,
+    #[serde(borrow)]
+    token: &'a str,
+}
+
+fn invalid(id: Option<u64>, code: ErrorCode, message: impl Into<String>) -> DecodeError {
+    DecodeError::Invalid {
+        id,
+        code,
+        message: message.into(),
+    }
+}
+
+/// Decodes one Centrifugo command (one line); `None` for an empty object, a client's pong.
+pub fn decode_command(line: &[u8]) -> Option<Result<Command, DecodeError>> {
+    let wire: Wire<'_> = match serde_json::from_slice(line) {
+        Ok(w) => w,
+        Err(e) => return Some(Err(DecodeError::Malformed(e.to_string()))),
+    };
+    let id = (wire.id != 0).then_some(wire.id);
+    let channel = |name: &str| {
+        ChannelName::new(name).map_err(|e| invalid(id, ErrorCode::InvalidChannel, e.to_string()))
+    };
+    let method = (|| {
+        Ok(Some(if let Some(c) = wire.connect {
+            Method::Connect(ConnectRequest {
+                token: c.token.filter(|t| !t.is_empty()),
+                name: c.name,
+                version: c.version,
+                client: None,
+            })
+        } else if let Some(s) = wire.subscribe {
+            let delta = match s.delta {
+                None | Some("") => false,
+                Some(crate::delta::FOSSIL) => true,
+                Some(other) => {
+                    return Err(invalid(
+                        id,
+                        ErrorCode::BadRequest,
+                        format!("unknown delta type {other:?}"),
+                    ))
+                }
+            };
+            Method::Subscribe(SubscribeRequest {
+                channel: channel(s.channel)?,
+                since: s.recover.then(|| Since {
+                    offset: s.offset,
+                    epoch: s.epoch.filter(|e| !e.is_empty()).map(|e| Epoch::new(&e)),
+                }),
+                token: s.token.filter(|t| !t.is_empty()),
+                delta,
+            })
+        } else if let Some(u) = wire.unsubscribe {
+            Method::Unsubscribe {
+                channel: channel(u.channel)?,
+            }
+        } else if let Some(p) = wire.publish {
+            Method::Publish {
+                channel: channel(p.channel)?,
+                data: bytes::Bytes::copy_from_slice(p.data.get().as_bytes()),
+                idempotency_key: None,
+            }
+        } else if let Some(p) = wire.presence {
+            Method::Presence(PresenceRequest {
+                channel: channel(p.channel)?,
+                // Centrifugo answers with every member: the largest page there is.
+                limit: Some(u32::MAX),
+                cursor: None,
+            })
+        } else if let Some(p) = wire.presence_stats {
+            Method::PresenceStats {
+                channel: channel(p.channel)?,
+            }
+        } else if let Some(h) = wire.history {
+            if h.reverse {
+                return Err(invalid(
+                    id,
+                    ErrorCode::BadRequest,
+                    "history in reverse order is not supported",
+                ));
+            }
+            Method::History(HistoryRequest {
+                channel: channel(h.channel)?,
+                since: h.since.map(|p| Since {
+                    offset: p.offset,
+                    epoch: p.epoch.filter(|e| !e.is_empty()).map(|e| Epoch::new(&e)),
+                }),
+                // Centrifugo: 0 asks for the stream's position only, -1 (or none) for all.
+                limit: u32::try_from(h.limit).ok().or(Some(u32::MAX)),
+            })
+        } else if let Some(r) = wire.rpc {
+            Method::Rpc(RpcRequest {
+                method: r.method,
+                data: bytes::Bytes::copy_from_slice(r.data.map_or("null", |d| d.get()).as_bytes()),
+            })
+        } else if let Some(r) = wire.refresh {
+            Method::Refresh(RefreshRequest {
+                channel: None,
+                token: r.token.to_owned(),
+            })
+        } else if let Some(r) = wire.sub_refresh {
+            Method::Refresh(RefreshRequest {
+                channel: Some(channel(r.channel)?),
+                token: r.token.to_owned(),
+            })
+        } else if wire.ping.is_some() {
+            Method::Ping
+        } else if wire.send.is_some() {
+            return Err(invalid(
+                id,
+                ErrorCode::MethodNotFound,
+                "send (asynchronous messages) is not supported: use rpc",
+            ));
+        } else if id.is_none() {
+            // `{}`: the client's pong.
+            return Ok(None);
+        } else {
+            return Err(invalid(id, ErrorCode::BadRequest, "command has no method"));
+        }))
+    })();
+    match method {
+        Ok(None) => None,
+        Ok(Some(method)) => Some(Ok(Command { id, method })),
+        Err(e) => Some(Err(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests;
