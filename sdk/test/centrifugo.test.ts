@@ -4,6 +4,7 @@
 import { afterAll, afterEach, beforeAll, expect, it } from "vitest";
 import WebSocket from "ws";
 import { Centrifuge, type PublicationContext, type SubscribedContext } from "centrifuge";
+import { Centrifuge as CentrifugeProtobuf } from "centrifuge/build/protobuf";
 import { Herald, until } from "./herald.js";
 
 let server: Herald;
@@ -128,5 +129,37 @@ it("recovers what was published across a restart of the server", async () => {
     c.disconnect();
     await again.dispose();
     await restarting.dispose();
+  }
+});
+
+it("speaks Protobuf (centrifuge/build/protobuf, the mobile SDKs' codec): publications, publish, history, deltas", async () => {
+  const channel = "chat:protobuf";
+  const c = new CentrifugeProtobuf(`${server.url.replace("http", "ws")}/centrifugo/connection/websocket`, {
+    websocket: WebSocket,
+    minReconnectDelay: 50,
+  });
+  const encoder = new TextEncoder();
+  const decoder = new TextDecoder();
+  try {
+    const sub = c.newSubscription(channel, { delta: "fossil" });
+    const got: unknown[] = [];
+    sub.on("publication", (p) => got.push(JSON.parse(decoder.decode(p.data as Uint8Array))));
+    const subscribed = new Promise<SubscribedContext>((resolve) => sub.once("subscribed", resolve));
+    sub.subscribe();
+    c.connect();
+    expect((await subscribed).positioned).toBe(true);
+    const doc = (v: number) => ({ version: v, rows: Array.from({ length: 30 }, (_, i) => `row ${i} stays the same`) });
+    await server.publish(channel, doc(1));
+    await until("the first", () => got.length === 1);
+    await sub.publish(encoder.encode(JSON.stringify(doc(2))));
+    await server.publish(channel, doc(3));
+    await until("three", () => got.length === 3);
+    expect(got).toEqual([doc(1), doc(2), doc(3)]);
+    const history = await sub.history({ limit: 10 });
+    expect(history.publications.map((p) => p.offset)).toEqual([1, 2, 3]);
+    // Data that is not JSON is refused: Herald keeps JSON.
+    await expect(sub.publish(new Uint8Array([0, 1, 2]))).rejects.toMatchObject({ code: 107 });
+  } finally {
+    c.disconnect();
   }
 });

@@ -206,6 +206,8 @@ impl Target {
                 r#"{"id":5,"history":{"channel":"a","limit":-1,"since":{"offset":1,"epoch":"e"}}}"#,
                 r#"{"id":6,"sub_refresh":{"channel":"a","token":"t"}}"#,
                 r#"{"id":7,"rpc":{"method":"m","data":[1,2]}}"#,
+                // Protobuf: connect {id 1}, an empty command (a pong), subscribe to "a".
+                "\u{4}\u{8}\u{1}\"\u{0}\u{0}\u{7}\u{8}\u{2}*\u{3}\n\u{1}a",
             ],
             Target::Delta => &[
                 "{\"a\":1,\"text\":\"the same text\"}\u{0}{\"a\":2,\"text\":\"the same text\"}",
@@ -274,16 +276,20 @@ impl Target {
                 let _ = pusher::event("presence-room", input);
             }),
             // As the front's session reads a frame, and answers what it refuses.
+            // Both of its codecs: JSON lines, and Protobuf's length-delimited messages.
             Target::Centrifugo => Box::new(|input| {
-                use herald_protocol::centrifugo::Centrifugo;
-                let mut rest = input;
-                while !rest.is_empty() {
-                    let (part, after) = Centrifugo.split(rest);
-                    rest = after;
-                    if let Some(Err(DecodeError::Invalid { id, code, message })) =
-                        Centrifugo.decode(part)
-                    {
-                        let _ = Centrifugo.reply(&Reply::error(id, code, &message));
+                use herald_protocol::centrifugo::{Centrifugo, CentrifugoProtobuf};
+                for codec in [&Centrifugo as &dyn Codec, &CentrifugoProtobuf] {
+                    let mut rest = input;
+                    while !rest.is_empty() {
+                        let (part, after) = codec.split(rest);
+                        assert!(after.len() < rest.len(), "a split always moves on");
+                        rest = after;
+                        if let Some(Err(DecodeError::Invalid { id, code, message })) =
+                            codec.decode(part)
+                        {
+                            let _ = codec.reply(&Reply::error(id, code, &message));
+                        }
                     }
                 }
                 let publication = herald_protocol::Publication {

@@ -186,4 +186,9 @@ pub trait Codec: Send + Sync + 'static {
 
     /// Appends one encoded reply or push to `out`, a frame that carries several.
     fn join(&self, out: &mut Vec<u8>, encoded: &[u8]);
+
+    /// Whether its frames are binary (a WebSocket binary message), not text.
+    fn binary(&self) -> bool {
+        false
+    }
 }

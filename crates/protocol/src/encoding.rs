@@ -1,6 +1,10 @@
 //! Which codec a connection speaks.
 
-use crate::{centrifugo::Centrifugo, codec::Codec, json::Json};
+use crate::{
+    centrifugo::{Centrifugo, CentrifugoProtobuf},
+    codec::Codec,
+    json::Json,
+};
 
 /// Which codec a connection speaks. One byte in a session (nothing while there is one).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -10,17 +14,24 @@ pub enum Encoding {
     Json,
     /// Centrifugo's client protocol, JSON ([`Centrifugo`]): the Centrifugo front.
     Centrifugo,
+    /// Centrifugo's client protocol, Protobuf ([`CentrifugoProtobuf`]).
+    CentrifugoProtobuf,
 }
 
 impl Encoding {
     /// Every encoding, in [`Encoding::index`] order.
-    pub const ALL: [Encoding; 2] = [Encoding::Json, Encoding::Centrifugo];
+    pub const ALL: [Encoding; 3] = [
+        Encoding::Json,
+        Encoding::Centrifugo,
+        Encoding::CentrifugoProtobuf,
+    ];
 
     /// The codec.
     pub fn codec(self) -> &'static dyn Codec {
         match self {
             Encoding::Json => &Json,
             Encoding::Centrifugo => &Centrifugo,
+            Encoding::CentrifugoProtobuf => &CentrifugoProtobuf,
         }
     }
 

@@ -90,13 +90,7 @@ impl Codec for Centrifugo {
                 code,
                 reason,
             } => {
-                let code = match *code as u16 {
-                    // An operator ended it: Centrifugo's "server unsubscribe", for good.
-                    120 => 2000,
-                    // The subscription token expired: resubscribe with a new one.
-                    109 => 2501,
-                    _ => 2500,
-                };
+                let code = unsubscribe_code(*code);
                 in_push(
                     channel,
                     "unsubscribe",
@@ -136,6 +130,17 @@ impl Codec for Centrifugo {
 
     fn join(&self, out: &mut Vec<u8>, encoded: &[u8]) {
         crate::json::Json.join(out, encoded)
+    }
+}
+
+/// Centrifugo's unsubscribe code for why Herald ended a subscription.
+pub(super) fn unsubscribe_code(code: crate::ErrorCode) -> u16 {
+    match code as u16 {
+        // An operator ended it: Centrifugo's "server unsubscribe", for good.
+        120 => 2000,
+        // The subscription token expired: resubscribe with a new one.
+        109 => 2501,
+        _ => 2500,
     }
 }
 

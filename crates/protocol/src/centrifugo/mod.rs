@@ -14,11 +14,14 @@
 //! JWT, rpc, Fossil deltas; Herald's error codes 100-112 are Centrifugo's numbers.
 
 mod encode;
+mod proto;
+mod protobuf;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
 pub use encode::{close_code, Centrifugo};
+pub use protobuf::CentrifugoProtobuf;
 
 use crate::{
     codec::DecodeError,
@@ -149,29 +152,104 @@ fn invalid(id: Option<u64>, code: ErrorCode, message: impl Into<String>) -> Deco
     }
 }
 
-/// Decodes one Centrifugo command (one line); `None` for an empty object, a client's pong.
+/// Decodes one Centrifugo command (one line of JSON); `None` for an empty object, a
+/// client's pong.
 pub fn decode_command(line: &[u8]) -> Option<Result<Command, DecodeError>> {
     let wire: Wire<'_> = match serde_json::from_slice(line) {
         Ok(w) => w,
         Err(e) => return Some(Err(DecodeError::Malformed(e.to_string()))),
     };
-    let id = (wire.id != 0).then_some(wire.id);
+    let raw = |v: Option<&RawValue>| v.map_or_else(Vec::new, |v| v.get().as_bytes().to_vec());
+    let channel = |c: Channel<'_>| proto::ChannelRequest {
+        channel: c.channel.to_owned(),
+    };
+    let command = proto::Command {
+        id: u32::try_from(wire.id).unwrap_or(u32::MAX),
+        connect: wire.connect.map(|c| proto::ConnectRequest {
+            token: c.token.unwrap_or_default(),
+            name: c.name.unwrap_or_default(),
+            version: c.version.unwrap_or_default(),
+        }),
+        subscribe: wire.subscribe.map(|s| proto::SubscribeRequest {
+            channel: s.channel.to_owned(),
+            token: s.token.unwrap_or_default(),
+            recover: s.recover,
+            epoch: s.epoch.unwrap_or_default(),
+            offset: s.offset,
+            delta: s.delta.unwrap_or_default().to_owned(),
+        }),
+        unsubscribe: wire.unsubscribe.map(channel),
+        publish: wire.publish.map(|p| proto::PublishRequest {
+            channel: p.channel.to_owned(),
+            data: raw(Some(p.data)),
+        }),
+        presence: wire.presence.map(channel),
+        presence_stats: wire.presence_stats.map(channel),
+        history: wire.history.map(|h| proto::HistoryRequest {
+            channel: h.channel.to_owned(),
+            limit: i32::try_from(h.limit).unwrap_or(-1),
+            since: h.since.map(|p| proto::StreamPosition {
+                offset: p.offset,
+                epoch: p.epoch.unwrap_or_default(),
+            }),
+            reverse: h.reverse,
+        }),
+        ping: wire.ping.map(|_| proto::Empty {}),
+        send: wire.send.map(|_| proto::Empty {}),
+        rpc: wire.rpc.map(|r| proto::RpcRequest {
+            data: raw(r.data),
+            method: r.method,
+        }),
+        refresh: wire.refresh.map(|r| proto::RefreshRequest {
+            token: r.token.to_owned(),
+        }),
+        sub_refresh: wire.sub_refresh.map(|r| proto::SubRefreshRequest {
+            channel: r.channel.to_owned(),
+            token: r.token.to_owned(),
+        }),
+    };
+    command_of(command, true)
+}
+
+/// A command of either codec as Herald's; `None` for an empty one, a client's pong.
+/// `json`: the command came as JSON, so its data is JSON text already; Protobuf's bytes
+/// must be JSON text too (Herald keeps JSON), or the command is refused.
+fn command_of(wire: proto::Command, json: bool) -> Option<Result<Command, DecodeError>> {
+    let id = (wire.id != 0).then_some(u64::from(wire.id));
     let channel = |name: &str| {
         ChannelName::new(name).map_err(|e| invalid(id, ErrorCode::InvalidChannel, e.to_string()))
     };
+    let data = |bytes: Vec<u8>, default: &str| -> Result<bytes::Bytes, DecodeError> {
+        if bytes.is_empty() {
+            return Ok(bytes::Bytes::copy_from_slice(default.as_bytes()));
+        }
+        if !json && serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_err() {
+            return Err(invalid(
+                id,
+                ErrorCode::BadRequest,
+                "data must be JSON text: Herald keeps publications as JSON",
+            ));
+        }
+        Ok(bytes::Bytes::from(bytes))
+    };
+    let since = |offset: u64, epoch: String| Since {
+        offset,
+        epoch: (!epoch.is_empty()).then(|| Epoch::new(&epoch)),
+    };
+    let non_empty = |s: String| (!s.is_empty()).then_some(s);
     let method = (|| {
         Ok(Some(if let Some(c) = wire.connect {
             Method::Connect(ConnectRequest {
-                token: c.token.filter(|t| !t.is_empty()),
-                name: c.name,
-                version: c.version,
+                token: non_empty(c.token),
+                name: non_empty(c.name),
+                version: non_empty(c.version),
                 client: None,
             })
         } else if let Some(s) = wire.subscribe {
-            let delta = match s.delta {
-                None | Some("") => false,
-                Some(crate::delta::FOSSIL) => true,
-                Some(other) => {
+            let delta = match s.delta.as_str() {
+                "" => false,
+                crate::delta::FOSSIL => true,
+                other => {
                     return Err(invalid(
                         id,
                         ErrorCode::BadRequest,
@@ -180,34 +258,31 @@ pub fn decode_command(line: &[u8]) -> Option<Result<Command, DecodeError>> {
                 }
             };
             Method::Subscribe(SubscribeRequest {
-                channel: channel(s.channel)?,
-                since: s.recover.then(|| Since {
-                    offset: s.offset,
-                    epoch: s.epoch.filter(|e| !e.is_empty()).map(|e| Epoch::new(&e)),
-                }),
-                token: s.token.filter(|t| !t.is_empty()),
+                channel: channel(&s.channel)?,
+                since: s.recover.then(|| since(s.offset, s.epoch)),
+                token: non_empty(s.token),
                 delta,
             })
         } else if let Some(u) = wire.unsubscribe {
             Method::Unsubscribe {
-                channel: channel(u.channel)?,
+                channel: channel(&u.channel)?,
             }
         } else if let Some(p) = wire.publish {
             Method::Publish {
-                channel: channel(p.channel)?,
-                data: bytes::Bytes::copy_from_slice(p.data.get().as_bytes()),
+                channel: channel(&p.channel)?,
+                data: data(p.data, "null")?,
                 idempotency_key: None,
             }
         } else if let Some(p) = wire.presence {
             Method::Presence(PresenceRequest {
-                channel: channel(p.channel)?,
+                channel: channel(&p.channel)?,
                 // Centrifugo answers with every member: the largest page there is.
                 limit: Some(u32::MAX),
                 cursor: None,
             })
         } else if let Some(p) = wire.presence_stats {
             Method::PresenceStats {
-                channel: channel(p.channel)?,
+                channel: channel(&p.channel)?,
             }
         } else if let Some(h) = wire.history {
             if h.reverse {
@@ -218,28 +293,25 @@ pub fn decode_command(line: &[u8]) -> Option<Result<Command, DecodeError>> {
                 ));
             }
             Method::History(HistoryRequest {
-                channel: channel(h.channel)?,
-                since: h.since.map(|p| Since {
-                    offset: p.offset,
-                    epoch: p.epoch.filter(|e| !e.is_empty()).map(|e| Epoch::new(&e)),
-                }),
-                // Centrifugo: 0 asks for the stream's position only, -1 (or none) for all.
+                channel: channel(&h.channel)?,
+                since: h.since.map(|p| since(p.offset, p.epoch)),
+                // Centrifugo: 0 asks for the stream's position only, -1 for all.
                 limit: u32::try_from(h.limit).ok().or(Some(u32::MAX)),
             })
         } else if let Some(r) = wire.rpc {
             Method::Rpc(RpcRequest {
                 method: r.method,
-                data: bytes::Bytes::copy_from_slice(r.data.map_or("null", |d| d.get()).as_bytes()),
+                data: data(r.data, "null")?,
             })
         } else if let Some(r) = wire.refresh {
             Method::Refresh(RefreshRequest {
                 channel: None,
-                token: r.token.to_owned(),
+                token: r.token,
             })
         } else if let Some(r) = wire.sub_refresh {
             Method::Refresh(RefreshRequest {
-                channel: Some(channel(r.channel)?),
-                token: r.token.to_owned(),
+                channel: Some(channel(&r.channel)?),
+                token: r.token,
             })
         } else if wire.ping.is_some() {
             Method::Ping
@@ -250,7 +322,7 @@ pub fn decode_command(line: &[u8]) -> Option<Result<Command, DecodeError>> {
                 "send (asynchronous messages) is not supported: use rpc",
             ));
         } else if id.is_none() {
-            // `{}`: the client's pong.
+            // Empty: the client's pong.
             return Ok(None);
         } else {
             return Err(invalid(id, ErrorCode::BadRequest, "command has no method"));

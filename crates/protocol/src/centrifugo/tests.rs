@@ -156,3 +156,136 @@ fn replies_and_pushes_are_in_centrifugos_words() {
     assert_eq!(close_code(3500), (3500, false));
     assert_eq!(close_code(4100), (4100, true));
 }
+
+mod protobuf {
+    use prost::Message;
+
+    use super::super::{proto, CentrifugoProtobuf};
+    use crate::{
+        codec::Codec, results, ChannelName, Epoch, Method, Outcome, Publication, Push, Reply,
+    };
+
+    fn frame(commands: &[proto::Command]) -> Vec<u8> {
+        commands
+            .iter()
+            .flat_map(|c| c.encode_length_delimited_to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn length_delimited_commands_read_as_herald_commands_several_to_a_frame() {
+        let frame = frame(&[
+            proto::Command {
+                id: 1,
+                connect: Some(proto::ConnectRequest {
+                    token: "t".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            // The client's pong: an empty command.
+            proto::Command::default(),
+            proto::Command {
+                id: 2,
+                subscribe: Some(proto::SubscribeRequest {
+                    channel: "news".into(),
+                    recover: true,
+                    offset: 4,
+                    epoch: "e".into(),
+                    delta: "fossil".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            proto::Command {
+                id: 3,
+                publish: Some(proto::PublishRequest {
+                    channel: "news".into(),
+                    data: b"\x00not json".to_vec(),
+                }),
+                ..Default::default()
+            },
+        ]);
+        let mut rest = &frame[..];
+        let mut read = Vec::new();
+        while !rest.is_empty() {
+            let (part, after) = CentrifugoProtobuf.split(rest);
+            rest = after;
+            read.push(CentrifugoProtobuf.decode(part));
+        }
+        assert_eq!(read.len(), 4);
+        assert!(
+            matches!(&read[0], Some(Ok(c)) if matches!(&c.method, Method::Connect(r) if r.token.as_deref() == Some("t")))
+        );
+        assert!(read[1].is_none(), "an empty command is a pong");
+        let Some(Ok(c)) = &read[2] else {
+            panic!("{:?}", read[2])
+        };
+        let Method::Subscribe(s) = &c.method else {
+            panic!("{c:?}")
+        };
+        assert_eq!((s.since.as_ref().unwrap().offset, s.delta), (4, true));
+        assert!(
+            matches!(
+                read[3],
+                Some(Err(crate::codec::DecodeError::Invalid { id: Some(3), .. }))
+            ),
+            "data that is not JSON is refused: {:?}",
+            read[3]
+        );
+        // Cut short: refused as malformed, never a panic.
+        let (part, _) = CentrifugoProtobuf.split(&frame[..frame.len() - 1]);
+        let _ = CentrifugoProtobuf.decode(part);
+        let (part, rest) = CentrifugoProtobuf.split(&[0x85]);
+        assert!(rest.is_empty());
+        assert!(matches!(CentrifugoProtobuf.decode(part), Some(Err(_))));
+    }
+
+    #[test]
+    fn replies_and_pushes_read_back_as_centrifugos_messages() {
+        let epoch = Epoch::new("e1");
+        let publications = [Publication {
+            offset: 3,
+            record: bytes::Bytes::from_static(br#"{"x":1}"#),
+        }];
+        let bytes = CentrifugoProtobuf.reply(&Reply::Done {
+            id: 2,
+            outcome: Outcome::Subscribe(results::Stream {
+                epoch: &epoch,
+                offset: 3,
+                recovered: Some(true),
+                publications: &publications,
+                data: None,
+                delta: Some("fossil"),
+            }),
+        });
+        let reply = proto::Reply::decode_length_delimited(&bytes[..]).unwrap();
+        let s = reply.subscribe.unwrap();
+        assert_eq!(
+            (reply.id, s.recovered, s.was_recovering, s.delta),
+            (2, true, true, true)
+        );
+        assert_eq!(s.publications[0].data, br#"{"x":1}"#);
+        let channel = ChannelName::new("news").unwrap();
+        let mut pushes = CentrifugoProtobuf.push(&Push::PubDelta {
+            channel: &channel,
+            publication: &publications[0],
+            delta: Some(b"7\n3:abc1;"),
+        });
+        CentrifugoProtobuf.join(&mut pushes, &CentrifugoProtobuf.push(&Push::Ping));
+        let mut rest = &pushes[..];
+        let first = proto::Reply::decode_length_delimited(&mut rest).unwrap();
+        let p = first.push.unwrap();
+        assert_eq!(p.channel, "news");
+        let publication = p.r#pub.unwrap();
+        assert_eq!(
+            (publication.delta, &publication.data[..]),
+            (true, &b"7\n3:abc1;"[..])
+        );
+        assert_eq!(
+            proto::Reply::decode_length_delimited(&mut rest).unwrap(),
+            proto::Reply::default()
+        );
+        assert!(rest.is_empty());
+    }
+}

@@ -28,8 +28,8 @@ pub(crate) mod slots {
     pub(crate) const PUSHER_LANE: Lane = Lane::new(3);
     /// A Phoenix broadcast in a WebSocket text frame, per serializer.
     pub(crate) const PHOENIX_LANES: [Lane; 2] = [Lane::new(4), Lane::new(5)];
-    /// A Centrifugo push in a WebSocket text frame.
-    pub(crate) const CENTRIFUGO_LANE: Lane = Lane::new(6);
+    /// A Centrifugo push in a WebSocket message, per codec (JSON, Protobuf).
+    pub(crate) const CENTRIFUGO_LANES: [Lane; 2] = [Lane::new(6), Lane::new(7)];
 }
 
 /// Appends one message to `out`, the answers a front's speaker gives the driver: a line

@@ -215,7 +215,7 @@ impl Lane {
 }
 
 /// How many kinds of [`Lane`] there are room for.
-pub const LANES: usize = 7;
+pub const LANES: usize = 8;
 
 impl Delivery {
     /// The delivery framed for `lane`, made by `make` the first time.

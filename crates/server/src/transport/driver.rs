@@ -424,8 +424,16 @@ async fn obey<S: Speaker, W: Wire>(
         let mut replies = Vec::new();
         let step = speaker.handle(rest, &mut replies, MAX_BATCH_BYTES).await;
         let mut bytes = Vec::new();
-        for reply in replies.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            wire.push(reply, None, speaker.session().positions(), &mut bytes);
+        // The replies one by one, as the session's codec joined them (a line each in
+        // JSON, each with its length in Protobuf).
+        let codec = speaker.session().codec();
+        let mut joined = &replies[..];
+        while !joined.is_empty() {
+            let (reply, after) = codec.split(joined);
+            joined = after;
+            if !reply.is_empty() {
+                wire.push(reply, None, speaker.session().positions(), &mut bytes);
+            }
         }
         *written += bytes.len();
         if let Err(u) = wire.send(bytes, write_timeout).await {

@@ -24,11 +24,7 @@ use crate::{
     hooks::Transport,
     node::Node,
     queue::{Delivery, Form, Lane},
-    session::Session,
-    transport::{
-        driver::{self, Wire},
-        websocket::{self, Framing, Upgraded, WebSocket},
-    },
+    transport::websocket::{self, Framing, Upgraded},
 };
 
 /// The front's route, at `[centrifugo] path`.
@@ -44,42 +40,44 @@ async fn connect(State(node): State<Arc<Node>>, request: Request) -> Response {
         )
         .into_response();
     }
-    websocket::accept(node, request, None, run)
+    // Centrifugo's Protobuf clients ask for their codec by subprotocol; JSON ones ask for
+    // none.
+    let protobuf = websocket::offers(request.headers(), PROTOBUF_SUBPROTOCOL);
+    let (encoding, subprotocol) = match protobuf {
+        true => (Encoding::CentrifugoProtobuf, Some(PROTOBUF_SUBPROTOCOL)),
+        false => (Encoding::Centrifugo, None),
+    };
+    websocket::accept(node, request, subprotocol, move |up| run(up, encoding))
 }
 
-async fn run(up: Upgraded) {
-    let Upgraded {
-        stream,
-        early,
-        node,
-        address,
-        facts,
-        deflate,
-    } = up;
-    let mut session = Session::new(&node)
-        .at_address(address)
-        .came_by(Transport::Centrifugo, facts)
-        .speaking(Encoding::Centrifugo);
-    let mut wire = WebSocket::open(stream, early, deflate, &session, &node, CentrifugoFrames);
-    let told = driver::drive(&node, &mut session, &mut wire, Ok(()), 0).await;
-    drop(session);
-    Box::pin(wire.farewell(told)).await;
+/// The subprotocol of Centrifugo's Protobuf codec.
+pub const PROTOBUF_SUBPROTOCOL: &str = "centrifuge-protobuf";
+
+async fn run(up: Upgraded, encoding: Encoding) {
+    let framing = CentrifugoFrames(encoding);
+    websocket::serve(up, Transport::Centrifugo, encoding, framing).await
 }
 
-/// How a Centrifugo connection is written to: pushes joined a line each in one message,
-/// as Centrifugo's JSON streams them; the hub writes publications straight to the socket,
-/// made once per publication (and form) for every Centrifugo connection. Joins and leaves
-/// go through the connection's task, which says them in Centrifugo's words.
+/// How a Centrifugo connection of a codec is written to: pushes joined in one message
+/// (JSON a line each, Protobuf each with its length), as Centrifugo streams them; the hub
+/// writes publications straight to the socket, made once per publication, codec and form
+/// for every Centrifugo connection like it. Joins and leaves go through the connection's
+/// task, which says them in Centrifugo's words.
 #[derive(Debug)]
-pub struct CentrifugoFrames;
+pub struct CentrifugoFrames(Encoding);
 
 impl Framing for CentrifugoFrames {
     fn message<'d>(&self, delivery: &'d Delivery, form: Form) -> Option<(Lane, &'d [u8])> {
         if delivery.offset == 0 {
             return None;
         }
-        let lane = crate::fronts::slots::CENTRIFUGO_LANE;
-        Some((lane, delivery.push(Encoding::Centrifugo, form)))
+        let lanes = crate::fronts::slots::CENTRIFUGO_LANES;
+        let lane = lanes[usize::from(self.binary())];
+        Some((lane, delivery.push(self.0, form)))
+    }
+
+    fn binary(&self) -> bool {
+        self.0.codec().binary()
     }
 
     fn close(why: &crate::error::Disconnect) -> (u16, String) {

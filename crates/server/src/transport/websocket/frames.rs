@@ -407,13 +407,14 @@ pub fn write_frame(out: &mut Vec<u8>, fin: bool, compressed: bool, op: u8, paylo
 /// Appends `payload` as one text message (`compressed`: RSV1 on its first frame), in
 /// frames of at most [`MAX_FRAGMENT`] bytes (RFC 6455 §5.4): a client may bound the frames
 /// it takes (tungstenite does).
-pub fn write_message(out: &mut Vec<u8>, payload: &[u8], compressed: bool) {
-    let (mut at, mut op) = (0, opcode::TEXT);
+pub fn write_message(out: &mut Vec<u8>, payload: &[u8], compressed: bool, binary: bool) {
+    let first = if binary { opcode::BINARY } else { opcode::TEXT };
+    let (mut at, mut op) = (0, first);
     loop {
         let mut end = (at + MAX_FRAGMENT).min(payload.len());
         // Whole characters in each frame of plain text: some clients check UTF-8 frame by
         // frame. (Compressed bytes are checked once inflated, whole.)
-        while !compressed && !is_char_start(payload, end) {
+        while !compressed && !binary && !is_char_start(payload, end) {
             end -= 1;
         }
         let last = end == payload.len();

@@ -15,7 +15,7 @@ use std::time::Duration;
 use herald_protocol::{DisconnectCode, Encoding};
 use tokio::{net::TcpStream, time::Instant};
 
-pub use upgrade::{accept, upgrade, Upgraded};
+pub use upgrade::{accept, offers, upgrade, Upgraded};
 pub use wire::{Framing, HeraldFrames};
 
 use super::driver::{self, Heard, Unwritten, Wire, CLOSE_GRACE};
@@ -34,6 +34,12 @@ use wire::Io;
 pub const JSON_SUBPROTOCOL: &str = "herald.json";
 
 async fn run(up: Upgraded) {
+    serve(up, Transport::Websocket, Encoding::Json, HeraldFrames).await
+}
+
+/// Runs an upgraded connection's session of Herald's protocol, speaking `encoding` (Herald's
+/// JSON, or a front's codec over the same session) framed by `framing`, until it ends.
+pub async fn serve<F: Framing>(up: Upgraded, transport: Transport, encoding: Encoding, framing: F) {
     let Upgraded {
         stream,
         early,
@@ -44,9 +50,10 @@ async fn run(up: Upgraded) {
     } = up;
     let mut session = Session::new(&node)
         .at_address(address)
-        .came_by(Transport::Websocket, facts);
+        .came_by(transport, facts)
+        .speaking(encoding);
     // Made in place: a local moved into another keeps its room in the task.
-    let mut wire = WebSocket::open(stream, early, deflate, &session, &node, HeraldFrames);
+    let mut wire = WebSocket::open(stream, early, deflate, &session, &node, framing);
     let told = driver::drive(&node, &mut session, &mut wire, Ok(()), 0).await;
     // Free the session (and its subscriptions) now; the closing handshake is only manners.
     drop(session);
@@ -72,6 +79,8 @@ pub struct WebSocket<F> {
     last_heard: Instant,
     /// The codec of its subprotocol (no bytes while there is one).
     encoding: Encoding,
+    /// Whether the codec's frames are binary messages (Protobuf), not text.
+    binary: bool,
     /// On a compressed connection, what the task has not framed yet: joined pushes, or
     /// (`pieces`) the compressed pieces of publications queued together.
     pending: Vec<u8>,
@@ -112,6 +121,7 @@ impl<F: Framing> WebSocket<F> {
             // `herald.json` or for no subprotocol, or a front's (whose pushes are joined
             // the same way).
             encoding: session.encoding(),
+            binary: session.codec().binary(),
             pending: Vec::new(),
             pieces: false,
             broken: false,
@@ -133,7 +143,7 @@ impl<F: Framing> WebSocket<F> {
         if text.is_empty() {
             return Ok(());
         }
-        if std::str::from_utf8(text).is_err() {
+        if !self.binary && std::str::from_utf8(text).is_err() {
             tracing::error!(
                 session = self.session,
                 "internal error: a frame was not UTF-8"
@@ -202,9 +212,9 @@ impl<F: Framing> WebSocket<F> {
     fn message(&self, text: &[u8], out: &mut Vec<u8>) {
         match self.io.compress_from() {
             Some(min) if text.len() >= min => {
-                frames::write_message(out, &deflate::compress(text), true)
+                frames::write_message(out, &deflate::compress(text), true, self.binary)
             }
-            _ => frames::write_message(out, text, false),
+            _ => frames::write_message(out, text, false, self.binary),
         }
     }
 
@@ -213,7 +223,7 @@ impl<F: Framing> WebSocket<F> {
     fn seal_pending(&mut self, out: &mut Vec<u8>) {
         let pending = std::mem::take(&mut self.pending);
         if std::mem::take(&mut self.pieces) {
-            frames::write_message(out, deflate::finish(pending).as_slice(), true);
+            frames::write_message(out, deflate::finish(pending).as_slice(), true, self.binary);
         } else if self.seal(&pending, out).is_err() {
             // Not UTF-8: `send` ends the connection.
             self.broken = true;

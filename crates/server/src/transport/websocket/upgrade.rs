@@ -170,7 +170,12 @@ fn accept_key(headers: &HeaderMap) -> Result<String, Failure> {
 
 /// Whether the client offered the JSON subprotocol; a client that offered none gets none.
 fn offers_json(headers: &HeaderMap) -> bool {
-    has_token(headers, header::SEC_WEBSOCKET_PROTOCOL, JSON_SUBPROTOCOL)
+    offers(headers, JSON_SUBPROTOCOL)
+}
+
+/// Whether the client offered `subprotocol`.
+pub fn offers(headers: &HeaderMap, subprotocol: &str) -> bool {
+    has_token(headers, header::SEC_WEBSOCKET_PROTOCOL, subprotocol)
 }
 
 /// Whether a comma-separated header (any of its occurrences) holds `token`, ignoring case.

@@ -38,6 +38,11 @@ pub trait Framing: Send + Sync + std::fmt::Debug + 'static {
     /// a line each).
     const MESSAGE_PER_PUSH: bool = false;
 
+    /// Whether its messages are binary (a binary codec's), not text.
+    fn binary(&self) -> bool {
+        false
+    }
+
     /// The close code and reason a connection ending for `why` is closed with.
     fn close(why: &crate::error::Disconnect) -> (u16, String) {
         (why.wire_code(), why.short_reason().to_owned())
@@ -76,9 +81,10 @@ impl<F: Framing> Wire<F> {
     ) -> &'d Bytes {
         match self.compress_from {
             Some(min) if text.len() >= min => {
-                delivery.deflated_as(lane, form, |_| compressed_text_frame(text))
+                let binary = self.framing.binary();
+                delivery.deflated_as(lane, form, |_| compressed_frame(text, binary))
             }
-            _ => delivery.framed_as(lane, form, |_| text_frame(text)),
+            _ => delivery.framed_as(lane, form, |_| message_frame(text, self.framing.binary())),
         }
     }
 }
@@ -95,17 +101,37 @@ impl<F: Framing> DirectSocket for Wire<F> {
 }
 
 /// One final text frame (a server's frames are never masked: RFC 6455 §5.1).
+#[cfg(test)]
 pub fn text_frame(payload: &[u8]) -> Bytes {
+    message_frame(payload, false)
+}
+
+/// One final text (or `binary`) frame.
+fn message_frame(payload: &[u8], binary: bool) -> Bytes {
     let mut frame = Vec::new();
-    frames::write_frame(&mut frame, true, false, frames::opcode::TEXT, payload);
+    frames::write_frame(&mut frame, true, false, opcode_of(binary), payload);
     frame.into()
 }
 
+fn opcode_of(binary: bool) -> u8 {
+    if binary {
+        frames::opcode::BINARY
+    } else {
+        frames::opcode::TEXT
+    }
+}
+
 /// One final text frame carrying `payload` compressed (RFC 7692, RSV1 set).
+#[cfg(test)]
 pub fn compressed_text_frame(payload: &[u8]) -> Bytes {
+    compressed_frame(payload, false)
+}
+
+/// One final text (or `binary`) frame carrying `payload` compressed.
+fn compressed_frame(payload: &[u8], binary: bool) -> Bytes {
     let mut frame = Vec::new();
     let compressed = deflate::compress(payload);
-    frames::write_frame(&mut frame, true, true, frames::opcode::TEXT, &compressed);
+    frames::write_frame(&mut frame, true, true, opcode_of(binary), &compressed);
     frame.into()
 }
 
