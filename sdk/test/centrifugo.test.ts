@@ -5,7 +5,8 @@ import { afterAll, afterEach, beforeAll, expect, it } from "vitest";
 import WebSocket from "ws";
 import { Centrifuge, type PublicationContext, type SubscribedContext } from "centrifuge";
 import { Centrifuge as CentrifugeProtobuf } from "centrifuge/build/protobuf";
-import { Herald, until } from "./herald.js";
+import { execFileSync } from "node:child_process";
+import { Herald, heraldBinary, until } from "./herald.js";
 
 let server: Herald;
 const clients: Centrifuge[] = [];
@@ -161,5 +162,42 @@ it("speaks Protobuf (centrifuge/build/protobuf, the mobile SDKs' codec): publica
     await expect(sub.publish(new Uint8Array([0, 1, 2]))).rejects.toMatchObject({ code: 107 });
   } finally {
     c.disconnect();
+  }
+});
+
+it("connects with Herald's JWT: the user is the token's, its channels are subscribed by the server, a bad token is refused", async () => {
+  const secret = "a-centrifugo-test-secret-of-32-bytes!!";
+  const authed = await Herald.start({ env: { HERALD_AUTH__HMAC_SECRET: secret } });
+  const token = (user: string) =>
+    execFileSync(heraldBinary(), ["token", "--user", user, "--info", '{"name":"Ada"}', "--grant", "chat:*", "--channel", "chat:inbox-42"], {
+      env: { PATH: process.env["PATH"] ?? "", HERALD_AUTH__HMAC_SECRET: secret },
+    })
+      .toString()
+      .trim();
+  try {
+    const c = centrifuge(authed.url, { token: token("42") });
+    const serverSide: string[] = [];
+    c.on("subscribed", (ctx) => serverSide.push(ctx.channel));
+    const got: unknown[] = [];
+    c.on("publication", (ctx) => got.push([ctx.channel, ctx.data]));
+    const sub = c.newSubscription("chat:room");
+    const subscribed = new Promise((resolve) => sub.once("subscribed", resolve));
+    sub.subscribe();
+    c.connect();
+    await subscribed;
+    await until("the token's channel", () => serverSide.includes("chat:inbox-42"));
+    await authed.publish("chat:inbox-42", { to: "42" });
+    await until("the server-side publication", () => got.length === 1);
+    expect(got).toEqual([["chat:inbox-42", { to: "42" }]]);
+    const presence = await sub.presence();
+    const members = Object.values(presence.clients);
+    expect(members.map((m) => [m.user, m.connInfo])).toEqual([["42", { name: "Ada" }]]);
+
+    const bad = centrifuge(authed.url, { token: "not.a.token", maxReconnectDelay: 60_000 });
+    const closed = new Promise<{ code: number }>((resolve) => bad.once("disconnected", resolve));
+    bad.connect();
+    expect((await closed).code).toBe(3500);
+  } finally {
+    await authed.dispose();
   }
 });
