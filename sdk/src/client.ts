@@ -106,6 +106,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost {
       longpollTimeout: options.longpollTimeout ?? Math.max(1, Math.round(pingInterval / 1000)),
       pollInterval: options.pollInterval ?? 1_000,
       batchDelay: options.batchDelay ?? 0,
+      protocol: options.protocol ?? "json",
       retriesBeforeFallback: options.retriesBeforeFallback ?? 3,
       name: options.name,
       pingInterval,
@@ -333,6 +334,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost {
     const ctx: TransportContext = {
       baseUrl: this.baseUrl,
       pingInterval: this.options.pingInterval,
+      protocol: this.options.protocol,
       fetch: this.doFetch,
       websocket: this.options.websocket,
       token: () => this.token,

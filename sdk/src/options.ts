@@ -53,6 +53,13 @@ export interface ClientOptions {
   batchDelay?: number;
   /** Failed opens of a transport that has worked before it is given up for the next (default 3). */
   retriesBeforeFallback?: number;
+  /**
+   * The WebSocket's codec: `"json"` (the default) or `"protobuf"` (Herald's Protobuf
+   * codec, binary frames: smaller and cheaper to read for numbers and small messages).
+   * The HTTP transports carry text and always speak JSON, so a fallback from WebSocket
+   * still works; publications' data is JSON either way.
+   */
+  protocol?: "json" | "protobuf";
   /** A WebSocket implementation where there is no global one (Node 20: the `ws` package). */
   websocket?: WebSocketConstructor;
   /** An EventSource implementation where there is no global one (Node: the `eventsource`

@@ -64,12 +64,16 @@ pub enum Target {
     Centrifugo,
     /// Two publications' data, and the Fossil delta between them (`delta: "fossil"`).
     Delta,
+    /// A frame of Herald's Protobuf codec (`herald.protobuf`): commands as the session
+    /// reads them, each valid one written again and read back the same; and the same bytes
+    /// as a server message, as `herald sub` and the bench read it (`protobuf::to_json`).
+    Protobuf,
 }
 
 pub use crate::decoder::Decoder;
 
 impl Target {
-    pub const ALL: [Target; 21] = [
+    pub const ALL: [Target; 22] = [
         Target::Command,
         Target::Cursor,
         Target::Query,
@@ -91,6 +95,7 @@ impl Target {
         Target::Pack,
         Target::Centrifugo,
         Target::Delta,
+        Target::Protobuf,
     ];
 
     pub fn name(self) -> &'static str {
@@ -116,6 +121,7 @@ impl Target {
             Target::Pack => "pack",
             Target::Centrifugo => "centrifugo",
             Target::Delta => "delta",
+            Target::Protobuf => "protobuf",
         }
     }
 
@@ -199,6 +205,7 @@ impl Target {
             Target::Websocket => return crate::websocket::corpus(),
             Target::Wal => return crate::wal::corpus(),
             Target::Pack => return crate::pack::corpus(),
+            Target::Protobuf => return protobuf_corpus(),
             Target::Centrifugo => &[
                 r#"{"id":1,"connect":{"token":"t","name":"js","version":"5.8.0","flag":1,"subs":{}}}"#,
                 r#"{"id":2,"subscribe":{"channel":"chat:lobby","recover":true,"offset":3,"epoch":"abc","delta":"fossil"}}"#,
@@ -314,6 +321,29 @@ impl Target {
                     }
                 }
                 let _ = json::presence_in(&Centrifugo, input);
+            }),
+            Target::Protobuf => Box::new(|input| {
+                use herald_protocol::protobuf::{self, Protobuf};
+                let mut rest = input;
+                while !rest.is_empty() {
+                    let (part, after) = Protobuf.split(rest);
+                    assert!(after.len() < rest.len(), "a split always moves on");
+                    rest = after;
+                    match Protobuf.decode(part) {
+                        Some(Ok(command)) => {
+                            let again = protobuf::encode_command(&command);
+                            let read = Protobuf.decode(&again).expect("a command");
+                            assert_eq!(read, Ok(command), "written again, read the same");
+                        }
+                        Some(Err(DecodeError::Invalid { id, code, message })) => {
+                            let _ = Protobuf.reply(&Reply::error(id, code, &message));
+                        }
+                        _ => {}
+                    }
+                    if let Some(json) = protobuf::to_json(part) {
+                        let _ = String::from_utf8_lossy(&json);
+                    }
+                }
             }),
             // A delta of any two texts is made without a panic and gives the target back.
             Target::Delta => Box::new(|input| {
@@ -452,4 +482,18 @@ fn stored_file() -> Decoder {
             open(&fixed);
         }
     })
+}
+
+/// Herald Protobuf frames of every command, and of two commands in one frame.
+fn protobuf_corpus() -> Vec<Vec<u8>> {
+    let commands: Vec<Vec<u8>> = Target::Command
+        .corpus()
+        .iter()
+        .flat_map(|frame| json::decode_frame(frame))
+        .filter_map(Result::ok)
+        .map(|c| herald_protocol::protobuf::encode_command(&c))
+        .collect();
+    let mut corpus = commands.clone();
+    corpus.push(commands.concat());
+    corpus
 }

@@ -163,6 +163,10 @@ pub struct SubArgs {
     /// Transport to receive with (`iframe`: the forever frame's `<script>` chunks).
     #[arg(long, default_value = "ws", value_parser = ["ws", "sse", "stream", "iframe", "longpoll", "poll"])]
     pub transport: String,
+    /// The WebSocket's codec: Herald's JSON, or its Protobuf (`herald.protobuf`, binary
+    /// frames; printed as the same JSON). The other transports speak JSON only.
+    #[arg(long, default_value = "json", value_parser = ["json", "protobuf"])]
+    pub protocol: String,
     /// Time between requests with --transport poll.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub interval: Duration,

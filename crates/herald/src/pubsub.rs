@@ -203,6 +203,12 @@ impl Cursor {
 }
 
 pub async fn subscribe(a: SubArgs) -> anyhow::Result<ExitCode> {
+    if a.protocol == "protobuf" && a.transport != "ws" {
+        bail!(
+            "--protocol protobuf needs binary frames, which only --transport ws carries; the {} transport speaks JSON",
+            a.transport
+        );
+    }
     let mut cursor = Cursor {
         offset: a.since,
         epoch: a.epoch.clone(),
@@ -487,14 +493,23 @@ async fn polling_session(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<End
 
 async fn websocket_session(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<Ended> {
     let url = websocket_url(&a.server.url)?;
-    let (mut ws, _) = match tokio_tungstenite::connect_async(&url).await {
+    let protobuf = a.protocol == "protobuf";
+    let mut request =
+        tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(url)?;
+    if protobuf {
+        request.headers_mut().insert(
+            "sec-websocket-protocol",
+            tokio_tungstenite::tungstenite::http::HeaderValue::from_static("herald.protobuf"),
+        );
+    }
+    let (mut ws, _) = match tokio_tungstenite::connect_async(request).await {
         Ok(ws) => ws,
         Err(e) if cursor.printed == 0 => return Err(unreachable(&a.server.url, &e)),
         Err(e) => return Ok(Ended::Reconnect(with_causes(&e))),
     };
     if let Some(token) = &a.token {
-        let connect = json!({ "id": 0, "connect": { "token": token } }).to_string();
-        ws.send(Message::Text(connect.into())).await?;
+        let connect = json!({ "id": 0, "connect": { "token": token } });
+        ws.send(command(connect, protobuf)).await?;
     }
     let mut subscribe = json!({ "channel": a.channel });
     if let Some(token) = &a.sub_token {
@@ -503,11 +518,15 @@ async fn websocket_session(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<E
     if let Some(offset) = cursor.offset {
         subscribe["since"] = json!({ "offset": offset, "epoch": cursor.epoch });
     }
-    let command = json!({ "id": 1, "subscribe": subscribe }).to_string();
-    ws.send(Message::Text(command.into())).await?;
+    ws.send(command(
+        json!({ "id": 1, "subscribe": subscribe }),
+        protobuf,
+    ))
+    .await?;
     while let Some(message) = ws.next().await {
         let text = match message {
-            Ok(Message::Text(t)) => t,
+            Ok(Message::Text(t)) => t.to_string(),
+            Ok(Message::Binary(frame)) if protobuf => protobuf_lines(&frame)?,
             Ok(Message::Close(Some(frame))) => {
                 let code = u16::from(frame.code);
                 if reconnect_allowed(code) {
@@ -532,4 +551,34 @@ async fn websocket_session(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<E
         }
     }
     Ok(Ended::Reconnect("connection closed".into()))
+}
+
+/// A command, in the connection's codec: JSON text, or its Protobuf message.
+fn command(command: Value, protobuf: bool) -> Message {
+    let text = command.to_string();
+    if !protobuf {
+        return Message::Text(text.into());
+    }
+    let commands = herald_protocol::json::decode_frame(text.as_bytes());
+    let frame: Vec<u8> = commands
+        .iter()
+        .filter_map(|c| c.as_ref().ok())
+        .flat_map(herald_protocol::protobuf::encode_command)
+        .collect();
+    Message::Binary(frame.into())
+}
+
+/// A binary frame of Protobuf messages, as the JSON lines the same messages are.
+fn protobuf_lines(frame: &[u8]) -> anyhow::Result<String> {
+    use herald_protocol::{protobuf, Codec};
+    let mut lines = Vec::new();
+    let mut rest = frame;
+    while !rest.is_empty() {
+        let (part, after) = protobuf::Protobuf.split(rest);
+        rest = after;
+        let json =
+            protobuf::to_json(part).context("the server sent a frame that is not Protobuf")?;
+        lines.push(String::from_utf8(json)?);
+    }
+    Ok(lines.join("\n"))
 }

@@ -21,33 +21,47 @@ fn publish(server: &Server, channel: &str, data: &str) -> u64 {
 #[test]
 fn pub_prints_offsets_and_sub_prints_json_lines_then_exits_after_count() {
     let server = Server::start(&[]);
-    assert_eq!(publish(&server, "chat:cli", r#"{"text":"one"}"#), 1);
-    assert_eq!(publish(&server, "chat:cli", "two"), 2);
-    let sub = herald()
-        .args(["sub", "chat:cli", "--since", "0", "--count", "3"])
-        .env("HERALD_URL", &server.url)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Whether the third arrives from history or live, it arrives exactly once.
-    assert_eq!(publish(&server, "chat:cli", "[3]"), 3);
-    let out = sub.wait_with_output().unwrap();
-    assert!(out.status.success());
-    let lines: Vec<Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(lines.len(), 3);
-    assert_eq!(lines[0]["channel"], "chat:cli");
-    assert_eq!(lines[0]["data"]["text"], "one");
-    assert_eq!(lines[1]["data"], "two");
-    assert_eq!(lines[2]["data"][0], 3);
-    let offsets: Vec<_> = lines
-        .iter()
-        .map(|l| l["offset"].as_u64().unwrap())
-        .collect();
-    assert_eq!(offsets, [1, 2, 3]);
+    // The same lines whichever codec the WebSocket speaks.
+    for protocol in ["json", "protobuf"] {
+        let channel = format!("chat:cli-{protocol}");
+        assert_eq!(publish(&server, &channel, r#"{"text":"one"}"#), 1);
+        assert_eq!(publish(&server, &channel, "two"), 2);
+        let sub = herald()
+            .args(["sub", &channel, "--since", "0", "--count", "3"])
+            .args(["--protocol", protocol])
+            .env("HERALD_URL", &server.url)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Whether the third arrives from history or live, it arrives exactly once.
+        assert_eq!(publish(&server, &channel, "[3]"), 3);
+        let out = sub.wait_with_output().unwrap();
+        assert!(out.status.success(), "{protocol}");
+        let lines: Vec<Value> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 3, "{protocol}");
+        assert_eq!(lines[0]["channel"], *channel);
+        assert_eq!(lines[0]["data"]["text"], "one");
+        assert_eq!(lines[1]["data"], "two");
+        assert_eq!(lines[2]["data"][0], 3);
+        let offsets: Vec<_> = lines
+            .iter()
+            .map(|l| l["offset"].as_u64().unwrap())
+            .collect();
+        assert_eq!(offsets, [1, 2, 3], "{protocol}");
+    }
+    let said = fails(herald().args([
+        "sub",
+        "chat:cli",
+        "--transport",
+        "sse",
+        "--protocol",
+        "protobuf",
+    ]));
+    assert!(said.contains("only --transport ws"), "{said}");
 }
 
 /// Issue 12, goal 4: a kept history longer than one resume may replay is printed whole,

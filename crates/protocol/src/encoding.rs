@@ -4,6 +4,7 @@ use crate::{
     centrifugo::{Centrifugo, CentrifugoProtobuf},
     codec::Codec,
     json::Json,
+    protobuf::Protobuf,
 };
 
 /// Which codec a connection speaks. One byte in a session (nothing while there is one).
@@ -12,6 +13,8 @@ pub enum Encoding {
     /// Herald's JSON, one object per line ([`Json`]).
     #[default]
     Json,
+    /// Herald's Protobuf ([`Protobuf`]), length-delimited messages in binary frames.
+    Protobuf,
     /// Centrifugo's client protocol, JSON ([`Centrifugo`]): the Centrifugo front.
     Centrifugo,
     /// Centrifugo's client protocol, Protobuf ([`CentrifugoProtobuf`]).
@@ -20,8 +23,9 @@ pub enum Encoding {
 
 impl Encoding {
     /// Every encoding, in [`Encoding::index`] order.
-    pub const ALL: [Encoding; 3] = [
+    pub const ALL: [Encoding; 4] = [
         Encoding::Json,
+        Encoding::Protobuf,
         Encoding::Centrifugo,
         Encoding::CentrifugoProtobuf,
     ];
@@ -30,6 +34,7 @@ impl Encoding {
     pub fn codec(self) -> &'static dyn Codec {
         match self {
             Encoding::Json => &Json,
+            Encoding::Protobuf => &Protobuf,
             Encoding::Centrifugo => &Centrifugo,
             Encoding::CentrifugoProtobuf => &CentrifugoProtobuf,
         }

@@ -24,6 +24,7 @@ mod encoding;
 pub mod json;
 pub mod phoenix;
 mod position;
+pub mod protobuf;
 pub mod pusher;
 pub mod results;
 

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use herald_protocol::{
     json::{self, Json},
+    protobuf::{self, Protobuf},
     results::{self, Member},
     ChannelName, Codec, Epoch, ErrorCode, Outcome, Publication, Push, Reply,
 };
@@ -29,13 +30,16 @@ fn publication(offset: u64, data: &str, from: Option<&str>) -> Publication {
     }
 }
 
-/// A successful reply, as the codec writes it.
-fn done(id: u64, outcome: Outcome<'_>) -> Vec<u8> {
-    Json.reply(&Reply::Done { id, outcome })
+/// Every frame, by name, as the JSON codec makes it.
+fn frames() -> Vec<(&'static str, Vec<u8>)> {
+    let mut frames = frames_in(&Json);
+    frames.extend(poll_answers());
+    frames
 }
 
-/// Every frame, by name, as the codec makes it.
-fn frames() -> Vec<(&'static str, Vec<u8>)> {
+/// Every reply and push, by name, as `codec` makes it.
+fn frames_in(codec: &dyn Codec) -> Vec<(&'static str, Vec<u8>)> {
+    let done = |id: u64, outcome: Outcome<'_>| codec.reply(&Reply::Done { id, outcome });
     let epoch = Epoch::new("k3x9q1");
     let lobby = channel("chat:lobby");
     let state = RawValue::from_string(r#"{"topic":"hi"}"#.into()).unwrap();
@@ -78,7 +82,7 @@ fn frames() -> Vec<(&'static str, Vec<u8>)> {
         data,
         delta: None,
     };
-    let push = |push: Push<'_>| Json.push(&push);
+    let push = |push: Push<'_>| codec.push(&push);
     let hi = publication(7, r#"{"text":"hi"}"#, None);
     let hello = publication(
         8,
@@ -159,7 +163,7 @@ fn frames() -> Vec<(&'static str, Vec<u8>)> {
         ("reply.ping", done(10, Outcome::Ping)),
         (
             "reply.error",
-            Json.reply(&Reply::error(
+            codec.reply(&Reply::error(
                 Some(11),
                 ErrorCode::PermissionDenied,
                 "not allowed",
@@ -167,11 +171,11 @@ fn frames() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "error.unnumbered",
-            Json.reply(&Reply::error(None, ErrorCode::BadRequest, "not JSON")),
+            codec.reply(&Reply::error(None, ErrorCode::BadRequest, "not JSON")),
         ),
         (
             "error.channel",
-            Json.reply(&Reply::Refused {
+            codec.reply(&Reply::Refused {
                 id: None,
                 code: 1003,
                 message: "staff only",
@@ -260,6 +264,12 @@ fn frames() -> Vec<(&'static str, Vec<u8>)> {
             }),
         ),
         ("push.ping", push(Push::Ping)),
+    ]
+}
+
+/// The long-poll's answers (the JSON codec's framing of a poll).
+fn poll_answers() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
         (
             "answer.poll",
             json::encode_poll_answer(
@@ -277,7 +287,10 @@ fn frames() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 fn fixture() -> BTreeMap<String, String> {
-    let text = include_str!("../fixtures/frames.txt");
+    lines(include_str!("../fixtures/frames.txt"))
+}
+
+fn lines(text: &str) -> BTreeMap<String, String> {
     text.lines()
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .map(|l| {
@@ -285,6 +298,38 @@ fn fixture() -> BTreeMap<String, String> {
             (name.to_string(), frame.to_string())
         })
         .collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The Protobuf codec's frames (`fixtures/frames.protobuf.txt`, `NAME HEX`) are golden too,
+/// and each says what its JSON namesake says: read back as JSON
+/// ([`protobuf::to_json`]), it is the JSON codec's frame byte for byte. The SDK's tests
+/// read the same fixture with `proto/herald.proto`.
+#[test]
+fn every_protobuf_frame_is_golden_and_means_its_json_namesake() {
+    let golden = lines(include_str!("../fixtures/frames.protobuf.txt"));
+    let json: BTreeMap<&str, Vec<u8>> = frames_in(&Json).into_iter().collect();
+    let made = frames_in(&Protobuf);
+    let mut wrong = Vec::new();
+    for (name, bytes) in &made {
+        let (part, rest) = Protobuf.split(bytes);
+        assert!(rest.is_empty(), "{name}: one message");
+        let read = protobuf::to_json(part).expect("a server message");
+        assert_eq!(
+            String::from_utf8(read).unwrap(),
+            String::from_utf8(json[name].clone()).unwrap(),
+            "{name}: the Protobuf frame means what the JSON one says"
+        );
+        match golden.get(*name) {
+            Some(g) if *g == hex(bytes) => {}
+            other => wrong.push(format!("{name} {}\n  (golden: {other:?})", hex(bytes))),
+        }
+    }
+    assert!(wrong.is_empty(), "frames differ:\n{}", wrong.join("\n"));
+    assert_eq!(golden.len(), made.len(), "one golden frame per frame made");
 }
 
 #[test]

@@ -142,8 +142,8 @@ var Herald = (() => {
       this.tail = "";
     }
     push(chunk) {
-      const text = this.tail + chunk;
-      const lines = text.split("\n");
+      const text2 = this.tail + chunk;
+      const lines = text2.split("\n");
       this.tail = lines.pop() ?? "";
       return lines.filter((l) => l.trim() !== "");
     }
@@ -368,22 +368,22 @@ var Herald = (() => {
         this.deliver(pub.offset, pub.data, pub.from);
         return;
       }
-      let text;
+      let text2;
       let data;
       try {
         if (pub.full !== void 0) {
-          text = encoder.encode(pub.full);
+          text2 = encoder.encode(pub.full);
         } else {
           if (this.base === void 0 || pub.offset !== this.at.offset + 1) throw new DeltaError("no base for the delta");
-          text = applyDelta(this.base, encoder.encode(pub.delta));
+          text2 = applyDelta(this.base, encoder.encode(pub.delta));
         }
-        data = JSON.parse(decoder.decode(text));
+        data = JSON.parse(decoder.decode(text2));
       } catch (error) {
         this.base = void 0;
         this.host.resync(`${this.channel}: publication ${pub.offset} does not apply (${String(error)})`);
         return;
       }
-      this.base = text;
+      this.base = text2;
       this.deliver(pub.offset, data, pub.from);
     }
     /** A publication for this channel; at or below the position it is a repeat and dropped. */
@@ -492,8 +492,8 @@ var Herald = (() => {
     const payload = token?.split(".")[1];
     if (payload === void 0) return void 0;
     try {
-      const json = atob(payload.replace(/-/g, "+").replace(/_/g, "/"));
-      const exp = JSON.parse(json).exp;
+      const json2 = atob(payload.replace(/-/g, "+").replace(/_/g, "/"));
+      const exp = JSON.parse(json2).exp;
       return typeof exp === "number" ? Math.max(0, exp - Date.now() / 1e3) : void 0;
     } catch {
       return void 0;
@@ -743,8 +743,8 @@ var Herald = (() => {
             body,
             headers: { "Content-Type": "application/x-ndjson" }
           });
-          const text = await response.text();
-          for (const m of decodeMessages(text)) this.emit(m);
+          const text2 = await response.text();
+          for (const m of decodeMessages(text2)) this.emit(m);
         } catch (error) {
           this.fail(ClientCode.TransportClosed, `sending failed: ${String(error)}`);
         }
@@ -934,6 +934,199 @@ var Herald = (() => {
     }
   };
 
+  // src/protobuf.ts
+  var utf8 = new TextEncoder();
+  var text = new TextDecoder();
+  var Writer = class _Writer {
+    constructor() {
+      this.bytes = [];
+    }
+    varint(n) {
+      while (n > 127) {
+        this.bytes.push(n % 128 | 128);
+        n = Math.floor(n / 128);
+      }
+      this.bytes.push(n);
+    }
+    /** A varint field, written when given (`optional` fields are written even when 0). */
+    number(field, n) {
+      if (typeof n !== "number") return;
+      this.varint(field * 8);
+      this.varint(n);
+    }
+    /** A length-delimited field: a string, bytes, or a nested message. */
+    bytesField(field, value) {
+      if (value === void 0) return;
+      this.varint(field * 8 + 2);
+      this.varint(value.length);
+      for (const b of value) this.bytes.push(b);
+    }
+    string(field, s) {
+      if (typeof s === "string") this.bytesField(field, utf8.encode(s));
+    }
+    message(field, write) {
+      const inner = new _Writer();
+      write(inner);
+      this.bytesField(field, Uint8Array.from(inner.bytes));
+    }
+  };
+  var METHOD_FIELDS = {
+    connect: 2,
+    subscribe: 3,
+    unsubscribe: 4,
+    publish: 5,
+    history: 6,
+    refresh: 7,
+    rpc: 8,
+    presence: 9,
+    presence_stats: 10,
+    ping: 11
+  };
+  function since(w, field, value) {
+    if (typeof value !== "object" || value === null) return;
+    const s = value;
+    w.message(field, (m) => {
+      if (s["offset"] !== 0) m.number(1, s["offset"]);
+      m.string(2, s["epoch"]);
+    });
+  }
+  function json(w, field, value) {
+    if (value !== void 0) w.bytesField(field, utf8.encode(JSON.stringify(value)));
+  }
+  var WRITE_PARAMS = {
+    connect: (w, p) => ["token", "name", "version", "client"].forEach((k, i) => w.string(i + 1, p[k])),
+    subscribe: (w, p) => {
+      w.string(1, p["channel"]);
+      since(w, 2, p["since"]);
+      w.string(3, p["token"]);
+      w.string(4, p["delta"]);
+    },
+    unsubscribe: (w, p) => w.string(1, p["channel"]),
+    publish: (w, p) => {
+      w.string(1, p["channel"]);
+      json(w, 2, p["data"]);
+      w.string(3, p["idempotency_key"]);
+    },
+    history: (w, p) => {
+      w.string(1, p["channel"]);
+      since(w, 2, p["since"]);
+      w.number(3, p["limit"]);
+    },
+    refresh: (w, p) => {
+      w.string(1, p["channel"]);
+      w.string(2, p["token"]);
+    },
+    rpc: (w, p) => {
+      w.string(1, p["method"]);
+      json(w, 2, p["data"]);
+    },
+    presence: (w, p) => {
+      w.string(1, p["channel"]);
+      w.number(2, p["limit"]);
+      w.string(3, p["cursor"]);
+    },
+    presence_stats: (w, p) => w.string(1, p["channel"]),
+    ping: () => void 0
+  };
+  function encodeProtobufCommands(commands) {
+    const frame = new Writer();
+    for (const c of commands) {
+      const command = new Writer();
+      command.number(1, c.id);
+      command.message(METHOD_FIELDS[c.method], (w) => WRITE_PARAMS[c.method](w, c.params));
+      frame.varint(command.bytes.length);
+      frame.bytes.push(...command.bytes);
+    }
+    return Uint8Array.from(frame.bytes);
+  }
+  var PUBLICATION = { fields: { 1: ["offset", "u"], 2: ["data", "j"], 3: ["from", "j"] }, defaults: () => ({ offset: 0 }) };
+  var STREAM = {
+    fields: { 1: ["channel", "s"], 2: ["epoch", "s"], 3: ["offset", "u"], 4: ["recovered", "b"], 5: ["publications[]", PUBLICATION], 6: ["data", "j"], 7: ["delta", "s"] },
+    defaults: () => ({ epoch: "", offset: 0 })
+  };
+  var MEMBER = { fields: { 1: ["client", "s"], 2: ["...", "j"] }, defaults: () => ({ client: "" }) };
+  var EXPIRY = { fields: { 1: ["expires", "u"], 2: ["ttl", "u"] } };
+  var SERVER_MESSAGE = {
+    fields: {
+      1: ["id", "u"],
+      2: ["error", { fields: { 1: ["code", "u"], 2: ["message", "s"], 3: ["channel", "s"] }, defaults: () => ({ code: 0, message: "" }) }],
+      3: [
+        "connect",
+        { fields: { 1: ["client", "s"], 2: ["version", "s"], 3: ["ping", "u"], 4: ["user", "s"], 5: ["expires", "u"], 6: ["ttl", "u"] }, defaults: () => ({ client: "", version: "", ping: 0 }) }
+      ],
+      4: ["subscribe", STREAM],
+      5: ["unsubscribe", { fields: { 1: ["channel", "s"], 2: ["code", "u"], 3: ["reason", "s"] } }],
+      6: ["publish", { fields: { 1: ["offset", "u"], 2: ["epoch", "s"], 3: ["repeat", "b"] }, defaults: () => ({ offset: 0, epoch: "" }) }],
+      7: ["history", STREAM],
+      8: ["refresh", EXPIRY],
+      9: ["rpc", { fields: { 1: ["data", "j"] } }],
+      10: ["presence", { fields: { 1: ["channel", "s"], 2: ["members[]", MEMBER], 3: ["cursor", "s"], 4: ["join[]", MEMBER], 5: ["leave[]", MEMBER], 6: ["missed", "b"] } }],
+      11: ["presence_stats", { fields: { 1: ["clients", "u"], 2: ["users", "u"] }, defaults: () => ({ clients: 0, users: 0 }) }],
+      12: ["ping", { fields: {} }],
+      13: ["pub", { fields: { 1: ["channel", "s"], 2: ["offset", "u"], 3: ["data", "j"], 4: ["from", "j"], 5: ["full", "s"], 6: ["delta", "s"] }, defaults: () => ({ channel: "", offset: 0 }) }],
+      14: ["disconnect", { fields: { 1: ["code", "u"], 2: ["reason", "s"], 3: ["reconnect", "b"] }, defaults: () => ({ code: 0, reason: "", reconnect: false }) }]
+    }
+  };
+  var Reader = class {
+    constructor(bytes) {
+      this.bytes = bytes;
+      this.at = 0;
+    }
+    varint() {
+      let n = 0;
+      let scale = 1;
+      for (; ; ) {
+        if (this.at >= this.bytes.length) throw new Error("a Protobuf message is cut short");
+        const b = this.bytes[this.at++];
+        n += (b & 127) * scale;
+        if (b < 128) return n;
+        scale *= 128;
+        if (scale > 2 ** 63) throw new Error("a Protobuf varint is too long");
+      }
+    }
+    take(length) {
+      if (this.at + length > this.bytes.length) throw new Error("a Protobuf message is cut short");
+      const part = this.bytes.subarray(this.at, this.at + length);
+      this.at += length;
+      return part;
+    }
+  };
+  function read(bytes, schema) {
+    var _a;
+    const out = schema.defaults?.() ?? {};
+    const r = new Reader(bytes);
+    while (r.at < bytes.length) {
+      const key = r.varint();
+      const [field, wireType] = [Math.floor(key / 8), key % 8];
+      const value = wireType === 0 ? r.varint() : wireType === 2 ? r.take(r.varint()) : void 0;
+      if (value === void 0) throw new Error(`unexpected Protobuf wire type ${wireType}`);
+      const known = schema.fields[field];
+      if (known === void 0) continue;
+      const [name, kind] = known;
+      const item = kind === "u" ? value : kind === "b" ? value !== 0 : kind === "s" ? text.decode(value) : kind === "j" ? JSON.parse(text.decode(value)) : read(value, kind);
+      if (name === "...") Object.assign(out, item);
+      else if (name.endsWith("[]")) (out[_a = name.slice(0, -2)] ?? (out[_a] = [])).push(item);
+      else out[name] = item;
+    }
+    return out;
+  }
+  function decodeProtobufMessages(frame) {
+    const out = [];
+    const r = new Reader(frame);
+    while (r.at < frame.length) {
+      const message = read(r.take(r.varint()), SERVER_MESSAGE);
+      const presence = message.presence;
+      if (presence !== void 0 && message.id === void 0) {
+        presence.join ?? (presence.join = []);
+        presence.leave ?? (presence.leave = []);
+      } else if (presence !== void 0) {
+        presence.members ?? (presence.members = []);
+      }
+      out.push(message);
+    }
+    return out;
+  }
+
   // src/transport/websocket.ts
   var WebSocketTransport = class {
     constructor(ctx) {
@@ -942,14 +1135,17 @@ var Herald = (() => {
       this.closed = false;
       const Impl = ctx.websocket ?? globalThis.WebSocket;
       if (Impl === void 0) throw new Error("WebSocket is not available here");
-      this.socket = new Impl(ctx.baseUrl.replace(/^http/, "ws") + "/connection/websocket", "herald.json");
+      const protobuf = ctx.protocol === "protobuf";
+      this.socket = new Impl(ctx.baseUrl.replace(/^http/, "ws") + "/connection/websocket", protobuf ? "herald.protobuf" : "herald.json");
+      this.socket.binaryType = "arraybuffer";
+      this.protobuf = protobuf;
       this.socket.onmessage = (event) => {
         if (this.closed) return;
         let messages;
         try {
-          messages = decodeMessages(String(event.data));
+          messages = this.protobuf ? decodeProtobufMessages(new Uint8Array(event.data)) : decodeMessages(String(event.data));
         } catch {
-          this.fail(3501, "the server sent a frame that is not JSON");
+          this.fail(3501, `the server sent a frame that is not ${this.protobuf ? "Protobuf" : "JSON"}`);
           return;
         }
         for (const m of messages) {
@@ -972,7 +1168,7 @@ var Herald = (() => {
     }
     send(commands) {
       if (this.closed || this.socket.readyState !== 1) return;
-      this.socket.send(encodeCommands(commands));
+      this.socket.send(this.protobuf ? encodeProtobufCommands(commands) : encodeCommands(commands));
     }
     close() {
       this.closed = true;
@@ -1026,6 +1222,7 @@ var Herald = (() => {
         longpollTimeout: options.longpollTimeout ?? Math.max(1, Math.round(pingInterval / 1e3)),
         pollInterval: options.pollInterval ?? 1e3,
         batchDelay: options.batchDelay ?? 0,
+        protocol: options.protocol ?? "json",
         retriesBeforeFallback: options.retriesBeforeFallback ?? 3,
         name: options.name,
         pingInterval,
@@ -1111,8 +1308,8 @@ var Herald = (() => {
     history(channel, options = {}) {
       const params = { channel };
       if (options.limit !== void 0) params["limit"] = options.limit;
-      const since = sinceParam(options.since);
-      if (since !== void 0) params["since"] = since;
+      const since2 = sinceParam(options.since);
+      if (since2 !== void 0) params["since"] = since2;
       return this.call("history", params);
     }
     /** A page of `channel`'s members (namespaces with `presence`); see `Subscription.presence`. */
@@ -1153,8 +1350,8 @@ var Herald = (() => {
         return;
       }
       const params = { channel: sub.channel };
-      const since = sinceParam(sub.position);
-      if (since !== void 0) params["since"] = since;
+      const since2 = sinceParam(sub.position);
+      if (since2 !== void 0) params["since"] = since2;
       if (sub.token !== void 0) params["token"] = sub.token;
       if (sub.delta !== void 0) params["delta"] = sub.delta;
       const sentOn = this.transport;
@@ -1222,6 +1419,7 @@ var Herald = (() => {
       const ctx = {
         baseUrl: this.baseUrl,
         pingInterval: this.options.pingInterval,
+        protocol: this.options.protocol,
         fetch: this.doFetch,
         websocket: this.options.websocket,
         token: () => this.token,

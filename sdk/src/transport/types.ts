@@ -32,6 +32,9 @@ export interface TransportContext {
   /** How often, ms, the connection must show it is alive (streams ask for keepalives). */
   pingInterval: number;
   events: TransportEvents;
+  /** The WebSocket's codec: Herald's JSON (the default) or Protobuf (the other transports
+   * always speak JSON). */
+  protocol?: "json" | "protobuf";
   /** Hooks for environments without the browser's globals (Node, tests). */
   websocket?: WebSocketConstructor;
   fetch: typeof fetch;

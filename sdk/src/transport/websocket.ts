@@ -1,23 +1,29 @@
 import { ClientCode } from "../codes.js";
 import { decodeMessages, encodeCommands, type Command } from "../protocol.js";
+import { decodeProtobufMessages, encodeProtobufCommands } from "../protobuf.js";
 import type { Transport, TransportContext } from "./types.js";
 
 export class WebSocketTransport implements Transport {
   readonly name = "websocket" as const;
   private socket: WebSocket;
   private closed = false;
+  /** Whether it speaks Herald's Protobuf codec (`herald.protobuf`), not JSON. */
+  private readonly protobuf: boolean;
 
   constructor(private readonly ctx: TransportContext) {
     const Impl = ctx.websocket ?? globalThis.WebSocket;
     if (Impl === undefined) throw new Error("WebSocket is not available here");
-    this.socket = new Impl(ctx.baseUrl.replace(/^http/, "ws") + "/connection/websocket", "herald.json");
+    const protobuf = ctx.protocol === "protobuf";
+    this.socket = new Impl(ctx.baseUrl.replace(/^http/, "ws") + "/connection/websocket", protobuf ? "herald.protobuf" : "herald.json");
+    this.socket.binaryType = "arraybuffer";
+    this.protobuf = protobuf;
     this.socket.onmessage = (event: MessageEvent) => {
       if (this.closed) return;
       let messages;
       try {
-        messages = decodeMessages(String(event.data));
+        messages = this.protobuf ? decodeProtobufMessages(new Uint8Array(event.data as ArrayBuffer)) : decodeMessages(String(event.data));
       } catch {
-        this.fail(3501, "the server sent a frame that is not JSON");
+        this.fail(3501, `the server sent a frame that is not ${this.protobuf ? "Protobuf" : "JSON"}`);
         return;
       }
       for (const m of messages) {
@@ -43,7 +49,7 @@ export class WebSocketTransport implements Transport {
 
   send(commands: Command[]): void {
     if (this.closed || this.socket.readyState !== 1) return;
-    this.socket.send(encodeCommands(commands));
+    this.socket.send(this.protobuf ? encodeProtobufCommands(commands) : encodeCommands(commands));
   }
 
   close(): void {

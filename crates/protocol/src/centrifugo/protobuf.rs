@@ -16,31 +16,17 @@ use crate::{
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CentrifugoProtobuf;
 
-/// The length prefix of the message at the start of `frame`, and its length; `None` when
-/// the prefix is cut short or says more than a frame can hold.
-fn prefix(frame: &[u8]) -> Option<(usize, usize)> {
-    let mut buf = frame;
-    let len = prost::encoding::decode_varint(&mut buf).ok()?;
-    let len = usize::try_from(len).ok()?;
-    Some((frame.len() - buf.len(), len))
-}
-
 impl Codec for CentrifugoProtobuf {
     fn split<'f>(&self, frame: &'f [u8]) -> (&'f [u8], &'f [u8]) {
-        match prefix(frame) {
-            Some((head, len)) if len <= frame.len() - head => frame.split_at(head + len),
-            // Cut short: all of it, which `decode` refuses.
-            _ => (frame, &frame[frame.len()..]),
-        }
+        crate::protobuf::split_delimited(frame)
     }
 
     fn decode(&self, part: &[u8]) -> Option<Result<Command, DecodeError>> {
-        let Some((head, len)) = prefix(part).filter(|(h, l)| h + l == part.len()) else {
-            return Some(Err(DecodeError::Malformed(
-                "a message's length prefix does not match its bytes".into(),
-            )));
+        let body = match crate::protobuf::delimited_body(part) {
+            Ok(body) => body,
+            Err(e) => return Some(Err(e)),
         };
-        match proto::Command::decode(&part[head..head + len]) {
+        match proto::Command::decode(body) {
             Ok(command) => super::command_of(command, false),
             Err(e) => Some(Err(DecodeError::Malformed(e.to_string()))),
         }

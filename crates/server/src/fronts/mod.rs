@@ -25,11 +25,11 @@ pub(crate) mod slots {
     /// A publication as a Phoenix broadcast, per serializer (1.0.0, 2.0.0).
     pub(crate) const PHOENIX: [Encoding; 2] = [Encoding::new(1), Encoding::new(2)];
     /// A Pusher event in a WebSocket text frame.
-    pub(crate) const PUSHER_LANE: Lane = Lane::new(3);
+    pub(crate) const PUSHER_LANE: Lane = Lane::new(4);
     /// A Phoenix broadcast in a WebSocket text frame, per serializer.
-    pub(crate) const PHOENIX_LANES: [Lane; 2] = [Lane::new(4), Lane::new(5)];
+    pub(crate) const PHOENIX_LANES: [Lane; 2] = [Lane::new(5), Lane::new(6)];
     /// A Centrifugo push in a WebSocket message, per codec (JSON, Protobuf).
-    pub(crate) const CENTRIFUGO_LANES: [Lane; 2] = [Lane::new(6), Lane::new(7)];
+    pub(crate) const CENTRIFUGO_LANES: [Lane; 2] = [Lane::new(7), Lane::new(8)];
 }
 
 /// Appends one message to `out`, the answers a front's speaker gives the driver: a line

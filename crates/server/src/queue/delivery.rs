@@ -192,7 +192,7 @@ impl Encoding {
 }
 
 /// A kind of socket the hub writes to directly, each with its framing of a push: Herald's
-/// own three, and those its fronts register (`fronts::LANES`), a slot apiece.
+/// own four, and those its fronts register (`fronts::LANES`), a slot apiece.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lane(usize);
 
@@ -203,11 +203,13 @@ impl Lane {
     pub const NDJSON: Lane = Lane(1);
     /// An SSE event (id: the channel's position) in an HTTP chunk.
     pub const SSE: Lane = Lane(2);
+    /// A WebSocket binary frame of Herald's Protobuf codec.
+    pub const WEBSOCKET_PROTOBUF: Lane = Lane(3);
 
-    /// A front's lane, in slot `slot`: past Herald's own three, below [`LANES`].
+    /// A front's lane, in slot `slot`: past Herald's own four, below [`LANES`].
     pub const fn new(slot: usize) -> Self {
         assert!(
-            slot >= 3 && slot < LANES,
+            slot >= 4 && slot < LANES,
             "a lane slot past LANES or one of Herald's own"
         );
         Self(slot)
@@ -215,7 +217,7 @@ impl Lane {
 }
 
 /// How many kinds of [`Lane`] there are room for.
-pub const LANES: usize = 8;
+pub const LANES: usize = 9;
 
 impl Delivery {
     /// The delivery framed for `lane`, made by `make` the first time.

@@ -119,6 +119,19 @@ impl OpenRequest {
                         "unknown delta format {value:?}; expected \"fossil\""
                     )))
                 }
+                // The HTTP transports carry text (SSE events, script tags, JSON bodies and
+                // lines): Protobuf's binary messages go over WebSocket only.
+                "protocol" if value == "json" => {}
+                "protocol" if value == "protobuf" => return Err(bad(
+                    "the Protobuf codec needs binary frames, which only WebSocket carries: \
+                     open /connection/websocket with the herald.protobuf subprotocol, or use \
+                     protocol=json here",
+                )),
+                "protocol" => {
+                    return Err(bad(format!(
+                        "unknown protocol {value:?}; expected \"json\" (or \"protobuf\", over WebSocket)"
+                    )))
+                }
                 // Cache busters and the like.
                 "_" | "t" => {}
                 other => return Err(bad(format!("unknown query parameter {other:?}"))),

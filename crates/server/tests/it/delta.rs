@@ -10,7 +10,7 @@ use crate::{
 };
 
 /// A document of about 2 KB of which one field changes per publication.
-fn document(version: u64) -> Value {
+pub(crate) fn document(version: u64) -> Value {
     let fields: serde_json::Map<String, Value> = (0..40)
         .map(|i| {
             (
@@ -24,17 +24,17 @@ fn document(version: u64) -> Value {
 
 /// What a client keeps to apply deltas: the last publication's data, as text.
 #[derive(Default)]
-struct Applier {
+pub(crate) struct Applier {
     last: Option<Vec<u8>>,
-    wholes: usize,
-    deltas: usize,
+    pub(crate) wholes: usize,
+    pub(crate) deltas: usize,
     plain: usize,
 }
 
 impl Applier {
     /// The data a `pub` push of a delta subscription carries, checked against the text the
     /// client keeps.
-    fn take(&mut self, publication: &Value) -> Value {
+    pub(crate) fn take(&mut self, publication: &Value) -> Value {
         if let Some(data) = publication.get("data") {
             // A replay (history is sent plain): the next live one goes whole.
             self.last = None;

@@ -29,6 +29,7 @@ mod nodes;
 mod ordering;
 
 mod presence;
+mod protobuf;
 mod pusher_hostile;
 mod readiness;
 mod replies;

@@ -46,7 +46,7 @@ pub(crate) fn presence_config() -> Config {
     c
 }
 
-fn token(user: &str, info: Value) -> String {
+pub(crate) fn token(user: &str, info: Value) -> String {
     let exp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

@@ -118,6 +118,29 @@ impl TestServer {
         Client::from_socket(ws)
     }
 
+    /// A client speaking Herald's Protobuf codec (`herald.protobuf`): it takes and gives
+    /// the same JSON values as [`TestServer::client`], written and read as Protobuf.
+    pub async fn protobuf_client(&self) -> Client {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let mut request = format!("ws://{}/connection/websocket", self.addr)
+            .into_client_request()
+            .unwrap();
+        request
+            .headers_mut()
+            .insert("sec-websocket-protocol", "herald.protobuf".parse().unwrap());
+        let (ws, response) = tokio_tungstenite::connect_async(request)
+            .await
+            .expect("websocket connects");
+        assert_eq!(
+            response.headers()["sec-websocket-protocol"],
+            "herald.protobuf"
+        );
+        Client {
+            protobuf: true,
+            ..Client::from_socket(ws)
+        }
+    }
+
     /// Sends `body` statelessly (`POST /connection/send`) from `client`; the error code of
     /// each answer line (`None`: a result).
     pub async fn send_codes(
@@ -254,6 +277,8 @@ pub struct Client {
     /// Pushes that arrived while `call` waited for a reply.
     set_aside: VecDeque<Value>,
     next_id: u64,
+    /// Whether it speaks Protobuf: commands are turned into it, messages read back as JSON.
+    protobuf: bool,
 }
 
 /// How a connection ended.
@@ -270,14 +295,25 @@ impl Client {
             lines: VecDeque::new(),
             set_aside: VecDeque::new(),
             next_id: 1,
+            protobuf: false,
         }
     }
 
+    /// Sends commands as JSON lines (in Protobuf, each as its Protobuf message, on a
+    /// Protobuf client).
     pub async fn send_text(&mut self, text: impl Into<String>) {
-        self.ws
-            .send(Message::Text(text.into().into()))
-            .await
-            .unwrap();
+        let text = text.into();
+        let message = match self.protobuf {
+            false => Message::Text(text.into()),
+            true => Message::Binary(
+                herald_protocol::json::decode_frame(text.as_bytes())
+                    .into_iter()
+                    .flat_map(|c| herald_protocol::protobuf::encode_command(&c.unwrap()))
+                    .collect::<Vec<u8>>()
+                    .into(),
+            ),
+        };
+        self.ws.send(message).await.unwrap();
     }
 
     /// Sends a command and returns its reply (a result or an error object). Pushes that
@@ -336,7 +372,20 @@ impl Client {
                 .expect("server sent something in time")
                 .expect("connection open")
                 .expect("read ok");
+            if let Message::Binary(frame) = &message {
+                assert!(self.protobuf, "a binary message on a JSON connection");
+                let mut rest = &frame[..];
+                while !rest.is_empty() {
+                    use herald_protocol::Codec;
+                    let (part, after) = herald_protocol::protobuf::Protobuf.split(rest);
+                    rest = after;
+                    let json = herald_protocol::protobuf::to_json(part).expect("a message");
+                    self.lines.push_back(serde_json::from_slice(&json).unwrap());
+                }
+                return self.lines.pop_front().expect("a message in the frame");
+            }
             if let Message::Text(text) = message {
+                assert!(!self.protobuf, "a text message on a Protobuf connection");
                 let mut lines = text
                     .lines()
                     .map(|l| serde_json::from_str::<Value>(l).expect("valid JSON line"));

@@ -1,5 +1,6 @@
 //! WebSocket transport (RFC 6455, with RFC 7692's permessage-deflate): JSON text frames,
-//! several commands or pushes per frame, one line each. Publications usually skip the
+//! several commands or pushes per frame, one line each, or (subprotocol `herald.protobuf`)
+//! binary frames of length-delimited Protobuf messages. Publications usually skip the
 //! connection's task: the hub writes them straight to the socket while the task is idle
 //! (see [`crate::queue`]), compressed once per publication for every connection that
 //! negotiated deflate. The frames are Herald's own ([`frames`]: tungstenite reads no
@@ -16,7 +17,7 @@ use herald_protocol::{DisconnectCode, Encoding};
 use tokio::{net::TcpStream, time::Instant};
 
 pub use upgrade::{accept, offers, upgrade, Upgraded};
-pub use wire::{Framing, HeraldFrames};
+pub use wire::{Framing, HeraldFrames, HeraldProtobufFrames};
 
 use super::driver::{self, Heard, Unwritten, Wire, CLOSE_GRACE};
 use crate::{
@@ -33,8 +34,16 @@ use wire::Io;
 /// The subprotocol of the JSON codec. Clients may also offer no subprotocol at all.
 pub const JSON_SUBPROTOCOL: &str = "herald.json";
 
+/// The subprotocol of the Protobuf codec (`proto/herald.proto`): binary messages.
+pub const PROTOBUF_SUBPROTOCOL: &str = "herald.protobuf";
+
 async fn run(up: Upgraded) {
     serve(up, Transport::Websocket, Encoding::Json, HeraldFrames).await
+}
+
+async fn run_protobuf(up: Upgraded) {
+    let encoding = Encoding::Protobuf;
+    serve(up, Transport::Websocket, encoding, HeraldProtobufFrames).await
 }
 
 /// Runs an upgraded connection's session of Herald's protocol, speaking `encoding` (Herald's

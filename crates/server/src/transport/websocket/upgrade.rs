@@ -17,14 +17,18 @@ use hyper_util::rt::TokioIo;
 use crate::transport::deadline::WriteDeadline;
 use tungstenite::handshake::derive_accept_key;
 
-use super::{deflate, run, JSON_SUBPROTOCOL};
+use super::{deflate, run, run_protobuf, JSON_SUBPROTOCOL, PROTOBUF_SUBPROTOCOL};
 use crate::{
     config::Compression, error::Failure, hooks::RequestFacts, limits::Peer, node::Node,
     transport::request, Counted,
 };
 
-/// `GET /connection/websocket`.
+/// `GET /connection/websocket`: Herald's Protobuf codec for a client that offers its
+/// subprotocol, JSON for every other.
 pub async fn upgrade(State(node): State<Arc<Node>>, request: Request) -> Response {
+    if offers(request.headers(), PROTOBUF_SUBPROTOCOL) {
+        return accept(node, request, Some(PROTOBUF_SUBPROTOCOL), run_protobuf);
+    }
     let json = offers_json(request.headers());
     let subprotocol = json.then_some(JSON_SUBPROTOCOL);
     accept(node, request, subprotocol, run)

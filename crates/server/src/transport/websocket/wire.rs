@@ -59,6 +59,22 @@ impl Framing for HeraldFrames {
     }
 }
 
+/// Herald's Protobuf codec: every publication in its Protobuf words, made once for every
+/// connection of the codec, in a binary frame.
+#[derive(Debug)]
+pub struct HeraldProtobufFrames;
+
+impl Framing for HeraldProtobufFrames {
+    fn message<'d>(&self, delivery: &'d Delivery, form: Form) -> Option<(Lane, &'d [u8])> {
+        let push = delivery.push(herald_protocol::Encoding::Protobuf, form);
+        Some((Lane::WEBSOCKET_PROTOBUF, push))
+    }
+
+    fn binary(&self) -> bool {
+        true
+    }
+}
+
 /// The TCP socket under a WebSocket connection, with its protocol's framing and whether
 /// it compresses (the smallest message it compresses, when deflate was negotiated).
 #[derive(Debug)]
