@@ -104,6 +104,14 @@ pub struct Common {
     /// counted as they travel.
     #[arg(long, global = true)]
     pub deflate: bool,
+    /// The codec of Herald's WebSocket clients: `json`, or `protobuf` (Herald's Protobuf
+    /// codec, `herald.protobuf`: binary frames, read back as JSON by the clients).
+    #[arg(long, global = true, default_value = "json", value_parser = ["json", "protobuf"])]
+    pub protocol: String,
+    /// Herald's WebSocket clients subscribe with `delta: "fossil"` and apply every delta
+    /// (checked by its checksum) to read the publication's stamp.
+    #[arg(long, global = true)]
+    pub delta: bool,
     /// What a publication's data holds besides its stamp: `pad` (one repeated letter),
     /// `json` (a catalogue of items, as a shop or dashboard pushes) or `chat` (a nick and a
     /// line of chat), about `--payload` bytes. Compression depends on it.

@@ -44,6 +44,12 @@ pub struct WorkerSpec {
     /// WebSocket clients offer permessage-deflate: see [`ClientSpec::deflate`].
     #[serde(default)]
     pub deflate: bool,
+    /// WebSocket clients speak Protobuf: see [`ClientSpec::protobuf`].
+    #[serde(default)]
+    pub protobuf: bool,
+    /// WebSocket clients take deltas: see [`ClientSpec::delta`].
+    #[serde(default)]
+    pub delta: bool,
 }
 
 /// How long a churning client waits after a failed connection: 100 ms, doubling up to 5 s,
@@ -135,6 +141,8 @@ async fn run(spec: WorkerSpec) -> anyhow::Result<()> {
                     generic: spec.generic.clone(),
                     presence: spec.presence,
                     deflate: spec.deflate,
+                    protobuf: spec.protobuf,
+                    delta: spec.delta,
                 };
                 let speak = (i < spec.speakers).then(|| spec.speak.clone()).flatten();
                 started.fetch_add(1, Relaxed);

@@ -152,6 +152,7 @@ fn compressed_bombs_cost_little_cpu() {
         }
         let used = cpu_time(pid) - before;
         let elapsed = window.elapsed();
+        eprintln!("{path}: {sent} bytes of compressed bombs cost {used:?} of CPU in {elapsed:?}");
         assert!(
             used < elapsed / 10,
             "{path}: {sent} bytes of compressed bombs cost {used:?} of CPU in {elapsed:?}"

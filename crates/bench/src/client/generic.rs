@@ -75,7 +75,7 @@ pub(super) async fn generic_session(
     let target = address(url.strip_prefix(LONGPOLL).unwrap_or(&url))?;
     let tcp = connect_tcp(spec, target, rec).await?;
     if url.starts_with("ws") {
-        let mut ws = handshake(&url, tcp, spec.deflate).await?;
+        let mut ws = handshake(&url, tcp, spec.deflate, false).await?;
         for (i, frame) in g.subscribe.iter().enumerate() {
             if let Some(wanted) = g.wait_for.get(i).filter(|w| !w.is_empty()) {
                 loop {

@@ -118,6 +118,13 @@ pub struct ClientSpec {
     /// WebSocket clients offer permessage-deflate, as browsers do.
     #[serde(default)]
     pub deflate: bool,
+    /// Herald WebSocket clients speak its Protobuf codec (`herald.protobuf`): commands
+    /// are sent as Protobuf, and each message read is turned back into its JSON line.
+    #[serde(default)]
+    pub protobuf: bool,
+    /// Herald WebSocket clients subscribe with `delta: "fossil"` and apply the deltas.
+    #[serde(default)]
+    pub delta: bool,
 }
 
 /// Told to every client at once: drop the connection and connect again, either sending the
@@ -166,10 +173,12 @@ pub fn stamp(text: &str) -> Option<(u64, Option<u64>)> {
     ))
 }
 
-/// What one client knows of its channel: the last offset, to count repeats and gaps.
+/// What one client knows of its channel: the last offset, to count repeats and gaps; and
+/// on a subscription with deltas, the last publication's data as text.
 #[derive(Default)]
 struct Positions {
     last: HashMap<String, u64>,
+    base: HashMap<String, Vec<u8>>,
 }
 
 #[derive(Deserialize)]
@@ -182,6 +191,10 @@ struct PushLine {
 struct PubBody {
     channel: String,
     offset: u64,
+    #[serde(default)]
+    full: Option<String>,
+    #[serde(default)]
+    delta: Option<String>,
 }
 
 impl Positions {
@@ -193,6 +206,22 @@ impl Positions {
         else {
             return false;
         };
+        // A delta subscription's data: whole as text, or a delta from the last one.
+        let data = match (p.full, p.delta) {
+            (Some(full), _) => Some(full.into_bytes()),
+            (None, Some(delta)) => {
+                let base = self.base.get(&p.channel).map_or(&[][..], Vec::as_slice);
+                Some(fossil_delta::apply(base, delta.as_bytes()).unwrap_or_default())
+            }
+            (None, None) => None,
+        };
+        let stamped = match &data {
+            Some(text) => stamp(&String::from_utf8_lossy(text)),
+            None => stamp(line),
+        };
+        if let Some(text) = data {
+            self.base.insert(p.channel.clone(), text);
+        }
         let last = self.last.entry(p.channel).or_insert(0);
         if *last != 0 && p.offset <= *last {
             rec.duplicate();
@@ -202,7 +231,7 @@ impl Positions {
             rec.gap(p.offset - *last - 1);
         }
         *last = p.offset;
-        if let Some((t, seq)) = stamp(line) {
+        if let Some((t, seq)) = stamped {
             rec.received(now_ns().saturating_sub(t), seq);
         } else {
             rec.received_unstamped();
@@ -325,9 +354,16 @@ async fn handshake(
     url: &str,
     tcp: Tcp,
     deflate: bool,
+    protobuf: bool,
 ) -> anyhow::Result<tokio_tungstenite::WebSocketStream<Inflating<Tcp>>> {
     let config = WebSocketConfig::default().read_buffer_size(4096);
     let mut request = url.into_client_request()?;
+    if protobuf {
+        request.headers_mut().insert(
+            "sec-websocket-protocol",
+            "herald.protobuf".parse().expect("a valid header value"),
+        );
+    }
     if deflate {
         request.headers_mut().insert(
             "sec-websocket-extensions",
@@ -356,7 +392,11 @@ async fn ws_session(
         "{}/connection/websocket",
         spec.url.replacen("http", "ws", 1)
     );
-    let mut ws = handshake(&url, tcp, spec.deflate).await?;
+    let mut ws = handshake(&url, tcp, spec.deflate, spec.protobuf).await?;
+    let say = |text: String| match spec.protobuf {
+        false => Message::text(text),
+        true => Message::binary(protobuf_command(&text)),
+    };
     let mut frame = String::new();
     if spec.presence {
         let first = identity.first.as_ref().filter(|_| identity.resume);
@@ -366,11 +406,16 @@ async fn ws_session(
         };
         frame = format!("{connect}\n");
     }
+    let delta = if spec.delta {
+        r#","delta":"fossil""#
+    } else {
+        ""
+    };
     frame.push_str(&format!(
-        "{{\"id\":1,\"subscribe\":{{\"channel\":\"{}\"}}}}",
+        "{{\"id\":1,\"subscribe\":{{\"channel\":\"{}\"{delta}}}}}",
         spec.channel
     ));
-    ws.send(Message::text(frame)).await?;
+    ws.send(say(frame)).await?;
     let mut positions = Positions::default();
     let mut subscribed = false;
     let mut ticker = speaker(speak);
@@ -379,6 +424,10 @@ async fn ws_session(
         tokio::select! {
             frame = ws.next() => {
                 let frame = frame.ok_or_else(|| anyhow!("closed by server"))??;
+                let frame = match frame {
+                    Message::Binary(b) if spec.protobuf => Message::text(protobuf_lines(&b)?),
+                    other => other,
+                };
                 match frame {
                     Message::Text(text) => {
                         for line in text.as_str().lines() {
@@ -406,10 +455,37 @@ async fn ws_session(
             }
             _ = tick(&mut ticker) => {
                 said += 1;
-                ws.send(Message::text(speak_body(speak.unwrap(), &spec.channel, said))).await?;
+                ws.send(say(speak_body(speak.unwrap(), &spec.channel, said))).await?;
             }
         }
     }
+}
+
+/// JSON commands (a line each) as a frame of Herald's Protobuf codec.
+fn protobuf_command(text: &str) -> Vec<u8> {
+    herald_protocol::json::decode_frame(text.as_bytes())
+        .iter()
+        .filter_map(|c| c.as_ref().ok())
+        .flat_map(herald_protocol::protobuf::encode_command)
+        .collect()
+}
+
+/// A binary frame of Herald's Protobuf codec as the JSON lines of the same messages.
+fn protobuf_lines(frame: &[u8]) -> anyhow::Result<String> {
+    use herald_protocol::{protobuf, Codec};
+    let mut lines = String::new();
+    let mut rest = frame;
+    while !rest.is_empty() {
+        let (part, after) = protobuf::Protobuf.split(rest);
+        rest = after;
+        let json =
+            protobuf::to_json(part).ok_or_else(|| anyhow!("a frame that is not Protobuf"))?;
+        if !lines.is_empty() {
+            lines.push('\n');
+        }
+        lines.push_str(std::str::from_utf8(&json)?);
+    }
+    Ok(lines)
 }
 
 fn speaker(speak: Option<&Speak>) -> Option<tokio::time::Interval> {

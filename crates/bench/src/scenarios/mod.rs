@@ -54,6 +54,10 @@ pub struct Target {
     pub api_key: String,
     /// Clients offer permessage-deflate.
     deflate: bool,
+    /// Herald's WebSocket clients speak Protobuf.
+    protobuf: bool,
+    /// Herald's WebSocket clients take deltas.
+    delta: bool,
 }
 
 impl Target {
@@ -134,6 +138,8 @@ impl Target {
             generic,
             api_key,
             deflate: common.deflate,
+            protobuf: common.protocol == "protobuf",
+            delta: common.delta,
         })
     }
 
@@ -159,6 +165,8 @@ impl Target {
             lifetime_ms: None,
             presence: false,
             deflate: self.deflate,
+            protobuf: self.protobuf,
+            delta: self.delta,
         }
     }
 

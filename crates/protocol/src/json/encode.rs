@@ -20,8 +20,15 @@ pub struct Json;
 
 impl Codec for Json {
     fn split<'f>(&self, frame: &'f [u8]) -> (&'f [u8], &'f [u8]) {
-        match frame.iter().position(|b| *b == b'\n') {
-            Some(end) => (&frame[..end], &frame[end + 1..]),
+        // Blank lines before a command go with it (JSON allows the whitespace): a frame of
+        // nothing but line breaks is one part, not a step of the session per line (a
+        // flood of them was most of what a compressed bomb cost).
+        let start = frame
+            .iter()
+            .position(|b| !b.is_ascii_whitespace())
+            .unwrap_or(frame.len());
+        match memchr::memchr(b'\n', &frame[start..]) {
+            Some(end) => (&frame[..start + end], &frame[start + end + 1..]),
             None => (frame, &frame[frame.len()..]),
         }
     }
