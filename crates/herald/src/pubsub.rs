@@ -556,29 +556,15 @@ async fn websocket_session(a: &SubArgs, cursor: &mut Cursor) -> anyhow::Result<E
 /// A command, in the connection's codec: JSON text, or its Protobuf message.
 fn command(command: Value, protobuf: bool) -> Message {
     let text = command.to_string();
-    if !protobuf {
-        return Message::Text(text.into());
+    match protobuf {
+        false => Message::Text(text.into()),
+        true => Message::Binary(herald_protocol::protobuf::frame_of_json(text.as_bytes()).into()),
     }
-    let commands = herald_protocol::json::decode_frame(text.as_bytes());
-    let frame: Vec<u8> = commands
-        .iter()
-        .filter_map(|c| c.as_ref().ok())
-        .flat_map(herald_protocol::protobuf::encode_command)
-        .collect();
-    Message::Binary(frame.into())
 }
 
 /// A binary frame of Protobuf messages, as the JSON lines the same messages are.
 fn protobuf_lines(frame: &[u8]) -> anyhow::Result<String> {
-    use herald_protocol::{protobuf, Codec};
-    let mut lines = Vec::new();
-    let mut rest = frame;
-    while !rest.is_empty() {
-        let (part, after) = protobuf::Protobuf.split(rest);
-        rest = after;
-        let json =
-            protobuf::to_json(part).context("the server sent a frame that is not Protobuf")?;
-        lines.push(String::from_utf8(json)?);
-    }
-    Ok(lines.join("\n"))
+    let lines = herald_protocol::protobuf::json_lines(frame)
+        .context("the server sent a frame that is not Protobuf")?;
+    Ok(String::from_utf8(lines)?)
 }

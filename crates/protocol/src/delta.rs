@@ -8,6 +8,18 @@
 /// The name a client asks for the format by.
 pub const FOSSIL: &str = "fossil";
 
+/// Whether a subscription asks for deltas: `Ok(false)` for none (an empty name), `Ok(true)`
+/// for [`FOSSIL`], and what to tell the client of any other format.
+pub fn asked(format: &str) -> Result<bool, String> {
+    match format {
+        "" => Ok(false),
+        FOSSIL => Ok(true),
+        other => Err(format!(
+            "unknown delta format {other:?}; expected \"fossil\""
+        )),
+    }
+}
+
 /// The Fossil delta that turns `source` into `target`, when it is worth sending: shorter
 /// than `target` and text (UTF-8), so that every codec carries it as it is (the JSON codec
 /// as a string). `None` when the whole of `target` should go instead.

@@ -2,7 +2,6 @@
 //! reads until told to stop, optionally speaks, and records what it receives.
 
 use std::{
-    collections::HashMap,
     net::{IpAddr, SocketAddr},
     sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -28,9 +27,12 @@ use crate::{
 mod deflate;
 mod generic;
 mod poll;
+mod positions;
 use deflate::Inflating;
 use generic::generic_session;
 use poll::poll_session;
+pub use positions::stamp;
+use positions::Positions;
 
 /// How a client reaches the server and what it says.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -149,103 +151,6 @@ fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
-}
-
-/// The `"t"` (publish time, ns) and `"seq"` of a publication's data, wherever it sits in
-/// the text: works for any server's framing.
-pub fn stamp(text: &str) -> Option<(u64, Option<u64>)> {
-    // The data may come inside a JSON string (Pusher's events): `\"t\":` then.
-    let number_after = |key: &str, escaped: &str| -> Option<u64> {
-        let at = match text.find(key) {
-            Some(at) => at + key.len(),
-            None => text.find(escaped)? + escaped.len(),
-        };
-        let digits = text[at..].trim_start_matches(' ');
-        let end = digits
-            .bytes()
-            .position(|b| !b.is_ascii_digit())
-            .unwrap_or(digits.len());
-        digits[..end].parse().ok()
-    };
-    Some((
-        number_after(r#""t":"#, r#"\"t\":"#)?,
-        number_after(r#""seq":"#, r#"\"seq\":"#),
-    ))
-}
-
-/// What one client knows of its channel: the last offset, to count repeats and gaps; and
-/// on a subscription with deltas, the last publication's data as text.
-#[derive(Default)]
-struct Positions {
-    last: HashMap<String, u64>,
-    base: HashMap<String, Vec<u8>>,
-}
-
-#[derive(Deserialize)]
-struct PushLine {
-    #[serde(rename = "pub")]
-    publication: Option<PubBody>,
-}
-
-#[derive(Deserialize)]
-struct PubBody {
-    channel: String,
-    offset: u64,
-    #[serde(default)]
-    full: Option<String>,
-    #[serde(default)]
-    delta: Option<String>,
-}
-
-impl Positions {
-    /// Records a Herald push line; returns true when it was a publication.
-    fn push(&mut self, line: &str, rec: &Recorder) -> bool {
-        let Ok(PushLine {
-            publication: Some(p),
-        }) = serde_json::from_str::<PushLine>(line)
-        else {
-            return false;
-        };
-        // A delta subscription's data: whole as text, or a delta from the last one.
-        let data = match (p.full, p.delta) {
-            (Some(full), _) => Some(full.into_bytes()),
-            (None, Some(delta)) => {
-                let base = self.base.get(&p.channel).map_or(&[][..], Vec::as_slice);
-                Some(fossil_delta::apply(base, delta.as_bytes()).unwrap_or_default())
-            }
-            (None, None) => None,
-        };
-        let stamped = match &data {
-            Some(text) => stamp(&String::from_utf8_lossy(text)),
-            None => stamp(line),
-        };
-        if let Some(text) = data {
-            self.base.insert(p.channel.clone(), text);
-        }
-        let last = self.last.entry(p.channel).or_insert(0);
-        if *last != 0 && p.offset <= *last {
-            rec.duplicate();
-            return true;
-        }
-        if *last != 0 && p.offset > *last + 1 {
-            rec.gap(p.offset - *last - 1);
-        }
-        *last = p.offset;
-        if let Some((t, seq)) = stamped {
-            rec.received(now_ns().saturating_sub(t), seq);
-        } else {
-            rec.received_unstamped();
-        }
-        true
-    }
-
-    fn cursor(&self, epochs: &HashMap<String, String>) -> String {
-        self.last
-            .iter()
-            .filter_map(|(c, o)| epochs.get(c).map(|e| format!("{c};{e};{o}")))
-            .collect::<Vec<_>>()
-            .join("|")
-    }
 }
 
 async fn connect_tcp(
@@ -395,7 +300,7 @@ async fn ws_session(
     let mut ws = handshake(&url, tcp, spec.deflate, spec.protobuf).await?;
     let say = |text: String| match spec.protobuf {
         false => Message::text(text),
-        true => Message::binary(protobuf_command(&text)),
+        true => Message::binary(herald_protocol::protobuf::frame_of_json(text.as_bytes())),
     };
     let mut frame = String::new();
     if spec.presence {
@@ -425,7 +330,11 @@ async fn ws_session(
             frame = ws.next() => {
                 let frame = frame.ok_or_else(|| anyhow!("closed by server"))??;
                 let frame = match frame {
-                    Message::Binary(b) if spec.protobuf => Message::text(protobuf_lines(&b)?),
+                    Message::Binary(b) if spec.protobuf => {
+                        let lines = herald_protocol::protobuf::json_lines(&b)
+                            .ok_or_else(|| anyhow!("a frame that is not Protobuf"))?;
+                        Message::text(String::from_utf8(lines)?)
+                    }
                     other => other,
                 };
                 match frame {
@@ -459,33 +368,6 @@ async fn ws_session(
             }
         }
     }
-}
-
-/// JSON commands (a line each) as a frame of Herald's Protobuf codec.
-fn protobuf_command(text: &str) -> Vec<u8> {
-    herald_protocol::json::decode_frame(text.as_bytes())
-        .iter()
-        .filter_map(|c| c.as_ref().ok())
-        .flat_map(herald_protocol::protobuf::encode_command)
-        .collect()
-}
-
-/// A binary frame of Herald's Protobuf codec as the JSON lines of the same messages.
-fn protobuf_lines(frame: &[u8]) -> anyhow::Result<String> {
-    use herald_protocol::{protobuf, Codec};
-    let mut lines = String::new();
-    let mut rest = frame;
-    while !rest.is_empty() {
-        let (part, after) = protobuf::Protobuf.split(rest);
-        rest = after;
-        let json =
-            protobuf::to_json(part).ok_or_else(|| anyhow!("a frame that is not Protobuf"))?;
-        if !lines.is_empty() {
-            lines.push('\n');
-        }
-        lines.push_str(std::str::from_utf8(&json)?);
-    }
-    Ok(lines)
 }
 
 fn speaker(speak: Option<&Speak>) -> Option<tokio::time::Interval> {

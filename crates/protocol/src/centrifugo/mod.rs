@@ -246,17 +246,8 @@ fn command_of(wire: proto::Command, json: bool) -> Option<Result<Command, Decode
                 client: None,
             })
         } else if let Some(s) = wire.subscribe {
-            let delta = match s.delta.as_str() {
-                "" => false,
-                crate::delta::FOSSIL => true,
-                other => {
-                    return Err(invalid(
-                        id,
-                        ErrorCode::BadRequest,
-                        format!("unknown delta type {other:?}"),
-                    ))
-                }
-            };
+            let delta =
+                crate::delta::asked(&s.delta).map_err(|m| invalid(id, ErrorCode::BadRequest, m))?;
             Method::Subscribe(SubscribeRequest {
                 channel: channel(&s.channel)?,
                 since: s.recover.then(|| since(s.offset, s.epoch)),

@@ -72,17 +72,8 @@ pub fn decode_command(line: &[u8]) -> Result<Command, DecodeError> {
                 channel: channel(id, &p.channel)?,
                 since: p.since,
                 token: p.token,
-                delta: match p.delta.as_deref() {
-                    None => false,
-                    Some(crate::delta::FOSSIL) => true,
-                    Some(other) => {
-                        return Err(invalid(
-                            id,
-                            ErrorCode::BadRequest,
-                            format!("unknown delta format {other:?}; expected \"fossil\""),
-                        ))
-                    }
-                },
+                delta: crate::delta::asked(p.delta.as_deref().unwrap_or_default())
+                    .map_err(|m| invalid(id, ErrorCode::BadRequest, m))?,
             })
         }
         "unsubscribe" => {

@@ -322,17 +322,8 @@ fn command_of(wire: wire::Command) -> Result<Command, DecodeError> {
             channel: channel(&s.channel)?,
             since: s.since.map(since),
             token: s.token,
-            delta: match s.delta.as_str() {
-                "" => false,
-                crate::delta::FOSSIL => true,
-                other => {
-                    return Err(invalid(
-                        id,
-                        ErrorCode::BadRequest,
-                        format!("unknown delta format {other:?}; expected \"fossil\""),
-                    ))
-                }
-            },
+            delta: crate::delta::asked(&s.delta)
+                .map_err(|m| invalid(id, ErrorCode::BadRequest, m))?,
         }),
         Some(wire::Method::Unsubscribe(c)) => Method::Unsubscribe {
             channel: channel(&c.channel)?,
@@ -450,6 +441,30 @@ pub fn encode_command(command: &Command) -> Vec<u8> {
 pub fn to_json(part: &[u8]) -> Option<Vec<u8>> {
     let message = wire::ServerMessage::decode(delimited_body(part).ok()?).ok()?;
     Some(json::of(message))
+}
+
+/// JSON command lines (as `json::decode_frame` reads them) as one Protobuf frame; the
+/// lines that are no command are left out. For tools and tests that write commands as
+/// JSON and speak Protobuf.
+pub fn frame_of_json(lines: &[u8]) -> Vec<u8> {
+    crate::json::decode_frame(lines)
+        .iter()
+        .filter_map(|c| c.as_ref().ok())
+        .flat_map(encode_command)
+        .collect()
+}
+
+/// A Protobuf frame from the server as the JSON lines of the same messages ([`to_json`]
+/// each, joined by line breaks); `None` when a part of it is no server message.
+pub fn json_lines(frame: &[u8]) -> Option<Vec<u8>> {
+    let mut lines = Vec::with_capacity(frame.len() * 2);
+    let mut rest = frame;
+    while !rest.is_empty() {
+        let (part, after) = split_delimited(rest);
+        rest = after;
+        crate::json::Json.join(&mut lines, &to_json(part)?);
+    }
+    Some(lines)
 }
 
 mod json;

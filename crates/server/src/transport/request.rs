@@ -113,12 +113,10 @@ impl OpenRequest {
                 "client" => request.client = Some(value.into_owned()),
                 "session_key" => request.session_key = Some(value.into_owned()),
                 "ping" => request.ping = Some(parse_timeout(&value)?),
-                "delta" if value == herald_protocol::delta::FOSSIL => request.delta = true,
-                "delta" => {
-                    return Err(bad(format!(
-                        "unknown delta format {value:?}; expected \"fossil\""
-                    )))
+                "delta" if !value.is_empty() => {
+                    request.delta = herald_protocol::delta::asked(&value).map_err(bad)?;
                 }
+                "delta" => return Err(bad("delta= needs a format: \"fossil\"")),
                 // The HTTP transports carry text (SSE events, script tags, JSON bodies and
                 // lines): Protobuf's binary messages go over WebSocket only.
                 "protocol" if value == "json" => {}

@@ -305,13 +305,11 @@ impl Client {
         let text = text.into();
         let message = match self.protobuf {
             false => Message::Text(text.into()),
-            true => Message::Binary(
-                herald_protocol::json::decode_frame(text.as_bytes())
-                    .into_iter()
-                    .flat_map(|c| herald_protocol::protobuf::encode_command(&c.unwrap()))
-                    .collect::<Vec<u8>>()
-                    .into(),
-            ),
+            true => {
+                let commands = herald_protocol::json::decode_frame(text.as_bytes());
+                assert!(commands.iter().all(Result::is_ok), "commands: {text}");
+                Message::Binary(herald_protocol::protobuf::frame_of_json(text.as_bytes()).into())
+            }
         };
         self.ws.send(message).await.unwrap();
     }
@@ -374,13 +372,9 @@ impl Client {
                 .expect("read ok");
             if let Message::Binary(frame) = &message {
                 assert!(self.protobuf, "a binary message on a JSON connection");
-                let mut rest = &frame[..];
-                while !rest.is_empty() {
-                    use herald_protocol::Codec;
-                    let (part, after) = herald_protocol::protobuf::Protobuf.split(rest);
-                    rest = after;
-                    let json = herald_protocol::protobuf::to_json(part).expect("a message");
-                    self.lines.push_back(serde_json::from_slice(&json).unwrap());
+                let lines = herald_protocol::protobuf::json_lines(frame).expect("Protobuf");
+                for line in lines.split(|b| *b == b'\n') {
+                    self.lines.push_back(serde_json::from_slice(line).unwrap());
                 }
                 return self.lines.pop_front().expect("a message in the frame");
             }
