@@ -95,10 +95,21 @@ impl NatsServer {
     /// Like [`NatsServer::start_with`], for tools: an error instead of a panic.
     pub fn try_start(setup: Setup) -> std::io::Result<Self> {
         let dir = tempfile::tempdir()?;
-        let port = free_port()?;
         let tls = setup.tls.map(|_| make_certificates(dir.path()));
-        write_config(dir.path(), port, &setup, tls.as_ref())?;
-        let child = spawn(dir.path(), port)?;
+        // Between asking for a free port and the server binding it, another test's
+        // listener or outgoing connection may take it: then another port.
+        let mut attempts = 0;
+        let (child, port) = loop {
+            let port = free_port()?;
+            write_config(dir.path(), port, &setup, tls.as_ref())?;
+            match spawn(dir.path(), port) {
+                Ok(child) => break (child, port),
+                Err(error) if error.kind() == std::io::ErrorKind::AddrInUse && attempts < 8 => {
+                    attempts += 1;
+                }
+                Err(error) => return Err(error),
+            }
+        };
         Ok(Self {
             child,
             port,
@@ -274,9 +285,15 @@ fn spawn(dir: &Path, port: u16) -> std::io::Result<Child> {
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         if let Some(status) = child.try_wait()? {
             let log = std::fs::read_to_string(dir.join("nats-server.log")).unwrap_or_default();
-            return Err(std::io::Error::other(format!(
-                "nats-server exited ({status}): {log}"
-            )));
+            let kind = if log.contains("address already in use") {
+                std::io::ErrorKind::AddrInUse
+            } else {
+                std::io::ErrorKind::Other
+            };
+            return Err(std::io::Error::new(
+                kind,
+                format!("nats-server exited ({status}): {log}"),
+            ));
         }
         if Instant::now() > deadline {
             let _ = child.kill();

@@ -39,8 +39,7 @@ impl RedisServer {
     /// Like [`RedisServer::start`], for tools: an error instead of a panic.
     pub fn try_start() -> std::io::Result<Self> {
         let dir = tempfile::tempdir()?;
-        let port = free_port()?;
-        let child = spawn(dir.path(), port, None)?;
+        let (child, port) = on_free_port(|port| spawn(dir.path(), port, None))?;
         Ok(Self {
             child,
             port,
@@ -57,9 +56,9 @@ impl RedisServer {
     pub fn start_tls(clients_prove: bool) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let files = make_certificates(dir.path());
-        let port = free_port().expect("a free loopback port");
-        let child = spawn(dir.path(), port, Some((&files, clients_prove)))
-            .expect("redis-server with TLS starts (Debian's is built with it)");
+        let (child, port) =
+            on_free_port(|port| spawn(dir.path(), port, Some((&files, clients_prove))))
+                .expect("redis-server with TLS starts (Debian's is built with it)");
         Self {
             child,
             port,
@@ -179,22 +178,30 @@ fn spawn_with(
     run_until(command, "Ready to accept connections")
 }
 
-/// Runs `command` (a `redis-server`) and returns once its log says `ready`.
+/// Runs `command` (a `redis-server`) and returns once its log says `ready`. When it exits
+/// first, the error carries its log, and is of kind `AddrInUse` when its port was taken.
 fn run_until(mut command: Command, ready: &str) -> std::io::Result<Child> {
     let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;
     let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+    let mut log = String::new();
     loop {
         match lines.next() {
             Some(Ok(line)) if line.contains(ready) => break,
-            Some(Ok(_)) => {}
+            Some(Ok(line)) => log += &(line + "\n"),
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(std::io::Error::other(
-                    "redis-server exited before it was ready",
+                let kind = if log.contains("Address already in use") {
+                    std::io::ErrorKind::AddrInUse
+                } else {
+                    std::io::ErrorKind::Other
+                };
+                return Err(std::io::Error::new(
+                    kind,
+                    format!("redis-server exited before it was ready:\n{log}"),
                 ));
             }
         }
@@ -217,6 +224,23 @@ pub fn unreachable_url() -> String {
         "redis://127.0.0.1:{}",
         free_port().expect("a free loopback port")
     )
+}
+
+/// Runs `start` on a free loopback port, and on another while the port turns out taken:
+/// between asking for a free port and a server binding it, another test's listener or
+/// outgoing connection may take it.
+fn on_free_port<T>(mut start: impl FnMut(u16) -> std::io::Result<T>) -> std::io::Result<(T, u16)> {
+    let mut attempts = 0;
+    loop {
+        let port = free_port()?;
+        match start(port) {
+            Ok(started) => return Ok((started, port)),
+            Err(error) if error.kind() == std::io::ErrorKind::AddrInUse && attempts < 8 => {
+                attempts += 1;
+            }
+            Err(error) => return Err(error),
+        }
+    }
 }
 
 /// A loopback port nobody listens on right now.

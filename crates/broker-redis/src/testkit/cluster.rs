@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{cli, free_port, spawn_with};
+use super::{cli, free_port, on_free_port, spawn_with};
 
 /// How long the cluster may take to agree on its slots (and its replicas to sync).
 const READY_WITHIN: Duration = Duration::from_secs(60);
@@ -33,29 +33,30 @@ impl ClusterSet {
             .map(|i| {
                 let path = dir.path().join(format!("node-{i}"));
                 std::fs::create_dir(&path).expect("a directory per server");
-                let port = free_port().expect("a free loopback port");
                 // The cluster bus gets a free port of its own: the default (port + 10000)
                 // may be taken or out of range.
-                let bus = free_port().expect("a free loopback port").to_string();
-                let child = spawn_with(
-                    &path,
-                    port,
-                    None,
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "1000",
-                        "--cluster-port",
-                        &bus,
-                        // A replica may take over however long it was cut off: in a test,
-                        // availability is what is measured.
-                        "--cluster-replica-validity-factor",
-                        "0",
-                    ],
-                )
+                let (child, port) = on_free_port(|port| {
+                    let bus = free_port()?.to_string();
+                    spawn_with(
+                        &path,
+                        port,
+                        None,
+                        &[
+                            "--cluster-enabled",
+                            "yes",
+                            "--cluster-config-file",
+                            "nodes.conf",
+                            "--cluster-node-timeout",
+                            "1000",
+                            "--cluster-port",
+                            &bus,
+                            // A replica may take over however long it was cut off: in a test,
+                            // availability is what is measured.
+                            "--cluster-replica-validity-factor",
+                            "0",
+                        ],
+                    )
+                })
                 .expect("redis-server starts in cluster mode");
                 (Some(child), port)
             })

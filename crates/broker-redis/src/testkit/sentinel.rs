@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{cli, free_port, run_until, spawn_with};
+use super::{cli, on_free_port, run_until, spawn_with};
 
 /// The name the Sentinels monitor the primary under.
 pub const MASTER_NAME: &str = "herald";
@@ -35,9 +35,7 @@ impl SentinelSet {
         let server = |name: &str, more: &[&str]| {
             let path = dir.path().join(name);
             std::fs::create_dir(&path).expect("a directory per server");
-            let port = free_port().expect("a free loopback port");
-            let child = spawn_with(&path, port, None, more).expect("redis-server starts");
-            (child, port)
+            on_free_port(|port| spawn_with(&path, port, None, more)).expect("redis-server starts")
         };
         let primary = server("primary", &[]);
         let primary_port = primary.1.to_string();
@@ -45,23 +43,24 @@ impl SentinelSet {
             .map(|name| server(name, &["--replicaof", "127.0.0.1", &primary_port]));
         let sentinels = (0..3)
             .map(|i| {
-                let port = free_port().expect("a free loopback port");
                 let conf = dir.path().join(format!("sentinel-{i}.conf"));
-                std::fs::write(
-                    &conf,
-                    format!(
-                        "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                on_free_port(|port| {
+                    std::fs::write(
+                        &conf,
+                        format!(
+                            "port {port}\nbind 127.0.0.1\ndir {dir}\n\
                          sentinel monitor {MASTER_NAME} 127.0.0.1 {primary_port} 2\n\
                          sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
                          sentinel failover-timeout {MASTER_NAME} 5000\n",
-                        dir = dir.path().display()
-                    ),
-                )
-                .expect("a Sentinel configuration");
-                let mut command = Command::new("redis-server");
-                command.arg(&conf).arg("--sentinel");
-                let child = run_until(command, "+monitor master").expect("a Sentinel starts");
-                (child, port)
+                            dir = dir.path().display()
+                        ),
+                    )
+                    .expect("a Sentinel configuration");
+                    let mut command = Command::new("redis-server");
+                    command.arg(&conf).arg("--sentinel");
+                    run_until(command, "+monitor master")
+                })
+                .expect("a Sentinel starts")
             })
             .collect();
         let set = Self {
