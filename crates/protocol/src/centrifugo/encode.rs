@@ -250,6 +250,9 @@ fn connect_of(c: &results::Connect<'_>) -> Value {
     let mut body = Map::new();
     body.insert("client".into(), c.client.into());
     body.insert("version".into(), c.version.into());
+    // The server pings every `ping` seconds (an empty reply) and the client answers each.
+    body.insert("ping".into(), c.ping.into());
+    body.insert("pong".into(), true.into());
     if let Some(e) = c.expiry {
         body.insert("expires".into(), true.into());
         body.insert("ttl".into(), e.ttl.into());

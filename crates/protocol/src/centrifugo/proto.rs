@@ -256,6 +256,10 @@ pub struct ConnectResult {
     pub expires: bool,
     #[prost(uint32, tag = "4")]
     pub ttl: u32,
+    #[prost(uint32, tag = "7")]
+    pub ping: u32,
+    #[prost(bool, tag = "8")]
+    pub pong: bool,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

@@ -208,6 +208,8 @@ fn connect_of(c: &results::Connect<'_>) -> proto::ConnectResult {
         ttl: c
             .expiry
             .map_or(0, |e| u32::try_from(e.ttl).unwrap_or(u32::MAX)),
+        ping: u32::try_from(c.ping).unwrap_or(u32::MAX),
+        pong: true,
     }
 }
 

@@ -157,6 +157,33 @@ fn replies_and_pushes_are_in_centrifugos_words() {
     assert_eq!(close_code(4100), (4100, true));
 }
 
+/// The connect reply asks for Centrifugo's ping every `ping` seconds and a pong to each:
+/// its clients then reconnect when one is late, and the server hears them.
+#[test]
+fn the_connect_reply_asks_for_pings_and_pongs_in_both_codecs() {
+    let connect = results::Connect {
+        client: "c1",
+        version: "1.0",
+        ping: 25,
+        user: None,
+        expiry: None,
+    };
+    let reply = Reply::Done {
+        id: 1,
+        outcome: Outcome::Connect(connect),
+    };
+    let json = text(Centrifugo.reply(&reply));
+    assert_eq!(
+        (&json["connect"]["ping"], &json["connect"]["pong"]),
+        (&serde_json::json!(25), &serde_json::json!(true))
+    );
+    use prost::Message;
+    let bytes = super::CentrifugoProtobuf.reply(&reply);
+    let decoded = proto::Reply::decode_length_delimited(&bytes[..]).unwrap();
+    let result = decoded.connect.unwrap();
+    assert_eq!((result.ping, result.pong), (25, true));
+}
+
 mod protobuf {
     use prost::Message;
 

@@ -139,6 +139,12 @@ pub trait Wire: Send {
         None
     }
 
+    /// Whether the client counts on a keepalive every period even while it talks (its
+    /// protocol's own ping, which it answers); otherwise one goes only on a quiet connection.
+    fn pings_regularly(&self) -> bool {
+        false
+    }
+
     /// How long the client has been silent, for a transport whose client answers
     /// keepalives (WebSocket: pongs): past `client.idle_timeout` it is taken for gone (3005).
     /// `None` where silence means nothing (a stream's client sends nothing on it).
@@ -344,7 +350,7 @@ pub async fn drive<S: Speaker, W: Wire>(
                         // is alive and the line carried traffic; a ping adds nothing. (The
                         // SDK pings a quiet WebSocket every 9 s, since a page never sees
                         // the server's pings: this keeps that from doubling them.)
-                        Some(silent) if silent < ping_every => Ok(()),
+                        Some(silent) if silent < ping_every && !wire.pings_regularly() => Ok(()),
                         _ => {
                             let pinging = Box::pin(wire.keepalive(client.write_timeout));
                             pinging.await.map_err(Stop::from)

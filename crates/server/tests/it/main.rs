@@ -8,6 +8,7 @@ mod api;
 mod auth;
 mod auth_keys;
 mod behaviour;
+mod centrifuge_go;
 mod cross;
 mod dashboard;
 mod delta;

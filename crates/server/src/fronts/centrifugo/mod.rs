@@ -84,4 +84,11 @@ impl Framing for CentrifugoFrames {
         let (code, _) = herald_protocol::centrifugo::close_code(why.wire_code());
         (code, why.short_reason().to_owned())
     }
+
+    /// Centrifugo's ping (an empty reply), every `client.ping_interval`, as the connect
+    /// reply's `ping` says: its clients reconnect when one is late, and answer each with
+    /// an empty command (`pong: true`), which keeps the connection from going idle.
+    fn app_ping(&self) -> Option<Vec<u8>> {
+        Some(self.0.codec().push(&herald_protocol::Push::Ping))
+    }
 }

@@ -355,7 +355,14 @@ impl<F: Framing> Wire for WebSocket<F> {
     }
 
     async fn keepalive(&mut self, timeout: Duration) -> Result<(), Unwritten> {
-        self.control(opcode::PING, &[], timeout).await
+        match self.io.framing().app_ping() {
+            Some(ping) => self.say(&ping, timeout).await,
+            None => self.control(opcode::PING, &[], timeout).await,
+        }
+    }
+
+    fn pings_regularly(&self) -> bool {
+        self.io.framing().app_ping().is_some()
     }
 
     async fn ping(&mut self, payload: [u8; 8], timeout: Duration) -> Result<(), Unwritten> {

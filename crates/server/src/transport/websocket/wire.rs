@@ -47,6 +47,13 @@ pub trait Framing: Send + Sync + std::fmt::Debug + 'static {
     fn close(why: &crate::error::Disconnect) -> (u16, String) {
         (why.wire_code(), why.short_reason().to_owned())
     }
+
+    /// The protocol's own ping, for a client that counts on hearing one every
+    /// `client.ping_interval` whatever else it hears (Centrifugo's clients reconnect
+    /// when it is late); `None`: WebSocket pings, sent only on a quiet connection.
+    fn app_ping(&self) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 /// Herald's own protocol: every publication as the hub encoded it, in a text frame.
@@ -186,6 +193,11 @@ impl<F: Framing> Io<F> {
     /// The connection's queue, which writes go through.
     pub fn queue(&self) -> &Arc<Queue> {
         &self.queue
+    }
+
+    /// How the connection's protocol frames what it writes.
+    pub fn framing(&self) -> &F {
+        &self.wire.framing
     }
 
     /// The smallest message this connection's writes compress, if it negotiated deflate.
