@@ -285,6 +285,24 @@ fn stream_of(s: &results::Stream<'_>, subscribe: bool) -> Value {
     Value::Object(body)
 }
 
+/// `outcome` as Centrifugo's server API answers it: `{"result": …}`, the client
+/// protocol's result of the same method, except that a publish says where it was stored.
+pub fn api_result(outcome: &Outcome<'_>) -> Vec<u8> {
+    let result = match outcome {
+        Outcome::Publish(p) => serde_json::to_vec(&serde_json::json!({
+            "offset": p.offset,
+            "epoch": p.epoch,
+        }))
+        .expect("results serialise"),
+        _ => outcome_of(outcome).1,
+    };
+    let mut out = Vec::with_capacity(result.len() + 11);
+    out.extend_from_slice(br#"{"result":"#);
+    out.extend_from_slice(&result);
+    out.push(b'}');
+    out
+}
+
 /// The reply's method name and its result, in Centrifugo's words.
 fn outcome_of(outcome: &Outcome<'_>) -> (&'static str, Vec<u8>) {
     let empty = || b"{}".to_vec();

@@ -20,7 +20,7 @@ mod protobuf;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-pub use encode::{close_code, Centrifugo};
+pub use encode::{api_result, close_code, Centrifugo};
 pub use protobuf::CentrifugoProtobuf;
 
 use crate::{
@@ -104,12 +104,30 @@ struct Publish<'a> {
     data: &'a RawValue,
 }
 
-#[derive(Deserialize)]
-struct Position {
+/// A stream position in Centrifugo's JSON (`{"offset", "epoch"}`, each optional), as its
+/// clients' `history` and its server API's `since` give one.
+#[derive(Debug, Deserialize)]
+pub struct Position {
+    /// The last offset seen.
     #[serde(default)]
-    offset: u64,
+    pub offset: u64,
+    /// The stream's epoch then; empty or absent: not known.
     #[serde(default)]
-    epoch: Option<String>,
+    pub epoch: Option<String>,
+}
+
+impl Position {
+    /// Herald's words for "what follows this position".
+    pub fn since(&self) -> Since {
+        Since {
+            offset: self.offset,
+            epoch: self
+                .epoch
+                .as_deref()
+                .filter(|e| !e.is_empty())
+                .map(Epoch::new),
+        }
+    }
 }
 
 #[derive(Deserialize)]

@@ -71,7 +71,7 @@ pub(super) fn body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> 
         .map_err(|e| Failure::new(ErrorCode::BadRequest, format!("invalid JSON body: {e}")))
 }
 
-pub(super) fn channel(name: &str) -> Result<ChannelName, Failure> {
+pub(crate) fn channel(name: &str) -> Result<ChannelName, Failure> {
     ChannelName::new(name).map_err(|e| Failure::new(ErrorCode::InvalidChannel, e.to_string()))
 }
 

@@ -124,12 +124,26 @@ pub struct CentrifugoConfig {
     /// Where Centrifugo's clients connect (Herald's own protocol has
     /// `/connection/websocket`). Default `/centrifugo/connection/websocket`.
     pub path: String,
+    /// Where Centrifugo's server API answers (`POST {api_path}/publish`, …, with
+    /// `X-API-Key`), for backends written against Centrifugo's (Herald's own `/api/` takes
+    /// other bodies). Default `/centrifugo/api`.
+    pub api_path: String,
 }
 
 impl CentrifugoConfig {
-    /// A path of its own: under `/centrifugo/` or outside every prefix Herald serves.
+    /// Paths of its own: under `/centrifugo/` or outside every prefix Herald serves.
     pub(crate) fn check(&self) -> Result<(), super::ConfigError> {
-        let path = &self.path;
+        if self.path == self.api_path {
+            return Err(super::bad(
+                "centrifugo.api_path",
+                "must differ from centrifugo.path",
+            ));
+        }
+        Self::check_path("centrifugo.path", &self.path)?;
+        Self::check_path("centrifugo.api_path", &self.api_path)
+    }
+
+    fn check_path(name: &str, path: &str) -> Result<(), super::ConfigError> {
         let ours = [
             "/connection/",
             "/api/",
@@ -157,7 +171,7 @@ impl CentrifugoConfig {
             Ok(())
         } else {
             Err(super::bad(
-                "centrifugo.path",
+                name,
                 "must be a path of its own such as /centrifugo/connection/websocket (letters, digits, - _ . /), outside Herald's routes",
             ))
         }
@@ -169,6 +183,7 @@ impl Default for CentrifugoConfig {
         Self {
             enabled: true,
             path: "/centrifugo/connection/websocket".into(),
+            api_path: "/centrifugo/api".into(),
         }
     }
 }

@@ -184,3 +184,28 @@ fn a_pusher_webhook_is_an_http_address_and_names_only_events_it_will_get() {
     assert_eq!(key, "pusher.apps[0].webhook_events");
     assert!(problem.contains("is none of"), "{problem}");
 }
+
+/// The Centrifugo front's two paths are its own: apart from each other and from Herald's
+/// routes, so neither hides a route of Herald's.
+#[test]
+fn the_centrifugo_fronts_paths_are_its_own() {
+    let with = |path: &str, api_path: &str| {
+        let mut c = Config::default();
+        c.centrifugo.path = path.into();
+        c.centrifugo.api_path = api_path.into();
+        c.validate().map(drop).map_err(|e| e.key)
+    };
+    assert_eq!(
+        with("/centrifugo/connection/websocket", "/centrifugo/api"),
+        Ok(())
+    );
+    assert_eq!(with("/cf/ws", "/cf/ws"), Err("centrifugo.api_path".into()));
+    assert_eq!(
+        with("/cf/ws", "/api/centrifugo"),
+        Err("centrifugo.api_path".into())
+    );
+    assert_eq!(
+        with("/connection/cf", "/cf/api"),
+        Err("centrifugo.path".into())
+    );
+}

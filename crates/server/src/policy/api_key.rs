@@ -17,14 +17,6 @@ pub fn check(
     path: &str,
     headers: &HeaderMap,
 ) -> Result<(), Failure> {
-    let mut keys = settings.api_keys().peekable();
-    if keys.peek().is_none() {
-        return Err(Failure::new(
-            ErrorCode::NotAvailable,
-            "the HTTP API is disabled because no API key is configured; set api_key in the config file, \
-             HERALD_API_KEY in the environment, or pass --api-key to herald serve",
-        ));
-    }
     // Reads are GETs (and HEADs, which the router answers as GETs without the body, so
     // they read as much); acting on connections needs a full key; everything else changes
     // channels.
@@ -39,13 +31,32 @@ pub fn check(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("apikey "))
-        .map(str::trim)
-        .ok_or_else(|| {
-            Failure::new(
-                ErrorCode::Unauthorized,
-                "missing header `Authorization: apikey KEY`",
-            )
-        })?;
+        .map(str::trim);
+    check_scope(settings, needed, given, "`Authorization: apikey KEY`")
+}
+
+/// Whether the key `given` (`None`: the request carried none where `expected` says) may do
+/// what needs `needed`.
+pub fn check_scope(
+    settings: &Settings,
+    needed: ApiScope,
+    given: Option<&str>,
+    expected: &str,
+) -> Result<(), Failure> {
+    let mut keys = settings.api_keys().peekable();
+    if keys.peek().is_none() {
+        return Err(Failure::new(
+            ErrorCode::NotAvailable,
+            "the HTTP API is disabled because no API key is configured; set api_key in the config file, \
+             HERALD_API_KEY in the environment, or pass --api-key to herald serve",
+        ));
+    }
+    let given = given.ok_or_else(|| {
+        Failure::new(
+            ErrorCode::Unauthorized,
+            format!("missing header {expected}"),
+        )
+    })?;
     // Every key is compared (in constant time), so timing tells nothing of which key, or
     // whether any, matched.
     let scope = keys.fold(None, |found, (key, scope)| {

@@ -1,5 +1,5 @@
 // A centrifuge-go client driven by the Herald test that starts it
-// (crates/server/tests/it/centrifuge_go.rs): it reads one command per line on stdin, as
+// (crates/server/tests/it/centrifugo.rs): it reads one command per line on stdin, as
 // JSON, and prints what happens, one JSON object per line on stdout. The test asserts on
 // those lines; this program decides nothing.
 package main

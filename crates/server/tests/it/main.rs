@@ -8,7 +8,7 @@ mod api;
 mod auth;
 mod auth_keys;
 mod behaviour;
-mod centrifuge_go;
+mod centrifugo;
 mod cross;
 mod dashboard;
 mod delta;

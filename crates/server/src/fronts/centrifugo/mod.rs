@@ -27,9 +27,14 @@ use crate::{
     transport::websocket::{self, Framing, Upgraded},
 };
 
-/// The front's route, at `[centrifugo] path`.
+mod api;
+
+/// The front's routes: its WebSocket at `[centrifugo] path`, its server API under
+/// `[centrifugo] api_path`.
 pub fn routes(node: &Node) -> Router<Arc<Node>> {
-    Router::new().route(&node.settings.config.centrifugo.path, get(connect))
+    Router::new()
+        .route(&node.settings.config.centrifugo.path, get(connect))
+        .merge(api::routes(node))
 }
 
 async fn connect(State(node): State<Arc<Node>>, request: Request) -> Response {

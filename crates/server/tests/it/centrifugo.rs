@@ -1,7 +1,9 @@
-//! `centrifuge-go` (Centrifugo's Go SDK, the real module) against Herald's Centrifugo
-//! front, in both of its codecs: `tests/centrifuge-go/main.go` is a client this test drives
-//! a command per line and reads an event per line from. The Go toolchain builds it once
-//! per run (from the Go module proxy, then its cache).
+//! Centrifugo's own SDKs against Herald's Centrifugo front. `centrifuge-go` (the Go client
+//! module, both of its codecs): `tests/centrifuge-go/main.go` is a client the tests drive a
+//! command per line and read an event per line from, built once per run by the Go
+//! toolchain (from the Go module proxy, then its cache). `cent` (the Python server SDK,
+//! from PyPI, in a virtual environment of the run's own): `tests/cent/calls.py` calls
+//! Centrifugo's server API on Herald.
 
 use std::{
     collections::VecDeque,
@@ -19,7 +21,7 @@ use tokio::{
 
 use crate::{
     auth::{auth_config, claims, hs256},
-    support::{config, start, start_embedded, TestServer, PATIENCE},
+    support::{config, response, start, start_embedded, TestServer, KEY, PATIENCE},
 };
 
 /// The built client: `go build` once for every test of the run.
@@ -295,4 +297,266 @@ async fn centrifuge_go_stays_connected_while_it_talks_past_several_pings() {
         .collect();
     assert!(dropped.is_empty(), "the client reconnected: {dropped:?}");
     go.quit().await;
+}
+
+/// `POST /centrifugo/api/{method}` with `X-API-Key`, as Centrifugo's server API.
+async fn centrifugo_api(server: &TestServer, key: &str, method: &str, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(server.url(&format!("/centrifugo/api/{method}")))
+        .header("X-API-Key", key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    response(r).await
+}
+
+/// A backend written against Centrifugo's server API keeps its calls: publish, broadcast,
+/// history, history_remove, presence, presence_stats, unsubscribe and disconnect, answered
+/// `{"result": …}` or `{"error": …}`, reaching a centrifuge-go client as Centrifugo's would.
+#[tokio::test]
+async fn centrifugos_server_api_publishes_reads_and_acts_on_connections() {
+    use herald_server::config::{ApiKey, ApiScope};
+    let mut cfg = auth_config();
+    cfg.api_keys = vec![ApiKey::Scoped {
+        key: "read-only-key-0123".into(),
+        scope: ApiScope::Read,
+    }];
+    let server = start(cfg).await;
+    let channel = "chat:api";
+    let token = hs256(&claims("bob", json!({})));
+    let mut go = GoClient::start(&server, false, &[&format!("-token={token}")]);
+    go.call(json!({"do": "connect"})).await;
+    go.call(json!({"do": "subscribe", "channel": channel}))
+        .await;
+    go.event("subscribed", channel).await;
+
+    let (status, published) = centrifugo_api(
+        &server,
+        KEY,
+        "publish",
+        json!({"channel": channel, "data": {"n": 1}, "tags": {"ignored": "yes"}}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(published["result"]["offset"], 1, "{published}");
+    let epoch = published["result"]["epoch"].clone();
+    assert!(epoch.is_string());
+    let p = go.event("publication", channel).await;
+    assert_eq!(p["data"], json!({"n": 1}));
+
+    let (_, broadcast) = centrifugo_api(
+        &server,
+        KEY,
+        "broadcast",
+        json!({"channels": [channel, "chat:other", "bad channel"], "data": {"n": 2}}),
+    )
+    .await;
+    let responses = broadcast["result"]["responses"].as_array().unwrap();
+    assert_eq!(responses[0]["result"]["offset"], 2, "{broadcast}");
+    assert_eq!(responses[1]["result"]["offset"], 1);
+    assert!(responses[2]["error"]["code"].is_number(), "{broadcast}");
+    assert_eq!(
+        go.event("publication", channel).await["data"],
+        json!({"n": 2})
+    );
+
+    // No limit: the stream's position only; -1: everything; since: what follows it.
+    let read = ["read-only-key-0123", KEY];
+    let (_, position) =
+        centrifugo_api(&server, read[0], "history", json!({"channel": channel})).await;
+    assert_eq!(position["result"]["offset"], 2, "{position}");
+    assert_eq!(position["result"]["epoch"], epoch);
+    assert!(position["result"].get("publications").is_none());
+    let (_, all) = centrifugo_api(
+        &server,
+        read[1],
+        "history",
+        json!({"channel": channel, "limit": -1}),
+    )
+    .await;
+    let offsets: Vec<&Value> = all["result"]["publications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| &p["offset"])
+        .collect();
+    assert_eq!(offsets, [1, 2]);
+    let (_, after) = centrifugo_api(
+        &server,
+        KEY,
+        "history",
+        json!({"channel": channel, "limit": 10, "since": {"offset": 1, "epoch": epoch}}),
+    )
+    .await;
+    assert_eq!(
+        after["result"]["publications"][0]["data"],
+        json!({"n": 2}),
+        "{after}"
+    );
+
+    let (_, presence) =
+        centrifugo_api(&server, read[0], "presence", json!({"channel": channel})).await;
+    let members: Vec<&Value> = presence["result"]["presence"]
+        .as_object()
+        .unwrap()
+        .values()
+        .collect();
+    assert_eq!(members.len(), 1, "{presence}");
+    assert_eq!(members[0]["user"], "bob");
+    let (_, stats) = centrifugo_api(
+        &server,
+        read[0],
+        "presence_stats",
+        json!({"channel": channel}),
+    )
+    .await;
+    assert_eq!(stats["result"], json!({"num_clients": 1, "num_users": 1}));
+
+    // Keys and methods: a read key cannot publish, no key is no call, and an unknown
+    // method says which are served.
+    let (status, refused) = centrifugo_api(
+        &server,
+        read[0],
+        "publish",
+        json!({"channel": channel, "data": 1}),
+    )
+    .await;
+    assert_eq!(status, 403, "{refused}");
+    let (status, _) = centrifugo_api(&server, "wrong-key-0123456", "presence", json!({})).await;
+    assert_eq!(status, 401);
+    let (status, unknown) = centrifugo_api(&server, KEY, "batch", json!({})).await;
+    assert_eq!(status, 404);
+    assert!(unknown["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("publish"));
+    let (status, bad) = centrifugo_api(&server, KEY, "publish", json!({"data": 1})).await;
+    assert_eq!((status, &bad["error"]["code"]), (200, &json!(107)), "{bad}");
+
+    let (_, removed) =
+        centrifugo_api(&server, KEY, "history_remove", json!({"channel": channel})).await;
+    assert_eq!(removed, json!({"result": {}}));
+    let (_, emptied) = centrifugo_api(
+        &server,
+        KEY,
+        "history",
+        json!({"channel": channel, "limit": -1}),
+    )
+    .await;
+    assert_ne!(emptied["result"]["epoch"], epoch, "{emptied}");
+
+    let (_, unsubscribed) = centrifugo_api(
+        &server,
+        KEY,
+        "unsubscribe",
+        json!({"user": "bob", "channel": channel}),
+    )
+    .await;
+    assert_eq!(unsubscribed, json!({"result": {}}));
+    let gone = go.event("unsubscribed", channel).await;
+    assert_eq!(gone["code"], 2000, "{gone}");
+    let (_, disconnected) = centrifugo_api(
+        &server,
+        KEY,
+        "disconnect",
+        json!({"user": "bob", "disconnect": {"code": 3501, "reason": "go away"}}),
+    )
+    .await;
+    assert_eq!(disconnected, json!({"result": {}}));
+    let closed = go.event("disconnected", "").await;
+    assert_eq!(closed["reason"], "go away", "{closed}");
+    go.quit().await;
+}
+
+/// A Python with `cent` (Centrifugo's server SDK, the pinned `tests/cent/requirements.txt`
+/// from PyPI) in a virtual environment of the run's own: made once per run.
+fn cent_python() -> &'static PathBuf {
+    static MADE: OnceLock<PathBuf> = OnceLock::new();
+    MADE.get_or_init(|| {
+        let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cent-venv");
+        let python = venv.join("bin/python");
+        let requirements =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/cent/requirements.txt");
+        let run = |command: &mut std::process::Command, what: &str| {
+            let status = command.status().unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(status.success(), "{what} failed");
+        };
+        if !python.exists() {
+            run(
+                std::process::Command::new("python3")
+                    .arg("-m")
+                    .arg("venv")
+                    .arg(&venv),
+                "python3 -m venv (Python 3.9 or newer must be installed)",
+            );
+        }
+        run(
+            std::process::Command::new(&python)
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--disable-pip-version-check",
+                    "-r",
+                ])
+                .arg(&requirements),
+            "pip install of tests/cent/requirements.txt",
+        );
+        python
+    })
+}
+
+/// The same API through `cent`, Centrifugo's Python SDK, as a backend would call it.
+#[tokio::test]
+async fn cent_the_python_server_sdk_calls_centrifugos_api_on_herald() {
+    let server = start(config()).await;
+    let python = cent_python().clone();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/cent/calls.py");
+    let url = server.url("/centrifugo/api");
+    let out = tokio::process::Command::new(python)
+        .arg(script)
+        .args([&url, KEY, "chat:cent"])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "cent failed: {stderr}");
+    let said: std::collections::HashMap<String, Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (v["call"].as_str().unwrap().to_owned(), v)
+        })
+        .collect();
+    let result = |call: &str| &said[call]["result"];
+    assert_eq!(result("publish")["offset"], 1, "{said:?}");
+    let epoch = &result("publish")["epoch"];
+    let responses = &result("broadcast")["responses"];
+    assert_eq!(responses[0]["result"]["offset"], 2, "{said:?}");
+    assert_eq!(responses[1]["result"]["offset"], 1);
+    let data = |call: &str| -> Vec<Value> {
+        result(call)["publications"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["data"].clone())
+            .collect()
+    };
+    assert_eq!(data("history"), [json!({"n": 1}), json!({"n": 2})]);
+    assert_eq!(&result("history")["epoch"], epoch);
+    assert_eq!(data("history_since"), [json!({"n": 2})]);
+    assert_eq!(result("presence_stats")["num_clients"], 0);
+    for call in ["unsubscribe", "disconnect", "history_remove"] {
+        assert!(
+            said[call].get("error").is_none(),
+            "{call}: {:?}",
+            said[call]
+        );
+    }
+    // Herald's code for an invalid channel name (Centrifugo has none of its own: codes
+    // from 113 pass as they are).
+    assert_eq!(said["bad_channel"]["error"]["code"], 114, "{said:?}");
 }

@@ -1,0 +1,275 @@
+//! Centrifugo's server API at `[centrifugo] api_path` (`/centrifugo/api`): a backend
+//! written against Centrifugo (its `cent`/`gocent`/… SDKs, or plain HTTP) keeps its calls.
+//! `POST {api_path}/{method}` with a JSON body and the key in `X-API-Key` (or
+//! `Authorization: apikey KEY`); the answer is `{"result": …}` or, with status 200 as
+//! Centrifugo answers, `{"error": {"code", "message"}}`. Each method is Herald's API call
+//! of the same meaning, under the same key scopes: reads need a read key, publishing a
+//! publish key, acting on connections a key without a scope.
+
+use std::sync::Arc;
+
+use axum::{
+    body::Bytes,
+    extract::{rejection::BytesRejection, Path, State},
+    http::{header, HeaderMap, StatusCode},
+    response::{IntoResponse, Response},
+    routing::post,
+    Router,
+};
+use herald_protocol::{
+    centrifugo::{api_result, Position},
+    json, results, ChannelName, Epoch, ErrorCode, Outcome,
+};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::{admin, config::ApiScope, error::Failure, node::Node, registry::Who};
+
+/// The API's route, at `[centrifugo] api_path`.
+pub fn routes(node: &Node) -> Router<Arc<Node>> {
+    let path = format!("{}/{{method}}", node.settings.config.centrifugo.api_path);
+    Router::new().route(&path, post(call))
+}
+
+async fn call(
+    State(node): State<Arc<Node>>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    if !node.settings.config.centrifugo.enabled {
+        let off = "the Centrifugo front is off ([centrifugo] enabled = false)";
+        return Failure::new(ErrorCode::MethodNotFound, off).into_response();
+    }
+    let Some(needed) = scope(&method) else {
+        let known = "publish, broadcast, history, history_remove, presence, presence_stats, unsubscribe, disconnect";
+        let message = format!("unknown method {method:?}; this API serves {known}");
+        return (
+            StatusCode::NOT_FOUND,
+            error(ErrorCode::MethodNotFound, &message),
+        )
+            .into_response();
+    };
+    let given = key(&headers);
+    let expected = "`X-API-Key: KEY` (or `Authorization: apikey KEY`)";
+    if let Err(f) = crate::policy::api_key::check_scope(&node.settings, needed, given, expected) {
+        return f.into_response();
+    }
+    let answered = match body {
+        Ok(body) => answer(&node, &method, &body).await,
+        Err(e) => Err(Failure::new(
+            ErrorCode::MessageTooLarge,
+            format!("cannot read request body: {e}"),
+        )),
+    };
+    let body = answered.unwrap_or_else(|f| error(f.code, &f.message));
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// The key scope a method needs; `None` for a method this API does not serve.
+fn scope(method: &str) -> Option<ApiScope> {
+    match method {
+        "publish" | "broadcast" | "history_remove" => Some(ApiScope::Publish),
+        "history" | "presence" | "presence_stats" => Some(ApiScope::Read),
+        "unsubscribe" | "disconnect" => Some(ApiScope::All),
+        _ => None,
+    }
+}
+
+/// The key: Centrifugo's header, or Herald's.
+fn key(headers: &HeaderMap) -> Option<&str> {
+    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    header("x-api-key")
+        .or_else(|| header(header::AUTHORIZATION.as_str())?.strip_prefix("apikey "))
+        .map(str::trim)
+}
+
+/// Centrifugo's error body.
+fn error(code: ErrorCode, message: &str) -> Vec<u8> {
+    let body = serde_json::json!({ "error": { "code": code, "message": message } });
+    serde_json::to_vec(&body).expect("errors serialise")
+}
+
+/// What a method's body asks; fields Centrifugo has and Herald does not (`tags`,
+/// `skip_history`, …) are ignored, as the client front ignores them.
+#[derive(Deserialize)]
+struct Request<'a> {
+    #[serde(default)]
+    channel: Option<String>,
+    #[serde(default)]
+    channels: Vec<String>,
+    #[serde(borrow, default)]
+    data: Option<&'a RawValue>,
+    #[serde(default)]
+    b64data: Option<String>,
+    #[serde(default)]
+    idempotency_key: Option<String>,
+    #[serde(default)]
+    limit: Option<i64>,
+    #[serde(default)]
+    since: Option<Position>,
+    #[serde(default)]
+    reverse: bool,
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default)]
+    client: Option<String>,
+    #[serde(default)]
+    disconnect: Option<DisconnectWith>,
+}
+
+#[derive(Deserialize)]
+struct DisconnectWith {
+    code: u16,
+    #[serde(default)]
+    reason: String,
+}
+
+impl Request<'_> {
+    fn channel(&self) -> Result<ChannelName, Failure> {
+        let name = self
+            .channel
+            .as_deref()
+            .ok_or_else(|| Failure::new(ErrorCode::BadRequest, "channel is required"))?;
+        crate::api::channel(name)
+    }
+
+    fn data(&self) -> Result<Bytes, Failure> {
+        if self.b64data.is_some() {
+            return Err(Failure::new(
+                ErrorCode::BadRequest,
+                "b64data is not supported: Herald keeps JSON, send data",
+            ));
+        }
+        let raw = self
+            .data
+            .ok_or_else(|| Failure::new(ErrorCode::BadRequest, "data is required"))?;
+        json::payload(raw).map_err(|m| Failure::new(ErrorCode::BadRequest, m))
+    }
+
+    /// Whose connections: Centrifugo names a user, and a client to narrow it to one.
+    fn who(&self) -> Result<Who, Failure> {
+        match (&self.client, &self.user) {
+            (Some(client), _) if !client.is_empty() => Ok(Who::Client(client.clone())),
+            (_, Some(user)) if !user.is_empty() => Ok(Who::User(user.clone())),
+            _ => Err(Failure::new(ErrorCode::BadRequest, "user is required")),
+        }
+    }
+}
+
+async fn answer(node: &Arc<Node>, method: &str, body: &[u8]) -> Result<Vec<u8>, Failure> {
+    let req: Request<'_> = serde_json::from_slice(body)
+        .map_err(|e| Failure::new(ErrorCode::BadRequest, format!("invalid JSON body: {e}")))?;
+    let key = req
+        .idempotency_key
+        .as_deref()
+        .map(|k| (k, crate::publish::Publisher::Backend));
+    match method {
+        "publish" => {
+            let channel = req.channel()?;
+            let p = crate::publish::publish_keyed(node, &channel, req.data()?, None, key).await?;
+            Ok(published(p.position.offset, &p.position.epoch))
+        }
+        "broadcast" => {
+            if req.channels.is_empty() {
+                return Err(Failure::new(ErrorCode::BadRequest, "channels is empty"));
+            }
+            let data = req.data()?;
+            let mut responses = Vec::with_capacity(req.channels.len());
+            for name in &req.channels {
+                let done = match crate::api::channel(name) {
+                    Ok(c) => crate::publish::publish_keyed(node, &c, data.clone(), None, key)
+                        .await
+                        .map(|p| published(p.position.offset, &p.position.epoch)),
+                    Err(f) => Err(f),
+                };
+                let one = done.unwrap_or_else(|f| error(f.code, &f.message));
+                responses.push(serde_json::from_slice::<serde_json::Value>(&one).expect("JSON"));
+            }
+            let body = serde_json::json!({ "result": { "responses": responses } });
+            Ok(serde_json::to_vec(&body).expect("results serialise"))
+        }
+        "history" => {
+            if req.reverse {
+                let why = "history in reverse order is not supported";
+                return Err(Failure::new(ErrorCode::BadRequest, why));
+            }
+            let channel = req.channel()?;
+            let since = req.since.as_ref().map(Position::since);
+            // Centrifugo: no limit (or 0) asks for the stream's position only; -1 for all
+            // (up to `client.max_history_limit`).
+            let limit = match req.limit.unwrap_or(0) {
+                0 => Some(0),
+                n => usize::try_from(n).ok(),
+            };
+            let h = crate::history::read(node, &channel, since, limit).await?;
+            Ok(api_result(&Outcome::History(results::Stream {
+                epoch: &h.position.epoch,
+                offset: h.position.offset,
+                recovered: None,
+                publications: &h.publications,
+                data: None,
+                delta: None,
+            })))
+        }
+        "history_remove" => {
+            node.broker.remove_history(&req.channel()?).await?;
+            Ok(br#"{"result":{}}"#.to_vec())
+        }
+        "presence" => {
+            let channel = req.channel()?;
+            crate::policy::presence_kept(node, &channel)?;
+            let (members, _) = node.presence.page(&channel, None, None).await?;
+            let members = crate::hub::presence::listed(&members);
+            Ok(api_result(&Outcome::Presence(results::Presence {
+                members: &members,
+                cursor: None,
+            })))
+        }
+        "presence_stats" => {
+            let channel = req.channel()?;
+            crate::policy::presence_kept(node, &channel)?;
+            let stats = node.presence.stats(&channel).await?;
+            Ok(api_result(&Outcome::PresenceStats(
+                results::PresenceStats {
+                    clients: stats.clients,
+                    users: stats.users,
+                },
+            )))
+        }
+        "unsubscribe" => {
+            let action = admin::checked(admin::Action::Unsubscribe {
+                who: req.who()?,
+                channel: req.channel()?.to_string(),
+            })?;
+            admin::everywhere(node, action).await?;
+            Ok(br#"{"result":{}}"#.to_vec())
+        }
+        "disconnect" => {
+            let (code, reason) = match req.disconnect {
+                Some(ref d) => (d.code, d.reason.clone()),
+                None => (
+                    herald_protocol::DisconnectCode::ForceReconnect.code(),
+                    "disconnected by the server's operator".into(),
+                ),
+            };
+            let action = admin::checked(admin::Action::Disconnect {
+                who: req.who()?,
+                code,
+                reason,
+            })?;
+            admin::everywhere(node, action).await?;
+            Ok(br#"{"result":{}}"#.to_vec())
+        }
+        _ => Err(Failure::new(ErrorCode::MethodNotFound, "unknown method")),
+    }
+}
+
+/// A publish's result: where it was stored.
+fn published(offset: u64, epoch: &Epoch) -> Vec<u8> {
+    api_result(&Outcome::Publish(results::Published {
+        offset,
+        epoch,
+        repeat: false,
+    }))
+}
