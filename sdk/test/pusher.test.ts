@@ -267,6 +267,21 @@ describe("client events", () => {
     await until("an event after the flood", () => ok.length === 1);
   });
 
+  it("a message past the frame limit closes with a code pusher-js reconnects from, and the page goes on", async () => {
+    const a = connect({ user: { user_id: "big-sender" } });
+    const first = await connected(a);
+    const room = await subscribed(a, "private-huge");
+    const heard = collect(room, "after");
+    // 70 KB: past client.max_frame_size (64 KiB), so the frame is refused unread. Pusher's
+    // 4000-4099 would tell pusher-js never to reconnect: the page would lose its real-time
+    // for a message it can simply not send again.
+    room.trigger("client-huge", { pad: "x".repeat(70 * 1024) });
+    await until("a new connection", () => a.connection.state === "connected" && a.connection.socket_id !== first, 15_000);
+    await until("subscribed again", () => room.subscribed);
+    await backend().trigger("private-huge", "after", { n: 1 });
+    await until("an event after the reconnect", () => heard.length === 1);
+  });
+
   it("are refused by an app that does not enable them", async () => {
     const client = connect({ app: OTHER });
     await connected(client);

@@ -29,7 +29,7 @@ use crate::{
     session::Session,
     transport::{
         driver::{self, Wire},
-        websocket::{self, Framing, Upgraded, WebSocket},
+        websocket::{self, Framing, Upgraded, WebSocket, MESSAGE_TOO_BIG},
     },
 };
 
@@ -305,6 +305,10 @@ impl Framing for PusherFrames {
             return (code, reason);
         }
         let code = match why.code {
+            // RFC 6455's "message too big": Pusher's 4000-4099 would tell pusher-js never
+            // to reconnect, and the page would lose its real-time for a message it can
+            // simply not send again; on 1009 pusher-js reconnects after a second.
+            DisconnectCode::MessageTooLarge => MESSAGE_TOO_BIG,
             DisconnectCode::Stale => codes::PONG_NOT_RECEIVED,
             DisconnectCode::Slow | DisconnectCode::BackendUnavailable => codes::OVER_CAPACITY,
             DisconnectCode::ConnectionLimit => codes::OVER_QUOTA,
@@ -347,6 +351,11 @@ mod tests {
         assert_eq!(close(DisconnectCode::Stale), codes::PONG_NOT_RECEIVED);
         assert_eq!(close(DisconnectCode::ConnectionLimit), codes::OVER_QUOTA);
         assert_eq!(close(DisconnectCode::BadRequest), codes::UNAUTHORIZED);
+        assert_eq!(
+            close(DisconnectCode::MessageTooLarge),
+            1009,
+            "pusher-js reconnects"
+        );
         let chosen = Disconnect {
             code: DisconnectCode::Forbidden,
             reason: "bye".into(),
