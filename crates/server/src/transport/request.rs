@@ -86,6 +86,9 @@ pub struct OpenRequest {
     /// `delta=fossil`: the channels' live publications as deltas (see
     /// [`herald_protocol::delta`]).
     pub delta: bool,
+    /// `protocol=protobuf`: Herald's Protobuf codec, which only a transport that carries
+    /// bytes as they are takes (see [`OpenRequest::text_only`]).
+    pub protobuf: bool,
 }
 
 fn bad(message: impl Into<String>) -> Failure {
@@ -93,6 +96,19 @@ fn bad(message: impl Into<String>) -> Failure {
 }
 
 impl OpenRequest {
+    /// Refuses `protocol=protobuf` on a transport that carries text only (SSE events,
+    /// script tags, JSON bodies): Protobuf's messages are bytes.
+    pub fn text_only(&self) -> Result<(), Failure> {
+        if self.protobuf {
+            return Err(bad(
+                "the Protobuf codec's messages are bytes, which this transport (text only) \
+                 cannot carry: use /connection/websocket with the herald.protobuf subprotocol, \
+                 or /connection/stream, or protocol=json here",
+            ));
+        }
+        Ok(())
+    }
+
     /// Reads `channel=` (repeatable) and `cursor=` from the query; a `Last-Event-ID`
     /// header (EventSource's own reconnect) takes the place of `cursor=`. Channels named
     /// only in the cursor are opened too, so a cursor alone resumes a whole connection.
@@ -117,17 +133,11 @@ impl OpenRequest {
                     request.delta = herald_protocol::delta::asked(&value).map_err(bad)?;
                 }
                 "delta" => return Err(bad("delta= needs a format: \"fossil\"")),
-                // The HTTP transports carry text (SSE events, script tags, JSON bodies and
-                // lines): Protobuf's binary messages go over WebSocket only.
                 "protocol" if value == "json" => {}
-                "protocol" if value == "protobuf" => return Err(bad(
-                    "the Protobuf codec needs binary frames, which only WebSocket carries: \
-                     open /connection/websocket with the herald.protobuf subprotocol, or use \
-                     protocol=json here",
-                )),
+                "protocol" if value == "protobuf" => request.protobuf = true,
                 "protocol" => {
                     return Err(bad(format!(
-                        "unknown protocol {value:?}; expected \"json\" (or \"protobuf\", over WebSocket)"
+                        "unknown protocol {value:?}; expected \"json\" or \"protobuf\""
                     )))
                 }
                 // Cache busters and the like.

@@ -155,20 +155,107 @@ fn herald_protocol_publish_of_bytes(data: &[u8]) -> Vec<u8> {
     framed
 }
 
-#[tokio::test]
-async fn the_http_transports_say_protobuf_travels_over_websocket() {
-    let server = start(config()).await;
-    for path in ["sse", "stream", "longpoll", "poll"] {
-        let url = server.url(&format!(
-            "/connection/{path}?channel=open:x&protocol=protobuf"
-        ));
-        let (status, body) = response(reqwest::get(&url).await.unwrap()).await;
-        assert_eq!(status, 400, "{path}: {body}");
-        assert!(
-            body["error"]["message"]
-                .as_str()
+/// Length-delimited Protobuf messages read off an HTTP response as they come (a message
+/// may span chunks), each read back as JSON.
+struct DelimitedStream {
+    response: reqwest::Response,
+    buffered: Vec<u8>,
+}
+
+impl DelimitedStream {
+    async fn next(&mut self) -> Value {
+        loop {
+            if let Some(end) = whole_message(&self.buffered) {
+                let part: Vec<u8> = self.buffered.drain(..end).collect();
+                let json = herald_protocol::protobuf::to_json(&part).expect("a server message");
+                return serde_json::from_slice(&json).unwrap();
+            }
+            let chunk = tokio::time::timeout(PATIENCE, self.response.chunk())
+                .await
+                .expect("a message in time")
                 .unwrap()
-                .contains("herald.protobuf"),
+                .expect("the stream goes on");
+            self.buffered.extend_from_slice(&chunk);
+        }
+    }
+}
+
+/// Where the first length-delimited message in `buf` ends, once it is whole.
+fn whole_message(buf: &[u8]) -> Option<usize> {
+    let mut len = 0usize;
+    for (i, b) in buf.iter().enumerate().take(10) {
+        len |= usize::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            let end = i + 1 + len;
+            return (buf.len() >= end).then_some(end);
+        }
+    }
+    None
+}
+
+/// `/connection/stream?protocol=protobuf` carries Herald's Protobuf messages, each with its
+/// length, one after another; the stream's session takes Protobuf commands by
+/// `POST /connection/send?session=ID` and answers them in the stream. The transports that
+/// carry text only refuse the codec with a reason.
+#[tokio::test]
+async fn an_http_stream_carries_protobuf_messages_and_takes_protobuf_commands() {
+    let server = start(config()).await;
+    let http = reqwest::Client::new();
+    let opened = http
+        .get(server.url("/connection/stream?protocol=protobuf&channel=open:pb"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(opened.status(), 200);
+    assert_eq!(opened.headers()["content-type"], "application/x-protobuf");
+    let mut stream = DelimitedStream {
+        response: opened,
+        buffered: Vec::new(),
+    };
+    let connect = stream.next().await;
+    let session = connect["connect"]["client"].as_str().unwrap().to_owned();
+    assert_eq!(stream.next().await["subscribe"]["channel"], "open:pb");
+    server.publish("open:pb", json!({ "n": 1 })).await;
+    let first = stream.next().await;
+    assert_eq!(
+        (&first["pub"]["offset"], &first["pub"]["data"]),
+        (&json!(1), &json!({ "n": 1 })),
+        "{first}"
+    );
+
+    let command = json!({ "id": 7, "publish": { "channel": "open:pb", "data": { "n": 2 } } });
+    let frame = herald_protocol::protobuf::frame_of_json(command.to_string().as_bytes());
+    let sent = http
+        .post(server.url(&format!("/connection/send?session={session}")))
+        .body(frame)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sent.status(), 200);
+    let (mut reply, mut second) = (None, None);
+    while reply.is_none() || second.is_none() {
+        let message = stream.next().await;
+        if message["id"] == 7 {
+            reply = Some(message);
+        } else if message.get("pub").is_some() {
+            second = Some(message);
+        }
+    }
+    assert_eq!(reply.unwrap()["publish"]["offset"], 2);
+    assert_eq!(second.unwrap()["pub"]["data"], json!({ "n": 2 }));
+
+    for path in [
+        "/connection/sse?protocol=protobuf&channel=open:pb",
+        "/connection/iframe?callback=f&protocol=protobuf&channel=open:pb",
+        "/connection/longpoll?protocol=protobuf&channel=open:pb",
+        "/connection/poll?protocol=protobuf&channel=open:pb",
+    ] {
+        let r = http.get(server.url(path)).send().await.unwrap();
+        let (status, body) = response(r).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("bytes") && message.contains("herald.protobuf"),
             "{path}: {body}"
         );
     }

@@ -256,6 +256,7 @@ async fn opening(
     hold: bool,
 ) -> Result<Box<Prepared>, Failure> {
     let request = OpenRequest::parse(query.as_deref(), &headers)?;
+    request.text_only()?;
     // Asked to be parked (`session_key=`, with a key or empty for a new one).
     let credentials = (request.session_key.is_some() && parked.enabled())
         .then(|| credentials(&parked, &request, &headers));

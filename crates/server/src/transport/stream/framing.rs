@@ -1,5 +1,6 @@
-//! How a stream's pushes are wrapped on the wire: SSE events, NDJSON lines, or `<script>`
-//! chunks of a forever frame; and what keeps those scripts from escaping their element.
+//! How a stream's pushes are wrapped on the wire: SSE events, NDJSON lines, `<script>`
+//! chunks of a forever frame, or Protobuf messages as they are (each carries its length);
+//! and what keeps those scripts from escaping their element.
 
 use std::time::Duration;
 
@@ -17,6 +18,9 @@ pub enum Framing {
         /// The page's function, a plain JavaScript identifier.
         callback: String,
     },
+    /// `application/x-protobuf`: Herald's Protobuf messages, length-delimited, one after
+    /// another.
+    Protobuf,
 }
 
 /// Bytes before the first push of a forever frame: old browsers render nothing (and run no
@@ -29,6 +33,15 @@ impl Framing {
             Framing::Sse => "text/event-stream",
             Framing::Ndjson => "application/x-ndjson",
             Framing::Iframe { .. } => "text/html; charset=utf-8",
+            Framing::Protobuf => "application/x-protobuf",
+        }
+    }
+
+    /// The codec of its pushes: Herald's JSON, but for Protobuf's framing.
+    pub fn encoding(&self) -> herald_protocol::Encoding {
+        match self {
+            Framing::Protobuf => herald_protocol::Encoding::Protobuf,
+            _ => herald_protocol::Encoding::Json,
         }
     }
 
@@ -38,7 +51,7 @@ impl Framing {
             Framing::Sse => {
                 out.extend_from_slice(format!("retry: {}\n\n", sse_retry.as_millis()).as_bytes())
             }
-            Framing::Ndjson => {}
+            Framing::Ndjson | Framing::Protobuf => {}
             Framing::Iframe { .. } => {
                 out.extend_from_slice(b"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>herald</title></head><body>\n<!--");
                 out.resize(out.len() + IFRAME_PADDING, b' ');
@@ -47,7 +60,8 @@ impl Framing {
         }
     }
 
-    /// One push (a JSON object without line breaks); `cursor` becomes the SSE event id.
+    /// One push (a JSON object without line breaks, or a length-delimited Protobuf
+    /// message); `cursor` becomes the SSE event id.
     pub fn push(&self, json: &[u8], cursor: Option<&str>, out: &mut Vec<u8>) {
         match self {
             Framing::Sse => {
@@ -64,6 +78,7 @@ impl Framing {
                 out.extend_from_slice(json);
                 out.push(b'\n');
             }
+            Framing::Protobuf => out.extend_from_slice(json),
             Framing::Iframe { callback } => {
                 out.extend_from_slice(b"<script>parent.");
                 out.extend_from_slice(callback.as_bytes());
@@ -87,9 +102,7 @@ impl Framing {
     /// `ping` push on every framing, which the page sees (an SSE comment would reach no
     /// `EventSource` handler) and without an SSE `id`, so the resume position stays.
     pub fn keepalive(&self, out: &mut Vec<u8>) {
-        let ping = herald_protocol::Encoding::Json
-            .codec()
-            .push(&herald_protocol::Push::Ping);
+        let ping = self.encoding().codec().push(&herald_protocol::Push::Ping);
         self.push(&ping, None, out);
     }
 

@@ -49,10 +49,14 @@ pub async fn sse(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    open(node, peer, lean, headers, query, |_| Ok(Framing::Sse)).await
+    open(node, peer, lean, headers, query, |req| {
+        req.text_only().map(|()| Framing::Sse)
+    })
+    .await
 }
 
-/// `GET /connection/stream`.
+/// `GET /connection/stream`: NDJSON, or with `protocol=protobuf` length-delimited
+/// Protobuf messages.
 pub async fn ndjson(
     State(node): State<Arc<Node>>,
     peer: Option<Extension<Peer>>,
@@ -60,7 +64,11 @@ pub async fn ndjson(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    open(node, peer, lean, headers, query, |_| Ok(Framing::Ndjson)).await
+    open(node, peer, lean, headers, query, |req| match req.protobuf {
+        true => Ok(Framing::Protobuf),
+        false => Ok(Framing::Ndjson),
+    })
+    .await
 }
 
 /// `GET /connection/iframe?callback=NAME`.
@@ -72,6 +80,7 @@ pub async fn iframe(
     RawQuery(query): RawQuery,
 ) -> Response {
     open(node, peer, lean, headers, query, |req| {
+        req.text_only()?;
         match req.callback.clone() {
             Some(callback) if is_identifier(&callback) => Ok(Framing::Iframe { callback }),
             Some(_) => Err(Failure::new(
@@ -116,7 +125,9 @@ impl Accepted {
         match self.framing {
             Framing::Sse => Some(Lane::SSE),
             Framing::Ndjson => Some(Lane::NDJSON),
-            Framing::Iframe { .. } => None,
+            // The forever frame's pushes name the page's callback; a Protobuf stream's go
+            // through its task (no lane frames them yet).
+            Framing::Iframe { .. } | Framing::Protobuf => None,
         }
     }
 }
@@ -148,11 +159,12 @@ async fn accept(
     let address = admitted.as_ref().map(|a| a.ip());
     let transport = match framing {
         Framing::Sse => Transport::Sse,
-        Framing::Ndjson => Transport::Stream,
+        Framing::Ndjson | Framing::Protobuf => Transport::Stream,
         Framing::Iframe { .. } => Transport::Iframe,
     };
     let mut session = Session::new(&node)
         .at_address(address)
+        .speaking(framing.encoding())
         .came_by(transport, node.settings.hooks.facts(&headers));
     if framing == Framing::Sse {
         session = session.cursor_bound(MAX_SSE_ID);

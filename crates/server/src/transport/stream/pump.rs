@@ -5,7 +5,7 @@
 use std::{future::Future, time::Duration};
 
 use bytes::Bytes;
-use herald_protocol::{Encoding, Push};
+use herald_protocol::Push;
 use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -185,7 +185,7 @@ impl<O: Out> Wire for StreamWire<'_, O> {
             return false;
         };
         let mut bytes = Vec::new();
-        let push = Encoding::Json.codec().push(&Push::Disconnect {
+        let push = self.framing.encoding().codec().push(&Push::Disconnect {
             code: d.wire_code(),
             reason: d.short_reason(),
         });
