@@ -119,7 +119,45 @@ fn corpus() -> Vec<Vec<u8>> {
         api("GET", "/api/channels?prefix=chat:&limit=3&after=chat:a", ""),
         api("GET", "/api/dashboard/ticket", ""),
         format!("GET /connection/sse?channel=room:a&token={token}&sub_token={room} HTTP/1.1\r\n{host}\r\n"),
+        // A stream of Protobuf messages (each with its length), and its commands.
+        format!("GET /connection/stream?protocol=protobuf&channel=chat:a&token={token} HTTP/1.1\r\n{host}\r\n"),
+        format!(
+            "POST /connection/send?session=x HTTP/1.1\r\n{host}Content-Length: 4\r\n\r\n\x02\x08\x01\x00"
+        ),
     ];
+    // Centrifugo's server API: its own paths and header, bodies of its own shape.
+    let centrifugo = |method: &str, body: &str| {
+        format!(
+            "POST /centrifugo/api/{method} HTTP/1.1\r\n{host}X-API-Key: {KEY}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    requests.extend([
+        centrifugo(
+            "publish",
+            r#"{"channel":"chat:a","data":{"n":1},"tags":{"t":"x"},"idempotency_key":"c-1"}"#,
+        ),
+        centrifugo(
+            "broadcast",
+            r#"{"channels":["chat:a","bad channel"],"data":[1]}"#,
+        ),
+        centrifugo(
+            "history",
+            r#"{"channel":"chat:a","limit":-1,"since":{"offset":1,"epoch":""}}"#,
+        ),
+        centrifugo("history_remove", r#"{"channel":"chat:b"}"#),
+        centrifugo("presence", r#"{"channel":"room:a"}"#),
+        centrifugo("presence_stats", r#"{"channel":"room:a"}"#),
+        centrifugo(
+            "unsubscribe",
+            r#"{"user":"7","channel":"room:a","client":"abc"}"#,
+        ),
+        centrifugo(
+            "disconnect",
+            r#"{"user":"7","disconnect":{"code":3500,"reason":"fuzz"}}"#,
+        ),
+        centrifugo("publish", r#"{"channel":"chat:a","b64data":"AAE="}"#),
+    ]);
     // Kept alive: a valid request, then one the mutations reach; through hyper (the API),
     // and through the lean path of held requests (a long-poll answered at once from
     // `chat:a`'s history, which the API rounds fill).

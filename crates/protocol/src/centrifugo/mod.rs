@@ -119,14 +119,15 @@ pub struct Position {
 impl Position {
     /// Herald's words for "what follows this position".
     pub fn since(&self) -> Since {
-        Since {
-            offset: self.offset,
-            epoch: self
-                .epoch
-                .as_deref()
-                .filter(|e| !e.is_empty())
-                .map(Epoch::new),
-        }
+        since(self.offset, self.epoch.as_deref().unwrap_or_default())
+    }
+}
+
+/// What follows `offset` of the stream of `epoch` (empty: not known), in Herald's words.
+fn since(offset: u64, epoch: &str) -> Since {
+    Since {
+        offset,
+        epoch: (!epoch.is_empty()).then(|| Epoch::new(epoch)),
     }
 }
 
@@ -250,10 +251,6 @@ fn command_of(wire: proto::Command, json: bool) -> Option<Result<Command, Decode
         }
         Ok(bytes::Bytes::from(bytes))
     };
-    let since = |offset: u64, epoch: String| Since {
-        offset,
-        epoch: (!epoch.is_empty()).then(|| Epoch::new(&epoch)),
-    };
     let non_empty = |s: String| (!s.is_empty()).then_some(s);
     let method = (|| {
         Ok(Some(if let Some(c) = wire.connect {
@@ -268,7 +265,7 @@ fn command_of(wire: proto::Command, json: bool) -> Option<Result<Command, Decode
                 crate::delta::asked(&s.delta).map_err(|m| invalid(id, ErrorCode::BadRequest, m))?;
             Method::Subscribe(SubscribeRequest {
                 channel: channel(&s.channel)?,
-                since: s.recover.then(|| since(s.offset, s.epoch)),
+                since: s.recover.then(|| since(s.offset, &s.epoch)),
                 token: non_empty(s.token),
                 delta,
             })
@@ -303,7 +300,7 @@ fn command_of(wire: proto::Command, json: bool) -> Option<Result<Command, Decode
             }
             Method::History(HistoryRequest {
                 channel: channel(&h.channel)?,
-                since: h.since.map(|p| since(p.offset, p.epoch)),
+                since: h.since.map(|p| since(p.offset, &p.epoch)),
                 // Centrifugo: 0 asks for the stream's position only, -1 for all.
                 limit: u32::try_from(h.limit).ok().or(Some(u32::MAX)),
             })

@@ -27,12 +27,21 @@ pub fn check(
     } else {
         ApiScope::Publish
     };
-    let given = headers
+    check_scope(
+        settings,
+        needed,
+        authorization(headers),
+        "`Authorization: apikey KEY`",
+    )
+}
+
+/// The key of an `Authorization: apikey KEY` header, if the request has one.
+pub fn authorization(headers: &HeaderMap) -> Option<&str> {
+    headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("apikey "))
-        .map(str::trim);
-    check_scope(settings, needed, given, "`Authorization: apikey KEY`")
+        .map(str::trim)
 }
 
 /// Whether the key `given` (`None`: the request carried none where `expected` says) may do
@@ -70,10 +79,11 @@ pub fn check_scope(
             ErrorCode::PermissionDenied,
             format!(
                 "this API key may only {}",
+                // Said for both APIs: Herald's (reads are GETs) and Centrifugo's (all POSTs).
                 if scope == ApiScope::Read {
-                    "read (GET routes)"
+                    "read (history, presence, info: Herald's GET routes)"
                 } else {
-                    "publish (POST and DELETE routes other than /api/disconnect and /api/unsubscribe, which need a key without a scope)"
+                    "publish (acting on connections, disconnect and unsubscribe, needs a key without a scope)"
                 }
             ),
         )),

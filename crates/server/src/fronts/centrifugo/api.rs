@@ -41,9 +41,12 @@ async fn call(
         let off = "the Centrifugo front is off ([centrifugo] enabled = false)";
         return Failure::new(ErrorCode::MethodNotFound, off).into_response();
     }
-    let Some(needed) = scope(&method) else {
-        let known = "publish, broadcast, history, history_remove, presence, presence_stats, unsubscribe, disconnect";
-        let message = format!("unknown method {method:?}; this API serves {known}");
+    let Some(method) = Method::named(&method) else {
+        let known: Vec<&str> = Method::ALL.iter().map(|(name, _)| *name).collect();
+        let message = format!(
+            "unknown method {method:?}; this API serves {}",
+            known.join(", ")
+        );
         return (
             StatusCode::NOT_FOUND,
             error(ErrorCode::MethodNotFound, &message),
@@ -52,11 +55,12 @@ async fn call(
     };
     let given = key(&headers);
     let expected = "`X-API-Key: KEY` (or `Authorization: apikey KEY`)";
+    let needed = method.scope();
     if let Err(f) = crate::policy::api_key::check_scope(&node.settings, needed, given, expected) {
         return f.into_response();
     }
     let answered = match body {
-        Ok(body) => answer(&node, &method, &body).await,
+        Ok(body) => answer(&node, method, &body).await,
         Err(e) => Err(Failure::new(
             ErrorCode::MessageTooLarge,
             format!("cannot read request body: {e}"),
@@ -66,22 +70,52 @@ async fn call(
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// The key scope a method needs; `None` for a method this API does not serve.
-fn scope(method: &str) -> Option<ApiScope> {
-    match method {
-        "publish" | "broadcast" | "history_remove" => Some(ApiScope::Publish),
-        "history" | "presence" | "presence_stats" => Some(ApiScope::Read),
-        "unsubscribe" | "disconnect" => Some(ApiScope::All),
-        _ => None,
+/// The methods this API serves.
+#[derive(Debug, Clone, Copy)]
+enum Method {
+    Publish,
+    Broadcast,
+    History,
+    HistoryRemove,
+    Presence,
+    PresenceStats,
+    Unsubscribe,
+    Disconnect,
+}
+
+impl Method {
+    /// Each with its name in the path.
+    const ALL: [(&'static str, Method); 8] = [
+        ("publish", Method::Publish),
+        ("broadcast", Method::Broadcast),
+        ("history", Method::History),
+        ("history_remove", Method::HistoryRemove),
+        ("presence", Method::Presence),
+        ("presence_stats", Method::PresenceStats),
+        ("unsubscribe", Method::Unsubscribe),
+        ("disconnect", Method::Disconnect),
+    ];
+
+    fn named(name: &str) -> Option<Method> {
+        Self::ALL.iter().find(|(n, _)| *n == name).map(|(_, m)| *m)
+    }
+
+    /// The key scope it needs.
+    fn scope(self) -> ApiScope {
+        match self {
+            Method::Publish | Method::Broadcast | Method::HistoryRemove => ApiScope::Publish,
+            Method::History | Method::Presence | Method::PresenceStats => ApiScope::Read,
+            Method::Unsubscribe | Method::Disconnect => ApiScope::All,
+        }
     }
 }
 
 /// The key: Centrifugo's header, or Herald's.
 fn key(headers: &HeaderMap) -> Option<&str> {
-    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
-    header("x-api-key")
-        .or_else(|| header(header::AUTHORIZATION.as_str())?.strip_prefix("apikey "))
+    let centrifugos = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    centrifugos
         .map(str::trim)
+        .or_else(|| crate::policy::api_key::authorization(headers))
 }
 
 /// Centrifugo's error body.
@@ -89,6 +123,9 @@ fn error(code: ErrorCode, message: &str) -> Vec<u8> {
     let body = serde_json::json!({ "error": { "code": code, "message": message } });
     serde_json::to_vec(&body).expect("errors serialise")
 }
+
+/// The result of a method that answers nothing more.
+const DONE: &[u8] = br#"{"result":{}}"#;
 
 /// What a method's body asks; fields Centrifugo has and Herald does not (`tags`,
 /// `skip_history`, …) are ignored, as the client front ignores them.
@@ -157,7 +194,7 @@ impl Request<'_> {
     }
 }
 
-async fn answer(node: &Arc<Node>, method: &str, body: &[u8]) -> Result<Vec<u8>, Failure> {
+async fn answer(node: &Arc<Node>, method: Method, body: &[u8]) -> Result<Vec<u8>, Failure> {
     let req: Request<'_> = serde_json::from_slice(body)
         .map_err(|e| Failure::new(ErrorCode::BadRequest, format!("invalid JSON body: {e}")))?;
     let key = req
@@ -165,31 +202,34 @@ async fn answer(node: &Arc<Node>, method: &str, body: &[u8]) -> Result<Vec<u8>, 
         .as_deref()
         .map(|k| (k, crate::publish::Publisher::Backend));
     match method {
-        "publish" => {
+        Method::Publish => {
             let channel = req.channel()?;
             let p = crate::publish::publish_keyed(node, &channel, req.data()?, None, key).await?;
             Ok(published(p.position.offset, &p.position.epoch))
         }
-        "broadcast" => {
+        Method::Broadcast => {
             if req.channels.is_empty() {
                 return Err(Failure::new(ErrorCode::BadRequest, "channels is empty"));
             }
             let data = req.data()?;
-            let mut responses = Vec::with_capacity(req.channels.len());
-            for name in &req.channels {
+            // `{"result":{"responses":[R, …]}}`, each R a publish's answer as it is.
+            let mut body = br#"{"result":{"responses":["#.to_vec();
+            for (i, name) in req.channels.iter().enumerate() {
                 let done = match crate::api::channel(name) {
                     Ok(c) => crate::publish::publish_keyed(node, &c, data.clone(), None, key)
                         .await
                         .map(|p| published(p.position.offset, &p.position.epoch)),
                     Err(f) => Err(f),
                 };
-                let one = done.unwrap_or_else(|f| error(f.code, &f.message));
-                responses.push(serde_json::from_slice::<serde_json::Value>(&one).expect("JSON"));
+                if i > 0 {
+                    body.push(b',');
+                }
+                body.extend(done.unwrap_or_else(|f| error(f.code, &f.message)));
             }
-            let body = serde_json::json!({ "result": { "responses": responses } });
-            Ok(serde_json::to_vec(&body).expect("results serialise"))
+            body.extend_from_slice(b"]}}");
+            Ok(body)
         }
-        "history" => {
+        Method::History => {
             if req.reverse {
                 let why = "history in reverse order is not supported";
                 return Err(Failure::new(ErrorCode::BadRequest, why));
@@ -212,11 +252,11 @@ async fn answer(node: &Arc<Node>, method: &str, body: &[u8]) -> Result<Vec<u8>, 
                 delta: None,
             })))
         }
-        "history_remove" => {
+        Method::HistoryRemove => {
             node.broker.remove_history(&req.channel()?).await?;
-            Ok(br#"{"result":{}}"#.to_vec())
+            Ok(DONE.to_vec())
         }
-        "presence" => {
+        Method::Presence => {
             let channel = req.channel()?;
             crate::policy::presence_kept(node, &channel)?;
             let (members, _) = node.presence.page(&channel, None, None).await?;
@@ -226,7 +266,7 @@ async fn answer(node: &Arc<Node>, method: &str, body: &[u8]) -> Result<Vec<u8>, 
                 cursor: None,
             })))
         }
-        "presence_stats" => {
+        Method::PresenceStats => {
             let channel = req.channel()?;
             crate::policy::presence_kept(node, &channel)?;
             let stats = node.presence.stats(&channel).await?;
@@ -237,15 +277,15 @@ async fn answer(node: &Arc<Node>, method: &str, body: &[u8]) -> Result<Vec<u8>, 
                 },
             )))
         }
-        "unsubscribe" => {
+        Method::Unsubscribe => {
             let action = admin::checked(admin::Action::Unsubscribe {
                 who: req.who()?,
                 channel: req.channel()?.to_string(),
             })?;
             admin::everywhere(node, action).await?;
-            Ok(br#"{"result":{}}"#.to_vec())
+            Ok(DONE.to_vec())
         }
-        "disconnect" => {
+        Method::Disconnect => {
             let (code, reason) = match req.disconnect {
                 Some(ref d) => (d.code, d.reason.clone()),
                 None => (
@@ -259,9 +299,8 @@ async fn answer(node: &Arc<Node>, method: &str, body: &[u8]) -> Result<Vec<u8>, 
                 reason,
             })?;
             admin::everywhere(node, action).await?;
-            Ok(br#"{"result":{}}"#.to_vec())
+            Ok(DONE.to_vec())
         }
-        _ => Err(Failure::new(ErrorCode::MethodNotFound, "unknown method")),
     }
 }
 
