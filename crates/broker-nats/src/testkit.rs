@@ -5,6 +5,7 @@
 pub use herald_broker::{certs::TlsFiles, relay::Partition};
 
 use herald_broker::certs::make_certificates;
+use herald_broker::ports::{free_port, on_free_port};
 
 use std::{
     net::TcpStream,
@@ -96,20 +97,10 @@ impl NatsServer {
     pub fn try_start(setup: Setup) -> std::io::Result<Self> {
         let dir = tempfile::tempdir()?;
         let tls = setup.tls.map(|_| make_certificates(dir.path()));
-        // Between asking for a free port and the server binding it, another test's
-        // listener or outgoing connection may take it: then another port.
-        let mut attempts = 0;
-        let (child, port) = loop {
-            let port = free_port()?;
+        let (child, port) = on_free_port(|port| {
             write_config(dir.path(), port, &setup, tls.as_ref())?;
-            match spawn(dir.path(), port) {
-                Ok(child) => break (child, port),
-                Err(error) if error.kind() == std::io::ErrorKind::AddrInUse && attempts < 8 => {
-                    attempts += 1;
-                }
-                Err(error) => return Err(error),
-            }
-        };
+            spawn(dir.path(), port)
+        })?;
         Ok(Self {
             child,
             port,
@@ -302,10 +293,4 @@ fn spawn(dir: &Path, port: u16) -> std::io::Result<Child> {
         std::thread::sleep(Duration::from_millis(10));
     }
     Ok(child)
-}
-
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }

@@ -11,6 +11,7 @@ pub use sentinel::{SentinelSet, MASTER_NAME};
 
 use herald_broker::certs::make_certificates;
 pub use herald_broker::certs::TlsFiles;
+use herald_broker::ports::{free_port, on_free_port};
 
 use std::{
     io::{BufRead, BufReader},
@@ -224,30 +225,6 @@ pub fn unreachable_url() -> String {
         "redis://127.0.0.1:{}",
         free_port().expect("a free loopback port")
     )
-}
-
-/// Runs `start` on a free loopback port, and on another while the port turns out taken:
-/// between asking for a free port and a server binding it, another test's listener or
-/// outgoing connection may take it.
-fn on_free_port<T>(mut start: impl FnMut(u16) -> std::io::Result<T>) -> std::io::Result<(T, u16)> {
-    let mut attempts = 0;
-    loop {
-        let port = free_port()?;
-        match start(port) {
-            Ok(started) => return Ok((started, port)),
-            Err(error) if error.kind() == std::io::ErrorKind::AddrInUse && attempts < 8 => {
-                attempts += 1;
-            }
-            Err(error) => return Err(error),
-        }
-    }
-}
-
-/// A loopback port nobody listens on right now.
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// What `redis-cli -p PORT ARGS…` prints (empty when it cannot connect).

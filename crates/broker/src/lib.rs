@@ -337,6 +337,8 @@ pub mod certs;
 #[cfg(any(test, feature = "testkit"))]
 pub mod conformance;
 #[cfg(any(test, feature = "testkit"))]
+pub mod ports;
+#[cfg(any(test, feature = "testkit"))]
 pub mod relay;
 
 #[cfg(test)]
