@@ -433,6 +433,30 @@ async fn centrifugos_server_api_publishes_reads_and_acts_on_connections() {
         .contains("publish"));
     let (status, bad) = centrifugo_api(&server, KEY, "publish", json!({"data": 1})).await;
     assert_eq!((status, &bad["error"]["code"]), (200, &json!(107)), "{bad}");
+    // What Herald cannot do is refused, not half done: binary data, no channels, history
+    // backwards.
+    for (method, body, why) in [
+        (
+            "publish",
+            json!({"channel": channel, "data": 1, "b64data": "AAE="}),
+            "b64data",
+        ),
+        ("broadcast", json!({"channels": [], "data": 1}), "channels"),
+        (
+            "history",
+            json!({"channel": channel, "limit": 5, "reverse": true}),
+            "reverse",
+        ),
+    ] {
+        let (status, refused) = centrifugo_api(&server, KEY, method, body).await;
+        assert_eq!(
+            (status, &refused["error"]["code"]),
+            (200, &json!(107)),
+            "{method}: {refused}"
+        );
+        let message = refused["error"]["message"].as_str().unwrap();
+        assert!(message.contains(why), "{method}: {refused}");
+    }
 
     let (_, removed) =
         centrifugo_api(&server, KEY, "history_remove", json!({"channel": channel})).await;
