@@ -58,9 +58,11 @@ async fn connect(State(node): State<Arc<Node>>, request: Request) -> Response {
 /// The subprotocol of Centrifugo's Protobuf codec.
 pub const PROTOBUF_SUBPROTOCOL: &str = "centrifuge-protobuf";
 
-async fn run(up: Upgraded, encoding: Encoding) {
+/// Not an async fn, which would keep `up` beside the session made of it (see
+/// [`websocket::serve`]).
+fn run(up: Upgraded, encoding: Encoding) -> impl std::future::Future<Output = ()> + Send {
     let framing = CentrifugoFrames(encoding);
-    websocket::serve(up, Transport::Centrifugo, encoding, framing).await
+    websocket::serve(up, Transport::Centrifugo, encoding, framing)
 }
 
 /// How a Centrifugo connection of a codec is written to: pushes joined in one message

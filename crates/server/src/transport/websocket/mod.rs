@@ -11,7 +11,7 @@ pub mod frames;
 mod upgrade;
 mod wire;
 
-use std::time::Duration;
+use std::{future::Future, time::Duration};
 
 use herald_protocol::{DisconnectCode, Encoding};
 use tokio::{net::TcpStream, time::Instant};
@@ -37,18 +37,28 @@ pub const JSON_SUBPROTOCOL: &str = "herald.json";
 /// The subprotocol of the Protobuf codec (`proto/herald.proto`): binary messages.
 pub const PROTOBUF_SUBPROTOCOL: &str = "herald.protobuf";
 
-async fn run(up: Upgraded) {
-    serve(up, Transport::Websocket, Encoding::Json, HeraldFrames).await
+fn run(up: Upgraded) -> impl Future<Output = ()> + Send {
+    serve(up, Transport::Websocket, Encoding::Json, HeraldFrames)
 }
 
-async fn run_protobuf(up: Upgraded) {
+fn run_protobuf(up: Upgraded) -> impl Future<Output = ()> + Send {
     let encoding = Encoding::Protobuf;
-    serve(up, Transport::Websocket, encoding, HeraldProtobufFrames).await
+    serve(up, Transport::Websocket, encoding, HeraldProtobufFrames)
 }
 
 /// Runs an upgraded connection's session of Herald's protocol, speaking `encoding` (Herald's
 /// JSON, or a front's codec over the same session) framed by `framing`, until it ends.
-pub async fn serve<F: Framing>(up: Upgraded, transport: Transport, encoding: Encoding, framing: F) {
+///
+/// Not an async fn: one keeps its arguments in its task for as long as it runs, beside
+/// what was made of them. The session and the socket are made here, and the future holds
+/// only them (and no wrapper may await it inside an async fn of its own, for the same
+/// reason: each idle connection's task is as large as everything it holds).
+pub fn serve<F: Framing>(
+    up: Upgraded,
+    transport: Transport,
+    encoding: Encoding,
+    framing: F,
+) -> impl Future<Output = ()> + Send {
     let Upgraded {
         stream,
         early,
@@ -61,13 +71,15 @@ pub async fn serve<F: Framing>(up: Upgraded, transport: Transport, encoding: Enc
         .at_address(address)
         .came_by(transport, facts)
         .speaking(encoding);
-    // Made in place: a local moved into another keeps its room in the task.
     let mut wire = WebSocket::open(stream, early, deflate, &session, &node, framing);
-    let told = driver::drive(&node, &mut session, &mut wire, Ok(()), 0).await;
-    // Free the session (and its subscriptions) now; the closing handshake is only manners.
-    drop(session);
-    // Boxed: only a closing connection needs its space.
-    Box::pin(wire.farewell(told)).await;
+    async move {
+        let told = driver::drive(&node, &mut session, &mut wire, Ok(()), 0).await;
+        // Free the session (and its subscriptions) now; the closing handshake is only
+        // manners.
+        drop(session);
+        // Boxed: only a closing connection needs its space.
+        Box::pin(wire.farewell(told)).await;
+    }
 }
 
 /// A WebSocket connection as the driver sees it: pushes are lines of text frames (or a
@@ -331,8 +343,11 @@ impl<F: Framing> Wire for WebSocket<F> {
         self.last_heard = Instant::now();
         match incoming {
             Incoming::Text(frame) | Incoming::Binary(frame) => Heard::Frame(frame),
+            // The answers are boxed: a waiting connection's task holds this future, and
+            // is as large as its largest step.
             Incoming::Ping(payload) => {
-                match self.control(opcode::PONG, &payload, CLOSE_GRACE).await {
+                let answering = Box::pin(self.control(opcode::PONG, &payload, CLOSE_GRACE));
+                match answering.await {
                     Ok(()) => Heard::Alive,
                     Err(_) => Heard::Left,
                 }
@@ -342,13 +357,9 @@ impl<F: Framing> Wire for WebSocket<F> {
             Incoming::Close(said) => {
                 // RFC 6455 §5.5.1: answer with a Close, echoing its code.
                 let echo = said.map(|(code, _)| code.to_be_bytes());
-                let _ = self
-                    .control(
-                        opcode::CLOSE,
-                        echo.as_ref().map_or(&[][..], |c| &c[..]),
-                        CLOSE_GRACE,
-                    )
-                    .await;
+                let echo = echo.as_ref().map_or(&[][..], |c| &c[..]);
+                let answering = Box::pin(self.control(opcode::CLOSE, echo, CLOSE_GRACE));
+                let _ = answering.await;
                 Heard::Left
             }
         }

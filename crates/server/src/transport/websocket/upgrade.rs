@@ -10,6 +10,7 @@ use axum::{
     response::{IntoResponse, Response},
     Extension,
 };
+use futures_util::{future::OptionFuture, FutureExt};
 use herald_protocol::ErrorCode;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
@@ -61,11 +62,11 @@ pub fn accept<F, Fut>(
 ) -> Response
 where
     F: FnOnce(Upgraded) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()> + Send,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let peer = request.extensions().get::<Peer>().copied().map(Extension);
     // The socket's count lives on with the WebSocket once hyper lets the socket go.
-    let socket = request.extensions_mut().remove::<Arc<Counted>>();
+    let counted_socket = request.extensions_mut().remove::<Arc<Counted>>();
     let headers = request.headers();
     let admitted = match request::admit(&node, headers, peer) {
         Ok(admitted) => admitted,
@@ -99,33 +100,27 @@ where
     };
     let tasks = node.tasks.clone();
     let address = admitted.as_ref().map(|a| a.ip());
-    tokio::spawn(tasks.track_future(async move {
-        let _counted = (socket, admitted);
-        let upgraded = match upgraded.await {
-            Ok(u) => u,
-            Err(e) => {
-                tracing::debug!(error = %e, "websocket upgrade failed");
-                return;
-            }
-        };
-        // The accept loop serves every connection as `TokioIo<WriteDeadline>`;
-        // a WebSocket times its writes itself, on the socket.
-        match upgraded.downcast::<TokioIo<WriteDeadline>>() {
-            Ok(parts) => {
-                let (stream, early) = socket_and_early(parts);
-                let up = Upgraded {
-                    stream,
-                    early,
-                    node,
-                    address,
-                    facts,
-                    deflate: deflate.is_some(),
-                };
-                serve(up).await
-            }
-            Err(_) => tracing::error!("upgraded connection is not a TCP stream"),
-        }
-    }));
+    let negotiated = deflate.is_some();
+    // Two stages in one task, as an enum: what the handshake needed is gone once the
+    // connection runs (an async block would keep it, and the upgrade's result, in the
+    // task beside the connection for its whole life: 0.1 KB for every idle connection).
+    let connection = socket_of(upgraded).then(move |socket| {
+        let running = socket.map(|(stream, early)| {
+            let up = Upgraded {
+                stream,
+                early,
+                node,
+                address,
+                facts,
+                deflate: negotiated,
+            };
+            // The connection counts (for its address and the node) as long as it runs.
+            let counted = (counted_socket, admitted);
+            serve(up).map(move |()| drop(counted))
+        });
+        OptionFuture::from(running).map(drop)
+    });
+    tokio::spawn(tasks.track_future(connection));
 
     let mut response = Response::new(Body::empty());
     *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
@@ -149,6 +144,27 @@ where
         );
     }
     response
+}
+
+/// The TCP socket under an upgraded connection, and what the client sent after its
+/// request; `None` when the upgrade failed.
+async fn socket_of(upgraded: OnUpgrade) -> Option<(tokio::net::TcpStream, Vec<u8>)> {
+    let upgraded = match upgraded.await {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::debug!(error = %e, "websocket upgrade failed");
+            return None;
+        }
+    };
+    // The accept loop serves every connection as `TokioIo<WriteDeadline>`; a WebSocket
+    // times its writes itself, on the socket.
+    match upgraded.downcast::<TokioIo<WriteDeadline>>() {
+        Ok(parts) => Some(socket_and_early(parts)),
+        Err(_) => {
+            tracing::error!("upgraded connection is not a TCP stream");
+            None
+        }
+    }
 }
 
 /// Checks that the request asks for a WebSocket, and answers its key.
