@@ -148,6 +148,12 @@ fn corpus() -> Vec<Vec<u8>> {
         centrifugo("history_remove", r#"{"channel":"chat:b"}"#),
         centrifugo("presence", r#"{"channel":"room:a"}"#),
         centrifugo("presence_stats", r#"{"channel":"room:a"}"#),
+        centrifugo("channels", r#"{"pattern":"room:*a?"}"#),
+        centrifugo("info", "{}"),
+        centrifugo(
+            "batch",
+            r#"{"commands":[{"publish":{"channel":"chat:a","data":1}},{"batch":{}},{"x":{}}]}"#,
+        ),
         centrifugo(
             "unsubscribe",
             r#"{"user":"7","channel":"room:a","client":"abc"}"#,

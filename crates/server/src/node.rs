@@ -345,10 +345,34 @@ impl Node {
             "connections": self.connection_count(),
             "channels": self.broker.channel_count(),
             "subscribed_channels": self.hub.channel_count(),
+            "subscriptions": self.hub.subscription_count(),
+            "users": self.sessions.user_count(),
             "publications_fanned_out": publications,
             "deliveries": deliveries,
             "hook_logs": &self.hook_logs,
         })
+    }
+
+    /// Every live node's figures (this one's fresh), sorted by node id. A node that stops
+    /// reporting leaves the list within the broker's time to live (10 s on Redis).
+    pub async fn figures_everywhere(
+        &self,
+    ) -> Result<Vec<serde_json::Value>, crate::error::Failure> {
+        let mut all = vec![self.figures()];
+        let own = all[0]["node"].clone();
+        if let Some(link) = &self.link {
+            let reported = link.nodes().await;
+            // Shared storage: anyone who can write there could put anything, so only
+            // objects with a node id are listed.
+            all.extend(
+                reported?
+                    .iter()
+                    .filter_map(|f| serde_json::from_slice::<serde_json::Value>(f).ok())
+                    .filter(|f| f["node"].is_string() && f["node"] != own),
+            );
+        }
+        all.sort_by(|a, b| a["node"].as_str().cmp(&b["node"].as_str()));
+        Ok(all)
     }
 
     /// `GET /metrics`: the Prometheus text of this node.

@@ -97,6 +97,14 @@ impl Registry {
         self.by_client.lock().len()
     }
 
+    /// How many distinct users the identified connections belong to.
+    pub fn user_count(&self) -> usize {
+        let all = self.by_client.lock();
+        let users: std::collections::HashSet<&str> =
+            all.values().filter_map(|e| e.user.as_deref()).collect();
+        users.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -40,25 +40,11 @@ pub(super) async fn info(State(node): State<Arc<Node>>) -> Json<serde_json::Valu
     Json(figures)
 }
 
-/// `GET /api/nodes`: every live node's figures (this one's fresh), by node id. A node
-/// that stops reporting leaves the list within the broker's time to live (10 s on Redis).
+/// `GET /api/nodes`: every live node's figures (this one's fresh), by node id.
 pub(super) async fn nodes(
     State(node): State<Arc<Node>>,
 ) -> Result<Json<serde_json::Value>, Failure> {
-    let mut all = vec![node.figures()];
-    let own = all[0]["node"].clone();
-    if let Some(link) = &node.link {
-        let reported = link.nodes().await;
-        // Shared storage: anyone who can write there could put anything, so only objects
-        // with a node id are listed.
-        all.extend(
-            reported?
-                .iter()
-                .filter_map(|f| serde_json::from_slice::<serde_json::Value>(f).ok())
-                .filter(|f| f["node"].is_string() && f["node"] != own),
-        );
-    }
-    all.sort_by(|a, b| a["node"].as_str().cmp(&b["node"].as_str()));
+    let all = node.figures_everywhere().await?;
     Ok(Json(serde_json::json!({ "nodes": all })))
 }
 

@@ -9,12 +9,15 @@ import json
 import sys
 
 from cent import (
+    BatchRequest,
     BroadcastRequest,
+    ChannelsRequest,
     Client,
     CentApiResponseError,
     DisconnectRequest,
     HistoryRemoveRequest,
     HistoryRequest,
+    InfoRequest,
     PresenceRequest,
     PresenceStatsRequest,
     PublishRequest,
@@ -26,10 +29,19 @@ url, key, channel = sys.argv[1:4]
 client = Client(url, key)
 
 
+def dump(result):
+    """A result as JSON; a batch's replies each as their own type (pydantic would dump them
+    as the list's declared base type, which has no fields)."""
+    said = result.model_dump(mode="json")
+    if hasattr(result, "replies"):
+        said["replies"] = [r.model_dump(mode="json") for r in result.replies]
+    return said
+
+
 def call(name, method, request):
     try:
         result = method(request)
-        said = {"call": name, "result": result.model_dump(mode="json") if result else None}
+        said = {"call": name, "result": dump(result) if result else None}
     except CentApiResponseError as e:
         said = {"call": name, "error": {"code": e.code, "message": e.message}}
     print(json.dumps(said), flush=True)
@@ -46,6 +58,20 @@ call(
 )
 call("presence", client.presence, PresenceRequest(channel=channel))
 call("presence_stats", client.presence_stats, PresenceStatsRequest(channel=channel))
+call("channels", client.channels, ChannelsRequest(pattern="chat:*"))
+call("channels_none", client.channels, ChannelsRequest(pattern="news:*"))
+call("info", client.info, InfoRequest())
+call(
+    "batch",
+    client.batch,
+    BatchRequest(
+        requests=[
+            PublishRequest(channel=channel, data={"n": 3}),
+            PresenceStatsRequest(channel=channel),
+            HistoryRequest(channel=channel, limit=-1),
+        ]
+    ),
+)
 call("unsubscribe", client.unsubscribe, UnsubscribeRequest(user="nobody", channel=channel))
 call("disconnect", client.disconnect, DisconnectRequest(user="nobody"))
 call("history_remove", client.history_remove, HistoryRemoveRequest(channel=channel))

@@ -425,7 +425,7 @@ async fn centrifugos_server_api_publishes_reads_and_acts_on_connections() {
     assert_eq!(status, 403, "{refused}");
     let (status, _) = centrifugo_api(&server, "wrong-key-0123456", "presence", json!({})).await;
     assert_eq!(status, 401);
-    let (status, unknown) = centrifugo_api(&server, KEY, "batch", json!({})).await;
+    let (status, unknown) = centrifugo_api(&server, KEY, "refresh", json!({})).await;
     assert_eq!(status, 404);
     assert!(unknown["error"]["message"]
         .as_str()
@@ -457,6 +457,76 @@ async fn centrifugos_server_api_publishes_reads_and_acts_on_connections() {
         let message = refused["error"]["message"].as_str().unwrap();
         assert!(message.contains(why), "{method}: {refused}");
     }
+
+    // Channels with subscribers, by pattern, and the nodes: bob's subscription counts.
+    let (_, listed) = centrifugo_api(&server, KEY, "channels", json!({"pattern": "chat:*"})).await;
+    assert_eq!(
+        listed["result"]["channels"],
+        json!({"chat:api": {"num_clients": 1}}),
+        "{listed}"
+    );
+    for pattern in ["chat:?pi", "*api", "", "*"] {
+        let (_, listed) =
+            centrifugo_api(&server, KEY, "channels", json!({"pattern": pattern})).await;
+        assert!(
+            listed["result"]["channels"]["chat:api"].is_object(),
+            "{pattern}: {listed}"
+        );
+    }
+    let (_, none) = centrifugo_api(&server, KEY, "channels", json!({"pattern": "news:*"})).await;
+    assert_eq!(none["result"]["channels"], json!({}), "{none}");
+    let (_, info) = centrifugo_api(&server, "read-only-key-0123", "info", json!({})).await;
+    let nodes = info["result"]["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 1, "{info}");
+    assert_eq!(
+        (
+            &nodes[0]["num_clients"],
+            &nodes[0]["num_users"],
+            &nodes[0]["num_subs"]
+        ),
+        (&json!(1), &json!(1), &json!(1)),
+        "{info}"
+    );
+    assert!(
+        nodes[0]["uid"].is_string() && nodes[0]["version"].is_string(),
+        "{info}"
+    );
+
+    // A batch: each command answered in order as `{METHOD: RESULT}` or its error, each
+    // checked against the key's scope (a read key's publish is refused, its reads pass).
+    let commands = json!({"commands": [
+        {"presence_stats": {"channel": channel}},
+        {"publish": {"channel": channel, "data": {"n": "batched"}}},
+        {"nonsense": {}},
+        {"batch": {"commands": []}},
+        {"history": {"channel": channel, "limit": 1}},
+    ], "parallel": true});
+    let (status, read_only) =
+        centrifugo_api(&server, "read-only-key-0123", "batch", commands.clone()).await;
+    assert_eq!(status, 200);
+    let replies = read_only["replies"].as_array().unwrap();
+    assert_eq!(replies.len(), 5, "{read_only}");
+    assert_eq!(
+        replies[0]["presence_stats"]["num_clients"], 1,
+        "{read_only}"
+    );
+    assert_eq!(replies[1]["error"]["code"], 103, "{read_only}");
+    assert_eq!(replies[2]["error"]["code"], 104, "{read_only}");
+    assert_eq!(replies[3]["error"]["code"], 107, "{read_only}");
+    assert_eq!(
+        replies[4]["history"]["publications"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    let (_, full) = centrifugo_api(&server, KEY, "batch", commands).await;
+    let offset = full["replies"][1]["publish"]["offset"].as_u64().unwrap();
+    assert_eq!(
+        go.event("publication", channel).await["data"],
+        json!({"n": "batched"})
+    );
+    assert_eq!(full["replies"][4]["history"]["offset"], offset, "{full}");
 
     let (_, removed) =
         centrifugo_api(&server, KEY, "history_remove", json!({"channel": channel})).await;
@@ -536,6 +606,8 @@ fn cent_python() -> &'static PathBuf {
 #[tokio::test]
 async fn cent_the_python_server_sdk_calls_centrifugos_api_on_herald() {
     let server = start(config()).await;
+    let mut listener = server.client().await;
+    listener.subscribe("chat:cent", None).await;
     let python = cent_python().clone();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/cent/calls.py");
     let url = server.url("/centrifugo/api");
@@ -572,7 +644,7 @@ async fn cent_the_python_server_sdk_calls_centrifugos_api_on_herald() {
     assert_eq!(data("history"), [json!({"n": 1}), json!({"n": 2})]);
     assert_eq!(&result("history")["epoch"], epoch);
     assert_eq!(data("history_since"), [json!({"n": 2})]);
-    assert_eq!(result("presence_stats")["num_clients"], 0);
+    assert_eq!(result("presence_stats")["num_clients"], 1);
     for call in ["unsubscribe", "disconnect", "history_remove"] {
         assert!(
             said[call].get("error").is_none(),
@@ -580,6 +652,22 @@ async fn cent_the_python_server_sdk_calls_centrifugos_api_on_herald() {
             said[call]
         );
     }
+    assert_eq!(
+        result("channels")["channels"],
+        json!({"chat:cent": {"num_clients": 1}})
+    );
+    assert_eq!(result("channels_none")["channels"], json!({}));
+    let nodes = result("info")["nodes"].as_array().unwrap();
+    assert_eq!(
+        (nodes.len(), &nodes[0]["num_clients"]),
+        (1, &json!(1)),
+        "{said:?}"
+    );
+    let replies = result("batch")["replies"].as_array().unwrap();
+    assert_eq!(replies[0]["offset"], 3, "{said:?}");
+    assert_eq!(replies[1]["num_clients"], 1, "{said:?}");
+    assert_eq!(replies[2]["publications"].as_array().unwrap().len(), 3);
+    drop(listener);
     // Herald's code for an invalid channel name (Centrifugo has none of its own: codes
     // from 113 pass as they are).
     assert_eq!(said["bad_channel"]["error"]["code"], 114, "{said:?}");

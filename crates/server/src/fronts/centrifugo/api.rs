@@ -59,7 +59,9 @@ async fn call(
     if let Err(f) = crate::policy::api_key::check_scope(&node.settings, needed, given, expected) {
         return f.into_response();
     }
+    let may = |scope| crate::policy::api_key::check_scope(&node.settings, scope, given, expected);
     let answered = match body {
+        Ok(body) if matches!(method, Method::Batch) => batch(&node, &body, &may).await,
         Ok(body) => answer(&node, method, &body).await,
         Err(e) => Err(Failure::new(
             ErrorCode::MessageTooLarge,
@@ -81,11 +83,14 @@ enum Method {
     PresenceStats,
     Unsubscribe,
     Disconnect,
+    Channels,
+    Info,
+    Batch,
 }
 
 impl Method {
     /// Each with its name in the path.
-    const ALL: [(&'static str, Method); 8] = [
+    const ALL: [(&'static str, Method); 11] = [
         ("publish", Method::Publish),
         ("broadcast", Method::Broadcast),
         ("history", Method::History),
@@ -94,6 +99,9 @@ impl Method {
         ("presence_stats", Method::PresenceStats),
         ("unsubscribe", Method::Unsubscribe),
         ("disconnect", Method::Disconnect),
+        ("channels", Method::Channels),
+        ("info", Method::Info),
+        ("batch", Method::Batch),
     ];
 
     fn named(name: &str) -> Option<Method> {
@@ -104,8 +112,14 @@ impl Method {
     fn scope(self) -> ApiScope {
         match self {
             Method::Publish | Method::Broadcast | Method::HistoryRemove => ApiScope::Publish,
-            Method::History | Method::Presence | Method::PresenceStats => ApiScope::Read,
+            Method::History
+            | Method::Presence
+            | Method::PresenceStats
+            | Method::Channels
+            | Method::Info => ApiScope::Read,
             Method::Unsubscribe | Method::Disconnect => ApiScope::All,
+            // Any key may send one: each command in it is checked against the key's scope.
+            Method::Batch => ApiScope::Read,
         }
     }
 }
@@ -153,6 +167,8 @@ struct Request<'a> {
     client: Option<String>,
     #[serde(default)]
     disconnect: Option<DisconnectWith>,
+    #[serde(default)]
+    pattern: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -301,7 +317,167 @@ async fn answer(node: &Arc<Node>, method: Method, body: &[u8]) -> Result<Vec<u8>
             admin::everywhere(node, action).await?;
             Ok(DONE.to_vec())
         }
+        Method::Channels => channels(node, req.pattern.as_deref().unwrap_or("")).await,
+        Method::Info => {
+            // Centrifugo's Node for each of Herald's nodes.
+            let nodes: Vec<serde_json::Value> = node
+                .figures_everywhere()
+                .await?
+                .iter()
+                .map(|f| {
+                    serde_json::json!({
+                        "uid": f["node"],
+                        "name": f["node"],
+                        "version": f["version"],
+                        "num_clients": f["connections"],
+                        "num_users": f["users"],
+                        "num_channels": f["subscribed_channels"],
+                        "num_subs": f["subscriptions"],
+                        "uptime": f["uptime_seconds"],
+                    })
+                })
+                .collect();
+            Ok(result(serde_json::json!({ "nodes": nodes })))
+        }
+        Method::Batch => Err(Failure::new(
+            ErrorCode::BadRequest,
+            "a batch cannot hold a batch",
+        )),
     }
+}
+
+/// `{"result": value}`.
+fn result(value: serde_json::Value) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({ "result": value })).expect("results serialise")
+}
+
+/// Most channels `channels` lists: Centrifugo answers with a map of them all, in one body.
+const MAX_CHANNELS: usize = 100_000;
+
+/// `channels`: the channels with subscribers on any node whose names match `pattern` (a
+/// glob: `*` any run of characters, `?` one; empty: all), with their subscribers.
+async fn channels(node: &Arc<Node>, pattern: &str) -> Result<Vec<u8>, Failure> {
+    const PAGE: usize = 1000;
+    // The pattern's literal start narrows what each node lists.
+    let prefix: String = pattern
+        .chars()
+        .take_while(|c| !matches!(c, '*' | '?' | '[' | '{' | '\\'))
+        .collect();
+    let mut found = serde_json::Map::new();
+    let mut after = String::new();
+    loop {
+        let action = admin::checked(admin::Action::Channels {
+            after: after.clone(),
+            prefix: prefix.clone(),
+            limit: PAGE,
+        })?;
+        let page = admin::everywhere(node, action).await?;
+        for c in page["channels"].as_array().into_iter().flatten() {
+            if let (Some(name), Some(n)) = (c["channel"].as_str(), c["subscribers"].as_u64()) {
+                if glob(pattern, name) {
+                    found.insert(name.to_owned(), serde_json::json!({ "num_clients": n }));
+                }
+            }
+        }
+        match page["cursor"].as_str() {
+            Some(cursor) if found.len() < MAX_CHANNELS => after = cursor.to_owned(),
+            _ => break,
+        }
+    }
+    Ok(result(serde_json::json!({ "channels": found })))
+}
+
+/// Whether `name` matches `pattern`: `*` any run of characters, `?` any one, the rest
+/// itself; an empty pattern matches every name. (Centrifugo's glob also has classes and
+/// alternatives; a pattern with them matches only names that spell them out.)
+fn glob(pattern: &str, name: &str) -> bool {
+    if pattern.is_empty() {
+        return true;
+    }
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    // The usual two-pointer match, going back to the last `*` on a mismatch.
+    let (mut i, mut j, mut star, mut mark) = (0, 0, None, 0);
+    while j < n.len() {
+        if i < p.len() && (p[i] == '?' || p[i] == n[j]) {
+            i += 1;
+            j += 1;
+        } else if i < p.len() && p[i] == '*' {
+            star = Some(i);
+            mark = j;
+            i += 1;
+        } else if let Some(s) = star {
+            i = s + 1;
+            mark += 1;
+            j = mark;
+        } else {
+            return false;
+        }
+    }
+    p[i..].iter().all(|c| *c == '*')
+}
+
+/// The most commands a batch may hold.
+const MAX_BATCH: usize = 1000;
+
+/// `batch`: `{"commands": [{METHOD: REQUEST}, …], "parallel"?}` answered with
+/// `{"replies": [{METHOD: RESULT} or {"error": …}, …]}`, one per command, in order; each
+/// command is checked against the key's scope as a call of its own would be (`may`).
+/// Commands run one after another (`parallel` changes nothing but time).
+async fn batch(
+    node: &Arc<Node>,
+    body: &[u8],
+    may: &(dyn Fn(ApiScope) -> Result<(), Failure> + Sync),
+) -> Result<Vec<u8>, Failure> {
+    #[derive(Deserialize)]
+    struct Batch<'a> {
+        #[serde(borrow, default)]
+        commands: Vec<std::collections::BTreeMap<String, &'a RawValue>>,
+    }
+    let batch: Batch<'_> = serde_json::from_slice(body)
+        .map_err(|e| Failure::new(ErrorCode::BadRequest, format!("invalid JSON body: {e}")))?;
+    if batch.commands.len() > MAX_BATCH {
+        let why = format!("a batch holds at most {MAX_BATCH} commands");
+        return Err(Failure::new(ErrorCode::BadRequest, why));
+    }
+    let mut out = br#"{"replies":["#.to_vec();
+    for (i, command) in batch.commands.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let mut entries = command.iter();
+        let reply = match (entries.next(), entries.next()) {
+            (Some((name, request)), None) => match Method::named(name) {
+                Some(method) => match may(method.scope()) {
+                    Ok(()) => answer(node, method, request.get().as_bytes()).await,
+                    Err(f) => Err(f),
+                },
+                None => Err(Failure::new(
+                    ErrorCode::MethodNotFound,
+                    format!("unknown method {name:?}"),
+                )),
+            },
+            _ => Err(Failure::new(
+                ErrorCode::BadRequest,
+                "a command is an object of one method and its request",
+            )),
+        };
+        out.extend(match reply {
+            // `{"result":R}` said as `{"METHOD":R}`.
+            Ok(body) => match body.strip_prefix(br#"{"result":"#.as_slice()) {
+                Some(rest) => {
+                    let name = command.keys().next().expect("one method");
+                    let mut said = format!("{{{}:", serde_json::to_string(name).expect("a string"))
+                        .into_bytes();
+                    said.extend_from_slice(rest);
+                    said
+                }
+                None => body,
+            },
+            Err(f) => error(f.code, &f.message),
+        });
+    }
+    out.extend_from_slice(b"]}");
+    Ok(out)
 }
 
 /// A publish's result: where it was stored.
@@ -311,4 +487,34 @@ fn published(offset: u64, epoch: &Epoch) -> Vec<u8> {
         epoch,
         repeat: false,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob;
+
+    #[test]
+    fn glob_matches_runs_and_single_characters_and_nothing_else() {
+        for (pattern, name) in [
+            ("", "chat:a"),
+            ("*", "chat:a"),
+            ("chat:*", "chat:a"),
+            ("chat:*", "chat:"),
+            ("*:a", "chat:a"),
+            ("c?at:*", "chat:lobby"),
+            ("*a*b*", "xaxxbx"),
+            ("chat:a", "chat:a"),
+        ] {
+            assert!(glob(pattern, name), "{pattern} should match {name}");
+        }
+        for (pattern, name) in [
+            ("chat:*", "news:a"),
+            ("chat:?", "chat:ab"),
+            ("chat:a", "chat:ab"),
+            ("*a", "chat:b"),
+            ("[a]", "a"),
+        ] {
+            assert!(!glob(pattern, name), "{pattern} should not match {name}");
+        }
+    }
 }
