@@ -256,6 +256,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost {
     if (since !== undefined) params["since"] = since;
     if (sub.token !== undefined) params["token"] = sub.token;
     if (sub.delta !== undefined) params["delta"] = sub.delta;
+    if (sub.conflate) params["conflate"] = true;
     const sentOn = this.transport;
     // Answered in the same turn as the reply, not a promise's turn later: a publication that
     // raced with the subscribe may follow the reply in the same frame, and must find the
@@ -423,6 +424,8 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost {
         sub.confirmed({ epoch: sub.position.epoch, offset: sub.position.offset, recovered: true }, true);
       }
       sub.receive(m.pub);
+    } else if (m.conflated !== undefined) {
+      this.subs.get(m.conflated.channel)?.skipTo(m.conflated.offset);
     } else if (m.presence !== undefined) {
       this.subs.get(m.presence.channel)?.presenceChanged(m.presence.join, m.presence.leave, m.presence.missed === true);
     } else if (m.subscribe?.channel !== undefined) {

@@ -22,6 +22,14 @@ export class PolledSubscriptions implements PollSource {
     return [...this.subs.values()].some((s) => s.state !== "unsubscribed" && s.delta !== undefined);
   }
 
+  /** Whether the polls skip replaced publications: only when every subscription asks
+   * (one request opens them all alike, and a subscription that did not ask gets every
+   * publication). */
+  conflate(): boolean {
+    const open = [...this.subs.values()].filter((s) => s.state !== "unsubscribed");
+    return open.length > 0 && open.every((s) => s.conflate);
+  }
+
   answered(requested: string[], announced: Set<string>): void {
     for (const channel of requested) {
       const sub = this.subs.get(channel);

@@ -91,6 +91,7 @@ const WRITE_PARAMS: Record<Command["method"], (w: Writer, p: Params) => void> = 
     since(w, 2, p["since"]);
     w.string(3, p["token"]);
     w.string(4, p["delta"]);
+    if (p["conflate"] === true) w.number(5, 1);
   },
   unsubscribe: (w, p) => w.string(1, p["channel"]),
   publish: (w, p) => {
@@ -174,6 +175,7 @@ const SERVER_MESSAGE: Schema = {
     12: ["ping", { fields: {} }],
     13: ["pub", { fields: { 1: ["channel", "s"], 2: ["offset", "u"], 3: ["data", "j"], 4: ["from", "j"], 5: ["full", "s"], 6: ["delta", "s"] }, defaults: () => ({ channel: "", offset: 0 }) }],
     14: ["disconnect", { fields: { 1: ["code", "u"], 2: ["reason", "s"], 3: ["reconnect", "b"] }, defaults: () => ({ code: 0, reason: "", reconnect: false }) }],
+    15: ["conflated", { fields: { 1: ["channel", "s"], 2: ["offset", "u"] }, defaults: () => ({ channel: "", offset: 0 }) }],
   },
 };
 

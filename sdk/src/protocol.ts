@@ -140,6 +140,9 @@ export interface ServerMessage {
   /** A publication: `data`, or on a subscription made with `delta: "fossil"` its data as
    * text (`full`) or the Fossil delta from the previous one's (`delta`). */
   pub?: { channel: string; offset: number; data?: unknown; full?: string; delta?: string; from?: Sender };
+  /** On a subscription made with `conflate: true`: the publications after its position up
+   * to `offset` were replaced by later ones of their conflation keys and will not come. */
+  conflated?: { channel: string; offset: number };
   /** Who joined and left a channel during the server's last window (a batch). */
   presence?: { channel: string; join: Member[]; leave: Member[]; missed?: boolean };
   presence_stats?: PresenceStatsResult;

@@ -70,6 +70,11 @@ export interface SubscriptionOptions {
    * before (after one whole), which this client applies and checks; for data that changes
    * a little at a time, most of the bytes are saved. */
   delta?: "fossil";
+  /** `true`: while publications wait for this client (a slow link, a long-poll between
+   * requests), one published with the same conflation key as a later one is skipped, so
+   * the client gets the newest value of each key (the server says which offsets it
+   * skipped; the position moves over them, and nothing else is ever skipped). */
+  conflate?: boolean;
 }
 
 const encoder = new TextEncoder();
@@ -89,6 +94,8 @@ export class Subscription extends Emitter<SubscriptionEvents> {
   token: string | undefined;
   /** Whether it asks for deltas. */
   readonly delta: "fossil" | undefined;
+  /** Whether it asks to skip publications replaced while they waited. */
+  readonly conflate: boolean;
   /** The last publication's data as the server sent it, for the next delta. */
   private base: Uint8Array | undefined;
 
@@ -100,6 +107,7 @@ export class Subscription extends Emitter<SubscriptionEvents> {
     super();
     this.at = options.since === undefined ? undefined : { ...options.since };
     this.delta = options.delta;
+    this.conflate = options.conflate === true;
   }
 
   get state(): SubscriptionState {
@@ -220,6 +228,13 @@ export class Subscription extends Emitter<SubscriptionEvents> {
     }
     this.base = text;
     this.deliver(pub.offset, data, pub.from);
+  }
+
+  /** The server skipped the publications after the position up to `offset`: a later one
+   * of the same conflation key replaced each while it waited. */
+  skipTo(offset: number): void {
+    if (this.current !== "subscribed" || this.at === undefined || !this.conflate) return;
+    if (offset > this.at.offset) this.at.offset = offset;
   }
 
   /** A publication for this channel; at or below the position it is a repeat and dropped. */

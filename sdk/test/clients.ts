@@ -53,3 +53,14 @@ export async function subscribed(
   c.connect();
   return { client: c, sub, got, context: await ready };
 }
+
+/** A raw WebSocket to a Herald (no SDK), with every JSON line it receives, in order. */
+export async function rawSocket(url: string): Promise<{ ws: WebSocket; lines: Record<string, unknown>[] }> {
+  const ws = new WebSocket(`${url.replace("http", "ws")}/connection/websocket`);
+  const lines: Record<string, unknown>[] = [];
+  ws.on("message", (m) => {
+    for (const line of m.toString().split("\n")) lines.push(JSON.parse(line) as Record<string, unknown>);
+  });
+  await new Promise((resolve) => ws.once("open", resolve));
+  return { ws, lines };
+}

@@ -1,10 +1,9 @@
 /** Deltas (`delta: "fossil"`) against a real Herald: the SDK applies and checks them on
  * every transport, and a delta the server sent applies to the bytes it was made from. */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import WebSocket from "ws";
 import { type TransportName } from "../src/index.js";
 import { applyDelta, DeltaError } from "../src/delta.js";
-import { client, collect, disconnectAll, next } from "./clients.js";
+import { client, collect, disconnectAll, next, rawSocket } from "./clients.js";
 import { Herald, until } from "./herald.js";
 
 let server: Herald;
@@ -46,12 +45,7 @@ describe.each(["websocket", "stream", "longpoll"] as TransportName[])("over %s",
 });
 
 it("a delta from the server applies to the text before it, and a damaged one is refused", async () => {
-  const ws = new WebSocket(`${server.url.replace("http", "ws")}/connection/websocket`);
-  const lines: Record<string, unknown>[] = [];
-  ws.on("message", (m) => {
-    for (const line of m.toString().split("\n")) lines.push(JSON.parse(line) as Record<string, unknown>);
-  });
-  await new Promise((resolve) => ws.once("open", resolve));
+  const { ws, lines } = await rawSocket(server.url);
   ws.send(JSON.stringify({ id: 1, subscribe: { channel: "dash:raw", delta: "fossil" } }));
   await until("subscribed", () => lines.some((l) => l["id"] === 1));
   await server.publish("dash:raw", document(1));

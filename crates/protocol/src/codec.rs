@@ -164,6 +164,16 @@ pub enum Push<'a> {
     },
     /// A keepalive, for framings without one of their own.
     Ping,
+    /// On a subscription that conflates: the publications after the client's position up
+    /// to `offset` were replaced by later ones of the same conflation key and will not
+    /// come; the subscription's position is `offset` (the next publication is
+    /// `offset + 1`).
+    Conflated {
+        /// The channel.
+        channel: &'a ChannelName,
+        /// The last offset replaced.
+        offset: u64,
+    },
 }
 
 /// An encoding of Herald's protocol: typed replies and pushes to bytes, bytes to commands.

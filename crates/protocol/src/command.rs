@@ -116,6 +116,9 @@ pub struct SubscribeRequest {
     pub token: Option<String>,
     /// Live publications as deltas from the previous one (`delta: "fossil"`).
     pub delta: bool,
+    /// Publications replaced by later ones of the same conflation key while they wait
+    /// for the connection are skipped (`conflate: true`; see [`crate::Push::Conflated`]).
+    pub conflate: bool,
 }
 
 /// Parameters of `refresh`.

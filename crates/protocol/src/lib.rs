@@ -34,4 +34,7 @@ pub use codes::{reconnect_allowed, DisconnectCode, ErrorCode};
 pub use command::{Command, Method};
 pub use cursor::Cursor;
 pub use encoding::Encoding;
-pub use position::{Epoch, Publication, Since, StreamPosition};
+pub use position::{
+    conflation_key, valid_conflation_key, Epoch, Publication, Since, StreamPosition,
+    MAX_CONFLATION_KEY,
+};

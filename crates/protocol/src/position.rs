@@ -113,6 +113,19 @@ pub struct Publication {
 /// The first byte of a record that carries its sender.
 pub const FROM_MARK: u8 = 1;
 
+/// The first byte of a record that carries a conflation key: [`KEY_MARK`], the key, a zero
+/// byte, then the rest of the record (its sender, if any, and its payload).
+pub const KEY_MARK: u8 = 2;
+
+/// The longest conflation key.
+pub const MAX_CONFLATION_KEY: usize = 128;
+
+/// Whether `key` can be a conflation key: 1 to [`MAX_CONFLATION_KEY`] bytes of text
+/// without control characters (so never a zero byte, which ends it in a record).
+pub fn valid_conflation_key(key: &str) -> bool {
+    !key.is_empty() && key.len() <= MAX_CONFLATION_KEY && !key.chars().any(char::is_control)
+}
+
 impl Publication {
     /// A record of `data`, sent by `from` (a JSON object) when given.
     pub fn record(data: Bytes, from: Option<&[u8]>) -> Bytes {
@@ -123,6 +136,26 @@ impl Publication {
         record.push(0);
         record.extend_from_slice(&data);
         Bytes::from(record)
+    }
+
+    /// A record of `data`, sent by `from` when given, with conflation key `key` when given
+    /// (see [`Publication::conflation_key`]; checked with [`valid_conflation_key`]).
+    pub fn keyed_record(data: Bytes, from: Option<&[u8]>, key: Option<&str>) -> Bytes {
+        let inner = Self::record(data, from);
+        let Some(key) = key else { return inner };
+        debug_assert!(valid_conflation_key(key));
+        let mut record = Vec::with_capacity(2 + key.len() + inner.len());
+        record.push(KEY_MARK);
+        record.extend_from_slice(key.as_bytes());
+        record.push(0);
+        record.extend_from_slice(&inner);
+        Bytes::from(record)
+    }
+
+    /// Its conflation key: a later publication of the channel with the same key replaces
+    /// it for a subscription that conflates and has not been sent it yet.
+    pub fn conflation_key(&self) -> Option<&[u8]> {
+        conflation_key(&self.record)
     }
 
     /// The payload: one JSON value.
@@ -140,8 +173,25 @@ impl Publication {
     }
 }
 
-/// A record's sender and payload.
+/// A record's conflation key, if it has one.
+pub fn conflation_key(record: &[u8]) -> Option<&[u8]> {
+    split_key(record).0
+}
+
+/// A record's conflation key, and the rest of the record.
+fn split_key(record: &[u8]) -> (Option<&[u8]>, &[u8]) {
+    if record.first() != Some(&KEY_MARK) {
+        return (None, record);
+    }
+    match record.iter().position(|b| *b == 0) {
+        Some(zero) => (Some(&record[1..zero]), &record[zero + 1..]),
+        None => (None, record),
+    }
+}
+
+/// A record's sender and payload (past its conflation key, if it has one).
 pub fn split_record(record: &[u8]) -> (Option<&[u8]>, &[u8]) {
+    let (_, record) = split_key(record);
     if record.first() != Some(&FROM_MARK) {
         return (None, record);
     }

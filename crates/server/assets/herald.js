@@ -279,6 +279,7 @@ var Herald = (() => {
       this.confirmedOnce = false;
       this.at = options.since === void 0 ? void 0 : { ...options.since };
       this.delta = options.delta;
+      this.conflate = options.conflate === true;
     }
     get state() {
       return this.current;
@@ -385,6 +386,12 @@ var Herald = (() => {
       }
       this.base = text2;
       this.deliver(pub.offset, data, pub.from);
+    }
+    /** The server skipped the publications after the position up to `offset`: a later one
+     * of the same conflation key replaced each while it waited. */
+    skipTo(offset) {
+      if (this.current !== "subscribed" || this.at === void 0 || !this.conflate) return;
+      if (offset > this.at.offset) this.at.offset = offset;
     }
     /** A publication for this channel; at or below the position it is a repeat and dropped. */
     deliver(offset, data, from) {
@@ -662,6 +669,13 @@ var Herald = (() => {
     delta() {
       return [...this.subs.values()].some((s) => s.state !== "unsubscribed" && s.delta !== void 0);
     }
+    /** Whether the polls skip replaced publications: only when every subscription asks
+     * (one request opens them all alike, and a subscription that did not ask gets every
+     * publication). */
+    conflate() {
+      const open = [...this.subs.values()].filter((s) => s.state !== "unsubscribed");
+      return open.length > 0 && open.every((s) => s.conflate);
+    }
     answered(requested, announced) {
       for (const channel of requested) {
         const sub = this.subs.get(channel);
@@ -812,6 +826,7 @@ var Herald = (() => {
       }
       if (positioned.length > 0) params.set("cursor", encodeCursor(positioned));
       if (this.source.delta()) params.set("delta", "fossil");
+      if (this.source.conflate()) params.set("conflate", "true");
       if (held) params.set("timeout", String(this.options.longpollTimeout));
       const first = this.ctx.firstClient();
       if (first !== void 0) params.set("client", first);
@@ -1000,6 +1015,7 @@ var Herald = (() => {
       since(w, 2, p["since"]);
       w.string(3, p["token"]);
       w.string(4, p["delta"]);
+      if (p["conflate"] === true) w.number(5, 1);
     },
     unsubscribe: (w, p) => w.string(1, p["channel"]),
     publish: (w, p) => {
@@ -1064,7 +1080,8 @@ var Herald = (() => {
       11: ["presence_stats", { fields: { 1: ["clients", "u"], 2: ["users", "u"] }, defaults: () => ({ clients: 0, users: 0 }) }],
       12: ["ping", { fields: {} }],
       13: ["pub", { fields: { 1: ["channel", "s"], 2: ["offset", "u"], 3: ["data", "j"], 4: ["from", "j"], 5: ["full", "s"], 6: ["delta", "s"] }, defaults: () => ({ channel: "", offset: 0 }) }],
-      14: ["disconnect", { fields: { 1: ["code", "u"], 2: ["reason", "s"], 3: ["reconnect", "b"] }, defaults: () => ({ code: 0, reason: "", reconnect: false }) }]
+      14: ["disconnect", { fields: { 1: ["code", "u"], 2: ["reason", "s"], 3: ["reconnect", "b"] }, defaults: () => ({ code: 0, reason: "", reconnect: false }) }],
+      15: ["conflated", { fields: { 1: ["channel", "s"], 2: ["offset", "u"] }, defaults: () => ({ channel: "", offset: 0 }) }]
     }
   };
   var Reader = class {
@@ -1354,6 +1371,7 @@ var Herald = (() => {
       if (since2 !== void 0) params["since"] = since2;
       if (sub.token !== void 0) params["token"] = sub.token;
       if (sub.delta !== void 0) params["delta"] = sub.delta;
+      if (sub.conflate) params["conflate"] = true;
       const sentOn = this.transport;
       this.command(
         "subscribe",
@@ -1503,6 +1521,8 @@ var Herald = (() => {
           sub.confirmed({ epoch: sub.position.epoch, offset: sub.position.offset, recovered: true }, true);
         }
         sub.receive(m.pub);
+      } else if (m.conflated !== void 0) {
+        this.subs.get(m.conflated.channel)?.skipTo(m.conflated.offset);
       } else if (m.presence !== void 0) {
         this.subs.get(m.presence.channel)?.presenceChanged(m.presence.join, m.presence.leave, m.presence.missed === true);
       } else if (m.subscribe?.channel !== void 0) {

@@ -10,6 +10,8 @@ export interface PollSource {
   channels(): Map<string, Position | undefined>;
   /** Whether to ask for deltas (`delta=fossil`). */
   delta(): boolean;
+  /** Whether to skip publications replaced while they waited (`conflate=true`). */
+  conflate(): boolean;
   /** An answer covered `requested`; `announced` got a `subscribe` push in it. */
   answered(requested: string[], announced: Set<string>): void;
   /** The server refused the request (a channel it will not open, say: `channel` when the
@@ -153,6 +155,7 @@ export class PollTransport implements Transport {
     }
     if (positioned.length > 0) params.set("cursor", encodeCursor(positioned));
     if (this.source.delta()) params.set("delta", "fossil");
+    if (this.source.conflate()) params.set("conflate", "true");
     if (held) params.set("timeout", String(this.options.longpollTimeout));
     const first = this.ctx.firstClient();
     if (first !== undefined) params.set("client", first);

@@ -125,6 +125,8 @@ impl Codec for Centrifugo {
                 out
             }
             Push::Ping => b"{}".to_vec(),
+            // Centrifugo's subscriptions never conflate.
+            Push::Conflated { .. } => Vec::new(),
         }
     }
 

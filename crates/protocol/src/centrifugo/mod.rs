@@ -268,6 +268,7 @@ fn command_of(wire: proto::Command, json: bool) -> Option<Result<Command, Decode
                 since: s.recover.then(|| since(s.offset, &s.epoch)),
                 token: non_empty(s.token),
                 delta,
+                conflate: false,
             })
         } else if let Some(u) = wire.unsubscribe {
             Method::Unsubscribe {

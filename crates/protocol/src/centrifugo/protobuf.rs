@@ -143,6 +143,8 @@ impl Codec for CentrifugoProtobuf {
             }
             // An empty reply: the server's ping.
             Push::Ping => return proto::Reply::default().encode_length_delimited_to_vec(),
+            // Centrifugo's subscriptions never conflate.
+            Push::Conflated { .. } => Vec::new(),
         };
         let mut out = Vec::new();
         for push in pushes {

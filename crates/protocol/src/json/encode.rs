@@ -77,6 +77,11 @@ impl Codec for Json {
                 missed,
             } => encode_presence(channel, join, leave, *missed),
             Push::Ping => PING_PUSH.to_vec(),
+            Push::Conflated { channel, offset } => format!(
+                r#"{{"conflated":{{"channel":"{}","offset":{offset}}}}}"#,
+                channel.as_str()
+            )
+            .into_bytes(),
         }
     }
 

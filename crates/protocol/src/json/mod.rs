@@ -74,6 +74,7 @@ pub fn decode_command(line: &[u8]) -> Result<Command, DecodeError> {
                 token: p.token,
                 delta: crate::delta::asked(p.delta.as_deref().unwrap_or_default())
                     .map_err(|m| invalid(id, ErrorCode::BadRequest, m))?,
+                conflate: p.conflate,
             })
         }
         "unsubscribe" => {
@@ -189,6 +190,8 @@ struct SubscribeParams {
     token: Option<String>,
     #[serde(default)]
     delta: Option<String>,
+    #[serde(default)]
+    conflate: bool,
 }
 
 #[derive(Deserialize)]

@@ -93,6 +93,29 @@ pub fn stored_payload(data: &[u8]) -> Result<Bytes, String> {
 /// A publication record (see [`Publication::record`]) read back from a store others can
 /// write, checked as [`stored_payload`] checks data; its sender must be a JSON object.
 pub fn stored_record(record: &[u8]) -> Result<Bytes, String> {
+    let key = match crate::position::conflation_key(record) {
+        Some(key) => match std::str::from_utf8(key) {
+            Ok(key) if crate::position::valid_conflation_key(key) => Some(key),
+            _ => return Err("a publication's conflation key is not one".into()),
+        },
+        None => None,
+    };
+    let checked = stored_parts(record)?;
+    Ok(match key {
+        None => checked,
+        Some(key) => {
+            let p = Publication {
+                offset: 0,
+                record: checked,
+            };
+            let from = p.from();
+            Publication::keyed_record(Bytes::copy_from_slice(p.data()), from, Some(key))
+        }
+    })
+}
+
+/// [`stored_record`] past the conflation key: the sender and the payload.
+fn stored_parts(record: &[u8]) -> Result<Bytes, String> {
     match crate::position::split_record(record) {
         (None, data) => stored_payload(data),
         (Some(from), data) => {

@@ -224,6 +224,43 @@ fn records_carry_their_sender() {
     );
 }
 
+/// A record's conflation key comes before its sender; the payload, the sender and pushes
+/// read as without it, and the key is checked when read back from a shared store.
+#[test]
+fn records_carry_a_conflation_key_before_their_sender() {
+    let ch = ChannelName::new("prices").unwrap();
+    let from = br#"{"user":"42"}"#;
+    for sender in [None, Some(&from[..])] {
+        let p = Publication {
+            offset: 3,
+            record: Publication::keyed_record(Bytes::from("{\"p\":1}"), sender, Some("BTC")),
+        };
+        assert_eq!(p.conflation_key(), Some(&b"BTC"[..]));
+        assert_eq!((p.data(), p.from()), (&b"{\"p\":1}"[..], sender));
+        let v: serde_json::Value = serde_json::from_slice(&Json.push(&Push::Pub {
+            channel: &ch,
+            publication: &p,
+        }))
+        .unwrap();
+        assert_eq!(v["pub"]["data"], serde_json::json!({"p": 1}));
+        assert_eq!(stored_record(&p.record).unwrap(), p.record);
+    }
+    let unkeyed = Publication::keyed_record(Bytes::from("1"), None, None);
+    assert_eq!(&unkeyed[..], b"1");
+    assert!(stored_record(b"\x02BT\x01C\x00[1]").is_err());
+    assert!(stored_record(b"\x02\x00[1]").is_err());
+    assert!(stored_record(b"\x02BTC\x00[1").is_err());
+    let v: serde_json::Value = serde_json::from_slice(&Json.push(&Push::Conflated {
+        channel: &ch,
+        offset: 9,
+    }))
+    .unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"conflated": {"channel": "prices", "offset": 9}})
+    );
+}
+
 #[test]
 fn replies_serialise_publications_as_raw_json() {
     let pubs = [Publication {

@@ -148,6 +148,10 @@ pub(super) fn of(message: wire::ServerMessage) -> Vec<u8> {
             o.text("reason", &d.reason);
             o.boolean("reconnect", d.reconnect);
         }),
+        Some(Body::Conflated(c)) => o.object("conflated", |o| {
+            o.text("channel", &c.channel);
+            o.number("offset", c.offset);
+        }),
     }
     o.close();
     out

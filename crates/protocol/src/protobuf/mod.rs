@@ -153,6 +153,10 @@ impl Codec for Protobuf {
                 ..Default::default()
             }),
             Push::Ping => wire::Body::Ping(wire::Empty {}),
+            Push::Conflated { channel, offset } => wire::Body::Conflated(wire::Conflated {
+                channel: channel.as_str().to_owned(),
+                offset: *offset,
+            }),
         };
         wire::ServerMessage {
             id: None,
@@ -324,6 +328,7 @@ fn command_of(wire: wire::Command) -> Result<Command, DecodeError> {
             token: s.token,
             delta: crate::delta::asked(&s.delta)
                 .map_err(|m| invalid(id, ErrorCode::BadRequest, m))?,
+            conflate: s.conflate,
         }),
         Some(wire::Method::Unsubscribe(c)) => Method::Unsubscribe {
             channel: channel(&c.channel)?,
@@ -392,6 +397,7 @@ pub fn encode_command(command: &Command) -> Vec<u8> {
             since: s.since.as_ref().map(since),
             token: s.token.clone(),
             delta: if s.delta { crate::delta::FOSSIL } else { "" }.to_owned(),
+            conflate: s.conflate,
         }),
         Method::Unsubscribe { channel } => wire::Method::Unsubscribe(wire::Channel {
             channel: channel.as_str().to_owned(),

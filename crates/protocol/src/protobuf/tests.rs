@@ -36,6 +36,7 @@ fn commands_read_back_as_written_several_to_a_frame() {
                 }),
                 token: None,
                 delta: true,
+                conflate: true,
             }),
         },
         Command {

@@ -69,6 +69,8 @@ pub struct Subscribe {
     pub token: Option<String>,
     #[prost(string, tag = "4")]
     pub delta: String,
+    #[prost(bool, tag = "5")]
+    pub conflate: bool,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -159,6 +161,16 @@ pub enum Body {
     Pub(Pub),
     #[prost(message, tag = "14")]
     Disconnect(Disconnect),
+    #[prost(message, tag = "15")]
+    Conflated(Conflated),
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Conflated {
+    #[prost(string, tag = "1")]
+    pub channel: String,
+    #[prost(uint64, tag = "2")]
+    pub offset: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

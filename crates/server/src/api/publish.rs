@@ -23,6 +23,10 @@ pub(super) struct PublishRequest {
     /// Publish once per key and channel within `idempotency_window`.
     #[serde(default)]
     idempotency_key: Option<String>,
+    /// A later publication with the same key replaces this one for subscriptions that
+    /// conflate and have not been sent it yet.
+    #[serde(default)]
+    conflation_key: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -62,7 +66,9 @@ pub(super) async fn publish(
     let req: PublishRequest = body(raw)?;
     let channel = channel(&req.channel)?;
     let key = req.idempotency_key.as_deref().map(backend);
-    let p = crate::publish::publish_keyed(&node, &channel, data(&req.data)?, None, key).await?;
+    let conflation = req.conflation_key.as_deref();
+    let content = (data(&req.data)?, None);
+    let p = crate::publish::publish_keyed(&node, &channel, content, conflation, key).await?;
     Ok(Json(p.into()))
 }
 
@@ -89,6 +95,9 @@ pub(super) struct BroadcastRequest {
     /// Publish once per key and channel (each channel keeps the key on its own).
     #[serde(default)]
     idempotency_key: Option<String>,
+    /// The conflation key of every channel's publication.
+    #[serde(default)]
+    conflation_key: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -121,7 +130,9 @@ pub(super) async fn broadcast(
         let published = match channel(&name) {
             Ok(c) => {
                 let key = req.idempotency_key.as_deref().map(backend);
-                crate::publish::publish_keyed(&node, &c, data.clone(), None, key).await
+                let conflation = req.conflation_key.as_deref();
+                crate::publish::publish_keyed(&node, &c, (data.clone(), None), conflation, key)
+                    .await
             }
             Err(f) => Err(f),
         };

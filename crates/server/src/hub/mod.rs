@@ -153,7 +153,7 @@ impl Hub {
                             let behind = held.load(Ordering::Acquire) > 1;
                             for m in members::walk(&job.members) {
                                 if behind {
-                                    m.queue.offer_queued(&job.delivery);
+                                    m.queue.offer_queued(&job.delivery, Some(&m.position));
                                 } else {
                                     m.queue.offer(&job.delivery, &m.position);
                                 }
@@ -275,7 +275,7 @@ impl Hub {
         };
         let delivery = Arc::new(Delivery::new(channel.clone(), Epoch::new(""), 0, push));
         for queue in entry.presence.values() {
-            queue.offer_queued(&delivery);
+            queue.offer_queued(&delivery, None);
         }
     }
 

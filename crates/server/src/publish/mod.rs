@@ -40,7 +40,7 @@ pub async fn from_client(
             ));
         }
     }
-    let published = publish_keyed(node, channel, data, from, key).await?;
+    let published = publish_keyed(node, channel, (data, from), None, key).await?;
     if let (Some(ip), 1, false) = (address, published.position.offset, published.repeat) {
         node.limits.created_channel(ip);
     }
@@ -133,20 +133,29 @@ pub async fn publish(
     data: Bytes,
     from: Option<&[u8]>,
 ) -> Result<StreamPosition, Failure> {
-    Ok(publish_keyed(node, channel, data, from, None)
+    Ok(publish_keyed(node, channel, (data, from), None, None)
         .await?
         .position)
 }
 
 /// [`publish`], once per idempotency `key` (of its publisher: see [`Publisher`]) and
-/// channel within `idempotency_window`.
+/// channel within `idempotency_window`, with a `conflation` key when given (see
+/// [`herald_protocol::Publication::conflation_key`]).
 pub async fn publish_keyed(
     node: &Node,
     channel: &ChannelName,
-    data: Bytes,
-    from: Option<&[u8]>,
+    (data, from): (Bytes, Option<&[u8]>),
+    conflation: Option<&str>,
     key: Option<(&str, Publisher<'_>)>,
 ) -> Result<Published, Failure> {
+    if let Some(c) = conflation.filter(|c| !herald_protocol::valid_conflation_key(c)) {
+        let why = format!(
+            "conflation_key must be 1 to {} bytes without control characters; got {} bytes",
+            herald_protocol::MAX_CONFLATION_KEY,
+            c.len()
+        );
+        return Err(Failure::new(ErrorCode::BadRequest, why));
+    }
     let key = match key {
         Some((key, publisher)) => Some(publisher.scoped(checked_key(key)?)),
         None => None,
@@ -179,7 +188,7 @@ pub async fn publish_keyed(
         ));
     }
     let started = std::time::Instant::now();
-    let record = Publication::record(data, from);
+    let record = Publication::keyed_record(data, from, conflation);
     let window = node.settings.config.idempotency_window;
     // A remote broker's answer is waited for at most `publish_timeout` (see
     // `crate::bounded`); the node's own store answers for itself (a full disk is an error,

@@ -153,6 +153,12 @@ impl Delivery {
         })
     }
 
+    /// Its publication's conflation key, if it has one (see
+    /// [`herald_protocol::Publication::conflation_key`]).
+    pub fn conflation_key(&self) -> Option<&[u8]> {
+        herald_protocol::conflation_key(&self.record)
+    }
+
     /// This delivery, carrying its publication's record.
     pub fn carrying(mut self, record: Bytes) -> Self {
         self.record = record;

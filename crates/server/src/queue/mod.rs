@@ -20,7 +20,7 @@ use std::{
     collections::VecDeque,
     io,
     sync::{
-        atomic::{AtomicU64, AtomicU8, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering},
         Arc, OnceLock,
     },
 };
@@ -32,6 +32,7 @@ use tokio::sync::Notify;
 
 use crate::metrics::Wire;
 
+mod conflation;
 mod delivery;
 pub use delivery::{Delivery, Encoding, Form, Lane, ENCODINGS, LANES};
 
@@ -46,6 +47,9 @@ pub struct Position {
     /// Whether the subscription takes deltas, and whether its client has a publication's
     /// data to apply the next one to (see [`Form`]).
     deltas: AtomicU8,
+    /// Whether publications a later one of the same conflation key replaced while they
+    /// waited in the queue are skipped (see [`Queue::superseded`]).
+    conflates: AtomicBool,
 }
 
 /// [`Position::deltas`]: whole publications only.
@@ -88,6 +92,25 @@ impl Position {
     /// Whether the subscription takes deltas.
     pub fn takes_deltas(&self) -> bool {
         self.deltas.load(Ordering::Relaxed) != NO_DELTAS
+    }
+
+    /// Publications replaced while they wait are skipped from now on.
+    pub fn conflate(&self) {
+        self.conflates.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether publications replaced while they wait are skipped.
+    pub fn conflates(&self) -> bool {
+        self.conflates.load(Ordering::Relaxed)
+    }
+
+    /// The client skips to `offset` (the publications up to it were replaced): its
+    /// delta base is no longer the previous publication's data, so the next goes whole.
+    pub fn skip_to(&self, offset: u64) {
+        self.set(offset);
+        if self.deltas.load(Ordering::Relaxed) == DELTAS {
+            self.deltas.store(DELTAS_FROM_NEXT, Ordering::Relaxed);
+        }
     }
 
     /// The form `d`, the next live publication, goes in: a delta when the client has the
@@ -174,6 +197,10 @@ struct Inner {
     /// What an operator ordered and the transport has not carried out yet (boxed: almost
     /// every queue never gets an order).
     orders: Option<Box<Orders>>,
+    /// The publications a later one of the same conflation key replaced while they waited
+    /// (channel and offset), until the session passes them (boxed: most queues never
+    /// conflate).
+    superseded: Option<Box<conflation::Superseded>>,
 }
 
 /// What an operator ordered a connection to do (`/api/disconnect`, `/api/unsubscribe`),
@@ -231,6 +258,7 @@ impl Queue {
                 unsent: Bytes::new(),
                 wire: None,
                 orders: None,
+                superseded: None,
             }),
             wake: Notify::new(),
             max_bytes,
@@ -382,23 +410,27 @@ impl Queue {
                 Step::Unset | Step::Broken(_) => {}
             }
         }
-        self.enqueue(guard, delivery.clone())
+        self.enqueue(guard, delivery.clone(), Some(position))
     }
 
     /// Queues a delivery for the connection's task, never writing it here: for a fan-out
-    /// that is behind, so the task writes several publications in one frame. Returns false
-    /// if the queue has overflowed.
-    pub fn offer_queued(&self, delivery: &Arc<Delivery>) -> bool {
-        self.enqueue(self.inner.lock(), delivery.clone())
+    /// that is behind, so the task writes several publications in one frame (`position`:
+    /// its subscription's, for a publication). Returns false if the queue has overflowed.
+    pub fn offer_queued(&self, delivery: &Arc<Delivery>, position: Option<&Position>) -> bool {
+        self.enqueue(self.inner.lock(), delivery.clone(), position)
     }
 
     fn enqueue(
         &self,
         mut inner: parking_lot::MutexGuard<'_, Inner>,
         delivery: Arc<Delivery>,
+        position: Option<&Position>,
     ) -> bool {
         if inner.overflowed {
             return false;
+        }
+        if position.is_some_and(Position::conflates) {
+            inner.replace_older(&delivery);
         }
         inner.bytes += delivery.json.len();
         let (wake, accepted) = if inner.bytes > self.max_bytes {

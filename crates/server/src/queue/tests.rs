@@ -151,8 +151,8 @@ fn a_gap_an_unset_position_or_a_full_socket_goes_to_the_transport() {
 fn a_queued_offer_leaves_even_an_idle_lane_to_the_transport() {
     let (q, socket) = idle_lane(1000);
     let position = started(0);
-    assert!(q.offer_queued(&delivery(1, 1)));
-    assert!(q.offer_queued(&delivery(2, 1)));
+    assert!(q.offer_queued(&delivery(1, 1), None));
+    assert!(q.offer_queued(&delivery(2, 1), None));
     assert_eq!(queued(&q), 2, "both wait for one write by the transport");
     assert!(socket.written.lock().is_empty());
     assert_eq!(position.get().unwrap().1, 0, "the transport advances it");
@@ -254,4 +254,52 @@ fn a_subscription_that_takes_deltas_gets_one_whole_publication_then_deltas_on_ei
     let plain = started(3);
     assert_eq!(plain.form(&d), Form::Plain);
     assert_eq!(d.json_as(Form::Plain), &Bytes::from("plain 4"));
+}
+
+fn keyed(offset: u64, key: Option<&str>) -> Arc<Delivery> {
+    let record = herald_protocol::Publication::keyed_record(Bytes::from("1"), None, key);
+    Arc::new(
+        Delivery::new(
+            ChannelName::new("c").unwrap(),
+            Epoch::new("e"),
+            offset,
+            Bytes::from(vec![b'x'; 10]),
+        )
+        .carrying(record),
+    )
+}
+
+/// On a subscription that conflates, a publication replaces the waiting one of its key
+/// (and only that one), and the replaced offsets are told once, exactly.
+#[tokio::test]
+async fn a_conflating_subscription_keeps_the_newest_of_each_key() {
+    let q = Queue::new(1000);
+    let position = Position::default();
+    position.conflate();
+    for (offset, key) in [(1, Some("a")), (2, Some("b")), (3, Some("a")), (4, None)] {
+        assert!(q.offer_queued(&keyed(offset, key), Some(&position)));
+    }
+    assert!(q.offer_queued(&keyed(5, Some("a")), Some(&position)));
+    assert!(q.offer_queued(&keyed(6, None), Some(&position)));
+    let mut out = Vec::new();
+    q.take(usize::MAX, &mut out).unwrap();
+    assert_eq!(
+        out.iter().map(|d| d.offset).collect::<Vec<_>>(),
+        [2, 4, 5, 6]
+    );
+    let c = ChannelName::new("c").unwrap();
+    // 1 was replaced: the session at 0 skips to 1 before 2; 3 too: at 2 it skips to 3
+    // before 4. A gap of anything else is not covered.
+    assert!(q.superseded(&c, 0, 2));
+    assert!(!q.superseded(&c, 2, 5), "4 was not replaced");
+    assert!(!q.superseded(&c, 4, 6), "and 3 is forgotten once passed");
+    // A subscription that does not conflate keeps everything.
+    let q = Queue::new(1000);
+    for offset in 1..=3 {
+        assert!(q.offer_queued(&keyed(offset, Some("a")), Some(&Position::default())));
+    }
+    let mut out = Vec::new();
+    q.take(usize::MAX, &mut out).unwrap();
+    assert_eq!(out.len(), 3);
+    assert!(!q.superseded(&c, 0, 2), "nothing was replaced");
 }

@@ -274,7 +274,7 @@ impl Session {
         for channel in channels {
             let mut pushes = Vec::new();
             let opened = self
-                .open_channel(channel.clone(), None, false, |push, _| {
+                .open_channel(channel.clone(), None, super::Takes::default(), |push, _| {
                     codec.join(&mut pushes, push)
                 })
                 .await;

@@ -66,9 +66,26 @@ impl Session {
                 "client did not read fast enough; reconnect and resume",
             )),
             Ok(()) => batch.drain(..).try_for_each(|d| {
-                if let Some(form) = self.advance(&d)? {
-                    emit(Drained::Delivery(&d), form, Positions(&self.subscriptions));
+                let Some((form, skipped)) = self.advance(&d)? else {
+                    return Ok(());
+                };
+                if skipped {
+                    // Told at the position it skips to (an SSE event's id), then moved
+                    // over the publication.
+                    let push = self.codec().push(&Push::Conflated {
+                        channel: &d.channel,
+                        offset: d.offset - 1,
+                    });
+                    emit(
+                        Drained::Notice(&push),
+                        Form::Plain,
+                        Positions(&self.subscriptions),
+                    );
+                    if let Some(position) = self.subscriptions.get(&d.channel) {
+                        position.sent(&d);
+                    }
                 }
+                emit(Drained::Delivery(&d), form, Positions(&self.subscriptions));
                 Ok(())
             }),
         };
@@ -82,22 +99,36 @@ impl Session {
     }
 
     /// Moves a subscription's position over a delivery, and says in which form it goes;
-    /// `None` for duplicates and publications of channels no longer subscribed.
-    fn advance(&mut self, d: &Delivery) -> Result<Option<Form>, Disconnect> {
+    /// `None` for duplicates and publications of channels no longer subscribed. `true`
+    /// with it when the publications before it were replaced (see
+    /// [`crate::queue::Position::conflates`]): the position is then moved only to the one
+    /// before it, for the caller to tell the client so first.
+    fn advance(&mut self, d: &Delivery) -> Result<Option<(Form, bool)>, Disconnect> {
         let Some(position) = self.subscriptions.get(&d.channel) else {
             return Ok(None);
         };
         if d.offset == 0 {
             // A presence push: no offset, nothing to check or move.
-            return Ok(Some(Form::Plain));
+            return Ok(Some((Form::Plain, false)));
         }
         match position.step(d) {
             Step::Next => {
                 let form = position.form(d);
                 position.sent(d);
-                Ok(Some(form))
+                Ok(Some((form, false)))
             }
             Step::Duplicate => Ok(None),
+            // Offsets missing in the same epoch: none lost if each was replaced by a later
+            // publication of its conflation key while it waited.
+            Step::Broken(_)
+                if position.conflates()
+                    && position.get().is_some_and(|(epoch, offset)| {
+                        *epoch == d.epoch && self.queue.superseded(&d.channel, offset, d.offset)
+                    }) =>
+            {
+                position.skip_to(d.offset - 1);
+                Ok(Some((position.form(d), true)))
+            }
             Step::Broken(why) => Err(insufficient(&d.channel, why)),
             Step::Unset => unreachable!("a session's subscriptions have started positions"),
         }

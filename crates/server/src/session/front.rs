@@ -57,7 +57,9 @@ impl Session {
         since: Option<Since>,
         params: Option<&serde_json::value::RawValue>,
     ) -> Result<Opened, Failure> {
-        let joined = self.join(channel.clone(), since, params, false).await;
+        let joined = self
+            .join(channel.clone(), since, params, super::Takes::default())
+            .await;
         match joined {
             Ok(j) => Ok(Opened {
                 position: j.position,

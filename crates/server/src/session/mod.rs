@@ -19,6 +19,7 @@ use auth::{Credentials, Refusal};
 pub use auth::{Denied, ExpiryTimer};
 pub use deliveries::{Drained, Positions};
 pub use front::Opened;
+pub use subscribe::Takes;
 use subscriptions::Subscriptions;
 
 use std::sync::Arc;

@@ -18,6 +18,16 @@ use crate::{
     token::ChannelGrant,
 };
 
+/// How a subscription takes its channel's live publications, as its client asked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Takes {
+    /// As deltas from the previous one (`delta: "fossil"`).
+    pub deltas: bool,
+    /// Skipping those a later one of the same conflation key replaced while they waited
+    /// (`conflate: true`).
+    pub conflation: bool,
+}
+
 impl Session {
     pub(super) async fn subscribe(
         &mut self,
@@ -28,7 +38,15 @@ impl Session {
             self.accept_channel_token(&req.channel, token).await?;
         }
         let joined = self
-            .join(req.channel.clone(), req.since, None, req.delta)
+            .join(
+                req.channel.clone(),
+                req.since,
+                None,
+                Takes {
+                    deltas: req.delta,
+                    conflation: req.conflate,
+                },
+            )
             .await;
         if joined.is_err() && req.token.is_some() {
             self.drop_grant(&req.channel);
@@ -167,7 +185,7 @@ impl Session {
         &mut self,
         channel: ChannelName,
         since: Option<Since>,
-        delta: bool,
+        takes: Takes,
         mut emit: impl FnMut(&[u8], Positions<'_>),
     ) -> Result<(), Failure> {
         let known_epoch = since.as_ref().and_then(|s| s.epoch.clone());
@@ -176,7 +194,7 @@ impl Session {
             recovered,
             publications: history,
             data,
-        } = self.join(channel.clone(), since, None, delta).await?;
+        } = self.join(channel.clone(), since, None, takes).await?;
         if let Some(first) = history.first() {
             // Walk the position forward through the replay so each event's cursor is exact.
             self.set_offset(&channel, first.offset - 1);
@@ -216,7 +234,7 @@ impl Session {
         channel: ChannelName,
         since: Option<Since>,
         params: Option<&serde_json::value::RawValue>,
-        delta: bool,
+        takes: Takes,
     ) -> Result<Joined, Failure> {
         let node = self.node().clone();
         let hooked = node.settings.namespace(channel.namespace()).subscribe_hook;
@@ -265,8 +283,11 @@ impl Session {
         let may_read =
             policy::check(&node, self.asker(&channel), Action::History, &channel).is_ok();
         let started = Arc::new(Position::default());
-        if delta {
+        if takes.deltas {
             started.take_deltas();
+        }
+        if takes.conflation {
+            started.conflate();
         }
         let subscribed = node
             .hub

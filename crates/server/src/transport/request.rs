@@ -89,6 +89,9 @@ pub struct OpenRequest {
     /// `protocol=protobuf`: Herald's Protobuf codec, which only a transport that carries
     /// bytes as they are takes (see [`OpenRequest::text_only`]).
     pub protobuf: bool,
+    /// `conflate=true`: publications a later one of the same conflation key replaced
+    /// while they waited are skipped (see [`herald_protocol::Push::Conflated`]).
+    pub conflate: bool,
 }
 
 fn bad(message: impl Into<String>) -> Failure {
@@ -96,6 +99,14 @@ fn bad(message: impl Into<String>) -> Failure {
 }
 
 impl OpenRequest {
+    /// How its channels take their live publications.
+    pub fn takes(&self) -> crate::session::Takes {
+        crate::session::Takes {
+            deltas: self.delta,
+            conflation: self.conflate,
+        }
+    }
+
     /// Refuses `protocol=protobuf` on a transport that carries text only (SSE events,
     /// script tags, JSON bodies): Protobuf's messages are bytes.
     pub fn text_only(&self) -> Result<(), Failure> {
@@ -133,6 +144,13 @@ impl OpenRequest {
                     request.delta = herald_protocol::delta::asked(&value).map_err(bad)?;
                 }
                 "delta" => return Err(bad("delta= needs a format: \"fossil\"")),
+                "conflate" => {
+                    request.conflate = match &*value {
+                        "true" | "1" => true,
+                        "false" | "0" | "" => false,
+                        _ => return Err(bad("conflate= is true or false")),
+                    }
+                }
                 "protocol" if value == "json" => {}
                 "protocol" if value == "protobuf" => request.protobuf = true,
                 "protocol" => {

@@ -9,6 +9,7 @@ mod auth;
 mod auth_keys;
 mod behaviour;
 mod centrifugo;
+mod conflation;
 mod cross;
 mod dashboard;
 mod delta;

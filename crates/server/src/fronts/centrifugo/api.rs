@@ -220,7 +220,8 @@ async fn answer(node: &Arc<Node>, method: Method, body: &[u8]) -> Result<Vec<u8>
     match method {
         Method::Publish => {
             let channel = req.channel()?;
-            let p = crate::publish::publish_keyed(node, &channel, req.data()?, None, key).await?;
+            let p = crate::publish::publish_keyed(node, &channel, (req.data()?, None), None, key)
+                .await?;
             Ok(published(p.position.offset, &p.position.epoch))
         }
         Method::Broadcast => {
@@ -232,9 +233,11 @@ async fn answer(node: &Arc<Node>, method: Method, body: &[u8]) -> Result<Vec<u8>
             let mut body = br#"{"result":{"responses":["#.to_vec();
             for (i, name) in req.channels.iter().enumerate() {
                 let done = match crate::api::channel(name) {
-                    Ok(c) => crate::publish::publish_keyed(node, &c, data.clone(), None, key)
-                        .await
-                        .map(|p| published(p.position.offset, &p.position.epoch)),
+                    Ok(c) => {
+                        crate::publish::publish_keyed(node, &c, (data.clone(), None), None, key)
+                            .await
+                            .map(|p| published(p.position.offset, &p.position.epoch))
+                    }
                     Err(f) => Err(f),
                 };
                 if i > 0 {

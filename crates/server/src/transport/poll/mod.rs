@@ -298,14 +298,14 @@ async fn opening(
     // keeps its position in the cursor, so the next poll continues from there.
     let mut later = Vec::new();
     let timeout = hold_for(&node, &request);
-    let delta = request.delta;
+    let takes = request.takes();
     for (channel, since) in request.channels {
         match since {
             Some(since) if messages.len() >= MAX_ANSWER_BYTES => later.push((channel, since)),
             since => {
                 let opening = Box::pin(
                     session
-                        .open_channel(channel, since, delta, |json, _| item(&mut messages, json)),
+                        .open_channel(channel, since, takes, |json, _| item(&mut messages, json)),
                 );
                 opening.await?
             }

@@ -105,8 +105,8 @@ pub struct Accepted {
     node: Arc<Node>,
     session: Session,
     channels: Vec<(ChannelName, Option<Since>)>,
-    /// Whether the channels take deltas (`delta=fossil`).
-    delta: bool,
+    /// How the channels take their publications (`delta=fossil`, `conflate=true`).
+    takes: crate::session::Takes,
     framing: Framing,
     first: Vec<u8>,
     /// How often it sends a keepalive.
@@ -183,8 +183,8 @@ async fn accept(
         admitted,
         node,
         session,
+        takes: request.takes(),
         channels: request.channels,
-        delta: request.delta,
         framing,
         first,
         ping,

@@ -69,7 +69,7 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
         node,
         mut session,
         channels,
-        delta,
+        takes,
         framing,
         first,
         ping,
@@ -107,7 +107,7 @@ pub async fn run(accepted: Box<Accepted>, out: &mut impl Out) -> bool {
         // step, and most of its life is spent waiting.
         let framing = &wire.framing;
         let opening = Box::pin(
-            session.open_channel(channel.clone(), since, delta, |json, at| {
+            session.open_channel(channel.clone(), since, takes, |json, at| {
                 framing.push_at(json, at, &mut bytes)
             }),
         );
