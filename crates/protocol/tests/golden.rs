@@ -264,6 +264,13 @@ fn frames_in(codec: &dyn Codec) -> Vec<(&'static str, Vec<u8>)> {
             }),
         ),
         ("push.ping", push(Push::Ping)),
+        (
+            "push.conflated",
+            push(Push::Conflated {
+                channel: &lobby,
+                offset: 7,
+            }),
+        ),
     ]
 }
 

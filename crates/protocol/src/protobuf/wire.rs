@@ -129,7 +129,10 @@ pub struct PresencePage {
 pub struct ServerMessage {
     #[prost(uint64, optional, tag = "1")]
     pub id: Option<u64>,
-    #[prost(oneof = "Body", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14")]
+    #[prost(
+        oneof = "Body",
+        tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15"
+    )]
     pub body: Option<Body>,
 }
 

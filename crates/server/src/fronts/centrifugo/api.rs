@@ -360,7 +360,7 @@ const MAX_CHANNELS: usize = 100_000;
 /// `channels`: the channels with subscribers on any node whose names match `pattern` (a
 /// glob: `*` any run of characters, `?` one; empty: all), with their subscribers.
 async fn channels(node: &Arc<Node>, pattern: &str) -> Result<Vec<u8>, Failure> {
-    const PAGE: usize = 1000;
+    const PAGE: usize = admin::MAX_LISTED;
     // The pattern's literal start narrows what each node lists.
     let prefix: String = pattern
         .chars()
