@@ -38,6 +38,20 @@ impl Queue {
     }
 }
 
+impl Queue {
+    /// Forgets what was replaced on `channel`: its subscription ended, and a later one
+    /// must not take those offsets for skipped.
+    pub fn forget_superseded(&self, channel: &ChannelName) {
+        let mut inner = self.inner.lock();
+        if let Some(superseded) = inner.superseded.as_mut() {
+            superseded.0.retain(|(c, _)| c != channel);
+            if superseded.0.is_empty() {
+                inner.superseded = None;
+            }
+        }
+    }
+}
+
 impl Inner {
     /// Takes out the queued publication `newer` replaces, if one waits: the same
     /// channel's with the same conflation key. It is remembered as superseded, up to

@@ -293,6 +293,11 @@ async fn a_conflating_subscription_keeps_the_newest_of_each_key() {
     assert!(q.superseded(&c, 0, 2));
     assert!(!q.superseded(&c, 2, 5), "4 was not replaced");
     assert!(!q.superseded(&c, 4, 6), "and 3 is forgotten once passed");
+    // What a subscription that ended left is forgotten with it.
+    assert!(q.offer_queued(&keyed(7, Some("a")), Some(&position)));
+    assert!(q.offer_queued(&keyed(8, Some("a")), Some(&position)));
+    q.forget_superseded(&c);
+    assert!(!q.superseded(&c, 6, 8), "7 is no longer taken for skipped");
     // A subscription that does not conflate keeps everything.
     let q = Queue::new(1000);
     for offset in 1..=3 {

@@ -182,6 +182,7 @@ impl Session {
             let Some(position) = self.subscriptions.remove(&channel) else {
                 continue;
             };
+            self.queue.forget_superseded(&channel);
             // Until the hub lets go (in the background), the direct lane would still
             // write the channel's publications: past the last offset, each is a duplicate.
             position.set(u64::MAX);

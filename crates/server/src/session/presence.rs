@@ -97,6 +97,7 @@ impl Session {
         if self.subscriptions.remove(channel).is_none() {
             return false;
         }
+        self.queue.forget_superseded(channel);
         self.event("unsubscribe", Some(channel), None);
         let membership = self.membership(channel);
         let node = self.node().clone();
