@@ -345,8 +345,6 @@ impl Node {
             "connections": self.connection_count(),
             "channels": self.broker.channel_count(),
             "subscribed_channels": self.hub.channel_count(),
-            "subscriptions": self.hub.subscription_count(),
-            "users": self.sessions.user_count(),
             "publications_fanned_out": publications,
             "deliveries": deliveries,
             "hook_logs": &self.hook_logs,

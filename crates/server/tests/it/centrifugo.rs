@@ -318,10 +318,16 @@ async fn centrifugo_api(server: &TestServer, key: &str, method: &str, body: Valu
 async fn centrifugos_server_api_publishes_reads_and_acts_on_connections() {
     use herald_server::config::{ApiKey, ApiScope};
     let mut cfg = auth_config();
-    cfg.api_keys = vec![ApiKey::Scoped {
-        key: "read-only-key-0123".into(),
-        scope: ApiScope::Read,
-    }];
+    cfg.api_keys = vec![
+        ApiKey::Scoped {
+            key: "read-only-key-0123".into(),
+            scope: ApiScope::Read,
+        },
+        ApiKey::Scoped {
+            key: "publish-only-key-0123".into(),
+            scope: ApiScope::Publish,
+        },
+    ];
     let server = start(cfg).await;
     let channel = "chat:api";
     let token = hs256(&claims("bob", json!({})));
@@ -520,6 +526,27 @@ async fn centrifugos_server_api_publishes_reads_and_acts_on_connections() {
             .len(),
         1
     );
+    // A publish key's batch: its publish passes, its reads are refused.
+    let (status, publisher) =
+        centrifugo_api(&server, "publish-only-key-0123", "batch", commands.clone()).await;
+    assert_eq!(status, 200, "{publisher}");
+    let replies = publisher["replies"].as_array().unwrap();
+    assert_eq!(replies[0]["error"]["code"], 103, "{publisher}");
+    assert!(replies[1]["publish"]["offset"].is_u64(), "{publisher}");
+    assert_eq!(replies[4]["error"]["code"], 103, "{publisher}");
+    assert_eq!(
+        go.event("publication", channel).await["data"],
+        json!({"n": "batched"})
+    );
+    let (status, _) = centrifugo_api(&server, "wrong-key-0123456", "batch", commands.clone()).await;
+    assert_eq!(status, 401);
+    // A command of two methods, and a batch past 1,000 commands, are refused.
+    let two = json!({"commands": [{"info": {}, "channels": {}}]});
+    let (_, refused) = centrifugo_api(&server, KEY, "batch", two).await;
+    assert_eq!(refused["replies"][0]["error"]["code"], 107, "{refused}");
+    let many = json!({"commands": vec![json!({"info": {}}); 1001]});
+    let (_, refused) = centrifugo_api(&server, KEY, "batch", many).await;
+    assert_eq!(refused["error"]["code"], 107, "{refused}");
     let (_, full) = centrifugo_api(&server, KEY, "batch", commands).await;
     let offset = full["replies"][1]["publish"]["offset"].as_u64().unwrap();
     assert_eq!(

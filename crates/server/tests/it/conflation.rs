@@ -89,6 +89,9 @@ async fn a_parked_long_poll_gets_the_newest_of_each_key_and_is_told_what_it_skip
             "{refused}"
         );
     }
+    let bad = "/connection/longpoll?channel=prices&conflate=maybe";
+    let (status, refused) = response(reqwest::get(server.url(bad)).await.unwrap()).await;
+    assert_eq!(status, 400, "{refused}");
     server.stop().await.unwrap();
 }
 

@@ -55,11 +55,18 @@ async fn call(
     };
     let given = key(&headers);
     let expected = "`X-API-Key: KEY` (or `Authorization: apikey KEY`)";
-    let needed = method.scope();
-    if let Err(f) = crate::policy::api_key::check_scope(&node.settings, needed, given, expected) {
+    // Whether the key covers a scope; `None`: whether it is a key at all (of any scope).
+    let may = |needed: Option<ApiScope>| {
+        let check =
+            |scope| crate::policy::api_key::check_scope(&node.settings, scope, given, expected);
+        match needed {
+            Some(scope) => check(scope),
+            None => check(ApiScope::Read).or_else(|_| check(ApiScope::Publish)),
+        }
+    };
+    if let Err(f) = may(method.scope()) {
         return f.into_response();
     }
-    let may = |scope| crate::policy::api_key::check_scope(&node.settings, scope, given, expected);
     let answered = match body {
         Ok(body) if matches!(method, Method::Batch) => batch(&node, &body, &may).await,
         Ok(body) => answer(&node, method, &body).await,
@@ -108,9 +115,10 @@ impl Method {
         Self::ALL.iter().find(|(n, _)| *n == name).map(|(_, m)| *m)
     }
 
-    /// The key scope it needs.
-    fn scope(self) -> ApiScope {
-        match self {
+    /// The key scope it needs; `None` (a batch): any key, each command in it checked
+    /// against the key's scope on its own.
+    fn scope(self) -> Option<ApiScope> {
+        Some(match self {
             Method::Publish | Method::Broadcast | Method::HistoryRemove => ApiScope::Publish,
             Method::History
             | Method::Presence
@@ -118,9 +126,8 @@ impl Method {
             | Method::Channels
             | Method::Info => ApiScope::Read,
             Method::Unsubscribe | Method::Disconnect => ApiScope::All,
-            // Any key may send one: each command in it is checked against the key's scope.
-            Method::Batch => ApiScope::Read,
-        }
+            Method::Batch => return None,
+        })
     }
 }
 
@@ -322,20 +329,27 @@ async fn answer(node: &Arc<Node>, method: Method, body: &[u8]) -> Result<Vec<u8>
         }
         Method::Channels => channels(node, req.pattern.as_deref().unwrap_or("")).await,
         Method::Info => {
-            // Centrifugo's Node for each of Herald's nodes.
+            // Centrifugo's Node for each of Herald's nodes. Subscriptions and users are
+            // counted for this one only, here: counting them walks every channel and
+            // connection, too much for the figures a node reports every 2 s.
+            let own = (node.hub.subscription_count(), node.sessions.user_count());
             let nodes: Vec<serde_json::Value> = node
                 .figures_everywhere()
                 .await?
                 .iter()
                 .map(|f| {
+                    let (subs, users) = match f["node"].as_str() == Some(&*node.id) {
+                        true => own,
+                        false => (0, 0),
+                    };
                     serde_json::json!({
                         "uid": f["node"],
                         "name": f["node"],
                         "version": f["version"],
                         "num_clients": f["connections"],
-                        "num_users": f["users"],
+                        "num_users": users,
                         "num_channels": f["subscribed_channels"],
-                        "num_subs": f["subscriptions"],
+                        "num_subs": subs,
                         "uptime": f["uptime_seconds"],
                     })
                 })
@@ -429,7 +443,7 @@ const MAX_BATCH: usize = 1000;
 async fn batch(
     node: &Arc<Node>,
     body: &[u8],
-    may: &(dyn Fn(ApiScope) -> Result<(), Failure> + Sync),
+    may: &(dyn Fn(Option<ApiScope>) -> Result<(), Failure> + Sync),
 ) -> Result<Vec<u8>, Failure> {
     #[derive(Deserialize)]
     struct Batch<'a> {
