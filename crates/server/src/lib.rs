@@ -157,12 +157,14 @@ pub async fn serve(
             }
         }
     });
-    // Long-poll sessions kept between requests: the long-poll transport's own state, which
-    // both the router's handlers and the lean path's `Resumer` use.
+    // Sessions kept between requests (Herald's long-polls, the Phoenix front's): the
+    // polling transports' own state, which both the router's handlers and the lean path's
+    // `Resumer` use.
+    let waiting =
+        transport::poll::Waiting::new(node.shutdown.token(), Some(&node.metrics.longpolls_kept));
     let parked = transport::poll::Parked::new(
         node.settings.config.http.longpoll_grace,
-        node.shutdown.token(),
-        node.metrics.longpolls_kept.clone(),
+        waiting,
         node.metrics.longpolls_taken_up.clone(),
     );
     let app = router::router(node.clone(), parked.clone());

@@ -114,7 +114,9 @@ pub fn router(node: Arc<Node>, parked: poll::Parked) -> Router {
         .route("/connection/poll", get(poll::poll))
         .route("/connection/send", post(send::send))
         .merge(crate::fronts::phoenix::polling_routes())
-        .layer(axum::Extension(crate::fronts::phoenix::Polls::start(&node)))
+        .layer(axum::Extension(crate::fronts::phoenix::Polls::new(
+            parked.store().clone(),
+        )))
         .layer(axum::Extension(parked))
         .layer(DefaultBodyLimit::max(
             node.settings.config.client.max_frame_size,

@@ -145,7 +145,8 @@ pub struct Metrics {
     hook_seconds: Family<HookLabel, Durations>,
     hook_failures: Family<HookLabel, Counter>,
     broker_errors: Family<OperationLabel, Counter>,
-    /// Long-poll sessions kept between their client's requests.
+    /// Long-poll sessions kept between their client's requests (Herald's and the Phoenix
+    /// front's: one store).
     pub longpolls_kept: Reading,
     /// Kept long-poll sessions taken up by their client's next request: `[direct, routed]`
     /// (without the router, as an exact continuation; or through it).
@@ -249,7 +250,7 @@ impl Default for Metrics {
         let longpolls_kept = Reading::default();
         registry.register(
             "longpoll_sessions_kept",
-            "Long-poll sessions kept, still subscribed, between their client's requests (session_key, http.longpoll_grace)",
+            "Long-poll sessions kept, still subscribed, between their client's requests (Herald's session_key, for http.longpoll_grace; the Phoenix front's long-polls)",
             longpolls_kept.clone(),
         );
         let taken_up = Family::<PathLabel, Counter>::default();

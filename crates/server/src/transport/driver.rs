@@ -198,6 +198,12 @@ pub trait Speaker: Send {
         emit: impl FnMut(&[u8], Option<&Delivery>, Positions<'_>),
     ) -> Result<(), Disconnect>;
 
+    /// Ends what the client's tokens no longer grant, for every transport alike (the
+    /// driver's connections and the polls): `Err` when the connection's own token expired
+    /// (3504, unless the refresh hook extends it); otherwise what to tell the client of the
+    /// subscriptions that ended, in this protocol's words, one message each.
+    fn expire(&mut self) -> impl Future<Output = Result<Vec<Vec<u8>>, Disconnect>> + Send;
+
     /// Something was written: the payload of a ping to send now, when the speaker wants
     /// the client to confirm it read everything so far (see [`Speaker::confirmed`]).
     fn confirm_writes(&mut self) -> Option<[u8; 8]> {
@@ -234,6 +240,10 @@ impl Speaker for Session {
         emit: impl FnMut(&[u8], Option<&Delivery>, Positions<'_>),
     ) -> Result<(), Disconnect> {
         Session::drain(self, max_bytes, emit)
+    }
+
+    fn expire(&mut self) -> impl Future<Output = Result<Vec<Vec<u8>>, Disconnect>> + Send {
+        Session::expire(self)
     }
 }
 
@@ -315,7 +325,7 @@ pub async fn drive<S: Speaker, W: Wire>(
                     obeying.await
                 }
                 Woke::Expiry => {
-                    let expiring = Box::pin(speaker.session_mut().expire());
+                    let expiring = Box::pin(speaker.expire());
                     let expired = expiring.await;
                     expired
                         .map(|pushes| {

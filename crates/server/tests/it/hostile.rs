@@ -14,15 +14,15 @@ use crate::{
 };
 
 /// A phoenix.js long-poll client, spoken by hand.
-struct LongPoll {
-    http: reqwest::Client,
-    url: String,
-    token: String,
+pub(crate) struct LongPoll {
+    pub(crate) http: reqwest::Client,
+    pub(crate) url: String,
+    pub(crate) token: String,
 }
 
 impl LongPoll {
     /// Opens a session (`connection`: the socket's `token` param).
-    async fn open(server: &TestServer, connection: Option<&str>) -> Self {
+    pub(crate) async fn open(server: &TestServer, connection: Option<&str>) -> Self {
         let http = reqwest::Client::new();
         let mut url = server.url("/socket/longpoll?vsn=2.0.0");
         if let Some(t) = connection {
@@ -39,14 +39,14 @@ impl LongPoll {
     }
 
     /// POSTs `lines`; the answer's status (in its body, as phoenix.js reads it).
-    async fn post(&self, lines: &str) -> u64 {
+    pub(crate) async fn post(&self, lines: &str) -> u64 {
         let r = self.http.post(self.session_url()).body(lines.to_string());
         let answer: Value = r.send().await.unwrap().json().await.unwrap();
         answer["status"].as_u64().unwrap()
     }
 
     /// One `GET`: its status and messages.
-    async fn get(&self) -> (u64, Vec<Value>) {
+    pub(crate) async fn get(&self) -> (u64, Vec<Value>) {
         let r = self.http.get(self.session_url()).send().await.unwrap();
         let answer: Value = r.json().await.unwrap();
         let messages = answer["messages"].as_array().cloned().unwrap_or_default();
@@ -67,7 +67,7 @@ fn heartbeats(first: usize, n: usize) -> String {
 }
 
 /// The status of a reply (`[join_ref, ref, topic, "phx_reply", {"status": …}]`).
-fn reply_status(m: &Value) -> &str {
+pub(crate) fn reply_status(m: &Value) -> &str {
     assert_eq!(m[3], "phx_reply", "{m}");
     m[4]["status"].as_str().unwrap()
 }

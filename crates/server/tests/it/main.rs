@@ -29,6 +29,7 @@ mod longpoll_lane;
 mod metrics;
 mod nodes;
 mod ordering;
+mod phoenix;
 
 mod presence;
 mod protobuf;

@@ -8,6 +8,10 @@
 //! A `GET` with it answers the messages waiting, or waits for some up to
 //! `http.longpoll_timeout` (then `{"status": 204}`); a `POST` carries the client's messages
 //! (one per line) and answers `{"status": 200}` (their replies wait for the next `GET`).
+//! Sessions wait between requests in the node's one store of them (shared with Herald's
+//! own long-poll, [`crate::transport::poll::Waiting`]), and wait for something to say as
+//! Herald's long-poll does ([`poll::wait`]), their tokens' expiry ended by the same path as
+//! on every transport ([`Speaker::expire`]).
 //! A session no `GET` asked for `http.longpoll_grace` plus the long-poll timeout is
 //! dropped, and its token answers 410 (phoenix.js then opens a new one and joins again):
 //! `POST`s alone do not keep it, since a client that never reads is as slow as a
@@ -17,7 +21,7 @@
 //! token's expiry as a WebSocket does (then 410).
 //! Every answer is HTTP 200: phoenix.js reads the status from the body.
 
-use std::{collections::BTreeMap, collections::HashMap, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use axum::{
     body::Bytes,
@@ -27,7 +31,6 @@ use axum::{
     Extension, Json,
 };
 use herald_protocol::{phoenix::Vsn, ErrorCode};
-use parking_lot::Mutex;
 use serde_json::json;
 use tokio::{sync::Notify, time::Instant};
 
@@ -38,12 +41,21 @@ use crate::{
     limits::{AddressGuard, HeldBytes, Peer},
     node::Node,
     session::{ExpiryTimer, Session},
-    transport::{driver::Speaker, request, MAX_BATCH_BYTES},
+    transport::{
+        driver::Speaker,
+        poll::{self, Key, Store, Waited},
+        request, MAX_BATCH_BYTES,
+    },
 };
 
-/// The long-poll sessions of this node, by token.
-#[derive(Debug, Clone, Default)]
-pub struct Polls(Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<Polled>>>>>);
+/// The Phoenix long-poll sessions of this node, in its store of waiting sessions, by
+/// their token.
+#[derive(Debug, Clone)]
+pub struct Polls(Store);
+
+/// A session as it waits in the store: shared by the `GET` that waits on it and the
+/// `POST`s that come meanwhile.
+type Shared = Arc<tokio::sync::Mutex<Polled>>;
 
 /// One long-polling client.
 #[derive(Debug)]
@@ -57,8 +69,6 @@ pub struct Polled {
     held: Option<HeldBytes>,
     /// Wakes a waiting `GET` when a `POST` left replies in the outbox.
     replied: Arc<Notify>,
-    /// When a `GET` last asked for it.
-    seen: Instant,
     /// Its address's count of connections, for as long as it lives.
     _counted: Option<AddressGuard>,
 }
@@ -88,42 +98,31 @@ impl Polled {
 }
 
 impl Polls {
-    /// Starts the sweeper that drops sessions nobody asked for (inside a runtime).
-    pub fn start(node: &Arc<Node>) -> Self {
-        let polls = Self::default();
-        if tokio::runtime::Handle::try_current().is_ok() {
-            let weak = Arc::downgrade(&polls.0);
-            let http = &node.settings.config.http;
-            let idle = http.longpoll_grace + http.longpoll_timeout + Duration::from_secs(5);
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_secs(5));
-                loop {
-                    tick.tick().await;
-                    let Some(all) = weak.upgrade() else { return };
-                    let stale: Vec<_> = {
-                        let all = all.lock();
-                        all.iter()
-                            .filter(|(_, p)| p.try_lock().is_ok_and(|p| p.seen.elapsed() > idle))
-                            .map(|(k, _)| k.clone())
-                            .collect()
-                    };
-                    let mut all = all.lock();
-                    for token in stale {
-                        all.remove(&token);
-                    }
-                }
-            });
-        }
-        polls
+    /// The sessions kept in `store`.
+    pub fn new(store: Store) -> Self {
+        Self(store)
     }
 
-    fn get(&self, token: &str) -> Option<Arc<tokio::sync::Mutex<Polled>>> {
-        self.0.lock().get(token).cloned()
+    /// How long a session is kept from `now`: a client that reads keeps asking within its
+    /// long-poll timeout, and may be away for the grace a Herald long-poll has.
+    fn kept_until(node: &Node, now: Instant) -> Instant {
+        let http = &node.settings.config.http;
+        now + http.longpoll_grace + http.longpoll_timeout + Duration::from_secs(5)
+    }
+
+    /// Session `token`, kept from now on as a `GET` keeps it (`Some`), or as it was.
+    fn get(&self, token: &str, kept_until: Option<Instant>) -> Option<Shared> {
+        let key = Key::parse(token)?;
+        let until = kept_until.unwrap_or_else(Instant::now);
+        self.0
+            .look(key, until, |v| v.downcast_ref::<Shared>().cloned())
     }
 
     /// Ends session `token`: its token answers 410 from now on.
     fn end(&self, token: &str, reason: &str) -> Response {
-        self.0.lock().remove(token);
+        if let Some(key) = Key::parse(token) {
+            self.0.forget(key, |v| v.is::<Shared>());
+        }
         tracing::debug!(reason, "phoenix long-poll session ended");
         Json(json!({ "status": 410, "reason": reason })).into_response()
     }
@@ -176,12 +175,6 @@ fn is_session(token: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-fn token() -> String {
-    let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes).expect("the operating system's random generator works");
-    format!("{:032x}", u128::from_le_bytes(bytes))
-}
-
 fn status(status: u16) -> Response {
     Json(json!({ "status": status })).into_response()
 }
@@ -207,39 +200,43 @@ pub async fn poll(
         return f.into_response();
     }
     // Gone (dropped, or another node's): phoenix.js opens a new session.
-    let Some(polled) = polls.get(&given) else {
+    let Some(polled) = polls.get(&given, Some(Polls::kept_until(&node, Instant::now()))) else {
         return status(410);
     };
-    let (queue, replied, mut expiry) = {
-        let mut p = polled.lock().await;
-        if let Err(d) = p.speaker.expire().await {
-            return polls.end(&given, &d.reason);
-        }
-        p.seen = Instant::now();
-        if !p.outbox.is_empty() {
-            return answer(&given, &mut p);
-        }
-        let mut expiry = ExpiryTimer::default();
-        expiry.follow(p.speaker.session());
-        (
-            p.speaker.session().queue().clone(),
-            p.replied.clone(),
-            expiry,
-        )
-    };
-    let wait = node.settings.config.http.longpoll_timeout;
-    tokio::select! {
-        _ = queue.ready() => {}
-        _ = replied.notified() => {}
-        _ = expiry.wait() => {}
-        _ = tokio::time::sleep(wait) => {}
-        _ = node.shutdown.cancelled() => {}
-    }
+    let until = Instant::now() + node.settings.config.http.longpoll_timeout;
     let mut p = polled.lock().await;
-    if let Err(d) = p.speaker.expire().await {
-        return polls.end(&given, &d.reason);
+    let mut expiry = ExpiryTimer::default();
+    // What expired since the last request first: nothing queued goes out past it.
+    let mut waited = Waited::Expired;
+    while waited == Waited::Expired {
+        match poll::expired(&mut p.speaker).await {
+            Err(d) => {
+                drop(p);
+                return polls.end(&given, &d.reason);
+            }
+            // The topics that ended, told `phx_error`; none when the hook refreshed it.
+            Ok(errors) => {
+                for error in errors.into_iter().flatten() {
+                    p.outbox.push(String::from_utf8_lossy(&error).into_owned());
+                }
+            }
+        }
+        if !p.outbox.is_empty() {
+            break;
+        }
+        expiry.follow(p.speaker.session());
+        let (queue, replied) = (p.speaker.session().queue().clone(), p.replied.clone());
+        // Unlocked while it waits: `POST`s come meanwhile, and wake it with their replies.
+        drop(p);
+        let also = async {
+            tokio::select! {
+                _ = replied.notified() => {}
+                _ = node.shutdown.cancelled() => {}
+            }
+        };
+        waited = poll::wait(&queue, &mut expiry, until, also).await;
+        p = polled.lock().await;
     }
-    p.seen = Instant::now();
     let Polled {
         speaker, outbox, ..
     } = &mut *p;
@@ -248,6 +245,7 @@ pub async fn poll(
         outbox.push(String::from_utf8_lossy(m).into_owned());
     });
     if let Err(d) = drained {
+        drop(p);
         return polls.end(&given, &d.reason);
     }
     answer(&given, &mut p)
@@ -292,7 +290,7 @@ async fn open(
         return status(403);
     }
     session.announce();
-    let token = token();
+    let key = Key::random();
     let held = counted.as_ref().map(|c| node.limits.hold(c.ip()));
     let polled = Polled {
         speaker: Phoenix::new(session, vsn),
@@ -300,13 +298,16 @@ async fn open(
         outbox_bytes: 0,
         held,
         replied: Arc::new(Notify::new()),
-        seen: Instant::now(),
         _counted: counted,
     };
-    polls
-        .0
-        .lock()
-        .insert(token.clone(), Arc::new(tokio::sync::Mutex::new(polled)));
+    let shared: Shared = Arc::new(tokio::sync::Mutex::new(polled));
+    polls.0.insert(
+        key,
+        Box::new(shared),
+        Polls::kept_until(node, Instant::now()),
+    );
+    let token = key.hex();
+    let token = token.as_str();
     Json(json!({ "status": 410, "token": token })).into_response()
 }
 
@@ -328,14 +329,22 @@ pub async fn send(
     let Some(given) = query.session() else {
         return status(410);
     };
-    let Some(polled) = polls.get(given) else {
+    // A POST does not keep the session: only reading it does.
+    let Some(polled) = polls.get(given, None) else {
         return status(410);
     };
     let mut p = polled.lock().await;
-    // A POST does not keep the session: only reading it does (see the sweeper).
-    if let Err(d) = p.speaker.expire().await {
-        drop(p);
-        return polls.end(given, &d.reason);
+    // What expired is told with the next `GET`'s answer.
+    match poll::expired(&mut p.speaker).await {
+        Err(d) => {
+            drop(p);
+            return polls.end(given, &d.reason);
+        }
+        Ok(errors) => {
+            for error in errors.into_iter().flatten() {
+                p.outbox.push(String::from_utf8_lossy(&error).into_owned());
+            }
+        }
     }
     let bound = node.settings.config.client.queue_max_bytes;
     for message in body.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
@@ -352,8 +361,7 @@ pub async fn send(
         }
         if let Err(d) = handled {
             drop(p);
-            polls.0.lock().remove(given);
-            tracing::debug!(reason = %d.reason, "phoenix long-poll session ended");
+            polls.end(given, &d.reason);
             return Json(json!({ "status": 400, "reason": d.reason })).into_response();
         }
     }

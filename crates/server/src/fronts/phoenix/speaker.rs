@@ -42,17 +42,6 @@ impl Phoenix {
         }
     }
 
-    /// Ends what the client's tokens no longer grant, as the driver does for a WebSocket:
-    /// `Err` (3504) when the connection's own token expired; a subscription token's
-    /// topic is left.
-    pub async fn expire(&mut self) -> Result<(), Disconnect> {
-        self.session.expire().await?;
-        let session = &self.session;
-        self.joined.retain(|c| session.subscribed(c));
-        self.presence.retain(|t| session.subscribed(&t.channel));
-        Ok(())
-    }
-
     fn reply(&self, out: &mut Vec<u8>, m: &Message, ok: bool, response: &RawValue) {
         if m.reference.is_some() {
             line(out, phoenix::reply(self.vsn, m, ok, response));
@@ -195,6 +184,40 @@ impl Speaker for Phoenix {
         // A WebSocket message is one Phoenix message.
         self.handle_message(frame, out).await?;
         Ok(&[])
+    }
+
+    /// A topic whose subscription token expired is left and told `phx_error`, as Phoenix
+    /// tells a channel that crashed: phoenix.js rejoins it after its backoff, with its
+    /// join params (a function of them may fetch a new token), and is refused if the
+    /// client may no longer read it.
+    async fn expire(&mut self) -> Result<Vec<Vec<u8>>, Disconnect> {
+        // Herald's `unsubscribe` pushes have no Phoenix words: which topics went is read
+        // from the session.
+        self.session.expire().await?;
+        let Self {
+            session,
+            vsn,
+            joined,
+            presence,
+        } = self;
+        let mut errors = Vec::new();
+        joined.retain(|topic| {
+            let kept = session.subscribed(topic);
+            if !kept {
+                let topic = topic.as_str();
+                errors.push(phoenix::encode(
+                    *vsn,
+                    None,
+                    None,
+                    topic,
+                    "phx_error",
+                    phoenix::empty(),
+                ));
+            }
+            kept
+        });
+        presence.retain(|t| session.subscribed(&t.channel));
+        Ok(errors)
     }
 
     fn drain(

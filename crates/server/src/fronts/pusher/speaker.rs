@@ -507,6 +507,18 @@ impl Speaker for Pusher {
         Ok(&[])
     }
 
+    /// Pusher's protocol has no word for a subscription the server ended: the channel is
+    /// left (its roster with it) and nothing is said. (A Pusher client's channels are
+    /// granted by signatures, which do not expire; only a hook's grant can.)
+    async fn expire(&mut self) -> Result<Vec<Vec<u8>>, Disconnect> {
+        self.session.expire().await?;
+        let Self { session, more, .. } = self;
+        if let Some(more) = more.as_mut() {
+            more.rosters.retain(|r| session.subscribed(&r.channel));
+        }
+        Ok(Vec::new())
+    }
+
     fn drain(
         &mut self,
         max_bytes: usize,

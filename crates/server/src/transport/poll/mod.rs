@@ -38,13 +38,17 @@ use crate::{
     session::{ExpiryTimer, Session},
 };
 
+mod hold;
 mod lane;
 mod parked;
 mod resumer;
+mod waiting;
+pub use hold::{expired, wait, Waited};
 pub use lane::{hold_on_socket, HoldEnd, HoldTimer};
 pub use parked::Parked;
-use parked::{Credentials, Key, Resumed};
+use parked::{Credentials, Resumed};
 pub use resumer::Resumer;
+pub use waiting::{Key, Store, Waiting};
 
 /// Most bytes of publications in one answer; the rest comes with the next request.
 const MAX_ANSWER_BYTES: usize = 1 << 20;
@@ -185,15 +189,10 @@ impl Prepared {
         let mut expiry = ExpiryTimer::default();
         loop {
             expiry.follow(&self.session);
-            tokio::select! {
-                // A wake-up left over from before the last answer finds nothing: hold on.
-                _ = self.session.queue().ready() => if self.session.queue().has_work() {
-                    return;
-                },
-                () = tokio::time::sleep_until(until) => return,
-                () = expiry.wait() => if self.expired().await {
-                    return;
-                },
+            let queue = self.session.queue();
+            let waited = hold::wait(queue, &mut expiry, until, std::future::pending::<()>());
+            if waited.await != Waited::Expired || self.expired().await {
+                return;
             }
         }
     }
@@ -202,20 +201,18 @@ impl Prepared {
     /// ended, or a channel's grant went and its `unsubscribe` is to be told). False when
     /// the hook refreshed it.
     async fn expired(&mut self) -> bool {
-        let expiring = Box::pin(self.session.expire());
-        match expiring.await {
+        match hold::expired(&mut self.session).await {
             Err(d) => {
                 self.ended = Some(d);
                 true
             }
-            Ok(pushes) if !pushes.is_empty() => {
+            Ok(Some(pushes)) => {
                 for push in pushes {
                     item(&mut self.messages, &push);
                 }
                 true
             }
-            // Refreshed by the hook: still granted.
-            Ok(_) => false,
+            Ok(None) => false,
         }
     }
 

@@ -10,7 +10,7 @@ use axum::{
     http::{self, header, Method},
 };
 
-use super::{hold_for_at_most, parked::Key, Cors, Parked, Prepared};
+use super::{hold_for_at_most, Cors, Key, Parked, Prepared};
 use crate::{node::Node, session::Session, transport::request};
 
 /// Takes up parked long-poll sessions on the lean path without the router, whose layers

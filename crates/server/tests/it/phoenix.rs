@@ -1,0 +1,114 @@
+//! The Phoenix front says what ends a topic in Phoenix's words, on its WebSocket and its
+//! long-poll alike (one expiry path: `Speaker::expire`).
+
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::{
+    auth::{auth_config, claims, hs256, now},
+    hostile::{reply_status, LongPoll},
+    support::*,
+};
+
+/// A connection token for user 42 (valid 10 minutes), and a subscription token for
+/// `private:a` that expires in 2 s.
+fn tokens() -> (String, String, u64) {
+    let connection = hs256(&claims("42", json!({})));
+    let exp = now() + 2;
+    let subscription = hs256(&claims("42", json!({ "channel": "private:a", "exp": exp })));
+    (connection, subscription, exp)
+}
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// The next message, which must be a Phoenix message.
+async fn next(ws: &mut Socket) -> Value {
+    let m = tokio::time::timeout(PATIENCE, ws.next()).await.unwrap();
+    let m: Value = serde_json::from_str(m.unwrap().unwrap().to_text().unwrap()).unwrap();
+    assert!(m.is_array(), "not a Phoenix message: {m}");
+    m
+}
+
+/// A subscription token that expires ends its topic with `phx_error`, as Phoenix tells a
+/// channel that crashed (phoenix.js rejoins it). The WebSocket was sent Herald's own
+/// `{"unsubscribe": …}`, which phoenix.js cannot read; the long-poll was told nothing.
+#[tokio::test]
+async fn an_expired_subscription_token_errors_its_topic_on_both_transports() {
+    let server = start(auth_config()).await;
+    let (connection, subscription, exp) = tokens();
+    let join =
+        |r: &str| json!(["1", r, "private:a", "phx_join", { "token": subscription }]).to_string();
+
+    // The WebSocket.
+    let url = format!(
+        "ws://{}/socket/websocket?vsn=2.0.0&token={connection}",
+        server.addr
+    );
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    ws.send(Message::text(join("1"))).await.unwrap();
+    assert_eq!(reply_status(&next(&mut ws).await), "ok");
+    let error = next(&mut ws).await;
+    assert!(now() > exp, "told before the token expired: {error}");
+    assert_eq!(error, json!([null, null, "private:a", "phx_error", {}]));
+    // Its rejoin, with the same token, is refused: it may no longer read the topic.
+    ws.send(Message::text(join("2"))).await.unwrap();
+    assert_eq!(reply_status(&next(&mut ws).await), "error");
+
+    // The long-poll.
+    let (connection, subscription, exp) = tokens();
+    let session = LongPoll::open(&server, Some(&connection)).await;
+    let join = json!(["1", "1", "private:a", "phx_join", { "token": subscription }]);
+    assert_eq!(session.post(&join.to_string()).await, 200);
+    let (status, joined) = session.get().await;
+    assert_eq!((status, reply_status(&joined[0])), (200, "ok"));
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let error = loop {
+        let (status, got) = session.get().await;
+        assert!(status == 200 || status == 204, "{status}: {got:?}");
+        if let Some(m) = got.into_iter().next() {
+            break m;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never told");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(now() > exp, "told before the token expired: {error}");
+    assert_eq!(error, json!([null, null, "private:a", "phx_error", {}]));
+    server.stop().await.unwrap();
+}
+
+/// Phoenix long-poll sessions wait in the node's one store, beside Herald's parked
+/// long-polls: counted in the same gauge, and neither transport finds the other's under
+/// its key (a Phoenix token sent as a Herald `session_key` starts a new Herald session
+/// and leaves the Phoenix one as it was).
+#[tokio::test]
+async fn phoenix_and_herald_long_polls_share_one_store_and_keep_to_their_own() {
+    let server = start(config()).await;
+    let phoenix = LongPoll::open(&server, None).await;
+    assert_eq!(server.node.metrics.longpolls_kept.get(), 1);
+    let join = r#"["1","1","open:x","phx_join",{}]"#;
+    assert_eq!(phoenix.post(join).await, 200);
+
+    let url = server.url(&format!(
+        "/connection/longpoll?channel=open:y&timeout=100ms&session_key={}",
+        phoenix.token
+    ));
+    let herald: Value = reqwest::get(url).await.unwrap().json().await.unwrap();
+    let key = herald["session_key"].as_str().unwrap();
+    assert_ne!(key, phoenix.token, "{herald}");
+    assert_eq!(server.node.metrics.longpolls_kept.get(), 2);
+
+    // The Phoenix session is there, with its reply; Herald's key is nothing to Phoenix.
+    let (status, replies) = phoenix.get().await;
+    assert_eq!((status, reply_status(&replies[0])), (200, "ok"));
+    let wrong = LongPoll {
+        token: key.to_string(),
+        ..phoenix
+    };
+    assert_eq!(wrong.get().await.0, 410);
+    assert_eq!(server.node.metrics.longpolls_kept.get(), 2);
+    server.stop().await.unwrap();
+}
