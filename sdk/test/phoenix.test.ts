@@ -105,6 +105,62 @@ describe("phoenix.js", () => {
   });
 });
 
+describe("authToken", () => {
+  /** A token for `user…` whose base64 holds no `+` or `/`: phoenix.js sends it with
+   * `btoa`, and a WebSocket client refuses a subprotocol with either. */
+  function subprotocolSafeToken(user: string): string {
+    for (let i = 0; ; i++) {
+      const token = signedToken(SECRET, `${user}-${i}`, {});
+      if (!/[+/]/.test(btoa(token))) return token;
+    }
+  }
+
+  it("is the connection token, on WebSocket (a subprotocol entry) and long-poll (a header)", async () => {
+    const authToken = subprotocolSafeToken("auth-token");
+    for (const transport of [WebSocket as unknown as typeof globalThis.WebSocket, LongPoll]) {
+      const s = new Socket(`ws://127.0.0.1:${herald.port}/socket`, { transport, authToken });
+      sockets.push(s);
+      s.connect();
+      const room = await joined(s, "members:auth-token");
+      await pushed(room, "hi", {});
+    }
+    // The members-only topic is refused without it.
+    await expect(joined(socket(), "members:auth-token")).rejects.toThrow(/members:auth-token/);
+  });
+});
+
+describe("the server ends a join", () => {
+  it("closes it with phx_close when an operator unsubscribes the user, on WebSocket and long-poll, and phoenix.js does not rejoin", async () => {
+    const token = signedToken(SECRET, "kicked", {});
+    const polling = new Socket(`ws://127.0.0.1:${herald.port}/socket`, { transport: LongPoll, params: { token } });
+    sockets.push(polling);
+    polling.connect();
+    const both = [socket({ token }), polling];
+    const channels = [await joined(both[0]!, "members:kick"), await joined(polling, "members:kick")];
+    const closed: number[] = [];
+    const errored: number[] = [];
+    channels.forEach((c, i) => {
+      c.onClose(() => void closed.push(i));
+      c.onError(() => void errored.push(i));
+    });
+    const done = await herald.api("/api/unsubscribe", { user: "kicked", channel: "members:kick" });
+    expect(done).toEqual({ unsubscribed: 2 });
+    await until("both closed", () => closed.length === 2);
+    expect(errored).toEqual([]);
+    expect(channels.map((c) => c.state)).toEqual(["closed", "closed"]);
+    // Nothing more of the topic arrives, and no rejoin made it a member again: a topic
+    // published to after it reaches each socket, and the ended one did not before it.
+    const after: unknown[] = [];
+    for (const c of channels) c.on("message", (p) => void after.push(p));
+    const seen: unknown[] = [];
+    for (const s of both) (await joined(s, "chat:kick-witness")).on("message", (p) => void seen.push(p));
+    await herald.publish("members:kick", { n: 1 });
+    await herald.publish("chat:kick-witness", { n: 2 });
+    await until("the witness's, on both sockets", () => seen.length === 2);
+    expect(after).toEqual([]);
+  });
+});
+
 describe("Phoenix Presence", () => {
   it("lists a topic's members by user and tells who joins and leaves", async () => {
     // As apps do: the Presence made before the join, so that it hears the state.

@@ -36,7 +36,7 @@ impl Session {
         let encoding = self.encoding;
         self.drain_in_forms(max_bytes, |drained, form, at| match drained {
             Drained::Delivery(d) => emit(d.push(encoding, form), Some(d), at),
-            Drained::Notice(push) => emit(push, None, at),
+            Drained::Notice(push) | Drained::Unsubscribed(_, push) => emit(push, None, at),
         })
     }
 
@@ -57,7 +57,9 @@ impl Session {
         max_bytes: usize,
         mut emit: impl FnMut(Drained<'_>, Form, Positions<'_>),
     ) -> Result<(), Disconnect> {
-        self.obey(&mut |push, at| emit(Drained::Notice(push), Form::Plain, at))?;
+        self.obey(&mut |channel, push, at| {
+            emit(Drained::Unsubscribed(channel, push), Form::Plain, at)
+        })?;
         // The batch's vector is the thread's, reused: a session keeps none of its own.
         let mut batch = SCRATCH.with_borrow_mut(std::mem::take);
         let result = match self.queue.take(max_bytes, &mut batch) {
@@ -174,7 +176,10 @@ impl Session {
 
     /// Carries out what an operator ordered (see [`crate::admin`]): subscriptions ended
     /// with an `unsubscribe` push (code 120) through `emit`, or the connection's end.
-    fn obey(&mut self, emit: &mut dyn FnMut(&[u8], Positions<'_>)) -> Result<(), Disconnect> {
+    fn obey(
+        &mut self,
+        emit: &mut dyn FnMut(&ChannelName, &[u8], Positions<'_>),
+    ) -> Result<(), Disconnect> {
         let Some(orders) = self.queue.take_orders() else {
             return Ok(());
         };
@@ -194,7 +199,7 @@ impl Session {
                 code: ErrorCode::Unsubscribed,
                 reason: "unsubscribed by the server",
             });
-            emit(&push, Positions(&self.subscriptions));
+            emit(&channel, &push, Positions(&self.subscriptions));
         }
         orders.end.map_or(Ok(()), Err)
     }
@@ -205,8 +210,11 @@ impl Session {
 pub enum Drained<'a> {
     /// A publication in order (or a presence change: offset 0).
     Delivery(&'a Delivery),
-    /// A push of the session's own, in Herald's protocol: an operator's order carried out.
+    /// A push of the session's own, in Herald's protocol (a conflated run skipped).
     Notice(&'a [u8]),
+    /// An operator unsubscribed the session from the channel (its push in Herald's
+    /// protocol): a front says it in its own words.
+    Unsubscribed(&'a ChannelName, &'a [u8]),
 }
 
 thread_local! {

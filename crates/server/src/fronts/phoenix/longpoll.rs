@@ -280,7 +280,8 @@ async fn open(
     if let Some(f) = facts.as_mut() {
         f.params = params;
     }
-    let connection_token = query.connection();
+    // phoenix.js's `authToken` option, preferred to the socket's `token` param.
+    let connection_token = super::auth_token::from_header(headers).or(query.connection());
     let address = counted.as_ref().map(|c| c.ip());
     let mut session = Session::new(node)
         .at_address(address)

@@ -3,7 +3,8 @@
 //!
 //! A topic is Herald's channel of the same name, so everything about it is Herald's: the
 //! namespace's rules, tokens (the socket's `token` param is the connection token, a join
-//! payload's `token` a subscription token), the connect hook (told the socket's params)
+//! payload's `token` a subscription token; phoenix.js's `authToken` option is the
+//! connection token too, [`auth_token`]), the connect hook (told the socket's params)
 //! and the subscribe hook (told the join payload), the publish hook. A client's event on a
 //! joined topic is published as `{"event": E, "data": payload}` (`E` renamed by
 //! `[phoenix] events`) and broadcast to every member, the sender included, as Phoenix's
@@ -14,6 +15,7 @@
 //! - [`speaker`]: joins, leaves, heartbeats and events, over the session;
 //! - [`longpoll`]: phoenix.js's long-poll fallback (`/socket/longpoll`), the same speaker.
 
+mod auth_token;
 mod longpoll;
 mod presence;
 mod socket;

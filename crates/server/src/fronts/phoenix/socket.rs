@@ -38,7 +38,16 @@ pub async fn connect(
         .into_response();
     };
     params.remove("vsn");
-    let token = params.remove("token");
+    let token = match super::auth_token::from_subprotocols(request.headers()) {
+        Some(Ok(token)) => Some(token),
+        Some(Err(e)) => return Failure::new(ErrorCode::BadRequest, e).into_response(),
+        None => None,
+    };
+    // The `authToken` option is preferred to the `token` param (kept out of the hook's
+    // params either way).
+    let token = token.or(params.remove("token"));
+    let subprotocol = websocket::offers(request.headers(), super::auth_token::SUBPROTOCOL)
+        .then_some(super::auth_token::SUBPROTOCOL);
     let opening = move |up| {
         Box::new(Opening {
             up,
@@ -47,7 +56,7 @@ pub async fn connect(
             params,
         })
     };
-    websocket::accept(node, request, None, move |up| run(opening(up)))
+    websocket::accept(node, request, subprotocol, move |up| run(opening(up)))
 }
 
 /// What opening a connection takes; boxed, so that none of it stays in the connection's

@@ -204,15 +204,7 @@ impl Speaker for Phoenix {
         joined.retain(|topic| {
             let kept = session.subscribed(topic);
             if !kept {
-                let topic = topic.as_str();
-                errors.push(phoenix::encode(
-                    *vsn,
-                    None,
-                    None,
-                    topic,
-                    "phx_error",
-                    phoenix::empty(),
-                ));
+                errors.push(ended(*vsn, topic, "phx_error"));
             }
             kept
         });
@@ -229,11 +221,20 @@ impl Speaker for Phoenix {
             session,
             vsn,
             presence,
-            ..
+            joined,
         } = self;
         let vsn = *vsn;
         session.drain_deliveries(max_bytes, |drained, at| match drained {
-            // Herald's own notices (an operator's unsubscribe) have no Phoenix words.
+            // An operator ended the join (Herald's 120: not to be joined again by itself):
+            // told as Phoenix tells a channel that stopped normally, `phx_close`, which
+            // phoenix.js does not rejoin.
+            Drained::Unsubscribed(channel, _) => {
+                presence.retain(|t| t.channel != *channel);
+                if joined.remove(channel) {
+                    emit(&ended(vsn, channel, "phx_close"), None, at);
+                }
+            }
+            // Herald's other notices (a conflated run) never reach a front.
             Drained::Notice(_) => {}
             Drained::Delivery(d) if d.offset == 0 => {
                 let Some(tracked) = presence.iter_mut().find(|t| t.channel == d.channel) else {
@@ -252,4 +253,11 @@ impl Speaker for Phoenix {
             Drained::Delivery(d) => emit(super::broadcast_of(d, vsn), Some(d), at),
         })
     }
+}
+
+/// What tells a client its join of `topic` ended: `event` is `phx_error` (phoenix.js
+/// rejoins after its backoff) or `phx_close` (it does not). Without a join ref, which
+/// phoenix.js takes as meant for the topic's current join.
+fn ended(vsn: Vsn, topic: &ChannelName, event: &str) -> Vec<u8> {
+    phoenix::encode(vsn, None, None, topic.as_str(), event, phoenix::empty())
 }

@@ -531,7 +531,13 @@ impl Speaker for Pusher {
             ..
         } = self;
         session.drain_deliveries(max_bytes, |drained, at| match drained {
-            // Herald's own notices (an operator's unsubscribe) have no Pusher words.
+            // An operator's unsubscribe has no Pusher words: the channel's roster goes.
+            Drained::Unsubscribed(channel, _) => {
+                if let Some(more) = more.as_mut() {
+                    more.rosters.retain(|r| r.channel != *channel);
+                }
+            }
+            // Herald's other notices (a conflated run) never reach a front.
             Drained::Notice(_) => {}
             Drained::Delivery(d) if d.offset == 0 => {
                 if let Some(more) = more.as_mut() {

@@ -255,7 +255,11 @@ mod tests {
     async fn until_count<V>(waiting: &Waiting<V>, n: usize) {
         let deadline = Instant::now() + Duration::from_secs(5);
         while waiting.0.count() != n {
-            assert!(Instant::now() < deadline, "{} wait, not {n}", waiting.0.count());
+            assert!(
+                Instant::now() < deadline,
+                "{} wait, not {n}",
+                waiting.0.count()
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
