@@ -33,8 +33,8 @@ async fn next(ws: &mut Socket) -> Value {
     m
 }
 
-/// A subscription token that expires ends its topic with `phx_error`, as Phoenix tells a
-/// channel that crashed (phoenix.js rejoins it). The WebSocket was sent Herald's own
+/// A subscription token that expires ends its topic with `phx_error` (with the join's
+/// ref), as Phoenix tells a channel that crashed (phoenix.js rejoins it). The WebSocket was sent Herald's own
 /// `{"unsubscribe": …}`, which phoenix.js cannot read; the long-poll was told nothing.
 #[tokio::test]
 async fn an_expired_subscription_token_errors_its_topic_on_both_transports() {
@@ -53,7 +53,7 @@ async fn an_expired_subscription_token_errors_its_topic_on_both_transports() {
     assert_eq!(reply_status(&next(&mut ws).await), "ok");
     let error = next(&mut ws).await;
     assert!(now() > exp, "told before the token expired: {error}");
-    assert_eq!(error, json!([null, null, "private:a", "phx_error", {}]));
+    assert_eq!(error, json!(["1", "1", "private:a", "phx_error", {}]));
     // Its rejoin, with the same token, is refused: it may no longer read the topic.
     ws.send(Message::text(join("2"))).await.unwrap();
     assert_eq!(reply_status(&next(&mut ws).await), "error");
@@ -76,7 +76,7 @@ async fn an_expired_subscription_token_errors_its_topic_on_both_transports() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(now() > exp, "told before the token expired: {error}");
-    assert_eq!(error, json!([null, null, "private:a", "phx_error", {}]));
+    assert_eq!(error, json!(["1", "1", "private:a", "phx_error", {}]));
     server.stop().await.unwrap();
 }
 
@@ -110,5 +110,37 @@ async fn phoenix_and_herald_long_polls_share_one_store_and_keep_to_their_own() {
     };
     assert_eq!(wrong.get().await.0, 410);
     assert_eq!(server.node.metrics.longpolls_kept.get(), 2);
+    server.stop().await.unwrap();
+}
+
+/// A join of a topic already joined under another `join_ref` closes the old join with
+/// `phx_close` (its own ref) and joins afresh, as Phoenix does; the same join asked again
+/// goes on. The old join was kept, and its presence beside the new one's.
+#[tokio::test]
+async fn a_new_join_of_a_joined_topic_closes_the_old_one() {
+    let server = start(config()).await;
+    let url = format!("ws://{}/socket/websocket?vsn=2.0.0", server.addr);
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    let join = |join_ref: &str, r: &str| json!([join_ref, r, "open:x", "phx_join", {}]).to_string();
+    ws.send(Message::text(join("1", "1"))).await.unwrap();
+    assert_eq!(reply_status(&next(&mut ws).await), "ok");
+    ws.send(Message::text(join("1", "2"))).await.unwrap();
+    let again = next(&mut ws).await;
+    assert_eq!((again[1].as_str(), reply_status(&again)), (Some("2"), "ok"));
+    ws.send(Message::text(join("3", "3"))).await.unwrap();
+    assert_eq!(
+        next(&mut ws).await,
+        json!(["1", "1", "open:x", "phx_close", {}])
+    );
+    let joined = next(&mut ws).await;
+    assert_eq!(
+        (joined[0].as_str(), reply_status(&joined)),
+        (Some("3"), "ok")
+    );
+    // Subscribed once: one broadcast per publication.
+    server.publish("open:x", json!({ "n": 1 })).await;
+    server.publish("open:x", json!({ "n": 2 })).await;
+    let (first, second) = (next(&mut ws).await, next(&mut ws).await);
+    assert_eq!((&first[4]["n"], &second[4]["n"]), (&json!(1), &json!(2)));
     server.stop().await.unwrap();
 }

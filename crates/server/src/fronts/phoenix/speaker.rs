@@ -1,7 +1,7 @@
 //! A Phoenix connection over a Herald session: joins, leaves, heartbeats and client events
 //! done with the session's own steps; broadcasts in Phoenix's words.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use herald_protocol::{
     json,
@@ -25,8 +25,9 @@ use crate::{
 pub struct Phoenix {
     session: Session,
     vsn: Vsn,
-    /// The topics it joined.
-    joined: HashSet<ChannelName>,
+    /// The topics it joined, each with the `join_ref` of its join (what phoenix.js
+    /// matches the server's messages of a join by).
+    joined: HashMap<ChannelName, Option<String>>,
     /// The joined topics whose presence it is shown (Phoenix Presence).
     presence: Vec<Tracked>,
 }
@@ -37,7 +38,7 @@ impl Phoenix {
         Self {
             session,
             vsn,
-            joined: HashSet::new(),
+            joined: HashMap::new(),
             presence: Vec::new(),
         }
     }
@@ -92,9 +93,22 @@ impl Phoenix {
             Ok(c) => c,
             Err(e) => return self.refuse(out, m, &e.to_string(), None),
         };
-        if self.joined.contains(&channel) {
-            // Joined again (a rejoin after an error): the same subscription goes on.
-            return self.reply(out, m, true, phoenix::empty());
+        match self.joined.get(&channel) {
+            // The same join asked again: it goes on.
+            Some(join_ref) if *join_ref == m.join_ref => {
+                return self.reply(out, m, true, phoenix::empty());
+            }
+            // A new join of a joined topic (phoenix.js rejoining after a timeout or an
+            // error): as Phoenix does, the old join is closed (`phx_close` with its ref,
+            // which phoenix.js's new join ignores) and the topic joined afresh.
+            Some(old) => {
+                let old = old.clone();
+                self.joined.remove(&channel);
+                self.presence.retain(|t| t.channel != channel);
+                self.session.close(&channel).await;
+                line(out, ended(self.vsn, &channel, old.as_deref(), "phx_close"));
+            }
+            None => {}
         }
         #[derive(Deserialize)]
         struct Params {
@@ -110,7 +124,7 @@ impl Phoenix {
         }
         match self.session.open(&channel, None, payload).await {
             Ok(_) => {
-                self.joined.insert(channel.clone());
+                self.joined.insert(channel.clone(), m.join_ref.clone());
                 self.reply(out, m, true, phoenix::empty());
                 self.present(&channel, m, out).await;
             }
@@ -144,7 +158,7 @@ impl Phoenix {
         let Ok(channel) = ChannelName::new(&m.topic) else {
             return self.refuse(out, m, "unmatched topic", None);
         };
-        if !self.joined.contains(&channel) {
+        if !self.joined.contains_key(&channel) {
             return self.refuse(out, m, "unmatched topic", None);
         }
         let node = self.session.node().clone();
@@ -201,10 +215,10 @@ impl Speaker for Phoenix {
             presence,
         } = self;
         let mut errors = Vec::new();
-        joined.retain(|topic| {
+        joined.retain(|topic, join_ref| {
             let kept = session.subscribed(topic);
             if !kept {
-                errors.push(ended(*vsn, topic, "phx_error"));
+                errors.push(ended(*vsn, topic, join_ref.as_deref(), "phx_error"));
             }
             kept
         });
@@ -230,8 +244,12 @@ impl Speaker for Phoenix {
             // phoenix.js does not rejoin.
             Drained::Unsubscribed(channel, _) => {
                 presence.retain(|t| t.channel != *channel);
-                if joined.remove(channel) {
-                    emit(&ended(vsn, channel, "phx_close"), None, at);
+                if let Some(join_ref) = joined.remove(channel) {
+                    emit(
+                        &ended(vsn, channel, join_ref.as_deref(), "phx_close"),
+                        None,
+                        at,
+                    );
                 }
             }
             // Herald's other notices (a conflated run) never reach a front.
@@ -255,9 +273,16 @@ impl Speaker for Phoenix {
     }
 }
 
-/// What tells a client its join of `topic` ended: `event` is `phx_error` (phoenix.js
-/// rejoins after its backoff) or `phx_close` (it does not). Without a join ref, which
-/// phoenix.js takes as meant for the topic's current join.
-fn ended(vsn: Vsn, topic: &ChannelName, event: &str) -> Vec<u8> {
-    phoenix::encode(vsn, None, None, topic.as_str(), event, phoenix::empty())
+/// What tells a client its join of `topic` (made with `join_ref`) ended: `event` is
+/// `phx_error` (phoenix.js rejoins after its backoff) or `phx_close` (it does not). The
+/// ref is the join's own, as Phoenix sends it.
+fn ended(vsn: Vsn, topic: &ChannelName, join_ref: Option<&str>, event: &str) -> Vec<u8> {
+    phoenix::encode(
+        vsn,
+        join_ref,
+        join_ref,
+        topic.as_str(),
+        event,
+        phoenix::empty(),
+    )
 }
