@@ -61,6 +61,25 @@ describe("phoenix.js", () => {
     expect(atB).toEqual([{ body: "hello" }]);
   });
 
+  it("leaves the sender out of its own event in a broadcast_from namespace, on WebSocket and long-poll", async () => {
+    const polling = new Socket(`ws://127.0.0.1:${herald.port}/socket`, { transport: LongPoll });
+    sockets.push(polling);
+    polling.connect();
+    const a = await joined(socket(), "quiet:room");
+    const b = await joined(polling, "quiet:room");
+    const atA: unknown[] = [];
+    const atB: unknown[] = [];
+    a.on("new_msg", (p) => void atA.push(p));
+    b.on("new_msg", (p) => void atB.push(p));
+    await pushed(a, "new_msg", { from: "a" });
+    await pushed(b, "new_msg", { from: "b" });
+    // A publication after both: each has heard the other's event, not its own.
+    await herald.publish("quiet:room", { event: "new_msg", data: { from: "api" } });
+    await until("the API's, at both", () => atA.length === 2 && atB.length === 2);
+    expect(atA).toEqual([{ from: "b" }, { from: "api" }]);
+    expect(atB).toEqual([{ from: "a" }, { from: "api" }]);
+  });
+
   it("receives what Herald's API publishes on the topic, as the event it names", async () => {
     const c = await joined(socket(), "chat:news");
     const alerts: unknown[] = [];

@@ -201,20 +201,39 @@ struct Envelope<'a> {
     event: std::borrow::Cow<'a, str>,
     #[serde(default, borrow)]
     data: Option<&'a RawValue>,
+    /// The connection that sent it and is not to hear it (Pusher's `socket_id`, a Phoenix
+    /// connection's for `broadcast_from`).
+    #[serde(default, borrow)]
+    socket_id: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// A publication as a Phoenix broadcast.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Broadcast {
+    /// The message.
+    pub frame: Vec<u8>,
+    /// The connection it is not for, if its sender asked so (the envelope's `socket_id`).
+    pub except: Option<String>,
 }
 
 /// A publication's payload (`data`, one JSON value) as a broadcast on `topic`: no join
 /// ref, so every member of the topic takes it, and one encoding serves them all.
-pub fn broadcast(vsn: Vsn, topic: &str, data: &[u8]) -> Vec<u8> {
+pub fn broadcast(vsn: Vsn, topic: &str, data: &[u8]) -> Broadcast {
     let null: &RawValue = serde_json::from_str("null").expect("null is JSON");
     let envelope = (data.first() == Some(&b'{'))
         .then(|| serde_json::from_slice::<Envelope>(data).ok())
         .flatten();
     match envelope {
-        Some(e) => encode(vsn, None, None, topic, &e.event, e.data.unwrap_or(null)),
+        Some(e) => Broadcast {
+            frame: encode(vsn, None, None, topic, &e.event, e.data.unwrap_or(null)),
+            except: e.socket_id.map(|s| s.into_owned()),
+        },
         None => {
             let whole: &RawValue = serde_json::from_slice(data).unwrap_or(null);
-            encode(vsn, None, None, topic, PLAIN_EVENT, whole)
+            Broadcast {
+                frame: encode(vsn, None, None, topic, PLAIN_EVENT, whole),
+                except: None,
+            }
         }
     }
 }
@@ -258,18 +277,27 @@ mod tests {
             String::from_utf8(reply(Vsn::V2, &m, true, empty())).unwrap(),
             r#"["1","2","room","phx_reply",{"status":"ok","response":{}}]"#
         );
+        let b = broadcast(
+            Vsn::V1,
+            "chat",
+            br#"{"event":"publish","data":{"body":"x"}}"#,
+        );
         assert_eq!(
-            String::from_utf8(broadcast(
-                Vsn::V1,
-                "chat",
-                br#"{"event":"publish","data":{"body":"x"}}"#
-            ))
-            .unwrap(),
+            String::from_utf8(b.frame).unwrap(),
             r#"{"topic":"chat","event":"publish","payload":{"body":"x"},"ref":null}"#
         );
+        assert_eq!(b.except, None);
+        let b = broadcast(Vsn::V2, "chat", br#"[1]"#);
         assert_eq!(
-            String::from_utf8(broadcast(Vsn::V2, "chat", br#"[1]"#)).unwrap(),
+            String::from_utf8(b.frame).unwrap(),
             r#"[null,null,"chat","message",[1]]"#
         );
+        let b = broadcast(
+            Vsn::V2,
+            "chat",
+            br#"{"event":"e","data":1,"socket_id":"phx.1f"}"#,
+        );
+        assert_eq!(b.frame, br#"[null,null,"chat","e",1]"#);
+        assert_eq!(b.except.as_deref(), Some("phx.1f"));
     }
 }

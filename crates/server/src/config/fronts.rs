@@ -103,6 +103,10 @@ pub struct PhoenixConfig {
     /// study's chat sends `speak` and hears `publish` (`{ speak = "publish" }`). Default
     /// none.
     pub events: std::collections::BTreeMap<String, String>,
+    /// Namespaces whose client events do not reach their sender, as Phoenix's
+    /// `broadcast_from!` (`""`: the default namespace, of topics without a `:`). Elsewhere
+    /// they reach every member, the sender included, as `broadcast!`. Default none.
+    pub broadcast_from: Vec<String>,
 }
 
 impl Default for PhoenixConfig {
@@ -110,7 +114,16 @@ impl Default for PhoenixConfig {
         Self {
             enabled: true,
             events: Default::default(),
+            broadcast_from: Vec::new(),
         }
+    }
+}
+
+impl PhoenixConfig {
+    /// Whether a client event on `channel` leaves its sender out.
+    pub fn broadcast_from(&self, channel: &herald_protocol::ChannelName) -> bool {
+        let namespace = channel.namespace();
+        self.broadcast_from.iter().any(|n| n == namespace)
     }
 }
 

@@ -294,7 +294,7 @@ async fn open(
     let key = Key::random();
     let held = counted.as_ref().map(|c| node.limits.hold(c.ip()));
     let polled = Polled {
-        speaker: Phoenix::new(session, vsn),
+        speaker: Phoenix::new(session, vsn, super::Sender::random()),
         outbox: Vec::new(),
         outbox_bytes: 0,
         held,

@@ -45,7 +45,7 @@ pub fn polling_routes() -> Router<Arc<Node>> {
 pub(crate) fn broadcast_of(
     d: &crate::queue::Delivery,
     vsn: herald_protocol::phoenix::Vsn,
-) -> &bytes::Bytes {
+) -> &Broadcast {
     use herald_protocol::phoenix::{broadcast, Vsn};
     let i = match vsn {
         Vsn::V1 => 0,
@@ -56,6 +56,67 @@ pub(crate) fn broadcast_of(
             offset: d.offset,
             record: d.record.clone(),
         };
-        bytes::Bytes::from(broadcast(vsn, d.channel.as_str(), publication.data()))
+        let made = broadcast(vsn, d.channel.as_str(), publication.data());
+        Broadcast {
+            frame: bytes::Bytes::from(made.frame),
+            except: made.except.as_deref().and_then(Sender::parse),
+        }
     })
+}
+
+/// A publication as a Phoenix broadcast, shared by every connection of a serializer.
+#[derive(Debug)]
+pub(crate) struct Broadcast {
+    pub frame: bytes::Bytes,
+    /// The Phoenix connection that sent it, which is not to hear it (`broadcast_from`).
+    pub except: Option<Sender>,
+}
+
+impl Broadcast {
+    /// Whether connection `me` hears it.
+    pub fn for_connection(&self, me: Sender) -> bool {
+        self.except != Some(me)
+    }
+}
+
+/// A Phoenix connection as its client events name their sender, for
+/// `[phoenix] broadcast_from`: 64 random bits, public (written into the publication, as
+/// Pusher's `socket_id` is), unlike the session's client id, which is a capability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Sender(u64);
+
+impl Sender {
+    const PREFIX: &'static str = "phx.";
+
+    /// A new connection's.
+    pub fn random() -> Self {
+        let mut bytes = [0u8; 8];
+        getrandom::fill(&mut bytes).expect("the operating system's random generator works");
+        Self(u64::from_le_bytes(bytes))
+    }
+
+    /// As a publication names it.
+    pub fn tag(self) -> String {
+        format!("{}{:016x}", Self::PREFIX, self.0)
+    }
+
+    /// The Phoenix connection a publication's `socket_id` names, if it names one.
+    fn parse(tag: &str) -> Option<Self> {
+        let hex = tag.strip_prefix(Self::PREFIX)?;
+        (hex.len() == 16).then(|| u64::from_str_radix(hex, 16).ok().map(Self))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sender_reads_back_from_its_tag_and_nothing_else_is_one() {
+        let me = Sender::random();
+        assert_eq!(Sender::parse(&me.tag()), Some(me));
+        assert_eq!(Sender::parse("123.456"), None, "a Pusher socket id");
+        assert_eq!(Sender::parse("phx.12"), None);
+        assert_eq!(Sender::parse("phx.zzzzzzzzzzzzzzzz"), None);
+    }
 }

@@ -8,7 +8,7 @@ use axum::{
 };
 use herald_protocol::{phoenix::Vsn, ErrorCode};
 
-use super::speaker::Phoenix;
+use super::{speaker::Phoenix, Sender};
 use crate::{
     error::Failure,
     hooks::Transport,
@@ -113,7 +113,9 @@ async fn open(opening: Box<Opening>) -> Option<(Phoenix, WebSocket<PhoenixFrames
     let mut session = Session::new(&node)
         .at_address(address)
         .came_by(Transport::Phoenix, facts);
-    let wire = WebSocket::open(stream, early, deflate, &session, &node, PhoenixFrames(vsn));
+    let sender = Sender::random();
+    let framing = PhoenixFrames(vsn, sender);
+    let wire = WebSocket::open(stream, early, deflate, &session, &node, framing);
     // Who the client is, before anything it sends: a refused token (or connect hook)
     // closes the socket with the code Herald's own clients get.
     let identified = session.identify_once(token.as_deref()).await;
@@ -123,14 +125,14 @@ async fn open(opening: Box<Opening>) -> Option<(Phoenix, WebSocket<PhoenixFrames
         return None;
     }
     session.announce();
-    Some((Phoenix::new(session, vsn), wire))
+    Some((Phoenix::new(session, vsn, sender), wire))
 }
 
 /// How a Phoenix connection is written to: a message per push; the hub writes broadcasts
 /// straight to the socket, made once per publication and serializer. Presence changes
 /// go through the connection's task, which turns them into `presence_diff`s.
 #[derive(Debug)]
-pub struct PhoenixFrames(Vsn);
+pub struct PhoenixFrames(Vsn, Sender);
 
 impl Framing for PhoenixFrames {
     const MESSAGE_PER_PUSH: bool = true;
@@ -144,6 +146,10 @@ impl Framing for PhoenixFrames {
             Vsn::V1 => crate::fronts::slots::PHOENIX_LANES[0],
             Vsn::V2 => crate::fronts::slots::PHOENIX_LANES[1],
         };
-        Some((lane, super::broadcast_of(delivery, vsn)))
+        let broadcast = super::broadcast_of(delivery, vsn);
+        // The sender's own event (`broadcast_from`): the task leaves it out.
+        broadcast
+            .for_connection(self.1)
+            .then_some((lane, &broadcast.frame[..]))
     }
 }

@@ -11,7 +11,7 @@ use herald_protocol::{
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::presence::Tracked;
+use super::{presence::Tracked, Sender};
 use crate::{
     error::Disconnect,
     fronts::line,
@@ -28,16 +28,19 @@ pub struct Phoenix {
     /// The topics it joined, each with the `join_ref` of its join (what phoenix.js
     /// matches the server's messages of a join by).
     joined: HashMap<ChannelName, Option<String>>,
+    /// Who it is as the sender of its client events (`broadcast_from`).
+    sender: Sender,
     /// The joined topics whose presence it is shown (Phoenix Presence).
     presence: Vec<Tracked>,
 }
 
 impl Phoenix {
     /// The connection of `session`, speaking serializer `vsn`.
-    pub fn new(session: Session, vsn: Vsn) -> Self {
+    pub fn new(session: Session, vsn: Vsn, sender: Sender) -> Self {
         Self {
             session,
             vsn,
+            sender,
             joined: HashMap::new(),
             presence: Vec::new(),
         }
@@ -167,7 +170,11 @@ impl Phoenix {
         let Ok(data) = serde_json::from_str::<&RawValue>(&m.payload) else {
             return self.refuse(out, m, "the payload is not JSON", None);
         };
-        let stored = pusher::stored(event, data, None, None);
+        // `broadcast_from` for the topic's namespace: the event names its sender, which
+        // does not hear it.
+        let from = node.settings.config.phoenix.broadcast_from(&channel);
+        let tag = from.then(|| self.sender.tag());
+        let stored = pusher::stored(event, data, None, tag.as_deref());
         let stored: &RawValue = serde_json::from_slice(&stored).expect("stored events are JSON");
         let payload = match json::payload(stored) {
             Ok(p) => p,
@@ -213,6 +220,7 @@ impl Speaker for Phoenix {
             vsn,
             joined,
             presence,
+            ..
         } = self;
         let mut errors = Vec::new();
         joined.retain(|topic, join_ref| {
@@ -236,7 +244,9 @@ impl Speaker for Phoenix {
             vsn,
             presence,
             joined,
+            sender,
         } = self;
+        let me = *sender;
         let vsn = *vsn;
         session.drain_deliveries(max_bytes, |drained, at| match drained {
             // An operator ended the join (Herald's 120: not to be joined again by itself):
@@ -268,7 +278,12 @@ impl Speaker for Phoenix {
                     );
                 }
             }
-            Drained::Delivery(d) => emit(super::broadcast_of(d, vsn), Some(d), at),
+            Drained::Delivery(d) => {
+                let broadcast = super::broadcast_of(d, vsn);
+                if broadcast.for_connection(me) {
+                    emit(&broadcast.frame, Some(d), at);
+                }
+            }
         })
     }
 }
