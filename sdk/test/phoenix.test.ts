@@ -80,6 +80,22 @@ describe("phoenix.js", () => {
     expect(atB).toEqual([{ from: "a" }, { from: "api" }]);
   });
 
+  it("answers a binary push with an error reply, and the socket stays", async () => {
+    const s = socket();
+    const c = await joined(s, "chat:binary");
+    const closes: unknown[] = [];
+    s.onClose((e: unknown) => void closes.push(e));
+    const refused = await new Promise<unknown>((resolve, reject) => {
+      c.push("upload", new Uint8Array([1, 2, 3]).buffer)
+        .receive("error", resolve)
+        .receive("ok", () => reject(new Error("accepted")))
+        .receive("timeout", () => reject(new Error("push timed out")));
+    });
+    expect(refused).toMatchObject({ reason: expect.stringMatching(/binary payloads/) });
+    await pushed(c, "new_msg", { still: "connected" });
+    expect(closes).toEqual([]);
+  });
+
   it("receives what Herald's API publishes on the topic, as the event it names", async () => {
     const c = await joined(socket(), "chat:news");
     const alerts: unknown[] = [];

@@ -194,6 +194,9 @@ impl Target {
                 r#"{"topic":"chat","event":"speak","payload":{"body":"hi"},"ref":"3"}"#,
                 r#"{"topic":"chat","event":"phx_join","payload":{},"ref":1,"join_ref":"1"}"#,
                 r#"{"event":"publish","data":{"body":"x"}}"#,
+                r#"{"event":"new_msg","data":{"body":"x"},"socket_id":"phx.00000000000000ff"}"#,
+                // A binary push: kind 0, the four sizes, join_ref, ref, topic, event, data.
+                "\u{0}\u{1}\u{1}\u{4}\u{6}12chatupload\u{1}\u{2}",
             ],
             Target::StoredFile => return vec![seed_file()],
             Target::Token => return access::tokens(),
@@ -363,6 +366,10 @@ impl Target {
                         let _ = phoenix::reply(vsn, &m, false, &phoenix::reason(&m.payload, None));
                     }
                     let _ = phoenix::broadcast(vsn, "chat", input);
+                }
+                if let Some((m, data)) = phoenix::decode_binary_push(input) {
+                    assert!(data.len() < input.len(), "the header is not the payload");
+                    let _ = phoenix::reply(Vsn::V2, &m, false, phoenix::empty());
                 }
             }),
         }

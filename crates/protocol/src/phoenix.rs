@@ -122,6 +122,36 @@ pub fn decode(vsn: Vsn, message: &[u8]) -> Result<Message, Malformed> {
     }
 }
 
+/// The kind byte of a client's binary push (serializer 2.0.0, a binary WebSocket message:
+/// `[0, join_ref len, ref len, topic len, event len, join_ref, ref, topic, event, data]`).
+const BINARY_PUSH: u8 = 0;
+
+/// A client's binary push (phoenix.js sends one when a push's payload is an
+/// `ArrayBuffer`): the message with a `null` payload, and the payload's bytes. `None` if
+/// `message` is not one. Never panics.
+pub fn decode_binary_push(message: &[u8]) -> Option<(Message, &[u8])> {
+    let (&kind, rest) = message.split_first()?;
+    if kind != BINARY_PUSH {
+        return None;
+    }
+    let (sizes, mut rest) = rest.split_first_chunk::<4>()?;
+    let mut texts: [String; 4] = Default::default();
+    for (text, size) in texts.iter_mut().zip(sizes) {
+        let (bytes, after) = rest.split_at_checked(usize::from(*size))?;
+        *text = std::str::from_utf8(bytes).ok()?.to_owned();
+        rest = after;
+    }
+    let [join_ref, reference, topic, event] = texts;
+    let message = Message {
+        join_ref: Some(join_ref).filter(|r| !r.is_empty()),
+        reference: Some(reference).filter(|r| !r.is_empty()),
+        topic,
+        event,
+        payload: "null".to_owned(),
+    };
+    Some((message, rest))
+}
+
 /// Encodes a message from the server.
 pub fn encode(
     vsn: Vsn,
@@ -268,6 +298,28 @@ mod tests {
         assert_eq!(Vsn::parse(Some("2.0.0")), Some(Vsn::V2));
         assert_eq!(Vsn::parse(None), Some(Vsn::V1));
         assert_eq!(Vsn::parse(Some("3.0.0")), None);
+    }
+
+    #[test]
+    fn reads_a_binary_push_as_phoenix_js_writes_it() {
+        let mut push = vec![0, 1, 2, 10, 6];
+        push.extend_from_slice(b"312chat:lobbyupload");
+        push.extend_from_slice(&[0xff, 0, 1]);
+        let (m, data) = decode_binary_push(&push).unwrap();
+        assert_eq!(m.join_ref.as_deref(), Some("3"));
+        assert_eq!(m.reference.as_deref(), Some("12"));
+        assert_eq!(
+            (m.topic.as_str(), m.event.as_str()),
+            ("chat:lobby", "upload")
+        );
+        assert_eq!(data, [0xff, 0, 1]);
+        assert!(decode_binary_push(&push[..8]).is_none(), "cut short");
+        assert!(decode_binary_push(b"[\"1\"]").is_none(), "text");
+        assert!(decode_binary_push(&[0, 1, 0, 0]).is_none());
+        assert!(
+            decode_binary_push(&[0, 1, 0, 0, 0, 0xff]).is_none(),
+            "not UTF-8"
+        );
     }
 
     #[test]

@@ -57,6 +57,17 @@ impl Phoenix {
     }
 
     async fn handle_message(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), Disconnect> {
+        if let Some((m, _data)) = phoenix::decode_binary_push(bytes) {
+            // A binary push (a message of its own kind, never JSON text): answered, and
+            // the socket stays, as for any event the server does not handle.
+            if let Err(f) = self.session.charge_command() {
+                self.refuse(out, &m, &f.message, Some(f.wire_code()));
+            } else {
+                let reason = "binary payloads are not supported: push JSON (base64 for bytes)";
+                self.refuse(out, &m, reason, None);
+            }
+            return Ok(());
+        }
         let m = phoenix::decode(self.vsn, bytes)
             .map_err(|e| Disconnect::because(DisconnectCode::BadRequest, e.0))?;
         // Every message, heartbeats included, is one command of the connection's (and,
