@@ -12,7 +12,8 @@ export interface TryIt {
   dispose(): Promise<void>;
 }
 
-export async function startTryIt(): Promise<TryIt> {
+/** `env`: more of Herald's environment, beside the example's. */
+export async function startTryIt(env: Record<string, string> = {}): Promise<TryIt> {
   const backend = (exampleBackend as () => Server)();
   await new Promise<void>((resolve) => backend.listen(0, "127.0.0.1", resolve));
   const base = `http://127.0.0.1:${(backend.address() as AddressInfo).port}`;
@@ -28,6 +29,7 @@ export async function startTryIt(): Promise<TryIt> {
       HERALD_NAMESPACES__ROOM__SUBSCRIBE_HOOK: "true",
       HERALD_NAMESPACES__ROOM__PUBLISH_HOOK: "true",
       HERALD_NAMESPACES__ROOM__PUBLISH: "anyone",
+      ...env,
     },
   });
   return {

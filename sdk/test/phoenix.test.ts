@@ -3,6 +3,7 @@
 import { LongPoll, Presence, Socket, type Channel } from "phoenix";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import WebSocket from "ws";
+import { startTryIt } from "./example.js";
 import { Herald, signedToken, until } from "./herald.js";
 import { SECRET, phoenixConfig } from "./phoenix.js";
 
@@ -137,6 +138,33 @@ describe("phoenix.js", () => {
     await herald.publish("chat:still", { n: 3 });
     await until("the other topic's", () => after.length === 1);
     expect(got).toEqual([{ n: 1 }]);
+  });
+});
+
+describe("handle_in replies", () => {
+  it("answers a push of [phoenix] rpc_events with the rpc hook's data, and its refusal with its code", async () => {
+    const tryIt = await startTryIt({ HERALD_PHOENIX__RPC_EVENTS: '["whoami","messages"]' });
+    try {
+      const s = new Socket(`ws://127.0.0.1:${tryIt.server.port}/socket`, {
+        transport: WebSocket as unknown as typeof globalThis.WebSocket,
+      });
+      sockets.push(s);
+      s.connect();
+      const lobby = await joined(s, "room:lobby");
+      const broadcast: unknown[] = [];
+      lobby.on("whoami", (p) => void broadcast.push(p));
+      expect(await pushed(lobby, "whoami", {})).toEqual({ user: null, transport: "phoenix" });
+      await expect(pushed(lobby, "messages", { room: "room:staff" })).rejects.toThrow(/1003.*not your room|not your room.*1003/);
+      expect(await pushed(lobby, "messages", { room: "room:lobby" })).toEqual([]);
+      // Answered, not broadcast: a later event reaches the topic, and no whoami before it.
+      const later: unknown[] = [];
+      lobby.on("new_msg", (p) => void later.push(p));
+      await tryIt.server.publish("room:lobby", { event: "new_msg", data: { text: "after" } });
+      await until("the later event", () => later.length === 1);
+      expect(broadcast).toEqual([]);
+    } finally {
+      await tryIt.dispose();
+    }
   });
 });
 

@@ -107,6 +107,11 @@ pub struct PhoenixConfig {
     /// `broadcast_from!` (`""`: the default namespace, of topics without a `:`). Elsewhere
     /// they reach every member, the sender included, as `broadcast!`. Default none.
     pub broadcast_from: Vec<String>,
+    /// Events a client pushes to be answered, not broadcast: each goes to the rpc hook
+    /// (`hooks.rpc_url`, with the topic as `channel`) and its `data` is the push's reply,
+    /// as a Phoenix channel's `handle_in` answers `{:reply, {:ok, data}, socket}`.
+    /// Default none.
+    pub rpc_events: Vec<String>,
 }
 
 impl Default for PhoenixConfig {
@@ -115,6 +120,7 @@ impl Default for PhoenixConfig {
             enabled: true,
             events: Default::default(),
             broadcast_from: Vec::new(),
+            rpc_events: Vec::new(),
         }
     }
 }

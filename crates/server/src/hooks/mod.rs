@@ -331,6 +331,10 @@ pub struct RpcRequest<'a> {
     pub method: &'a str,
     /// The client's data.
     pub data: &'a RawValue,
+    /// The channel the call was made on, for a front whose calls are (a Phoenix push of
+    /// one of `[phoenix] rpc_events`, on its topic).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub channel: Option<&'a str>,
 }
 
 impl HookError {

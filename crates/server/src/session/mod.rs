@@ -357,6 +357,23 @@ impl Session {
         reply: Reply,
         req: herald_protocol::command::RpcRequest,
     ) -> Result<Option<Vec<u8>>, Failure> {
+        let data = self
+            .call_rpc(&req.method, raw_json(&req.data), None)
+            .await?;
+        Ok(reply.with(Outcome::Rpc(results::Rpc {
+            data: raw_json(&data),
+        })))
+    }
+
+    /// Asks the backend's rpc hook `method` with `data` (about `channel`, for a front
+    /// whose calls are made on one: a Phoenix push the app answers as `handle_in` would):
+    /// its answer's data (`null` when it has none), checked JSON.
+    pub async fn call_rpc(
+        &mut self,
+        method: &str,
+        data: &serde_json::value::RawValue,
+        channel: Option<&ChannelName>,
+    ) -> Result<bytes::Bytes, Failure> {
         let node = self.node().clone();
         if self.identity().is_some_and(|i| i.operator) {
             return Err(Failure::new(
@@ -373,17 +390,15 @@ impl Session {
         self.hook_budget()?;
         let request = hooks::RpcRequest {
             client: self.hook_client(),
-            method: &req.method,
-            data: raw_json(&req.data),
+            method,
+            data,
+            channel: channel.map(ChannelName::as_str),
         };
         let answer: hooks::DataResult = hook.call(&request).await.map_err(|e| e.failure("rpc"))?;
-        let data = match answer.data {
-            Some(data) => hooks::checked_data(&data, "rpc")?,
-            None => bytes::Bytes::from_static(b"null"),
-        };
-        Ok(reply.with(Outcome::Rpc(results::Rpc {
-            data: raw_json(&data),
-        })))
+        match answer.data {
+            Some(data) => hooks::checked_data(&data, "rpc"),
+            None => Ok(bytes::Bytes::from_static(b"null")),
+        }
     }
 
     /// The id clients use to address this session (`client` in the connect result);

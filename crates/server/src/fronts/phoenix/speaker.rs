@@ -176,6 +176,9 @@ impl Phoenix {
             return self.refuse(out, m, "unmatched topic", None);
         }
         let node = self.session.node().clone();
+        if node.settings.config.phoenix.rpc_events.contains(&m.event) {
+            return self.answer_by_hook(&channel, m, out).await;
+        }
         let events = &node.settings.config.phoenix.events;
         let event = events.get(&m.event).unwrap_or(&m.event);
         let Ok(data) = serde_json::from_str::<&RawValue>(&m.payload) else {
@@ -193,6 +196,25 @@ impl Phoenix {
         };
         match self.session.publish_checked(&channel, payload).await {
             Ok(_) => self.reply(out, m, true, phoenix::empty()),
+            Err(f) => self.refuse(out, m, &f.message, Some(f.wire_code())),
+        }
+    }
+}
+
+impl Phoenix {
+    /// A push of one of `[phoenix] rpc_events`: the rpc hook's answer is its reply, as a
+    /// channel's `handle_in` replies; nothing is broadcast.
+    async fn answer_by_hook(&mut self, channel: &ChannelName, m: &Message, out: &mut Vec<u8>) {
+        let Ok(data) = serde_json::from_str::<&RawValue>(&m.payload) else {
+            return self.refuse(out, m, "the payload is not JSON", None);
+        };
+        match self.session.call_rpc(&m.event, data, Some(channel)).await {
+            Ok(answer) => {
+                let text = std::str::from_utf8(&answer).expect("hook data is checked JSON");
+                let answer: &RawValue =
+                    serde_json::from_str(text).expect("hook data is checked JSON");
+                self.reply(out, m, true, answer);
+            }
             Err(f) => self.refuse(out, m, &f.message, Some(f.wire_code())),
         }
     }
