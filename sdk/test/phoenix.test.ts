@@ -236,8 +236,9 @@ describe("Phoenix Presence", () => {
     const bobSocket = socket({ token: signedToken(SECRET, "bob", { name: "Bob" }) });
     const bob = await joined(bobSocket, "room:presence");
     await until("ann sees bob", () => seen.list((id) => id).sort().join() === "ann,bob");
-    const metas = seen.list((id, { metas }) => ({ id, info: (metas[0] as { info?: unknown }).info }));
-    expect(metas).toContainEqual({ id: "bob", info: { name: "Bob" } });
+    // The app's metas: the member's info (here from its token), with Phoenix's phx_ref.
+    const metas = seen.list((id, { metas }) => ({ id, meta: metas[0] as Record<string, unknown> }));
+    expect(metas).toContainEqual({ id: "bob", meta: { name: "Bob", phx_ref: expect.any(String) } });
     await new Promise<void>((resolve) => bob.leave().receive("ok", () => resolve()));
     await until("bob left", () => left.includes("bob"));
     expect(seen.list((id) => id)).toEqual(["ann"]);

@@ -1,7 +1,8 @@
 //! Phoenix Presence over Herald's presence: `presence_state` when a topic is joined, and
 //! `presence_diff` for each of Herald's join and leave pushes, keyed as phoenix.js's
 //! `Presence` keys them: by user (a member without a user by its member id), one meta per
-//! connection (`phx_ref`: the member's id), carrying the member's `info`.
+//! connection (`phx_ref`: the member's id), whose other fields are the member's `info` (the
+//! app's metas, from its token or the connect hook).
 
 use std::collections::HashMap;
 
@@ -41,7 +42,18 @@ impl Tracked {
         self.keys.insert(id.to_owned(), key.clone());
         let info = m.and_then(|m| m.info).map(RawValue::get).unwrap_or("null");
         let info: Value = serde_json::from_str(info).unwrap_or(Value::Null);
-        (key, json!({ "phx_ref": id, "info": info }))
+        // The app's own metas, as `Presence.track(socket, key, metas)` gives them: the
+        // member's info (from its token or the connect hook) is the meta, beside the
+        // `phx_ref` Phoenix reserves.
+        let meta = match info {
+            Value::Object(mut fields) => {
+                fields.insert("phx_ref".into(), id.into());
+                Value::Object(fields)
+            }
+            Value::Null => json!({ "phx_ref": id }),
+            other => json!({ "phx_ref": id, "info": other }),
+        };
+        (key, meta)
     }
 
     /// `presence_diff`'s payload for one of Herald's presence pushes, if it changes
@@ -101,6 +113,11 @@ mod tests {
             ],
         );
         assert_eq!(state["ann"]["metas"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            state["ann"]["metas"][0],
+            json!({ "n": 1, "phx_ref": "0000000000000001" }),
+            "the app's metas"
+        );
         let diff = t
             .diff(br#"{"presence":{"channel":"chat:a","join":[{"client":"0000000000000003","user":"bob"}],"leave":[{"client":"0000000000000001"}]}}"#)
             .unwrap();
