@@ -351,3 +351,45 @@ async fn a_page_resumes_only_with_its_proof() {
     );
     server.stop().await.unwrap();
 }
+
+/// Issue #59, item 9: a quiet Pusher connection hears `pusher:ping`, as from Pusher's own
+/// servers (a page cannot see WebSocket pings); one that answers `pusher:pong` stays past
+/// `client.idle_timeout`, one that stops answering is closed with 4201 (pusher-js
+/// reconnects). Herald sent WebSocket pings only.
+#[tokio::test]
+async fn a_quiet_pusher_connection_hears_pusher_ping_and_is_kept_by_its_pongs() {
+    let mut c = pusher_config(false);
+    c.client.ping_interval = std::time::Duration::from_millis(200);
+    c.client.idle_timeout = std::time::Duration::from_secs(1);
+    let server = start(c).await;
+    let mut client = PusherClient::connect(&server).await;
+    let started = tokio::time::Instant::now();
+    // Answered for twice the idle timeout: every ping is Pusher's, and the connection stays.
+    // (Bounded as a whole: `next` waits past WebSocket pings, which would come forever.)
+    let answering = async {
+        while started.elapsed() < std::time::Duration::from_secs(2) {
+            let ping = client.next().await;
+            assert_eq!(ping["event"], "pusher:ping", "{ping}");
+            client
+                .send(json!({ "event": "pusher:pong", "data": {} }))
+                .await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, answering)
+        .await
+        .expect("pusher:ping, and the connection kept by the pongs");
+    // Unanswered: closed as a client that stopped answering.
+    let closed = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match client.ws.next().await {
+                Some(Ok(Message::Close(close))) => return close,
+                Some(Ok(_)) => {}
+                other => panic!("not a close: {other:?}"),
+            }
+        }
+    })
+    .await
+    .expect("closed in time");
+    assert_eq!(closed.map(|c| u16::from(c.code)), Some(4201));
+    server.stop().await.unwrap();
+}

@@ -296,6 +296,17 @@ impl Framing for PusherFrames {
         })
     }
 
+    /// Pusher's own keepalive, `pusher:ping`, on a quiet connection (pusher-js answers
+    /// `pusher:pong`): a page cannot see WebSocket pings, and the Pusher servers send
+    /// theirs this way.
+    fn app_ping(&self) -> Option<Vec<u8>> {
+        Some(herald_protocol::pusher::ping())
+    }
+
+    fn app_ping_regularly(&self) -> bool {
+        false
+    }
+
     /// Herald's reasons in Pusher's codes, so that `pusher-js` does what Herald's SDK
     /// would: 4200 reconnect at once, 4100 after a pause, 4000-4099 not at all.
     fn close(why: &Disconnect) -> (u16, String) {

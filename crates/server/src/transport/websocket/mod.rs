@@ -373,7 +373,8 @@ impl<F: Framing> Wire for WebSocket<F> {
     }
 
     fn pings_regularly(&self) -> bool {
-        self.io.framing().app_ping().is_some()
+        let framing = self.io.framing();
+        framing.app_ping_regularly() && framing.app_ping().is_some()
     }
 
     async fn ping(&mut self, payload: [u8; 8], timeout: Duration) -> Result<(), Unwritten> {

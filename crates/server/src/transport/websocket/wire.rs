@@ -54,6 +54,13 @@ pub trait Framing: Send + Sync + std::fmt::Debug + 'static {
     fn app_ping(&self) -> Option<Vec<u8>> {
         None
     }
+
+    /// Whether its [`Framing::app_ping`] goes every period even while the connection talks
+    /// (Centrifugo's clients count on it); otherwise only on a quiet connection, as a
+    /// WebSocket ping would.
+    fn app_ping_regularly(&self) -> bool {
+        true
+    }
 }
 
 /// Herald's own protocol: every publication as the hub encoded it, in a text frame.
