@@ -20,8 +20,16 @@ afterAll(async () => {
   await herald.dispose();
 });
 
-function socket(params: Record<string, string> = {}): Socket {
-  const s = new Socket(`ws://127.0.0.1:${herald.port}/socket`, { transport: WebSocket as unknown as typeof globalThis.WebSocket, params });
+const WS = WebSocket as unknown as typeof globalThis.WebSocket;
+
+/** A connected socket (over `ws` unless `options` says `transport: LongPoll`), to
+ * `server` (the file's unless given); disconnected after the test. */
+function socket(
+  params: Record<string, string> = {},
+  options: { transport?: typeof WS | typeof LongPoll; authToken?: string; server?: Herald } = {},
+): Socket {
+  const { transport = WS, authToken, server = herald } = options;
+  const s = new Socket(`ws://127.0.0.1:${server.port}/socket`, { transport, params, ...(authToken ? { authToken } : {}) });
   sockets.push(s);
   s.connect();
   return s;
@@ -63,9 +71,7 @@ describe("phoenix.js", () => {
   });
 
   it("leaves the sender out of its own event in a broadcast_from namespace, on WebSocket and long-poll", async () => {
-    const polling = new Socket(`ws://127.0.0.1:${herald.port}/socket`, { transport: LongPoll });
-    sockets.push(polling);
-    polling.connect();
+    const polling = socket({}, { transport: LongPoll });
     const a = await joined(socket(), "quiet:room");
     const b = await joined(polling, "quiet:room");
     const atA: unknown[] = [];
@@ -145,12 +151,7 @@ describe("handle_in replies", () => {
   it("answers a push of [phoenix] rpc_events with the rpc hook's data, and its refusal with its code", async () => {
     const tryIt = await startTryIt({ HERALD_PHOENIX__RPC_EVENTS: '["whoami","messages"]' });
     try {
-      const s = new Socket(`ws://127.0.0.1:${tryIt.server.port}/socket`, {
-        transport: WebSocket as unknown as typeof globalThis.WebSocket,
-      });
-      sockets.push(s);
-      s.connect();
-      const lobby = await joined(s, "room:lobby");
+      const lobby = await joined(socket({}, { server: tryIt.server }), "room:lobby");
       const broadcast: unknown[] = [];
       lobby.on("whoami", (p) => void broadcast.push(p));
       expect(await pushed(lobby, "whoami", {})).toEqual({ user: null, transport: "phoenix" });
@@ -180,11 +181,8 @@ describe("authToken", () => {
 
   it("is the connection token, on WebSocket (a subprotocol entry) and long-poll (a header)", async () => {
     const authToken = subprotocolSafeToken("auth-token");
-    for (const transport of [WebSocket as unknown as typeof globalThis.WebSocket, LongPoll]) {
-      const s = new Socket(`ws://127.0.0.1:${herald.port}/socket`, { transport, authToken });
-      sockets.push(s);
-      s.connect();
-      const room = await joined(s, "members:auth-token");
+    for (const transport of [WS, LongPoll]) {
+      const room = await joined(socket({}, { transport, authToken }), "members:auth-token");
       await pushed(room, "hi", {});
     }
     // The members-only topic is refused without it.
@@ -195,9 +193,7 @@ describe("authToken", () => {
 describe("the server ends a join", () => {
   it("closes it with phx_close when an operator unsubscribes the user, on WebSocket and long-poll, and phoenix.js does not rejoin", async () => {
     const token = signedToken(SECRET, "kicked", {});
-    const polling = new Socket(`ws://127.0.0.1:${herald.port}/socket`, { transport: LongPoll, params: { token } });
-    sockets.push(polling);
-    polling.connect();
+    const polling = socket({ token }, { transport: LongPoll });
     const both = [socket({ token }), polling];
     const channels = [await joined(both[0]!, "members:kick"), await joined(polling, "members:kick")];
     const closed: number[] = [];
@@ -248,10 +244,7 @@ describe("Phoenix Presence", () => {
 describe("phoenix.js's long-poll fallback", () => {
   it("joins, pushes and receives over /socket/longpoll, with the socket's token", async () => {
     const token = signedToken(SECRET, "lp-user", {});
-    const s = new Socket(`ws://127.0.0.1:${herald.port}/socket`, { transport: LongPoll, params: { token } });
-    sockets.push(s);
-    s.connect();
-    const room = await joined(s, "members:polled");
+    const room = await joined(socket({ token }, { transport: LongPoll }), "members:polled");
     const ws = await joined(socket({ token }), "members:polled");
     const polled: unknown[] = [];
     const viaWs: unknown[] = [];
@@ -268,10 +261,7 @@ describe("phoenix.js's long-poll fallback", () => {
   it("refuses a stale session token with 410, and a members-only topic without a token", async () => {
     const stale = await fetch(`${herald.url}/socket/longpoll?vsn=2.0.0&token=${"0".repeat(32)}`);
     expect(await stale.json()).toEqual({ status: 410 });
-    const s = new Socket(`ws://127.0.0.1:${herald.port}/socket`, { transport: LongPoll });
-    sockets.push(s);
-    s.connect();
-    await expect(joined(s, "members:polled")).rejects.toThrow(/members:polled/);
+    await expect(joined(socket({}, { transport: LongPoll }), "members:polled")).rejects.toThrow(/members:polled/);
   });
 });
 

@@ -503,7 +503,7 @@ pub fn node_of(client: &str) -> Option<&str> {
 }
 
 /// Validated JSON text (a payload checked when it was decoded) as a raw value.
-fn raw_json(data: &[u8]) -> &serde_json::value::RawValue {
+pub(crate) fn raw_json(data: &[u8]) -> &serde_json::value::RawValue {
     let text = std::str::from_utf8(data).expect("payloads are checked UTF-8 JSON");
     serde_json::from_str(text).expect("payloads are checked JSON")
 }

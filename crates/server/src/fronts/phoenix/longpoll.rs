@@ -103,17 +103,17 @@ impl Polls {
         Self(store)
     }
 
-    /// How long a session is kept from `now`: a client that reads keeps asking within its
+    /// Until when a session read now is kept: a client that reads keeps asking within its
     /// long-poll timeout, and may be away for the grace a Herald long-poll has.
-    fn kept_until(node: &Node, now: Instant) -> Instant {
+    fn kept_from_now(node: &Node) -> Instant {
         let http = &node.settings.config.http;
-        now + http.longpoll_grace + http.longpoll_timeout + Duration::from_secs(5)
+        Instant::now() + http.longpoll_grace + http.longpoll_timeout + Duration::from_secs(5)
     }
 
-    /// Session `token`, kept from now on as a `GET` keeps it (`Some`), or as it was.
-    fn get(&self, token: &str, kept_until: Option<Instant>) -> Option<Shared> {
+    /// Session `token`, kept at least until `until` (a `POST`, which does not keep it,
+    /// gives now).
+    fn get(&self, token: &str, until: Instant) -> Option<Shared> {
         let key = Key::parse(token)?;
-        let until = kept_until.unwrap_or_else(Instant::now);
         self.0
             .look(key, until, |v| v.downcast_ref::<Shared>().cloned())
     }
@@ -200,7 +200,7 @@ pub async fn poll(
         return f.into_response();
     }
     // Gone (dropped, or another node's): phoenix.js opens a new session.
-    let Some(polled) = polls.get(&given, Some(Polls::kept_until(&node, Instant::now()))) else {
+    let Some(polled) = polls.get(&given, Polls::kept_from_now(&node)) else {
         return status(410);
     };
     let until = Instant::now() + node.settings.config.http.longpoll_timeout;
@@ -302,11 +302,9 @@ async fn open(
         _counted: counted,
     };
     let shared: Shared = Arc::new(tokio::sync::Mutex::new(polled));
-    polls.0.insert(
-        key,
-        Box::new(shared),
-        Polls::kept_until(node, Instant::now()),
-    );
+    polls
+        .0
+        .insert(key, Box::new(shared), Polls::kept_from_now(node));
     let token = key.hex();
     let token = token.as_str();
     Json(json!({ "status": 410, "token": token })).into_response()
@@ -331,7 +329,7 @@ pub async fn send(
         return status(410);
     };
     // A POST does not keep the session: only reading it does.
-    let Some(polled) = polls.get(given, None) else {
+    let Some(polled) = polls.get(given, Instant::now()) else {
         return status(410);
     };
     let mut p = polled.lock().await;

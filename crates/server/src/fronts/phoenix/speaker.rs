@@ -16,7 +16,7 @@ use crate::{
     error::Disconnect,
     fronts::line,
     queue::Delivery,
-    session::{Drained, Positions, Session},
+    session::{raw_json, Drained, Positions, Session},
     transport::driver::Speaker,
 };
 
@@ -82,20 +82,13 @@ impl Phoenix {
             (_, "phx_join") => self.join(&m, out).await,
             (_, "phx_leave") => {
                 if let Ok(channel) = ChannelName::new(&m.topic) {
-                    self.joined.remove(&channel);
-                    self.presence.retain(|t| t.channel != channel);
-                    self.session.close(&channel).await;
+                    self.leave(&channel).await;
                 }
                 self.reply(out, &m, true, phoenix::empty());
-                let close = phoenix::encode(
-                    self.vsn,
-                    m.join_ref.as_deref(),
-                    m.join_ref.as_deref(),
-                    &m.topic,
-                    "phx_close",
-                    phoenix::empty(),
+                line(
+                    out,
+                    ended(self.vsn, &m.topic, m.join_ref.as_deref(), "phx_close"),
                 );
-                line(out, close);
             }
             _ => self.event(&m, out).await,
         }
@@ -115,12 +108,12 @@ impl Phoenix {
             // A new join of a joined topic (phoenix.js rejoining after a timeout or an
             // error): as Phoenix does, the old join is closed (`phx_close` with its ref,
             // which phoenix.js's new join ignores) and the topic joined afresh.
-            Some(old) => {
-                let old = old.clone();
-                self.joined.remove(&channel);
-                self.presence.retain(|t| t.channel != channel);
-                self.session.close(&channel).await;
-                line(out, ended(self.vsn, &channel, old.as_deref(), "phx_close"));
+            Some(_) => {
+                let old = self.leave(&channel).await.flatten();
+                line(
+                    out,
+                    ended(self.vsn, channel.as_str(), old.as_deref(), "phx_close"),
+                );
             }
             None => {}
         }
@@ -181,9 +174,7 @@ impl Phoenix {
         }
         let events = &node.settings.config.phoenix.events;
         let event = events.get(&m.event).unwrap_or(&m.event);
-        let Ok(data) = serde_json::from_str::<&RawValue>(&m.payload) else {
-            return self.refuse(out, m, "the payload is not JSON", None);
-        };
+        let data = payload(m);
         // `broadcast_from` for the topic's namespace: the event names its sender, which
         // does not hear it.
         let from = node.settings.config.phoenix.broadcast_from(&channel);
@@ -202,19 +193,24 @@ impl Phoenix {
 }
 
 impl Phoenix {
+    /// Leaves `channel` (its subscription, its presence): the `join_ref` of the join it
+    /// ends, if it was joined.
+    async fn leave(&mut self, channel: &ChannelName) -> Option<Option<String>> {
+        let join_ref = self.joined.remove(channel);
+        self.presence.retain(|t| t.channel != *channel);
+        self.session.close(channel).await;
+        join_ref
+    }
+
     /// A push of one of `[phoenix] rpc_events`: the rpc hook's answer is its reply, as a
     /// channel's `handle_in` replies; nothing is broadcast.
     async fn answer_by_hook(&mut self, channel: &ChannelName, m: &Message, out: &mut Vec<u8>) {
-        let Ok(data) = serde_json::from_str::<&RawValue>(&m.payload) else {
-            return self.refuse(out, m, "the payload is not JSON", None);
-        };
-        match self.session.call_rpc(&m.event, data, Some(channel)).await {
-            Ok(answer) => {
-                let text = std::str::from_utf8(&answer).expect("hook data is checked JSON");
-                let answer: &RawValue =
-                    serde_json::from_str(text).expect("hook data is checked JSON");
-                self.reply(out, m, true, answer);
-            }
+        match self
+            .session
+            .call_rpc(&m.event, payload(m), Some(channel))
+            .await
+        {
+            Ok(answer) => self.reply(out, m, true, raw_json(&answer)),
             Err(f) => self.refuse(out, m, &f.message, Some(f.wire_code())),
         }
     }
@@ -259,7 +255,12 @@ impl Speaker for Phoenix {
         joined.retain(|topic, join_ref| {
             let kept = session.subscribed(topic);
             if !kept {
-                errors.push(ended(*vsn, topic, join_ref.as_deref(), "phx_error"));
+                errors.push(ended(
+                    *vsn,
+                    topic.as_str(),
+                    join_ref.as_deref(),
+                    "phx_error",
+                ));
             }
             kept
         });
@@ -289,7 +290,7 @@ impl Speaker for Phoenix {
                 presence.retain(|t| t.channel != *channel);
                 if let Some(join_ref) = joined.remove(channel) {
                     emit(
-                        &ended(vsn, channel, join_ref.as_deref(), "phx_close"),
+                        &ended(vsn, channel.as_str(), join_ref.as_deref(), "phx_close"),
                         None,
                         at,
                     );
@@ -324,13 +325,11 @@ impl Speaker for Phoenix {
 /// What tells a client its join of `topic` (made with `join_ref`) ended: `event` is
 /// `phx_error` (phoenix.js rejoins after its backoff) or `phx_close` (it does not). The
 /// ref is the join's own, as Phoenix sends it.
-fn ended(vsn: Vsn, topic: &ChannelName, join_ref: Option<&str>, event: &str) -> Vec<u8> {
-    phoenix::encode(
-        vsn,
-        join_ref,
-        join_ref,
-        topic.as_str(),
-        event,
-        phoenix::empty(),
-    )
+fn ended(vsn: Vsn, topic: &str, join_ref: Option<&str>, event: &str) -> Vec<u8> {
+    phoenix::encode(vsn, join_ref, join_ref, topic, event, phoenix::empty())
+}
+
+/// A decoded message's payload: JSON, as [`phoenix::decode`] checked it.
+fn payload(m: &Message) -> &RawValue {
+    serde_json::from_str(&m.payload).expect("a decoded message's payload is JSON")
 }

@@ -29,8 +29,7 @@ pub async fn wait(
     until: Instant,
     also: impl Future,
 ) -> Waited {
-    let also = std::pin::pin!(also);
-    let mut also = also;
+    let mut also = std::pin::pin!(also);
     loop {
         tokio::select! {
             _ = queue.ready() => if queue.has_work() {
