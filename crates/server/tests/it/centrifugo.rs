@@ -632,10 +632,12 @@ fn cent_python() -> &'static PathBuf {
 /// The same API through `cent`, Centrifugo's Python SDK, as a backend would call it.
 #[tokio::test]
 async fn cent_the_python_server_sdk_calls_centrifugos_api_on_herald() {
+    // First: installing `cent` blocks the test's runtime, which runs the server too (on a
+    // fresh machine it took over a minute, and the listener was gone for idle by then).
+    let python = cent_python().clone();
     let server = start(config()).await;
     let mut listener = server.client().await;
     listener.subscribe("chat:cent", None).await;
-    let python = cent_python().clone();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/cent/calls.py");
     let url = server.url("/centrifugo/api");
     let out = tokio::process::Command::new(python)
