@@ -509,11 +509,13 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost {
     }, delay);
   }
 
-  /** Closes the transport ourselves and handles it like any other close. */
+  /** Closes the transport ourselves and handles it like any other close. The close frame
+   * carries `code` when it means coming back (the server then holds this client's presence
+   * for its grace, as after a drop), 1000 when not (it leaves at once). */
   private dropTransport(code: number, reason: string): void {
     const transport = this.transport;
     if (transport === undefined) return;
-    transport.close();
+    transport.close(shouldReconnect(code) && code >= 3000 && code < 5000 ? code : 1000);
     this.onTransportClose(code, reason);
   }
 

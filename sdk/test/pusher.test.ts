@@ -337,16 +337,76 @@ describe("cache channels and signed-in users", () => {
   });
 });
 
+describe("user channels", () => {
+  /** A pusher-js client signed in as `id`, its user channel subscribed. */
+  async function signedIn(id: string) {
+    const signer = backend();
+    const client = new PusherClient(APP.key, {
+      cluster: "local",
+      wsHost: "127.0.0.1",
+      wsPort: herald.port,
+      forceTLS: false,
+      enabledTransports: ["ws"],
+      userAuthentication: {
+        endpoint: "unused",
+        transport: "ajax",
+        customHandler: ({ socketId }, callback) => callback(null, signer.authenticateUser(socketId, { id })),
+      },
+    });
+    clients.push(client);
+    const got: unknown[] = [];
+    client.user.bind("notice", (data: unknown) => got.push(data));
+    client.signin();
+    const user = client.user as unknown as { serverToUserChannel?: { subscribed: boolean } };
+    await until(`${id}'s channel subscribed`, () => user.serverToUserChannel?.subscribed === true);
+    return got;
+  }
+
+  it("take the backend's sendToUser to every connection the user signed in on, and only theirs", async () => {
+    const [tab1, tab2, other] = [await signedIn("u-88"), await signedIn("u-88"), await signedIn("u-99")];
+    await backend().sendToUser("u-88", "notice", { n: 1 });
+    await backend().sendToUser("u-99", "notice", { n: 2 });
+    await until("each tab of u-88 has its notice", () => tab1.length === 1 && tab2.length === 1);
+    await until("u-99 has its own", () => other.length === 1);
+    expect(tab1).toEqual([{ n: 1 }]);
+    expect(tab2).toEqual([{ n: 1 }]);
+    expect(other).toEqual([{ n: 2 }]);
+  });
+
+  it("are refused to a connection not signed in as their user, and take no client events", async () => {
+    await signedIn("u-12");
+    const raw = new WebSocket(`ws://127.0.0.1:${herald.port}/app/${APP.key}?protocol=7`);
+    const got: Array<{ event: string; channel?: string; data: unknown }> = [];
+    raw.on("message", (m) => got.push(JSON.parse(m.toString())));
+    try {
+      await until("established", () => got.some((m) => m.event === "pusher:connection_established"));
+      raw.send(JSON.stringify({ event: "pusher:subscribe", data: { channel: "#server-to-user-u-12", auth: "" } }));
+      await until("refused", () => got.some((m) => m.event === "pusher:subscription_error"));
+      const refusal = got.find((m) => m.event === "pusher:subscription_error")!;
+      expect(refusal.channel).toBe("#server-to-user-u-12");
+      const said = typeof refusal.data === "string" ? JSON.parse(refusal.data) : refusal.data;
+      expect(said).toMatchObject({ status: 401 });
+      raw.send(JSON.stringify({ event: "client-x", channel: "#server-to-user-u-12", data: {} }));
+      await until("the client event refused", () => got.some((m) => m.event === "pusher:error"));
+    } finally {
+      raw.close();
+    }
+  });
+});
+
 /** A real HTTP server taking the app's webhooks: each post's events, and whether its
- * signature is valid (checked by the `pusher` SDK). */
-async function webhookReceiver() {
+ * signature is valid (checked by the `pusher` SDK). `answering`, when given, runs before
+ * the post is answered (the backend reading the API as it hears of a change). */
+async function webhookReceiver(answering?: (events: Array<Record<string, unknown>>) => Promise<void>) {
   const received: Array<{ valid: boolean; events: Array<Record<string, unknown>> }> = [];
   const hooks = createServer((req, res) => {
     let body = "";
     req.on("data", (c) => (body += c));
-    req.on("end", () => {
+    req.on("end", async () => {
       const webhook = backend().webhook({ headers: req.headers as Record<string, string>, rawBody: body });
-      received.push({ valid: webhook.isValid(), events: webhook.getEvents() as unknown as Array<Record<string, unknown>> });
+      const events = webhook.getEvents() as unknown as Array<Record<string, unknown>>;
+      if (answering) await answering(events);
+      received.push({ valid: webhook.isValid(), events });
       res.end("ok");
     });
   });
@@ -458,7 +518,7 @@ describe("a page that opted in to resuming", () => {
 });
 
 describe("webhooks", () => {
-  it("posts occupied and vacated once per channel, member added and removed once per user; a reload posts nothing", async () => {
+  it("posts occupied and vacated once per channel, member added and removed once per user; a reload posts no vacated", async () => {
     const hooks = await webhookReceiver();
     const server = await Herald.start({ args: ["--config", pusherConfig(hooks.url)] });
     const room = "presence-occupancy";
@@ -475,25 +535,101 @@ describe("webhooks", () => {
       await until("occupied and added", () => hooks.named("member_added", room).length === 1 && hooks.named("channel_occupied", room).length === 1);
       await until("the public channel occupied", () => hooks.named("channel_occupied", "lobby-hooks").length === 1);
       expect(hooks.named("member_added", room)[0]).toMatchObject({ user_id: "dora" });
-      // Dora's second tab closes, then her first reloads: she is never away for longer
-      // than the app's delay, so nothing is posted.
+      // Dora's second tab closes: she is still there through the first.
       second.disconnect();
+      // Her first tab closes too: she is gone at once (a tab closed is no drop), and is
+      // added again when she reloads. The channel was empty for less than the app's
+      // delay: no vacated, no second occupied.
       first.disconnect();
+      await until("dora removed", () => hooks.named("member_removed", room).length === 1);
       const reloaded = connect({ server, user: { user_id: "dora" } });
       await connected(reloaded);
       await subscribed(reloaded, room);
+      await until("dora added again", () => hooks.named("member_added", room).length === 2);
       reloaded.disconnect();
       public1.disconnect();
-      await until("removed and vacated", () => hooks.named("member_removed", room).length === 1 && hooks.named("channel_vacated", room).length === 1);
+      await until("removed and vacated", () => hooks.named("member_removed", room).length === 2 && hooks.named("channel_vacated", room).length === 1);
       await until("the public channel vacated", () => hooks.named("channel_vacated", "lobby-hooks").length === 1);
-      expect(hooks.named("member_added", room)).toHaveLength(1);
       expect(hooks.named("channel_occupied", room)).toHaveLength(1);
-      expect(hooks.named("member_removed", room)[0]).toMatchObject({ user_id: "dora" });
+      expect(hooks.named("member_removed", room)[1]).toMatchObject({ user_id: "dora" });
       expect(hooks.named("channel_occupied", "lobby-hooks")).toHaveLength(1);
       expect(hooks.named("member_added", "lobby-hooks")).toHaveLength(0);
       expect(hooks.received.every((r) => r.valid)).toBe(true);
     } finally {
       await server.dispose();
+      hooks.close();
+    }
+  });
+
+  // Issue #59: a member leaves once, at one moment, for everyone.
+  it("keeps one presence clock: a closed tab leaves at once, a dropped connection after the grace, for the channel's clients, the API and the webhook alike", async () => {
+    const room = "presence-clock";
+    let server: Herald | undefined;
+    /** The users GET /users listed as each member_removed webhook arrived. */
+    const listedAtRemoval: Array<{ removed: unknown; users: string[] }> = [];
+    const hooks = await webhookReceiver(async (events) => {
+      for (const e of events.filter((e) => e.name === "member_removed" && e.channel === room)) {
+        const answer = (await backend(server).get({ path: `/channels/${room}/users` })) as { json(): Promise<{ users: Array<{ id: string }> }> };
+        listedAtRemoval.push({ removed: e.user_id, users: (await answer.json()).users.map((u) => u.id) });
+      }
+    });
+    const node = await Herald.start({ args: ["--config", pusherConfig(hooks.url, "2s", '[presence]\ngrace = "3s"')] });
+    server = node;
+    const users = async () => {
+      const answer = (await backend(node).get({ path: `/channels/${room}/users` })) as { json(): Promise<{ users: Array<{ id: string }> }> };
+      return (await answer.json()).users.map((u) => u.id).sort();
+    };
+    const userCount = async () => {
+      const answer = (await backend(node).get({ path: `/channels/${room}`, params: { info: "user_count" } })) as { json(): Promise<{ user_count: number }> };
+      return (await answer.json()).user_count;
+    };
+    try {
+      const watcher = connect({ server: node, user: { user_id: "watcher" } });
+      await connected(watcher);
+      const watched = await subscribed(watcher, room);
+      const added = new Set<string>();
+      const addedHook = (user: string) => hooks.named("member_added", room).some((e) => e.user_id === user);
+      const removedAt = new Map<string, number>();
+      watched.bind("pusher:member_added", (m: { id: string }) => added.add(m.id));
+      watched.bind("pusher:member_removed", (m: { id: string }) => removedAt.set(m.id, Date.now()));
+
+      // Dora closes her only tab.
+      const dora = connect({ server: node, user: { user_id: "dora" } });
+      await connected(dora);
+      await subscribed(dora, room);
+      // (Heard by the watcher first: a join and leave in one window cancel out.)
+      await until("dora added", () => added.has("dora") && addedHook("dora"));
+      const closedAt = Date.now();
+      dora.disconnect();
+      await until("the watcher hears dora leave", () => removedAt.has("dora"));
+      await until("dora's webhook", () => listedAtRemoval.length === 1);
+      // Well inside the grace (3 s), which is for drops.
+      expect(removedAt.get("dora")! - closedAt).toBeLessThan(2000);
+      expect(listedAtRemoval[0]).toEqual({ removed: "dora", users: ["watcher"] });
+      expect(await users()).toEqual(["watcher"]);
+      expect(await userCount()).toBe(1);
+
+      // Eve's connection drops (no close frame): she stays for the grace, then leaves for
+      // everyone, the webhook no earlier than GET /users.
+      const eve = new WebSocket(`ws://127.0.0.1:${node.port}/app/${APP.key}?protocol=7`);
+      const got: Array<{ event: string; data: string }> = [];
+      eve.on("message", (m) => got.push(JSON.parse(m.toString())));
+      await until("eve connected", () => got.some((m) => m.event === "pusher:connection_established"));
+      const established = got.find((m) => m.event === "pusher:connection_established")!;
+      const socketId = (JSON.parse(established.data) as { socket_id: string }).socket_id;
+      const auth = backend(node).authorizeChannel(socketId, room, { user_id: "eve" });
+      eve.send(JSON.stringify({ event: "pusher:subscribe", data: { channel: room, ...auth } }));
+      await until("eve added", () => added.has("eve") && addedHook("eve"));
+      const droppedAt = Date.now();
+      eve.terminate();
+      expect(await users()).toEqual(["eve", "watcher"]);
+      await until("the watcher hears eve leave", () => removedAt.has("eve"));
+      await until("eve's webhook", () => listedAtRemoval.length === 2);
+      expect(removedAt.get("eve")! - droppedAt).toBeGreaterThanOrEqual(2900);
+      expect(listedAtRemoval[1]).toEqual({ removed: "eve", users: ["watcher"] });
+      expect(await userCount()).toBe(1);
+    } finally {
+      await node.dispose();
       hooks.close();
     }
   });

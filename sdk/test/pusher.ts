@@ -7,8 +7,9 @@ export const APP = { id: "1001", key: "app-one-key", secret: "app-one-secret-012
 export const OTHER = { id: "1002", key: "app-two-key", secret: "app-two-secret-0123456789" };
 
 /** A configuration with two apps; the first allows client events, and posts webhooks to
- * `webhookUrl` when given (leaves after `leaveDelay`). */
-export function pusherConfig(webhookUrl?: string, leaveDelay = "2s"): string {
+ * `webhookUrl` when given (vacated channels after `leaveDelay`); `more` is appended (a
+ * table of Herald's own configuration). */
+export function pusherConfig(webhookUrl?: string, leaveDelay = "2s", more = ""): string {
   const dir = scratchDir("herald-pusher-");
   const file = join(dir, "herald.toml");
   writeFileSync(
@@ -25,6 +26,7 @@ webhook_leave_delay = "${leaveDelay}"` : ""}
 id = "${OTHER.id}"
 key = "${OTHER.key}"
 secret = "${OTHER.secret}"
+${more}
 `,
   );
   return file;

@@ -221,12 +221,49 @@ pub enum Kind {
     Encrypted,
     /// `presence-`: a signature over the member's `channel_data`; members are listed.
     Presence,
+    /// `#server-to-user-{id}`: the user's own, which a connection signed in as that user
+    /// (`pusher:signin`) subscribes to; only the app's backend sends there (`sendToUser`).
+    User,
+}
+
+/// The prefix of a user's own channel.
+pub const USER_CHANNEL: &str = "#server-to-user-";
+
+/// A user channel as Herald names it: `#` is no character of Herald's channel names, and
+/// `!` is none of Pusher's, so no Pusher client can name it otherwise.
+const USER_CHANNEL_INSIDE: &str = "!server-to-user-";
+
+/// The user whose channel `name` is (`#server-to-user-{id}`), if it is one.
+pub fn user_of_channel(name: &str) -> Option<&str> {
+    name.strip_prefix(USER_CHANNEL)
+}
+
+/// Pusher channel `name`, checked, as Herald names it (the part after the app's namespace):
+/// itself, but for a user channel.
+pub fn inside_name(name: &str) -> Result<std::borrow::Cow<'_, str>, Malformed> {
+    match user_of_channel(name) {
+        Some(user) => {
+            check_channel(user)?;
+            Ok(format!("{USER_CHANNEL_INSIDE}{user}").into())
+        }
+        None => check_channel(name).map(|()| name.into()),
+    }
+}
+
+/// The Pusher name of a channel Herald names `inside` (the part after the namespace).
+pub fn outside_name(inside: &str) -> std::borrow::Cow<'_, str> {
+    match inside.strip_prefix(USER_CHANNEL_INSIDE) {
+        Some(user) => format!("{USER_CHANNEL}{user}").into(),
+        None => inside.into(),
+    }
 }
 
 impl Kind {
     /// The kind of `channel`.
     pub fn of(channel: &str) -> Kind {
-        if channel.starts_with("private-encrypted-") {
+        if channel.starts_with(USER_CHANNEL) {
+            Kind::User
+        } else if channel.starts_with("private-encrypted-") {
             Kind::Encrypted
         } else if channel.starts_with("private-") {
             Kind::Private
@@ -239,7 +276,7 @@ impl Kind {
 
     /// Whether subscribing needs a signature.
     pub fn signed(self) -> bool {
-        self != Kind::Public
+        matches!(self, Kind::Private | Kind::Encrypted | Kind::Presence)
     }
 }
 

@@ -74,6 +74,26 @@ fn channel_names_follow_pushers_alphabet() {
     assert_eq!(Kind::of("private-encrypted-x"), Kind::Encrypted);
     assert_eq!(Kind::of("presence-x"), Kind::Presence);
     assert_eq!(Kind::of("x"), Kind::Public);
+    assert_eq!(Kind::of("#server-to-user-ann"), Kind::User);
+}
+
+#[test]
+fn a_user_channel_has_a_name_inside_that_no_pusher_client_can_give() {
+    let inside = inside_name("#server-to-user-ann.1").unwrap();
+    assert_eq!(inside, "!server-to-user-ann.1");
+    assert!(check_channel(&inside).is_err());
+    assert_eq!(outside_name(&inside), "#server-to-user-ann.1");
+    assert_eq!(inside_name("news").unwrap(), "news");
+    assert_eq!(outside_name("news"), "news");
+    assert_eq!(user_of_channel("#server-to-user-ann"), Some("ann"));
+    for bad in [
+        "#server-to-user-",
+        "#server-to-user-a b",
+        "#other",
+        "!server-to-user-ann",
+    ] {
+        assert!(inside_name(bad).is_err(), "{bad}");
+    }
 }
 
 #[test]

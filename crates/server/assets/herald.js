@@ -1187,10 +1187,10 @@ var Herald = (() => {
       if (this.closed || this.socket.readyState !== 1) return;
       this.socket.send(this.protobuf ? encodeProtobufCommands(commands) : encodeCommands(commands));
     }
-    close() {
+    close(code = 1e3) {
       this.closed = true;
       try {
-        this.socket.close(1e3);
+        this.socket.close(code);
       } catch {
       }
     }
@@ -1597,11 +1597,13 @@ var Herald = (() => {
         if (this.current === "connecting" && this.transport === void 0) this.open();
       }, delay);
     }
-    /** Closes the transport ourselves and handles it like any other close. */
+    /** Closes the transport ourselves and handles it like any other close. The close frame
+     * carries `code` when it means coming back (the server then holds this client's presence
+     * for its grace, as after a drop), 1000 when not (it leaves at once). */
     dropTransport(code, reason) {
       const transport = this.transport;
       if (transport === void 0) return;
-      transport.close();
+      transport.close(shouldReconnect(code) && code >= 3e3 && code < 5e3 ? code : 1e3);
       this.onTransportClose(code, reason);
     }
     teardown(error, rejectWaiters = true) {

@@ -19,8 +19,10 @@ export interface Transport {
   readonly name: TransportName;
   /** Commands in one frame (WebSocket) or one request (`POST /connection/send`). */
   send(commands: Command[]): void;
-  /** Stops without reporting `close`. */
-  close(): void;
+  /** Stops without reporting `close`. `code` (WebSocket: the close frame's) tells the
+   * server whether the client comes back: one that reconnects (3000-3499) has its
+   * presence held for the server's grace; 1000, the default, leaves at once. */
+  close(code?: number): void;
   /** Silence, ms, after which this transport is taken for dead, when it is not the
    * client's (`pingInterval` + `timeout`). */
   readonly silenceLimit?: number;

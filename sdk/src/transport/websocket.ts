@@ -52,10 +52,10 @@ export class WebSocketTransport implements Transport {
     this.socket.send(this.protobuf ? encodeProtobufCommands(commands) : encodeCommands(commands));
   }
 
-  close(): void {
+  close(code = 1000): void {
     this.closed = true;
     try {
-      this.socket.close(1000);
+      this.socket.close(code);
     } catch {
       // Already closing.
     }

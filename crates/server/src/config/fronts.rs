@@ -51,9 +51,10 @@ pub struct PusherApp {
     /// Which events are posted there, of [`WEBHOOK_EVENTS`]. Default all of them.
     #[serde(default)]
     pub webhook_events: Option<Vec<String>>,
-    /// How long `member_removed` and `channel_vacated` wait: none is posted when the user
-    /// (the channel's first subscriber) is back by then, as when a page reloads. Default
-    /// `3s`.
+    /// How long `channel_vacated` waits: none is posted when the channel's first
+    /// subscriber is back by then, as when a page reloads. Default `3s`. (`member_removed`
+    /// keeps presence's own clock, `presence.grace`, with the channel's clients and the
+    /// HTTP API.)
     #[serde(default = "default_leave_delay", with = "humantime_serde")]
     pub webhook_leave_delay: Duration,
     /// How long a page that opted in (`wsPath: "/resume/ID"`) may be away and still be

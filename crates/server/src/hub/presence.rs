@@ -54,6 +54,14 @@ pub fn member_id(secret: &str, user: &str) -> u64 {
     u64::from_be_bytes(digest[..8].try_into().expect("8 bytes"))
 }
 
+/// The member id of a user who is one member however many connections it has (a Pusher
+/// presence channel's, as Pusher counts users): each connection is a holder of it, so the
+/// store says when the user's first connection arrives and when its last leaves, on any
+/// node. Keyed apart from [`member_id`]'s ids by a secret no client id can be.
+pub fn user_member_id(user: &str) -> u64 {
+    member_id(user, "\0user")
+}
+
 /// A membership of one connection, as the session hands it over.
 #[derive(Debug, Clone)]
 pub struct Joining {
@@ -146,6 +154,19 @@ pub struct Presence {
     /// Who is told of the expiries of the server's own presence channels (`$…`, which no
     /// client subscribes to: a front's count of who occupies a channel).
     internal: Mutex<Option<Weak<dyn PresenceEvents>>>,
+    /// Who is told when a member arrives in the store and when it leaves it (a front's
+    /// webhooks): set once, read on every arrival and leave.
+    arrivals: std::sync::OnceLock<Weak<dyn MemberEvents>>,
+}
+
+/// What a front learns of members as the store records them: a member's first holder
+/// arriving on any node, and its last leaving (at once for an unsubscribe or a connection
+/// closed on purpose, after the grace for a drop, when the store expires a dead node's).
+/// Told after the store changed, so whoever hears it and reads the store sees the change:
+/// one moment for every reader.
+pub trait MemberEvents: Send + Sync {
+    /// `member` arrived in `channel` (`arrived`), or left it.
+    fn member(&self, channel: &ChannelName, member: &Member, arrived: bool);
 }
 
 impl std::fmt::Debug for Presence {
@@ -169,6 +190,7 @@ impl Presence {
             held: Mutex::default(),
             over: Mutex::default(),
             internal: Mutex::default(),
+            arrivals: std::sync::OnceLock::new(),
         });
         let events: Weak<dyn PresenceEvents> = Arc::downgrade(&presence) as _;
         presence.store.listen(events);
@@ -208,8 +230,11 @@ impl Presence {
             .store
             .join(channel, &joining.member, joining.user.as_deref())
             .await?;
-        if new && joining.announce {
-            self.record(channel, joining.member.clone(), true);
+        if new {
+            self.tell(channel, &joining.member, true);
+            if joining.announce {
+                self.record(channel, joining.member.clone(), true);
+            }
         }
         Ok(())
     }
@@ -264,8 +289,13 @@ impl Presence {
     async fn release(&self, channel: &ChannelName, member: Member, announce: bool, holders: u32) {
         for _ in 0..holders {
             match self.store.leave(channel, member.id).await {
-                Ok(true) if announce => self.record(channel, member.clone(), false),
-                Ok(_) => {}
+                Ok(true) => {
+                    self.tell(channel, &member, false);
+                    if announce {
+                        self.record(channel, member.clone(), false);
+                    }
+                }
+                Ok(false) => {}
                 Err(e) => tracing::warn!(%channel, error = %e, "presence leave failed"),
             }
         }
@@ -277,6 +307,19 @@ impl Presence {
             .entry(channel.clone())
             .or_default()
             .push(Change { member, joined });
+    }
+
+    /// Tells the front watching arrivals and leaves, if one is.
+    fn tell(&self, channel: &ChannelName, member: &Member, arrived: bool) {
+        if let Some(watcher) = self.arrivals.get().and_then(Weak::upgrade) {
+            watcher.member(channel, member, arrived);
+        }
+    }
+
+    /// Tells `events` of every member's arrival and leave (once: the node's one front
+    /// that posts webhooks about members).
+    pub fn watch_members(&self, events: Weak<dyn MemberEvents>) {
+        let _ = self.arrivals.set(events);
     }
 
     /// The store itself, for the server's own presence channels (`$…`): no grace, no
@@ -450,6 +493,7 @@ impl PresenceEvents for Presence {
             return;
         }
         for member in members {
+            self.tell(channel, &member, false);
             self.record(channel, member, false);
         }
     }

@@ -72,6 +72,9 @@ pub struct Session {
     counted: bool,
     /// Whether its end (close code) was counted.
     end_counted: bool,
+    /// Whether the client closed the connection saying so: its memberships then leave at
+    /// once, not after the presence grace kept for connections that dropped.
+    left_on_purpose: bool,
     /// The codec the client speaks (nothing in memory while there is one).
     encoding: Encoding,
 }
@@ -104,6 +107,7 @@ impl Session {
             first_client: None,
             counted: false,
             end_counted: false,
+            left_on_purpose: false,
             encoding: Encoding::default(),
         }
     }
@@ -477,6 +481,13 @@ impl Session {
         });
     }
 
+    /// The client closed its connection saying so (a WebSocket close frame, a page that
+    /// was closed or navigated away): its memberships leave at once, as after an
+    /// unsubscribe, since nobody is coming back for them.
+    pub fn left_on_purpose(&mut self) {
+        self.left_on_purpose = true;
+    }
+
     /// Tells the backend the connection ended, and why (`None`: the client closed it).
     pub fn ending(&mut self, why: Option<&Disconnect>) {
         let end = why.map_or((1000, "closed by the client"), |d| {
@@ -524,7 +535,12 @@ impl Drop for Session {
             return;
         }
         let channels = self.subscriptions.take_channels();
-        self.leave_later(channels, self.presence_grace());
+        let grace = if self.left_on_purpose {
+            std::time::Duration::ZERO
+        } else {
+            self.presence_grace()
+        };
+        self.leave_later(channels, grace);
     }
 }
 

@@ -8,7 +8,7 @@ use herald_protocol::{command::PresenceRequest, results, ChannelName, ErrorCode,
 use super::{Reply, Session};
 use crate::{
     error::Failure,
-    hub::presence::{member_id, Joining},
+    hub::presence::{member_id, user_member_id, Joining},
     policy::{self, Action},
 };
 
@@ -36,24 +36,30 @@ impl Session {
         let rules = self.node().settings.namespace(channel.namespace());
         rules.presence.access()?;
         let granted = self.granted(channel).filter(|g| g.user.is_some());
+        let by_grant = self.auth.as_ref().is_some_and(|a| a.members_by_grant);
         let (user, info) = match granted {
             Some(g) => {
                 let user = g.user.clone().expect("filtered on a user");
                 let info = crate::token::sender(&user, g.info.as_deref(), None);
                 (Some(user), info)
             }
-            None if self.auth.as_ref().is_some_and(|a| a.members_by_grant) => return None,
+            None if by_grant => return None,
             None => (
                 self.identity().map(|i| i.user.clone()),
                 self.sender(channel).unwrap_or_default(),
             ),
         };
-        let secret = self.first_client.as_deref().unwrap_or(&self.client);
+        let id = match user.as_deref() {
+            // A front whose members are granted counts users, not connections: each of
+            // the user's connections holds the one member (see `user_member_id`).
+            Some(user) if by_grant => user_member_id(user),
+            user => {
+                let secret = self.first_client.as_deref().unwrap_or(&self.client);
+                member_id(secret, user.unwrap_or(""))
+            }
+        };
         Some(Joining {
-            member: herald_broker::Member {
-                id: member_id(secret, user.as_deref().unwrap_or("")),
-                info,
-            },
+            member: herald_broker::Member { id, info },
             user,
             announce: rules.join_leave,
             address: self.address,

@@ -82,8 +82,11 @@ pub enum Heard {
     /// A pong to a ping that carried a payload (WebSocket): the client has read everything
     /// written before that ping.
     Pong(bytes::Bytes),
-    /// It closed the connection.
+    /// The connection ended without a word: the client dropped, or its network did.
     Left,
+    /// It closed the connection, saying so (a WebSocket close frame): it left on purpose,
+    /// and its presence leaves at once (the grace is for drops).
+    Closed,
     /// It sent what ends the connection (a malformed or oversized frame).
     Refused(Disconnect),
 }
@@ -305,6 +308,10 @@ pub async fn drive<S: Speaker, W: Wire>(
             match woke {
                 Woke::Shutdown => Err(Disconnect::new(DisconnectCode::Shutdown).into()),
                 Woke::Heard(Heard::Left) => break None,
+                Woke::Heard(Heard::Closed) => {
+                    speaker.session_mut().left_on_purpose();
+                    break None;
+                }
                 Woke::Heard(Heard::Refused(d)) => Err(d.into()),
                 Woke::Heard(Heard::Alive) => Ok(()),
                 Woke::Heard(Heard::Pong(payload)) => {

@@ -378,6 +378,50 @@ async fn a_client_that_does_not_come_back_leaves_after_the_grace() {
     assert_eq!(batch["leave"][0]["user"], "bob", "{batch}");
 }
 
+/// Issue #59: one presence clock. A connection the client closes saying so (a WebSocket
+/// close frame: a tab closed, `disconnect()`) leaves at once, as an unsubscribe does; the
+/// grace (an hour here) is for connections that drop, as the test above has it.
+#[tokio::test]
+async fn a_client_that_closes_its_connection_leaves_at_once() {
+    let server = start(presence_config()).await;
+    let ch = "room:closed";
+    let mut watcher = watcher(&server, ch).await;
+    let (mut carol, _) = member(&server, json!({ "token": token("carol", json!(null)) }), ch).await;
+    server.node.presence.end_window().await;
+    next_presence(&mut watcher).await;
+    carol.ws.close(None).await.unwrap();
+    let channel = ch.parse().unwrap();
+    eventually("carol left at once", || async {
+        server.node.presence.stats(&channel).await.unwrap().clients == 1
+    })
+    .await;
+    server.node.presence.end_window().await;
+    let batch = next_presence(&mut watcher).await;
+    assert_eq!(batch["leave"][0]["user"], "carol", "{batch}");
+
+    // A close whose code says the client comes back (the SDK's own, when it drops a
+    // connection to open another) is held for the grace, as a drop is.
+    let (mut dave, _) = member(&server, json!({ "token": token("dave", json!(null)) }), ch).await;
+    server.node.presence.end_window().await;
+    next_presence(&mut watcher).await;
+    use tokio_tungstenite::tungstenite::protocol::{frame::coding::CloseCode, CloseFrame};
+    let reconnecting = CloseFrame {
+        code: CloseCode::from(3402),
+        reason: "no pong".into(),
+    };
+    dave.ws.close(Some(reconnecting)).await.unwrap();
+    eventually("dave's connection ended", || async {
+        server.node.connection_count() == 1
+    })
+    .await;
+    server.node.presence.end_window().await;
+    assert_eq!(
+        server.node.presence.stats(&channel).await.unwrap().clients,
+        2,
+        "dave is held for the grace"
+    );
+}
+
 #[tokio::test]
 async fn stream_and_poll_clients_are_members() {
     let mut config = presence_config();

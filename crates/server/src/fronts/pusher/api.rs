@@ -126,8 +126,8 @@ fn signed<'n>(
 
 /// The Herald channel of Pusher channel `name` in `app`.
 fn channel(app: &PusherApp, name: &str) -> Result<ChannelName, Refused> {
-    pusher::check_channel(name).map_err(|e| refused(StatusCode::BAD_REQUEST, e.0))?;
-    ChannelName::new(&format!("{}:{name}", app.namespace()))
+    let inside = pusher::inside_name(name).map_err(|e| refused(StatusCode::BAD_REQUEST, e.0))?;
+    ChannelName::new(&format!("{}:{inside}", app.namespace()))
         .map_err(|e| refused(StatusCode::BAD_REQUEST, e.to_string()))
 }
 
@@ -384,7 +384,7 @@ pub async fn channels(
     let ns = format!("{}:", app.namespace());
     let mut out = Map::new();
     for (name, _) in occupied(&node, &format!("{ns}{prefix}"), 10_000).await? {
-        let short = name.strip_prefix(&ns).unwrap_or(&name).to_owned();
+        let short = pusher::outside_name(name.strip_prefix(&ns).unwrap_or(&name)).into_owned();
         let info = match p.info.as_deref() {
             Some(info) => {
                 let channel = ChannelName::new(&name)

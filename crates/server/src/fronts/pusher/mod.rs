@@ -70,10 +70,11 @@ pub(crate) fn event_of(d: &crate::queue::Delivery) -> &herald_protocol::pusher::
     d.encoded(crate::fronts::slots::PUSHER, |d| {
         let name = d.channel.as_str();
         let name = name.split_once(':').map_or(name, |(_, rest)| rest);
+        let name = herald_protocol::pusher::outside_name(name);
         let publication = herald_protocol::Publication {
             offset: d.offset,
             record: d.record.clone(),
         };
-        herald_protocol::pusher::event(name, publication.data())
+        herald_protocol::pusher::event(&name, publication.data())
     })
 }

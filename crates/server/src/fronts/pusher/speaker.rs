@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::{
-    occupancy::{Held, Occupancy, Watched},
+    occupancy::{Held, Occupancy, CHANNEL_EVENTS},
     resume::{Bookmarks, Page},
     roster::Roster,
     sign,
@@ -58,6 +58,8 @@ struct More {
     held: HeldParts,
     /// The page it resumes, and where pages are kept, when it opted in.
     page: Option<(Arc<Bookmarks>, Page)>,
+    /// The user it signed in as (`pusher:signin`), whose channel it may subscribe to.
+    signed_in: Option<Box<str>>,
 }
 
 /// A connection's parts in the counts of who occupies channels, by channel.
@@ -87,9 +89,6 @@ impl UserId {
         }
     }
 }
-
-/// The webhooks of a channel's first and last subscriber.
-const CHANNEL_EVENTS: [&str; 2] = ["channel_occupied", "channel_vacated"];
 
 /// Longest user id accepted (Pusher's limit).
 const MAX_USER_ID: usize = 128;
@@ -158,23 +157,14 @@ impl Pusher {
         Some((self.occupancy.clone()?, held))
     }
 
-    /// Counts the connection in `channel` (its subscribers, and its user `me` for a
-    /// presence channel), for the app's webhooks.
-    async fn count_in(&mut self, channel: &ChannelName, me: Option<Box<str>>) {
+    /// Counts the connection in `channel`'s subscribers, for the app's webhooks (its
+    /// user's are the presence channel's own membership).
+    async fn count_in(&mut self, channel: &ChannelName) {
         let Some(occupancy) = self.occupancy.clone() else {
             return;
         };
-        let app = self.app();
-        let mut held = Vec::new();
-        let mut watched = vec![Watched::Channel];
-        watched.extend(me.map(Watched::User));
-        for w in watched {
-            if let Some(h) = occupancy.enter(app, channel, w).await {
-                held.push((channel.clone(), h));
-            }
-        }
-        if !held.is_empty() {
-            self.more().held.extend(held);
+        if let Some(held) = occupancy.enter(self.app(), channel).await {
+            self.more().held.push((channel.clone(), held));
         }
     }
 
@@ -198,6 +188,7 @@ impl Pusher {
                 rosters: Vec::new(),
                 held: Vec::new(),
                 page: None,
+                signed_in: None,
             })
         })
     }
@@ -231,8 +222,8 @@ impl Pusher {
 
     /// The Herald channel of Pusher channel `name` in this app.
     fn channel(&self, name: &str) -> Result<ChannelName, String> {
-        pusher::check_channel(name).map_err(|e| e.0)?;
-        ChannelName::new(&format!("{}:{name}", self.app().namespace())).map_err(|e| e.to_string())
+        let inside = pusher::inside_name(name).map_err(|e| e.0)?;
+        ChannelName::new(&format!("{}:{inside}", self.app().namespace())).map_err(|e| e.to_string())
     }
 
     async fn handle_message(&mut self, message: &[u8], out: &mut Vec<u8>) {
@@ -327,7 +318,7 @@ impl Pusher {
             if let Some((_, before)) = resume {
                 replay = Some((opened, before));
             }
-            self.count_in(&channel, me.clone()).await;
+            self.count_in(&channel).await;
             if let Some(me) = me {
                 self.more().rosters.push(Roster::new(channel.clone(), me));
             }
@@ -390,6 +381,17 @@ impl Pusher {
         kind: Kind,
         s: &pusher::Subscribe,
     ) -> Result<Option<(Box<str>, Bytes)>, String> {
+        if kind == Kind::User {
+            // As Pusher: a user's channel is its signed-in connections', no one else's.
+            let me = self.more.as_ref().and_then(|m| m.signed_in.as_deref());
+            if pusher::user_of_channel(&s.channel) != me {
+                return Err(format!(
+                    "{} is only for its user, signed in (pusher:signin)",
+                    s.channel
+                ));
+            }
+            return Ok(None);
+        }
         if !kind.signed() {
             return Ok(None);
         }
@@ -451,6 +453,7 @@ impl Pusher {
                 // end its connections (`terminate_connections`).
                 let id = user.id.into_string();
                 self.session.known_as(&user_key(self.app(), &id));
+                self.more().signed_in = Some(id.into());
                 line(out, pusher::signin_success(user_data))
             }
             (true, None) => line(

@@ -356,11 +356,15 @@ impl<F: Framing> Wire for WebSocket<F> {
             Incoming::Pong(_) => Heard::Alive,
             Incoming::Close(said) => {
                 // RFC 6455 §5.5.1: answer with a Close, echoing its code.
-                let echo = said.map(|(code, _)| code.to_be_bytes());
+                let code = said.map(|(code, _)| code);
+                let echo = code.map(u16::to_be_bytes);
                 let echo = echo.as_ref().map_or(&[][..], |c| &c[..]);
                 let answering = Box::pin(self.control(opcode::CLOSE, echo, CLOSE_GRACE));
                 let _ = answering.await;
-                Heard::Left
+                match code {
+                    Some(code) if comes_back(code) => Heard::Left,
+                    _ => Heard::Closed,
+                }
             }
         }
     }
@@ -425,6 +429,14 @@ async fn within(
         Ok(Err(_)) => Err(Unwritten::Gone),
         Err(_) => Err(Unwritten::Slow),
     }
+}
+
+/// Whether a client that closed with `code` says it is coming back: a code in a range that
+/// reconnects (3000-3499, 4000-4499: the SDK closes with its own code when it drops a
+/// connection to open another, after a missed pong say). Its memberships are then held for the grace, as a dropped
+/// connection's; any other close (1000, 1001 a page going away, none) is a client leaving.
+fn comes_back(code: u16) -> bool {
+    matches!(code, 3000..=3499 | 4000..=4499)
 }
 
 /// How a connection whose client broke the rules is closed: oversized messages get 3503
