@@ -175,9 +175,9 @@ describe("private and presence channels", () => {
     await connected(watcher);
     const room = await subscribed(watcher, "presence-room");
     const added: Array<{ id: string; info: unknown }> = [];
-    const removed: string[] = [];
+    const removed: unknown[] = [];
     room.bind("pusher:member_added", (m: { id: string; info: unknown }) => added.push(m));
-    room.bind("pusher:member_removed", (m: { id: string }) => removed.push(m.id));
+    room.bind("pusher:member_removed", (m: { id: unknown }) => removed.push(m.id));
 
     // Ann on two connections: one member_added.
     const ann1 = connect({ user: { user_id: "ann", user_info: { name: "Ann" } } });
@@ -203,10 +203,22 @@ describe("private and presence channels", () => {
     ann2.unsubscribe("presence-room");
     await until("ann removed", () => removed.length === 1);
     expect(removed).toEqual(["ann"]);
-    expect(added[1]).toEqual({ id: "42", info: null });
+    // A user id signed as a number comes back as one (issue #59), as pusher-js keeps it
+    // for the member itself (members.me.id).
+    expect(added[1]).toEqual({ id: 42, info: null });
 
     const users = (await backend().get({ path: "/channels/presence-room/users" })) as { json(): Promise<unknown> };
     expect(await users.json()).toEqual({ users: [{ id: "42" }, { id: "watcher" }] });
+    // A later subscriber's list has the number too; its leave names it as one.
+    const late = connect({ user: { user_id: "late" } });
+    await connected(late);
+    const lateRoom = await subscribed(late, "presence-room");
+    const ids: unknown[] = [];
+    (lateRoom as unknown as { members: { each(f: (m: { id: unknown }) => void): void } }).members.each((m) => ids.push(m.id));
+    expect(ids).toContain("42");
+    bob.unsubscribe("presence-room");
+    await until("bob removed", () => removed.length === 2);
+    expect(removed[1]).toBe(42);
   });
 });
 

@@ -424,8 +424,8 @@ pub fn ping() -> Vec<u8> {
 /// A presence channel's members as `subscription_succeeded` lists them.
 #[derive(Debug, Default, Serialize)]
 pub struct Members<'a> {
-    /// User ids.
-    pub ids: Vec<&'a str>,
+    /// User ids, each as its auth endpoint signed it (a string, or a number).
+    pub ids: Vec<&'a RawValue>,
     /// Each user's `user_info` (raw JSON; `null` when none).
     pub hash: std::collections::BTreeMap<&'a str, &'a RawValue>,
     /// How many users.
@@ -450,10 +450,10 @@ pub fn subscription_succeeded(channel: &str, members: Option<&Members<'_>>) -> V
 }
 
 /// `pusher_internal:member_added`.
-pub fn member_added(channel: &str, user_id: &str, user_info: &RawValue) -> Vec<u8> {
+pub fn member_added(channel: &str, user_id: &RawValue, user_info: &RawValue) -> Vec<u8> {
     #[derive(Serialize)]
     struct Added<'a> {
-        user_id: &'a str,
+        user_id: &'a RawValue,
         user_info: &'a RawValue,
     }
     let data = stringified(&Added { user_id, user_info });
@@ -461,10 +461,10 @@ pub fn member_added(channel: &str, user_id: &str, user_info: &RawValue) -> Vec<u
 }
 
 /// `pusher_internal:member_removed`.
-pub fn member_removed(channel: &str, user_id: &str) -> Vec<u8> {
+pub fn member_removed(channel: &str, user_id: &RawValue) -> Vec<u8> {
     #[derive(Serialize)]
     struct Removed<'a> {
-        user_id: &'a str,
+        user_id: &'a RawValue,
     }
     let data = stringified(&Removed { user_id });
     frame("pusher_internal:member_removed", Some(channel), &data)

@@ -15,6 +15,9 @@ pub struct Member<'a> {
     pub user: Option<String>,
     #[serde(default, borrow)]
     pub info: Option<&'a RawValue>,
+    /// The user's id as its client wrote it, when not a string (a Pusher `user_id` number).
+    #[serde(default, borrow)]
+    pub user_id: Option<&'a RawValue>,
 }
 
 impl<'a> Member<'a> {

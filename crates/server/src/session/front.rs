@@ -18,6 +18,17 @@ use crate::{
     token::ChannelGrant,
 };
 
+/// The presence user a front grants a channel as.
+#[derive(Debug)]
+pub struct GrantedMember {
+    /// Its id, as text.
+    pub user: Box<str>,
+    /// Its `user_info`, JSON text.
+    pub info: Bytes,
+    /// Its id as JSON when the client wrote it as other than a string (a number).
+    pub typed_id: Option<Bytes>,
+}
+
 /// A channel a front opened: where its stream is, and what a resume replayed.
 #[derive(Debug)]
 pub struct Opened {
@@ -37,14 +48,18 @@ impl Session {
     }
 
     /// Grants `channel` to this session, as a subscription token would; with `member`,
-    /// as that presence user (its id and `user_info`, JSON text).
-    pub fn grant_channel(&mut self, channel: ChannelName, member: Option<(Box<str>, Bytes)>) {
-        let (user, info) = member.map_or((None, None), |(u, i)| (Some(u), Some(i)));
+    /// as that presence user.
+    pub fn grant_channel(&mut self, channel: ChannelName, member: Option<GrantedMember>) {
+        let (user, info, user_id) = match member {
+            Some(m) => (Some(m.user), Some(m.info), m.typed_id),
+            None => (None, None, None),
+        };
         self.grant(ChannelGrant {
             channel,
             expires: None,
             info,
             user,
+            user_id,
         });
     }
 

@@ -18,7 +18,7 @@ mod subscriptions;
 use auth::{Credentials, Refusal};
 pub use auth::{Denied, ExpiryTimer};
 pub use deliveries::{Drained, Positions};
-pub use front::Opened;
+pub use front::{GrantedMember, Opened};
 pub use subscribe::Takes;
 use subscriptions::Subscriptions;
 

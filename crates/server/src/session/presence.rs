@@ -41,6 +41,10 @@ impl Session {
             Some(g) => {
                 let user = g.user.clone().expect("filtered on a user");
                 let info = crate::token::sender(&user, g.info.as_deref(), None);
+                let info = match &g.user_id {
+                    Some(typed) => with_user_id(&info, typed),
+                    None => info,
+                };
                 (Some(user), info)
             }
             None if by_grant => return None,
@@ -151,4 +155,15 @@ impl Session {
             users: stats.users,
         })))
     }
+}
+
+/// A member record (`{"user":…}`) with the user's id as its client wrote it, `user_id`.
+fn with_user_id(record: &[u8], typed: &[u8]) -> bytes::Bytes {
+    let open = record.strip_suffix(b"}").expect("a record is an object");
+    let mut out = Vec::with_capacity(record.len() + typed.len() + 12);
+    out.extend_from_slice(open);
+    out.extend_from_slice(br#","user_id":"#);
+    out.extend_from_slice(typed);
+    out.push(b'}');
+    out.into()
 }

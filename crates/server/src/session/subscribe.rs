@@ -265,16 +265,17 @@ impl Session {
             // The allowance is a grant for as long as the subscription lives (or
             // until its `expires`), so history and presence follow it.
             // A front's presence member (and its info) stays what the front granted.
-            let (info, user) = self
+            let (info, user, user_id) = self
                 .granted(&channel)
-                .map(|g| (g.info.clone(), g.user.clone()))
-                .filter(|(_, user)| user.is_some())
+                .map(|g| (g.info.clone(), g.user.clone(), g.user_id.clone()))
+                .filter(|(_, user, _)| user.is_some())
                 .unwrap_or_default();
             self.grant(ChannelGrant {
                 channel: channel.clone(),
                 expires,
                 info,
                 user,
+                user_id,
             });
             data
         } else {

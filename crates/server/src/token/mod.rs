@@ -172,6 +172,10 @@ pub struct ChannelGrant {
     /// identity's user: a Pusher presence channel's signed `channel_data` (whose
     /// `user_info` is then `info`).
     pub user: Option<Box<str>>,
+    /// That user's id as JSON, when its client wrote it as other than a string (a Pusher
+    /// `user_id` that is a number): member records carry it as `user_id`, so that a front
+    /// gives it back as it came.
+    pub user_id: Option<Bytes>,
 }
 
 #[derive(Deserialize)]
@@ -355,6 +359,7 @@ impl Verifier {
             expires: claims.exp,
             info,
             user: None,
+            user_id: None,
         })
     }
 

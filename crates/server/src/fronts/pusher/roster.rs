@@ -23,22 +23,28 @@ pub struct Roster {
     members: HashMap<String, Box<str>>,
     /// Each user's members.
     users: HashMap<Box<str>, u32>,
+    /// The ids written as other than strings (numbers), by user: given back as they came.
+    typed: HashMap<Box<str>, Box<RawValue>>,
 }
 
 impl Roster {
     /// Counts a member in; true when its user is new.
-    fn join(&mut self, member: String, user: &str) -> bool {
+    fn join(&mut self, member: String, user: &str, typed: Option<&RawValue>) -> bool {
         if self.members.contains_key(&member) {
             return false;
         }
         self.members.insert(member, user.into());
         let count = self.users.entry(user.into()).or_default();
         *count += 1;
+        if let Some(typed) = typed {
+            self.typed.insert(user.into(), typed.to_owned());
+        }
         *count == 1
     }
 
-    /// Counts a member out; its user when that was the user's last member.
-    fn leave(&mut self, member: &str) -> Option<Box<str>> {
+    /// Counts a member out; its user and that user's id when that was the user's last
+    /// member.
+    fn leave(&mut self, member: &str) -> Option<(Box<str>, Box<RawValue>)> {
         let user = self.members.remove(member)?;
         let count = self.users.get_mut(&user)?;
         *count -= 1;
@@ -46,8 +52,15 @@ impl Roster {
             return None;
         }
         self.users.remove(&user);
-        Some(user)
+        let id = self.typed.remove(&user).unwrap_or_else(|| string_id(&user));
+        Some((user, id))
     }
+}
+
+/// A user id that came as a string, as JSON.
+fn string_id(user: &str) -> Box<RawValue> {
+    let text = serde_json::to_string(user).expect("strings serialise");
+    RawValue::from_string(text).expect("a JSON string is JSON")
 }
 
 impl Roster {
@@ -58,6 +71,7 @@ impl Roster {
             me,
             members: HashMap::new(),
             users: HashMap::new(),
+            typed: HashMap::new(),
         }
     }
 
@@ -68,16 +82,25 @@ impl Roster {
             .filter_map(|m| Some((format!("{:016x}", m.id), Member::of(&m.info)?)))
             .collect();
         let null: &RawValue = serde_json::from_str("null").expect("null is JSON");
-        let mut list = pusher::Members::default();
+        let mut hash = std::collections::BTreeMap::new();
+        let mut ids = std::collections::BTreeMap::new();
         for (id, member) in &parsed {
             let Some(user) = member.user.as_deref() else {
                 continue;
             };
-            self.join(id.clone(), user);
-            list.hash.entry(user).or_insert(member.info.unwrap_or(null));
+            self.join(id.clone(), user, member.user_id);
+            hash.entry(user).or_insert(member.info.unwrap_or(null));
+            ids.entry(user).or_insert(member.user_id);
         }
-        list.ids = list.hash.keys().copied().collect();
-        list.count = list.ids.len();
+        let ids: Vec<Box<RawValue>> = ids
+            .iter()
+            .map(|(user, typed)| typed.map_or_else(|| string_id(user), ToOwned::to_owned))
+            .collect();
+        let list = pusher::Members {
+            ids: ids.iter().map(|id| &**id).collect(),
+            count: hash.len(),
+            hash,
+        };
         pusher::subscription_succeeded(name, Some(&list))
     }
 
@@ -97,15 +120,16 @@ impl Roster {
             let (Some(id), Some(user)) = (&m.client, &m.user) else {
                 continue;
             };
-            if self.join(id.clone(), user) && **user != *self.me {
-                emit(&pusher::member_added(name, user, m.info.unwrap_or(null)));
+            if self.join(id.clone(), user, m.user_id) && **user != *self.me {
+                let typed = m.user_id.map_or_else(|| string_id(user), ToOwned::to_owned);
+                emit(&pusher::member_added(name, &typed, m.info.unwrap_or(null)));
             }
         }
         for m in &changes.leave {
             let Some(id) = &m.client else { continue };
-            if let Some(user) = self.leave(id) {
+            if let Some((user, typed)) = self.leave(id) {
                 if *user != *self.me {
-                    emit(&pusher::member_removed(name, &user));
+                    emit(&pusher::member_removed(name, &typed));
                 }
             }
         }

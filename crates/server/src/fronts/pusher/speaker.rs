@@ -26,7 +26,7 @@ use crate::{
     fronts::line,
     limits::{Bucket, Rate},
     queue::Delivery,
-    session::{Drained, Positions, Session},
+    session::{Drained, GrantedMember, Positions, Session},
     transport::driver::Speaker,
 };
 
@@ -297,7 +297,7 @@ impl Pusher {
                     return line(out, refuse(429, &f.message));
                 }
             }
-            let me = member.as_ref().map(|(user, _)| user.clone());
+            let me = member.as_ref().map(|m| m.user.clone());
             let resume = self.page().and_then(|p| p.resume(&channel));
             self.session.grant_channel(channel.clone(), member);
             let since = resume.as_ref().map(|(since, _)| since.clone());
@@ -376,11 +376,7 @@ impl Pusher {
     /// Whether the client may subscribe to a channel of `kind`: for private and presence
     /// channels, the app's signature over `socket_id:channel[:channel_data]`; for presence,
     /// the member it makes the connection (user id, `user_info`).
-    fn admitted(
-        &self,
-        kind: Kind,
-        s: &pusher::Subscribe,
-    ) -> Result<Option<(Box<str>, Bytes)>, String> {
+    fn admitted(&self, kind: Kind, s: &pusher::Subscribe) -> Result<Option<GrantedMember>, String> {
         if kind == Kind::User {
             // As Pusher: a user's channel is its signed-in connections', no one else's.
             let me = self.more.as_ref().and_then(|m| m.signed_in.as_deref());
@@ -424,6 +420,11 @@ impl Pusher {
         }
         let parsed: ChannelData = serde_json::from_str(data)
             .map_err(|e| format!("channel_data must hold a user_id: {e}"))?;
+        // A number is given back as a number (pusher-js's `members.me.id` keeps it).
+        let typed_id = match &parsed.user_id {
+            UserId::Number(n) => Some(Bytes::from(n.to_string())),
+            UserId::Text(_) => None,
+        };
         let user = parsed.user_id.into_string();
         if user.is_empty() || user.len() > MAX_USER_ID {
             return Err(format!("user_id must be 1 to {MAX_USER_ID} bytes"));
@@ -432,7 +433,11 @@ impl Pusher {
             Some(raw) => json::payload(&raw)?,
             None => Bytes::from_static(b"null"),
         };
-        Ok(Some((user.into(), info)))
+        Ok(Some(GrantedMember {
+            user: user.into(),
+            info,
+            typed_id,
+        }))
     }
 
     /// `pusher:signin`: checks the app's signature over `socket_id::user::user_data`.
