@@ -188,8 +188,12 @@ describe("Laravel Echo over pusher-js", () => {
     await collected(ann.page, "bob joining", (g) => g.some((e) => e.joining === "BOB"));
     await bob.page.evaluate(() => (window as any).room.whisper("typing", { who: "bob" }));
     await collected(ann.page, "the whisper", (g) => g.some((e) => e.whisper?.who === "bob"));
+    // Bob closes his tab: the browser closes the socket saying so, and he leaves at once
+    // (issue #59: it took the 5 s grace kept for dropped connections).
+    const closedAt = Date.now();
     await bob.context.close();
     const seen = await collected(ann.page, "bob leaving", (g) => g.some((e) => e.leaving === "BOB"));
+    expect(Date.now() - closedAt).toBeLessThan(2500);
     expect(seen.filter((e) => e.joining || e.leaving)).toEqual([{ joining: "BOB" }, { leaving: "BOB" }]);
     await ann.context.close();
   });
