@@ -187,6 +187,7 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost {
   publish(channel: string, data: unknown, options: PublishOptions = {}): Promise<PublishResult> {
     const params: Record<string, unknown> = { channel, data };
     if (options.idempotencyKey !== undefined) params["idempotency_key"] = options.idempotencyKey;
+    if (options.conflationKey !== undefined) params["conflation_key"] = options.conflationKey;
     return this.call<PublishResult>("publish", params);
   }
 

@@ -98,6 +98,7 @@ const WRITE_PARAMS: Record<Command["method"], (w: Writer, p: Params) => void> = 
     w.string(1, p["channel"]);
     json(w, 2, p["data"]);
     w.string(3, p["idempotency_key"]);
+    w.string(4, p["conflation_key"]);
   },
   history: (w, p) => {
     w.string(1, p["channel"]);

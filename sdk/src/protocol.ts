@@ -110,6 +110,11 @@ export interface PublishOptions {
    * the same key again when a publish failed without saying it was not stored (122).
    */
   idempotencyKey?: string;
+  /**
+   * Subscriptions made with `conflate` skip this publication once a later one with the same
+   * key waits behind it for them (1 to 128 bytes): the newest price, score or position.
+   */
+  conflationKey?: string;
 }
 
 export interface HistoryResult {

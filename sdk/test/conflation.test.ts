@@ -85,3 +85,26 @@ it("the server says which offsets it skipped, in the words the SDK reads", async
   });
   ws.close();
 });
+
+describe.each([
+  ["json", {}],
+  ["protobuf", { protocol: "protobuf" }],
+] as [string, ClientOptions][])("a client's publish over %s", (name, options) => {
+  it("carries a conflation key, as the API's does", async () => {
+    const channel = `chat:keyed-${name}`;
+    // A parked long-poll that conflates holds what is published until it asks again.
+    const parked = (await (await fetch(`${server.url}/connection/longpoll?channel=${channel}&timeout=100ms&session_key=&conflate=true`)).json()) as {
+      cursor: string;
+      session_key: string;
+    };
+    const c = client(server.url, { transports: "websocket" as TransportName, ...options });
+    const connected = next(c, "connected");
+    c.connect();
+    await connected;
+    for (const n of [1, 2, 3]) await c.publish(channel, { n }, { conflationKey: "BTC" });
+    const query = `channel=${channel}&cursor=${encodeURIComponent(parked.cursor)}&session_key=${parked.session_key}`;
+    const got = (await (await fetch(`${server.url}/connection/longpoll?${query}`)).json()) as { messages: Array<Record<string, unknown>> };
+    expect(got.messages[0]).toEqual({ conflated: { channel, offset: 2 } });
+    expect(got.messages.slice(1).map((m) => (m["pub"] as { offset: number }).offset)).toEqual([3]);
+  });
+});

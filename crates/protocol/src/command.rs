@@ -35,6 +35,9 @@ pub enum Method {
         /// Publish once per key and channel within the server's `idempotency_window`: a
         /// retry with the same key stores nothing and answers with the first one's position.
         idempotency_key: Option<String>,
+        /// Subscribers that conflate skip it once a later publication of the same key
+        /// waits behind it (see [`crate::Push::Conflated`]).
+        conflation_key: Option<String>,
     },
     /// Reads a channel's history.
     History(HistoryRequest),

@@ -1022,6 +1022,7 @@ var Herald = (() => {
       w.string(1, p["channel"]);
       json(w, 2, p["data"]);
       w.string(3, p["idempotency_key"]);
+      w.string(4, p["conflation_key"]);
     },
     history: (w, p) => {
       w.string(1, p["channel"]);
@@ -1309,6 +1310,7 @@ var Herald = (() => {
     publish(channel, data, options = {}) {
       const params = { channel, data };
       if (options.idempotencyKey !== void 0) params["idempotency_key"] = options.idempotencyKey;
+      if (options.conflationKey !== void 0) params["conflation_key"] = options.conflationKey;
       return this.call("publish", params);
     }
     /**

@@ -279,6 +279,7 @@ fn command_of(wire: proto::Command, json: bool) -> Option<Result<Command, Decode
                 channel: channel(&p.channel)?,
                 data: data(p.data, "null")?,
                 idempotency_key: None,
+                conflation_key: None,
             }
         } else if let Some(p) = wire.presence {
             Method::Presence(PresenceRequest {

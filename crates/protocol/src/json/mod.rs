@@ -88,6 +88,7 @@ pub fn decode_command(line: &[u8]) -> Result<Command, DecodeError> {
                 channel: channel(id, &p.channel)?,
                 data,
                 idempotency_key: p.idempotency_key,
+                conflation_key: p.conflation_key,
             }
         }
         "history" => {
@@ -209,6 +210,8 @@ struct PublishParams {
     data: Box<RawValue>,
     #[serde(default)]
     idempotency_key: Option<String>,
+    #[serde(default)]
+    conflation_key: Option<String>,
 }
 
 /// Longest `rpc` method name, in bytes.

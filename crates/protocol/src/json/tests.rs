@@ -57,16 +57,20 @@ fn decodes_every_method() {
             channel: ChannelName::new("x").unwrap(),
             data: Bytes::from(r#"{"k":[1,2]}"#),
             idempotency_key: None,
+            conflation_key: None,
         }
     );
-    let c = one(r#"{"id":3,"publish":{"channel":"x","data":1,"idempotency_key":"k-1"}}"#).unwrap();
+    let c = one(r#"{"id":3,"publish":{"channel":"x","data":1,"idempotency_key":"k-1","conflation_key":"BTC"}}"#).unwrap();
     let Method::Publish {
-        idempotency_key, ..
+        idempotency_key,
+        conflation_key,
+        ..
     } = c.method
     else {
         panic!("{c:?}")
     };
     assert_eq!(idempotency_key.as_deref(), Some("k-1"));
+    assert_eq!(conflation_key.as_deref(), Some("BTC"));
     assert_eq!(
         one(r#"{"ping":{}}"#).unwrap(),
         Command {

@@ -337,6 +337,7 @@ fn command_of(wire: wire::Command) -> Result<Command, DecodeError> {
             channel: channel(&p.channel)?,
             data: json(&p.data)?,
             idempotency_key: p.idempotency_key,
+            conflation_key: p.conflation_key,
         },
         Some(wire::Method::History(h)) => Method::History(HistoryRequest {
             channel: channel(&h.channel)?,
@@ -406,10 +407,12 @@ pub fn encode_command(command: &Command) -> Vec<u8> {
             channel,
             data,
             idempotency_key,
+            conflation_key,
         } => wire::Method::Publish(wire::Publish {
             channel: channel.as_str().to_owned(),
             data: text(data),
             idempotency_key: idempotency_key.clone(),
+            conflation_key: conflation_key.clone(),
         }),
         Method::History(h) => wire::Method::History(wire::History {
             channel: h.channel.as_str().to_owned(),

@@ -45,6 +45,7 @@ fn commands_read_back_as_written_several_to_a_frame() {
                 channel: channel("chat:lobby"),
                 data: Bytes::from_static(br#"{"text":"hi"}"#),
                 idempotency_key: Some("k1".into()),
+                conflation_key: Some("BTC".into()),
             },
         },
         Command {
@@ -72,6 +73,7 @@ fn data_must_be_json_text_and_is_kept_on_one_line() {
             channel: "chat:lobby".into(),
             data: data.to_vec(),
             idempotency_key: None,
+            conflation_key: None,
         })),
     };
     let refused = Protobuf

@@ -87,6 +87,8 @@ pub struct Publish {
     pub data: Vec<u8>,
     #[prost(string, optional, tag = "3")]
     pub idempotency_key: Option<String>,
+    #[prost(string, optional, tag = "4")]
+    pub conflation_key: Option<String>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

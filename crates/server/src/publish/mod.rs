@@ -12,13 +12,14 @@ use crate::{error::Failure, node::Node};
 /// that makes its channel exist is charged to the address's `new_channels_per_address`, so
 /// no client can make channel state without bound (each stream is kept by its namespace's
 /// rules, durable ones on disk). Permission is the caller's to check, as for [`publish`].
-/// `from`: who sent it (`{"user":…,"info":…}`), shown with it, for an authenticated client.
+/// `from`: who sent it (`{"user":…,"info":…}`), shown with it, for an authenticated client;
+/// `conflation`: its conflation key.
 pub async fn from_client(
     node: &Node,
     address: Option<IpAddr>,
     channel: &ChannelName,
-    data: Bytes,
-    from: Option<&[u8]>,
+    (data, from): (Bytes, Option<&[u8]>),
+    conflation: Option<&str>,
     key: Option<(&str, Publisher<'_>)>,
 ) -> Result<Published, Failure> {
     if let Some(ip) = address {
@@ -40,7 +41,7 @@ pub async fn from_client(
             ));
         }
     }
-    let published = publish_keyed(node, channel, (data, from), None, key).await?;
+    let published = publish_keyed(node, channel, (data, from), conflation, key).await?;
     if let (Some(ip), 1, false) = (address, published.position.offset, published.repeat) {
         node.limits.created_channel(ip);
     }

@@ -177,7 +177,7 @@ impl Session {
                 ),
             ));
         }
-        publish::from_client(&node, self.address, channel, data, None, None).await
+        publish::from_client(&node, self.address, channel, (data, None), None, None).await
     }
 
     /// Accepts a subscription token for `channel` (as the `subscribe` command's `token`).
@@ -210,7 +210,7 @@ impl Session {
         channel: &ChannelName,
         data: Bytes,
     ) -> Result<Published, Failure> {
-        self.publish_as_client(channel, data, None).await
+        self.publish_as_client(channel, data, None, None).await
     }
 
     /// The newest publication of `channel`, if any (a Pusher `cache-` channel's cached

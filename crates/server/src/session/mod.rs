@@ -280,9 +280,11 @@ impl Session {
                 channel,
                 data,
                 idempotency_key,
-            } => Ok(self
-                .publish(reply, channel, data, idempotency_key.as_deref())
-                .await?),
+                conflation_key,
+            } => {
+                let keys = (idempotency_key.as_deref(), conflation_key.as_deref());
+                Ok(self.publish(reply, channel, data, keys).await?)
+            }
             Method::History(req) => Ok(self.history(reply, req).await?),
             Method::Rpc(req) => Ok(self.rpc(reply, req).await?),
             Method::Presence(req) => Ok(self.presence(reply, req).await?),
@@ -298,9 +300,11 @@ impl Session {
         reply: Reply,
         channel: ChannelName,
         data: bytes::Bytes,
-        key: Option<&str>,
+        (key, conflation): (Option<&str>, Option<&str>),
     ) -> Result<Option<Vec<u8>>, Failure> {
-        let position = self.publish_as_client(&channel, data, key).await?;
+        let position = self
+            .publish_as_client(&channel, data, key, conflation)
+            .await?;
         Ok(reply.with(Outcome::Publish(results::Published {
             offset: position.position.offset,
             epoch: &position.position.epoch,
@@ -309,12 +313,14 @@ impl Session {
     }
 
     /// A client's publication: the rules, then the namespace's publish hook (which may
-    /// refuse or rewrite the data), then the broker.
+    /// refuse or rewrite the data), then the broker; `key` its idempotency key,
+    /// `conflation` its conflation key.
     pub(super) async fn publish_as_client(
         &mut self,
         channel: &ChannelName,
         data: bytes::Bytes,
         key: Option<&str>,
+        conflation: Option<&str>,
     ) -> Result<publish::Published, Failure> {
         let node = self.node().clone();
         let hooked = node.settings.namespace(channel.namespace()).publish_hook;
@@ -341,7 +347,8 @@ impl Session {
         };
         let from = self.sender(channel);
         let key = key.map(|k| (k, self.publisher()));
-        publish::from_client(&node, self.address, channel, data, from.as_deref(), key).await
+        let published = (data, from.as_deref());
+        publish::from_client(&node, self.address, channel, published, conflation, key).await
     }
 
     /// Whose idempotency keys this client's are: its user's, or when anonymous its

@@ -95,6 +95,40 @@ async fn a_parked_long_poll_gets_the_newest_of_each_key_and_is_told_what_it_skip
     server.stop().await.unwrap();
 }
 
+/// A client's `publish` command carries a conflation key as the API does (issue #58), over
+/// JSON and Protobuf alike (the codecs' tests read the field); a bad key is refused with 107.
+#[tokio::test]
+async fn a_client_publishes_with_a_conflation_key() {
+    let server = start(config()).await;
+    let open = "/connection/longpoll?channel=open:prices&timeout=100ms&session_key=&conflate=true";
+    let (_, parked) = response(reqwest::get(server.url(open)).await.unwrap()).await;
+    let mut publisher = server.client().await;
+    publisher.call("connect", json!({})).await;
+    for n in 1..=3 {
+        let body = json!({"channel": "open:prices", "data": {"BTC": n}, "conflation_key": "BTC"});
+        let reply = publisher.call("publish", body).await;
+        assert_eq!(reply["publish"]["offset"], n, "{reply}");
+    }
+    let bad = json!({"channel": "open:prices", "data": 0, "conflation_key": ""});
+    let refused = publisher.call("publish", bad).await;
+    assert_eq!(refused["error"]["code"], 107, "{refused}");
+
+    let again = format!(
+        "/connection/longpoll?channel=open:prices&cursor={}&session_key={}",
+        urlencode(text(&parked, "cursor")),
+        text(&parked, "session_key"),
+    );
+    let (status, got) = response(reqwest::get(server.url(&again)).await.unwrap()).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(
+        got["messages"][0],
+        json!({"conflated": {"channel": "open:prices", "offset": 2}}),
+        "{got}"
+    );
+    assert_eq!(offsets(&got), [3]);
+    server.stop().await.unwrap();
+}
+
 /// A WebSocket client that stops reading while a price changes hundreds of times: the
 /// conflating one is not cut off and ends at the newest value, every offset accounted for;
 /// the one that does not conflate overflows its queue and is closed as slow (3003).
