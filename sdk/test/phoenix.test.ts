@@ -167,6 +167,21 @@ describe("handle_in replies", () => {
       await tryIt.dispose();
     }
   });
+
+  it("gives a join the subscribe hook's info for its topic as its Presence metas", async () => {
+    const tryIt = await startTryIt({ HERALD_NAMESPACES__ROOM__PRESENCE: "true" });
+    try {
+      const lobby = socket({}, { server: tryIt.server }).channel("room:lobby", {});
+      const seen = new Presence(lobby);
+      await new Promise<void>((resolve, reject) => lobby.join().receive("ok", () => resolve()).receive("error", reject));
+      await until("the member", () => seen.list().length === 1);
+      const [meta] = seen.list((_id, { metas }) => metas[0] as Record<string, unknown>);
+      // The example backend's answer: the guest's role in the room.
+      expect(meta).toEqual({ role: "guest", phx_ref: expect.any(String) });
+    } finally {
+      await tryIt.dispose();
+    }
+  });
 });
 
 describe("authToken", () => {

@@ -18,6 +18,9 @@ pub struct Member<'a> {
     /// The user's id as its client wrote it, when not a string (a Pusher `user_id` number).
     #[serde(default, borrow)]
     pub user_id: Option<&'a RawValue>,
+    /// Its info in this channel (a subscription token's or the subscribe hook's `info`).
+    #[serde(default, borrow)]
+    pub channel_info: Option<&'a RawValue>,
 }
 
 impl<'a> Member<'a> {

@@ -280,6 +280,10 @@ pub struct SubscribeResult {
     /// When the grant ends (Unix seconds): the subscription then ends with code 109.
     #[serde(default)]
     pub expires: Option<u64>,
+    /// The connection's info in this channel, as a subscription token's `info`: shown as
+    /// `channel_info` with its publications and its presence (a Phoenix join's metas).
+    #[serde(default)]
+    pub info: Option<Box<RawValue>>,
 }
 
 /// The publish hook's request.

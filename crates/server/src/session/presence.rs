@@ -50,7 +50,9 @@ impl Session {
             None if by_grant => return None,
             None => (
                 self.identity().map(|i| i.user.clone()),
-                self.sender(channel).unwrap_or_default(),
+                self.sender(channel)
+                    .or_else(|| anonymous(self.granted(channel)?.info.as_deref()?))
+                    .unwrap_or_default(),
             ),
         };
         let id = match user.as_deref() {
@@ -166,4 +168,13 @@ fn with_user_id(record: &[u8], typed: &[u8]) -> bytes::Bytes {
     out.extend_from_slice(typed);
     out.push(b'}');
     out.into()
+}
+
+/// An anonymous member's record: only its info in the channel (`{"channel_info":…}`, from
+/// the subscribe hook), which a front may show (a Phoenix join's metas).
+fn anonymous(channel_info: &[u8]) -> Option<bytes::Bytes> {
+    let mut out = br#"{"channel_info":"#.to_vec();
+    out.extend_from_slice(channel_info);
+    out.push(b'}');
+    Some(out.into())
 }

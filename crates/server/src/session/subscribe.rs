@@ -126,7 +126,22 @@ impl Session {
             .data
             .map(|data| hooks::checked_data(&data, "subscribe"))
             .transpose()?;
-        Ok((data, answer.expires))
+        let info = answer
+            .info
+            .as_deref()
+            .map(crate::token::checked_info)
+            .transpose()
+            .map_err(|e| {
+                tracing::warn!(
+                    "subscribe hook answered an `info` that cannot be kept: {e}; clients get 118"
+                );
+                hooks::HookError::Failed(format!("its {e}")).failure("subscribe")
+            })?;
+        Ok(HookAnswer {
+            data,
+            expires: answer.expires,
+            info,
+        })
     }
 
     /// Whether this client may read what was published to `channel` (`action`: history or
@@ -258,7 +273,7 @@ impl Session {
                 let i = a.admitted.iter().position(|(c, _)| *c == channel)?;
                 Some(a.admitted.swap_remove(i).1)
             });
-            let (data, expires) = match admitted {
+            let answer = match admitted {
                 Some(answer) => answer,
                 None => self.ask_subscribe_hook(&channel, params).await?,
             };
@@ -269,15 +284,15 @@ impl Session {
                 .granted(&channel)
                 .map(|g| (g.info.clone(), g.user.clone(), g.user_id.clone()))
                 .filter(|(_, user, _)| user.is_some())
-                .unwrap_or_default();
+                .unwrap_or((answer.info, None, None));
             self.grant(ChannelGrant {
                 channel: channel.clone(),
-                expires,
+                expires: answer.expires,
                 info,
                 user,
                 user_id,
             });
-            data
+            answer.data
         } else {
             None
         };
@@ -364,7 +379,14 @@ impl Session {
 
 /// The subscribe hook's yes: the channel's state (checked JSON) and when the allowance
 /// ends (Unix seconds).
-pub(super) type HookAnswer = (Option<bytes::Bytes>, Option<u64>);
+/// The subscribe hook's yes: the channel's state for the client, when the grant ends, and
+/// the connection's info in the channel.
+#[derive(Debug)]
+pub(super) struct HookAnswer {
+    data: Option<bytes::Bytes>,
+    expires: Option<u64>,
+    info: Option<bytes::Bytes>,
+}
 
 /// What joining a channel gives: where its stream is, what was replayed, and the
 /// subscribe hook's state (checked JSON, without line breaks).

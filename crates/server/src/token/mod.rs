@@ -134,7 +134,7 @@ impl Identity {
 
 /// A token's or connect hook's `info`, checked as publication data is (it goes out beside
 /// it) and bounded.
-fn checked_info(raw: &RawValue) -> Result<Bytes, String> {
+pub(crate) fn checked_info(raw: &RawValue) -> Result<Bytes, String> {
     if raw.get().len() > MAX_INFO_BYTES {
         return Err(format!("info: larger than {MAX_INFO_BYTES} bytes"));
     }

@@ -10,7 +10,7 @@ use std::{
 };
 
 use axum::{extract::State, http::Uri, response::IntoResponse};
-use herald_server::config::{Config, NamespaceOverride};
+use herald_server::config::{Config, NamespaceOverride, Presence};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
@@ -520,4 +520,47 @@ async fn a_cross_site_request_is_not_signed_in_by_its_cookie() {
         "{asked:?}"
     );
     server.stop().await.unwrap();
+}
+
+/// The subscribe hook's `info` is the connection's info in that channel, as a subscription
+/// token's: `channel_info` on its presence member and beside its publications (issue #59:
+/// a Phoenix join's metas come from it). One that is too large is refused like bad `data`.
+#[tokio::test]
+async fn the_subscribe_hook_gives_the_connection_its_info_in_the_channel() {
+    let backend = Backend::start(|path, body| match path {
+        "/connect" => ok(json!({ "user": "alice", "info": { "name": "Alice" } })),
+        "/subscribe" if body["channel"] == "room:huge" => {
+            ok(json!({ "info": { "pad": "x".repeat(5000) } }))
+        }
+        "/subscribe" => ok(json!({ "info": { "seat": 7 } })),
+        "/publish" => ok(json!({})),
+        _ => Answer::Status(404),
+    })
+    .await;
+    let mut c = hooked_config(&backend);
+    c.namespaces.get_mut("room").unwrap().presence = Some(Presence::On(Access::Anyone));
+    let server = start(c).await;
+    let mut alice = ws_with_cookie(&server, "sid=any").await;
+    alice.call("connect", json!({})).await;
+    alice.subscribe("room:seat", None).await;
+    let page = alice
+        .call("presence", json!({ "channel": "room:seat" }))
+        .await;
+    let member = &page["presence"]["members"][0];
+    assert_eq!(member["info"], json!({ "name": "Alice" }), "{page}");
+    assert_eq!(member["channel_info"], json!({ "seat": 7 }), "{page}");
+    alice
+        .call(
+            "publish",
+            json!({ "channel": "room:seat", "data": { "text": "hi" } }),
+        )
+        .await;
+    let (_, history) = server.api_get("/api/history?channel=room:seat").await;
+    let from = &history["publications"][0]["from"];
+    assert_eq!(from["channel_info"], json!({ "seat": 7 }), "{history}");
+
+    let refused = alice
+        .call("subscribe", json!({ "channel": "room:huge" }))
+        .await;
+    assert_eq!(refused["error"]["code"], 118, "{refused}");
 }

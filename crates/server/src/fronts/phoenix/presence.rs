@@ -1,8 +1,9 @@
 //! Phoenix Presence over Herald's presence: `presence_state` when a topic is joined, and
 //! `presence_diff` for each of Herald's join and leave pushes, keyed as phoenix.js's
 //! `Presence` keys them: by user (a member without a user by its member id), one meta per
-//! connection (`phx_ref`: the member's id), whose other fields are the member's `info` (the
-//! app's metas, from its token or the connect hook).
+//! connection (`phx_ref`: the member's id), whose other fields are the app's metas: the
+//! member's `info` (from its token or the connect hook) and its `channel_info` (from the
+//! subscribe hook or a subscription token: per topic, as `Presence.track` in a join).
 
 use std::collections::HashMap;
 
@@ -40,20 +41,28 @@ impl Tracked {
             .and_then(|m| m.user.clone())
             .unwrap_or_else(|| id.to_owned());
         self.keys.insert(id.to_owned(), key.clone());
-        let info = m.and_then(|m| m.info).map(RawValue::get).unwrap_or("null");
-        let info: Value = serde_json::from_str(info).unwrap_or(Value::Null);
-        // The app's own metas, as `Presence.track(socket, key, metas)` gives them: the
-        // member's info (from its token or the connect hook) is the meta, beside the
-        // `phx_ref` Phoenix reserves.
-        let meta = match info {
-            Value::Object(mut fields) => {
-                fields.insert("phx_ref".into(), id.into());
-                Value::Object(fields)
-            }
-            Value::Null => json!({ "phx_ref": id }),
-            other => json!({ "phx_ref": id, "info": other }),
+        let read = |raw: Option<&RawValue>| -> Value {
+            serde_json::from_str(raw.map_or("null", RawValue::get)).unwrap_or(Value::Null)
         };
-        (key, meta)
+        // The app's own metas, as `Presence.track(socket, key, metas)` gives them: the
+        // member's info (from its token or the connect hook), then its info in this topic
+        // (from the subscribe hook or a subscription token), beside the `phx_ref` Phoenix
+        // reserves.
+        let mut meta = Map::new();
+        for (name, value) in [
+            ("info", read(m.and_then(|m| m.info))),
+            ("channel_info", read(m.and_then(|m| m.channel_info))),
+        ] {
+            match value {
+                Value::Object(fields) => meta.extend(fields),
+                Value::Null => {}
+                other => {
+                    meta.insert(name.into(), other);
+                }
+            }
+        }
+        meta.insert("phx_ref".into(), id.into());
+        (key, Value::Object(meta))
     }
 
     /// `presence_diff`'s payload for one of Herald's presence pushes, if it changes
@@ -109,7 +118,11 @@ mod tests {
             channel,
             &[
                 member(1, r#"{"user":"ann","info":{"n":1}}"#),
-                member(2, r#"{"user":"ann"}"#),
+                member(
+                    2,
+                    r#"{"user":"ann","info":{"n":2},"channel_info":{"typing":true}}"#,
+                ),
+                member(4, r#"{"channel_info":"guest"}"#),
             ],
         );
         assert_eq!(state["ann"]["metas"].as_array().unwrap().len(), 2);
@@ -117,6 +130,16 @@ mod tests {
             state["ann"]["metas"][0],
             json!({ "n": 1, "phx_ref": "0000000000000001" }),
             "the app's metas"
+        );
+        assert_eq!(
+            state["ann"]["metas"][1],
+            json!({ "n": 2, "typing": true, "phx_ref": "0000000000000002" }),
+            "the connection's metas in this topic beside its own"
+        );
+        assert_eq!(
+            state["0000000000000004"]["metas"][0],
+            json!({ "channel_info": "guest", "phx_ref": "0000000000000004" }),
+            "an anonymous member's, not an object"
         );
         let diff = t
             .diff(br#"{"presence":{"channel":"chat:a","join":[{"client":"0000000000000003","user":"bob"}],"leave":[{"client":"0000000000000001"}]}}"#)
