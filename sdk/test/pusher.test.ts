@@ -57,6 +57,26 @@ function connect(options: { server?: Herald; app?: typeof APP; user?: { user_id:
   return client;
 }
 
+/** A `pusher-js` client whose `signin()` the app's backend signs as `user` (as a user
+ * authentication endpoint would). */
+function signingIn(user: { id: string; name?: string }): PusherClient {
+  const signer = backend();
+  const client = new PusherClient(APP.key, {
+    cluster: "local",
+    wsHost: "127.0.0.1",
+    wsPort: herald.port,
+    forceTLS: false,
+    enabledTransports: ["ws"],
+    userAuthentication: {
+      endpoint: "unused",
+      transport: "ajax",
+      customHandler: ({ socketId }, callback) => callback(null, signer.authenticateUser(socketId, user)),
+    },
+  });
+  clients.push(client);
+  return client;
+}
+
 async function connected(client: PusherClient): Promise<string> {
   await until("connected", () => client.connection.state === "connected");
   return client.connection.socket_id;
@@ -324,19 +344,7 @@ describe("cache channels and signed-in users", () => {
 
   it("signs a user in, and the backend ends that user's connections", async () => {
     const signer = backend();
-    const client = new PusherClient(APP.key, {
-      cluster: "local",
-      wsHost: "127.0.0.1",
-      wsPort: herald.port,
-      forceTLS: false,
-      enabledTransports: ["ws"],
-      userAuthentication: {
-        endpoint: "unused",
-        transport: "ajax",
-        customHandler: ({ socketId }, callback) => callback(null, signer.authenticateUser(socketId, { id: "u-77", name: "Ann" })),
-      },
-    });
-    clients.push(client);
+    const client = signingIn({ id: "u-77", name: "Ann" });
     const states: string[] = [];
     client.connection.bind("state_change", (s: { current: string }) => states.push(s.current));
     client.signin();
@@ -352,20 +360,7 @@ describe("cache channels and signed-in users", () => {
 describe("user channels", () => {
   /** A pusher-js client signed in as `id`, its user channel subscribed. */
   async function signedIn(id: string) {
-    const signer = backend();
-    const client = new PusherClient(APP.key, {
-      cluster: "local",
-      wsHost: "127.0.0.1",
-      wsPort: herald.port,
-      forceTLS: false,
-      enabledTransports: ["ws"],
-      userAuthentication: {
-        endpoint: "unused",
-        transport: "ajax",
-        customHandler: ({ socketId }, callback) => callback(null, signer.authenticateUser(socketId, { id })),
-      },
-    });
-    clients.push(client);
+    const client = signingIn({ id });
     const got: unknown[] = [];
     client.user.bind("notice", (data: unknown) => got.push(data));
     client.signin();
