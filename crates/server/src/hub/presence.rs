@@ -54,10 +54,11 @@ pub fn member_id(secret: &str, user: &str) -> u64 {
     u64::from_be_bytes(digest[..8].try_into().expect("8 bytes"))
 }
 
-/// The member id of a user who is one member however many connections it has (a Pusher
-/// presence channel's, as Pusher counts users): each connection is a holder of it, so the
-/// store says when the user's first connection arrives and when its last leaves, on any
-/// node. Keyed apart from [`member_id`]'s ids by a secret no client id can be.
+/// The member id of a user who is one member however many connections it has (for a
+/// front whose protocol counts users, not connections): each connection is a holder of
+/// it, so the store says when the user's first connection arrives and when its last
+/// leaves, on any node. Keyed apart from [`member_id`]'s ids by a secret no client id can
+/// be.
 pub fn user_member_id(user: &str) -> u64 {
     member_id(user, "\0user")
 }
