@@ -185,6 +185,7 @@ impl Target {
                 r#"{"event":"pusher:subscribe","data":"{\"channel\":\"private-a\",\"auth\":\"k:s\"}"}"#,
                 r#"{"event":"client-typing","channel":"private-a","data":{"x":[1,2.5,null]}}"#,
                 r#"{"event":"pusher:ping","data":{}}"#,
+                r##"{"event":"pusher:subscribe","data":{"channel":"#server-to-user-u.1","auth":""}}"##,
                 r#"{"event":"pusher:signin","data":{"auth":"k:s","user_data":"{\"id\":\"1\"}"}}"#,
                 r#"{"event":"created","data":"{\"id\":1}","user_id":"7","socket_id":"1.2"}"#,
             ],
@@ -281,7 +282,13 @@ impl Target {
             Target::Pusher => Box::new(|input| {
                 use herald_protocol::pusher;
                 if let Ok(pusher::ClientMessage::Subscribe(s)) = pusher::decode(input) {
-                    let _ = pusher::check_channel(&s.channel);
+                    // As the front names a channel inside Herald (user channels too), and
+                    // back again for the frames it writes.
+                    if let Ok(inside) = pusher::inside_name(&s.channel) {
+                        assert_eq!(pusher::outside_name(&inside), s.channel);
+                    }
+                    let _ = pusher::Kind::of(&s.channel);
+                    let _ = pusher::user_of_channel(&s.channel);
                 }
                 let _ = pusher::event("presence-room", input);
             }),
