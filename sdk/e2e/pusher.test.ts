@@ -39,13 +39,34 @@ function backend(): PusherServer {
   });
 }
 
-/** The application: its page, the two scripts, and Laravel's auth endpoint, where the
- * signed-in user is the `user` cookie and `private-user.{id}` is only that user's. */
+/** Who each user of the app follows (a user authentication's `watchlist`). */
+const FRIENDS: Record<string, string[]> = { ann: ["bob", "cat"], bob: ["ann"] };
+
+/** The application: its page, the two scripts, and Laravel's auth endpoints, where the
+ * signed-in user is the `user` cookie and `private-user.{id}` is only that user's:
+ * `/broadcasting/auth` signs channels, `/broadcasting/user-auth` the user (with its
+ * watchlist). */
 function application(): Server {
   return createServer((req, res) => {
     if (req.url === "/pusher.js" || req.url === "/echo.js") {
       res.setHeader("content-type", "text/javascript");
       res.end(req.url === "/pusher.js" ? PUSHER_JS : ECHO_JS);
+      return;
+    }
+    if (req.url === "/broadcasting/user-auth" && req.method === "POST") {
+      let body = "";
+      req.on("data", (c) => (body += c));
+      req.on("end", () => {
+        const socketId = new URLSearchParams(body).get("socket_id")!;
+        const user = /(?:^|; )user=([^;]+)/.exec(req.headers.cookie ?? "")?.[1];
+        if (!user) {
+          res.statusCode = 403;
+          res.end("forbidden");
+          return;
+        }
+        res.setHeader("content-type", "application/json");
+        res.end(JSON.stringify(backend().authenticateUser(socketId, { id: user, watchlist: FRIENDS[user] ?? [] })));
+      });
       return;
     }
     if (req.url === "/broadcasting/auth" && req.method === "POST") {
@@ -109,6 +130,7 @@ async function signedIn(user: string): Promise<{ context: BrowserContext; page: 
         forceTLS: false,
         enabledTransports: ["ws"],
         authEndpoint: "/broadcasting/auth",
+        userAuthentication: { endpoint: "/broadcasting/user-auth", transport: "ajax" },
         Pusher: w.Pusher,
       });
     },
@@ -195,6 +217,33 @@ describe("Laravel Echo over pusher-js", () => {
     const seen = await collected(ann.page, "bob leaving", (g) => g.some((e) => e.leaving === "BOB"));
     expect(Date.now() - closedAt).toBeLessThan(2500);
     expect(seen.filter((e) => e.joining || e.leaving)).toEqual([{ joining: "BOB" }, { leaving: "BOB" }]);
+    await ann.context.close();
+  });
+});
+
+describe("a signed-in user (pusher.signin() under Echo)", () => {
+  it("hears what the backend sends to the user, and when the users it watches come online and go offline", async () => {
+    const ann = await signedIn("ann");
+    await ann.page.evaluate(() => {
+      const w = window as any;
+      const pusher = w.Echo.connector.pusher;
+      pusher.user.bind("notice", (e: unknown) => w.got.push({ notice: e }));
+      for (const status of ["online", "offline"]) {
+        pusher.user.watchlist.bind(status, (e: { name: string; user_ids: string[] }) => w.got.push({ [e.name]: [...e.user_ids].sort() }));
+      }
+      pusher.signin();
+    });
+    expect(await collected(ann.page, "who is online", (g) => g.length === 1)).toEqual([{ offline: ["bob", "cat"] }]);
+    await ann.page.waitForFunction(() => (window as any).Echo.connector.pusher.user.serverToUserChannel?.subscribed === true, null, { timeout: 20_000 });
+    await backend().sendToUser("ann", "notice", { unread: 3 });
+    await collected(ann.page, "the backend's notice", (g) => g.some((e) => e.notice));
+
+    const bob = await signedIn("bob");
+    await bob.page.evaluate(() => (window as any).Echo.connector.pusher.signin());
+    await collected(ann.page, "bob online", (g) => g.some((e) => e.online));
+    await bob.context.close();
+    const seen = await collected(ann.page, "bob offline", (g) => g.some((e) => e.offline?.includes("bob") && e.offline.length === 1));
+    expect(seen).toEqual([{ offline: ["bob", "cat"] }, { notice: { unread: 3 } }, { online: ["bob"] }, { offline: ["bob"] }]);
     await ann.context.close();
   });
 });

@@ -59,12 +59,12 @@ function connect(options: { server?: Herald; app?: typeof APP; user?: { user_id:
 
 /** A `pusher-js` client whose `signin()` the app's backend signs as `user` (as a user
  * authentication endpoint would). */
-function signingIn(user: { id: string; name?: string }): PusherClient {
-  const signer = backend();
+function signingIn(user: { id: string; name?: string; watchlist?: string[] }, server: Herald = herald): PusherClient {
+  const signer = backend(server);
   const client = new PusherClient(APP.key, {
     cluster: "local",
     wsHost: "127.0.0.1",
-    wsPort: herald.port,
+    wsPort: server.port,
     forceTLS: false,
     enabledTransports: ["ws"],
     userAuthentication: {
@@ -395,6 +395,66 @@ describe("user channels", () => {
       expect(said).toMatchObject({ status: 401 });
       raw.send(JSON.stringify({ event: "client-x", channel: "#server-to-user-u-12", data: {} }));
       await until("the client event refused", () => got.some((m) => m.event === "pusher:error"));
+    } finally {
+      raw.close();
+    }
+  });
+});
+
+describe("watchlists", () => {
+  /** Every watchlist event `client` hears, as `online:ID` or `offline:ID`, in order. */
+  function watching(client: PusherClient): string[] {
+    const heard: string[] = [];
+    for (const name of ["online", "offline"]) {
+      client.user.watchlist.bind(name, (e: { name: string; user_ids: string[] }) => heard.push(...e.user_ids.map((id) => `${e.name}:${id}`)));
+    }
+    return heard;
+  }
+
+  /** A user signed in (its signin answered), on `server`. */
+  async function online(id: string, watchlist?: string[], server: Herald = herald) {
+    const client = signingIn({ id, ...(watchlist ? { watchlist } : {}) }, server);
+    const heard = watching(client);
+    client.signin();
+    await until(`${id} signed in`, () => (client.user as unknown as { user_data: unknown }).user_data !== null);
+    return { client, heard };
+  }
+
+  it("tell a signed-in user who of its watchlist is online, then each arrival and departure of a user's last tab", async () => {
+    const bob1 = await online("w-bob");
+    const ann = await online("w-ann", ["w-bob", "w-cid"]);
+    await until("ann hears who is online now", () => ann.heard.length === 2);
+    expect([...ann.heard].sort()).toEqual(["offline:w-cid", "online:w-bob"]);
+
+    const cid = await online("w-cid");
+    await until("cid's arrival", () => ann.heard.length === 3).catch((e) => { throw new Error(`${e} ${JSON.stringify(ann.heard)}`); });
+    expect(ann.heard[2]).toBe("online:w-cid");
+
+    // Bob has a second tab: closing one of them is no departure.
+    const bob2 = await online("w-bob");
+    bob1.client.disconnect();
+    cid.client.disconnect();
+    await until("cid's departure", () => ann.heard.length === 4);
+    expect(ann.heard[3]).toBe("offline:w-cid");
+    bob2.client.disconnect();
+    await until("bob's departure, with his last tab", () => ann.heard.length === 5);
+    expect(ann.heard[4]).toBe("offline:w-bob");
+    // A user's own status is no event of its own, nor of those who do not watch it.
+    expect(cid.heard).toEqual([]);
+  });
+
+  it("are no channel of the app's: the HTTP API lists none, and a client cannot subscribe to one", async () => {
+    await online("w-dan", ["w-eve"]);
+    const listed = await backend().get({ path: "/channels" });
+    const channels = Object.keys(((await listed.json()) as { channels: Record<string, unknown> }).channels);
+    expect(channels.filter((c) => c.includes("online"))).toEqual([]);
+    const raw = new WebSocket(`ws://127.0.0.1:${herald.port}/app/${APP.key}?protocol=7`);
+    const got: Array<{ event: string; data: unknown }> = [];
+    raw.on("message", (m) => got.push(JSON.parse(m.toString())));
+    try {
+      await until("established", () => got.some((m) => m.event === "pusher:connection_established"));
+      raw.send(JSON.stringify({ event: "pusher:subscribe", data: { channel: "!online-w-eve" } }));
+      await until("refused", () => got.some((m) => m.event === "pusher:subscription_error"));
     } finally {
       raw.close();
     }
@@ -799,6 +859,22 @@ describe("two Herald nodes on Redis", () => {
   });
 
   // Last: it kills node b.
+  it("tell a watcher on one node of a user signed in on the other", async () => {
+    const fay = signingIn({ id: "n-fay", watchlist: ["n-gus"] }, a);
+    const heard: string[] = [];
+    for (const name of ["online", "offline"]) {
+      fay.user.watchlist.bind(name, (e: { name: string; user_ids: string[] }) => heard.push(...e.user_ids.map((id) => `${e.name}:${id}`)));
+    }
+    fay.signin();
+    await until("fay hears gus is offline", () => heard.length === 1);
+    const gus = signingIn({ id: "n-gus" }, b);
+    gus.signin();
+    await until("gus comes online on node b", () => heard.length === 2);
+    gus.disconnect();
+    await until("and goes offline", () => heard.length === 3);
+    expect(heard).toEqual(["offline:n-gus", "online:n-gus", "offline:n-gus"]);
+  });
+
   it("posts each user's and channel's webhooks once across nodes, and a killed node's leaves", async () => {
     const room = "presence-hooked-nodes";
     const erinOnA = connect({ server: a, user: { user_id: "erin" } });

@@ -233,6 +233,19 @@ pub const USER_CHANNEL: &str = "#server-to-user-";
 /// `!` is none of Pusher's, so no Pusher client can name it otherwise.
 const USER_CHANNEL_INSIDE: &str = "!server-to-user-";
 
+/// The channel whose members say a user is online (the part after the app's namespace):
+/// its one member is held by each connection signed in as the user, so it has a member
+/// exactly while the user is signed in somewhere (Pusher's watchlist online status). No
+/// Pusher client can name it (`!`).
+pub const ONLINE_CHANNEL_INSIDE: &str = "!online-";
+
+/// Whether Herald's channel `inside` (the part after the namespace) is one of the
+/// server's own that no Pusher client names (a user's online channel), which the HTTP
+/// API does not list.
+pub fn hidden(inside: &str) -> bool {
+    inside.starts_with('!') && !inside.starts_with(USER_CHANNEL_INSIDE)
+}
+
 /// The user whose channel `name` is (`#server-to-user-{id}`), if it is one.
 pub fn user_of_channel(name: &str) -> Option<&str> {
     name.strip_prefix(USER_CHANNEL)
@@ -468,6 +481,30 @@ pub fn member_removed(channel: &str, user_id: &RawValue) -> Vec<u8> {
     }
     let data = stringified(&Removed { user_id });
     frame("pusher_internal:member_removed", Some(channel), &data)
+}
+
+/// `pusher_internal:watchlist_events`: which users of a watchlist came online, and which
+/// went offline (an empty list is left out).
+pub fn watchlist_events(online: &[&str], offline: &[&str]) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Change<'a> {
+        name: &'a str,
+        user_ids: &'a [&'a str],
+    }
+    #[derive(Serialize)]
+    struct Events<'a> {
+        events: Vec<Change<'a>>,
+    }
+    let events = [("online", online), ("offline", offline)]
+        .into_iter()
+        .filter(|(_, ids)| !ids.is_empty())
+        .map(|(name, user_ids)| Change { name, user_ids })
+        .collect();
+    frame(
+        "pusher_internal:watchlist_events",
+        None,
+        &stringified(&Events { events }),
+    )
 }
 
 /// `pusher:signin_success`, with the signed-in user's data (JSON text).

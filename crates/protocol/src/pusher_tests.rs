@@ -97,6 +97,33 @@ fn a_user_channel_has_a_name_inside_that_no_pusher_client_can_give() {
 }
 
 #[test]
+fn a_users_online_channel_is_hidden_and_no_pusher_client_can_name_it() {
+    let online = format!("{ONLINE_CHANNEL_INSIDE}ann");
+    assert!(hidden(&online));
+    assert!(inside_name(&online).is_err());
+    assert!(!hidden("!server-to-user-ann"));
+    assert!(!hidden("presence-room"));
+}
+
+#[test]
+fn watchlist_events_name_who_came_online_and_who_went_offline() {
+    let frame: serde_json::Value =
+        serde_json::from_slice(&watchlist_events(&["a", "b"], &["c"])).unwrap();
+    assert_eq!(frame["event"], "pusher_internal:watchlist_events");
+    let data: serde_json::Value = serde_json::from_str(frame["data"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        data,
+        serde_json::json!({"events": [
+            {"name": "online", "user_ids": ["a", "b"]},
+            {"name": "offline", "user_ids": ["c"]},
+        ]})
+    );
+    let only_offline: serde_json::Value =
+        serde_json::from_slice(&watchlist_events(&[], &["c"])).unwrap();
+    assert!(!only_offline["data"].as_str().unwrap().contains("online\""));
+}
+
+#[test]
 fn a_page_is_given_its_proof_and_sends_it_back() {
     let page: serde_json::Value = serde_json::from_slice(&page("0a1b")).unwrap();
     assert_eq!(page["event"], "herald:page");

@@ -61,6 +61,12 @@ pub struct PusherApp {
     /// sent what it missed when it subscribes again; `0s` turns resuming off. Default `2m`.
     #[serde(default = "default_resume_window", with = "humantime_serde")]
     pub resume_window: Duration,
+    /// Whether signed-in users are told when the users of their signin's `watchlist` come
+    /// online and go offline (`pusher.user.watchlist`), as Pusher's app setting "Watchlist
+    /// events". Each signed-in connection then holds its user's online membership, and
+    /// follows one channel per watched user. Default false, as Pusher's.
+    #[serde(default)]
+    pub watchlist_events: bool,
 }
 
 /// The webhook events this server posts.

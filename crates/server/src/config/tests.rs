@@ -114,6 +114,7 @@ fn pusher_app(id: &str, key: &str) -> PusherApp {
         webhook_url: None,
         webhook_events: None,
         webhook_leave_delay: Duration::from_secs(3),
+        watchlist_events: false,
         resume_window: Duration::from_secs(120),
     }
 }

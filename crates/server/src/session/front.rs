@@ -60,6 +60,22 @@ impl Session {
             info,
             user,
             user_id,
+            sees_members: false,
+        });
+    }
+
+    /// Grants `channel` to this session as one that follows its members without being
+    /// one: it is pushed the channel's joins and leaves (in a namespace with `join_leave`)
+    /// while a session whose members are granted is otherwise pushed them only in channels
+    /// it is a member of.
+    pub fn watch_channel(&mut self, channel: ChannelName) {
+        self.grant(ChannelGrant {
+            channel,
+            expires: None,
+            info: None,
+            user: None,
+            user_id: None,
+            sees_members: true,
         });
     }
 

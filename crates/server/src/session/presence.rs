@@ -77,7 +77,10 @@ impl Session {
         let node = self.node();
         let by_grant = self.auth.as_ref().is_some_and(|a| a.members_by_grant);
         node.settings.namespace(channel.namespace()).join_leave
-            && (!by_grant || self.granted(channel).is_some_and(|g| g.user.is_some()))
+            && (!by_grant
+                || self
+                    .granted(channel)
+                    .is_some_and(|g| g.user.is_some() || g.sees_members))
             && policy::check(node, self.asker(channel), Action::Presence, channel).is_ok()
     }
 

@@ -291,6 +291,7 @@ impl Session {
                 info,
                 user,
                 user_id,
+                sees_members: false,
             });
             answer.data
         } else {

@@ -176,6 +176,10 @@ pub struct ChannelGrant {
     /// `user_id` that is a number): member records carry it as `user_id`, so that a front
     /// gives it back as it came.
     pub user_id: Option<Bytes>,
+    /// Whether the connection is pushed the channel's joins and leaves without being a
+    /// member of it (a connection that watches who is online; see
+    /// [`crate::session::Session::watch_channel`]).
+    pub sees_members: bool,
 }
 
 #[derive(Deserialize)]
@@ -360,6 +364,7 @@ impl Verifier {
             info,
             user: None,
             user_id: None,
+            sees_members: false,
         })
     }
 

@@ -305,7 +305,7 @@ async fn describe(
 }
 
 /// Occupied channels whose names start with `prefix`, with their subscribers summed over
-/// every node; at most `limit`.
+/// every node; at most `limit`. The server's own channels are left out.
 async fn occupied(node: &Node, prefix: &str, limit: usize) -> Result<Vec<(String, u64)>, Refused> {
     let mut found = Vec::new();
     let mut after = String::new();
@@ -321,7 +321,10 @@ async fn occupied(node: &Node, prefix: &str, limit: usize) -> Result<Vec<(String
         let listed = page["channels"].as_array().cloned().unwrap_or_default();
         for c in &listed {
             if let (Some(name), Some(n)) = (c["channel"].as_str(), c["subscribers"].as_u64()) {
-                found.push((name.to_owned(), n));
+                // The server's own channels (users' online status) are no app's.
+                if !name.split_once(':').is_some_and(|(_, n)| pusher::hidden(n)) {
+                    found.push((name.to_owned(), n));
+                }
             }
         }
         match page["cursor"].as_str() {

@@ -31,6 +31,7 @@ use crate::{
 };
 
 mod client_events;
+mod watchlist;
 
 /// One Pusher client's connection.
 #[derive(Debug)]
@@ -60,6 +61,8 @@ struct More {
     page: Option<(Arc<Bookmarks>, Page)>,
     /// The user it signed in as (`pusher:signin`), whose channel it may subscribe to.
     signed_in: Option<Box<str>>,
+    /// The users its signin watches (see [`watchlist`]).
+    watching: Vec<watchlist::Watched>,
 }
 
 /// A connection's parts in the counts of who occupies channels, by channel.
@@ -189,6 +192,7 @@ impl Pusher {
                 held: Vec::new(),
                 page: None,
                 signed_in: None,
+                watching: Vec::new(),
             })
         })
     }
@@ -260,7 +264,7 @@ impl Pusher {
                     }
                 }
             }
-            ClientMessage::Signin { auth, user_data } => self.sign_in(&auth, &user_data, out),
+            ClientMessage::Signin { auth, user_data } => self.sign_in(&auth, &user_data, out).await,
             ClientMessage::ClientEvent {
                 event,
                 channel,
@@ -440,8 +444,9 @@ impl Pusher {
         }))
     }
 
-    /// `pusher:signin`: checks the app's signature over `socket_id::user::user_data`.
-    fn sign_in(&mut self, auth: &str, user_data: &str, out: &mut Vec<u8>) {
+    /// `pusher:signin`: checks the app's signature over `socket_id::user::user_data`; then,
+    /// when the app tells watchlists, the user is online and follows its watchlist.
+    async fn sign_in(&mut self, auth: &str, user_data: &str, out: &mut Vec<u8>) {
         let app = self.app();
         let text = format!("{}::user::{user_data}", self.socket_id);
         let signed = auth.split_once(':').is_some_and(|(key, signature)| {
@@ -458,8 +463,11 @@ impl Pusher {
                 // end its connections (`terminate_connections`).
                 let id = user.id.into_string();
                 self.session.known_as(&user_key(self.app(), &id));
-                self.more().signed_in = Some(id.into());
-                line(out, pusher::signin_success(user_data))
+                self.more().signed_in = Some(id.as_str().into());
+                line(out, pusher::signin_success(user_data));
+                if self.app().watchlist_events {
+                    self.watch(&id, user_data, out).await;
+                }
             }
             (true, None) => line(
                 out,
@@ -551,6 +559,10 @@ impl Speaker for Pusher {
                 if let Some(more) = more.as_mut() {
                     if let Some(r) = more.rosters.iter_mut().find(|r| r.channel == d.channel) {
                         r.changed(&d.json, &mut |m| emit(m, None, at));
+                    } else if let Some(w) =
+                        more.watching.iter_mut().find(|w| w.channel == d.channel)
+                    {
+                        watchlist::changed(w, &d.json, &mut |m| emit(m, None, at));
                     }
                 }
             }
