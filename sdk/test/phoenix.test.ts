@@ -87,20 +87,30 @@ describe("phoenix.js", () => {
     expect(atB).toEqual([{ from: "a" }, { from: "api" }]);
   });
 
-  it("answers a binary push with an error reply, and the socket stays", async () => {
-    const s = socket();
-    const c = await joined(s, "chat:binary");
-    const closes: unknown[] = [];
-    s.onClose((e: unknown) => void closes.push(e));
-    const refused = await new Promise<unknown>((resolve, reject) => {
-      c.push("upload", new Uint8Array([1, 2, 3]).buffer)
-        .receive("error", resolve)
-        .receive("ok", () => reject(new Error("accepted")))
-        .receive("timeout", () => reject(new Error("push timed out")));
-    });
-    expect(refused).toMatchObject({ reason: expect.stringMatching(/binary payloads/) });
-    await pushed(c, "new_msg", { still: "connected" });
-    expect(closes).toEqual([]);
+  it("relays a binary push as a binary broadcast on WebSocket (2.0.0), as base64 where there is no binary (long-poll, the API)", async () => {
+    const a = await joined(socket(), "chat:binary");
+    const b = await joined(socket(), "chat:binary");
+    const polling = await joined(socket({}, { transport: LongPoll }), "chat:binary");
+    const atB: unknown[] = [];
+    const polled: unknown[] = [];
+    b.on("upload", (p) => void atB.push(p));
+    polling.on("upload", (p) => void polled.push(p));
+    // Bytes no JSON text holds, line breaks among them.
+    const bytes = new Uint8Array([0, 10, 255, 13, 10, 2, 91]);
+    await pushed(a, "upload", bytes.buffer as unknown as object);
+    await until("the other socket and the poller hear it", () => atB.length === 1 && polled.length === 1);
+    expect(atB[0]).toBeInstanceOf(ArrayBuffer);
+    expect([...new Uint8Array(atB[0] as ArrayBuffer)]).toEqual([...bytes]);
+    const base64 = Buffer.from(bytes).toString("base64");
+    expect(polled).toEqual([{ binary: base64 }]);
+    const history = await fetch(`${herald.url}/api/history?channel=chat:binary`, { headers: { Authorization: "apikey sdk-test-api-key-01" } });
+    const stored = (await history.json()) as { publications: Array<{ data: unknown }> };
+    expect(stored.publications.map((p) => p.data)).toEqual([{ event: "upload", data: base64, encoding: "base64" }]);
+    // The long-poller's own binary push (phoenix.js posts it as base64) reaches the socket
+    // as bytes.
+    await pushed(polling, "upload", new Uint8Array([9, 8, 7]).buffer as unknown as object);
+    await until("the poller's push", () => atB.length === 2);
+    expect([...new Uint8Array(atB[1] as ArrayBuffer)]).toEqual([9, 8, 7]);
   });
 
   it("receives what Herald's API publishes on the topic, as the event it names", async () => {

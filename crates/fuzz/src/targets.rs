@@ -198,6 +198,9 @@ impl Target {
                 r#"{"event":"new_msg","data":{"body":"x"},"socket_id":"phx.00000000000000ff"}"#,
                 // A binary push: kind 0, the four sizes, join_ref, ref, topic, event, data.
                 "\u{0}\u{1}\u{1}\u{4}\u{6}12chatupload\u{1}\u{2}",
+                // A stored binary push, its bytes in base64, and one whose base64 is not.
+                r#"{"event":"upload","data":"AAr/Ww==","encoding":"base64"}"#,
+                r#"{"event":"upload","data":"!!","encoding":"base64","socket_id":"phx.1"}"#,
             ],
             Target::StoredFile => return vec![seed_file()],
             Target::Token => return access::tokens(),
@@ -377,6 +380,17 @@ impl Target {
                 if let Some((m, data)) = phoenix::decode_binary_push(input) {
                     assert!(data.len() < input.len(), "the header is not the payload");
                     let _ = phoenix::reply(Vsn::V2, &m, false, phoenix::empty());
+                    // Stored, then broadcast: the same bytes, whole, in a binary message
+                    // when the names fit its sizes, and JSON text beside it.
+                    let stored = phoenix::stored_binary(&m.event, data, None);
+                    let b = phoenix::broadcast(Vsn::V2, &m.topic, &stored);
+                    if phoenix::is_binary(&b.frame) {
+                        assert!(
+                            b.frame.ends_with(data),
+                            "a binary broadcast carries the push's bytes"
+                        );
+                        assert!(b.text.is_some_and(|t| !phoenix::is_binary(&t)));
+                    }
                 }
             }),
         }

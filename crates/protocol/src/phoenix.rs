@@ -235,15 +235,92 @@ struct Envelope<'a> {
     /// connection's for `broadcast_from`).
     #[serde(default, borrow)]
     socket_id: Option<std::borrow::Cow<'a, str>>,
+    /// [`BASE64`] when `data` is a binary payload's bytes, as a base64 string.
+    #[serde(default, borrow)]
+    encoding: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// The `encoding` of a stored event whose `data` is the base64 of a binary payload (a
+/// binary push): JSON where the payload goes as text (Herald's own protocol, the HTTP API,
+/// serializer 1.0.0, the long-poll), bytes where it can (2.0.0 on a WebSocket).
+pub const BASE64: &str = "base64";
+
+impl Envelope<'_> {
+    /// The binary payload's base64 text, if the event carries one.
+    fn base64(&self) -> Option<String> {
+        if self.encoding.as_deref() != Some(BASE64) {
+            return None;
+        }
+        serde_json::from_str(self.data?.get()).ok()
+    }
 }
 
 /// A publication as a Phoenix broadcast.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Broadcast {
-    /// The message.
+    /// The message: JSON text, or a binary message (serializer 2.0.0's broadcast kind) for
+    /// a binary payload.
     pub frame: Vec<u8>,
+    /// The broadcast as JSON text when `frame` is binary, for a transport that carries
+    /// only text (the long-poll): the payload `{"binary": BASE64}`.
+    pub text: Option<Vec<u8>>,
     /// The connection it is not for, if its sender asked so (the envelope's `socket_id`).
     pub except: Option<String>,
+}
+
+/// The kind byte of the server's binary broadcast (serializer 2.0.0:
+/// `[2, topic len, event len, topic, event, data]`).
+const BINARY_BROADCAST: u8 = 2;
+
+/// Whether `message` is one of serializer 2.0.0's binary messages (kinds 0 to 2, push,
+/// reply, broadcast), not JSON text: JSON text never begins with those bytes.
+pub fn is_binary(message: &[u8]) -> bool {
+    matches!(message.first(), Some(0..=2))
+}
+
+/// `data` as a binary broadcast of `event` on `topic`; `None` when a name is longer than
+/// the kind's one-byte sizes allow.
+fn binary_broadcast(topic: &str, event: &str, data: &[u8]) -> Option<Vec<u8>> {
+    let (topic_len, event_len) = (
+        u8::try_from(topic.len()).ok()?,
+        u8::try_from(event.len()).ok()?,
+    );
+    let mut out = Vec::with_capacity(3 + topic.len() + event.len() + data.len());
+    out.extend_from_slice(&[BINARY_BROADCAST, topic_len, event_len]);
+    out.extend_from_slice(topic.as_bytes());
+    out.extend_from_slice(event.as_bytes());
+    out.extend_from_slice(data);
+    Some(out)
+}
+
+/// How a client's binary push of `event` is stored: `{"event", "data": BASE64 text,
+/// "encoding": "base64"[, "socket_id"]}` (see [`BASE64`]).
+pub fn stored_binary(event: &str, data: &[u8], socket_id: Option<&str>) -> Vec<u8> {
+    use base64::Engine;
+    #[derive(Serialize)]
+    struct Stored<'a> {
+        event: &'a str,
+        data: String,
+        encoding: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        socket_id: Option<&'a str>,
+    }
+    serde_json::to_vec(&Stored {
+        event,
+        data: base64::engine::general_purpose::STANDARD.encode(data),
+        encoding: BASE64,
+        socket_id,
+    })
+    .expect("payloads serialise")
+}
+
+/// A binary payload as JSON text carries it: `{"binary": BASE64}`.
+fn binary_as_json(base64: &str) -> Box<RawValue> {
+    #[derive(Serialize)]
+    struct Binary<'a> {
+        binary: &'a str,
+    }
+    serde_json::value::to_raw_value(&Binary { binary: base64 }).expect("objects serialise")
 }
 
 /// A publication's payload (`data`, one JSON value) as a broadcast on `topic`: no join
@@ -254,17 +331,56 @@ pub fn broadcast(vsn: Vsn, topic: &str, data: &[u8]) -> Broadcast {
         .then(|| serde_json::from_slice::<Envelope>(data).ok())
         .flatten();
     match envelope {
-        Some(e) => Broadcast {
-            frame: encode(vsn, None, None, topic, &e.event, e.data.unwrap_or(null)),
-            except: e.socket_id.map(|s| s.into_owned()),
-        },
+        Some(e) => {
+            let except = e.socket_id.as_ref().map(|s| s.clone().into_owned());
+            if let Some(base64) = e.base64() {
+                return binary_broadcast_of(vsn, topic, &e.event, &base64, except);
+            }
+            Broadcast {
+                frame: encode(vsn, None, None, topic, &e.event, e.data.unwrap_or(null)),
+                text: None,
+                except,
+            }
+        }
         None => {
             let whole: &RawValue = serde_json::from_slice(data).unwrap_or(null);
             Broadcast {
                 frame: encode(vsn, None, None, topic, PLAIN_EVENT, whole),
+                text: None,
                 except: None,
             }
         }
+    }
+}
+
+/// A binary payload's broadcast: its bytes in a binary message for serializer 2.0.0 (the
+/// JSON text beside it for a long-poll), JSON text alone for 1.0.0, which has no binary.
+fn binary_broadcast_of(
+    vsn: Vsn,
+    topic: &str,
+    event: &str,
+    base64: &str,
+    except: Option<String>,
+) -> Broadcast {
+    use base64::Engine;
+    let text = encode(vsn, None, None, topic, event, &binary_as_json(base64));
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(base64)
+        .ok();
+    let binary = bytes
+        .filter(|_| vsn == Vsn::V2)
+        .and_then(|bytes| binary_broadcast(topic, event, &bytes));
+    match binary {
+        Some(frame) => Broadcast {
+            frame,
+            text: Some(text),
+            except,
+        },
+        None => Broadcast {
+            frame: text,
+            text: None,
+            except,
+        },
     }
 }
 
@@ -320,6 +436,37 @@ mod tests {
             decode_binary_push(&[0, 1, 0, 0, 0, 0xff]).is_none(),
             "not UTF-8"
         );
+    }
+
+    #[test]
+    fn a_stored_binary_push_is_bytes_for_2_0_0_and_base64_json_elsewhere() {
+        let bytes = [0u8, b'\n', 0xff, b'['];
+        let stored = stored_binary("upload", &bytes, None);
+        assert_eq!(
+            std::str::from_utf8(&stored).unwrap(),
+            r#"{"event":"upload","data":"AAr/Ww==","encoding":"base64"}"#
+        );
+        let b = broadcast(Vsn::V2, "room", &stored);
+        let mut frame = vec![2, 4, 6];
+        frame.extend_from_slice(b"roomupload");
+        frame.extend_from_slice(&bytes);
+        assert_eq!(b.frame, frame);
+        assert!(is_binary(&b.frame));
+        let text = b.text.unwrap();
+        assert_eq!(
+            std::str::from_utf8(&text).unwrap(),
+            r#"[null,null,"room","upload",{"binary":"AAr/Ww=="}]"#
+        );
+        assert!(!is_binary(&text));
+        let v1 = broadcast(Vsn::V1, "room", &stored);
+        assert!(v1.text.is_none());
+        assert!(std::str::from_utf8(&v1.frame)
+            .unwrap()
+            .contains(r#""payload":{"binary":"AAr/Ww=="}"#));
+        // A name too long for the kind's one-byte sizes goes as text.
+        let long = "e".repeat(300);
+        let stored = stored_binary(&long, &bytes, None);
+        assert!(!is_binary(&broadcast(Vsn::V2, "room", &stored).frame));
     }
 
     #[test]

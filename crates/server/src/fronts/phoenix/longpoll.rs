@@ -294,7 +294,8 @@ async fn open(
     let key = Key::random();
     let held = counted.as_ref().map(|c| node.limits.hold(c.ip()));
     let polled = Polled {
-        speaker: Phoenix::new(session, vsn, super::Sender::random()),
+        // A long-poll's answers are text: binary payloads go as base64.
+        speaker: Phoenix::new(session, vsn, super::Sender::random(), false),
         outbox: Vec::new(),
         outbox_bytes: 0,
         held,
@@ -348,6 +349,8 @@ pub async fn send(
     let bound = node.settings.config.client.queue_max_bytes;
     for message in body.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
         let mut out = Vec::new();
+        let binary = binary_push(message);
+        let message = binary.as_deref().unwrap_or(message);
         let handled = p.speaker.handle(message, &mut out, MAX_BATCH_BYTES).await;
         for reply in out.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
             if !p.post(reply, bound) {
@@ -367,6 +370,16 @@ pub async fn send(
     // A GET waiting learns of the replies at once.
     p.replied.notify_one();
     status(200)
+}
+
+/// A binary push as phoenix.js posts it on the long-poll: the message's bytes in base64, a
+/// line of its own (JSON text begins otherwise). `None` for a JSON message.
+fn binary_push(line: &[u8]) -> Option<Vec<u8>> {
+    use base64::Engine;
+    if matches!(line.first(), Some(b'[' | b'{')) {
+        return None;
+    }
+    base64::engine::general_purpose::STANDARD.decode(line).ok()
 }
 
 #[cfg(test)]

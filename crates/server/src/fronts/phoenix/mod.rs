@@ -59,6 +59,7 @@ pub(crate) fn broadcast_of(
         let made = broadcast(vsn, d.channel.as_str(), publication.data());
         Broadcast {
             frame: bytes::Bytes::from(made.frame),
+            text: made.text.map(bytes::Bytes::from),
             except: made.except.as_deref().and_then(Sender::parse),
         }
     })
@@ -68,6 +69,9 @@ pub(crate) fn broadcast_of(
 #[derive(Debug)]
 pub(crate) struct Broadcast {
     pub frame: bytes::Bytes,
+    /// The broadcast as JSON text when `frame` is a binary message, for a transport that
+    /// carries text only (the long-poll).
+    pub text: Option<bytes::Bytes>,
     /// The Phoenix connection that sent it, which is not to hear it (`broadcast_from`).
     pub except: Option<Sender>,
 }
@@ -76,6 +80,14 @@ impl Broadcast {
     /// Whether connection `me` hears it.
     pub fn for_connection(&self, me: Sender) -> bool {
         self.except != Some(me)
+    }
+
+    /// The message for a connection: text only, or binary messages too.
+    pub fn frame(&self, binary: bool) -> &bytes::Bytes {
+        match &self.text {
+            Some(text) if !binary => text,
+            _ => &self.frame,
+        }
     }
 }
 

@@ -6,7 +6,10 @@ use axum::{
     extract::{Query, Request, State},
     response::{IntoResponse, Response},
 };
-use herald_protocol::{phoenix::Vsn, ErrorCode};
+use herald_protocol::{
+    phoenix::{self, Vsn},
+    ErrorCode,
+};
 
 use super::{speaker::Phoenix, Sender};
 use crate::{
@@ -125,7 +128,7 @@ async fn open(opening: Box<Opening>) -> Option<(Phoenix, WebSocket<PhoenixFrames
         return None;
     }
     session.announce();
-    Some((Phoenix::new(session, vsn, sender), wire))
+    Some((Phoenix::new(session, vsn, sender, true), wire))
 }
 
 /// How a Phoenix connection is written to: a message per push; the hub writes broadcasts
@@ -151,5 +154,10 @@ impl Framing for PhoenixFrames {
         broadcast
             .for_connection(self.1)
             .then_some((lane, &broadcast.frame[..]))
+    }
+
+    /// A binary broadcast (serializer 2.0.0's, of a binary push) goes as a binary message.
+    fn binary_message(&self, message: &[u8]) -> bool {
+        self.0 == Vsn::V2 && phoenix::is_binary(message)
     }
 }

@@ -32,17 +32,22 @@ pub struct Phoenix {
     sender: Sender,
     /// The joined topics whose presence it is shown (Phoenix Presence).
     presence: Vec<Tracked>,
+    /// Whether its transport carries binary messages (the WebSocket; the long-poll's
+    /// answers are text, where binary payloads go as base64).
+    binary: bool,
 }
 
 impl Phoenix {
-    /// The connection of `session`, speaking serializer `vsn`.
-    pub fn new(session: Session, vsn: Vsn, sender: Sender) -> Self {
+    /// The connection of `session`, speaking serializer `vsn`, over a transport that
+    /// carries `binary` messages or not.
+    pub fn new(session: Session, vsn: Vsn, sender: Sender, binary: bool) -> Self {
         Self {
             session,
             vsn,
             sender,
             joined: HashMap::new(),
             presence: Vec::new(),
+            binary,
         }
     }
 
@@ -57,14 +62,12 @@ impl Phoenix {
     }
 
     async fn handle_message(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), Disconnect> {
-        if let Some((m, _data)) = phoenix::decode_binary_push(bytes) {
-            // A binary push (a message of its own kind, never JSON text): answered, and
-            // the socket stays, as for any event the server does not handle.
-            if let Err(f) = self.session.charge_command() {
-                self.refuse(out, &m, &f.message, Some(f.wire_code()));
-            } else {
-                let reason = "binary payloads are not supported: push JSON (base64 for bytes)";
-                self.refuse(out, &m, reason, None);
+        if let Some((m, data)) = phoenix::decode_binary_push(bytes) {
+            // A binary push (a message of its own kind, never JSON text): broadcast as
+            // bytes. Whatever goes wrong is answered, and the socket stays.
+            match self.session.charge_command() {
+                Err(f) => self.refuse(out, &m, &f.message, Some(f.wire_code())),
+                Ok(()) => self.binary_event(&m, data, out).await,
             }
             return Ok(());
         }
@@ -159,28 +162,69 @@ impl Phoenix {
         line(out, push);
     }
 
+    /// The joined topic of a client's event; `None` (and the refusal said) if it has not
+    /// joined it.
+    fn joined_topic(&self, m: &Message, out: &mut Vec<u8>) -> Option<ChannelName> {
+        match ChannelName::new(&m.topic) {
+            Ok(channel) if self.joined.contains_key(&channel) => Some(channel),
+            _ => {
+                self.refuse(out, m, "unmatched topic", None);
+                None
+            }
+        }
+    }
+
     /// A client's event on a joined topic: published through the session (the rules, the
     /// publish hook), as the event `[phoenix] events` names.
     async fn event(&mut self, m: &Message, out: &mut Vec<u8>) {
-        let Ok(channel) = ChannelName::new(&m.topic) else {
-            return self.refuse(out, m, "unmatched topic", None);
+        let Some(channel) = self.joined_topic(m, out) else {
+            return;
         };
-        if !self.joined.contains_key(&channel) {
-            return self.refuse(out, m, "unmatched topic", None);
-        }
         let node = self.session.node().clone();
         if node.settings.config.phoenix.rpc_events.contains(&m.event) {
             return self.answer_by_hook(&channel, m, out).await;
         }
         let events = &node.settings.config.phoenix.events;
         let event = events.get(&m.event).unwrap_or(&m.event);
-        let data = payload(m);
-        // `broadcast_from` for the topic's namespace: the event names its sender, which
-        // does not hear it.
-        let from = node.settings.config.phoenix.broadcast_from(&channel);
-        let tag = from.then(|| self.sender.tag());
-        let stored = pusher::stored(event, data, None, tag.as_deref());
-        let stored: &RawValue = serde_json::from_slice(&stored).expect("stored events are JSON");
+        let tag = self.sender_tag(&channel);
+        let stored = pusher::stored(event, payload(m), None, tag.as_deref());
+        self.publish(channel, m, &stored, out).await;
+    }
+
+    /// A client's binary push on a joined topic: stored with its bytes in base64 (so that
+    /// every reader of the channel can take it as JSON), broadcast as bytes where the
+    /// transport carries them.
+    async fn binary_event(&mut self, m: &Message, data: &[u8], out: &mut Vec<u8>) {
+        let Some(channel) = self.joined_topic(m, out) else {
+            return;
+        };
+        let config = &self.session.node().settings.config.phoenix;
+        if config.rpc_events.contains(&m.event) {
+            let reason = "the rpc hook answers JSON payloads only";
+            return self.refuse(out, m, reason, None);
+        }
+        let event = config.events.get(&m.event).unwrap_or(&m.event).clone();
+        let tag = self.sender_tag(&channel);
+        let stored = phoenix::stored_binary(&event, data, tag.as_deref());
+        self.publish(channel, m, &stored, out).await;
+    }
+
+    /// The tag its events carry in a `broadcast_from` namespace, whose sender does not
+    /// hear its own.
+    fn sender_tag(&self, channel: &ChannelName) -> Option<String> {
+        let config = &self.session.node().settings.config.phoenix;
+        config.broadcast_from(channel).then(|| self.sender.tag())
+    }
+
+    /// Publishes a client's event (`stored`, JSON) and replies to its push.
+    async fn publish(
+        &mut self,
+        channel: ChannelName,
+        m: &Message,
+        stored: &[u8],
+        out: &mut Vec<u8>,
+    ) {
+        let stored: &RawValue = serde_json::from_slice(stored).expect("stored events are JSON");
         let payload = match json::payload(stored) {
             Ok(p) => p,
             Err(e) => return self.refuse(out, m, &e, None),
@@ -279,8 +323,9 @@ impl Speaker for Phoenix {
             presence,
             joined,
             sender,
+            binary,
         } = self;
-        let me = *sender;
+        let (me, binary) = (*sender, *binary);
         let vsn = *vsn;
         session.drain_deliveries(max_bytes, |drained, at| match drained {
             // An operator ended the join (Herald's 120: not to be joined again by itself):
@@ -315,7 +360,7 @@ impl Speaker for Phoenix {
             Drained::Delivery(d) => {
                 let broadcast = super::broadcast_of(d, vsn);
                 if broadcast.for_connection(me) {
-                    emit(&broadcast.frame, Some(d), at);
+                    emit(broadcast.frame(binary), Some(d), at);
                 }
             }
         })

@@ -231,11 +231,12 @@ impl<F: Framing> WebSocket<F> {
     /// Appends `text` as one message, compressed if the connection negotiated it and the
     /// message is large enough to gain from it.
     fn message(&self, text: &[u8], out: &mut Vec<u8>) {
+        let binary = self.binary || self.io.framing().binary_message(text);
         match self.io.compress_from() {
             Some(min) if text.len() >= min => {
-                frames::write_message(out, &deflate::compress(text), true, self.binary)
+                frames::write_message(out, &deflate::compress(text), true, binary)
             }
-            _ => frames::write_message(out, text, false, self.binary),
+            _ => frames::write_message(out, text, false, binary),
         }
     }
 
@@ -277,20 +278,25 @@ impl<F: Framing> Wire for WebSocket<F> {
         _at: Positions<'_>,
         out: &mut Vec<u8>,
     ) {
-        if self.io.compress_from().is_none() {
-            return self.encoding.codec().join(out, json);
-        }
-        let shared = delivery.and_then(|d| self.io.shared_frame(d, json));
         if F::MESSAGE_PER_PUSH {
             // A message each, framed now: what the driver counts as written is then what
-            // goes out (a front that confirms writes pings after them).
-            match shared {
+            // goes out (a front that confirms writes pings after them), and a message that
+            // carries bytes (a binary broadcast) is never taken apart at a line break.
+            match delivery.and_then(|d| self.io.shared_frame(d, json)) {
                 Some(frame) => out.extend_from_slice(frame),
-                None if std::str::from_utf8(json).is_ok() => self.message(json, out),
+                None if self.io.framing().binary_message(json)
+                    || std::str::from_utf8(json).is_ok() =>
+                {
+                    self.message(json, out)
+                }
                 None => self.broken = true,
             }
             return;
         }
+        if self.io.compress_from().is_none() {
+            return self.encoding.codec().join(out, json);
+        }
+        let shared = delivery.and_then(|d| self.io.shared_frame(d, json));
         if let Some(frame) = shared {
             if frame[0] & 0x40 != 0 {
                 // Publications queued together still go as one message: their compressed
@@ -320,7 +326,7 @@ impl<F: Framing> Wire for WebSocket<F> {
             }
             return Ok(());
         }
-        if self.io.compress_from().is_some() {
+        if F::MESSAGE_PER_PUSH || self.io.compress_from().is_some() {
             // Frames already, and what waits in `pending` after them.
             let mut frames = bytes;
             self.seal_pending(&mut frames);

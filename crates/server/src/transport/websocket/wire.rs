@@ -43,6 +43,13 @@ pub trait Framing: Send + Sync + std::fmt::Debug + 'static {
         false
     }
 
+    /// Whether `message` goes in a binary frame: every message of a binary codec, and
+    /// those of a text protocol that carry bytes (Phoenix's binary broadcasts).
+    fn binary_message(&self, message: &[u8]) -> bool {
+        let _ = message;
+        self.binary()
+    }
+
     /// The close code and reason a connection ending for `why` is closed with.
     fn close(why: &crate::error::Disconnect) -> (u16, String) {
         (why.wire_code(), why.short_reason().to_owned())
@@ -111,10 +118,13 @@ impl<F: Framing> Wire<F> {
     ) -> &'d Bytes {
         match self.compress_from {
             Some(min) if text.len() >= min => {
-                let binary = self.framing.binary();
+                let binary = self.framing.binary_message(text);
                 delivery.deflated_as(lane, form, |_| compressed_frame(text, binary))
             }
-            _ => delivery.framed_as(lane, form, |_| message_frame(text, self.framing.binary())),
+            _ => {
+                let binary = self.framing.binary_message(text);
+                delivery.framed_as(lane, form, |_| message_frame(text, binary))
+            }
         }
     }
 }
