@@ -149,7 +149,7 @@ export interface ServerMessage {
    * to `offset` were replaced by later ones of their conflation keys and will not come. */
   conflated?: { channel: string; offset: number };
   /** Who joined and left a channel during the server's last window (a batch). */
-  presence?: { channel: string; join: Member[]; leave: Member[]; missed?: boolean };
+  presence?: { channel: string; join: Member[]; leave: Member[]; missed?: boolean; clients?: number };
   presence_stats?: PresenceStatsResult;
   disconnect?: DisconnectBody;
 }

@@ -461,6 +461,49 @@ describe("watchlists", () => {
   });
 });
 
+describe("subscription counts", () => {
+  /** Every count `channel` is told, as it arrives. */
+  function counts(channel: ReturnType<PusherClient["subscribe"]>): number[] {
+    const heard: number[] = [];
+    channel.bind("pusher:subscription_count", (d: { subscription_count: number }) => heard.push(d.subscription_count));
+    return heard;
+  }
+
+  it("tell each subscriber how many subscriptions its channel has, as they come and go; a presence channel counts members instead", async () => {
+    const hooks = await webhookReceiver();
+    const server = await Herald.start({ args: ["--config", pusherConfig(hooks.url)] });
+    try {
+      const [a, b, c] = [connect({ server }), connect({ server }), connect({ server })];
+      const atA = counts(a.subscribe("counted"));
+      await until("a counts itself", () => atA.at(-1) === 1);
+      const atB = counts(b.subscribe("counted"));
+      await until("both count two", () => atA.at(-1) === 2 && atB.at(-1) === 2);
+      const atC = counts(c.subscribe("counted"));
+      await until("three", () => atA.at(-1) === 3 && atB.at(-1) === 3 && atC.at(-1) === 3);
+      c.unsubscribe("counted");
+      b.disconnect();
+      await until("a alone again", () => atA.at(-1) === 1);
+      expect((a.channel("counted") as unknown as { subscriptionCount: number }).subscriptionCount).toBe(1);
+      // The webhook says the same, at least once per change, the last one last.
+      await until("the webhook's last count", () => hooks.named("subscription_count", "counted").at(-1)?.subscription_count === 1);
+      expect(hooks.named("subscription_count", "counted")[0]).toMatchObject({ subscription_count: expect.any(Number) });
+
+      // A presence channel: its members are its count (pusher-js's members.count).
+      const first = connect({ server, user: { user_id: "counted-1" } });
+      const room = await subscribed(first, "presence-counted");
+      const heard = counts(room);
+      const added: string[] = [];
+      room.bind("pusher:member_added", (m: { id: string }) => added.push(m.id));
+      await subscribed(connect({ server, user: { user_id: "counted-2" } }), "presence-counted");
+      await until("the second member's arrival", () => added.length === 1);
+      expect(heard).toEqual([]);
+    } finally {
+      await server.dispose();
+      hooks.close();
+    }
+  });
+});
+
 /** A real HTTP server taking the app's webhooks: each post's events, and whether its
  * signature is valid (checked by the `pusher` SDK). `answering`, when given, runs before
  * the post is answered (the backend reading the API as it hears of a change). */
@@ -873,6 +916,19 @@ describe("two Herald nodes on Redis", () => {
     gus.disconnect();
     await until("and goes offline", () => heard.length === 3);
     expect(heard).toEqual(["offline:n-gus", "online:n-gus", "offline:n-gus"]);
+  });
+
+  it("count a channel's subscriptions over both nodes", async () => {
+    const onA = connect({ server: a });
+    const onB = connect({ server: b });
+    const atA: number[] = [];
+    const atB: number[] = [];
+    onA.subscribe("counted-nodes").bind("pusher:subscription_count", (d: { subscription_count: number }) => atA.push(d.subscription_count));
+    await until("one on node a", () => atA.at(-1) === 1);
+    onB.subscribe("counted-nodes").bind("pusher:subscription_count", (d: { subscription_count: number }) => atB.push(d.subscription_count));
+    await until("two, told on both nodes", () => atA.at(-1) === 2 && atB.at(-1) === 2);
+    onB.disconnect();
+    await until("one again on node a", () => atA.at(-1) === 1);
   });
 
   it("posts each user's and channel's webhooks once across nodes, and a killed node's leaves", async () => {

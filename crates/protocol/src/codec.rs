@@ -161,6 +161,9 @@ pub enum Push<'a> {
         leave: &'a [results::Member<'a>],
         /// Whether changes were lost (the client should ask for the members again).
         missed: bool,
+        /// How many members the channel has with these changes, as the store counted
+        /// them when they were gathered.
+        clients: Option<u64>,
     },
     /// A keepalive, for framings without one of their own.
     Ping,

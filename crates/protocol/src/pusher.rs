@@ -239,6 +239,11 @@ const USER_CHANNEL_INSIDE: &str = "!server-to-user-";
 /// Pusher client can name it (`!`).
 pub const ONLINE_CHANNEL_INSIDE: &str = "!online-";
 
+/// The count of a channel's subscribers (`!subs-{inside name}`, the part after the app's
+/// namespace): each subscription holds a member of its own, so the count of members is
+/// the count of subscriptions on every node (`pusher:subscription_count`).
+pub const SUBSCRIPTIONS_CHANNEL_INSIDE: &str = "!subs-";
+
 /// Whether Herald's channel `inside` (the part after the namespace) is one of the
 /// server's own that no Pusher client names (a user's online channel), which the HTTP
 /// API does not list.
@@ -505,6 +510,18 @@ pub fn watchlist_events(online: &[&str], offline: &[&str]) -> Vec<u8> {
         None,
         &stringified(&Events { events }),
     )
+}
+
+/// `pusher_internal:subscription_count`: how many subscriptions `channel` has.
+pub fn subscription_count(channel: &str, count: u64) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Count {
+        subscription_count: u64,
+    }
+    let data = stringified(&Count {
+        subscription_count: count,
+    });
+    frame("pusher_internal:subscription_count", Some(channel), &data)
 }
 
 /// `pusher:signin_success`, with the signed-in user's data (JSON text).

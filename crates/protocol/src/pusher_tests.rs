@@ -124,6 +124,16 @@ fn watchlist_events_name_who_came_online_and_who_went_offline() {
 }
 
 #[test]
+fn a_subscription_count_is_told_as_pusher_js_reads_it() {
+    let frame: serde_json::Value =
+        serde_json::from_slice(&subscription_count("orders", 3)).unwrap();
+    assert_eq!(frame["event"], "pusher_internal:subscription_count");
+    assert_eq!(frame["channel"], "orders");
+    assert_eq!(frame["data"], r#"{"subscription_count":3}"#);
+    assert!(hidden(&format!("{SUBSCRIPTIONS_CHANNEL_INSIDE}orders")));
+}
+
+#[test]
 fn a_page_is_given_its_proof_and_sends_it_back() {
     let page: serde_json::Value = serde_json::from_slice(&page("0a1b")).unwrap();
     assert_eq!(page["event"], "herald:page");

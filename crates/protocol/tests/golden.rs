@@ -252,6 +252,7 @@ fn frames_in(codec: &dyn Codec) -> Vec<(&'static str, Vec<u8>)> {
                 join: &members,
                 leave: &[],
                 missed: false,
+                clients: Some(3),
             }),
         ),
         (
@@ -261,6 +262,7 @@ fn frames_in(codec: &dyn Codec) -> Vec<(&'static str, Vec<u8>)> {
                 join: &[],
                 leave: &[],
                 missed: true,
+                clients: None,
             }),
         ),
         ("push.ping", push(Push::Ping)),

@@ -75,7 +75,8 @@ impl Codec for Json {
                 join,
                 leave,
                 missed,
-            } => encode_presence(channel, join, leave, *missed),
+                clients,
+            } => encode_presence(channel, join, leave, *missed, *clients),
             Push::Ping => PING_PUSH.to_vec(),
             Push::Conflated { channel, offset } => format!(
                 r#"{{"conflated":{{"channel":"{}","offset":{offset}}}}}"#,
@@ -313,14 +314,17 @@ fn encode_push(name: &str, result: &impl Serialize) -> Vec<u8> {
     out
 }
 
-/// Encodes a presence push: `{"presence":{"channel":"…","join":[…],"leave":[…],"missed"?:true}}`,
-/// where `join` and `leave` are arrays of members (see [`encode_member`]) and `missed`
-/// says that changes were lost on the way (the client should ask for the members again).
+/// Encodes a presence push:
+/// `{"presence":{"channel":"…","join":[…],"leave":[…],"missed"?:true,"clients"?:N}}`, where
+/// `join` and `leave` are arrays of members (see [`encode_member`]), `missed` says that
+/// changes were lost on the way (the client should ask for the members again) and
+/// `clients` is how many members the channel has with them.
 fn encode_presence(
     channel: &ChannelName,
     join: &[Member],
     leave: &[Member],
     missed: bool,
+    clients: Option<u64>,
 ) -> Vec<u8> {
     let size = |ms: &[Member]| ms.iter().map(|m| 32 + m.info.len()).sum::<usize>();
     let mut push = Vec::with_capacity(48 + channel.as_str().len() + size(join) + size(leave));
@@ -333,6 +337,10 @@ fn encode_presence(
     encode_members(&mut push, leave);
     if missed {
         push.extend_from_slice(br#","missed":true"#);
+    }
+    if let Some(n) = clients {
+        push.extend_from_slice(br#","clients":"#);
+        push.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
     }
     push.extend_from_slice(b"}}");
     push

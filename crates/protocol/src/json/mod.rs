@@ -274,6 +274,8 @@ pub fn presence_in(codec: &dyn crate::Codec, json: &[u8]) -> Option<Vec<u8>> {
         leave: Vec<serde_json::Map<String, serde_json::Value>>,
         #[serde(default)]
         missed: bool,
+        #[serde(default)]
+        clients: Option<u64>,
     }
     let wire: Wire<'_> = serde_json::from_slice(json).ok()?;
     let channel = ChannelName::new(wire.presence.channel).ok()?;
@@ -303,5 +305,6 @@ pub fn presence_in(codec: &dyn crate::Codec, json: &[u8]) -> Option<Vec<u8>> {
         join: &join,
         leave: &leave,
         missed: wire.presence.missed,
+        clients: wire.presence.clients,
     }))
 }

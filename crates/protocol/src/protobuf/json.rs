@@ -115,6 +115,9 @@ pub(super) fn of(message: wire::ServerMessage) -> Vec<u8> {
                 if p.missed == Some(true) {
                     o.boolean("missed", true);
                 }
+                if let Some(n) = p.clients {
+                    o.number("clients", n);
+                }
             } else {
                 members(o, "members", &p.members);
                 if let Some(c) = &p.cursor {

@@ -145,11 +145,13 @@ impl Codec for Protobuf {
                 join,
                 leave,
                 missed,
+                clients,
             } => wire::Body::Presence(wire::Presence {
                 channel: Some(channel.as_str().to_owned()),
                 join: join.iter().map(member_of).collect(),
                 leave: leave.iter().map(member_of).collect(),
                 missed: missed.then_some(true),
+                clients: *clients,
                 ..Default::default()
             }),
             Push::Ping => wire::Body::Ping(wire::Empty {}),

@@ -288,6 +288,8 @@ pub struct Presence {
     pub leave: Vec<Member>,
     #[prost(bool, optional, tag = "6")]
     pub missed: Option<bool>,
+    #[prost(uint64, optional, tag = "7")]
+    pub clients: Option<u64>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

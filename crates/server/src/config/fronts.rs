@@ -67,16 +67,24 @@ pub struct PusherApp {
     /// follows one channel per watched user. Default false, as Pusher's.
     #[serde(default)]
     pub watchlist_events: bool,
+    /// Whether the subscribers of its channels (not presence ones, which count members)
+    /// are told how many they are (`pusher:subscription_count`), and the webhook
+    /// `subscription_count` is posted, as Pusher's app setting "Subscription counting".
+    /// Each subscription then holds a membership of a count of the server's own. Default
+    /// false, as Pusher's.
+    #[serde(default)]
+    pub subscription_count: bool,
 }
 
 /// The webhook events this server posts.
-pub const WEBHOOK_EVENTS: [&str; 6] = [
+pub const WEBHOOK_EVENTS: [&str; 7] = [
     "channel_occupied",
     "channel_vacated",
     "member_added",
     "member_removed",
     "client_event",
     "cache_miss",
+    "subscription_count",
 ];
 
 fn default_resume_window() -> Duration {
@@ -220,7 +228,8 @@ pub const MIN_PUSHER_SECRET: usize = 16;
 impl PusherApp {
     /// Whether webhook event `name` is posted (the app has a webhook, and wants it).
     pub fn posts(&self, name: &str) -> bool {
-        self.webhook_url.is_some()
+        (name != "subscription_count" || self.subscription_count)
+            && self.webhook_url.is_some()
             && self
                 .webhook_events
                 .as_ref()

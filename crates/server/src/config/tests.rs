@@ -115,6 +115,7 @@ fn pusher_app(id: &str, key: &str) -> PusherApp {
         webhook_events: None,
         webhook_leave_delay: Duration::from_secs(3),
         watchlist_events: false,
+        subscription_count: false,
         resume_window: Duration::from_secs(120),
     }
 }
@@ -181,7 +182,7 @@ fn a_pusher_webhook_is_an_http_address_and_names_only_events_it_will_get() {
         with("http://x", Some(vec!["member_added", "channel_vacated"])),
         None
     );
-    let (key, problem) = with("http://x", Some(vec!["subscription_count"])).unwrap();
+    let (key, problem) = with("http://x", Some(vec!["subscription_counts"])).unwrap();
     assert_eq!(key, "pusher.apps[0].webhook_events");
     assert!(problem.contains("is none of"), "{problem}");
 }

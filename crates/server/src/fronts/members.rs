@@ -37,6 +37,9 @@ pub struct Changes<'a> {
     pub join: Vec<Member<'a>>,
     #[serde(borrow)]
     pub leave: Vec<Member<'a>>,
+    /// How many members the channel has with these changes.
+    #[serde(default)]
+    pub clients: Option<u64>,
 }
 
 impl<'a> Changes<'a> {

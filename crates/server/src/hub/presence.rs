@@ -426,13 +426,14 @@ impl Presence {
         if net.iter().all(|(_, n)| *n == 0) {
             return None;
         }
-        let over = match self.store.stats(channel).await {
-            Ok(stats) => stats.clients > self.config.join_leave_max_members,
+        let clients = match self.store.stats(channel).await {
+            Ok(stats) => stats.clients,
             Err(e) => {
                 tracing::warn!(%channel, error = %e, "presence stats failed; joins and leaves not pushed");
                 return None;
             }
         };
+        let over = clients > self.config.join_leave_max_members;
         let missed = {
             let mut channels = self.over.lock();
             if over {
@@ -461,6 +462,7 @@ impl Presence {
             join: &join,
             leave: &leave,
             missed,
+            clients: Some(clients),
         });
         Some(push.into())
     }

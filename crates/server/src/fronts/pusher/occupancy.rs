@@ -20,6 +20,11 @@
 //! change. A vacated channel waits the app's `webhook_leave_delay`, then is posted only if
 //! still vacated, read again from the store: a page reload posts nothing.
 //!
+//! **Subscription counts** are presence counts too (see the speaker's `counts`): each
+//! subscription holds a member of `NAME`'s count, so the store says when one arrives or
+//! leaves; the count is read once [`COUNT_SETTLE`] later and posted as
+//! `subscription_count`, one post per channel per window on the node that saw the change.
+//!
 //! When a node dies, the store expires what it held (telling the node that swept it on
 //! Redis, every survivor on NATS: each then posts, so at least once), and those are leaves
 //! like any other.
@@ -45,6 +50,13 @@ use crate::{
 /// posted: long beside a NATS node's view of another's join (about a millisecond), short
 /// beside the window in which clients hear of it (`presence.join_leave_window`).
 const SETTLE: Duration = Duration::from_millis(100);
+
+/// How long after a subscription arrives or leaves its channel's count is read and posted:
+/// the changes meanwhile make one post.
+const COUNT_SETTLE: Duration = Duration::from_millis(500);
+
+/// The webhook of a channel's count of subscriptions.
+const COUNT_EVENT: &str = "subscription_count";
 
 /// What a webhook is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,6 +127,8 @@ pub struct Occupancy {
     me: Weak<Occupancy>,
     /// Leaves waiting out their delay.
     leaving: Mutex<Leaving>,
+    /// Counts of subscriptions whose change is to be posted.
+    counting: Mutex<std::collections::HashSet<ChannelName>>,
 }
 
 /// Each count or member whose last holder left (by the store channel it is in and its
@@ -137,19 +151,21 @@ impl Occupancy {
     pub fn start(node: &Arc<Node>) -> Option<Arc<Self>> {
         let apps = &node.settings.config.pusher.apps;
         let posts = |events: &[&str]| events.iter().any(|e| apps.iter().any(|a| a.posts(e)));
-        if !posts(&CHANNEL_EVENTS) && !posts(&USER_EVENTS) {
+        let counts = posts(&[COUNT_EVENT]);
+        if !posts(&CHANNEL_EVENTS) && !posts(&USER_EVENTS) && !counts {
             return None;
         }
         let occupancy = Arc::new_cyclic(|me| Self {
             node: Arc::downgrade(node),
             me: me.clone(),
             leaving: Mutex::default(),
+            counting: Mutex::default(),
         });
         if posts(&CHANNEL_EVENTS) {
             let events: Weak<dyn PresenceEvents> = Arc::downgrade(&occupancy) as _;
             node.presence.watch_internal(events);
         }
-        if posts(&USER_EVENTS) {
+        if posts(&USER_EVENTS) || counts {
             let events: Weak<dyn MemberEvents> = Arc::downgrade(&occupancy) as _;
             node.presence.watch_members(events);
         }
@@ -291,6 +307,49 @@ impl Occupancy {
         });
     }
 
+    /// A subscription arrived in or left `count` (a channel's count of subscriptions):
+    /// the count is read and posted [`COUNT_SETTLE`] later, once for every change until
+    /// then.
+    fn count_changed(&self, count: &ChannelName) {
+        let (Some(node), Some(me)) = (self.node.upgrade(), self.me.upgrade()) else {
+            return;
+        };
+        if !self.counting.lock().insert(count.clone()) {
+            return;
+        }
+        let count = count.clone();
+        let shutdown = node.shutdown.clone();
+        node.tasks.spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(COUNT_SETTLE) => {}
+                _ = shutdown.cancelled() => {}
+            }
+            me.counting.lock().remove(&count);
+            let Some(node) = me.node.upgrade() else {
+                return;
+            };
+            let Some((app, index)) = app_of(&node, &count) else {
+                return;
+            };
+            let inside = &count.as_str()[app.namespace().len() + 1..];
+            let Some(name) = inside.strip_prefix(pusher::SUBSCRIPTIONS_CHANNEL_INSIDE) else {
+                return;
+            };
+            match node.presence.store().stats(&count).await {
+                Ok(stats) => super::post_webhook(&node, index, COUNT_EVENT, || {
+                    serde_json::json!({
+                        "name": COUNT_EVENT,
+                        "channel": name,
+                        "subscription_count": stats.clients,
+                    })
+                }),
+                Err(e) => {
+                    tracing::warn!(channel = %count, error = %e, "pusher: could not read a count of subscriptions; not posted")
+                }
+            }
+        });
+    }
+
     /// Records the webhook of `channel`'s `watched` arriving (`arrived`) or leaving.
     fn post(&self, node: &Node, channel: &ChannelName, watched: &Watched, arrived: bool) {
         let Some((app, index)) = app_of(node, channel) else {
@@ -337,6 +396,12 @@ impl MemberEvents for Occupancy {
             return;
         };
         let name = &channel.as_str()[app.namespace().len() + 1..];
+        if name.starts_with(pusher::SUBSCRIPTIONS_CHANNEL_INSIDE) {
+            if app.posts(COUNT_EVENT) {
+                self.count_changed(channel);
+            }
+            return;
+        }
         if pusher::Kind::of(name) != pusher::Kind::Presence {
             return;
         }

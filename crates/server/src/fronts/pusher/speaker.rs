@@ -31,6 +31,7 @@ use crate::{
 };
 
 mod client_events;
+mod counts;
 mod watchlist;
 
 /// One Pusher client's connection.
@@ -261,6 +262,7 @@ impl Pusher {
                     }
                     if self.session.close(&c).await {
                         self.count_out(&c).await;
+                        self.count_out_of_subscriptions(&c).await;
                     }
                 }
             }
@@ -323,6 +325,7 @@ impl Pusher {
                 replay = Some((opened, before));
             }
             self.count_in(&channel).await;
+            self.count_in_subscriptions(&channel, &name).await;
             if let Some(me) = me {
                 self.more().rosters.push(Roster::new(channel.clone(), me));
             }
@@ -564,6 +567,9 @@ impl Speaker for Pusher {
                     {
                         watchlist::changed(w, &d.json, &mut |m| emit(m, None, at));
                     }
+                }
+                if counts::counted(&d.channel).is_some() {
+                    counts::changed(&d.channel, &d.json, &mut |m| emit(m, None, at));
                 }
             }
             Drained::Delivery(d) => {
