@@ -29,7 +29,7 @@ use std::{
 
 use bytes::Bytes;
 use herald_broker::{BrokerError, PublicationSink, SharedBroker};
-use herald_protocol::{ChannelName, Encoding, Epoch, Publication, Push};
+use herald_protocol::{ChannelName, Epoch, Publication};
 use parking_lot::{Mutex, RwLock};
 
 use crate::queue::{Delivery, Position, Queue};
@@ -387,21 +387,8 @@ impl PublicationSink for Hub {
         let Some(entry) = subs.get(channel) else {
             return;
         };
-        let mut delivery = Delivery::new(
-            channel.clone(),
-            epoch.clone(),
-            publication.offset,
-            // One encoding for every subscriber (one codec today; a second would add its
-            // bytes to the delivery, made once as framings are).
-            Encoding::Json
-                .codec()
-                .push(&Push::Pub {
-                    channel,
-                    publication,
-                })
-                .into(),
-        )
-        .carrying(publication.record.clone());
+        // Encoded in each codec by the first connection that takes it, once for all.
+        let mut delivery = Delivery::of_publication(channel.clone(), epoch.clone(), publication);
         if !entry.deltas.is_empty() {
             delivery = entry.after_last(delivery, epoch, publication);
         }
@@ -463,7 +450,7 @@ mod tests {
 
     impl DirectSocket for Socket {
         fn frame<'d>(&self, d: &'d Delivery, _: crate::queue::Form) -> Option<&'d Bytes> {
-            Some(d.framed(crate::queue::Lane::WEBSOCKET, |d| d.json.clone()))
+            Some(d.framed(crate::queue::Lane::WEBSOCKET, |d| d.json().clone()))
         }
 
         fn try_write(&self, buf: &[u8]) -> io::Result<usize> {

@@ -77,9 +77,9 @@ impl Inner {
         let Some(older) = older.and_then(|i| self.items.remove(i)) else {
             return;
         };
-        self.bytes -= older.json.len();
+        self.bytes -= older.size;
         if let Some(wire) = &self.wire {
-            wire.queued(-(older.json.len() as i64));
+            wire.queued(-(older.size as i64));
         }
         self.superseded
             .get_or_insert_with(Box::default)

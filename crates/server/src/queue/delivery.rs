@@ -22,8 +22,14 @@ pub struct Delivery {
     pub epoch: Epoch,
     /// The publication's offset.
     pub offset: u64,
-    /// The encoded push, one JSON line without the newline.
-    pub json: Bytes,
+    /// The push in Herald's JSON, one line without the newline: a presence push as the hub
+    /// wrote it, a publication's made when a connection first asks for it (see
+    /// [`Delivery::json`]), so a channel whose subscribers all speak another protocol never
+    /// makes it.
+    json: OnceLock<Bytes>,
+    /// What it counts for in a queue's bytes: its JSON push's length, or for a publication
+    /// not encoded yet, its record's and channel's and the push's own few bytes.
+    pub size: usize,
     /// The publication's record (see [`herald_protocol::Publication`]), for the fronts
     /// that encode it their own way; empty for a presence push.
     pub record: Bytes,
@@ -73,11 +79,13 @@ struct Made {
 impl Delivery {
     /// A delivery of an encoded push.
     pub fn new(channel: ChannelName, epoch: Epoch, offset: u64, json: Bytes) -> Self {
+        let size = json.len();
         Self {
             channel,
             epoch,
             offset,
-            json,
+            json: OnceLock::from(json),
+            size,
             record: Bytes::new(),
             encoded: Default::default(),
             framed: Default::default(),
@@ -86,6 +94,35 @@ impl Delivery {
             made: OnceLock::new(),
             at: Instant::now(),
         }
+    }
+
+    /// A delivery of `publication`, encoded in each codec when a connection first takes it.
+    pub fn of_publication(channel: ChannelName, epoch: Epoch, publication: &Publication) -> Self {
+        // `{"pub":{"channel":"","offset":,"data":}}` and an offset's digits.
+        const PUSH_BYTES: usize = 48;
+        let size = publication.record.len() + channel.as_str().len() + PUSH_BYTES;
+        let mut made = Self::new(channel, epoch, publication.offset, Bytes::new());
+        made.json = OnceLock::new();
+        made.size = size;
+        made.carrying(publication.record.clone())
+    }
+
+    /// Whether its push in Herald's JSON is made yet.
+    #[cfg(test)]
+    pub fn json_made(&self) -> bool {
+        self.json.get().is_some()
+    }
+
+    /// Its push in Herald's JSON, made the first time it is asked for.
+    pub fn json(&self) -> &Bytes {
+        self.json.get_or_init(|| {
+            let publication = self.publication();
+            let push = Push::Pub {
+                channel: &self.channel,
+                publication: &publication,
+            };
+            Codec::Json.codec().push(&push).into()
+        })
     }
 
     /// This delivery, with the previous publication's data on its channel, for deltas.
@@ -125,12 +162,12 @@ impl Delivery {
     /// again in `codec`'s words.
     pub fn push(&self, codec: Codec, form: Form) -> &Bytes {
         if codec == Codec::Json && form == Form::Plain {
-            return &self.json;
+            return self.json();
         }
         let slot = &self.made().pushes[codec.index()][form as usize];
         slot.get_or_init(|| {
             if self.offset == 0 {
-                return herald_protocol::json::presence_in(codec.codec(), &self.json)
+                return herald_protocol::json::presence_in(codec.codec(), self.json())
                     .unwrap_or_default()
                     .into();
             }

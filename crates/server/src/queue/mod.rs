@@ -372,7 +372,7 @@ impl Queue {
                     if let Some(answer) = socket.answer(delivery, position) {
                         let written = socket.try_write(&answer);
                         if let Some(wire) = &inner.wire {
-                            wire.written(1, delivery.json.len(), delivery.at);
+                            wire.written(1, delivery.size, delivery.at);
                         }
                         // One answer a request: the lane closes with it, and the session
                         // queues until its next request takes it up.
@@ -396,7 +396,7 @@ impl Queue {
                     if let Ok(n) = socket.try_write(frame) {
                         position.sent(delivery);
                         if let Some(wire) = &inner.wire {
-                            wire.written(1, delivery.json.len(), delivery.at);
+                            wire.written(1, delivery.size, delivery.at);
                         }
                         if n < frame.len() {
                             inner.unsent = frame.slice(n..);
@@ -432,18 +432,18 @@ impl Queue {
         if position.is_some_and(Position::conflates) {
             inner.replace_older(&delivery);
         }
-        inner.bytes += delivery.json.len();
+        inner.bytes += delivery.size;
         let (wake, accepted) = if inner.bytes > self.max_bytes {
             inner.overflowed = true;
             inner.items = VecDeque::new();
             if let Some(wire) = &inner.wire {
-                wire.queued(-((inner.bytes - delivery.json.len()) as i64));
+                wire.queued(-((inner.bytes - delivery.size) as i64));
             }
             inner.bytes = 0;
             (true, false)
         } else {
             if let Some(wire) = &inner.wire {
-                wire.queued(delivery.json.len() as i64);
+                wire.queued(delivery.size as i64);
             }
             inner.items.push_back(delivery);
             // One wake-up per batch: the transport drains everything queued meanwhile.
@@ -531,7 +531,7 @@ impl Queue {
             let Some(d) = inner.items.pop_front() else {
                 break;
             };
-            taken += d.json.len();
+            taken += d.size;
             out.push(d);
         }
         inner.bytes -= taken;

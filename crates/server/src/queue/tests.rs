@@ -194,6 +194,37 @@ fn a_half_written_frame_goes_out_whole_before_anything_else() {
     assert!(!q.has_unsent());
 }
 
+#[tokio::test]
+async fn a_publication_is_made_into_herald_json_only_when_a_connection_asks() {
+    let channel = ChannelName::new("room:1").unwrap();
+    let publication = herald_protocol::Publication {
+        offset: 7,
+        record: herald_protocol::Publication::record(Bytes::from_static(br#"{"n":1}"#), None),
+    };
+    let d = Arc::new(Delivery::of_publication(
+        channel.clone(),
+        Epoch::new("e"),
+        &publication,
+    ));
+    // Queued, counted and taken without it: a front's connection never asks.
+    let q = Queue::new(1000);
+    assert!(queue(&q, d.clone()));
+    q.ready().await;
+    let mut out = Vec::new();
+    q.take(1000, &mut out).unwrap();
+    assert!(!d.json_made());
+    let expected = herald_protocol::Encoding::Json
+        .codec()
+        .push(&herald_protocol::Push::Pub {
+            channel: &channel,
+            publication: &publication,
+        });
+    assert_eq!(&d.json()[..], &expected[..]);
+    assert!(d.json_made());
+    // The queue's estimate covers the push it stands for.
+    assert!(d.size >= expected.len(), "{} < {}", d.size, expected.len());
+}
+
 /// A publication of `data` at `offset`, after one of `base` when given (as the hub makes
 /// it for a channel with subscriptions that take deltas).
 fn publication(offset: u64, data: &str, base: Option<&str>) -> Arc<Delivery> {

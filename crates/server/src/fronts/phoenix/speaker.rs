@@ -347,7 +347,7 @@ impl Speaker for Phoenix {
                 let Some(tracked) = presence.iter_mut().find(|t| t.channel == d.channel) else {
                     return;
                 };
-                if let Some(diff) = tracked.diff(&d.json) {
+                if let Some(diff) = tracked.diff(d.json()) {
                     let diff = serde_json::value::to_raw_value(&diff).expect("diffs serialise");
                     let topic = d.channel.as_str();
                     emit(

@@ -561,15 +561,15 @@ impl Speaker for Pusher {
             Drained::Delivery(d) if d.offset == 0 => {
                 if let Some(more) = more.as_mut() {
                     if let Some(r) = more.rosters.iter_mut().find(|r| r.channel == d.channel) {
-                        r.changed(&d.json, &mut |m| emit(m, None, at));
+                        r.changed(d.json(), &mut |m| emit(m, None, at));
                     } else if let Some(w) =
                         more.watching.iter_mut().find(|w| w.channel == d.channel)
                     {
-                        watchlist::changed(w, &d.json, &mut |m| emit(m, None, at));
+                        watchlist::changed(w, d.json(), &mut |m| emit(m, None, at));
                     }
                 }
                 if counts::counted(&d.channel).is_some() {
-                    counts::changed(&d.channel, &d.json, &mut |m| emit(m, None, at));
+                    counts::changed(&d.channel, d.json(), &mut |m| emit(m, None, at));
                 }
             }
             Drained::Delivery(d) => {

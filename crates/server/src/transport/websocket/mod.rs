@@ -524,11 +524,11 @@ mod tests {
         let (mut second, _c2) = compressed(&node, &b).await;
         // The task's path of one connection, then another's, then the hub's direct lane.
         let (mut out1, mut out2) = (Vec::new(), Vec::new());
-        first.push(&d.json, Some(&d), a.positions(), &mut out1);
-        second.push(&d.json, Some(&d), b.positions(), &mut out2);
+        first.push(d.json(), Some(&d), a.positions(), &mut out1);
+        second.push(d.json(), Some(&d), b.positions(), &mut out2);
         first.seal_pending(&mut out1);
         second.seal_pending(&mut out2);
-        let shared = first.io.shared_frame(&d, &d.json).unwrap().clone();
+        let shared = first.io.shared_frame(&d, d.json()).unwrap().clone();
         let direct = first
             .io
             .wire()
@@ -539,7 +539,7 @@ mod tests {
         // The same allocation: made once, by the first.
         assert_eq!(direct.as_ptr(), shared.as_ptr());
         assert_eq!(shared[0], 0xC1, "final, compressed, text");
-        assert!(shared.len() < d.json.len() / 4);
+        assert!(shared.len() < d.json().len() / 4);
     }
 
     #[tokio::test]
@@ -556,7 +556,7 @@ mod tests {
         let mut out = Vec::new();
         ws.push(b"{\"id\":1}", None, session.positions(), &mut out);
         ws.push(b"{\"id\":2}", None, session.positions(), &mut out);
-        ws.push(&d.json, Some(&d), session.positions(), &mut out);
+        ws.push(d.json(), Some(&d), session.positions(), &mut out);
         ws.push(b"{\"id\":3}", None, session.positions(), &mut out);
         // The two replies joined as one small (plain) message, then the shared frame;
         // the third reply waits for `send`.
@@ -568,7 +568,7 @@ mod tests {
             opcode::TEXT,
             b"{\"id\":1}\n{\"id\":2}",
         );
-        expected.extend_from_slice(ws.io.shared_frame(&d, &d.json).unwrap());
+        expected.extend_from_slice(ws.io.shared_frame(&d, d.json()).unwrap());
         assert_eq!(out, expected);
         assert_eq!(ws.pending, b"{\"id\":3}");
     }
@@ -590,17 +590,17 @@ mod tests {
             .collect();
         let mut out = Vec::new();
         for d in &ds {
-            ws.push(&d.json, Some(d), session.positions(), &mut out);
+            ws.push(d.json(), Some(d), session.positions(), &mut out);
         }
         ws.seal_pending(&mut out);
         // One compressed message, inflating to the three lines.
         assert_eq!(out[0], 0xC1, "final, compressed, text");
         let inflated = deflate::inflate(frames::payload(&out), 1 << 20).unwrap();
-        let lines: Vec<&[u8]> = ds.iter().map(|d| &d.json[..]).collect();
+        let lines: Vec<&[u8]> = ds.iter().map(|d| &d.json()[..]).collect();
         assert_eq!(inflated, lines.join(&b'\n'));
         // Made of the shared frames' bytes: nothing compressed on the connection.
         for d in &ds {
-            let piece = frames::payload(ws.io.shared_frame(d, &d.json).unwrap());
+            let piece = frames::payload(ws.io.shared_frame(d, d.json()).unwrap());
             assert!(out.windows(piece.len()).any(|w| w == piece));
         }
     }
