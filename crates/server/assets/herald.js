@@ -1077,7 +1077,7 @@ var Herald = (() => {
       7: ["history", STREAM],
       8: ["refresh", EXPIRY],
       9: ["rpc", { fields: { 1: ["data", "j"] } }],
-      10: ["presence", { fields: { 1: ["channel", "s"], 2: ["members[]", MEMBER], 3: ["cursor", "s"], 4: ["join[]", MEMBER], 5: ["leave[]", MEMBER], 6: ["missed", "b"] } }],
+      10: ["presence", { fields: { 1: ["channel", "s"], 2: ["members[]", MEMBER], 3: ["cursor", "s"], 4: ["join[]", MEMBER], 5: ["leave[]", MEMBER], 6: ["missed", "b"], 7: ["clients", "u"] } }],
       11: ["presence_stats", { fields: { 1: ["clients", "u"], 2: ["users", "u"] }, defaults: () => ({ clients: 0, users: 0 }) }],
       12: ["ping", { fields: {} }],
       13: ["pub", { fields: { 1: ["channel", "s"], 2: ["offset", "u"], 3: ["data", "j"], 4: ["from", "j"], 5: ["full", "s"], 6: ["delta", "s"] }, defaults: () => ({ channel: "", offset: 0 }) }],
