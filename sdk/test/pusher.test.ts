@@ -462,6 +462,23 @@ describe("watchlists", () => {
 });
 
 describe("subscription counts", () => {
+  it("are still told above presence.join_leave_max_members, at most every ten windows", async () => {
+    const server = await Herald.start({ args: ["--config", pusherConfig(undefined, "2s", `[presence]\njoin_leave_max_members = 2\njoin_leave_window = "50ms"`)] });
+    try {
+      const clients = [0, 1, 2, 3, 4].map(() => connect({ server }));
+      const heard = clients.map((c) => {
+        const got: number[] = [];
+        c.subscribe("crowded").bind("pusher:subscription_count", (d: { subscription_count: number }) => got.push(d.subscription_count));
+        return got;
+      });
+      await until("every subscriber counts five", () => heard.every((h) => h.at(-1) === 5));
+      clients[4]!.unsubscribe("crowded");
+      await until("four", () => heard.slice(0, 4).every((h) => h.at(-1) === 4));
+    } finally {
+      await server.dispose();
+    }
+  });
+
   /** Every count `channel` is told, as it arrives. */
   function counts(channel: ReturnType<PusherClient["subscribe"]>): number[] {
     const heard: number[] = [];

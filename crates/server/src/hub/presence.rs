@@ -16,8 +16,10 @@
 //! for `presence.join_leave_window`; then a member that joined and left again meanwhile
 //! cancels out, and the rest goes to the channel's subscribers as one `presence` push
 //! (on this node, and through the store to every other node). A channel with more than
-//! `presence.join_leave_max_members` members gets none. So a mass reconnect of N clients
-//! sends each subscriber at most one push per window per node, never N² messages in all.
+//! `presence.join_leave_max_members` members gets no lists: only its count of members
+//! (every push carries it), at most every [`COUNT_EVERY_WINDOWS`] windows. So a mass
+//! reconnect of N clients sends each subscriber at most one push per window per node, of
+//! a size that does not grow with N above the threshold: never N² bytes in all.
 
 use std::{
     collections::HashMap,
@@ -38,6 +40,20 @@ use herald_protocol::ErrorCode;
 
 /// Members per page when the caller gives no limit.
 const DEFAULT_PAGE: usize = 100;
+
+/// Above `presence.join_leave_max_members`, a channel's count is pushed at most once in
+/// this many windows (5 s with the default 500 ms, as Pusher sends its subscription counts
+/// above 100 subscribers).
+const COUNT_EVERY_WINDOWS: u32 = 10;
+
+/// A channel above the member threshold on this node: only its count is pushed.
+#[derive(Debug)]
+struct Over {
+    /// When its count was last pushed.
+    told: Instant,
+    /// Whether members changed since.
+    due: bool,
+}
 
 /// A member's public id: the first 8 bytes of SHA-256 over the client's secret and its
 /// user. The same on every node (and every version), so a client that reconnects to
@@ -150,8 +166,8 @@ pub struct Presence {
     hub: Weak<Hub>,
     window: Mutex<HashMap<ChannelName, Vec<Change>>>,
     held: Mutex<Holds>,
-    /// Channels whose changes this node stopped pushing (above the member threshold).
-    over: Mutex<std::collections::HashSet<ChannelName>>,
+    /// Channels whose changes this node stopped listing (above the member threshold).
+    over: Mutex<HashMap<ChannelName, Over>>,
     /// Who is told of the expiries of the server's own presence channels (`$…`, which no
     /// client subscribes to: a front's count of who occupies a channel).
     internal: Mutex<Option<Weak<dyn PresenceEvents>>>,
@@ -388,7 +404,19 @@ impl Presence {
             let member = Member { id, info: h.info };
             self.release(&channel, member, h.announce, h.holders).await;
         }
-        let changes = std::mem::take(&mut *self.window.lock());
+        let mut changes = std::mem::take(&mut *self.window.lock());
+        // Channels above the threshold whose count changed and may be told again.
+        let every = self.config.join_leave_window * COUNT_EVERY_WINDOWS;
+        let counts_due: Vec<ChannelName> = self
+            .over
+            .lock()
+            .iter()
+            .filter(|(c, o)| o.due && o.told.elapsed() >= every && !changes.contains_key(*c))
+            .map(|(c, _)| c.clone())
+            .collect();
+        for channel in counts_due {
+            changes.insert(channel, Vec::new());
+        }
         let mut announced = Vec::new();
         for (channel, changes) in changes {
             let Some(push) = self.batch(&channel, changes).await else {
@@ -405,11 +433,13 @@ impl Presence {
         }
     }
 
-    /// One channel's push for a window's changes: none when they cancel out, or when the
-    /// channel is above the member count that gets pushes. Crossing that count either way
-    /// is pushed with `"missed": true`: subscribers that keep a member list learn that
+    /// One channel's push for a window's changes (none: a count that is due, above the
+    /// threshold): none when they cancel out. Above the member count that gets lists, only
+    /// the count, at most every [`COUNT_EVERY_WINDOWS`] windows. Crossing that count either
+    /// way is pushed with `"missed": true`: subscribers that keep a member list learn that
     /// changes were (or are about to be) left out, and read the list again.
     async fn batch(&self, channel: &ChannelName, changes: Vec<Change>) -> Option<Bytes> {
+        let count_due = changes.is_empty();
         // Net change per member, in the order members first appeared.
         let mut net: Vec<(Member, i32)> = Vec::new();
         let mut index: HashMap<u64, usize> = HashMap::new();
@@ -423,7 +453,7 @@ impl Presence {
                 }
             }
         }
-        if net.iter().all(|(_, n)| *n == 0) {
+        if !count_due && net.iter().all(|(_, n)| *n == 0) {
             return None;
         }
         let clients = match self.store.stats(channel).await {
@@ -436,14 +466,31 @@ impl Presence {
         let over = clients > self.config.join_leave_max_members;
         let missed = {
             let mut channels = self.over.lock();
+            let every = self.config.join_leave_window * COUNT_EVERY_WINDOWS;
             if over {
-                if !channels.insert(channel.clone()) {
-                    return None;
-                }
                 net.clear();
-                true
+                match channels.get_mut(channel) {
+                    // Above already: its count, when it is time to tell it again.
+                    Some(o) if o.told.elapsed() < every => {
+                        o.due = true;
+                        return None;
+                    }
+                    Some(o) => {
+                        *o = Over {
+                            told: Instant::now(),
+                            due: false,
+                        };
+                        false
+                    }
+                    None => {
+                        let told = Instant::now();
+                        channels.insert(channel.clone(), Over { told, due: false });
+                        true
+                    }
+                }
             } else {
-                channels.remove(channel)
+                // Back under (a count that was due, too: with other nodes' changes).
+                channels.remove(channel).is_some()
             }
         };
         let list = |joined: bool| -> Vec<results::Member> {

@@ -35,7 +35,14 @@ impl Session {
     ) -> Result<(), Disconnect> {
         let encoding = self.encoding;
         self.drain_in_forms(max_bytes, |drained, form, at| match drained {
-            Drained::Delivery(d) => emit(d.push(encoding, form), Some(d), at),
+            // A codec may have no words for a push (Centrifugo's for a presence push
+            // without joins or leaves, which says only a count): nothing is sent.
+            Drained::Delivery(d) => {
+                let push = d.push(encoding, form);
+                if !push.is_empty() {
+                    emit(push, Some(d), at)
+                }
+            }
             Drained::Notice(push) | Drained::Unsubscribed(_, push) => emit(push, None, at),
         })
     }

@@ -316,6 +316,50 @@ async fn above_the_threshold_nothing_is_pushed_and_crossing_it_says_so() {
 }
 
 #[tokio::test]
+async fn above_the_threshold_only_the_count_is_pushed_at_most_every_ten_windows() {
+    let mut config = presence_config();
+    config.presence.join_leave_max_members = 3;
+    config.presence.join_leave_window = Duration::from_millis(30);
+    let server = start(config).await;
+    let ch = "room:counted";
+    let (mut watcher, _) = member(&server, json!({}), ch).await;
+    let mut joiners = Vec::new();
+    for _ in 0..5 {
+        joiners.push(member(&server, json!({}), ch).await.0);
+    }
+    // Each push carries the count; crossing the threshold says changes are left out.
+    let crossed = loop {
+        let push = next_presence(&mut watcher).await;
+        assert!(push["clients"].is_u64(), "every push counts: {push}");
+        if push["missed"] == true {
+            break std::time::Instant::now();
+        }
+    };
+    joiners.push(member(&server, json!({}), ch).await.0);
+    // Above it: no lists, only the count, and not before ten windows after the last.
+    let counted = next_presence(&mut watcher).await;
+    assert!(
+        crossed.elapsed() >= Duration::from_millis(250),
+        "counts above the threshold wait ten windows ({:?})",
+        crossed.elapsed()
+    );
+    assert_eq!(
+        (counted["join"].clone(), counted["leave"].clone()),
+        (json!([]), json!([])),
+        "{counted}"
+    );
+    assert!(counted.get("missed").is_none(), "{counted}");
+    assert_eq!(counted["clients"], 7, "{counted}");
+    // Nothing changed since: nothing more.
+    server.publish(ch, json!("marker")).await;
+    let line = watcher.next_line().await;
+    assert!(
+        line.get("pub").is_some(),
+        "no count without a change: {line}"
+    );
+}
+
+#[tokio::test]
 async fn a_client_that_reconnects_within_the_grace_is_neither_a_leave_nor_a_join() {
     let server = start(presence_config()).await;
     let ch = "room:grace";
