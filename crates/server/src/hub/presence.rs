@@ -42,8 +42,8 @@ use herald_protocol::ErrorCode;
 const DEFAULT_PAGE: usize = 100;
 
 /// Above `presence.join_leave_max_members`, a channel's count is pushed at most once in
-/// this many windows (5 s with the default 500 ms, as Pusher sends its subscription counts
-/// above 100 subscribers).
+/// this many windows (5 s with the default 500 ms): a crowded channel's count changes
+/// all the time, and each push goes to every subscriber.
 const COUNT_EVERY_WINDOWS: u32 = 10;
 
 /// A channel above the member threshold on this node: only its count is pushed.
