@@ -443,6 +443,21 @@ describe("watchlists", () => {
     expect(cid.heard).toEqual([]);
   });
 
+  it("refuse a watchlist of more than 100 users with pusher:error, and the connection stays", async () => {
+    const many = Array.from({ length: 101 }, (_, i) => `w-many-${i}`);
+    const client = signingIn({ id: "w-greedy", watchlist: many });
+    const errors = pusherErrors(client);
+    const heard: string[] = [];
+    client.user.watchlist.bind("offline", () => heard.push("offline"));
+    client.signin();
+    await until("the refusal", () => errors.length === 1);
+    expect(errors[0]!.message).toMatch(/at most 100/);
+    expect(heard).toEqual([]);
+    const events = collect(await subscribed(client, "after-refusal"), "still");
+    await backend().trigger("after-refusal", "still", { here: true });
+    await until("the connection goes on", () => events.length === 1);
+  });
+
   it("are no channel of the app's: the HTTP API lists none, and a client cannot subscribe to one", async () => {
     await online("w-dan", ["w-eve"]);
     const listed = await backend().get({ path: "/channels" });

@@ -24,6 +24,9 @@ pub(crate) mod slots {
     pub(crate) const PUSHER: Encoding = Encoding::new(0);
     /// A publication as a Phoenix broadcast, per serializer (1.0.0, 2.0.0).
     pub(crate) const PHOENIX: [Encoding; 2] = [Encoding::new(1), Encoding::new(2)];
+    /// A presence push on a Pusher channel's count of subscriptions, as the
+    /// `pusher_internal:subscription_count` its every subscriber is sent.
+    pub(crate) const PUSHER_COUNT: Encoding = Encoding::new(3);
     /// A Pusher event in a WebSocket text frame.
     pub(crate) const PUSHER_LANE: Lane = Lane::new(4);
     /// A Phoenix broadcast in a WebSocket text frame, per serializer.

@@ -80,11 +80,23 @@ impl Delivery {
     /// A delivery of an encoded push.
     pub fn new(channel: ChannelName, epoch: Epoch, offset: u64, json: Bytes) -> Self {
         let size = json.len();
+        Self::with_json(channel, epoch, offset, OnceLock::from(json), size)
+    }
+
+    /// A delivery of its push in Herald's JSON if made already, counted in queues as
+    /// `size` bytes.
+    fn with_json(
+        channel: ChannelName,
+        epoch: Epoch,
+        offset: u64,
+        json: OnceLock<Bytes>,
+        size: usize,
+    ) -> Self {
         Self {
             channel,
             epoch,
             offset,
-            json: OnceLock::from(json),
+            json,
             size,
             record: Bytes::new(),
             encoded: Default::default(),
@@ -101,10 +113,8 @@ impl Delivery {
         // `{"pub":{"channel":"","offset":,"data":}}` and an offset's digits.
         const PUSH_BYTES: usize = 48;
         let size = publication.record.len() + channel.as_str().len() + PUSH_BYTES;
-        let mut made = Self::new(channel, epoch, publication.offset, Bytes::new());
-        made.json = OnceLock::new();
-        made.size = size;
-        made.carrying(publication.record.clone())
+        Self::with_json(channel, epoch, publication.offset, OnceLock::new(), size)
+            .carrying(publication.record.clone())
     }
 
     /// Whether its push in Herald's JSON is made yet.

@@ -387,6 +387,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_posted_line_is_json_or_a_binary_push_in_base64_and_nothing_else() {
+        assert_eq!(binary_push(br#"[null,"1","room","phx_join",{}]"#), None);
+        assert_eq!(binary_push(br#"{"topic":"room"}"#), None);
+        // phoenix.js's base64 of a binary push's bytes: taken as those bytes.
+        assert_eq!(
+            binary_push(b"AAECAwRyb29t"),
+            Some(b"\0\x01\x02\x03\x04room".to_vec())
+        );
+        // Neither JSON nor base64: left as it is, for the decoder to refuse.
+        assert_eq!(binary_push(b"not base64!"), None);
+    }
+
+    #[test]
     fn the_session_token_is_the_last_and_the_connection_token_the_first() {
         let session = "0123456789abcdef0123456789abcdef";
         let q = PollQuery::parse(Some(&format!("token=eyJ.jwt&vsn=2.0.0&token={session}")));

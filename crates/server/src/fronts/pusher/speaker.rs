@@ -559,7 +559,11 @@ impl Speaker for Pusher {
             // Herald's other notices (a conflated run) never reach a front.
             Drained::Notice(_) => {}
             Drained::Delivery(d) if d.offset == 0 => {
-                if let Some(more) = more.as_mut() {
+                if counts::counted(&d.channel).is_some() {
+                    if let Some(count) = counts::changed(d) {
+                        emit(count, None, at);
+                    }
+                } else if let Some(more) = more.as_mut() {
                     if let Some(r) = more.rosters.iter_mut().find(|r| r.channel == d.channel) {
                         r.changed(d.json(), &mut |m| emit(m, None, at));
                     } else if let Some(w) =
@@ -567,9 +571,6 @@ impl Speaker for Pusher {
                     {
                         watchlist::changed(w, d.json(), &mut |m| emit(m, None, at));
                     }
-                }
-                if counts::counted(&d.channel).is_some() {
-                    counts::changed(&d.channel, d.json(), &mut |m| emit(m, None, at));
                 }
             }
             Drained::Delivery(d) => {

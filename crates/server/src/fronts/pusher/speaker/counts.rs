@@ -17,7 +17,7 @@ use herald_protocol::{
 };
 
 use super::Pusher;
-use crate::{fronts::members::Changes, session::GrantedMember};
+use crate::{fronts::members::Changes, queue::Delivery, session::GrantedMember};
 
 impl Pusher {
     /// Counts the connection in the subscriptions of `channel` (Pusher channel `name`),
@@ -65,16 +65,19 @@ pub(super) fn counted(count: &ChannelName) -> Option<&str> {
     name.strip_prefix(SUBSCRIPTIONS_CHANNEL_INSIDE)
 }
 
-/// One of the hub's presence pushes on a count of subscriptions, as
-/// `pusher_internal:subscription_count` on the channel counted.
-pub(super) fn changed(count: &ChannelName, push: &[u8], emit: &mut dyn FnMut(&[u8])) {
-    let Some(name) = counted(count) else {
-        return;
-    };
-    match Changes::of(push).and_then(|c| c.clients) {
-        Some(n) => emit(&pusher::subscription_count(name, n)),
-        None => tracing::warn!(channel = %count, "a count's presence push without its count"),
-    }
+/// One of the hub's presence pushes `d` on a count of subscriptions, as
+/// `pusher_internal:subscription_count` on the channel counted: made once for every
+/// subscriber (the push lists who joined and left, which none of them needs).
+pub(super) fn changed(d: &Delivery) -> Option<&[u8]> {
+    let made = d.encoded(crate::fronts::slots::PUSHER_COUNT, |d| {
+        let name = counted(&d.channel)?;
+        let n = Changes::of(d.json()).and_then(|c| c.clients);
+        if n.is_none() {
+            tracing::warn!(channel = %d.channel, "a count's presence push without its count");
+        }
+        Some(pusher::subscription_count(name, n?))
+    });
+    made.as_deref()
 }
 
 #[cfg(test)]
