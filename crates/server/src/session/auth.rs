@@ -402,6 +402,11 @@ impl Session {
             .map(|at| at.saturating_add(leeway + 1))
     }
 
+    /// Whether something its tokens granted has expired already (see [`Self::deadline`]).
+    pub fn past_deadline(&self) -> bool {
+        self.deadline().is_some_and(|at| at <= unix_now())
+    }
+
     /// Ends what expired: the connection (3504) if its token did, else each subscription
     /// whose subscription token did, returning an `unsubscribe` push (code 109) for each.
     pub async fn expire(&mut self) -> Result<Vec<Vec<u8>>, Disconnect> {
@@ -501,6 +506,18 @@ impl ExpiryTimer {
             let wait = Duration::from_secs(at.saturating_sub(unix_now()));
             Box::pin(tokio::time::sleep_until(Instant::now() + wait))
         });
+    }
+
+    /// Whether the deadline has passed already (then it counts as fired): a connection
+    /// woken for something else, or a request taken up after it, handles the expiry
+    /// first, so that nothing queued goes out past it.
+    pub fn due(&mut self) -> bool {
+        let due = self.at.is_some_and(|at| at <= unix_now());
+        if due {
+            self.at = None;
+            self.sleep = None;
+        }
+        due
     }
 
     /// Resolves at the deadline; never without one.

@@ -343,3 +343,59 @@ async fn an_expiring_subscription_token_answers_a_held_long_poll() {
     }
     server.stop().await.unwrap();
 }
+
+/// A polling session parked while its connection token expires, with a publication
+/// queued meanwhile: the request that takes it up (a long-poll, or a poll) is answered
+/// with 3504, and the publication is not in it. The session was taken up and its queue
+/// answered before anything looked at the token (every answer now ends what expired
+/// before it drains, as the driver does before it wakes for the queue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_poll_taken_up_after_its_token_expired_gets_3504_and_nothing_past_it() {
+    use crate::auth::{auth_config, claims, hs256};
+    let mut cfg = auth_config();
+    cfg.http.longpoll_grace = Duration::from_secs(30);
+    let server = start(cfg).await;
+    let unix = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
+    let exp = unix() + 2;
+    let token = hs256(&claims(
+        "42",
+        json!({ "exp": exp, "subscribe": ["private:*"] }),
+    ));
+    let mut parked = Vec::new();
+    for (path, channel) in [("longpoll", "private:held"), ("poll", "private:polled")] {
+        let first: serde_json::Value = reqwest::get(server.url(&format!(
+            "/connection/{path}?channel={channel}&token={token}&timeout=100ms&session_key="
+        )))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+        let cursor = crate::http::urlencode(first["cursor"].as_str().expect("a cursor"));
+        let key = first["session_key"].as_str().expect("parked").to_owned();
+        parked.push((path, channel, cursor, key));
+    }
+    while unix() <= exp {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (path, channel, cursor, key) in parked {
+        server.publish(channel, json!("past the token")).await;
+        let answer: serde_json::Value = reqwest::get(server.url(&format!(
+            "/connection/{path}?cursor={cursor}&token={token}&timeout=60&session_key={key}"
+        )))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+        let text = answer.to_string();
+        assert!(!text.contains("past the token"), "{path}: {text}");
+        assert!(text.contains(r#""code":3504"#), "{path}: {text}");
+    }
+    server.stop().await.unwrap();
+}

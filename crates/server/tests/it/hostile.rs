@@ -14,6 +14,7 @@ use crate::{
 };
 
 /// A phoenix.js long-poll client, spoken by hand.
+#[derive(Clone)]
 pub(crate) struct LongPoll {
     pub(crate) http: reqwest::Client,
     pub(crate) url: String,

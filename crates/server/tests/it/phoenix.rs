@@ -1,6 +1,8 @@
 //! The Phoenix front says what ends a topic in Phoenix's words, on its WebSocket and its
 //! long-poll alike (one expiry path: `Speaker::expire`).
 
+use std::time::Duration;
+
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
@@ -161,5 +163,41 @@ async fn a_malformed_auth_token_is_refused_at_the_upgrade() {
         panic!("not refused over HTTP: {refused}");
     };
     assert_eq!(response.status(), 400);
+    server.stop().await.unwrap();
+}
+
+/// A `POST` while a `GET` is held: the held `GET` obeys its messages (they are commands
+/// for the session it holds) and answers with their replies at once, not at the end of
+/// its hold; a `POST` with no `GET` waiting obeys them itself, and the next `GET` answers
+/// with them at once. Either way each reply comes once, and the `POST` is answered 200.
+#[tokio::test]
+async fn a_post_is_answered_in_the_get_that_holds_its_session_at_once() {
+    let mut c = config();
+    c.http.longpoll_timeout = Duration::from_secs(20);
+    let server = start(c).await;
+    let phoenix = LongPoll::open(&server, None).await;
+    assert_eq!(
+        phoenix.post(r#"["1","1","open:x","phx_join",{}]"#).await,
+        200
+    );
+    let (_, joined) = phoenix.get().await;
+    assert_eq!(reply_status(&joined[0]), "ok");
+    for round in 0..5 {
+        let started = std::time::Instant::now();
+        let held = {
+            let phoenix = phoenix.clone();
+            tokio::spawn(async move { phoenix.get().await })
+        };
+        let line = format!(r#"[null,"hb{round}","phoenix","heartbeat",{{}}]"#);
+        assert_eq!(phoenix.post(&line).await, 200);
+        let (status, got) = held.await.unwrap();
+        assert_eq!((status, got.len()), (200, 1), "round {round}: {got:?}");
+        assert_eq!(got[0][1], format!("hb{round}"), "{got:?}");
+        assert_eq!(reply_status(&got[0]), "ok");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "held to its end"
+        );
+    }
     server.stop().await.unwrap();
 }

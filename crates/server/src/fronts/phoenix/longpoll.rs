@@ -9,9 +9,12 @@
 //! `http.longpoll_timeout` (then `{"status": 204}`); a `POST` carries the client's messages
 //! (one per line) and answers `{"status": 200}` (their replies wait for the next `GET`).
 //! Sessions wait between requests in the node's one store of them (shared with Herald's
-//! own long-poll, [`crate::transport::poll::Waiting`]), and wait for something to say as
-//! Herald's long-poll does ([`poll::wait`]), their tokens' expiry ended by the same path as
-//! on every transport ([`Speaker::expire`]).
+//! own long-poll, [`crate::transport::poll::Waiting`]). A `GET` is held under the same
+//! driver as every transport ([`driver::hold`]): shutdown, the queue, token expiry and the
+//! client's messages wake it alike. A `POST`'s messages are commands for the session
+//! ([`Command`]): the `GET` that holds it obeys them and answers with their replies; with
+//! no `GET` waiting, the `POST` obeys them itself ([`driver::obey_waiting`]) and their
+//! replies wait for the next `GET`.
 //! A session no `GET` asked for `http.longpoll_grace` plus the long-poll timeout is
 //! dropped, and its token answers 410 (phoenix.js then opens a new one and joins again):
 //! `POST`s alone do not keep it, since a client that never reads is as slow as a
@@ -21,7 +24,7 @@
 //! token's expiry as a WebSocket does (then 410).
 //! Every answer is HTTP 200: phoenix.js reads the status from the body.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, future::Future, sync::Arc, time::Duration};
 
 use axum::{
     body::Bytes,
@@ -32,19 +35,20 @@ use axum::{
 };
 use herald_protocol::{phoenix::Vsn, ErrorCode};
 use serde_json::json;
-use tokio::{sync::Notify, time::Instant};
+use tokio::{sync::oneshot, time::Instant};
 
 use super::speaker::Phoenix;
 use crate::{
-    error::Failure,
+    error::{Disconnect, Failure},
     hooks::Transport,
     limits::{AddressGuard, HeldBytes, Peer},
     node::Node,
-    session::{ExpiryTimer, Session},
+    queue::{Command, Delivery, Queue},
+    session::{Positions, Session},
     transport::{
-        driver::Speaker,
-        poll::{self, Key, Store, Waited},
-        request, MAX_BATCH_BYTES,
+        driver::{self, Heard, Held, Speaker, Unwritten, Wire},
+        poll::{self, Key, Store},
+        request,
     },
 };
 
@@ -53,49 +57,135 @@ use crate::{
 #[derive(Debug, Clone)]
 pub struct Polls(Store);
 
-/// A session as it waits in the store: shared by the `GET` that waits on it and the
-/// `POST`s that come meanwhile.
-type Shared = Arc<tokio::sync::Mutex<Polled>>;
+/// A session as it waits in the store: its queue, where a `POST` leaves its client's
+/// messages, and the session, held by the `GET` that waits on it or by a `POST` that finds
+/// none waiting.
+#[derive(Debug)]
+struct Entry {
+    queue: Arc<Queue>,
+    polled: tokio::sync::Mutex<Polled>,
+}
+
+type Shared = Arc<Entry>;
 
 /// One long-polling client.
 #[derive(Debug)]
 pub struct Polled {
     speaker: Phoenix,
-    /// Messages waiting for the next `GET`.
-    outbox: Vec<String>,
-    /// Their bytes.
-    outbox_bytes: usize,
-    /// Those bytes, counted against its address (when the address is counted).
-    held: Option<HeldBytes>,
-    /// Wakes a waiting `GET` when a `POST` left replies in the outbox.
-    replied: Arc<Notify>,
+    outbox: Outbox,
     /// Its address's count of connections, for as long as it lives.
     _counted: Option<AddressGuard>,
 }
 
-impl Polled {
-    /// Puts a reply in the outbox; false when the session would hold more than its bound
+/// Messages waiting for the next `GET`.
+#[derive(Debug)]
+struct Outbox {
+    messages: Vec<String>,
+    /// Their bytes.
+    bytes: usize,
+    /// Those bytes, counted against its address (when the address is counted).
+    held: Option<HeldBytes>,
+}
+
+impl Outbox {
+    /// Puts a message in; false when the session would hold more than its bound
     /// (`client.queue_max_bytes`) or its address more than `limits.held_bytes_per_address`.
-    fn post(&mut self, reply: &[u8], bound: usize) -> bool {
-        let n = reply.len();
-        if self.outbox_bytes + n > bound || self.held.as_mut().is_some_and(|h| !h.grow(n)) {
+    fn post(&mut self, message: &[u8], bound: usize) -> bool {
+        let n = message.len();
+        if self.bytes + n > bound || self.held.as_mut().is_some_and(|h| !h.grow(n)) {
             return false;
         }
-        self.outbox_bytes += n;
-        self.outbox
-            .push(String::from_utf8_lossy(reply).into_owned());
+        self.bytes += n;
+        self.messages
+            .push(String::from_utf8_lossy(message).into_owned());
         true
     }
 
     /// Takes every message waiting.
     fn take(&mut self) -> Vec<String> {
         if let Some(held) = self.held.as_mut() {
-            held.shrink(self.outbox_bytes);
+            held.shrink(self.bytes);
         }
-        self.outbox_bytes = 0;
-        std::mem::take(&mut self.outbox)
+        self.bytes = 0;
+        std::mem::take(&mut self.messages)
     }
 }
+
+/// The outbox as the driver sees it: a `GET` held until `until`, answered as soon as
+/// anything waits in it (or a `POST` obeying messages itself: nothing holds it).
+struct Answering<'a> {
+    outbox: &'a mut Outbox,
+    bound: usize,
+    until: Instant,
+    /// A message did not fit the outbox's bound: the session ends.
+    overflowed: bool,
+}
+
+impl<'a> Answering<'a> {
+    fn new(outbox: &'a mut Outbox, bound: usize, until: Instant) -> Self {
+        Self {
+            outbox,
+            bound,
+            until,
+            overflowed: false,
+        }
+    }
+}
+
+impl Wire for Answering<'_> {
+    /// Each message goes into the outbox whole, as the answer's `messages` carries it.
+    fn push(&mut self, json: &[u8], _: Option<&Delivery>, _: Positions<'_>, _: &mut Vec<u8>) {
+        if !self.outbox.post(json, self.bound) {
+            self.overflowed = true;
+        }
+    }
+
+    fn send(
+        &mut self,
+        _bytes: Vec<u8>,
+        _timeout: Duration,
+    ) -> impl Future<Output = Result<(), Unwritten>> + Send {
+        std::future::ready(Ok(()))
+    }
+
+    /// The client says nothing on a `GET`; messages left by a `POST` before it came are
+    /// answered at once, as if heard.
+    fn heard(&mut self) -> impl Future<Output = Heard> + Send {
+        let waiting = !self.outbox.messages.is_empty();
+        async move {
+            if !waiting {
+                std::future::pending::<()>().await;
+            }
+            Heard::Alive
+        }
+    }
+
+    fn keepalive(
+        &mut self,
+        _timeout: Duration,
+    ) -> impl Future<Output = Result<(), Unwritten>> + Send {
+        std::future::ready(Ok(()))
+    }
+
+    fn bounds(&self) -> (usize, Option<Instant>) {
+        (usize::MAX, Some(self.until))
+    }
+
+    fn is_request(&self) -> bool {
+        true
+    }
+
+    fn answered(&self) -> bool {
+        !self.outbox.messages.is_empty() || self.overflowed
+    }
+
+    fn farewell(self, _ended: Option<Disconnect>) -> impl Future<Output = bool> + Send {
+        std::future::ready(false)
+    }
+}
+
+/// Why a session whose replies do not fit ends.
+const TOO_MANY: &str = "too many replies waiting: the session is read too slowly (GET)";
 
 impl Polls {
     /// The sessions kept in `store`.
@@ -204,59 +294,32 @@ pub async fn poll(
         return status(410);
     };
     let until = Instant::now() + node.settings.config.http.longpoll_timeout;
-    let mut p = polled.lock().await;
-    let mut expiry = ExpiryTimer::default();
-    // What expired since the last request first: nothing queued goes out past it.
-    let mut waited = Waited::Expired;
-    while waited == Waited::Expired {
-        match poll::expired(&mut p.speaker).await {
-            Err(d) => {
-                drop(p);
-                return polls.end(&given, &d.reason);
-            }
-            // The topics that ended, told `phx_error`; none when the hook refreshed it.
-            Ok(errors) => {
-                for error in errors.into_iter().flatten() {
-                    p.outbox.push(String::from_utf8_lossy(&error).into_owned());
-                }
-            }
-        }
-        if !p.outbox.is_empty() {
-            break;
-        }
-        expiry.follow(p.speaker.session());
-        let (queue, replied) = (p.speaker.session().queue().clone(), p.replied.clone());
-        // Unlocked while it waits: `POST`s come meanwhile, and wake it with their replies.
-        drop(p);
-        let also = async {
-            tokio::select! {
-                _ = replied.notified() => {}
-                _ = node.shutdown.cancelled() => {}
-            }
-        };
-        waited = poll::wait(&queue, &mut expiry, until, also).await;
-        p = polled.lock().await;
-    }
+    let bound = node.settings.config.client.queue_max_bytes;
+    let mut p = polled.polled.lock().await;
     let Polled {
         speaker, outbox, ..
     } = &mut *p;
-    // At most a batch: the outbox of a `GET` is its answer, not held.
-    let drained = speaker.drain(MAX_BATCH_BYTES, |m, _, _| {
-        outbox.push(String::from_utf8_lossy(m).into_owned());
-    });
-    if let Err(d) = drained {
+    let mut wire = Answering::new(outbox, bound, until);
+    let held = driver::hold(&node, speaker, &mut wire).await;
+    let overflowed = wire.overflowed;
+    if let Held::Ended(ended) = held {
         drop(p);
-        return polls.end(&given, &d.reason);
+        let reason = ended.map_or_else(|| "the client left".to_owned(), |d| d.reason);
+        return polls.end(&given, &reason);
+    }
+    if overflowed {
+        drop(p);
+        return polls.end(&given, TOO_MANY);
     }
     answer(&given, &mut p)
 }
 
 /// What waits for the client: 200 with the messages, or 204.
 fn answer(token: &str, p: &mut Polled) -> Response {
-    if p.outbox.is_empty() {
+    if p.outbox.messages.is_empty() {
         return Json(json!({ "status": 204, "token": token })).into_response();
     }
-    let messages = p.take();
+    let messages = p.outbox.take();
     Json(json!({ "status": 200, "token": token, "messages": messages })).into_response()
 }
 
@@ -293,16 +356,21 @@ async fn open(
     session.announce();
     let key = Key::random();
     let held = counted.as_ref().map(|c| node.limits.hold(c.ip()));
-    let polled = Polled {
-        // A long-poll's answers are text: binary payloads go as base64.
-        speaker: Phoenix::new(session, vsn, super::Sender::random(), false),
-        outbox: Vec::new(),
-        outbox_bytes: 0,
-        held,
-        replied: Arc::new(Notify::new()),
-        _counted: counted,
+    // A long-poll's answers are text: binary payloads go as base64.
+    let speaker = Phoenix::new(session, vsn, super::Sender::random(), false);
+    let entry = Entry {
+        queue: speaker.session().queue().clone(),
+        polled: tokio::sync::Mutex::new(Polled {
+            speaker,
+            outbox: Outbox {
+                messages: Vec::new(),
+                bytes: 0,
+                held,
+            },
+            _counted: counted,
+        }),
     };
-    let shared: Shared = Arc::new(tokio::sync::Mutex::new(polled));
+    let shared: Shared = Arc::new(entry);
     polls
         .0
         .insert(key, Box::new(shared), Polls::kept_from_now(node));
@@ -333,43 +401,74 @@ pub async fn send(
     let Some(polled) = polls.get(given, Instant::now()) else {
         return status(410);
     };
-    let mut p = polled.lock().await;
-    // What expired is told with the next `GET`'s answer.
-    match poll::expired(&mut p.speaker).await {
-        Err(d) => {
-            drop(p);
-            return polls.end(given, &d.reason);
-        }
-        Ok(errors) => {
-            for error in errors.into_iter().flatten() {
-                p.outbox.push(String::from_utf8_lossy(&error).into_owned());
-            }
-        }
-    }
-    let bound = node.settings.config.client.queue_max_bytes;
     for message in body.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-        let mut out = Vec::new();
         let binary = binary_push(message);
-        let message = binary.as_deref().unwrap_or(message);
-        let handled = p.speaker.handle(message, &mut out, MAX_BATCH_BYTES).await;
-        for reply in out.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            if !p.post(reply, bound) {
-                drop(p);
-                return polls.end(
-                    given,
-                    "too many replies waiting: the session is read too slowly (GET)",
-                );
-            }
-        }
-        if let Err(d) = handled {
-            drop(p);
-            polls.end(given, &d.reason);
-            return Json(json!({ "status": 400, "reason": d.reason })).into_response();
+        let frame = Bytes::copy_from_slice(binary.as_deref().unwrap_or(message));
+        if let Err(refused) = obey(&node, (&polls, given), &polled, frame).await {
+            return refused;
         }
     }
-    // A GET waiting learns of the replies at once.
-    p.replied.notify_one();
     status(200)
+}
+
+/// Hands one of the client's messages to its session as a command: the `GET` that holds
+/// the session obeys it, and answers with its replies; with none waiting, it is obeyed
+/// here and its replies wait for the next `GET`. `Err`: the answer to the `POST`.
+async fn obey(
+    node: &Node,
+    (polls, given): (&Polls, &str),
+    entry: &Entry,
+    frame: Bytes,
+) -> Result<(), Response> {
+    let (done, handled) = oneshot::channel();
+    let command = Command {
+        frame,
+        done: Some(done),
+    };
+    if entry.queue.command(command).is_err() {
+        return Err(
+            Json(json!({ "status": 429, "reason": "too many messages at once" })).into_response(),
+        );
+    }
+    let mut handled = handled;
+    let outcome = tokio::select! {
+        biased;
+        outcome = &mut handled => outcome,
+        mut p = entry.polled.lock() => {
+            // What expired is told with the next `GET`'s answer.
+            match poll::expired(&mut p.speaker).await {
+                Err(d) => {
+                    drop(p);
+                    return Err(polls.end(given, &d.reason));
+                }
+                Ok(errors) => {
+                    for error in errors.into_iter().flatten() {
+                        p.outbox.messages.push(String::from_utf8_lossy(&error).into_owned());
+                    }
+                }
+            }
+            let bound = node.settings.config.client.queue_max_bytes;
+            let Polled { speaker, outbox, .. } = &mut *p;
+            let mut wire = Answering::new(outbox, bound, Instant::now());
+            // How it went comes through `done`, as from a `GET`.
+            let _ = driver::obey_waiting(speaker, &mut wire).await;
+            if wire.overflowed {
+                drop(p);
+                return Err(polls.end(given, TOO_MANY));
+            }
+            drop(p);
+            handled.await
+        }
+    };
+    match outcome {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(d)) => {
+            polls.end(given, &d.reason);
+            Err(Json(json!({ "status": 400, "reason": d.reason })).into_response())
+        }
+        // The session ended before the message was obeyed.
+        Err(_) => Err(status(410)),
+    }
 }
 
 /// A binary push as phoenix.js posts it on the long-poll: the message's bytes in base64, a

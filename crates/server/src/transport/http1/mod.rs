@@ -224,7 +224,7 @@ pub async fn serve(
                     }
                     poll::HoldEnd::Open(back, prepared) => {
                         stream = back;
-                        let answer = poll::answer(*prepared).to_http1(true);
+                        let answer = poll::answer(*prepared).await.to_http1(true);
                         write(&mut stream, &answer, limits.write_timeout).await
                     }
                     poll::HoldEnd::Gone => return None,
@@ -233,18 +233,12 @@ pub async fn serve(
             Handled::Poll(mut prepared, keep_alive) => {
                 // Held until something arrives, the hold is over, the node shuts down or
                 // the client leaves.
-                let node = prepared.node.clone();
-                let left = tokio::select! {
-                    () = prepared.hold() => false,
-                    _ = node.shutdown.cancelled() => false,
-                    () = client_left(&stream) => true,
-                };
-                if left {
+                if prepared.hold(client_left(&stream)).await {
                     return None;
                 }
                 // Written as it is, head and body in one write: no `Response` to build and
                 // take apart again.
-                let answer = poll::answer(*prepared).to_http1(keep_alive);
+                let answer = poll::answer(*prepared).await.to_http1(keep_alive);
                 write(&mut stream, &answer, limits.write_timeout).await && keep_alive
             }
         };

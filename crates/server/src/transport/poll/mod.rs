@@ -11,6 +11,7 @@
 //! was parked.
 
 use std::{
+    future::Future,
     hash::{DefaultHasher, Hash, Hasher},
     sync::Arc,
     time::Duration,
@@ -35,15 +36,18 @@ use crate::{
     limits::{AddressGuard, Peer},
     node::Node,
     policy::origin::CorsAnswer,
-    session::{ExpiryTimer, Session},
+    session::Session,
+    transport::driver,
 };
+use answering::Answering;
 
+mod answering;
 mod hold;
 mod lane;
 mod parked;
 mod resumer;
 mod waiting;
-pub use hold::{expired, wait, Waited};
+pub use hold::expired;
 pub use lane::{hold_on_socket, HoldEnd, HoldTimer};
 pub use parked::Parked;
 use parked::{Credentials, Resumed};
@@ -62,7 +66,7 @@ pub async fn poll(
     RawQuery(query): RawQuery,
 ) -> Response {
     match prepare((node, parked), peer, headers, query, false).await {
-        Ok(prepared) => finish(*prepared),
+        Ok(prepared) => finish(*prepared).await,
         Err(f) => f.into_response(),
     }
 }
@@ -84,7 +88,7 @@ pub async fn longpoll(
         Err(f) => return f.into_response(),
     };
     if prepared.wait.is_none() {
-        return finish(*prepared);
+        return finish(*prepared).await;
     }
     if lean.is_some() {
         // Answered after the router let go of it, so without its CORS layer: the answer
@@ -92,12 +96,9 @@ pub async fn longpoll(
         prepared.cors = Cors::Here(origin);
         return Handover::new(Held::Poll(prepared)).into_response();
     }
-    let node = prepared.node.clone();
-    tokio::select! {
-        () = prepared.hold() => {}
-        _ = node.shutdown.cancelled() => {}
-    }
-    finish(*prepared)
+    // The router's client cannot be seen leaving: its hold runs its course.
+    prepared.hold(std::future::pending()).await;
+    finish(*prepared).await
 }
 
 /// The session parked under `request`'s key for it, taken up (held if `hold` and nothing
@@ -177,23 +178,28 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// Waits until something is queued for it, its hold is over, or something its token
-    /// granted expires (not for shutdown, nor for a client that leaves: the caller watches
-    /// those). An expired connection token ends it as it ends every transport (3504); an
-    /// expired subscription token answers with that channel's `unsubscribe` (109).
-    pub async fn hold(&mut self) {
+    /// Holds it under the driver ([`driver::hold`]) until something is queued for it, its
+    /// hold is over, something its token granted expires, or the node shuts down. An
+    /// expired connection token ends it as it ends every transport (3504), told in the
+    /// answer; an expired subscription token answers with that channel's `unsubscribe`
+    /// (109). True when `left` resolved first: the client is gone, and so is the session.
+    pub async fn hold(&mut self, left: impl Future<Output = ()> + Send) -> bool {
         let Some(wait) = self.wait else {
-            return;
+            return false;
         };
-        let until = tokio::time::Instant::now() + wait;
-        let mut expiry = ExpiryTimer::default();
-        loop {
-            expiry.follow(&self.session);
-            let queue = self.session.queue();
-            let waited = hold::wait(queue, &mut expiry, until, std::future::pending::<()>());
-            if waited.await != Waited::Expired || self.expired().await {
-                return;
+        let left = std::pin::pin!(left);
+        let mut wire = Answering {
+            messages: &mut self.messages,
+            until: tokio::time::Instant::now() + wait,
+            left,
+        };
+        match driver::hold(&self.node, &mut self.session, &mut wire).await {
+            driver::Held::Answered => false,
+            driver::Held::Ended(Some(d)) => {
+                self.ended = Some(d);
+                false
             }
+            driver::Held::Ended(None) => true,
         }
     }
 
@@ -368,8 +374,8 @@ impl Prepared {
 }
 
 /// The answer: what was replayed and everything that arrived meanwhile, with the cursor.
-pub fn finish(prepared: Prepared) -> Response {
-    answer(prepared).into_response()
+pub async fn finish(prepared: Prepared) -> Response {
+    answer(prepared).await.into_response()
 }
 
 /// A poll's answer, ready to go out through the router or straight onto the socket (the
@@ -464,15 +470,22 @@ impl IntoResponse for Answer {
 }
 
 /// The answer of `prepared`: what was replayed and everything that arrived meanwhile, with
-/// the cursor; the session parked again if it asked to be.
-pub fn answer(mut prepared: Prepared) -> Answer {
+/// the cursor; the session parked again if it asked to be. What its tokens granted and
+/// has expired (while it was parked, or since its hold) is ended first, as every
+/// transport ends it: nothing queued goes out past it, and a session that ended answers
+/// with why and nothing more.
+pub async fn answer(mut prepared: Prepared) -> Answer {
+    if prepared.ended.is_none() && prepared.session.past_deadline() {
+        let expiring = Box::pin(prepared.expired());
+        expiring.await;
+    }
     let Prepared {
         session,
         messages,
         ended,
         ..
     } = &mut prepared;
-    while messages.len() < MAX_ANSWER_BYTES {
+    while ended.is_none() && messages.len() < MAX_ANSWER_BYTES {
         let before = messages.len();
         if let Err(d) = session.drain(MAX_BATCH_BYTES, |json, _, _| item(messages, json)) {
             *ended = Some(d);

@@ -149,15 +149,14 @@ impl<F: Framing> WebSocket<F> {
         }
     }
 
-    /// Sends `json` (one message, or a message per line as the framing says) outside the
-    /// driver: a front's greeting, or its refusal.
+    /// Sends `json`, one message, outside the driver: a front's greeting, or its refusal.
     pub async fn say(&mut self, json: &[u8], timeout: Duration) -> Result<(), Unwritten> {
         let mut frames = Vec::new();
         self.seal(json, &mut frames)?;
         self.write(&frames, timeout).await
     }
 
-    /// Frames `text`, joined pushes (as a message, or a message per push), at the end of
+    /// Frames `text`, joined pushes or a front's one push, as a message at the end of
     /// `out`. Frames are built from validated JSON; a defect that broke that
     /// ends the connection rather than sending a text frame no client could read.
     fn seal(&mut self, text: &[u8], out: &mut Vec<u8>) -> Result<(), Unwritten> {
@@ -171,14 +170,9 @@ impl<F: Framing> WebSocket<F> {
             );
             return Err(Unwritten::Gone);
         }
-        if F::MESSAGE_PER_PUSH {
-            // A message per line: JSON text holds no raw line break.
-            for line in text.split(|b| *b == b'\n') {
-                self.message(line, out);
-            }
-        } else {
-            self.message(text, out);
-        }
+        // One message: joined pushes, or one push of a framing that gives each its own
+        // (whose pushes are framed as they come: see `Wire::push`).
+        self.message(text, out);
         Ok(())
     }
 

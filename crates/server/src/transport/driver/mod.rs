@@ -1,9 +1,11 @@
-//! The connection driver: one loop for every transport that holds a connection open
-//! (WebSocket, SSE, HTTP streaming, the forever frame). It owns what they share: waiting on
-//! shutdown, the delivery queue, token expiry, keepalives and idleness, the client's
-//! commands, the write deadline and the code it ends with, the last word to the client, and
-//! the call that ends the session. A transport only says how its bytes are framed and
-//! written, and what its client sends on the connection itself ([`Wire`]).
+//! The connection driver: one loop for every transport, whether it holds a connection
+//! open (WebSocket, SSE, HTTP streaming, the forever frame: [`drive`]) or answers requests
+//! (the long-polls, Herald's and the Phoenix front's: [`hold`], one request at a time). It
+//! owns what they share: waiting on shutdown, the delivery queue, token expiry, keepalives
+//! and idleness, the client's commands, the write deadline and the code it ends with, the
+//! last word to the client, and the call that ends the session. A transport only says how
+//! its bytes are framed and written, and what its client sends on the connection itself
+//! ([`Wire`]); a protocol, how it reads and writes over the session ([`Speaker`]).
 //!
 //! So the same thing ends the same way everywhere: a client that stops reading is cut as
 //! slow (3003), a broken write is 3004, shutdown is 3001, an expired token 3504, a client
@@ -11,8 +13,12 @@
 //! and each is counted and told to the backend once (`tests/it/behaviour.rs` checks it
 //! transport by transport).
 
+mod speaker;
+mod wire;
+
 use std::{future::Future, time::Duration};
 
+use futures_util::FutureExt;
 use herald_protocol::DisconnectCode;
 use tokio::time::Instant;
 
@@ -20,32 +26,11 @@ use super::MAX_BATCH_BYTES;
 use crate::{
     error::Disconnect,
     node::Node,
-    queue::{Command, Delivery},
-    session::{ExpiryTimer, Positions, Session},
+    queue::Command,
+    session::{ExpiryTimer, Session},
 };
-
-/// Why a write did not go out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unwritten {
-    /// The connection broke, or the client left.
-    Gone,
-    /// The client read nothing for the write timeout.
-    Slow,
-}
-
-impl Unwritten {
-    /// How a connection that could not be written to ends: a slow consumer (3003) or a
-    /// write error (3004). Neither can be told to the client.
-    pub fn disconnect(self) -> Disconnect {
-        match self {
-            Unwritten::Gone => Disconnect::new(DisconnectCode::WriteError),
-            Unwritten::Slow => Disconnect::because(
-                DisconnectCode::Slow,
-                "write timed out; reconnect and resume",
-            ),
-        }
-    }
-}
+pub use speaker::Speaker;
+pub use wire::{Heard, Unwritten, Wire, CLOSE_GRACE};
 
 /// Why the driver stops: the end, and whether the client can still be told it.
 #[derive(Debug, Clone)]
@@ -72,184 +57,6 @@ impl From<Unwritten> for Stop {
     }
 }
 
-/// What the client did on the connection itself.
-#[derive(Debug)]
-pub enum Heard {
-    /// A frame of commands (WebSocket).
-    Frame(bytes::Bytes),
-    /// Something that only says it is alive (a pong, a ping).
-    Alive,
-    /// A pong to a ping that carried a payload (WebSocket): the client has read everything
-    /// written before that ping.
-    Pong(bytes::Bytes),
-    /// The connection ended without a word: the client dropped, or its network did.
-    Left,
-    /// It closed the connection, saying so (a WebSocket close frame): it left on purpose,
-    /// and its presence leaves at once (the grace is for drops).
-    Closed,
-    /// It sent what ends the connection (a malformed or oversized frame).
-    Refused(Disconnect),
-}
-
-/// A transport as the driver sees it: how pushes are framed and written, and what its
-/// client sends on the connection.
-pub trait Wire: Send {
-    /// Appends one push (a JSON object) in this transport's framing; `delivery`: the
-    /// publication it carries, if it is one (a compressed WebSocket then writes the frame
-    /// made once for every connection); `at` is the session's positions right after it
-    /// (SSE carries them as the event id).
-    fn push(
-        &mut self,
-        json: &[u8],
-        delivery: Option<&Delivery>,
-        at: Positions<'_>,
-        out: &mut Vec<u8>,
-    );
-
-    /// Writes `bytes` (pushes as [`Wire::push`] framed them) whole, waiting at most
-    /// `timeout` for the client to take them. Empty bytes still send what a direct write of
-    /// the hub left unsent.
-    fn send(
-        &mut self,
-        bytes: Vec<u8>,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<(), Unwritten>> + Send;
-
-    /// Resolves with what the client does next on the connection. A stream's client only
-    /// ever leaves (its commands come through the session's queue).
-    fn heard(&mut self) -> impl Future<Output = Heard> + Send;
-
-    /// Sends a keepalive: a WebSocket ping, or a stream's comment or `ping` push.
-    fn keepalive(
-        &mut self,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<(), Unwritten>> + Send;
-
-    /// Sends a ping carrying `payload`, whose pong comes back as [`Heard::Pong`]; nothing
-    /// where the client cannot answer one (a stream).
-    fn ping(
-        &mut self,
-        payload: [u8; 8],
-        timeout: Duration,
-    ) -> impl Future<Output = Result<(), Unwritten>> + Send {
-        let _ = (payload, timeout);
-        std::future::ready(Ok(()))
-    }
-
-    /// How often this connection's client asked to hear a keepalive (a stream's `ping=`),
-    /// if it did; otherwise `client.ping_interval`.
-    fn ping_interval(&self) -> Option<Duration> {
-        None
-    }
-
-    /// Whether the client counts on a keepalive every period even while it talks (its
-    /// protocol's own ping, which it answers); otherwise one goes only on a quiet connection.
-    fn pings_regularly(&self) -> bool {
-        false
-    }
-
-    /// How long the client has been silent, for a transport whose client answers
-    /// keepalives (WebSocket: pongs): past `client.idle_timeout` it is taken for gone (3005).
-    /// `None` where silence means nothing (a stream's client sends nothing on it).
-    fn silent_for(&self) -> Option<Duration> {
-        None
-    }
-
-    /// The connection is about to wait with everything written: the hub may write to the
-    /// socket directly until it wakes, if the socket allows it for `session`.
-    fn idle(&self, _session: &Session) {}
-
-    /// Most bytes the connection may carry, and when it must end, before the client is
-    /// asked to reopen it (the forever frame: a document grows for as long as it is open).
-    fn bounds(&self) -> (usize, Option<Instant>) {
-        (usize::MAX, None)
-    }
-
-    /// Tells the client why the connection ends (`None`: it left, or cannot be written to)
-    /// and closes it: true when the connection is left clean for another request.
-    fn farewell(self, ended: Option<Disconnect>) -> impl Future<Output = bool> + Send;
-}
-
-/// How long the last word to a client may take to go out.
-pub const CLOSE_GRACE: Duration = Duration::from_secs(1);
-
-/// The protocol a connection speaks over its session: Herald's own (the [`Session`]
-/// itself), or a front's (Pusher's), which reads the client's frames its own way and
-/// writes publications in its own words, over the same session, hub and queue.
-pub trait Speaker: Send {
-    /// The session under it.
-    fn session(&self) -> &Session;
-
-    /// The session under it, to change.
-    fn session_mut(&mut self) -> &mut Session;
-
-    /// Handles what a client sent (see [`Session::handle_frame_until`]): answers go to
-    /// `out`, one per line; returns the part of the frame not handled yet.
-    fn handle<'f>(
-        &mut self,
-        frame: &'f [u8],
-        out: &mut Vec<u8>,
-        flush_at: usize,
-    ) -> impl Future<Output = Result<&'f [u8], Disconnect>> + Send;
-
-    /// Takes queued publications, as [`Session::drain`] does, in this protocol's words:
-    /// each with the delivery it carries, when its words are the ones the connection's
-    /// [`Framing`](super::websocket::Framing) gives that delivery (so the same frame serves).
-    fn drain(
-        &mut self,
-        max_bytes: usize,
-        emit: impl FnMut(&[u8], Option<&Delivery>, Positions<'_>),
-    ) -> Result<(), Disconnect>;
-
-    /// Ends what the client's tokens no longer grant, for every transport alike (the
-    /// driver's connections and the polls): `Err` when the connection's own token expired
-    /// (3504, unless the refresh hook extends it); otherwise what to tell the client of the
-    /// subscriptions that ended, in this protocol's words, one message each.
-    fn expire(&mut self) -> impl Future<Output = Result<Vec<Vec<u8>>, Disconnect>> + Send;
-
-    /// Something was written: the payload of a ping to send now, when the speaker wants
-    /// the client to confirm it read everything so far (see [`Speaker::confirmed`]).
-    fn confirm_writes(&mut self) -> Option<[u8; 8]> {
-        None
-    }
-
-    /// The client answered the ping that carried `payload`.
-    fn confirmed(&mut self, payload: &[u8]) {
-        let _ = payload;
-    }
-}
-
-impl Speaker for Session {
-    fn session(&self) -> &Session {
-        self
-    }
-
-    fn session_mut(&mut self) -> &mut Session {
-        self
-    }
-
-    fn handle<'f>(
-        &mut self,
-        frame: &'f [u8],
-        out: &mut Vec<u8>,
-        flush_at: usize,
-    ) -> impl Future<Output = Result<&'f [u8], Disconnect>> + Send {
-        self.handle_frame_until(frame, out, flush_at)
-    }
-
-    fn drain(
-        &mut self,
-        max_bytes: usize,
-        emit: impl FnMut(&[u8], Option<&Delivery>, Positions<'_>),
-    ) -> Result<(), Disconnect> {
-        Session::drain(self, max_bytes, emit)
-    }
-
-    fn expire(&mut self) -> impl Future<Output = Result<Vec<Vec<u8>>, Disconnect>> + Send {
-        Session::expire(self)
-    }
-}
-
 /// Runs a connection whose session is open until it ends, and ends the session (the queue
 /// detached, the end counted and told to the backend); `opened` is how opening its channels
 /// went (a stream opens them first). Returns what the client is to be told, `None` when it
@@ -259,13 +66,61 @@ impl Speaker for Session {
 /// The session and the wire are borrowed, not moved in: a future keeps its arguments in
 /// its own state, so the caller's and the driver's would both hold a whole session for
 /// every idle connection (0.8 KB more per connection when they were moved).
-pub async fn drive<S: Speaker, W: Wire>(
+///
+/// A plain function over the loop's future, not an `async fn` around it: that would keep
+/// its arguments a second time in every connection's task.
+pub fn drive<'a, S: Speaker, W: Wire>(
+    node: &'a Node,
+    speaker: &'a mut S,
+    wire: &'a mut W,
+    opened: Result<(), Disconnect>,
+    written: usize,
+) -> impl Future<Output = Option<Disconnect>> + Send + 'a {
+    run(node, speaker, wire, opened, written).map(|held| match held {
+        Held::Ended(told) => told,
+        // Only a request is answered (see `Wire::is_request`).
+        Held::Answered => None,
+    })
+}
+
+/// How a request that waits for something to say ([`hold`]) ended.
+#[derive(Debug)]
+pub enum Held {
+    /// It has its answer (what its wire took), or its hold is over with nothing: the
+    /// session lives on for the client's next request.
+    Answered,
+    /// The session ended: its client is to be told why in the answer (`None`: it left).
+    Ended(Option<Disconnect>),
+}
+
+/// Holds one request of a client that polls (Herald's long-poll, the Phoenix front's)
+/// until it has something to answer, under the same loop as every connection: the same
+/// shutdown, queue, token expiry and commands, written through `wire` (a
+/// [`Wire::is_request`], whose deadline is the end of the hold). A session that ends
+/// here is ended as a connection's is.
+pub async fn hold<S: Speaker, W: Wire>(node: &Node, speaker: &mut S, wire: &mut W) -> Held {
+    debug_assert!(wire.is_request(), "only a request is held");
+    run(node, speaker, wire, Ok(()), 0).await
+}
+
+/// Ends the session whatever ended it: the hub writes no more, commands still waiting are
+/// answered "closed" (their `done` dropped), and the end is counted and told to the
+/// backend. Returns what the client is to be told, if it can be.
+fn end(session: &mut Session, ended: Option<Stop>) -> Option<Disconnect> {
+    session.queue().detach();
+    while session.queue().take_command().is_some() {}
+    session.ending(ended.as_ref().map(|s| &s.why));
+    ended.filter(|s| s.writable).map(|s| s.why)
+}
+
+/// The loop under [`drive`] and [`hold`].
+async fn run<S: Speaker, W: Wire>(
     node: &Node,
     speaker: &mut S,
     wire: &mut W,
     mut opened: Result<(), Disconnect>,
     mut written: usize,
-) -> Option<Disconnect> {
+) -> Held {
     let client = &node.settings.config.client;
     let (max_bytes, deadline) = wire.bounds();
     // One timer, in place, for the next keepalive or the deadline, whichever comes first
@@ -291,16 +146,22 @@ pub async fn drive<S: Speaker, W: Wire>(
         // In a block of its own, so that what woke the connection takes no room in the
         // task while it writes (nor while it waits: most of its life).
         let step: Result<(), Stop> = {
-            let woke = tokio::select! {
+            let woke = if expiry.due() {
+                Woke::Expiry
+            } else {
+                tokio::select! {
                 biased;
                 _ = node.shutdown.cancelled() => Woke::Shutdown,
                 heard = wire.heard() => Woke::Heard(heard),
                 _ = expiry.wait() => Woke::Expiry,
                 _ = speaker.session().queue().ready() => Woke::Queue,
                 () = &mut timer => match deadline {
+                    // A request's hold is over: it is answered with what it has.
+                    Some(d) if Instant::now() >= d && wire.is_request() => return Held::Answered,
                     Some(d) if Instant::now() >= d => Woke::Deadline,
                     _ => Woke::Keepalive,
                 },
+                }
             };
             // From here the connection writes: the hub queues until the next `release`, so
             // that replies and queued publications keep their order.
@@ -396,6 +257,10 @@ pub async fn drive<S: Speaker, W: Wire>(
         if let Err(stop) = step {
             break Some(stop);
         }
+        // A request goes back with its answer as soon as it has one.
+        if wire.answered() {
+            return Held::Answered;
+        }
         if written > written_before {
             if let Some(payload) = speaker.confirm_writes() {
                 let pinging = Box::pin(wire.ping(payload, client.write_timeout));
@@ -414,13 +279,26 @@ pub async fn drive<S: Speaker, W: Wire>(
             );
         }
     };
-    // The hub writes no more, whatever the end; commands still waiting are answered
-    // "closed" (their `done` dropped).
-    let session = speaker.session_mut();
-    session.queue().detach();
-    while session.queue().take_command().is_some() {}
-    session.ending(ended.as_ref().map(|s| &s.why));
-    ended.filter(|s| s.writable).map(|s| s.why)
+    Held::Ended(end(speaker.session_mut(), ended))
+}
+
+/// Obeys the commands waiting for a request's session while no request holds it (a
+/// Phoenix long-poll's `POST` while no `GET` waits): their replies go through `wire`, as
+/// a held request's would. A command that ends the session ends it here, as on a
+/// connection, and its reason is returned.
+pub async fn obey_waiting<S: Speaker, W: Wire>(
+    speaker: &mut S,
+    wire: &mut W,
+) -> Result<(), Disconnect> {
+    let mut written = 0;
+    while let Some(command) = speaker.session().queue().take_command() {
+        if let Err(stop) = obey(speaker, wire, command, (&mut written, CLOSE_GRACE)).await {
+            let why = stop.why.clone();
+            end(speaker.session_mut(), Some(stop));
+            return Err(why);
+        }
+    }
+    Ok(())
 }
 
 /// What woke a waiting connection.
