@@ -4,6 +4,7 @@
 //! lines, Markdown and SVG charts.
 
 pub mod client;
+pub mod cores;
 pub mod fleet;
 pub mod netinfo;
 pub mod procstat;
@@ -128,6 +129,25 @@ pub struct Common {
     /// (`/resume/PAGE/app/KEY`, a page id of its own), to measure that path.
     #[arg(long, global = true, requires = "pusher_app")]
     pub pusher_resume: bool,
+    /// Cores the server runs on (a `taskset` list: `0`, `0-1`): the Herald or the floor
+    /// started here, or every process `--pid` names (all their threads). With
+    /// `--client-cores`: latency at equal load on separate cores (benchmarks.md).
+    #[arg(long, global = true)]
+    pub server_cores: Option<String>,
+    /// Cores this tool and its worker processes (the clients and the publisher) run on.
+    #[arg(long, global = true)]
+    pub client_cores: Option<String>,
+    /// Measure the uWebSockets floor instead of Herald: Bun's native pub/sub with no
+    /// protocol (`tools/uws-floor/floor.ts`), started here on a free port.
+    #[arg(long, global = true, conflicts_with_all = ["url", "pusher_app"])]
+    pub floor: bool,
+    /// The `bun` that runs the floor (`npm install` in `tools/uws-floor` puts it here).
+    #[arg(
+        long,
+        global = true,
+        default_value = "tools/uws-floor/node_modules/@oven/bun-linux-x64/bin/bun"
+    )]
+    pub bun: PathBuf,
     #[command(flatten)]
     pub generic: GenericArgs,
 }
@@ -175,6 +195,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "note: open-file limit is {soft} (hard {hard}) and cannot be raised further here; \
              each worker process holds at most that many connections"
         );
+    }
+    // Before any thread or worker process is made: they inherit the cores.
+    if let Some(cores) = &args.common.client_cores {
+        cores::pin(&[std::process::id()], cores)?;
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -79,6 +79,51 @@ impl Server {
         })
     }
 
+    /// Starts the uWebSockets floor (`tools/uws-floor/floor.ts`) with `bun`, on a free
+    /// loopback port: clients open `/ws/CHANNEL`, publications are `POST /pub/CHANNEL`.
+    pub fn floor(bun: &std::path::Path) -> anyhow::Result<Self> {
+        let script = bun
+            .ancestors()
+            .find(|d| d.join("floor.ts").is_file())
+            .map(|d| d.join("floor.ts"))
+            .unwrap_or_else(|| "tools/uws-floor/floor.ts".into());
+        let mut child = Command::new(bun)
+            .arg(&script)
+            .env("PORT", "0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| {
+                format!(
+                    "starting the floor with {} (run `npm install` in tools/uws-floor)",
+                    bun.display()
+                )
+            })?;
+        let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+        let port = match lines.next() {
+            Some(Ok(line)) => line
+                .strip_prefix("listening ")
+                .and_then(|p| p.trim().parse::<u16>().ok()),
+            _ => None,
+        };
+        let Some(port) = port else {
+            let _ = child.kill();
+            bail!(
+                "the floor ({}) did not say where it listens",
+                script.display()
+            );
+        };
+        std::thread::spawn(move || lines.map_while(Result::ok).for_each(drop));
+        Ok(Self {
+            url: format!("http://127.0.0.1:{port}"),
+            pids: vec![child.id()],
+            redis_url: None,
+            children: vec![child],
+            _redis: None,
+            _data: None,
+        })
+    }
+
     pub fn external(url: &str, pids: &[u32]) -> Self {
         Self {
             url: url.trim_end_matches('/').to_string(),

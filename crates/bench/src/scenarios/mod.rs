@@ -69,6 +69,7 @@ impl Target {
             .transpose()?;
         let server = match &common.url {
             Some(url) => Server::external(url, &common.pid),
+            None if common.floor => Server::floor(&common.bun)?,
             None => {
                 // The Pusher app, for a Herald started here to serve.
                 let env: Vec<(String, String)> = match &pusher {
@@ -93,6 +94,9 @@ impl Target {
                 server
             }
         };
+        if let Some(cores) = &common.server_cores {
+            crate::cores::pin(&server.pids, cores)?;
+        }
         let api_key = common
             .api_key
             .clone()
@@ -100,6 +104,9 @@ impl Target {
         let g = &common.generic;
         let publisher = match (&pusher, &g.publish_url) {
             (Some(app), _) => Publisher::pusher(&server.url, app.clone()),
+            (None, None) if common.floor => {
+                Publisher::generic(&format!("{}/pub/{{channel}}", server.url), "{data}", &[])?
+            }
             (None, Some(url)) => Publisher::generic(url, &g.publish_body, &g.publish_header)?,
             (None, None) => Publisher::herald(&server.url, &api_key),
         };
@@ -120,6 +127,14 @@ impl Target {
                     r#"{"event":"pusher:subscribe","data":{"channel":"{channel_dashed}"}}"#.into(),
                 ],
                 wait_for: vec!["pusher:connection_established".into()],
+                heartbeat: None,
+                heartbeat_ms: 0,
+            }),
+            // The floor: subscribed by the path it opens, nothing said.
+            None if common.floor => Some(Generic {
+                url: format!("{}/ws/{{channel}}", server.url.replacen("http", "ws", 1)),
+                subscribe: Vec::new(),
+                wait_for: Vec::new(),
                 heartbeat: None,
                 heartbeat_ms: 0,
             }),
