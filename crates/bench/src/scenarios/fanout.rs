@@ -104,6 +104,9 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
         });
         // At a rate, a publication goes when it is due, whatever the earlier ones' answers:
         // a slow publish API gets more publishers in flight, not fewer publications.
+        while let Some(done) = in_flight.try_join_next() {
+            publish_us.push(done??);
+        }
         publishers_max = publishers_max.max(in_flight.len());
         monitor.observe(&fleet.totals());
     }
@@ -137,6 +140,12 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
             last_subscriber_max = last_subscriber_max.max(last);
         }
     }
+    // How long after it was sent the last publication reached its last subscriber.
+    let lag = fleet
+        .seq_latency(args.publications.saturating_sub(1))
+        .map_or(delivered_in.saturating_sub(last_sent), |(_, last)| {
+            Duration::from_micros(last)
+        });
     monitor.say("stopping clients");
     let (totals, hist) = fleet.stop().await?;
     monitor.finish();
@@ -151,7 +160,6 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
     // Equal load: a server held the rate when everything arrived, the last publication
     // within a second (or a period) of being sent. One that fell behind carried less than
     // it was given: its latency is not comparable with a server's that held it.
-    let lag = delivered_in.saturating_sub(last_sent);
     let loss = expected.saturating_sub(deliveries);
     let allowed = Duration::from_secs(1).max(Duration::from_secs_f64(1.0 / args.rate.max(1e-3)));
     let held = args.rate <= 0.0 || (loss == 0 && lag <= allowed);
