@@ -8,6 +8,20 @@ use std::process::Command;
 
 use anyhow::{bail, Context};
 
+/// A command that runs `program` on `cores` from its first instruction (`taskset -c`), so
+/// that a server sizes its threads to the cores it is given, as it does when an operator
+/// starts it so; without cores, `program` itself.
+pub fn command(program: impl AsRef<std::ffi::OsStr>, cores: Option<&str>) -> Command {
+    match cores {
+        Some(cores) => {
+            let mut c = Command::new("taskset");
+            c.args(["--cpu-list", cores]).arg(program);
+            c
+        }
+        None => Command::new(program),
+    }
+}
+
 /// Pins every thread of each of `pids` to `cores` (a `taskset` list: `0`, `0-1`, `0,2`).
 pub fn pin(pids: &[u32], cores: &str) -> anyhow::Result<()> {
     for pid in pids {

@@ -38,6 +38,7 @@ impl Server {
         redis_url: Option<&str>,
         nats_url: Option<&str>,
         env: &[(String, String)],
+        cores: Option<&str>,
     ) -> anyhow::Result<Self> {
         let data = tempfile::tempdir()?;
         let mut args: Vec<String> = extra.to_vec();
@@ -62,10 +63,10 @@ impl Server {
             );
             shared = Some(url);
         }
-        let (first, address) = spawn_node("127.0.0.1:0", data.path(), &args, env)?;
+        let (first, address) = spawn_node("127.0.0.1:0", data.path(), &args, env, cores)?;
         let mut children = vec![first];
         for _ in 1..nodes.max(1) {
-            children.push(spawn_node(&address, data.path(), &args, env)?.0);
+            children.push(spawn_node(&address, data.path(), &args, env, cores)?.0);
         }
         let mut pids: Vec<u32> = children.iter().map(Child::id).collect();
         pids.extend(redis.as_ref().map(|r| r.child.id()));
@@ -81,13 +82,13 @@ impl Server {
 
     /// Starts the uWebSockets floor (`tools/uws-floor/floor.ts`) with `bun`, on a free
     /// loopback port: clients open `/ws/CHANNEL`, publications are `POST /pub/CHANNEL`.
-    pub fn floor(bun: &std::path::Path) -> anyhow::Result<Self> {
+    pub fn floor(bun: &std::path::Path, cores: Option<&str>) -> anyhow::Result<Self> {
         let script = bun
             .ancestors()
             .find(|d| d.join("floor.ts").is_file())
             .map(|d| d.join("floor.ts"))
             .unwrap_or_else(|| "tools/uws-floor/floor.ts".into());
-        let mut child = Command::new(bun)
+        let mut child = crate::cores::command(bun, cores)
             .arg(&script)
             .env("PORT", "0")
             .stdout(Stdio::piped())
@@ -214,8 +215,9 @@ fn spawn_node(
     data: &std::path::Path,
     extra: &[String],
     env: &[(String, String)],
+    cores: Option<&str>,
 ) -> anyhow::Result<(Child, String)> {
-    let mut child = Command::new(std::env::current_exe()?)
+    let mut child = crate::cores::command(std::env::current_exe()?, cores)
         .args(["serve", "--listen", listen, "--api-key", BENCH_API_KEY])
         .args(["--log-format", "json", "--log-level", "warn,herald=info"])
         .arg("--data-dir")

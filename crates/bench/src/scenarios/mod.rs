@@ -69,7 +69,7 @@ impl Target {
             .transpose()?;
         let server = match &common.url {
             Some(url) => Server::external(url, &common.pid),
-            None if common.floor => Server::floor(&common.bun)?,
+            None if common.floor => Server::floor(&common.bun, common.server_cores.as_deref())?,
             None => {
                 // The Pusher app, for a Herald started here to serve.
                 let env: Vec<(String, String)> = match &pusher {
@@ -88,6 +88,7 @@ impl Target {
                     common.redis_url.as_deref(),
                     common.nats_url.as_deref(),
                     &env,
+                    common.server_cores.as_deref(),
                 )?;
                 // Counted with it: the Redis servers it was pointed at, say.
                 server.pids.extend(&common.pid);
