@@ -24,7 +24,7 @@
 //! token's expiry as a WebSocket does (then 410).
 //! Every answer is HTTP 200: phoenix.js reads the status from the body.
 
-use std::{collections::BTreeMap, future::Future, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use axum::{
     body::Bytes,
@@ -39,15 +39,15 @@ use tokio::{sync::oneshot, time::Instant};
 
 use super::speaker::Phoenix;
 use crate::{
-    error::{Disconnect, Failure},
+    error::Failure,
     hooks::Transport,
     limits::{AddressGuard, HeldBytes, Peer},
     node::Node,
-    queue::{Command, Delivery, Queue},
-    session::{Positions, Session},
+    queue::{Command, Queue},
+    session::Session,
     transport::{
-        driver::{self, Heard, Held, Speaker, Unwritten, Wire},
-        poll::{self, Key, Store},
+        driver::{self, Held, Speaker},
+        poll::{self, Answering, Collect, Key, Store},
         request,
     },
 };
@@ -85,14 +85,17 @@ struct Outbox {
     bytes: usize,
     /// Those bytes, counted against its address (when the address is counted).
     held: Option<HeldBytes>,
+    /// At most this many bytes (`client.queue_max_bytes`).
+    bound: usize,
 }
 
-impl Outbox {
-    /// Puts a message in; false when the session would hold more than its bound
-    /// (`client.queue_max_bytes`) or its address more than `limits.held_bytes_per_address`.
-    fn post(&mut self, message: &[u8], bound: usize) -> bool {
+/// Each message goes into the outbox whole, as the answer's `messages` carries it: false
+/// when the session would hold more than its bound (`client.queue_max_bytes`) or its
+/// address more than `limits.held_bytes_per_address`.
+impl Collect for Outbox {
+    fn add(&mut self, message: &[u8]) -> bool {
         let n = message.len();
-        if self.bytes + n > bound || self.held.as_mut().is_some_and(|h| !h.grow(n)) {
+        if self.bytes + n > self.bound || self.held.as_mut().is_some_and(|h| !h.grow(n)) {
             return false;
         }
         self.bytes += n;
@@ -101,6 +104,12 @@ impl Outbox {
         true
     }
 
+    fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+}
+
+impl Outbox {
     /// Takes every message waiting.
     fn take(&mut self) -> Vec<String> {
         if let Some(held) = self.held.as_mut() {
@@ -108,79 +117,6 @@ impl Outbox {
         }
         self.bytes = 0;
         std::mem::take(&mut self.messages)
-    }
-}
-
-/// The outbox as the driver sees it: a `GET` held until `until`, answered as soon as
-/// anything waits in it (or a `POST` obeying messages itself: nothing holds it).
-struct Answering<'a> {
-    outbox: &'a mut Outbox,
-    bound: usize,
-    until: Instant,
-    /// A message did not fit the outbox's bound: the session ends.
-    overflowed: bool,
-}
-
-impl<'a> Answering<'a> {
-    fn new(outbox: &'a mut Outbox, bound: usize, until: Instant) -> Self {
-        Self {
-            outbox,
-            bound,
-            until,
-            overflowed: false,
-        }
-    }
-}
-
-impl Wire for Answering<'_> {
-    /// Each message goes into the outbox whole, as the answer's `messages` carries it.
-    fn push(&mut self, json: &[u8], _: Option<&Delivery>, _: Positions<'_>, _: &mut Vec<u8>) {
-        if !self.outbox.post(json, self.bound) {
-            self.overflowed = true;
-        }
-    }
-
-    fn send(
-        &mut self,
-        _bytes: Vec<u8>,
-        _timeout: Duration,
-    ) -> impl Future<Output = Result<(), Unwritten>> + Send {
-        std::future::ready(Ok(()))
-    }
-
-    /// The client says nothing on a `GET`; messages left by a `POST` before it came are
-    /// answered at once, as if heard.
-    fn heard(&mut self) -> impl Future<Output = Heard> + Send {
-        let waiting = !self.outbox.messages.is_empty();
-        async move {
-            if !waiting {
-                std::future::pending::<()>().await;
-            }
-            Heard::Alive
-        }
-    }
-
-    fn keepalive(
-        &mut self,
-        _timeout: Duration,
-    ) -> impl Future<Output = Result<(), Unwritten>> + Send {
-        std::future::ready(Ok(()))
-    }
-
-    fn bounds(&self) -> (usize, Option<Instant>) {
-        (usize::MAX, Some(self.until))
-    }
-
-    fn is_request(&self) -> bool {
-        true
-    }
-
-    fn answered(&self) -> bool {
-        !self.outbox.messages.is_empty() || self.overflowed
-    }
-
-    fn farewell(self, _ended: Option<Disconnect>) -> impl Future<Output = bool> + Send {
-        std::future::ready(false)
     }
 }
 
@@ -294,12 +230,13 @@ pub async fn poll(
         return status(410);
     };
     let until = Instant::now() + node.settings.config.http.longpoll_timeout;
-    let bound = node.settings.config.client.queue_max_bytes;
     let mut p = polled.polled.lock().await;
     let Polled {
         speaker, outbox, ..
     } = &mut *p;
-    let mut wire = Answering::new(outbox, bound, until);
+    // The client cannot be seen leaving through the router: its hold runs its course.
+    let never = std::pin::pin!(std::future::pending::<()>());
+    let mut wire = Answering::new(outbox, until, never);
     let held = driver::hold(&node, speaker, &mut wire).await;
     let overflowed = wire.overflowed;
     if let Held::Ended(ended) = held {
@@ -366,6 +303,7 @@ async fn open(
                 messages: Vec::new(),
                 bytes: 0,
                 held,
+                bound: node.settings.config.client.queue_max_bytes,
             },
             _counted: counted,
         }),
@@ -404,7 +342,7 @@ pub async fn send(
     for message in body.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
         let binary = binary_push(message);
         let frame = Bytes::copy_from_slice(binary.as_deref().unwrap_or(message));
-        if let Err(refused) = obey(&node, (&polls, given), &polled, frame).await {
+        if let Err(refused) = obey((&polls, given), &polled, frame).await {
             return refused;
         }
     }
@@ -414,12 +352,7 @@ pub async fn send(
 /// Hands one of the client's messages to its session as a command: the `GET` that holds
 /// the session obeys it, and answers with its replies; with none waiting, it is obeyed
 /// here and its replies wait for the next `GET`. `Err`: the answer to the `POST`.
-async fn obey(
-    node: &Node,
-    (polls, given): (&Polls, &str),
-    entry: &Entry,
-    frame: Bytes,
-) -> Result<(), Response> {
+async fn obey((polls, given): (&Polls, &str), entry: &Entry, frame: Bytes) -> Result<(), Response> {
     let (done, handled) = oneshot::channel();
     let command = Command {
         frame,
@@ -447,9 +380,9 @@ async fn obey(
                     }
                 }
             }
-            let bound = node.settings.config.client.queue_max_bytes;
             let Polled { speaker, outbox, .. } = &mut *p;
-            let mut wire = Answering::new(outbox, bound, Instant::now());
+            let never = std::pin::pin!(std::future::pending::<()>());
+            let mut wire = Answering::new(outbox, Instant::now(), never);
             // How it went comes through `done`, as from a `GET`.
             let _ = driver::obey_waiting(speaker, &mut wire).await;
             if wire.overflowed {

@@ -39,7 +39,7 @@ use crate::{
     session::Session,
     transport::driver,
 };
-use answering::Answering;
+pub use answering::{Answering, Collect};
 
 mod answering;
 mod hold;
@@ -188,11 +188,8 @@ impl Prepared {
             return false;
         };
         let left = std::pin::pin!(left);
-        let mut wire = Answering {
-            messages: &mut self.messages,
-            until: tokio::time::Instant::now() + wait,
-            left,
-        };
+        let until = tokio::time::Instant::now() + wait;
+        let mut wire = Answering::new(&mut self.messages, until, left);
         match driver::hold(&self.node, &mut self.session, &mut wire).await {
             driver::Held::Answered => false,
             driver::Held::Ended(Some(d)) => {
