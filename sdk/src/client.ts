@@ -121,8 +121,12 @@ export class Client extends Emitter<ClientEvents> implements SubscriptionHost {
       connected: () => this.current === "connected",
       adopt: (token) => {
         this.token = token;
-        // Polling is stateless: the next request carries the new token.
-        return this.transport instanceof PollTransport;
+        // Polling is stateless: the next request carries the new token. A long-poll held
+        // now carries the old one, and the server ends its session when that expires
+        // (3504), so it is asked again now, with the new one.
+        if (!(this.transport instanceof PollTransport)) return false;
+        this.transport.refresh();
+        return true;
       },
       refresh: (token) => this.request<RefreshResult>("refresh", { token }),
       stop: (code, reason) => this.stop(code, reason),

@@ -1255,7 +1255,9 @@ var Herald = (() => {
         connected: () => this.current === "connected",
         adopt: (token) => {
           this.token = token;
-          return this.transport instanceof PollTransport;
+          if (!(this.transport instanceof PollTransport)) return false;
+          this.transport.refresh();
+          return true;
         },
         refresh: (token) => this.request("refresh", { token }),
         stop: (code, reason) => this.stop(code, reason),
