@@ -65,10 +65,15 @@ impl Members {
             return;
         }
         if chunks.last().is_none_or(|c| c.len() >= CHUNK) {
-            chunks.push(Arc::new(Vec::with_capacity(CHUNK)));
+            chunks.push(Arc::default());
         }
         let c = chunks.len() - 1;
         let chunk = Arc::make_mut(&mut chunks[c]);
+        if chunk.len() == chunk.capacity() {
+            // Doubling, never past a chunk: a channel of one member (a user's own) holds
+            // room for a few, not for 256 (6 KiB).
+            chunk.reserve_exact(chunk.len().clamp(4, CHUNK - chunk.len()));
+        }
         self.index.insert(member.session, (c, chunk.len()));
         chunk.push(member);
     }
@@ -139,6 +144,13 @@ mod tests {
         for c in &m.chunks[..m.chunks.len() - 1] {
             assert_eq!(c.len(), CHUNK, "only the last chunk is partly full");
         }
+        for c in m.chunks.iter() {
+            assert!(
+                c.capacity() <= CHUNK,
+                "a chunk holds room for {}",
+                c.capacity()
+            );
+        }
         for s in want {
             assert!(m.remove(s));
         }
@@ -175,5 +187,21 @@ mod tests {
         m.insert(member(1));
         assert_eq!(m.len(), 1);
         assert_eq!(m.iter().count(), 1);
+    }
+
+    #[test]
+    fn a_channel_of_one_member_holds_room_for_a_few_not_a_chunk() {
+        let mut m = Members::default();
+        m.insert(member(1));
+        assert!(m.chunks[0].capacity() <= 4, "{}", m.chunks[0].capacity());
+        for s in 2..=CHUNK as u64 + 1 {
+            m.insert(member(s));
+        }
+        assert_eq!(
+            m.chunks[0].capacity(),
+            CHUNK,
+            "grown by doubling to a chunk"
+        );
+        assert!(m.chunks[1].capacity() <= 4);
     }
 }

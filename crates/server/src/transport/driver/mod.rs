@@ -114,172 +114,188 @@ fn end(session: &mut Session, ended: Option<Stop>) -> Option<Disconnect> {
 }
 
 /// The loop under [`drive`] and [`hold`].
-async fn run<S: Speaker, W: Wire>(
-    node: &Node,
-    speaker: &mut S,
-    wire: &mut W,
+///
+/// A plain function over an `async move` block, not an `async fn`: an async fn moves its
+/// arguments into locals of its own beside the ones it was called with, 64 bytes twice
+/// in every connection's task.
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice"
+)]
+fn run<'a, S: Speaker, W: Wire>(
+    node: &'a Node,
+    speaker: &'a mut S,
+    wire: &'a mut W,
     mut opened: Result<(), Disconnect>,
     mut written: usize,
-) -> Held {
-    let client = &node.settings.config.client;
-    let (max_bytes, deadline) = wire.bounds();
-    // One timer, in place, for the next keepalive or the deadline, whichever comes first
-    // (an `Interval` boxes a timer of its own): every idle connection carries one.
-    let wake_at = |ping: Instant| deadline.map_or(ping, |d| d.min(ping));
-    let ping_every = wire.ping_interval().unwrap_or(client.ping_interval);
-    let timer = tokio::time::sleep_until(wake_at(Instant::now() + ping_every));
-    tokio::pin!(timer);
-    let mut expiry = ExpiryTimer::default();
+) -> impl Future<Output = Held> + 'a {
+    async move {
+        let client = &node.settings.config.client;
+        let (max_bytes, deadline) = wire.bounds();
+        // One timer, in place, for the next keepalive or the deadline, whichever comes first
+        // (an `Interval` boxes a timer of its own): every idle connection carries one.
+        let wake_at = |ping: Instant| deadline.map_or(ping, |d| d.min(ping));
+        let ping_every = wire.ping_interval().unwrap_or(client.ping_interval);
+        let timer = tokio::time::sleep_until(wake_at(Instant::now() + ping_every));
+        tokio::pin!(timer);
+        let mut expiry = ExpiryTimer::default();
+        let (mut bytes, mut written_before);
 
-    // Why the connection ends; None: the client left.
-    let ended: Option<Stop> = loop {
-        let written_before = written;
-        if let Err(d) = std::mem::replace(&mut opened, Ok(())) {
-            break Some(d.into());
-        }
-        expiry.follow(speaker.session());
-        // Everything is written: the hub may write publications itself until something
-        // wakes the connection (unless something arrived meanwhile; then `ready` is at once).
-        wire.idle(speaker.session());
-        speaker.session().queue().release();
-        let mut bytes = Vec::new();
-        // In a block of its own, so that what woke the connection takes no room in the
-        // task while it writes (nor while it waits: most of its life).
-        let step: Result<(), Stop> = {
-            let woke = if expiry.due() {
-                Woke::Expiry
-            } else {
-                tokio::select! {
-                biased;
-                _ = node.shutdown.cancelled() => Woke::Shutdown,
-                heard = wire.heard() => Woke::Heard(heard),
-                _ = expiry.wait() => Woke::Expiry,
-                _ = speaker.session().queue().ready() => Woke::Queue,
-                () = &mut timer => match deadline {
-                    // A request's hold is over: it is answered with what it has.
-                    Some(d) if Instant::now() >= d && wire.is_request() => return Held::Answered,
-                    Some(d) if Instant::now() >= d => Woke::Deadline,
-                    _ => Woke::Keepalive,
-                },
-                }
-            };
-            // From here the connection writes: the hub queues until the next `release`, so
-            // that replies and queued publications keep their order.
-            speaker.session().queue().hold();
-            match woke {
-                Woke::Shutdown => Err(Disconnect::new(DisconnectCode::Shutdown).into()),
-                Woke::Heard(Heard::Left) => break None,
-                Woke::Heard(Heard::Closed) => {
-                    speaker.session_mut().left_on_purpose();
-                    break None;
-                }
-                Woke::Heard(Heard::Refused(d)) => Err(d.into()),
-                Woke::Heard(Heard::Alive) => Ok(()),
-                Woke::Heard(Heard::Pong(payload)) => {
-                    speaker.confirmed(&payload);
-                    Ok(())
-                }
-                // Boxed, as every rare step: a waiting connection's task is as large as its
-                // largest step, and most of its life is spent waiting. (Each in a statement
-                // of its own: a temporary lives to the end of its statement, and one that
-                // spans an await takes room in the task.) The frame moves into the box.
-                Woke::Heard(Heard::Frame(frame)) => {
-                    let obeying = Box::pin(obey(
-                        speaker,
-                        wire,
-                        Command::unanswered(frame),
-                        (&mut written, client.write_timeout),
-                    ));
-                    obeying.await
-                }
-                Woke::Expiry => {
-                    let expiring = Box::pin(speaker.expire());
-                    let expired = expiring.await;
-                    expired
-                        .map(|pushes| {
-                            for push in pushes {
-                                let at = speaker.session().positions();
-                                wire.push(&push, None, at, &mut bytes);
-                            }
-                        })
-                        .map_err(Stop::from)
-                }
-                Woke::Queue => match speaker.session().queue().take_command() {
-                    Some(command) => {
+        // Why the connection ends; None: the client left.
+        let ended: Option<Stop> = loop {
+            if let Err(d) = std::mem::replace(&mut opened, Ok(())) {
+                break Some(d.into());
+            }
+            expiry.follow(speaker.session());
+            // Everything is written: the hub may write publications itself until something
+            // wakes the connection (unless something arrived meanwhile; then `ready` is at once).
+            wire.idle(speaker.session());
+            speaker.session().queue().release();
+            // In a block of its own, so that what woke the connection takes no room in the
+            // task while it writes (nor while it waits: most of its life).
+            let step: Result<(), Stop> = {
+                let woke = if expiry.due() {
+                    Woke::Expiry
+                } else {
+                    tokio::select! {
+                    biased;
+                    _ = node.shutdown.cancelled() => Woke::Shutdown,
+                    heard = wire.heard() => Woke::Heard(heard),
+                    _ = expiry.wait() => Woke::Expiry,
+                    _ = speaker.session().queue().ready() => Woke::Queue,
+                    () = &mut timer => match deadline {
+                        // A request's hold is over: it is answered with what it has.
+                        Some(d) if Instant::now() >= d && wire.is_request() => return Held::Answered,
+                        Some(d) if Instant::now() >= d => Woke::Deadline,
+                        _ => Woke::Keepalive,
+                    },
+                    }
+                };
+                // From here the connection writes: the hub queues until the next `release`, so
+                // that replies and queued publications keep their order.
+                speaker.session().queue().hold();
+                // Made now, not before the wait: what lives across it takes room in the task.
+                written_before = written;
+                bytes = Vec::new();
+                match woke {
+                    Woke::Shutdown => Err(Disconnect::new(DisconnectCode::Shutdown).into()),
+                    Woke::Heard(Heard::Left) => break None,
+                    Woke::Heard(Heard::Closed) => {
+                        speaker.session_mut().left_on_purpose();
+                        break None;
+                    }
+                    Woke::Heard(Heard::Refused(d)) => Err(d.into()),
+                    Woke::Heard(Heard::Alive) => Ok(()),
+                    Woke::Heard(Heard::Pong(payload)) => {
+                        speaker.confirmed(&payload);
+                        Ok(())
+                    }
+                    // Boxed, as every rare step: a waiting connection's task is as large as its
+                    // largest step, and most of its life is spent waiting. (Each in a statement
+                    // of its own: a temporary lives to the end of its statement, and one that
+                    // spans an await takes room in the task.) The frame moves into the box.
+                    Woke::Heard(Heard::Frame(frame)) => {
                         let obeying = Box::pin(obey(
                             speaker,
                             wire,
-                            command,
+                            Command::unanswered(frame),
                             (&mut written, client.write_timeout),
                         ));
                         obeying.await
                     }
-                    None => Ok(()),
-                },
-                Woke::Keepalive => {
-                    timer.as_mut().reset(wake_at(Instant::now() + ping_every));
-                    match wire.silent_for() {
-                        Some(silent) if silent >= client.idle_timeout => Err(Disconnect::because(
-                            DisconnectCode::Stale,
-                            format!("nothing received for {:?}", client.idle_timeout),
-                        )
-                        .into()),
-                        // The client spoke within the period (its own pings, commands): it
-                        // is alive and the line carried traffic; a ping adds nothing. (The
-                        // SDK pings a quiet WebSocket every 9 s, since a page never sees
-                        // the server's pings: this keeps that from doubling them.)
-                        Some(silent) if silent < ping_every && !wire.pings_regularly() => Ok(()),
-                        _ => {
-                            let pinging = Box::pin(wire.keepalive(client.write_timeout));
-                            pinging.await.map_err(Stop::from)
+                    Woke::Expiry => {
+                        let expiring = Box::pin(speaker.expire());
+                        let expired = expiring.await;
+                        expired
+                            .map(|pushes| {
+                                for push in pushes {
+                                    let at = speaker.session().positions();
+                                    wire.push(&push, None, at, &mut bytes);
+                                }
+                            })
+                            .map_err(Stop::from)
+                    }
+                    Woke::Queue => match speaker.session().queue().take_command() {
+                        Some(command) => {
+                            let obeying = Box::pin(obey(
+                                speaker,
+                                wire,
+                                command,
+                                (&mut written, client.write_timeout),
+                            ));
+                            obeying.await
+                        }
+                        None => Ok(()),
+                    },
+                    Woke::Keepalive => {
+                        timer.as_mut().reset(wake_at(Instant::now() + ping_every));
+                        match wire.silent_for() {
+                            Some(silent) if silent >= client.idle_timeout => {
+                                Err(Disconnect::because(
+                                    DisconnectCode::Stale,
+                                    format!("nothing received for {:?}", client.idle_timeout),
+                                )
+                                .into())
+                            }
+                            // The client spoke within the period (its own pings, commands): it
+                            // is alive and the line carried traffic; a ping adds nothing. (The
+                            // SDK pings a quiet WebSocket every 9 s, since a page never sees
+                            // the server's pings: this keeps that from doubling them.)
+                            Some(silent) if silent < ping_every && !wire.pings_regularly() => {
+                                Ok(())
+                            }
+                            _ => {
+                                let pinging = Box::pin(wire.keepalive(client.write_timeout));
+                                pinging.await.map_err(Stop::from)
+                            }
                         }
                     }
+                    Woke::Deadline => Err(Disconnect::because(
+                        DisconnectCode::ForceReconnect,
+                        "stream reached its maximum lifetime; reopen it",
+                    )
+                    .into()),
                 }
-                Woke::Deadline => Err(Disconnect::because(
-                    DisconnectCode::ForceReconnect,
-                    "stream reached its maximum lifetime; reopen it",
-                )
-                .into()),
+            };
+            // Replies first, then whatever publications are queued, in writes of bounded size.
+            let step = step.and_then(|()| {
+                speaker
+                    .drain(MAX_BATCH_BYTES, |json, d, at| {
+                        wire.push(json, d, at, &mut bytes)
+                    })
+                    .map_err(Stop::from)
+            });
+            written += bytes.len();
+            if let Err(u) = wire.send(bytes, client.write_timeout).await {
+                break Some(u.into());
+            }
+            if let Err(stop) = step {
+                break Some(stop);
+            }
+            // A request goes back with its answer as soon as it has one.
+            if wire.answered() {
+                return Held::Answered;
+            }
+            if written > written_before {
+                if let Some(payload) = speaker.confirm_writes() {
+                    let pinging = Box::pin(wire.ping(payload, client.write_timeout));
+                    if let Err(u) = pinging.await {
+                        break Some(u.into());
+                    }
+                }
+            }
+            if written >= max_bytes {
+                break Some(
+                    Disconnect::because(
+                        DisconnectCode::ForceReconnect,
+                        "stream reached its size limit; reopen it",
+                    )
+                    .into(),
+                );
             }
         };
-        // Replies first, then whatever publications are queued, in writes of bounded size.
-        let step = step.and_then(|()| {
-            speaker
-                .drain(MAX_BATCH_BYTES, |json, d, at| {
-                    wire.push(json, d, at, &mut bytes)
-                })
-                .map_err(Stop::from)
-        });
-        written += bytes.len();
-        if let Err(u) = wire.send(bytes, client.write_timeout).await {
-            break Some(u.into());
-        }
-        if let Err(stop) = step {
-            break Some(stop);
-        }
-        // A request goes back with its answer as soon as it has one.
-        if wire.answered() {
-            return Held::Answered;
-        }
-        if written > written_before {
-            if let Some(payload) = speaker.confirm_writes() {
-                let pinging = Box::pin(wire.ping(payload, client.write_timeout));
-                if let Err(u) = pinging.await {
-                    break Some(u.into());
-                }
-            }
-        }
-        if written >= max_bytes {
-            break Some(
-                Disconnect::because(
-                    DisconnectCode::ForceReconnect,
-                    "stream reached its size limit; reopen it",
-                )
-                .into(),
-            );
-        }
-    };
-    Held::Ended(end(speaker.session_mut(), ended))
+        Held::Ended(end(speaker.session_mut(), ended))
+    }
 }
 
 /// Obeys the commands waiting for a request's session while no request holds it (a

@@ -113,9 +113,6 @@ pub struct WebSocket<F> {
 /// Room read at once when the next frame's size is not known yet.
 const READ_CHUNK: usize = 512;
 
-/// A buffer this large is given back once it is empty: an idle connection holds none.
-const KEEP_BUFFER: usize = 2048;
-
 impl<F: Framing> WebSocket<F> {
     /// The WebSocket over an upgraded `stream` (`early`: what the client sent after its
     /// upgrade request; `deflate`: whether permessage-deflate was negotiated), for
@@ -181,45 +178,59 @@ impl<F: Framing> WebSocket<F> {
     /// inflate budget is in debt (see [`inflate_rate`]), and a fragmented message must be
     /// finished within `http.body_timeout` of its first frame (the client may otherwise
     /// hold a message's bytes for as long as it answers pings).
-    async fn next(&mut self) -> Result<Option<Incoming>, Violation> {
-        let rate = inflate_rate(self.reader.limit());
-        loop {
-            if let Some(wait) = self.inflating.as_mut().and_then(|b| b.debt(rate)) {
-                tokio::time::sleep(wait).await;
-            }
-            let read = self.reader.read(&mut self.unread);
-            if let Some(bytes) = self.reader.take_inflated() {
-                let budget = self
-                    .inflating
-                    .get_or_insert_with(|| Box::new(Bucket::full(rate)));
-                budget.charge(rate, bytes.max(LEAST_INFLATE_CHARGE) as f64);
-            }
-            if let Some(incoming) = read? {
-                if self.unread.is_empty() && self.unread.capacity() > KEEP_BUFFER {
-                    self.unread = Vec::new();
+    ///
+    /// Not an async fn (one keeps `self` twice), and the rare waits are boxed (a timer is
+    /// 112 bytes): every idle connection's task holds room for the largest of its waits.
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice"
+    )]
+    fn next(&mut self) -> impl Future<Output = Result<Option<Incoming>, Violation>> + Send + '_ {
+        async move {
+            loop {
+                let rate = self.rate();
+                let debt = self.inflating.as_mut().and_then(|b| b.debt(rate));
+                if let Some(wait) = debt {
+                    let paying = Box::pin(tokio::time::sleep(wait));
+                    paying.await;
                 }
-                return Ok(Some(incoming));
-            }
-            let wants = self.reader.wants(&self.unread).max(READ_CHUNK);
-            self.unread.reserve(wants);
-            let read = if let Some(begun) = self.reader.unfinished_since() {
-                let until = Instant::from_std(begun) + self.unfinished_within;
-                match tokio::time::timeout_at(until, self.io.read(&mut self.unread)).await {
-                    Ok(read) => read,
-                    Err(_) => {
-                        return Err(Violation::Protocol(
-                            "a fragmented message was not finished within http.body_timeout",
-                        ))
-                    }
+                let read = self.reader.read(&mut self.unread);
+                if let Some(bytes) = self.reader.take_inflated() {
+                    let rate = self.rate();
+                    let budget = self
+                        .inflating
+                        .get_or_insert_with(|| Box::new(Bucket::full(rate)));
+                    budget.charge(rate, bytes.max(LEAST_INFLATE_CHARGE) as f64);
                 }
-            } else {
-                self.io.read(&mut self.unread).await
-            };
-            match read {
-                Ok(0) | Err(_) => return Ok(None),
-                Ok(_) => {}
+                if let Some(incoming) = read? {
+                    return Ok(Some(incoming));
+                }
+                let wants = self.reader.wants(&self.unread).max(READ_CHUNK);
+                let read =
+                    if let Some(begun) = self.reader.unfinished_since() {
+                        let until = Instant::from_std(begun) + self.unfinished_within;
+                        let read = self.io.read(&mut self.unread, wants);
+                        let finishing = Box::pin(tokio::time::timeout_at(until, read));
+                        match finishing.await {
+                            Ok(read) => read,
+                            Err(_) => return Err(Violation::Protocol(
+                                "a fragmented message was not finished within http.body_timeout",
+                            )),
+                        }
+                    } else {
+                        self.io.read(&mut self.unread, wants).await
+                    };
+                match read {
+                    Ok(0) | Err(_) => return Ok(None),
+                    Ok(_) => {}
+                }
             }
         }
+    }
+
+    /// What inflating may cost this connection, per second (see [`inflate_rate`]).
+    fn rate(&self) -> Rate {
+        inflate_rate(self.reader.limit())
     }
 
     /// Appends `text` as one message, compressed if the connection negotiated it and the
@@ -246,9 +257,53 @@ impl<F: Framing> WebSocket<F> {
         }
     }
 
+    /// Answers a ping with a pong, and a close with a close (RFC 6455 §5.5.1: echoing
+    /// its code); what the client did, as [`Wire::heard`] tells it.
+    async fn answer(&self, incoming: Incoming) -> Heard {
+        match incoming {
+            Incoming::Ping(payload) => {
+                match self.control(opcode::PONG, &payload, CLOSE_GRACE).await {
+                    Ok(()) => Heard::Alive,
+                    Err(_) => Heard::Left,
+                }
+            }
+            Incoming::Close(said) => {
+                let code = said.map(|(code, _)| code);
+                let echo = code.map(u16::to_be_bytes);
+                let echo = echo.as_ref().map_or(&[][..], |c| &c[..]);
+                let _ = self.control(opcode::CLOSE, echo, CLOSE_GRACE).await;
+                match code {
+                    Some(code) if comes_back(code) => Heard::Left,
+                    _ => Heard::Closed,
+                }
+            }
+            // Nothing to answer (`heard` takes these itself).
+            Incoming::Text(_) | Incoming::Binary(_) | Incoming::Pong(_) => Heard::Alive,
+        }
+    }
+
     /// Writes `bytes` whole, at most `timeout`: a client that does not read is cut off.
+    ///
+    /// At once where the socket takes them, as it takes most; only a write that must wait
+    /// for the socket gets a timer, boxed. Every idle connection's task holds room for
+    /// the largest thing its driver awaits, and a wait with its timer inline is 0.3 KB.
     async fn write(&self, bytes: &[u8], timeout: Duration) -> Result<(), Unwritten> {
-        within(timeout, self.io.write(bytes)).await
+        match self.io.write_now(bytes) {
+            Ok(true) => Ok(()),
+            Ok(false) => self.flush(timeout).await,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let waiting = Box::pin(within(timeout, self.io.write(bytes)));
+                waiting.await
+            }
+            Err(_) => Err(Unwritten::Gone),
+        }
+    }
+
+    /// Sends what the socket did not take of earlier writes, at most `timeout` (boxed, as
+    /// in [`Self::write`]).
+    async fn flush(&self, timeout: Duration) -> Result<(), Unwritten> {
+        let waiting = Box::pin(within(timeout, self.io.flush()));
+        waiting.await
     }
 
     /// Sends a control frame.
@@ -316,7 +371,7 @@ impl<F: Framing> Wire for WebSocket<F> {
         if bytes.is_empty() && self.pending.is_empty() {
             // Nothing new: still send the tail of a direct write the socket did not take.
             if self.io.queue().has_unsent() {
-                return within(timeout, self.io.flush()).await;
+                return self.flush(timeout).await;
             }
             return Ok(());
         }
@@ -334,36 +389,27 @@ impl<F: Framing> Wire for WebSocket<F> {
         self.write(&frames, timeout).await
     }
 
-    async fn heard(&mut self) -> Heard {
-        let incoming = match self.next().await {
-            Ok(Some(incoming)) => incoming,
-            Ok(None) => return Heard::Left,
-            Err(v) => return Heard::Refused(refusal(v)),
-        };
-        self.last_heard = Instant::now();
-        match incoming {
-            Incoming::Text(frame) | Incoming::Binary(frame) => Heard::Frame(frame),
-            // The answers are boxed: a waiting connection's task holds this future, and
-            // is as large as its largest step.
-            Incoming::Ping(payload) => {
-                let answering = Box::pin(self.control(opcode::PONG, &payload, CLOSE_GRACE));
-                match answering.await {
-                    Ok(()) => Heard::Alive,
-                    Err(_) => Heard::Left,
-                }
-            }
-            Incoming::Pong(payload) if !payload.is_empty() => Heard::Pong(payload),
-            Incoming::Pong(_) => Heard::Alive,
-            Incoming::Close(said) => {
-                // RFC 6455 §5.5.1: answer with a Close, echoing its code.
-                let code = said.map(|(code, _)| code);
-                let echo = code.map(u16::to_be_bytes);
-                let echo = echo.as_ref().map_or(&[][..], |c| &c[..]);
-                let answering = Box::pin(self.control(opcode::CLOSE, echo, CLOSE_GRACE));
-                let _ = answering.await;
-                match code {
-                    Some(code) if comes_back(code) => Heard::Left,
-                    _ => Heard::Closed,
+    /// Not an async fn (one keeps `self` twice), and the answer to a ping or a close is
+    /// boxed with its frame: every waiting connection's task holds this future.
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice"
+    )]
+    fn heard(&mut self) -> impl Future<Output = Heard> + Send {
+        async move {
+            let incoming = match self.next().await {
+                Ok(Some(incoming)) => incoming,
+                Ok(None) => return Heard::Left,
+                Err(v) => return Heard::Refused(refusal(v)),
+            };
+            self.last_heard = Instant::now();
+            match incoming {
+                Incoming::Text(frame) | Incoming::Binary(frame) => Heard::Frame(frame),
+                Incoming::Pong(payload) if !payload.is_empty() => Heard::Pong(payload),
+                Incoming::Pong(_) => Heard::Alive,
+                to_answer => {
+                    let answering = Box::pin(self.answer(to_answer));
+                    answering.await
                 }
             }
         }
@@ -477,125 +523,4 @@ const LEAST_INFLATE_CHARGE: usize = 1024;
 pub const MESSAGE_TOO_BIG: u16 = 1009;
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use bytes::Bytes;
-    use herald_protocol::{ChannelName, Epoch};
-
-    use super::*;
-    use crate::queue::DirectSocket;
-
-    /// A compressed WebSocket and the client end of its socket.
-    async fn compressed(
-        node: &Arc<Node>,
-        session: &Session,
-    ) -> (WebSocket<HeraldFrames>, TcpStream) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let client = TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (server, _) = listener.accept().await.unwrap();
-        let ws = WebSocket::open(server, Vec::new(), true, session, node, HeraldFrames);
-        (ws, client)
-    }
-
-    #[tokio::test]
-    async fn a_publication_is_compressed_once_whichever_path_writes_it() {
-        let node = Node::with_memory_broker(crate::config::Config::default().validate().unwrap());
-        let json = format!(
-            r#"{{"pub":{{"channel":"c","offset":1,"data":"{}"}}}}"#,
-            "ab".repeat(200)
-        );
-        let d = Delivery::new(
-            ChannelName::new("c").unwrap(),
-            Epoch::new("e"),
-            1,
-            Bytes::from(json),
-        );
-        let (a, b) = (Session::new(&node), Session::new(&node));
-        let (mut first, _c1) = compressed(&node, &a).await;
-        let (mut second, _c2) = compressed(&node, &b).await;
-        // The task's path of one connection, then another's, then the hub's direct lane.
-        let (mut out1, mut out2) = (Vec::new(), Vec::new());
-        first.push(d.json(), Some(&d), a.positions(), &mut out1);
-        second.push(d.json(), Some(&d), b.positions(), &mut out2);
-        first.seal_pending(&mut out1);
-        second.seal_pending(&mut out2);
-        let shared = first.io.shared_frame(&d, d.json()).unwrap().clone();
-        let direct = first
-            .io
-            .wire()
-            .frame(&d, crate::queue::Form::Plain)
-            .unwrap();
-        assert_eq!(out1, shared[..]);
-        assert_eq!(out2, shared[..]);
-        // The same allocation: made once, by the first.
-        assert_eq!(direct.as_ptr(), shared.as_ptr());
-        assert_eq!(shared[0], 0xC1, "final, compressed, text");
-        assert!(shared.len() < d.json().len() / 4);
-    }
-
-    #[tokio::test]
-    async fn replies_around_a_publication_keep_their_order_and_are_compressed_apart() {
-        let node = Node::with_memory_broker(crate::config::Config::default().validate().unwrap());
-        let session = Session::new(&node);
-        let (mut ws, _client) = compressed(&node, &session).await;
-        let d = Delivery::new(
-            ChannelName::new("c").unwrap(),
-            Epoch::new("e"),
-            1,
-            Bytes::from("x".repeat(300)),
-        );
-        let mut out = Vec::new();
-        ws.push(b"{\"id\":1}", None, session.positions(), &mut out);
-        ws.push(b"{\"id\":2}", None, session.positions(), &mut out);
-        ws.push(d.json(), Some(&d), session.positions(), &mut out);
-        ws.push(b"{\"id\":3}", None, session.positions(), &mut out);
-        // The two replies joined as one small (plain) message, then the shared frame;
-        // the third reply waits for `send`.
-        let mut expected = Vec::new();
-        frames::write_frame(
-            &mut expected,
-            true,
-            false,
-            opcode::TEXT,
-            b"{\"id\":1}\n{\"id\":2}",
-        );
-        expected.extend_from_slice(ws.io.shared_frame(&d, d.json()).unwrap());
-        assert_eq!(out, expected);
-        assert_eq!(ws.pending, b"{\"id\":3}");
-    }
-
-    #[tokio::test]
-    async fn publications_queued_together_go_as_one_message_of_their_shared_pieces() {
-        let node = Node::with_memory_broker(crate::config::Config::default().validate().unwrap());
-        let session = Session::new(&node);
-        let (mut ws, _client) = compressed(&node, &session).await;
-        let c = ChannelName::new("c").unwrap();
-        let ds: Vec<Delivery> = (1..=3)
-            .map(|i| {
-                let json = format!(
-                    r#"{{"pub":{{"channel":"c","offset":{i},"data":"{}"}}}}"#,
-                    "yz".repeat(100)
-                );
-                Delivery::new(c.clone(), Epoch::new("e"), i, Bytes::from(json))
-            })
-            .collect();
-        let mut out = Vec::new();
-        for d in &ds {
-            ws.push(d.json(), Some(d), session.positions(), &mut out);
-        }
-        ws.seal_pending(&mut out);
-        // One compressed message, inflating to the three lines.
-        assert_eq!(out[0], 0xC1, "final, compressed, text");
-        let inflated = deflate::inflate(frames::payload(&out), 1 << 20).unwrap();
-        let lines: Vec<&[u8]> = ds.iter().map(|d| &d.json()[..]).collect();
-        assert_eq!(inflated, lines.join(&b'\n'));
-        // Made of the shared frames' bytes: nothing compressed on the connection.
-        for d in &ds {
-            let piece = frames::payload(ws.io.shared_frame(d, d.json()).unwrap());
-            assert!(out.windows(piece.len()).any(|w| w == piece));
-        }
-    }
-}
+mod tests;

@@ -230,19 +230,35 @@ impl<F: Framing> Io<F> {
         same.then(|| self.wire.shared_frame(delivery, lane, Form::Plain, ours))
     }
 
-    /// Reads what the socket has into `buf`'s spare room (at least some: the caller
-    /// reserves it); 0 when the client closed its side. Cancel-safe: what is read is in
-    /// `buf` at once.
-    pub async fn read(&self, buf: &mut Vec<u8>) -> io::Result<usize> {
+    /// Reads what the socket has onto the end of `buf`, with room for at least `room`
+    /// more; 0 when the client closed its side. Cancel-safe: what is read is in `buf` at
+    /// once.
+    ///
+    /// The room is made only when the socket has something to read, and an empty `buf`
+    /// is given back while it waits: an idle connection holds no read buffer (0.5 KiB of
+    /// its 3.2 when it held one).
+    pub async fn read(&self, buf: &mut Vec<u8>, room: usize) -> io::Result<usize> {
         let stream = &self.wire.stream;
         poll_fn(|cx| loop {
+            if buf.is_empty() && buf.capacity() > 0 {
+                *buf = Vec::new();
+            }
             ready!(stream.poll_read_ready(cx))?;
+            buf.reserve(room);
             match stream.try_read_buf(buf) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 done => return Poll::Ready(done),
             }
         })
         .await
+    }
+
+    /// Writes `bytes` now, after any tail of a direct write, as far as the socket takes
+    /// them: `Ok(true)` when everything is out, `Ok(false)` when a tail waits for the
+    /// socket ([`Io::flush`]), `WouldBlock` when none of `bytes` could go yet ([`Io::write`]).
+    pub fn write_now(&self, bytes: &[u8]) -> io::Result<bool> {
+        self.queue.write_through(&*self.wire, bytes)?;
+        Ok(!self.queue.has_unsent())
     }
 
     /// Writes `bytes` whole (after any tail of a direct write), waiting for the socket.
