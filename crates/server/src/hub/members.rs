@@ -72,7 +72,8 @@ impl Members {
         if chunk.len() == chunk.capacity() {
             // Doubling, never past a chunk: a channel of one member (a user's own) holds
             // room for a few, not for 256 (6 KiB).
-            chunk.reserve_exact(chunk.len().clamp(4, CHUNK - chunk.len()));
+            // (A chunk copied while a job held it has no spare room, at any length.)
+            chunk.reserve_exact(chunk.len().max(4).min(CHUNK - chunk.len()));
         }
         self.index.insert(member.session, (c, chunk.len()));
         chunk.push(member);
@@ -203,5 +204,21 @@ mod tests {
             "grown by doubling to a chunk"
         );
         assert!(m.chunks[1].capacity() <= 4);
+    }
+
+    #[test]
+    fn a_join_while_a_job_holds_an_almost_full_chunk_grows_it_to_a_chunk_at_most() {
+        for members in (CHUNK - 4)..CHUNK {
+            let mut m = Members::default();
+            for s in 0..members as u64 {
+                m.insert(member(s));
+            }
+            // The job's hold makes the join copy the chunk, and a copy has no spare room.
+            let job = m.snapshot();
+            m.insert(member(9999));
+            assert_eq!(m.len(), members + 1);
+            assert!(m.chunks.iter().all(|c| c.capacity() <= CHUNK));
+            drop(job);
+        }
     }
 }
