@@ -139,10 +139,10 @@ fn run<'a, S: Speaker, W: Wire>(
         let timer = tokio::time::sleep_until(wake_at(Instant::now() + ping_every));
         tokio::pin!(timer);
         let mut expiry = ExpiryTimer::default();
-        let (mut bytes, mut written_before);
 
         // Why the connection ends; None: the client left.
         let ended: Option<Stop> = loop {
+            let written_before = written;
             if let Err(d) = std::mem::replace(&mut opened, Ok(())) {
                 break Some(d.into());
             }
@@ -151,6 +151,7 @@ fn run<'a, S: Speaker, W: Wire>(
             // wakes the connection (unless something arrived meanwhile; then `ready` is at once).
             wire.idle(speaker.session());
             speaker.session().queue().release();
+            let mut bytes = Vec::new();
             // In a block of its own, so that what woke the connection takes no room in the
             // task while it writes (nor while it waits: most of its life).
             let step: Result<(), Stop> = {
@@ -174,9 +175,6 @@ fn run<'a, S: Speaker, W: Wire>(
                 // From here the connection writes: the hub queues until the next `release`, so
                 // that replies and queued publications keep their order.
                 speaker.session().queue().hold();
-                // Made now, not before the wait: what lives across it takes room in the task.
-                written_before = written;
-                bytes = Vec::new();
                 match woke {
                     Woke::Shutdown => Err(Disconnect::new(DisconnectCode::Shutdown).into()),
                     Woke::Heard(Heard::Left) => break None,
