@@ -15,8 +15,9 @@
 //!
 //! **Keeping up.** A fan-out thread writes straight to idle sockets (one `write` per
 //! subscriber per publication). When publications arrive faster than that, jobs wait behind
-//! each other; then the thread only queues, and each connection's task writes everything
-//! queued meanwhile in one frame: fewer, larger writes, spread over the worker threads.
+//! each other; then the thread takes them all and writes each connection what waited for
+//! it in one message and one `write` (see [`fan_out`]): fewer, larger writes, and no task
+//! woken to make them.
 
 use std::{
     collections::{hash_map::RandomState, HashMap, HashSet},
@@ -111,6 +112,57 @@ struct Job {
     pending: Arc<AtomicUsize>,
 }
 
+/// Most jobs a fan-out thread takes together, and so most publications it writes to a
+/// connection with one `send`.
+const MAX_RUN: usize = 64;
+
+/// A fan-out thread: takes the jobs waiting, and hands each run of jobs that share their
+/// members (one channel's publications, its members unchanged between them) to every
+/// member at once. A thread that keeps up takes one job at a time and writes each
+/// publication as it comes; one that is behind writes a connection everything that waited
+/// for it in one `send`, itself, rather than queue it and wake the connection's task to
+/// do so: on a core shared with the runtime's workers, a publication's deliveries then
+/// wait for no other thread.
+fn fan_out(rx: &mpsc::Receiver<Job>, held: &AtomicUsize) {
+    let mut jobs: Vec<Job> = Vec::new();
+    let mut run: Vec<Arc<Delivery>> = Vec::new();
+    let mut scratch = Vec::new();
+    while let Ok(job) = rx.recv() {
+        jobs.push(job);
+        while jobs.len() < MAX_RUN {
+            match rx.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut left = &jobs[..];
+        while let [first, ..] = left {
+            let same = left
+                .iter()
+                .take_while(|j| Arc::ptr_eq(&j.members, &first.members))
+                .count();
+            let (these, after) = left.split_at(same);
+            if let [job] = these {
+                for m in members::walk(&job.members) {
+                    m.queue.offer(&job.delivery, &m.position);
+                }
+            } else {
+                run.extend(these.iter().map(|j| j.delivery.clone()));
+                for m in members::walk(&first.members) {
+                    m.queue.offer_run(&run, &m.position, &mut scratch);
+                }
+                run.clear();
+            }
+            for job in these {
+                job.pending.fetch_sub(1, Ordering::Release);
+                held.fetch_sub(1, Ordering::Release);
+            }
+            left = after;
+        }
+        jobs.clear();
+    }
+}
+
 /// Local subscriptions, sharded by channel.
 pub struct Hub {
     shards: Box<[Shard]>,
@@ -146,22 +198,7 @@ impl Hub {
                 let held = backlog.clone();
                 std::thread::Builder::new()
                     .name(format!("{}{i}", crate::metrics::FANOUT_THREAD))
-                    .spawn(move || {
-                        for job in rx {
-                            // Another job waiting: this thread is behind, so let the
-                            // connections batch.
-                            let behind = held.load(Ordering::Acquire) > 1;
-                            for m in members::walk(&job.members) {
-                                if behind {
-                                    m.queue.offer_queued(&job.delivery, Some(&m.position));
-                                } else {
-                                    m.queue.offer(&job.delivery, &m.position);
-                                }
-                            }
-                            job.pending.fetch_sub(1, Ordering::Release);
-                            held.fetch_sub(1, Ordering::Release);
-                        }
-                    })
+                    .spawn(move || fan_out(&rx, &held))
                     .expect("spawn a fan-out thread");
                 Fanout { jobs, backlog }
             })
@@ -445,7 +482,7 @@ mod tests {
     #[derive(Debug)]
     struct Socket {
         gate: Arc<Gate>,
-        writes: AtomicUsize,
+        writes: Mutex<Vec<Vec<u8>>>,
     }
 
     impl DirectSocket for Socket {
@@ -461,13 +498,13 @@ mod tests {
             while *closed {
                 closed = self.gate.opened.wait(closed).unwrap();
             }
-            self.writes.fetch_add(1, Ordering::Relaxed);
+            self.writes.lock().unwrap().push(buf.to_vec());
             Ok(buf.len())
         }
     }
 
     #[tokio::test]
-    async fn a_fanout_thread_that_is_behind_leaves_the_writing_to_the_connections() {
+    async fn a_fanout_thread_that_is_behind_writes_what_waited_for_a_connection_in_one_send() {
         let hub = Arc::new(Hub::new(1));
         let broker: SharedBroker = MemoryBroker::new(hub.clone());
         let channel = ChannelName::new("big").unwrap();
@@ -483,7 +520,7 @@ mod tests {
         for session in 0..=INLINE_MAX as u64 {
             let socket = Arc::new(Socket {
                 gate: gate.clone(),
-                writes: AtomicUsize::new(0),
+                writes: Mutex::default(),
             });
             let queue = Arc::new(Queue::new(1 << 20));
             queue.attach(socket.clone());
@@ -522,20 +559,30 @@ mod tests {
             assert!(Instant::now() < deadline, "fan-out jobs finish");
             std::thread::yield_now();
         }
+        let offsets = |write: &[u8]| -> Vec<u64> {
+            let text = String::from_utf8_lossy(write);
+            text.split("\"offset\":")
+                .skip(1)
+                .map(|o| {
+                    o.split(|c: char| !c.is_ascii_digit())
+                        .next()
+                        .unwrap()
+                        .parse()
+                        .unwrap()
+                })
+                .collect()
+        };
         for (socket, queue) in &members {
+            let writes = socket.writes.lock().unwrap();
+            let sends: Vec<Vec<u64>> = writes.iter().map(|w| offsets(w)).collect();
             assert_eq!(
-                socket.writes.load(Ordering::Relaxed),
-                1,
-                "only publication 1 went straight to the socket"
+                sends,
+                [vec![1], vec![2, 3]],
+                "publication 1 as it came, then 2 and 3, which waited together, in one send"
             );
             let mut queued = Vec::new();
             queue.take(usize::MAX, &mut queued).unwrap();
-            let offsets: Vec<u64> = queued.iter().map(|d| d.offset).collect();
-            assert_eq!(
-                offsets,
-                [2, 3],
-                "the rest waits for one write by the transport"
-            );
+            assert!(queued.is_empty(), "nothing left for the connection's task");
         }
     }
 }

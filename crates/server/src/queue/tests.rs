@@ -1,4 +1,5 @@
 use super::*;
+use herald_protocol::Epoch;
 
 /// Offers without a lane: always queued.
 fn queue(q: &Queue, d: Arc<Delivery>) -> bool {

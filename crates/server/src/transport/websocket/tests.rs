@@ -119,6 +119,45 @@ async fn publications_queued_together_go_as_one_message_of_their_shared_pieces()
     }
 }
 
+/// A fan-out thread that was behind writes a connection the publications that waited for
+/// it itself (`Queue::offer_run`): they go as the connection's task would send them, one
+/// message of their lines.
+#[tokio::test]
+async fn a_run_the_hub_writes_is_the_message_the_task_would_send() {
+    let node = Node::with_memory_broker(crate::config::Config::default().validate().unwrap());
+    let session = Session::new(&node);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let _client = TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (server, _) = listener.accept().await.unwrap();
+    let mut ws = WebSocket::open(server, Vec::new(), false, &session, &node, HeraldFrames);
+    let c = ChannelName::new("c").unwrap();
+    let run: Vec<Arc<Delivery>> = (1..=3)
+        .map(|i| {
+            let json = format!(r#"{{"pub":{{"channel":"c","offset":{i},"data":{i}}}}}"#);
+            Arc::new(Delivery::new(
+                c.clone(),
+                Epoch::new("e"),
+                i,
+                Bytes::from(json),
+            ))
+        })
+        .collect();
+    let mut by_task = Vec::new();
+    for d in &run {
+        ws.push(d.json(), Some(d), session.positions(), &mut by_task);
+    }
+    ws.seal_pending(&mut by_task);
+    // The task's text is framed as it is sent.
+    let mut sent = Vec::new();
+    frames::write_message(&mut sent, &by_task, false, false);
+    let mut by_hub = Vec::new();
+    assert_eq!(ws.io.wire().frame_run(&run, &mut by_hub), 3);
+    assert_eq!(by_hub, sent);
+    assert_eq!(by_hub[0], 0x81, "one final text frame");
+}
+
 /// Every idle connection is one task holding this future, and the task's allocation is
 /// rounded up to a size class: the 1,280-byte class now, the 1,536-byte one before (see
 /// docs/benchmarks.md, "Idle memory under 2.5 KiB"). The task adds 152 bytes to the

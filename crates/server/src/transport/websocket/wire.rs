@@ -16,7 +16,9 @@ use bytes::Bytes;
 use tokio::net::TcpStream;
 
 use super::{deflate, frames};
-use crate::queue::{Delivery, DirectSocket, Form, Lane, Queue};
+use herald_protocol::Encoding;
+
+use crate::queue::{frame_each, Delivery, DirectSocket, Form, Lane, Queue};
 
 /// How a WebSocket connection's protocol frames what the hub writes to it directly, and
 /// the words of its close. Herald's own protocol is [`HeraldFrames`] (no bytes per
@@ -37,6 +39,12 @@ pub trait Framing: Send + Sync + std::fmt::Debug + 'static {
     /// Whether each push is a message of its own (Herald's protocol puts several in one,
     /// a line each).
     const MESSAGE_PER_PUSH: bool = false;
+
+    /// Appends `message` to `out`, a message that carries several pushes (when not
+    /// [`Framing::MESSAGE_PER_PUSH`]): as Herald's JSON codec joins them, a line each.
+    fn join(&self, out: &mut Vec<u8>, message: &[u8]) {
+        Encoding::Json.codec().join(out, message);
+    }
 
     /// Whether its messages are binary (a binary codec's), not text.
     fn binary(&self) -> bool {
@@ -87,8 +95,12 @@ pub struct HeraldProtobufFrames;
 
 impl Framing for HeraldProtobufFrames {
     fn message<'d>(&self, delivery: &'d Delivery, form: Form) -> Option<(Lane, &'d [u8])> {
-        let push = delivery.push(herald_protocol::Encoding::Protobuf, form);
+        let push = delivery.push(Encoding::Protobuf, form);
         Some((Lane::WEBSOCKET_PROTOBUF, push))
+    }
+
+    fn join(&self, out: &mut Vec<u8>, message: &[u8]) {
+        Encoding::Protobuf.codec().join(out, message);
     }
 
     fn binary(&self) -> bool {
@@ -137,6 +149,32 @@ impl<F: Framing> DirectSocket for Wire<F> {
 
     fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
         self.stream.try_write(buf)
+    }
+
+    /// Publications that waited together go as one message, as the connection's task
+    /// would send them (one frame header, the client reads them as one), unless each push
+    /// is a message of its own or the connection compresses (then each goes in its frame
+    /// compressed once for every connection).
+    fn frame_run(&self, run: &[Arc<Delivery>], out: &mut Vec<u8>) -> usize {
+        if F::MESSAGE_PER_PUSH || self.compress_from.is_some() || run.len() < 2 {
+            return frame_each(self, run, out);
+        }
+        thread_local! {
+            /// The joined text of a run, before it is framed (a fan-out thread's own).
+            static JOINED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        JOINED.with_borrow_mut(|text| {
+            text.clear();
+            let framed = run
+                .iter()
+                .map_while(|d| self.framing.message(d, Form::Plain))
+                .map(|(_, message)| self.framing.join(text, message))
+                .count();
+            if framed > 0 {
+                frames::write_message(out, text, false, self.framing.binary());
+            }
+            framed
+        })
     }
 }
 
