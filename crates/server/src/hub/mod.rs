@@ -583,6 +583,12 @@ mod tests {
             let mut queued = Vec::new();
             queue.take(usize::MAX, &mut queued).unwrap();
             assert!(queued.is_empty(), "nothing left for the connection's task");
+            // Issue #60: a fan-out costs no wake-up of a connection that has nothing left
+            // to write, paced (publication 1) or behind (2 and 3).
+            assert!(
+                futures_util::FutureExt::now_or_never(queue.ready()).is_none(),
+                "the connection's task was never woken"
+            );
         }
     }
 }
