@@ -373,9 +373,9 @@ impl Queue {
         rest.iter().all(|d| self.offer_queued(d, Some(position)))
     }
 
-    /// Queues a delivery for the connection's task, never writing it here: for a fan-out
-    /// that is behind, so the task writes several publications in one frame (`position`:
-    /// its subscription's, for a publication). Returns false if the queue has overflowed.
+    /// Queues a delivery for the connection's task, never writing it here: a presence
+    /// push, or what a run's direct write could not take (`position`: its subscription's,
+    /// for a publication). Returns false if the queue has overflowed.
     pub fn offer_queued(&self, delivery: &Arc<Delivery>, position: Option<&Position>) -> bool {
         self.enqueue(self.inner.lock(), delivery.clone(), position)
     }

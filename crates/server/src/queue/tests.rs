@@ -166,6 +166,48 @@ fn a_queued_offer_leaves_even_an_idle_lane_to_the_transport() {
     assert!(socket.written.lock().is_empty());
 }
 
+/// A fan-out thread that is behind hands a connection a run of publications at once
+/// (`Queue::offer_run`): what it already had is skipped, what follows on goes in one write,
+/// and whatever the socket or the offsets do not allow waits for the transport in order.
+#[test]
+fn a_run_goes_in_one_write_up_to_a_gap_or_what_the_socket_takes() {
+    let run: Vec<Arc<Delivery>> = [1, 2, 3, 5].map(|o| delivery(o, 1)).to_vec();
+    let mut scratch = Vec::new();
+
+    let (q, socket) = idle_lane(1000);
+    let position = started(1);
+    assert!(q.offer_run(&run, &position, &mut scratch));
+    assert_eq!(
+        &socket.written.lock()[..],
+        b"<x><x>",
+        "1 was sent: 2 and 3 in one write"
+    );
+    assert_eq!(position.get().unwrap().1, 3);
+    let mut out = Vec::new();
+    q.take(usize::MAX, &mut out).unwrap();
+    let left: Vec<u64> = out.iter().map(|d| d.offset).collect();
+    assert_eq!(left, [5], "after the gap, the transport's own checks");
+
+    let (q, socket) = idle_lane(4);
+    let position = started(0);
+    assert!(q.offer_run(&run[..3], &position, &mut scratch));
+    assert_eq!(&socket.written.lock()[..], b"<x><");
+    assert_eq!(position.get().unwrap().1, 3, "all three are on their way");
+    assert!(q.has_unsent(), "the tail goes before anything else");
+    assert_eq!(queued(&q), 0);
+
+    let (q, socket) = idle_lane(0);
+    let position = started(0);
+    assert!(q.offer_run(&run[..3], &position, &mut scratch));
+    assert_eq!(
+        queued(&q),
+        3,
+        "the socket took nothing: all for the transport"
+    );
+    assert_eq!(position.get().unwrap().1, 0, "the transport advances it");
+    assert!(socket.written.lock().is_empty());
+}
+
 #[test]
 fn a_detached_lane_only_queues() {
     let (q, socket) = idle_lane(1000);
