@@ -33,7 +33,7 @@ use herald_broker::{BrokerError, PublicationSink, SharedBroker};
 use herald_protocol::{ChannelName, Epoch, Publication};
 use parking_lot::{Mutex, RwLock};
 
-use crate::queue::{Delivery, Position, Queue};
+use crate::queue::{Delivery, Position, Queue, Run};
 
 mod members;
 pub mod presence;
@@ -125,8 +125,7 @@ const MAX_RUN: usize = 64;
 /// wait for no other thread.
 fn fan_out(rx: &mpsc::Receiver<Job>, held: &AtomicUsize) {
     let mut jobs: Vec<Job> = Vec::new();
-    let mut run: Vec<Arc<Delivery>> = Vec::new();
-    let mut scratch = Vec::new();
+    let mut run = Run::default();
     while let Ok(job) = rx.recv() {
         jobs.push(job);
         while jobs.len() < MAX_RUN {
@@ -147,9 +146,9 @@ fn fan_out(rx: &mpsc::Receiver<Job>, held: &AtomicUsize) {
                     m.queue.offer(&job.delivery, &m.position);
                 }
             } else {
-                run.extend(these.iter().map(|j| j.delivery.clone()));
+                run.start(these.iter().map(|j| j.delivery.clone()));
                 for m in members::walk(&first.members) {
-                    m.queue.offer_run(&run, &m.position, &mut scratch);
+                    m.queue.offer_run(&mut run, &m.position);
                 }
                 run.clear();
             }

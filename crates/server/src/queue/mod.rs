@@ -28,8 +28,11 @@ use crate::metrics::Wire;
 mod conflation;
 mod delivery;
 mod position;
+mod run;
 pub use delivery::{Delivery, Encoding, Form, Lane, ENCODINGS, LANES};
 pub use position::{Position, Step};
+use run::Framed;
+pub use run::{Run, RunKind};
 
 /// A socket the hub may write publications to itself (see the module's "direct lane").
 pub trait DirectSocket: Send + Sync + std::fmt::Debug {
@@ -52,6 +55,13 @@ pub trait DirectSocket: Send + Sync + std::fmt::Debug {
     /// goes in its own [`DirectSocket::frame`].
     fn frame_run(&self, run: &[Arc<Delivery>], out: &mut Vec<u8>) -> usize {
         frame_each(self, run, out)
+    }
+    /// The kind of socket whose [`DirectSocket::frame_run`] of `run` is this one's, byte
+    /// for byte, so that a fan-out thread frames a run once for all of them; `None` (the
+    /// default): its frames are its own.
+    fn run_kind(&self, run: &[Arc<Delivery>]) -> Option<RunKind> {
+        let _ = run;
+        None
     }
 }
 
@@ -312,65 +322,75 @@ impl Queue {
 
     /// Hands the connection a run of one channel's publications at once, in order: for a
     /// fan-out thread that took several jobs of the channel together because it was
-    /// behind. When the direct lane is idle, their frames go out copied one after the
-    /// other into `scratch` and written with one `send` (measured against one vectored
-    /// write per run in `benches/batch_write.rs`: the copy is cheaper), so the connection's
-    /// task is not woken to batch them. What the lane cannot take (a delta subscription,
-    /// whose every publication has a form of its own; a duplicate or a gap; a socket that
-    /// takes no frames, or nothing now) is queued, as [`Queue::offer_queued`] does.
-    /// Returns false if the queue has overflowed.
-    pub fn offer_run(
-        &self,
-        run: &[Arc<Delivery>],
-        position: &Position,
-        scratch: &mut Vec<u8>,
-    ) -> bool {
-        let mut rest = run;
+    /// behind. When the direct lane is idle, their frames go out in one `send`: one
+    /// buffer, made once for every socket of a kind ([`Run`]; measured against one
+    /// vectored write per run in `benches/batch_write.rs`: the copy is cheaper), so the
+    /// connection's task is not woken to batch them. What the lane cannot take (a delta
+    /// subscription, whose every publication has a form of its own; a duplicate or a gap;
+    /// a socket that takes no frames, or nothing now) is queued, as
+    /// [`Queue::offer_queued`] does. Returns false if the queue has overflowed.
+    pub fn offer_run(&self, run: &mut Run, position: &Position) -> bool {
+        let mut at = 0;
         'direct: {
             let mut guard = self.inner.lock();
             let inner = &mut *guard;
             let Some(socket) = inner.idle_lane() else {
                 break 'direct;
             };
-            while let [first, after @ ..] = rest {
+            let deliveries = run.deliveries();
+            while let Some(first) = deliveries.get(at) {
                 match position.step(first) {
-                    Step::Duplicate => rest = after,
+                    Step::Duplicate => at += 1,
                     Step::Next => break,
                     Step::Unset | Step::Broken(_) => break 'direct,
                 }
             }
-            if rest.is_empty() || position.takes_deltas() {
+            if at == deliveries.len() || position.takes_deltas() {
                 break 'direct;
             }
-            let follows = 1 + rest
+            let follows = 1 + deliveries[at..]
                 .windows(2)
                 .take_while(|p| p[1].offset == p[0].offset + 1 && p[1].epoch == p[0].epoch)
                 .count();
-            scratch.clear();
-            let framed = socket.frame_run(&rest[..follows], scratch);
-            if framed == 0 {
-                break 'direct;
-            }
-            // WouldBlock or a broken socket: queue them; the transport's own write waits
-            // for the socket or finds the error.
-            let Ok(n) = socket.try_write(scratch) else {
+            let Some(framed) = run.frame(socket, at, at + follows) else {
                 break 'direct;
             };
-            for d in &rest[..framed] {
+            // WouldBlock or a broken socket: queue them; the transport's own write waits
+            // for the socket or finds the error.
+            let (written, count, tail) = match framed {
+                Framed::Shared(bytes, count) => {
+                    let written = socket.try_write(&bytes);
+                    let tail = written.as_ref().map_or(Bytes::new(), |&n| bytes.slice(n..));
+                    (written, count, tail)
+                }
+                Framed::Own(bytes, count) => {
+                    let written = socket.try_write(bytes);
+                    let tail = written
+                        .as_ref()
+                        .map_or(Bytes::new(), |&n| Bytes::copy_from_slice(&bytes[n..]));
+                    (written, count, tail)
+                }
+            };
+            if written.is_err() {
+                break 'direct;
+            }
+            for d in &run.deliveries()[at..at + count] {
                 position.sent(d);
                 if let Some(wire) = &inner.wire {
                     wire.written(1, d.size, d.at);
                 }
             }
-            rest = &rest[framed..];
-            if n < scratch.len() {
-                inner.unsent = Bytes::copy_from_slice(&scratch[n..]);
+            at += count;
+            if !tail.is_empty() {
+                inner.unsent = tail;
                 inner.busy = true;
                 drop(guard);
                 self.wake.notify_one();
             }
         }
-        rest.iter().all(|d| self.offer_queued(d, Some(position)))
+        run.deliveries()[at..]
+            .iter()
+            .all(|d| self.offer_queued(d, Some(position)))
     }
 
     /// Queues a delivery for the connection's task, never writing it here: a presence

@@ -48,6 +48,10 @@ async fn overflow_drops_everything_and_wakes_the_reader() {
 struct Buffer {
     written: Mutex<Vec<u8>>,
     room: Mutex<usize>,
+    /// Whether it frames a run as every other such socket does (`DirectSocket::run_kind`).
+    alike: bool,
+    /// How many runs it framed.
+    runs_framed: Mutex<usize>,
 }
 
 impl Buffer {
@@ -77,6 +81,18 @@ impl DirectSocket for Buffer {
         *room -= n;
         self.written.lock().extend_from_slice(&buf[..n]);
         Ok(n)
+    }
+
+    fn frame_run(&self, run: &[Arc<Delivery>], out: &mut Vec<u8>) -> usize {
+        *self.runs_framed.lock() += 1;
+        frame_each(self, run, out)
+    }
+
+    fn run_kind(&self, _: &[Arc<Delivery>]) -> Option<RunKind> {
+        self.alike.then_some(RunKind {
+            lane: Lane::WEBSOCKET,
+            compress_from: None,
+        })
     }
 }
 
@@ -171,12 +187,12 @@ fn a_queued_offer_leaves_even_an_idle_lane_to_the_transport() {
 /// and whatever the socket or the offsets do not allow waits for the transport in order.
 #[test]
 fn a_run_goes_in_one_write_up_to_a_gap_or_what_the_socket_takes() {
-    let run: Vec<Arc<Delivery>> = [1, 2, 3, 5].map(|o| delivery(o, 1)).to_vec();
-    let mut scratch = Vec::new();
+    let mut run = Run::default();
+    run.start([1, 2, 3, 5].map(|o| delivery(o, 1)));
 
     let (q, socket) = idle_lane(1000);
     let position = started(1);
-    assert!(q.offer_run(&run, &position, &mut scratch));
+    assert!(q.offer_run(&mut run, &position));
     assert_eq!(
         &socket.written.lock()[..],
         b"<x><x>",
@@ -188,9 +204,10 @@ fn a_run_goes_in_one_write_up_to_a_gap_or_what_the_socket_takes() {
     let left: Vec<u64> = out.iter().map(|d| d.offset).collect();
     assert_eq!(left, [5], "after the gap, the transport's own checks");
 
+    run.start([1, 2, 3].map(|o| delivery(o, 1)));
     let (q, socket) = idle_lane(4);
     let position = started(0);
-    assert!(q.offer_run(&run[..3], &position, &mut scratch));
+    assert!(q.offer_run(&mut run, &position));
     assert_eq!(&socket.written.lock()[..], b"<x><");
     assert_eq!(position.get().unwrap().1, 3, "all three are on their way");
     assert!(q.has_unsent(), "the tail goes before anything else");
@@ -198,7 +215,7 @@ fn a_run_goes_in_one_write_up_to_a_gap_or_what_the_socket_takes() {
 
     let (q, socket) = idle_lane(0);
     let position = started(0);
-    assert!(q.offer_run(&run[..3], &position, &mut scratch));
+    assert!(q.offer_run(&mut run, &position));
     assert_eq!(
         queued(&q),
         3,
@@ -206,6 +223,53 @@ fn a_run_goes_in_one_write_up_to_a_gap_or_what_the_socket_takes() {
     );
     assert_eq!(position.get().unwrap().1, 0, "the transport advances it");
     assert!(socket.written.lock().is_empty());
+}
+
+/// A run's frames are made once for every socket that frames it alike (`Run`), per
+/// stretch of it; a socket of its own kind gets frames of its own; a write taken in part
+/// keeps the rest of the shared bytes for the transport.
+#[test]
+fn a_run_is_framed_once_for_the_sockets_that_frame_it_alike() {
+    let mut run = Run::default();
+    run.start([1, 2, 3].map(|o| delivery(o, 1)));
+    let lane = |room, alike| {
+        let q = Queue::new(1000);
+        let socket = Arc::new(Buffer {
+            alike,
+            ..Default::default()
+        });
+        *socket.room.lock() = room;
+        q.attach(socket.clone());
+        assert!(q.release());
+        (q, socket)
+    };
+    let members = [
+        (lane(1000, true), started(0)),
+        (lane(4, true), started(0)),
+        (lane(1000, true), started(1)),
+        (lane(1000, true), started(0)),
+        (lane(1000, false), started(0)),
+    ];
+    for ((q, _), position) in &members {
+        assert!(q.offer_run(&mut run, position));
+    }
+    let written: Vec<Vec<u8>> = members
+        .iter()
+        .map(|((_, s), _)| s.written.lock().clone())
+        .collect();
+    let expected: [&[u8]; 5] = [b"<x><x><x>", b"<x><", b"<x><x>", b"<x><x><x>", b"<x><x><x>"];
+    assert_eq!(written, expected);
+    let runs_framed: Vec<usize> = members
+        .iter()
+        .map(|((_, s), _)| *s.runs_framed.lock())
+        .collect();
+    assert_eq!(
+        runs_framed,
+        [1, 0, 1, 0, 1],
+        "once for 1-3 and once for 2-3 among the alike, once for the other"
+    );
+    let ((half, _), _) = &members[1];
+    assert_eq!(&half.inner.lock().unsent[..], b"x><x>");
 }
 
 #[test]

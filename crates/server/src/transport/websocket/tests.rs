@@ -154,6 +154,15 @@ async fn a_run_the_hub_writes_is_the_message_the_task_would_send() {
     frames::write_message(&mut sent, &by_task, false, false);
     let mut by_hub = Vec::new();
     assert_eq!(ws.io.wire().frame_run(&run, &mut by_hub), 3);
+    let kind = crate::queue::RunKind {
+        lane: crate::queue::Lane::WEBSOCKET,
+        compress_from: None,
+    };
+    assert_eq!(
+        ws.io.wire().run_kind(&run),
+        Some(kind),
+        "made once for every such connection"
+    );
     assert_eq!(by_hub, sent);
     assert_eq!(by_hub[0], 0x81, "one final text frame");
 }

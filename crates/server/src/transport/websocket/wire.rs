@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 use super::{deflate, frames};
 use herald_protocol::Encoding;
 
-use crate::queue::{frame_each, Delivery, DirectSocket, Form, Lane, Queue};
+use crate::queue::{frame_each, Delivery, DirectSocket, Form, Lane, Queue, RunKind};
 
 /// How a WebSocket connection's protocol frames what the hub writes to it directly, and
 /// the words of its close. Herald's own protocol is [`HeraldFrames`] (no bytes per
@@ -27,7 +27,9 @@ pub trait Framing: Send + Sync + std::fmt::Debug + 'static {
     /// The text of the message that carries `delivery` on this connection, and the lane
     /// under which its frame is made once for every connection like it; `None` when the
     /// connection's task must handle it (it goes through the queue). `form` is the
-    /// subscription's (only Herald's own protocol has deltas).
+    /// subscription's (only Herald's own protocol has deltas). Unless each push is a
+    /// message of its own, it is the same for every connection of the lane: a run joined
+    /// of these messages is made once and shared ([`DirectSocket::run_kind`]).
     fn message<'d>(&self, delivery: &'d Delivery, form: Form) -> Option<(Lane, &'d [u8])>;
 
     /// The same, for the connection's own task: what [`Framing::message`] gives even
@@ -174,6 +176,20 @@ impl<F: Framing> DirectSocket for Wire<F> {
                 frames::write_message(out, text, false, self.framing.binary());
             }
             framed
+        })
+    }
+
+    /// A run's frames depend on the lane and on compression, not on the connection,
+    /// except where each push is a message of its own (a Pusher connection leaves out its
+    /// own client's events).
+    fn run_kind(&self, run: &[Arc<Delivery>]) -> Option<RunKind> {
+        if F::MESSAGE_PER_PUSH {
+            return None;
+        }
+        let (lane, _) = self.framing.message(run.first()?, Form::Plain)?;
+        Some(RunKind {
+            lane,
+            compress_from: self.compress_from,
         })
     }
 }
