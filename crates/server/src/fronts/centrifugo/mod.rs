@@ -83,10 +83,6 @@ impl Framing for CentrifugoFrames {
         Some((lane, delivery.push(self.0, form)))
     }
 
-    fn join(&self, out: &mut Vec<u8>, message: &[u8]) {
-        self.0.codec().join(out, message);
-    }
-
     fn binary(&self) -> bool {
         self.0.codec().binary()
     }

@@ -98,10 +98,6 @@ pub struct WebSocket<F> {
     session: u64,
     /// When the client last sent anything (a pong counts).
     last_heard: Instant,
-    /// The codec of its subprotocol (no bytes while there is one).
-    encoding: Encoding,
-    /// Whether the codec's frames are binary messages (Protobuf), not text.
-    binary: bool,
     /// On a compressed connection, what the task has not framed yet: joined pushes, or
     /// (`pieces`) the compressed pieces of publications queued together.
     pending: Vec<u8>,
@@ -128,22 +124,31 @@ impl<F: Framing> WebSocket<F> {
         let config = &node.settings.config;
         let compress_from = deflate.then_some(config.websocket.compression_min_size);
         WebSocket {
-            io: Io::new(stream, session.queue().clone(), framing, compress_from),
+            // The session's codec: Herald's JSON, whether the client asked for
+            // `herald.json` or for no subprotocol, or a front's (whose pushes are joined
+            // the same way).
+            io: Io::new(
+                stream,
+                session.queue().clone(),
+                framing,
+                session.encoding(),
+                compress_from,
+            ),
             unread: early,
             reader: Reader::new(config.client.max_frame_size, deflate),
             inflating: None,
             unfinished_within: config.http.body_timeout,
             session: session.id(),
             last_heard: Instant::now(),
-            // The session's codec: Herald's JSON, whether the client asked for
-            // `herald.json` or for no subprotocol, or a front's (whose pushes are joined
-            // the same way).
-            encoding: session.encoding(),
-            binary: session.codec().binary(),
             pending: Vec::new(),
             pieces: false,
             broken: false,
         }
+    }
+
+    /// Whether its codec's messages are binary (Protobuf), not text.
+    fn binary(&self) -> bool {
+        self.io.encoding().codec().binary()
     }
 
     /// Sends `json`, one message, outside the driver: a front's greeting, or its refusal.
@@ -160,7 +165,7 @@ impl<F: Framing> WebSocket<F> {
         if text.is_empty() {
             return Ok(());
         }
-        if !self.binary && std::str::from_utf8(text).is_err() {
+        if !self.binary() && std::str::from_utf8(text).is_err() {
             tracing::error!(
                 session = self.session,
                 "internal error: a frame was not UTF-8"
@@ -236,7 +241,7 @@ impl<F: Framing> WebSocket<F> {
     /// Appends `text` as one message, compressed if the connection negotiated it and the
     /// message is large enough to gain from it.
     fn message(&self, text: &[u8], out: &mut Vec<u8>) {
-        let binary = self.binary || self.io.framing().binary_message(text);
+        let binary = self.binary() || self.io.framing().binary_message(text);
         match self.io.compress_from() {
             Some(min) if text.len() >= min => {
                 frames::write_message(out, &deflate::compress(text), true, binary)
@@ -250,7 +255,12 @@ impl<F: Framing> WebSocket<F> {
     fn seal_pending(&mut self, out: &mut Vec<u8>) {
         let pending = std::mem::take(&mut self.pending);
         if std::mem::take(&mut self.pieces) {
-            frames::write_message(out, deflate::finish(pending).as_slice(), true, self.binary);
+            frames::write_message(
+                out,
+                deflate::finish(pending).as_slice(),
+                true,
+                self.binary(),
+            );
         } else if self.seal(&pending, out).is_err() {
             // Not UTF-8: `send` ends the connection.
             self.broken = true;
@@ -343,7 +353,7 @@ impl<F: Framing> Wire for WebSocket<F> {
             return;
         }
         if self.io.compress_from().is_none() {
-            return self.encoding.codec().join(out, json);
+            return self.io.encoding().codec().join(out, json);
         }
         let shared = delivery.and_then(|d| self.io.shared_frame(d, json));
         if let Some(frame) = shared {
@@ -364,7 +374,7 @@ impl<F: Framing> Wire for WebSocket<F> {
         if self.pieces {
             self.seal_pending(out);
         }
-        self.encoding.codec().join(&mut self.pending, json);
+        self.io.encoding().codec().join(&mut self.pending, json);
     }
 
     async fn send(&mut self, bytes: Vec<u8>, timeout: Duration) -> Result<(), Unwritten> {

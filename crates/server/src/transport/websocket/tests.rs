@@ -7,7 +7,7 @@ use bytes::Bytes;
 use herald_protocol::{ChannelName, Epoch};
 
 use super::*;
-use crate::queue::DirectSocket;
+use crate::queue::{DirectSocket, Form, Lane};
 
 /// A compressed WebSocket and the client end of its socket.
 async fn compressed(node: &Arc<Node>, session: &Session) -> (WebSocket<HeraldFrames>, TcpStream) {
@@ -121,17 +121,28 @@ async fn publications_queued_together_go_as_one_message_of_their_shared_pieces()
 
 /// A fan-out thread that was behind writes a connection the publications that waited for
 /// it itself (`Queue::offer_run`): they go as the connection's task would send them, one
-/// message of their lines.
+/// message of their pushes joined by its codec (a line each in JSON, each with its length
+/// in Protobuf), made once for every connection of the lane.
 #[tokio::test]
 async fn a_run_the_hub_writes_is_the_message_the_task_would_send() {
+    a_run_is_the_tasks_message(HeraldFrames, Encoding::Json, Lane::WEBSOCKET).await;
+    a_run_is_the_tasks_message(
+        HeraldProtobufFrames,
+        Encoding::Protobuf,
+        Lane::WEBSOCKET_PROTOBUF,
+    )
+    .await;
+}
+
+async fn a_run_is_the_tasks_message<F: Framing>(framing: F, encoding: Encoding, lane: Lane) {
     let node = Node::with_memory_broker(crate::config::Config::default().validate().unwrap());
-    let session = Session::new(&node);
+    let session = Session::new(&node).speaking(encoding);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let _client = TcpStream::connect(listener.local_addr().unwrap())
         .await
         .unwrap();
     let (server, _) = listener.accept().await.unwrap();
-    let mut ws = WebSocket::open(server, Vec::new(), false, &session, &node, HeraldFrames);
+    let mut ws = WebSocket::open(server, Vec::new(), false, &session, &node, framing);
     let c = ChannelName::new("c").unwrap();
     let run: Vec<Arc<Delivery>> = (1..=3)
         .map(|i| {
@@ -146,16 +157,24 @@ async fn a_run_the_hub_writes_is_the_message_the_task_would_send() {
         .collect();
     let mut by_task = Vec::new();
     for d in &run {
-        ws.push(d.json(), Some(d), session.positions(), &mut by_task);
+        let push = d.push(encoding, Form::Plain);
+        ws.push(push, Some(d), session.positions(), &mut by_task);
     }
     ws.seal_pending(&mut by_task);
     // The task's text is framed as it is sent.
     let mut sent = Vec::new();
-    frames::write_message(&mut sent, &by_task, false, false);
+    let binary = encoding.codec().binary();
+    frames::write_message(&mut sent, &by_task, false, binary);
     let mut by_hub = Vec::new();
     assert_eq!(ws.io.wire().frame_run(&run, &mut by_hub), 3);
+    assert_eq!(by_hub, sent, "{encoding:?}");
+    assert_eq!(
+        by_hub[0],
+        if binary { 0x82 } else { 0x81 },
+        "one final frame"
+    );
     let kind = crate::queue::RunKind {
-        lane: crate::queue::Lane::WEBSOCKET,
+        lane,
         compress_from: None,
     };
     assert_eq!(
@@ -163,8 +182,6 @@ async fn a_run_the_hub_writes_is_the_message_the_task_would_send() {
         Some(kind),
         "made once for every such connection"
     );
-    assert_eq!(by_hub, sent);
-    assert_eq!(by_hub[0], 0x81, "one final text frame");
 }
 
 /// Every idle connection is one task holding this future, and the task's allocation is

@@ -42,12 +42,6 @@ pub trait Framing: Send + Sync + std::fmt::Debug + 'static {
     /// a line each).
     const MESSAGE_PER_PUSH: bool = false;
 
-    /// Appends `message` to `out`, a message that carries several pushes (when not
-    /// [`Framing::MESSAGE_PER_PUSH`]): as Herald's JSON codec joins them, a line each.
-    fn join(&self, out: &mut Vec<u8>, message: &[u8]) {
-        Encoding::Json.codec().join(out, message);
-    }
-
     /// Whether its messages are binary (a binary codec's), not text.
     fn binary(&self) -> bool {
         false
@@ -101,21 +95,20 @@ impl Framing for HeraldProtobufFrames {
         Some((Lane::WEBSOCKET_PROTOBUF, push))
     }
 
-    fn join(&self, out: &mut Vec<u8>, message: &[u8]) {
-        Encoding::Protobuf.codec().join(out, message);
-    }
-
     fn binary(&self) -> bool {
         true
     }
 }
 
-/// The TCP socket under a WebSocket connection, with its protocol's framing and whether
-/// it compresses (the smallest message it compresses, when deflate was negotiated).
+/// The TCP socket under a WebSocket connection, with its protocol's framing, the codec
+/// of its session (which joins pushes that go as one message: the task's and the hub's
+/// alike) and whether it compresses (the smallest message it compresses, when deflate was
+/// negotiated).
 #[derive(Debug)]
 pub struct Wire<F> {
     stream: TcpStream,
     framing: F,
+    encoding: Encoding,
     compress_from: Option<usize>,
 }
 
@@ -170,10 +163,10 @@ impl<F: Framing> DirectSocket for Wire<F> {
             let framed = run
                 .iter()
                 .map_while(|d| self.framing.message(d, Form::Plain))
-                .map(|(_, message)| self.framing.join(text, message))
+                .map(|(_, message)| self.encoding.codec().join(text, message))
                 .count();
             if framed > 0 {
-                frames::write_message(out, text, false, self.framing.binary());
+                frames::write_message(out, text, false, self.encoding.codec().binary());
             }
             framed
         })
@@ -238,17 +231,20 @@ pub struct Io<F> {
 }
 
 impl<F: Framing> Io<F> {
-    /// Wraps `stream`, and opens the direct lane of `queue` to it; `compress_from`: the
-    /// smallest message compressed, if the connection negotiated deflate.
+    /// Wraps `stream`, and opens the direct lane of `queue` to it; `encoding`: its
+    /// session's codec; `compress_from`: the smallest message compressed, if the connection
+    /// negotiated deflate.
     pub fn new(
         stream: TcpStream,
         queue: Arc<Queue>,
         framing: F,
+        encoding: Encoding,
         compress_from: Option<usize>,
     ) -> Self {
         let wire = Arc::new(Wire {
             stream,
             framing,
+            encoding,
             compress_from,
         });
         queue.attach(wire.clone());
@@ -269,6 +265,11 @@ impl<F: Framing> Io<F> {
     /// How the connection's protocol frames what it writes.
     pub fn framing(&self) -> &F {
         &self.wire.framing
+    }
+
+    /// The codec of its session, which joins the pushes that go as one message.
+    pub fn encoding(&self) -> Encoding {
+        self.wire.encoding
     }
 
     /// The smallest message this connection's writes compress, if it negotiated deflate.
