@@ -204,6 +204,56 @@ fn sigterm_stops_the_server_promptly() {
     }
 }
 
+/// Started on one core (`taskset`, as an operator pins it), the server sizes its threads to
+/// that core: one runtime worker, one fan-out thread, jemalloc's background work on at most
+/// one; and every thread it has, the store's included, runs on that core alone (issue #60:
+/// its threads follow the cores it is given, so a second load on the machine meets one
+/// server per core, not a server sized for every core squeezed onto one).
+#[test]
+fn a_server_given_one_core_makes_its_threads_for_one() {
+    let mut taskset = Command::new("taskset");
+    taskset.args(["-c", "0", env!("CARGO_BIN_EXE_herald")]);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("HERALD_") {
+            taskset.env_remove(k);
+        }
+    }
+    let server = Server::spawn_in_temp(&mut taskset, &[]);
+    let tasks = format!("/proc/{}/task", server.child.id());
+    let threads: Vec<(String, String)> = std::fs::read_dir(&tasks)
+        .unwrap()
+        .map(|task| {
+            let task = task.unwrap().path();
+            let name = std::fs::read_to_string(task.join("comm")).unwrap();
+            let status = std::fs::read_to_string(task.join("status")).unwrap();
+            let cores = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .unwrap()
+                .trim()
+                .to_owned();
+            (name.trim().to_owned(), cores)
+        })
+        .collect();
+    let named = |prefix: &str| {
+        threads
+            .iter()
+            .filter(|(n, _)| n.starts_with(prefix))
+            .count()
+    };
+    assert_eq!(named("herald-w-"), 1, "runtime workers: {threads:?}");
+    assert_eq!(named("herald-f-"), 1, "fan-out threads: {threads:?}");
+    assert!(named("jemalloc_bg_thd") <= 1, "{threads:?}");
+    assert!(
+        named("herald-store") >= 1,
+        "the store's threads: {threads:?}"
+    );
+    assert!(
+        threads.iter().all(|(_, cores)| cores == "0"),
+        "every thread on core 0: {threads:?}"
+    );
+}
+
 #[test]
 fn lists_in_the_environment_use_toml_array_syntax_as_documented() {
     let out = succeeds(herald().args(["serve", "--print-config"]).env(
