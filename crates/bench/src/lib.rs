@@ -172,6 +172,14 @@ pub struct GenericArgs {
     pub heartbeat_frame: Option<String>,
     #[arg(long, global = true, value_parser = humantime::parse_duration, default_value = "25s")]
     pub heartbeat_interval: Duration,
+    /// A message a server's WebSocket clients must answer (an application ping: Centrifugo's
+    /// is `{}`, and it drops a client that does not answer within seconds of its 25 s ping);
+    /// the clients answer each with --pong-frame.
+    #[arg(long, global = true, requires = "pong_frame")]
+    pub ping_frame: Option<String>,
+    /// The answer to each --ping-frame (Centrifugo: `{}`).
+    #[arg(long, global = true, requires = "ping_frame")]
+    pub pong_frame: Option<String>,
     /// URL to POST publications to, `{channel}` replaced (default: Herald's /api/publish).
     #[arg(long, global = true)]
     pub publish_url: Option<String>,

@@ -103,8 +103,14 @@ pub(super) async fn generic_session(
                 frame = ws.next() => {
                     match frame.ok_or_else(|| anyhow!("closed by server"))?? {
                         Message::Text(text) => {
-                            if let Some((t, seq)) = stamp(text.as_str()) {
+                            for (t, seq) in stamps(text.as_str()) {
                                 rec.received(now_ns().saturating_sub(t), seq);
+                            }
+                            // A ping may come joined with publications (Centrifugo's do).
+                            if let Some((_, pong)) = g.ping_pong.as_ref().filter(|(ping, _)| {
+                                text.as_str().split('\n').any(|line| line == ping)
+                            }) {
+                                ws.send(Message::text(pong.clone())).await?;
                             }
                         }
                         Message::Close(c) => bail!("closed by server: {c:?}"),

@@ -30,6 +30,13 @@ pub fn stamp(text: &str) -> Option<(u64, Option<u64>)> {
     ))
 }
 
+/// The stamps of every publication in one message, a line each: a server may join
+/// several pushes in one WebSocket message (Centrifugo streams them a line each), and
+/// each is a delivery.
+pub fn stamps(message: &str) -> impl Iterator<Item = (u64, Option<u64>)> + '_ {
+    message.split('\n').filter_map(stamp)
+}
+
 /// What one client knows of its channel: the last offset, to count repeats and gaps; and
 /// on a subscription with deltas, the last publication's data as text.
 #[derive(Default)]

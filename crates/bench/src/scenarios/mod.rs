@@ -130,6 +130,7 @@ impl Target {
                 wait_for: vec!["pusher:connection_established".into()],
                 heartbeat: None,
                 heartbeat_ms: 0,
+                ping_pong: None,
             }),
             // The floor: subscribed by the path it opens, nothing said.
             None if common.floor => Some(Generic {
@@ -138,6 +139,7 @@ impl Target {
                 wait_for: Vec::new(),
                 heartbeat: None,
                 heartbeat_ms: 0,
+                ping_pong: None,
             }),
             None => g.client_url.as_ref().map(|url| Generic {
                 url: url.clone(),
@@ -145,6 +147,7 @@ impl Target {
                 wait_for: g.wait_for.clone(),
                 heartbeat: g.heartbeat_frame.clone(),
                 heartbeat_ms: g.heartbeat_interval.as_millis() as u64,
+                ping_pong: g.ping_frame.clone().zip(g.pong_frame.clone()),
             }),
         };
         Ok(Self {
