@@ -28,6 +28,8 @@ pub enum Answer {
     Hang,
     /// HTTP 200 with this JSON, after this long.
     Slow(Duration, Value),
+    /// HTTP 200 with this JSON, once the test lets a request through the gate.
+    Gated(Arc<tokio::sync::Semaphore>, Value),
 }
 
 type Handler = dyn Fn(&str, &Value) -> Answer + Send + Sync;
@@ -62,6 +64,10 @@ async fn answer(State(s): State<BackendState>, uri: Uri, body: String) -> axum::
         Answer::Hang => std::future::pending().await,
         Answer::Slow(wait, v) => {
             tokio::time::sleep(wait).await;
+            axum::Json(v).into_response()
+        }
+        Answer::Gated(gate, v) => {
+            let _through = gate.acquire().await;
             axum::Json(v).into_response()
         }
     }

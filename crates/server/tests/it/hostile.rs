@@ -1,7 +1,7 @@
 //! Issue #56: what one hostile client can make the server hold or do: on the Phoenix front,
 //! its WebSocket and its long-poll fallback (`/socket/longpoll`), and on every WebSocket.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use futures_util::{SinkExt, StreamExt};
 use herald_server::config::Config;
@@ -197,6 +197,97 @@ async fn phoenix_messages_are_charged_to_the_command_allowance() {
     let ok = replies.iter().filter(|m| reply_status(m) == "ok").count();
     assert_eq!(replies.len(), 100);
     assert!(ok <= 25, "{ok} of 100 long-poll heartbeats answered");
+    server.stop().await.unwrap();
+}
+
+/// A long-poll session holds a few commands waiting for it (`queue::MAX_COMMANDS`, 4),
+/// as a WebSocket's reader holds its socket: a `POST` past them is answered 429 at once
+/// ("too many messages at once") rather than queued without bound, and nothing of it is
+/// obeyed; every accepted message is obeyed and answered once, and the session goes on.
+#[tokio::test]
+async fn posts_past_the_commands_a_session_holds_are_refused_with_429() {
+    use crate::hooks::{application, hooked_config, Answer, Backend};
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = gate.clone();
+    let backend = Backend::start(move |path, body| match path {
+        // The join whose hook waits at the gate keeps the session busy.
+        "/subscribe" if body["channel"] == "room:slow" => {
+            Answer::Gated(held.clone(), json!({ "result": {} }))
+        }
+        "/connect" => Answer::Json(json!({ "result": { "user": "poller" } })),
+        _ => application(path, body),
+    })
+    .await;
+    let mut c = hooked_config(&backend);
+    c.hooks.timeout = Duration::from_secs(60);
+    c.http.longpoll_timeout = Duration::from_secs(2);
+    let server = start(c).await;
+    let session = LongPoll::open(&server, None).await;
+    let join = {
+        let session = session.clone();
+        tokio::spawn(async move {
+            session
+                .post(r#"["1","join","room:slow","phx_join",{}]"#)
+                .await
+        })
+    };
+    eventually("the join's hook is asked", || async {
+        backend.requests("/subscribe").len() == 1
+    })
+    .await;
+
+    // More POSTs than the session holds, all at once, while it is busy.
+    let mut posts: futures_util::stream::FuturesUnordered<_> = (0..6)
+        .map(|i| {
+            let session = session.clone();
+            async move {
+                let line = format!(r#"[null,"hb{i}","phoenix","heartbeat",{{}}]"#);
+                (i, session.post(&line).await)
+            }
+        })
+        .collect();
+    let (_, first) = tokio::time::timeout(PATIENCE, posts.next())
+        .await
+        .expect("a POST past what the session holds is answered at once")
+        .unwrap();
+    assert_eq!(
+        first, 429,
+        "refused at once; the accepted wait for the session"
+    );
+    gate.add_permits(1);
+    let (mut accepted, mut refused) = (Vec::new(), 1);
+    while let Some((i, status)) = posts.next().await {
+        match status {
+            200 => accepted.push(format!("hb{i}")),
+            429 => refused += 1,
+            other => panic!("POST answered {other}"),
+        }
+    }
+    assert_eq!(join.await.unwrap(), 200);
+    assert!(accepted.len() <= 4, "at most 4 held: {accepted:?}");
+
+    // Every accepted message answered once, the join first; nothing refused obeyed.
+    let mut replies: Vec<String> = Vec::new();
+    loop {
+        let (status, got) = session.get().await;
+        if status == 204 {
+            // The hold ran out with nothing more to say: the session is still there.
+            assert!(got.is_empty());
+            break;
+        }
+        assert_eq!(status, 200, "the session goes on");
+        for m in got {
+            assert_eq!(reply_status(&m), "ok", "{m}");
+            replies.push(m[1].as_str().unwrap().to_owned());
+        }
+    }
+    let mut expected = vec!["join".to_owned()];
+    expected.extend(accepted.iter().cloned());
+    let mut sorted = replies.clone();
+    sorted.sort();
+    expected.sort();
+    assert_eq!(sorted, expected, "{refused} refused; replies {replies:?}");
+    assert_eq!(replies[0], "join", "in the order obeyed");
     server.stop().await.unwrap();
 }
 
