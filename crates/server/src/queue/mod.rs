@@ -31,7 +31,6 @@ mod position;
 mod run;
 pub use delivery::{Delivery, Encoding, Form, Lane, ENCODINGS, LANES};
 pub use position::{Position, Step};
-use run::Framed;
 pub use run::{Run, RunKind};
 
 /// A socket the hub may write publications to itself (see the module's "direct lane").
@@ -355,25 +354,13 @@ impl Queue {
             let Some(framed) = run.frame(socket, at, at + follows) else {
                 break 'direct;
             };
+            let (bytes, count) = framed.bytes();
             // WouldBlock or a broken socket: queue them; the transport's own write waits
             // for the socket or finds the error.
-            let (written, count, tail) = match framed {
-                Framed::Shared(bytes, count) => {
-                    let written = socket.try_write(&bytes);
-                    let tail = written.as_ref().map_or(Bytes::new(), |&n| bytes.slice(n..));
-                    (written, count, tail)
-                }
-                Framed::Own(bytes, count) => {
-                    let written = socket.try_write(bytes);
-                    let tail = written
-                        .as_ref()
-                        .map_or(Bytes::new(), |&n| Bytes::copy_from_slice(&bytes[n..]));
-                    (written, count, tail)
-                }
-            };
-            if written.is_err() {
+            let Ok(n) = socket.try_write(bytes) else {
                 break 'direct;
-            }
+            };
+            let tail = (n < bytes.len()).then(|| framed.tail(n));
             for d in &run.deliveries()[at..at + count] {
                 position.sent(d);
                 if let Some(wire) = &inner.wire {
@@ -381,7 +368,7 @@ impl Queue {
                 }
             }
             at += count;
-            if !tail.is_empty() {
+            if let Some(tail) = tail {
                 inner.unsent = tail;
                 inner.busy = true;
                 drop(guard);

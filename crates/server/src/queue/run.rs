@@ -50,6 +50,25 @@ pub(super) enum Framed<'r> {
     Own(&'r [u8], usize),
 }
 
+impl Framed<'_> {
+    /// The bytes, and how many publications they carry.
+    pub(super) fn bytes(&self) -> (&[u8], usize) {
+        match self {
+            Framed::Shared(bytes, framed) => (bytes, *framed),
+            Framed::Own(bytes, framed) => (bytes, *framed),
+        }
+    }
+
+    /// What follows the first `written` bytes, kept for the transport to send: a slice
+    /// of shared bytes, a copy of a socket's own.
+    pub(super) fn tail(&self, written: usize) -> Bytes {
+        match self {
+            Framed::Shared(bytes, _) => bytes.slice(written..),
+            Framed::Own(bytes, _) => Bytes::copy_from_slice(&bytes[written..]),
+        }
+    }
+}
+
 impl Run {
     /// Starts a run of these publications, forgetting the last one's frames.
     pub fn start(&mut self, deliveries: impl IntoIterator<Item = Arc<Delivery>>) {
@@ -89,12 +108,12 @@ impl Run {
         let made = match made {
             Some(made) => made,
             None => {
-                self.own.clear();
-                let framed = socket.frame_run(stretch, &mut self.own);
+                let mut bytes = Vec::new();
+                let framed = socket.frame_run(stretch, &mut bytes);
                 self.shared.push(Shared {
                     kind,
                     stretch: (from, to),
-                    bytes: Bytes::copy_from_slice(&self.own),
+                    bytes: bytes.into(),
                     framed,
                 });
                 self.shared.last().expect("just pushed")
