@@ -139,6 +139,13 @@ impl Fleet {
         Ok(fleet)
     }
 
+    /// The load's processes: this one (the publisher) and its workers (the subscribers).
+    pub fn client_pids(&self) -> Vec<u32> {
+        std::iter::once(std::process::id())
+            .chain(self.workers.iter().filter_map(|(child, _, _)| child.id()))
+            .collect()
+    }
+
     pub fn totals(&self) -> Totals {
         let latest = self.latest.lock().unwrap();
         let mut t = Totals::default();

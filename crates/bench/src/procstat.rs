@@ -59,6 +59,14 @@ pub fn sample_all(pids: &[u32]) -> Option<ProcSample> {
     Some(total)
 }
 
+/// Percent of the cores this process may run on that `a`..`b` kept busy (the cores of the
+/// load, when `a` and `b` sample it: its processes inherit this one's affinity).
+pub fn busy_percent(a: &ProcSample, b: &ProcSample) -> f64 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let wall = b.at.duration_since(a.at).as_secs_f64().max(1e-3);
+    (b.cpu_seconds - a.cpu_seconds) / (wall * cores) * 100.0
+}
+
 /// `mem` of the TCP line in `/proc/net/sockstat`, in pages, as bytes.
 fn tcp_kernel_bytes() -> Option<u64> {
     let text = fs::read_to_string("/proc/net/sockstat").ok()?;
@@ -97,5 +105,18 @@ mod tests {
             std::hint::black_box(spin.elapsed());
         }
         assert!(sample(std::process::id()).unwrap().cpu_seconds >= s.cpu_seconds);
+    }
+
+    #[test]
+    fn busy_is_a_share_of_every_core_this_process_may_use() {
+        let a = sample(std::process::id()).unwrap();
+        let cores = std::thread::available_parallelism().unwrap().get() as f64;
+        // Half of every core for two seconds.
+        let b = ProcSample {
+            cpu_seconds: a.cpu_seconds + cores,
+            at: a.at + std::time::Duration::from_secs(2),
+            ..a
+        };
+        assert!((busy_percent(&a, &b) - 50.0).abs() < 1e-9);
     }
 }

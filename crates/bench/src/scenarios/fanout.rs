@@ -41,6 +41,9 @@ pub struct FanoutArgs {
     pub connect_rate: f64,
 }
 
+/// Clients busier than this (percent of their cores) set the pace themselves.
+const CLIENT_BOUND_PERCENT: f64 = 80.0;
+
 pub async fn run(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> {
     median_of(
         common.repeat,
@@ -79,6 +82,7 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
         .map(|c| (0..subscribed).filter(|i| i % channels.len() == c).count() as u64)
         .collect();
     let cpu0 = target.server.sample();
+    let clients0 = crate::procstat::sample_all(&fleet.client_pids());
     let received0 = joined.received;
     let publish_start = Instant::now();
     let mut expected = 0u64;
@@ -133,13 +137,25 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
         .unwrap_or_else(|_| fleet.totals());
     let delivered_in = publish_start.elapsed();
     let cpu1 = target.server.sample();
+    let clients1 = crate::procstat::sample_all(&fleet.client_pids());
     let info = target.info().await;
     let mut last_subscriber_max = 0u64;
+    // Per publication: when its first subscriber had it (how soon the server starts a
+    // fan-out) and how long after that its last one did (the pace of the server's writes
+    // or of the clients' reads, whichever is slower).
+    let (mut firsts, mut spreads) = (Vec::new(), Vec::new());
     for seq in 0..args.publications {
-        if let Some((_, last)) = fleet.seq_latency(seq) {
+        if let Some((first, last)) = fleet.seq_latency(seq) {
             last_subscriber_max = last_subscriber_max.max(last);
+            firsts.push(first);
+            spreads.push(last.saturating_sub(first));
         }
     }
+    let median_ms = |mut us: Vec<u64>| {
+        us.sort_unstable();
+        us.get(us.len() / 2)
+            .map_or(serde_json::Value::Null, |m| super::ms(*m))
+    };
     // How long after it was sent the last publication reached its last subscriber.
     let lag = fleet
         .seq_latency(args.publications.saturating_sub(1))
@@ -154,6 +170,12 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
         (Some(a), Some(b)) if deliveries > 0 => {
             Some((b.cpu_seconds - a.cpu_seconds) * 1e6 / deliveries as f64)
         }
+        _ => None,
+    };
+    // How busy the clients' cores were: near 100 %, the rate and the latency are the
+    // clients' as much as the server's, and a faster server cannot show it.
+    let clients_busy = match (clients0, clients1) {
+        (Some(a), Some(b)) => Some(crate::procstat::busy_percent(&a, &b)),
         _ => None,
     };
     let [p50, p90, p99, max] = percentiles(&hist);
@@ -191,6 +213,9 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
             "load",
             "lag ms",
             "publishers max",
+            "clients busy %",
+            "first ms",
+            "spread ms",
         ],
     );
     t.push(vec![
@@ -230,6 +255,9 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
         json!(if held { "held" } else { "behind" }),
         round(lag.as_secs_f64() * 1000.0, 1),
         json!(publishers_max),
+        clients_busy.map_or(serde_json::Value::Null, |v| round(v, 1)),
+        median_ms(firsts),
+        median_ms(spreads),
     ]);
     let mut notes = vec![format!(
         "publishing took {:.2} s; deliveries counted until every expected one arrived (or 30 s); CPU is the server's user+system time over that window (/proc/PID/stat)",
@@ -251,6 +279,11 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
             "BEHIND: the server did not hold {}/s (lost {loss}, the last publication arrived {:.0} ms after it was sent): compare its latency with no other's",
             args.rate,
             lag.as_secs_f64() * 1000.0
+        ));
+    }
+    if let Some(busy) = clients_busy.filter(|b| *b >= CLIENT_BOUND_PERCENT) {
+        notes.push(format!(
+            "CLIENT-BOUND: the clients kept their cores {busy:.0} % busy: the rate and the latency measure the clients too; compare the server's CPU per delivery instead"
         ));
     }
     if common.server_cores.is_some() || common.client_cores.is_some() {
