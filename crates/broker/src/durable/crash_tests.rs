@@ -11,6 +11,7 @@ use bytes::Bytes;
 use super::checkpoint;
 use super::disk::Dir;
 use super::log_tests::{ch, file_state, open, publish, write_segment};
+use super::sim_disk::{Fault, SimDisk};
 use super::{wal, DurableBroker, StoreOptions, SyncPolicy};
 use crate::conformance::Recorder;
 use crate::{Broker, HistoryQuery, StreamPolicy};
@@ -25,6 +26,20 @@ fn killed(dir: &Path) -> tempfile::TempDir {
         }
     }
     copy
+}
+
+/// Opens the store kept at `/sim/data` on `disk`.
+fn open_sim(
+    disk: &Arc<SimDisk>,
+    options: StoreOptions,
+) -> Result<Arc<DurableBroker>, super::OpenError> {
+    let dir = Dir::on(disk.clone(), Path::new("/sim/data"));
+    DurableBroker::open_on(
+        dir,
+        options,
+        Arc::new(Recorder::default()),
+        crate::default_policies(),
+    )
 }
 
 /// Issue #57 defect 1: a replay that stopped early (at damage, or a gap) left the old run's
@@ -136,6 +151,60 @@ async fn a_crash_while_a_segment_is_made_costs_nothing() {
     );
 }
 
+/// With `interval`, what was acknowledged reaches the disk within the interval with no
+/// later publication to prompt it, so a power cut after that loses none of it. The
+/// publisher tells the store thread to time the sync, since 2026-12-01 after it has let
+/// the log go rather than while holding it; a publisher that never told it would leave
+/// the log unsynced until the next publication (this test then times out waiting).
+#[tokio::test]
+async fn an_interval_sync_comes_on_time_with_nothing_published_after() {
+    use std::time::{Duration, Instant};
+    let on = |disk: &Arc<SimDisk>| {
+        let options = StoreOptions {
+            sync_interval: Duration::from_millis(20),
+            ..SyncPolicy::Interval.into()
+        };
+        open_sim(disk, options).unwrap()
+    };
+    // Polls what the disk holds; a sync is due 20 ms after the first write it covers.
+    let synced = |disk: Arc<SimDisk>| async move {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while disk.has_unsynced_writes() {
+            assert!(
+                Instant::now() < deadline,
+                "acknowledged writes still unsynced 10 s after an interval of 20 ms"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let disk = SimDisk::new(11);
+    let broker = on(&disk);
+    // The first sync: after it the store thread waits to be told of the next write (before
+    // it, a thread just started may find the write on its own).
+    publish(&broker, "news", 1).await;
+    synced(disk.clone()).await;
+    let epoch = publish(&broker, "news", 19).await;
+    synced(disk.clone()).await;
+    disk.cut_power_losing_everything_unsynced();
+    drop(broker);
+    let disk = disk.restarted(12);
+    let all = HistoryQuery {
+        since: None,
+        limit: 1000,
+        max_bytes: None,
+    };
+    let h = on(&disk).history(&ch("news"), all).await.unwrap();
+    // After a power cut with `interval` the channel starts a new epoch, by design (what
+    // was acknowledged in the last interval might be gone); its history is kept.
+    assert_ne!(h.position.epoch, epoch);
+    let offsets: Vec<u64> = h.publications.iter().map(|p| p.offset).collect();
+    assert_eq!(
+        offsets,
+        (1..=20).collect::<Vec<_>>(),
+        "every acknowledged publication"
+    );
+}
+
 /// Issue #57 defect 5: an open replays what the last run wrote after its last checkpoint,
 /// then writes a checkpoint pointing there. When that run was killed with its appends in
 /// the page cache only (`interval`, not synced yet), a power cut after the open took those
@@ -143,20 +212,12 @@ async fn a_crash_while_a_segment_is_made_costs_nothing() {
 /// history was dropped as damaged at its next read. The open now syncs what it replayed.
 #[tokio::test]
 async fn what_an_open_replays_is_synced_before_its_checkpoint_points_there() {
-    use super::sim_disk::{Fault, SimDisk};
     let on = |disk: &Arc<SimDisk>, sync: SyncPolicy| {
         let options = StoreOptions {
             sync_interval: std::time::Duration::from_secs(3600),
             ..sync.into()
         };
-        let dir = Dir::on(disk.clone(), Path::new("/sim/data"));
-        DurableBroker::open_on(
-            dir,
-            options,
-            Arc::new(Recorder::default()),
-            crate::default_policies(),
-        )
-        .unwrap()
+        open_sim(disk, options).unwrap()
     };
     let disk = SimDisk::new(5);
     let broker = on(&disk, SyncPolicy::Interval);
@@ -189,16 +250,7 @@ async fn what_an_open_replays_is_synced_before_its_checkpoint_points_there() {
 /// lost offsets out again. Now the checkpoint is written first.
 #[tokio::test]
 async fn damage_is_answered_even_when_the_open_that_found_it_fails() {
-    use super::sim_disk::{Fault, SimDisk};
-    let on = |disk: &Arc<SimDisk>| {
-        let dir = Dir::on(disk.clone(), Path::new("/sim/data"));
-        DurableBroker::open_on(
-            dir,
-            SyncPolicy::Group.into(),
-            Arc::new(Recorder::default()),
-            crate::default_policies(),
-        )
-    };
+    let on = |disk: &Arc<SimDisk>| open_sim(disk, SyncPolicy::Group.into());
     let disk = SimDisk::new(11);
     // The channel in a checkpoint (a clean stop), then more of it in the log only.
     publish(&on(&disk).unwrap(), "news", 10).await;

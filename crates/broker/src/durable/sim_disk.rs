@@ -174,6 +174,12 @@ impl SimDisk {
         }
     }
 
+    /// Whether any file has writes not synced yet.
+    pub(crate) fn has_unsynced_writes(&self) -> bool {
+        let s = self.state.lock();
+        s.disk.inodes.values().any(|i| !i.unsynced.is_empty())
+    }
+
     /// Cuts the power now, losing everything not synced (no write or directory change
     /// since its last sync survives).
     pub(crate) fn cut_power_losing_everything_unsynced(&self) {
