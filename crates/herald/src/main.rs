@@ -68,6 +68,7 @@ fn serve(args: cli::ServeArgs) -> anyhow::Result<ExitCode> {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
     };
+    size_allocator_threads(workers.max(1));
     // The workers are started with the runtime, so they take the first names; threads the
     // runtime starts later (blocking work) share one name, so `/metrics` shows a row per
     // worker and per fan-out thread, and one for the rest.
@@ -289,3 +290,17 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
 /// a reconnect storm) stayed with a server that went quiet after it.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// At most one of jemalloc's background threads per runtime worker. jemalloc sizes them by
+/// the cores the process may run on and knows nothing of a cgroup's CPU quota, which the
+/// runtime's size follows (`available_parallelism` reads it): under a quota of one CPU on
+/// a two-core machine it made four (issue #60: the server's threads follow the CPU it is
+/// given, so that a second load meets a server sized for its share).
+fn size_allocator_threads(workers: usize) {
+    use tikv_jemalloc_ctl::max_background_threads;
+    let sized = max_background_threads::read()
+        .and_then(|now| max_background_threads::write(now.min(workers)));
+    if let Err(e) = sized {
+        tracing::warn!(error = %e, "could not limit the allocator's background threads");
+    }
+}

@@ -219,22 +219,7 @@ fn a_server_given_one_core_makes_its_threads_for_one() {
         }
     }
     let server = Server::spawn_in_temp(&mut taskset, &[]);
-    let tasks = format!("/proc/{}/task", server.child.id());
-    let threads: Vec<(String, String)> = std::fs::read_dir(&tasks)
-        .unwrap()
-        .map(|task| {
-            let task = task.unwrap().path();
-            let name = std::fs::read_to_string(task.join("comm")).unwrap();
-            let status = std::fs::read_to_string(task.join("status")).unwrap();
-            let cores = status
-                .lines()
-                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-                .unwrap()
-                .trim()
-                .to_owned();
-            (name.trim().to_owned(), cores)
-        })
-        .collect();
+    let threads = named_threads(server.child.id());
     let named = |prefix: &str| {
         threads
             .iter()
@@ -252,6 +237,56 @@ fn a_server_given_one_core_makes_its_threads_for_one() {
         threads.iter().all(|(_, cores)| cores == "0"),
         "every thread on core 0: {threads:?}"
     );
+}
+
+/// Given one runtime worker, the server keeps at most one allocator background thread,
+/// whatever cores it may run on: jemalloc counts cores and not a cgroup's CPU quota, which
+/// the runtime's size follows (with both cores of this machine jemalloc made four).
+#[test]
+fn a_server_with_one_worker_keeps_one_allocator_thread() {
+    let mut herald = Command::new(env!("CARGO_BIN_EXE_herald"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("HERALD_") {
+            herald.env_remove(k);
+        }
+    }
+    herald.env("HERALD_WORKERS", "1");
+    let server = Server::spawn_in_temp(&mut herald, &[]);
+    let threads = named_threads(server.child.id());
+    let allocator_threads = threads
+        .iter()
+        .filter(|(name, _)| name == "jemalloc_bg_thd")
+        .count();
+    assert!(allocator_threads <= 1, "{threads:?}");
+}
+
+/// Each thread of process `pid`: its name and the cores it may run on; read once every
+/// thread but the main one has named itself (a thread names itself when it first runs,
+/// and on a busy core that may be after the server says it listens).
+fn named_threads(pid: u32) -> Vec<(String, String)> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let threads: Vec<(String, String)> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .map(|task| {
+                let task = task.unwrap().path();
+                let name = std::fs::read_to_string(task.join("comm")).unwrap();
+                let status = std::fs::read_to_string(task.join("status")).unwrap();
+                let cores = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                    .unwrap()
+                    .trim()
+                    .to_owned();
+                (name.trim().to_owned(), cores)
+            })
+            .collect();
+        let unnamed = threads.iter().filter(|(name, _)| name == "herald").count();
+        if unnamed <= 1 || std::time::Instant::now() > deadline {
+            return threads;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[test]
