@@ -8,7 +8,7 @@ use serde_json::Value;
 
 mod support;
 
-use support::{fails, herald, serve_logging, succeeds, Server, KEY};
+use support::{fails, herald, serve_logging, succeeds, without_herald_env, Server, KEY};
 
 #[test]
 fn flags_beat_environment_which_beats_the_file() {
@@ -213,11 +213,7 @@ fn sigterm_stops_the_server_promptly() {
 fn a_server_given_one_core_makes_its_threads_for_one() {
     let mut taskset = Command::new("taskset");
     taskset.args(["-c", "0", env!("CARGO_BIN_EXE_herald")]);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("HERALD_") {
-            taskset.env_remove(k);
-        }
-    }
+    without_herald_env(&mut taskset);
     let server = Server::spawn_in_temp(&mut taskset, &[]);
     let threads = named_threads(server.child.id());
     let named = |prefix: &str| {
@@ -244,14 +240,7 @@ fn a_server_given_one_core_makes_its_threads_for_one() {
 /// the runtime's size follows (with both cores of this machine jemalloc made four).
 #[test]
 fn a_server_with_one_worker_keeps_one_allocator_thread() {
-    let mut herald = Command::new(env!("CARGO_BIN_EXE_herald"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("HERALD_") {
-            herald.env_remove(k);
-        }
-    }
-    herald.env("HERALD_WORKERS", "1");
-    let server = Server::spawn_in_temp(&mut herald, &[]);
+    let server = Server::spawn_in_temp(herald().env("HERALD_WORKERS", "1"), &[]);
     let threads = named_threads(server.child.id());
     let allocator_threads = threads
         .iter()

@@ -21,12 +21,19 @@ pub const KEY: &str = "herald-test-api-key";
 /// The binary, with no `HERALD_*` variable from the developer's environment.
 pub fn herald() -> Command {
     let mut c = Command::new(BIN);
+    without_herald_env(&mut c);
+    c
+}
+
+/// `command` (the binary or a wrapper that starts it: `taskset`, `prlimit`) without the
+/// developer's `HERALD_*` variables.
+pub fn without_herald_env(command: &mut Command) -> &mut Command {
     for (k, _) in std::env::vars() {
         if k.starts_with("HERALD_") {
-            c.env_remove(k);
+            command.env_remove(k);
         }
     }
-    c
+    command
 }
 
 /// A channel's whole history (up to 1,000) through the API of the server at `url`.
@@ -110,11 +117,7 @@ impl Server {
             .arg(format!("--fsize={bytes}:unlimited"))
             .arg("--")
             .arg(BIN);
-        for (k, _) in std::env::vars() {
-            if k.starts_with("HERALD_") {
-                prlimit.env_remove(k);
-            }
-        }
+        without_herald_env(&mut prlimit);
         Self::spawn(&mut prlimit, "127.0.0.1:0", data_dir, &[])
     }
 
