@@ -134,6 +134,13 @@ pub struct Common {
     /// `--client-cores`: latency at equal load on separate cores (benchmarks.md).
     #[arg(long, global = true)]
     pub server_cores: Option<String>,
+    /// A cgroup directory the server runs in, made beforehand with its CPU quota (version 1:
+    /// `/sys/fs/cgroup/cpu/NAME` with `cpu.cfs_quota_us`; version 2: `/sys/fs/cgroup/NAME`
+    /// with `cpu.max`): the Herald or the floor started here from its first instruction, or
+    /// every process `--pid` names when the run begins. With `--client-cores`: latency under
+    /// a quota, as in a container (benchmarks.md).
+    #[arg(long, global = true)]
+    pub server_cgroup: Option<PathBuf>,
     /// Cores this tool and its worker processes (the clients and the publisher) run on.
     #[arg(long, global = true)]
     pub client_cores: Option<String>,

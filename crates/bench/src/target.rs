@@ -38,7 +38,7 @@ impl Server {
         redis_url: Option<&str>,
         nats_url: Option<&str>,
         env: &[(String, String)],
-        cores: Option<&str>,
+        place: &crate::cores::Placement,
     ) -> anyhow::Result<Self> {
         let data = tempfile::tempdir()?;
         let mut args: Vec<String> = extra.to_vec();
@@ -63,10 +63,10 @@ impl Server {
             );
             shared = Some(url);
         }
-        let (first, address) = spawn_node("127.0.0.1:0", data.path(), &args, env, cores)?;
+        let (first, address) = spawn_node("127.0.0.1:0", data.path(), &args, env, place)?;
         let mut children = vec![first];
         for _ in 1..nodes.max(1) {
-            children.push(spawn_node(&address, data.path(), &args, env, cores)?.0);
+            children.push(spawn_node(&address, data.path(), &args, env, place)?.0);
         }
         let mut pids: Vec<u32> = children.iter().map(Child::id).collect();
         pids.extend(redis.as_ref().map(|r| r.child.id()));
@@ -82,13 +82,14 @@ impl Server {
 
     /// Starts the uWebSockets floor (`tools/uws-floor/floor.ts`) with `bun`, on a free
     /// loopback port: clients open `/ws/CHANNEL`, publications are `POST /pub/CHANNEL`.
-    pub fn floor(bun: &std::path::Path, cores: Option<&str>) -> anyhow::Result<Self> {
+    pub fn floor(bun: &std::path::Path, place: &crate::cores::Placement) -> anyhow::Result<Self> {
         let script = bun
             .ancestors()
             .find(|d| d.join("floor.ts").is_file())
             .map(|d| d.join("floor.ts"))
             .unwrap_or_else(|| "tools/uws-floor/floor.ts".into());
-        let mut child = crate::cores::command(bun, cores)
+        let mut child = place
+            .command(bun)
             .arg(&script)
             .env("PORT", "0")
             .stdout(Stdio::piped())
@@ -215,9 +216,10 @@ fn spawn_node(
     data: &std::path::Path,
     extra: &[String],
     env: &[(String, String)],
-    cores: Option<&str>,
+    place: &crate::cores::Placement,
 ) -> anyhow::Result<(Child, String)> {
-    let mut child = crate::cores::command(std::env::current_exe()?, cores)
+    let mut child = place
+        .command(std::env::current_exe()?)
         .args(["serve", "--listen", listen, "--api-key", BENCH_API_KEY])
         .args(["--log-format", "json", "--log-level", "warn,herald=info"])
         .arg("--data-dir")

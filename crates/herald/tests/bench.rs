@@ -14,6 +14,17 @@ fn rows(stdout: &[u8]) -> Vec<Value> {
         .collect()
 }
 
+/// The notes of a `--json` run.
+fn notes(stdout: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v.get("notes").cloned())
+        .flat_map(|n| n.as_array().cloned().unwrap_or_default())
+        .filter_map(|n| n.as_str().map(String::from))
+        .collect()
+}
+
 /// A fan-out row that counted `deliveries`, none lost and none twice.
 fn every_delivery_once(row: &Value, deliveries: u64) {
     assert_eq!(
@@ -84,6 +95,29 @@ fn fanout_row(more: &[&str]) -> Value {
     let rows = rows(&out.stdout);
     assert_eq!(rows.len(), 1, "{rows:?}");
     rows.into_iter().next().unwrap()
+}
+
+/// Issue #60: with `--client-cores` alone, the Herald the bench starts does not inherit the
+/// bench's own cores (the clients'): it gets every core online, as it would with a quota
+/// (`--server-cgroup`) and no cores of its own. It did, and so shared one core with the
+/// clients.
+#[test]
+fn a_server_started_with_only_the_clients_pinned_gets_every_core() {
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    let out = succeeds(herald().args([
+        "bench",
+        "fanout",
+        "--subscribers",
+        "4",
+        "--publications",
+        "4",
+        "--client-cores",
+        "0",
+        "--json",
+    ]));
+    let notes = notes(&out.stdout);
+    let want = format!("server on cores {}, clients on cores 0", online.trim());
+    assert!(notes.contains(&want), "{want:?} not in {notes:?}");
 }
 
 /// Issue #35: clients that offer permessage-deflate get every publication once, over
@@ -279,18 +313,11 @@ fn fanout_across_nodes_reaches_subscribers_of_every_node() {
             .args(["--subscribers", "30", "--publications", "5", "--rate", "50"])
             .arg("--json"),
     );
-    let text = String::from_utf8_lossy(&out.stdout);
     let rows = rows(&out.stdout);
     every_delivery_once(&rows[0], 150);
     // The counters come from whichever node answered: it delivered only its own share,
     // so the rest reached subscribers of the other nodes through Redis.
-    let notes: Vec<String> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter_map(|v| v.get("notes").cloned())
-        .flat_map(|n| n.as_array().cloned().unwrap_or_default())
-        .filter_map(|n| n.as_str().map(String::from))
-        .collect();
+    let notes = notes(&out.stdout);
     let counters = notes
         .iter()
         .find(|n| n.starts_with("one node's (of 3) counters"))

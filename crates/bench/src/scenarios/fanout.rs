@@ -286,13 +286,21 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
             "CLIENT-BOUND: the clients kept their cores {busy:.0} % busy: the rate and the latency measure the clients too; compare the server's CPU per delivery instead"
         ));
     }
-    if common.server_cores.is_some() || common.client_cores.is_some() {
+    if common.server_cores.is_some()
+        || common.server_cgroup.is_some()
+        || common.client_cores.is_some()
+    {
         let cores = |pid: u32| crate::cores::of(pid).unwrap_or_else(|| "?".into());
         notes.push(format!(
             "server on cores {}, clients on cores {}",
             target.server.pids.first().map_or("?".into(), |p| cores(*p)),
             cores(std::process::id())
         ));
+    }
+    if let Some(dir) = &common.server_cgroup {
+        let quota = crate::cores::quota(dir)
+            .map_or("no CPU quota".into(), |q| format!("a quota of {q:.2} CPUs"));
+        notes.push(format!("server in cgroup {} ({quota})", dir.display()));
     }
     if subscribed < args.subscribers {
         notes.push(format!(

@@ -67,9 +67,25 @@ impl Target {
             .as_deref()
             .map(crate::target::PusherApp::parse)
             .transpose()?;
+        let place = crate::cores::Placement {
+            cores: common.server_cores.clone(),
+            cgroup: common.server_cgroup.clone(),
+        };
+        // A server started here would inherit this tool's own cores, the clients' with
+        // `--client-cores`, and share them with the clients: unless it is given cores, it
+        // gets every core online (where a quota, `--server-cgroup`, leaves it).
+        let started = crate::cores::Placement {
+            cores: place.cores.clone().or_else(|| {
+                common
+                    .client_cores
+                    .as_ref()
+                    .and_then(|_| crate::cores::online())
+            }),
+            cgroup: place.cgroup.clone(),
+        };
         let server = match &common.url {
             Some(url) => Server::external(url, &common.pid),
-            None if common.floor => Server::floor(&common.bun, common.server_cores.as_deref())?,
+            None if common.floor => Server::floor(&common.bun, &started)?,
             None => {
                 // The Pusher app, for a Herald started here to serve.
                 let env: Vec<(String, String)> = match &pusher {
@@ -88,16 +104,15 @@ impl Target {
                     common.redis_url.as_deref(),
                     common.nats_url.as_deref(),
                     &env,
-                    common.server_cores.as_deref(),
+                    &started,
                 )?;
                 // Counted with it: the Redis servers it was pointed at, say.
                 server.pids.extend(&common.pid);
                 server
             }
         };
-        if let Some(cores) = &common.server_cores {
-            crate::cores::pin(&server.pids, cores)?;
-        }
+        // Moves the processes `--pid` names; a server started here is there already.
+        place.apply(&server.pids)?;
         let api_key = common
             .api_key
             .clone()
