@@ -3,7 +3,7 @@
 
 use std::{
     io::{BufRead, BufReader},
-    process::{Child, Command, Stdio},
+    process::{Child, Stdio},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -50,7 +50,7 @@ impl Server {
             let url = match redis_url {
                 Some(url) => url.to_string(),
                 None => {
-                    let started = LocalRedis::start().context(
+                    let started = LocalRedis::start(place).context(
                         "starting redis-server for --nodes (install it, or give --redis-url)",
                     )?;
                     let url = started.url();
@@ -173,11 +173,14 @@ struct LocalRedis {
 }
 
 impl LocalRedis {
-    fn start() -> anyhow::Result<Self> {
+    /// Starts `redis-server` where the nodes run (their cores and cgroup): it is counted
+    /// with them.
+    fn start(place: &crate::cores::Placement) -> anyhow::Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        let mut child = Command::new("redis-server")
+        let mut child = place
+            .command("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .stdout(Stdio::piped())
