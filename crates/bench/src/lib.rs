@@ -144,6 +144,12 @@ pub struct Common {
     /// Cores this tool and its worker processes (the clients and the publisher) run on.
     #[arg(long, global = true)]
     pub client_cores: Option<String>,
+    /// Read Herald with the generic client, the one that reads every other server (it finds
+    /// each publication's stamp and checks nothing else), instead of Herald's own, which also
+    /// parses each push and checks its offset for repeats and gaps: to compare latency with
+    /// a server read alike. WebSocket and SSE; other transports keep Herald's own client.
+    #[arg(long, global = true, conflicts_with_all = ["floor", "pusher_app", "client_url"])]
+    pub generic_client: bool,
     /// Measure the uWebSockets floor instead of Herald: Bun's native pub/sub with no
     /// protocol (`tools/uws-floor/floor.ts`), started here on a free port.
     #[arg(long, global = true, conflicts_with_all = ["url", "pusher_app"])]

@@ -76,10 +76,10 @@ fn fanout_delivers_everything_once_across_worker_processes() {
 /// A Pusher app for `--pusher-app`.
 const PUSHER_APP: &str = "77:bench-key:bench-secret-0123456789";
 
-/// `herald bench fanout` of 20 subscribers and 30 publications with `more` arguments:
-/// its one row.
-fn fanout_row(more: &[&str]) -> Value {
-    let out = succeeds(
+/// `herald bench fanout --json` of 20 subscribers and 30 publications with `more`
+/// arguments.
+fn fanout(more: &[&str]) -> std::process::Output {
+    succeeds(
         herald()
             .args([
                 "bench",
@@ -91,7 +91,13 @@ fn fanout_row(more: &[&str]) -> Value {
             ])
             .arg("--json")
             .args(more),
-    );
+    )
+}
+
+/// `herald bench fanout` of 20 subscribers and 30 publications with `more` arguments:
+/// its one row.
+fn fanout_row(more: &[&str]) -> Value {
+    let out = fanout(more);
     let rows = rows(&out.stdout);
     assert_eq!(rows.len(), 1, "{rows:?}");
     rows.into_iter().next().unwrap()
@@ -118,6 +124,24 @@ fn a_server_started_with_only_the_clients_pinned_gets_every_core() {
     let notes = notes(&out.stdout);
     let want = format!("server on cores {}, clients on cores 0", online.trim());
     assert!(notes.contains(&want), "{want:?} not in {notes:?}");
+}
+
+/// Issue #60: Herald read by the generic client (`--generic-client`), as every other server
+/// is, to compare latency read alike: on WebSocket and SSE every publication reaches
+/// everyone once, and the notes say how it was read.
+#[test]
+fn herald_read_by_the_generic_client_reaches_everyone_once() {
+    for transport in ["ws", "sse"] {
+        let out = fanout(&["--rate", "30", "--transport", transport, "--generic-client"]);
+        every_delivery_once(&rows(&out.stdout)[0], 20 * 30);
+        let notes = notes(&out.stdout);
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.starts_with("Herald read by the generic client:")),
+            "{transport}: {notes:?}"
+        );
+    }
 }
 
 /// Issue #35: clients that offer permessage-deflate get every publication once, over

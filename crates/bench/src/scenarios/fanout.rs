@@ -72,9 +72,10 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
     )
     .await?;
     let subscribed = joined.connected as usize;
-    if !target.is_herald {
-        // Another server's subscribe is not acknowledged in a way the bench knows: give the
-        // last subscriptions a moment to land before publishing.
+    if !target.is_herald || target.generic_client {
+        // Another server's subscribe is not acknowledged in a way the bench knows (nor is
+        // Herald's to the generic client): give the last subscriptions a moment to land
+        // before publishing.
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     // Subscribers per channel: client i is on channel i % len.
@@ -295,6 +296,16 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
             "server on cores {}, clients on cores {}",
             target.server.pids.first().map_or("?".into(), |p| cores(*p)),
             cores(std::process::id())
+        ));
+    }
+    if target.generic_client && target.generic.is_none() {
+        notes.push(format!(
+            "Herald read by the generic client{}: each push searched for its stamp, offsets not checked",
+            if matches!(args.transport, Transport::Ws | Transport::Sse) {
+                ""
+            } else {
+                " (not on this transport: Herald's own client)"
+            }
         ));
     }
     if let Some(dir) = &common.server_cgroup {

@@ -51,6 +51,8 @@ pub struct Target {
     pub publisher: Publisher,
     pub generic: Option<Generic>,
     pub is_herald: bool,
+    /// Herald read by the generic client (`--generic-client`).
+    pub generic_client: bool,
     pub api_key: String,
     /// Clients offer permessage-deflate.
     deflate: bool,
@@ -167,6 +169,7 @@ impl Target {
         };
         Ok(Self {
             is_herald: generic.is_none(),
+            generic_client: common.generic_client,
             server,
             publisher: publisher.with_content(common.content),
             generic,
@@ -194,7 +197,11 @@ impl Target {
             rate,
             speak: None,
             speakers: 0,
-            generic: self.generic.clone(),
+            generic: self.generic.clone().or_else(|| {
+                self.generic_client
+                    .then(|| herald_read_alike(&self.server.url, transport))
+                    .flatten()
+            }),
             histogram: Default::default(),
             lifetime_ms: None,
             presence: false,
@@ -211,6 +218,30 @@ impl Target {
         }
         self.server.info(&self.api_key).await
     }
+}
+
+/// Herald's WebSocket or SSE endpoint as the generic client reads any server's: subscribed
+/// by a frame or by the URL, each push searched for its stamp.
+fn herald_read_alike(url: &str, transport: &Transport) -> Option<Generic> {
+    let (url, subscribe) = match transport {
+        Transport::Ws => (
+            format!("{}/connection/websocket", url.replacen("http", "ws", 1)),
+            vec![r#"{"id":1,"subscribe":{"channel":"{channel}"}}"#.to_string()],
+        ),
+        Transport::Sse => (
+            format!("{url}/connection/sse?channel={{channel}}"),
+            Vec::new(),
+        ),
+        _ => return None,
+    };
+    Some(Generic {
+        url,
+        subscribe,
+        wait_for: Vec::new(),
+        heartbeat: None,
+        heartbeat_ms: 0,
+        ping_pong: None,
+    })
 }
 
 /// Samples the server and the load every half second for the charts, and drives the progress bar.
