@@ -49,6 +49,9 @@ pub async fn run(args: PresenceArgs, common: &Common) -> anyhow::Result<Outcome>
     if common.generic.client_url.is_some() || common.url.is_some() {
         bail!("bench presence measures a Herald it starts itself (it configures its namespaces)");
     }
+    if common.generic_client {
+        bail!("bench presence reads presence with Herald's own client: --generic-client finds only stamps");
+    }
     let config = tempfile::NamedTempFile::new()?;
     std::fs::write(
         config.path(),
