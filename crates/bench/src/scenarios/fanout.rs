@@ -59,23 +59,20 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
         .map(|c| super::fresh_channel(&format!("bench:fanout-{c}")))
         .collect();
     let mut monitor = Monitor::new(&target, "fanout");
-    let (fleet, joined) = super::launch_and_join(
-        target.clients(
-            &args.transport,
-            channels.clone(),
-            args.subscribers,
-            args.connect_rate,
-        ),
-        common.workers,
-        &mut monitor,
-        "subscribers",
-    )
-    .await?;
+    let clients = target.clients(
+        &args.transport,
+        channels.clone(),
+        args.subscribers,
+        args.connect_rate,
+    );
+    // The generic client (any other server's, or Herald's with `--generic-client`) sees no
+    // subscription acknowledged in a way it knows.
+    let generic_clients = clients.generic.is_some();
+    let (fleet, joined) =
+        super::launch_and_join(clients, common.workers, &mut monitor, "subscribers").await?;
     let subscribed = joined.connected as usize;
-    if !target.is_herald || target.generic_client {
-        // Another server's subscribe is not acknowledged in a way the bench knows (nor is
-        // Herald's to the generic client): give the last subscriptions a moment to land
-        // before publishing.
+    if generic_clients {
+        // Give the last subscriptions a moment to land before publishing.
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     // Subscribers per channel: client i is on channel i % len.
@@ -298,15 +295,12 @@ pub async fn once(args: FanoutArgs, common: &Common) -> anyhow::Result<Outcome> 
             cores(std::process::id())
         ));
     }
-    if target.generic_client && target.generic.is_none() {
-        notes.push(format!(
-            "Herald read by the generic client{}: each push searched for its stamp, offsets not checked",
-            if matches!(args.transport, Transport::Ws | Transport::Sse) {
-                ""
-            } else {
-                " (not on this transport: Herald's own client)"
-            }
-        ));
+    if target.generic_client {
+        notes.push(if generic_clients {
+            "Herald read by the generic client: each push searched for its stamp, offsets not checked".to_string()
+        } else {
+            "Herald read by its own client: --generic-client reads WebSocket and SSE only".to_string()
+        });
     }
     if let Some(dir) = &common.server_cgroup {
         let quota = crate::cores::quota(dir)
